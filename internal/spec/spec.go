@@ -1,0 +1,119 @@
+// Package spec holds the desired cluster spec and the other objects kept in
+// the backup store, with JSON that matches the etcd-manager store format:
+// camelCase names, int32 values as numbers, and int64 values read whether
+// they arrive as JSON strings or numbers.
+package spec
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Errors returned by validation. Each carries the "spec:" prefix.
+var (
+	ErrInvalidMemberCount = errors.New("spec: member count must be at least 1")
+	ErrMissingVersion     = errors.New("spec: etcd version is required")
+)
+
+// ClusterSpec is the desired state of the cluster, kept at
+// control/etcd-cluster-spec in the backup store.
+type ClusterSpec struct {
+	MemberCount int32  `json:"memberCount"`
+	EtcdVersion string `json:"etcdVersion"`
+}
+
+// String renders the spec for logs and the CLI.
+func (s ClusterSpec) String() string {
+	return fmt.Sprintf("memberCount=%d etcdVersion=%s", s.MemberCount, s.EtcdVersion)
+}
+
+// Validate checks the spec. It returns warnings for settings that are
+// allowed but unwise (an even member count), and an error for settings that
+// cannot work.
+func (s ClusterSpec) Validate() (warnings []string, err error) {
+	if s.MemberCount < 1 {
+		return nil, fmt.Errorf("%w (got %d)", ErrInvalidMemberCount, s.MemberCount)
+	}
+	if s.EtcdVersion == "" {
+		return nil, ErrMissingVersion
+	}
+	if _, err := ParseSupportedVersion(s.EtcdVersion); err != nil {
+		return nil, err
+	}
+	if s.MemberCount%2 == 0 {
+		warnings = append(warnings, fmt.Sprintf(
+			"an even member count (%d) tolerates no more failures than %d members; an odd count is recommended",
+			s.MemberCount, s.MemberCount-1))
+	}
+	return warnings, nil
+}
+
+// ClusterCreated is the marker kept at control/etcd-cluster-created. Once it
+// exists, no agent may create a new empty cluster: total loss of the members
+// needs an explicit restore.
+type ClusterCreated struct {
+	Timestamp Int64 `json:"timestamp"`
+	// ClusterToken is our addition: the token of the cluster whose creation
+	// wrote the marker, so an agent that crashed mid-creation can tell its
+	// own marker from another agent's.
+	ClusterToken string `json:"clusterToken,omitempty"`
+}
+
+// Int64 is an int64 that reads from a JSON number or a JSON string (the
+// protobuf JSON mapping writes int64 as a string) and writes a string.
+type Int64 int64
+
+// MarshalJSON writes the value as a JSON string, as the protobuf JSON
+// mapping does for int64.
+func (i Int64) MarshalJSON() ([]byte, error) {
+	return json.Marshal(strconv.FormatInt(int64(i), 10))
+}
+
+// UnmarshalJSON accepts 123, "123" and null.
+func (i *Int64) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	s := string(b)
+	if len(b) > 0 && b[0] == '"' {
+		if err := json.Unmarshal(b, &s); err != nil {
+			return fmt.Errorf("spec: int64 value %s: %w", b, err)
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("spec: int64 value %s is not an integer", b)
+	}
+	*i = Int64(v)
+	return nil
+}
+
+// DecodeClusterSpec parses the JSON of control/etcd-cluster-spec. Unknown
+// fields are ignored so newer writers stay readable.
+func DecodeClusterSpec(data []byte) (ClusterSpec, error) {
+	var s ClusterSpec
+	if len(bytes.TrimSpace(data)) == 0 {
+		return s, errors.New("spec: cluster spec is empty")
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		return s, fmt.Errorf("spec: cluster spec is not valid JSON: %w", err)
+	}
+	return s, nil
+}
+
+// DecodeClusterCreated parses the JSON of control/etcd-cluster-created.
+func DecodeClusterCreated(data []byte) (ClusterCreated, error) {
+	var c ClusterCreated
+	if len(bytes.TrimSpace(data)) == 0 {
+		// An empty marker still marks the cluster as created.
+		return c, nil
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return c, fmt.Errorf("spec: cluster-created marker is not valid JSON: %w", err)
+	}
+	return c, nil
+}

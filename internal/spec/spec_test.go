@@ -1,0 +1,176 @@
+package spec
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden file (run go test -update to create it): %v", err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("%s changed:\ngot:  %s\nwant: %s", name, got, want)
+	}
+}
+
+func TestClusterSpecJSONGolden(t *testing.T) {
+	data, err := json.Marshal(ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "etcd-cluster-spec.json", data)
+
+	back, err := DecodeClusterSpec(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back != (ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}) {
+		t.Errorf("round trip: got %+v", back)
+	}
+}
+
+func TestClusterCreatedJSONGolden(t *testing.T) {
+	data, err := json.Marshal(ClusterCreated{Timestamp: 1547480961703914946, ClusterToken: "tok"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "etcd-cluster-created.json", data)
+}
+
+// The store format's writers disagree on int64 encoding (protobuf JSON
+// writes strings, others numbers); both must read.
+func TestDecodeStoreFormatVariants(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"spec-etcd-manager":   `{"memberCount":3,"etcdVersion":"3.4.13"}`,
+		"spec-extra-fields":   `{"memberCount":1,"etcdVersion":"3.6.16","futureField":{"x":1}}`,
+		"created-number":      `{"timestamp":1547480961703914946}`,
+		"created-string":      `{"timestamp":"1547480961703914946"}`,
+		"created-empty":       ``,
+		"created-with-spaces": " {\n  \"timestamp\" : \"1547480961703914946\"\n}\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(name string) []byte {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if s, err := DecodeClusterSpec(read("spec-etcd-manager")); err != nil || s != (ClusterSpec{3, "3.4.13"}) {
+		t.Errorf("spec-etcd-manager: %+v, %v", s, err)
+	}
+	if s, err := DecodeClusterSpec(read("spec-extra-fields")); err != nil || s != (ClusterSpec{1, "3.6.16"}) {
+		t.Errorf("spec-extra-fields: %+v, %v", s, err)
+	}
+	for _, name := range []string{"created-number", "created-string", "created-with-spaces"} {
+		c, err := DecodeClusterCreated(read(name))
+		if err != nil || c.Timestamp != 1547480961703914946 {
+			t.Errorf("%s: %+v, %v", name, c, err)
+		}
+	}
+	if c, err := DecodeClusterCreated(read("created-empty")); err != nil || c.Timestamp != 0 {
+		t.Errorf("created-empty: %+v, %v", c, err)
+	}
+}
+
+func TestInt64(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    Int64
+		wantErr bool
+	}{
+		{name: "number", in: `42`, want: 42},
+		{name: "string", in: `"42"`, want: 42},
+		{name: "negative string", in: `"-7"`, want: -7},
+		{name: "max", in: `"9223372036854775807"`, want: 9223372036854775807},
+		{name: "null", in: `null`, want: 0},
+		{name: "float", in: `4.2`, wantErr: true},
+		{name: "junk string", in: `"abc"`, wantErr: true},
+		{name: "overflow", in: `"9223372036854775808"`, wantErr: true},
+		{name: "bool", in: `true`, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got Int64
+			err := json.Unmarshal([]byte(tt.in), &got)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if !tt.wantErr && got != tt.want {
+				t.Errorf("got %d, want %d", got, tt.want)
+			}
+		})
+	}
+	out, _ := json.Marshal(Int64(42))
+	if string(out) != `"42"` {
+		t.Errorf("marshal: %s", out)
+	}
+}
+
+func TestDecodeClusterSpecErrors(t *testing.T) {
+	for _, in := range []string{"", "   ", "{", "not json", `{"memberCount":"three"}`} {
+		if _, err := DecodeClusterSpec([]byte(in)); err == nil {
+			t.Errorf("DecodeClusterSpec(%q): no error", in)
+		} else if !strings.HasPrefix(err.Error(), "spec: ") {
+			t.Errorf("DecodeClusterSpec(%q): error %q lacks the package prefix", in, err)
+		}
+	}
+}
+
+func TestClusterSpecValidate(t *testing.T) {
+	tests := []struct {
+		name        string
+		spec        ClusterSpec
+		wantErr     error
+		wantWarning string
+	}{
+		{name: "one member", spec: ClusterSpec{1, "3.6.16"}},
+		{name: "three members", spec: ClusterSpec{3, "3.5.35"}},
+		{name: "zero members", spec: ClusterSpec{0, "3.6.16"}, wantErr: ErrInvalidMemberCount},
+		{name: "negative members", spec: ClusterSpec{-1, "3.6.16"}, wantErr: ErrInvalidMemberCount},
+		{name: "even members warn", spec: ClusterSpec{4, "3.6.16"}, wantWarning: "even member count (4)"},
+		{name: "two members warn", spec: ClusterSpec{2, "3.6.16"}, wantWarning: "even member count (2)"},
+		{name: "no version", spec: ClusterSpec{1, ""}, wantErr: ErrMissingVersion},
+		{name: "v2", spec: ClusterSpec{1, "2.2.1"}, wantErr: ErrV2Unsupported},
+		{name: "unparsable", spec: ClusterSpec{1, "three"}, wantErr: ErrInvalidVersion},
+		{name: "too old", spec: ClusterSpec{1, "3.3.10"}, wantErr: ErrVersionUnsupported},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			warnings, err := tt.spec.Validate()
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			joined := strings.Join(warnings, "\n")
+			if tt.wantWarning == "" && joined != "" {
+				t.Errorf("unexpected warnings: %s", joined)
+			}
+			if !strings.Contains(joined, tt.wantWarning) {
+				t.Errorf("warnings %q lack %q", joined, tt.wantWarning)
+			}
+		})
+	}
+}

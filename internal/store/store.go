@@ -1,0 +1,285 @@
+// Package store is the backup store: the source of truth for the cluster
+// spec, the creation marker, the command queue and the backups whenever etcd
+// is down. All access goes through gocloud.dev/blob, opened from a URL.
+//
+// The layout follows the etcd-manager backup-store format:
+//
+//	control/etcd-cluster-spec      desired spec (JSON)
+//	control/etcd-cluster-created   present => never create a new empty cluster
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"gocloud.dev/blob"
+	"gocloud.dev/blob/fileblob"
+	"gocloud.dev/gcerrors"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// Keys of the control objects, relative to the store's root.
+const (
+	KeySpec    = "control/etcd-cluster-spec"
+	KeyCreated = "control/etcd-cluster-created"
+)
+
+// Errors. Check them with errors.Is.
+var (
+	ErrNotFound    = errors.New("store: object not found")
+	ErrExists      = errors.New("store: object already exists")
+	ErrUnreachable = errors.New("store: backup store unreachable")
+	ErrBadURL      = errors.New("store: invalid backup store URL")
+)
+
+// Options control how a store is opened.
+type Options struct {
+	// Create makes a file:// store's directory if it is missing. Readers
+	// leave it false so that a typo in the URL is reported, not created.
+	Create bool
+}
+
+// Store is an opened backup store. It is safe for concurrent use.
+type Store struct {
+	url    string
+	bucket *blob.Bucket
+	// dir is the root directory of a file:// store, for the operations
+	// that fileblob cannot do atomically across processes.
+	dir string
+}
+
+// Open opens the store at rawURL: file:///path for now; the blob drivers
+// for other schemes are registered by the packages that import them.
+func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: %v", ErrBadURL, rawURL, err)
+	}
+	if u.Scheme == "" {
+		return nil, fmt.Errorf("%w %q: missing scheme; use file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix", ErrBadURL, rawURL)
+	}
+	if u.Scheme == "file" {
+		return openFile(u, rawURL, opts)
+	}
+	b, err := blob.OpenBucket(ctx, rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: open %s: %v", ErrUnreachable, rawURL, err)
+	}
+	return &Store{url: rawURL, bucket: b}, nil
+}
+
+func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
+	if u.Host != "" && u.Host != "localhost" {
+		return nil, fmt.Errorf("%w %q: a file URL needs an absolute path, as in file:///var/lib/etcd-backups", ErrBadURL, rawURL)
+	}
+	dir := filepath.Clean(u.Path)
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("%w %q: a file URL needs an absolute path", ErrBadURL, rawURL)
+	}
+	if opts.Create {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
+		}
+	}
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("%w: %s: directory %s does not exist", ErrUnreachable, rawURL, dir)
+	case err != nil:
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
+	case !st.IsDir():
+		return nil, fmt.Errorf("%w: %s: %s is not a directory", ErrUnreachable, rawURL, dir)
+	}
+	// metadata=skip keeps the tree free of fileblob's ".attrs" sidecars, so
+	// it holds exactly the objects of the store format.
+	// NoTempDir writes temporary files beside their objects, so the store
+	// may live on another file system than /tmp.
+	b, err := fileblob.OpenBucket(dir, &fileblob.Options{Metadata: fileblob.MetadataDontWrite, NoTempDir: true})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
+	}
+	return &Store{url: rawURL, bucket: b, dir: dir}, nil
+}
+
+// URL is the URL the store was opened from.
+func (s *Store) URL() string { return s.url }
+
+// Close releases the store.
+func (s *Store) Close() error { return s.bucket.Close() }
+
+// Read returns the object at key, or an error wrapping ErrNotFound.
+func (s *Store) Read(ctx context.Context, key string) ([]byte, error) {
+	data, err := s.bucket.ReadAll(ctx, key)
+	if err != nil {
+		return nil, s.wrap("read", key, err)
+	}
+	return data, nil
+}
+
+// Write replaces the object at key. Readers see the old or the new object,
+// never a part of one.
+func (s *Store) Write(ctx context.Context, key string, data []byte) error {
+	if err := s.bucket.WriteAll(ctx, key, data, nil); err != nil {
+		return s.wrap("write", key, err)
+	}
+	return nil
+}
+
+// Create writes the object at key only if no object is there yet; if one
+// is, it returns an error wrapping ErrExists. Exactly one of several
+// concurrent callers, in any process, succeeds.
+func (s *Store) Create(ctx context.Context, key string, data []byte) error {
+	if s.dir != "" {
+		return s.createFile(key, data)
+	}
+	err := s.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{IfNotExist: true})
+	if gcerrors.Code(err) == gcerrors.FailedPrecondition {
+		return fmt.Errorf("%w: %s", ErrExists, key)
+	}
+	if err != nil {
+		return s.wrap("create", key, err)
+	}
+	return nil
+}
+
+// createFile is Create for file:// stores. fileblob's IfNotExist checks and
+// renames under an in-process lock only, so two agents sharing a directory
+// could both win; a hard link fails atomically if the name exists.
+func (s *Store) createFile(key string, data []byte) error {
+	path := filepath.Join(s.dir, filepath.FromSlash(key))
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return s.wrap("create", key, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".create-*")
+	if err != nil {
+		return s.wrap("create", key, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return s.wrap("create", key, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return s.wrap("create", key, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return s.wrap("create", key, err)
+	}
+	if err := os.Link(tmp.Name(), path); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("%w: %s", ErrExists, key)
+		}
+		return s.wrap("create", key, err)
+	}
+	return nil
+}
+
+// Delete removes the object at key; a missing object is not an error.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	err := s.bucket.Delete(ctx, key)
+	if err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+		return s.wrap("delete", key, err)
+	}
+	return nil
+}
+
+// List returns the keys under prefix, in lexical order. With a delimiter
+// of "/", it returns the immediate children instead (directories end in
+// "/").
+func (s *Store) List(ctx context.Context, prefix, delimiter string) ([]string, error) {
+	var keys []string
+	it := s.bucket.List(&blob.ListOptions{Prefix: prefix, Delimiter: delimiter})
+	for {
+		obj, err := it.Next(ctx)
+		if err == io.EOF {
+			return keys, nil
+		}
+		if err != nil {
+			return nil, s.wrap("list", prefix, err)
+		}
+		if isTempName(obj.Key) {
+			continue
+		}
+		keys = append(keys, obj.Key)
+	}
+}
+
+// ReadSpec reads the desired cluster spec. A missing spec wraps
+// ErrNotFound; an unparsable one names the object.
+func (s *Store) ReadSpec(ctx context.Context) (spec.ClusterSpec, error) {
+	data, err := s.Read(ctx, KeySpec)
+	if err != nil {
+		return spec.ClusterSpec{}, err
+	}
+	cs, err := spec.DecodeClusterSpec(data)
+	if err != nil {
+		return cs, fmt.Errorf("store: %s in %s: %w", KeySpec, s.url, err)
+	}
+	return cs, nil
+}
+
+// WriteSpec replaces the desired cluster spec.
+func (s *Store) WriteSpec(ctx context.Context, cs spec.ClusterSpec) error {
+	data, err := jsonLine(cs)
+	if err != nil {
+		return err
+	}
+	return s.Write(ctx, KeySpec, data)
+}
+
+// ReadCreated reads the creation marker; a missing marker wraps
+// ErrNotFound.
+func (s *Store) ReadCreated(ctx context.Context) (spec.ClusterCreated, error) {
+	data, err := s.Read(ctx, KeyCreated)
+	if err != nil {
+		return spec.ClusterCreated{}, err
+	}
+	c, err := spec.DecodeClusterCreated(data)
+	if err != nil {
+		return c, fmt.Errorf("store: %s in %s: %w", KeyCreated, s.url, err)
+	}
+	return c, nil
+}
+
+// CreateCreated writes the creation marker if there is none yet. It is
+// the once-only step of cluster creation: a marker already there wraps
+// ErrExists.
+func (s *Store) CreateCreated(ctx context.Context, c spec.ClusterCreated) error {
+	data, err := jsonLine(c)
+	if err != nil {
+		return err
+	}
+	return s.Create(ctx, KeyCreated, data)
+}
+
+func (s *Store) wrap(op, key string, err error) error {
+	if gcerrors.Code(err) == gcerrors.NotFound {
+		return fmt.Errorf("%w: %s in %s", ErrNotFound, key, s.url)
+	}
+	return fmt.Errorf("%w: %s %s in %s: %v", ErrUnreachable, op, key, s.url, err)
+}
+
+func jsonLine(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := jsonEncoder(&buf)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("store: encode: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// isTempName reports whether key is a file:// store's temporary file, left
+// behind if a writer died: ours (".create-*") or fileblob's ("*.tmp").
+func isTempName(key string) bool {
+	base := filepath.Base(key)
+	return strings.HasPrefix(base, ".create-") || strings.HasSuffix(base, ".tmp")
+}

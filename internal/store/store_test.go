@@ -1,0 +1,193 @@
+package store
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+func openTemp(t *testing.T) (*Store, string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "store")
+	s, err := Open(t.Context(), "file://"+dir, Options{Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, dir
+}
+
+func TestSpecRoundTripAndLayout(t *testing.T) {
+	s, dir := openTemp(t)
+	ctx := t.Context()
+	if _, err := s.ReadSpec(ctx); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("ReadSpec on empty store: %v, want ErrNotFound", err)
+	}
+	want := spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}
+	if err := s.WriteSpec(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ReadSpec(ctx)
+	if err != nil || got != want {
+		t.Fatalf("ReadSpec = %+v, %v", got, err)
+	}
+	// The object sits at the format's path, as plain JSON, with no sidecar
+	// files beside it.
+	raw, err := os.ReadFile(filepath.Join(dir, "control", "etcd-cluster-spec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(raw)) != `{"memberCount":3,"etcdVersion":"3.6.16"}` {
+		t.Errorf("stored spec = %s", raw)
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, "control"))
+	if len(entries) != 1 {
+		t.Errorf("control/ holds %d entries, want only the spec: %v", len(entries), entries)
+	}
+}
+
+func TestReadSpecMalformed(t *testing.T) {
+	s, dir := openTemp(t)
+	if err := os.MkdirAll(filepath.Join(dir, "control"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "control", "etcd-cluster-spec"), []byte("{junk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.ReadSpec(t.Context())
+	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrUnreachable) {
+		t.Fatalf("ReadSpec(junk) = %v, want a decode error", err)
+	}
+	if !strings.Contains(err.Error(), KeySpec) {
+		t.Errorf("error %q does not name the object", err)
+	}
+}
+
+// Exactly one of many racing creators wins, even across separately opened
+// stores (as separate agent processes have).
+func TestCreateOnceRace(t *testing.T) {
+	_, dir := openTemp(t)
+	const n = 16
+	var wg sync.WaitGroup
+	results := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := Open(t.Context(), "file://"+dir, Options{})
+			if err != nil {
+				results[i] = err
+				return
+			}
+			defer s.Close()
+			results[i] = s.CreateCreated(t.Context(), spec.ClusterCreated{Timestamp: spec.Int64(i), ClusterToken: string(rune('a' + i))})
+		}()
+	}
+	wg.Wait()
+	wins := 0
+	for i, err := range results {
+		switch {
+		case err == nil:
+			wins++
+		case !errors.Is(err, ErrExists):
+			t.Errorf("creator %d: %v", i, err)
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("%d creators won, want exactly 1", wins)
+	}
+	s, _ := Open(t.Context(), "file://"+dir, Options{})
+	defer s.Close()
+	if _, err := s.ReadCreated(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := s.List(t.Context(), "control/", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 1 || keys[0] != KeyCreated {
+		t.Errorf("List(control/) = %v, want only the marker (no temp files)", keys)
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	tmp := t.TempDir()
+	file := filepath.Join(tmp, "a-file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		url     string
+		opts    Options
+		wantErr error
+		wantMsg string
+	}{
+		{name: "no scheme", url: "/tmp/x", wantErr: ErrBadURL, wantMsg: "missing scheme"},
+		{name: "relative file", url: "file://relative/path", wantErr: ErrBadURL, wantMsg: "absolute path"},
+		{name: "missing dir, read", url: "file://" + filepath.Join(tmp, "nope"), wantErr: ErrUnreachable, wantMsg: "does not exist"},
+		{name: "path is a file", url: "file://" + file, wantErr: ErrUnreachable, wantMsg: "not a directory"},
+		{name: "parent is a file", url: "file://" + filepath.Join(file, "sub"), opts: Options{Create: true}, wantErr: ErrUnreachable},
+		{name: "unknown scheme", url: "ftp://host/x", wantErr: ErrUnreachable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Open(t.Context(), tt.url, tt.opts)
+			if err == nil {
+				s.Close()
+				t.Fatal("no error")
+			}
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			if !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("err = %q, want it to mention %q", err, tt.wantMsg)
+			}
+		})
+	}
+}
+
+func TestListSkipsTempFiles(t *testing.T) {
+	s, dir := openTemp(t)
+	ctx := t.Context()
+	for _, k := range []string{"a/1", "a/2", "b/3"} {
+		if err := s.Write(ctx, k, []byte(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, junk := range []string{"a/.create-123", "a/2.1f2e.tmp"} {
+		if err := os.WriteFile(filepath.Join(dir, junk), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, err := s.List(ctx, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(keys)
+	if strings.Join(keys, ",") != "a/1,a/2,b/3" {
+		t.Errorf("List = %v", keys)
+	}
+	dirs, err := s.List(ctx, "", "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(dirs, ",") != "a/,b/" {
+		t.Errorf("List with delimiter = %v", dirs)
+	}
+	if err := s.Delete(ctx, "a/1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "a/1"); err != nil {
+		t.Errorf("deleting a missing object: %v", err)
+	}
+	if _, err := s.Read(ctx, "a/1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Read after Delete: %v", err)
+	}
+}
