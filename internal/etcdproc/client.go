@@ -1,0 +1,52 @@
+package etcdproc
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// MemberStatus is what the local etcd reports about itself.
+type MemberStatus struct {
+	ClusterID uint64
+	MemberID  uint64
+	LeaderID  uint64
+	Version   string
+	DBSize    int64
+	IsLearner bool
+}
+
+// NewClient returns an etcd client for endpoints. The caller closes it.
+func NewClient(endpoints []string) (*clientv3.Client, error) {
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcdproc: etcd client for %v: %w", endpoints, err)
+	}
+	return c, nil
+}
+
+// LocalStatus asks the etcd at endpoint for its status. It succeeds only if
+// that member answers; it does not need quorum.
+func LocalStatus(ctx context.Context, c *clientv3.Client, endpoint string) (MemberStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	st, err := c.Status(ctx, endpoint)
+	if err != nil {
+		return MemberStatus{}, fmt.Errorf("etcdproc: status of %s: %w", endpoint, err)
+	}
+	return MemberStatus{
+		ClusterID: st.Header.ClusterId,
+		MemberID:  st.Header.MemberId,
+		LeaderID:  st.Leader,
+		Version:   st.Version,
+		DBSize:    st.DbSize,
+		IsLearner: st.IsLearner,
+	}, nil
+}

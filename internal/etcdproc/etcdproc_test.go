@@ -1,0 +1,264 @@
+package etcdproc
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// writeScript writes an executable shell script standing in for etcd.
+// Unit tests use it for process mechanics only; etcd's behaviour is
+// covered by the integration tests with the real binary.
+func writeScript(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustVersion(t *testing.T, s string) spec.Version {
+	t.Helper()
+	v, err := spec.ParseVersion(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestFindBinaries(t *testing.T) {
+	dir := t.TempDir()
+	writeScript(t, filepath.Join(dir, "etcd-v3.6.16", "etcd"), "echo 'etcd Version: 3.6.16'")
+	writeScript(t, filepath.Join(dir, "etcd-v3.5.35-linux-"+runtime.GOARCH, "etcd"), "echo 'etcd Version: 3.5.35'")
+	if err := os.MkdirAll(filepath.Join(dir, "etcd-v3.4.23"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etcd-v3.4.23", "etcd"), []byte("not executable"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name    string
+		version string
+		wantDir string
+		wantErr bool
+	}{
+		{name: "plain folder", version: "3.6.16", wantDir: "etcd-v3.6.16"},
+		{name: "release tarball folder", version: "3.5.35", wantDir: "etcd-v3.5.35-linux-" + runtime.GOARCH},
+		{name: "not executable", version: "3.4.23", wantErr: true},
+		{name: "missing", version: "3.6.99", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := FindBinaries(dir, mustVersion(t, tt.version))
+			if tt.wantErr {
+				if !errors.Is(err, ErrNoBinary) {
+					t.Fatalf("err = %v, want ErrNoBinary", err)
+				}
+				// The error names the folder and every path looked at.
+				for _, want := range append([]string{dir}, CandidateDirs(dir, mustVersion(t, tt.version))...) {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("error %q does not name %s", err, want)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Dir != filepath.Join(dir, tt.wantDir) || b.Etcdctl != filepath.Join(dir, tt.wantDir, "etcdctl") {
+				t.Errorf("got %+v", b)
+			}
+		})
+	}
+}
+
+func TestCheckVersion(t *testing.T) {
+	dir := t.TempDir()
+	writeScript(t, filepath.Join(dir, "etcd-v3.6.16", "etcd"), "echo 'etcd Version: 3.6.16'; echo 'Git SHA: x'")
+	writeScript(t, filepath.Join(dir, "etcd-v3.6.15", "etcd"), "echo 'etcd Version: 3.6.16'")
+	writeScript(t, filepath.Join(dir, "etcd-v3.6.14", "etcd"), "echo garbage")
+
+	ok, _ := FindBinaries(dir, mustVersion(t, "3.6.16"))
+	if err := ok.CheckVersion(t.Context()); err != nil {
+		t.Errorf("matching binary: %v", err)
+	}
+	wrong, _ := FindBinaries(dir, mustVersion(t, "3.6.15"))
+	if err := wrong.CheckVersion(t.Context()); err == nil || !strings.Contains(err.Error(), "reports version 3.6.16") {
+		t.Errorf("mismatched binary: %v", err)
+	}
+	junk, _ := FindBinaries(dir, mustVersion(t, "3.6.14"))
+	if err := junk.CheckVersion(t.Context()); err == nil {
+		t.Error("binary without a version line: no error")
+	}
+}
+
+func TestStatePersistsAndLocks(t *testing.T) {
+	l := Layout{Root: filepath.Join(t.TempDir(), "node")}
+	unlock, err := l.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Lock(); !errors.Is(err, ErrDataDirLocked) {
+		t.Errorf("second Lock: %v, want ErrDataDirLocked", err)
+	}
+	st, err := l.LoadState()
+	if err != nil || st.NodeID == "" {
+		t.Fatalf("LoadState = %+v, %v", st, err)
+	}
+	st.Member = &MemberState{ClusterToken: "tok", EtcdVersion: "3.6.16", InitialCluster: "a=http://127.0.0.1:2380", NewCluster: true}
+	if err := l.SaveState(st); err != nil {
+		t.Fatal(err)
+	}
+	again, err := l.LoadState()
+	if err != nil || again.NodeID != st.NodeID || *again.Member != *st.Member {
+		t.Fatalf("reloaded %+v, %v", again, err)
+	}
+	unlock()
+	unlock2, err := l.Lock()
+	if err != nil {
+		t.Fatalf("Lock after unlock: %v", err)
+	}
+	unlock2()
+
+	if err := os.WriteFile(filepath.Join(l.Root, "state.json"), []byte("{bad"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.LoadState(); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Errorf("corrupt state: %v", err)
+	}
+}
+
+func TestTrashMovesNeverDeletes(t *testing.T) {
+	l := Layout{Root: t.TempDir()}
+	if got, err := l.Trash("none", time.Now()); err != nil || got != "" {
+		t.Fatalf("Trash of missing data: %q, %v", got, err)
+	}
+	member := filepath.Join(l.EtcdDataDir("tok"), "member")
+	if err := os.MkdirAll(member, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(member, "db"), []byte("data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !l.HasEtcdData("tok") {
+		t.Fatal("HasEtcdData = false")
+	}
+	dst, err := l.Trash("tok", time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.HasEtcdData("tok") {
+		t.Error("data still in place after Trash")
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "member", "db")); err != nil || string(b) != "data" {
+		t.Errorf("trashed data: %q, %v", b, err)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestSupervisorRestartsAndStops(t *testing.T) {
+	dir := t.TempDir()
+	// The stand-in records each start and then sleeps like a server.
+	starts := filepath.Join(dir, "starts")
+	etcd := filepath.Join(dir, "etcd-v3.6.16", "etcd")
+	writeScript(t, etcd, "echo started >> "+starts+"\nexec sleep 60")
+	pidFile := filepath.Join(dir, "etcd.pid")
+	sup := NewSupervisor(SupervisorConfig{
+		PIDFile: pidFile, Output: io.Discard, StopTimeout: 2 * time.Second,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	sp := Spec{Binaries: Binaries{Etcd: etcd}, Name: "n", DataDir: filepath.Join(dir, "data", "tok")}
+	if err := sup.Start(t.Context(), sp); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "first start", func() bool { return sup.Status().PID != 0 })
+	first := sup.Status().PID
+	if b, _ := os.ReadFile(pidFile); strings.TrimSpace(string(b)) == "" {
+		t.Error("pid file is empty")
+	}
+
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "restart", func() bool { st := sup.Status(); return st.PID != 0 && st.PID != first })
+	if got := sup.Status().Starts; got != 2 {
+		t.Errorf("Starts = %d, want 2", got)
+	}
+	second := sup.Status().PID
+
+	if err := sup.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if syscall.Kill(second, 0) == nil {
+		// Reaped children are gone; a live pid means Stop left it running.
+		t.Errorf("child %d still running after Stop", second)
+	}
+	if st := sup.Status(); st.Wanted || st.PID != 0 {
+		t.Errorf("status after Stop: %+v", st)
+	}
+	if _, err := os.Stat(pidFile); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pid file left after Stop: %v", err)
+	}
+	b, _ := os.ReadFile(starts)
+	if n := strings.Count(string(b), "started"); n != 2 {
+		t.Errorf("child started %d times, want 2", n)
+	}
+}
+
+func TestSupervisorStartFailure(t *testing.T) {
+	sup := NewSupervisor(SupervisorConfig{Output: io.Discard, MinBackoff: time.Hour}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	err := sup.Start(t.Context(), Spec{Binaries: Binaries{Etcd: filepath.Join(t.TempDir(), "missing")}})
+	if err == nil {
+		t.Fatal("start of a missing binary: no error")
+	}
+	if err := sup.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSpecArgs(t *testing.T) {
+	sp := Spec{
+		Name: "n1", DataDir: "/d/data/tok",
+		ClientURLs: []string{"http://127.0.0.1:4001"}, QuarantineClientURLs: []string{"http://127.0.0.1:8001"},
+		PeerURLs: []string{"http://127.0.0.1:2380"}, InitialCluster: "n1=http://127.0.0.1:2380",
+		NewCluster: true, ClusterToken: "tok",
+	}
+	args := strings.Join(sp.Args(), " ")
+	for _, want := range []string{"--listen-client-urls=http://127.0.0.1:4001", "--initial-cluster-state=new", "--initial-cluster-token=tok", "--data-dir=/d/data/tok"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %q", args, want)
+		}
+	}
+	sp.Quarantined, sp.NewCluster = true, false
+	args = strings.Join(sp.Args(), " ")
+	for _, want := range []string{"--listen-client-urls=http://127.0.0.1:8001", "--advertise-client-urls=http://127.0.0.1:8001", "--initial-cluster-state=existing"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("quarantined args %q lack %q", args, want)
+		}
+	}
+	if strings.Contains(args, ":4001") {
+		t.Errorf("quarantined etcd still serves the client URL: %q", args)
+	}
+}

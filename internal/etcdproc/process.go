@@ -1,0 +1,349 @@
+package etcdproc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Spec is everything needed to run one etcd member.
+type Spec struct {
+	Binaries Binaries
+	// Name is etcd's --name (the node ID).
+	Name    string
+	DataDir string
+	// ClientURLs are served and advertised unless Quarantined, in which
+	// case QuarantineClientURLs are served instead, so clients cannot write.
+	ClientURLs           []string
+	QuarantineClientURLs []string
+	Quarantined          bool
+	PeerURLs             []string
+	InitialCluster       string
+	NewCluster           bool
+	ClusterToken         string
+}
+
+// Args renders etcd's command line (without the binary).
+func (s Spec) Args() []string {
+	client := s.ClientURLs
+	if s.Quarantined {
+		client = s.QuarantineClientURLs
+	}
+	state := "existing"
+	if s.NewCluster {
+		state = "new"
+	}
+	return []string{
+		"--name=" + s.Name,
+		"--data-dir=" + s.DataDir,
+		"--listen-client-urls=" + strings.Join(client, ","),
+		"--advertise-client-urls=" + strings.Join(client, ","),
+		"--listen-peer-urls=" + strings.Join(s.PeerURLs, ","),
+		"--initial-advertise-peer-urls=" + strings.Join(s.PeerURLs, ","),
+		"--initial-cluster=" + s.InitialCluster,
+		"--initial-cluster-state=" + state,
+		"--initial-cluster-token=" + s.ClusterToken,
+		"--strict-reconfig-check=true",
+	}
+}
+
+// SupervisorConfig configures a Supervisor.
+type SupervisorConfig struct {
+	// PIDFile, if set, holds the running child's pid.
+	PIDFile string
+	// Output receives etcd's stdout and stderr.
+	Output io.Writer
+	// StopTimeout is how long a graceful stop waits before SIGKILL.
+	StopTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the delay between restarts.
+	MinBackoff, MaxBackoff time.Duration
+	// StableAfter is how long etcd must run before the backoff resets.
+	StableAfter time.Duration
+}
+
+func (c *SupervisorConfig) defaults() {
+	if c.Output == nil {
+		c.Output = os.Stderr
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = 15 * time.Second
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = time.Second
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 30 * time.Second
+	}
+	if c.StableAfter == 0 {
+		c.StableAfter = 30 * time.Second
+	}
+}
+
+// Supervisor keeps one etcd child running: it restarts etcd with backoff
+// when it exits, and stops it gracefully on request. The child gets
+// SIGKILL if the agent dies (parent-death signal), so etcd never outlives
+// the agent. Methods are safe for concurrent use.
+type Supervisor struct {
+	cfg SupervisorConfig
+	log *slog.Logger
+
+	mu      sync.Mutex
+	spec    *Spec
+	pid     int
+	starts  int
+	stop    chan struct{} // closed to stop the current run loop
+	done    chan struct{} // closed when the run loop has exited
+	lastErr error
+}
+
+// NewSupervisor returns an idle supervisor.
+func NewSupervisor(cfg SupervisorConfig, log *slog.Logger) *Supervisor {
+	cfg.defaults()
+	return &Supervisor{cfg: cfg, log: log}
+}
+
+// Status describes the supervised child.
+type Status struct {
+	// Wanted is true while the supervisor keeps etcd running.
+	Wanted bool
+	Spec   *Spec
+	// PID is the running child's pid, or 0 between restarts.
+	PID int
+	// Starts counts how often etcd was started under this spec.
+	Starts  int
+	LastErr error
+}
+
+// Status returns a snapshot of the supervisor's state.
+func (s *Supervisor) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Status{Wanted: s.spec != nil, Spec: s.spec, PID: s.pid, Starts: s.starts, LastErr: s.lastErr}
+}
+
+// Start begins supervising etcd with spec. It stops any etcd already
+// supervised first. It returns once the first start was attempted; later
+// exits are restarted in the background.
+func (s *Supervisor) Start(ctx context.Context, spec Spec) error {
+	if err := s.Stop(ctx); err != nil {
+		return err
+	}
+	killOrphan(s.cfg.PIDFile, spec.DataDir, s.log)
+	s.mu.Lock()
+	s.spec = &spec
+	s.starts = 0
+	s.lastErr = nil
+	s.stop = make(chan struct{})
+	s.done = make(chan struct{})
+	stop, done := s.stop, s.done
+	s.mu.Unlock()
+
+	started := make(chan error, 1)
+	go s.loop(stop, done, started)
+	select {
+	case err := <-started:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Stop stops etcd gracefully (SIGTERM, then SIGKILL after StopTimeout)
+// and waits for it to exit. Stopping an idle supervisor is a no-op.
+func (s *Supervisor) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	stop, done := s.stop, s.done
+	s.stop, s.done, s.spec = nil, nil, nil
+	s.mu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	close(stop)
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("etcdproc: stop etcd: %w", ctx.Err())
+	}
+}
+
+// Update replaces the spec used by later restarts without restarting the
+// running etcd. It is a no-op on an idle supervisor.
+func (s *Supervisor) Update(spec Spec) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.spec != nil {
+		s.spec = &spec
+	}
+}
+
+func (s *Supervisor) loop(stop, done chan struct{}, started chan<- error) {
+	defer close(done)
+	backoff := s.cfg.MinBackoff
+	first := true
+	for {
+		s.mu.Lock()
+		if s.spec == nil {
+			s.mu.Unlock()
+			return
+		}
+		spec := *s.spec
+		s.mu.Unlock()
+		begin := time.Now()
+		err := s.runOnce(spec, stop, func(startErr error) {
+			if first {
+				started <- startErr
+				first = false
+			}
+		})
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if time.Since(begin) >= s.cfg.StableAfter {
+			backoff = s.cfg.MinBackoff
+		}
+		s.log.Warn("etcd exited; restarting after backoff", "error", err, "backoff", backoff, "ran-for", time.Since(begin).Round(time.Millisecond))
+		select {
+		case <-stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, s.cfg.MaxBackoff)
+	}
+}
+
+// runOnce starts etcd and waits for it to exit or for stop. The goroutine
+// is locked to its OS thread for the child's lifetime, because the kernel
+// sends the parent-death signal when the thread that forked the child
+// exits, not the process.
+func (s *Supervisor) runOnce(spec Spec, stop <-chan struct{}, onStart func(error)) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+
+	cmd := exec.Command(spec.Binaries.Etcd, spec.Args()...)
+	cmd.Stdout = s.cfg.Output
+	cmd.Stderr = s.cfg.Output
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Pdeathsig: syscall.SIGKILL,
+		// Its own process group: a Ctrl-C in the agent's terminal reaches
+		// the agent only, which then stops etcd in order.
+		Setpgid: true,
+	}
+	if err := cmd.Start(); err != nil {
+		err = fmt.Errorf("etcdproc: start %s: %w", spec.Binaries.Etcd, err)
+		s.setErr(err)
+		onStart(err)
+		return err
+	}
+	pid := cmd.Process.Pid
+	s.mu.Lock()
+	s.pid = pid
+	s.starts++
+	s.mu.Unlock()
+	s.writePID(pid)
+	s.log.Info("etcd started", "pid", pid, "version", spec.Binaries.Version.String(), "data-dir", spec.DataDir, "quarantined", spec.Quarantined)
+	onStart(nil)
+
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-exited:
+	case <-stop:
+		err = s.terminate(cmd, exited)
+	}
+	s.mu.Lock()
+	s.pid = 0
+	s.mu.Unlock()
+	s.removePID(pid)
+	if err == nil {
+		err = errors.New("etcd exited with status 0")
+	}
+	s.setErr(err)
+	return err
+}
+
+func (s *Supervisor) terminate(cmd *exec.Cmd, exited <-chan error) error {
+	pid := cmd.Process.Pid
+	s.log.Info("stopping etcd", "pid", pid)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		s.log.Info("etcd stopped", "pid", pid)
+		return err
+	case <-time.After(s.cfg.StopTimeout):
+		s.log.Warn("etcd did not stop in time; killing it", "pid", pid, "timeout", s.cfg.StopTimeout)
+		_ = cmd.Process.Kill()
+		return <-exited
+	}
+}
+
+func (s *Supervisor) setErr(err error) {
+	s.mu.Lock()
+	s.lastErr = err
+	s.mu.Unlock()
+}
+
+func (s *Supervisor) writePID(pid int) {
+	if s.cfg.PIDFile == "" {
+		return
+	}
+	if err := writeFileAtomic(s.cfg.PIDFile, []byte(strconv.Itoa(pid)+"\n")); err != nil {
+		s.log.Warn("cannot write etcd pid file", "path", s.cfg.PIDFile, "error", err)
+	}
+}
+
+func (s *Supervisor) removePID(pid int) {
+	if s.cfg.PIDFile == "" {
+		return
+	}
+	if data, err := os.ReadFile(s.cfg.PIDFile); err == nil && strings.TrimSpace(string(data)) == strconv.Itoa(pid) {
+		_ = os.Remove(s.cfg.PIDFile)
+	}
+}
+
+// killOrphan kills an etcd left running from an earlier agent if its pid
+// file names a live process serving a data dir beside dataDir (the same
+// node's data/ folder). The parent-death
+// signal makes this rare, but a left-over etcd would hold the ports and
+// the data.
+func killOrphan(pidFile, dataDir string, log *slog.Logger) {
+	if pidFile == "" {
+		return
+	}
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 1 {
+		return
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !bytes.Contains(cmdline, []byte("--data-dir="+filepath.Dir(dataDir)+string(filepath.Separator))) {
+		return
+	}
+	log.Warn("killing etcd left over from an earlier agent", "pid", pid, "data-dir", dataDir)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for i := 0; i < 50; i++ {
+		if syscall.Kill(pid, 0) != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = os.Remove(pidFile)
+}

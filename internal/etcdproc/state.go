@@ -1,0 +1,181 @@
+package etcdproc
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// ErrDataDirLocked means another agent is using the same --data-dir.
+var ErrDataDirLocked = errors.New("etcdproc: data dir is in use by another etcd-manager")
+
+// State is what a node keeps under --data-dir across restarts. It is
+// written atomically (temp file, fsync, rename).
+type State struct {
+	// NodeID names this node; it is also the etcd member name.
+	NodeID string `json:"nodeId"`
+	// Member is set while this node is (or is becoming) an etcd member.
+	Member *MemberState `json:"member,omitempty"`
+}
+
+// MemberState describes the etcd member this node runs.
+type MemberState struct {
+	ClusterToken string `json:"clusterToken"`
+	EtcdVersion  string `json:"etcdVersion"`
+	// InitialCluster is etcd's --initial-cluster: name=peerURL,...
+	InitialCluster string `json:"initialCluster"`
+	// NewCluster selects --initial-cluster-state=new; otherwise existing.
+	NewCluster bool `json:"newCluster"`
+	// Quarantined makes etcd serve clients on the quarantine URLs only.
+	Quarantined bool `json:"quarantined,omitempty"`
+	// Pending is set from the moment this node decides to create a cluster
+	// until the store's creation marker confirms it was the one to do so.
+	Pending bool `json:"pending,omitempty"`
+}
+
+// Layout is the folder structure under --data-dir:
+//
+//	state.json           State
+//	data/<cluster token>/ etcd's data dir, one per cluster token
+//	trash/<token>-<time>/ data moved aside, never deleted
+//	etcd.pid             pid of the running etcd child
+type Layout struct{ Root string }
+
+func (l Layout) statePath() string { return filepath.Join(l.Root, "state.json") }
+
+// PIDFile is where the running etcd child's pid is kept.
+func (l Layout) PIDFile() string { return filepath.Join(l.Root, "etcd.pid") }
+
+// EtcdDataDir is etcd's --data-dir for the cluster with this token.
+func (l Layout) EtcdDataDir(token string) string { return filepath.Join(l.Root, "data", token) }
+
+// HasEtcdData reports whether etcd has written its member folder for the
+// cluster with this token.
+func (l Layout) HasEtcdData(token string) bool {
+	st, err := os.Stat(filepath.Join(l.EtcdDataDir(token), "member"))
+	return err == nil && st.IsDir()
+}
+
+// Lock takes an exclusive lock on the data dir, so that two agents never
+// share it. The lock is released when the process exits or unlock is called.
+func (l Layout) Lock() (unlock func(), err error) {
+	if err := os.MkdirAll(l.Root, 0o700); err != nil {
+		return nil, fmt.Errorf("etcdproc: create data dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(l.Root, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("etcdproc: open lock file: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s", ErrDataDirLocked, l.Root)
+		}
+		return nil, fmt.Errorf("etcdproc: lock data dir %s: %w", l.Root, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// LoadState reads the node's state, creating a node ID on first use.
+func (l Layout) LoadState() (State, error) {
+	data, err := os.ReadFile(l.statePath())
+	if errors.Is(err, os.ErrNotExist) {
+		id, err := newNodeID()
+		if err != nil {
+			return State{}, err
+		}
+		st := State{NodeID: id}
+		return st, l.SaveState(st)
+	}
+	if err != nil {
+		return State{}, fmt.Errorf("etcdproc: read state: %w", err)
+	}
+	var st State
+	if err := json.Unmarshal(data, &st); err != nil {
+		return State{}, fmt.Errorf("etcdproc: state file %s is corrupt (%v); move it aside to start this node afresh", l.statePath(), err)
+	}
+	if st.NodeID == "" {
+		return State{}, fmt.Errorf("etcdproc: state file %s has no node ID", l.statePath())
+	}
+	return st, nil
+}
+
+// SaveState replaces the state file atomically and durably.
+func (l Layout) SaveState(st State) error {
+	data, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return fmt.Errorf("etcdproc: encode state: %w", err)
+	}
+	return writeFileAtomic(l.statePath(), append(data, '\n'))
+}
+
+// Trash moves the etcd data of the cluster with this token into
+// trash/<token>-<time>. Data is never deleted. A missing folder is not an
+// error.
+func (l Layout) Trash(token string, now time.Time) (string, error) {
+	src := l.EtcdDataDir(token)
+	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	dst := filepath.Join(l.Root, "trash", fmt.Sprintf("%s-%s", token, now.UTC().Format("20060102T150405.000000000Z")))
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return "", fmt.Errorf("etcdproc: create trash: %w", err)
+	}
+	if err := os.Rename(src, dst); err != nil {
+		return "", fmt.Errorf("etcdproc: move %s to trash: %w", src, err)
+	}
+	return dst, syncDir(filepath.Dir(src))
+}
+
+func newNodeID() (string, error) {
+	b := make([]byte, 12)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("etcdproc: node id: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("etcdproc: %w", err)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("etcdproc: %w", err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("etcdproc: write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("etcdproc: sync %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("etcdproc: %w", err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("etcdproc: %w", err)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("etcdproc: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("etcdproc: sync %s: %w", dir, err)
+	}
+	return nil
+}
