@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// options are the flags every command shares. They are persistent flags
+// on the root, so they may come before or after the command name, as in
+// the walkthrough: etcd-manager-ctl -member-count=1 --backup-store=... configure-cluster
+type options struct {
+	backupStore     string
+	memberCount     int32
+	etcdVersion     string
+	etcdBinDir      string
+	skipBinaryCheck bool
+	output          string
+	storeAttempts   int
+}
+
+func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
+	o := &options{etcdBinDir: etcdproc.DefaultBinDir, output: "text", storeAttempts: 3}
+	root := &cobra.Command{
+		Use:   "etcd-manager-ctl",
+		Short: "Operate an etcd-manager cluster through its backup store",
+		Long: `etcd-manager-ctl reads and writes the backup store that etcd-manager agents
+watch. The store is the source of truth whenever etcd is down, so these
+commands work even then.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	fs := root.PersistentFlags()
+	fs.StringVar(&o.backupStore, "backup-store", "", "URL of the backup store, such as file:///var/lib/etcd-manager/backups/main or s3://bucket/prefix (required)")
+	fs.Int32Var(&o.memberCount, "member-count", 0, "number of etcd members (configure-cluster)")
+	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16 (configure-cluster)")
+	fs.StringVar(&o.etcdBinDir, "etcd-bin-dir", o.etcdBinDir, "directory where the agents' etcd installs live (etcd-v<version>/etcd); configure-cluster refuses a version that has none")
+	fs.BoolVar(&o.skipBinaryCheck, "skip-binary-check", false, "let configure-cluster accept a version without looking for its binary here (when this machine is not an etcd node)")
+	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
+	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
+
+	root.AddCommand(
+		&cobra.Command{
+			Use:   "get",
+			Short: "Show the cluster spec: member count and etcd version",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return o.get(cmd.Context(), stdout)
+			},
+		},
+		&cobra.Command{
+			Use:   "configure-cluster",
+			Short: "Set the cluster spec from --member-count and --etcd-version",
+			Long: `configure-cluster writes the desired spec to the backup store. The agents
+pick it up on their next cycle. On a store that has a spec already, a flag
+left out keeps its current value.`,
+			Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --member-count=1 --etcd-version=3.6.16 configure-cluster",
+			Args:    cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return o.configureCluster(cmd.Context(), cmd, stdout, stderr)
+			},
+		},
+	)
+	return root
+}
+
+// openStore opens the backup store, retrying with backoff while it is
+// unreachable.
+func (o *options) openStore(ctx context.Context, create bool) (*store.Store, error) {
+	if o.backupStore == "" {
+		return nil, errors.New("--backup-store is required, for example --backup-store=file:///tmp/etcd-manager/backups/test")
+	}
+	var lastErr error
+	delay := 500 * time.Millisecond
+	for attempt := 1; attempt <= max(o.storeAttempts, 1); attempt++ {
+		s, err := store.Open(ctx, o.backupStore, store.Options{Create: create})
+		if err == nil {
+			return s, nil
+		}
+		if !errors.Is(err, store.ErrUnreachable) {
+			return nil, err
+		}
+		lastErr = err
+		if attempt < o.storeAttempts {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(delay):
+			}
+			delay *= 2
+		}
+	}
+	return nil, fmt.Errorf("%w (tried %d times)", lastErr, max(o.storeAttempts, 1))
+}
+
+func (o *options) get(ctx context.Context, w io.Writer) error {
+	s, err := o.openStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	cs, err := s.ReadSpec(ctx)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("no cluster spec in %s yet; set one with configure-cluster", o.backupStore)
+	}
+	if err != nil {
+		return err
+	}
+	switch o.output {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(cs)
+	case "text":
+		_, err := fmt.Fprintf(w, "memberCount: %d\netcdVersion: %s\n", cs.MemberCount, cs.EtcdVersion)
+		return err
+	default:
+		return fmt.Errorf("--output %q: use text or json", o.output)
+	}
+}
+
+func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdout, stderr io.Writer) error {
+	fs := cmd.Flags()
+	countSet, versionSet := fs.Changed("member-count"), fs.Changed("etcd-version")
+	if !countSet && !versionSet {
+		return errors.New("configure-cluster needs --member-count, --etcd-version or both")
+	}
+	// Check the new values before touching the store.
+	if countSet && o.memberCount < 1 {
+		return fmt.Errorf("--member-count=%d: %w", o.memberCount, spec.ErrInvalidMemberCount)
+	}
+	if versionSet {
+		if err := o.checkVersion(); err != nil {
+			return err
+		}
+	}
+
+	s, err := o.openStore(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	cs, err := s.ReadSpec(ctx)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		if !countSet || !versionSet {
+			return errors.New("the store has no cluster spec yet, so configure-cluster needs both --member-count and --etcd-version")
+		}
+	case err != nil && (countSet && versionSet):
+		// Replacing a broken spec is how an operator repairs it.
+		fmt.Fprintf(stderr, "warning: replacing the unreadable spec in the store: %v\n", err)
+	case err != nil:
+		return fmt.Errorf("%w; pass both --member-count and --etcd-version to replace it", err)
+	}
+	if countSet {
+		cs.MemberCount = o.memberCount
+	}
+	if versionSet {
+		cs.EtcdVersion = o.etcdVersion
+	}
+	warnings, err := cs.Validate()
+	if err != nil {
+		return err
+	}
+	for _, w := range warnings {
+		fmt.Fprintln(stderr, "warning:", w)
+	}
+	if err := s.WriteSpec(ctx, cs); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "cluster spec set in %s: %s\n", o.backupStore, cs)
+	return err
+}
+
+func (o *options) checkVersion() error {
+	v, err := spec.ParseSupportedVersion(o.etcdVersion)
+	if err != nil {
+		return fmt.Errorf("--etcd-version: %w", err)
+	}
+	if o.skipBinaryCheck {
+		return nil
+	}
+	if _, err := etcdproc.FindBinaries(o.etcdBinDir, v); err != nil {
+		return fmt.Errorf("--etcd-version=%s: %w (pass --skip-binary-check if this machine is not an etcd node)", o.etcdVersion, err)
+	}
+	return nil
+}

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// ctlEnv is a file store and a folder of stand-in etcd installs. The ctl
+// only looks for the binary's path; it never runs it.
+type ctlEnv struct {
+	store, binDir string
+}
+
+func newCtlEnv(t *testing.T) ctlEnv {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	for _, v := range []string{"3.6.16", "3.5.35"} {
+		d := filepath.Join(bin, "etcd-v"+v)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "etcd"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ctlEnv{store: "file://" + filepath.Join(dir, "backups", "test"), binDir: bin}
+}
+
+func (e ctlEnv) run(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	args = append([]string{"--backup-store=" + e.store, "--etcd-bin-dir=" + e.binDir, "--store-attempts=1"}, args...)
+	err = run(t.Context(), args, &out, &errOut)
+	return out.String(), errOut.String(), err
+}
+
+func TestConfigureAndGet(t *testing.T) {
+	e := newCtlEnv(t)
+	// The walkthrough's spelling, single-dash long flags included.
+	out, _, err := e.run(t, "-member-count=1", "-etcd-version=3.6.16", "configure-cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "memberCount=1 etcdVersion=3.6.16") {
+		t.Errorf("configure-cluster printed %q", out)
+	}
+	out, _, err = e.run(t, "get")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "memberCount: 1\netcdVersion: 3.6.16\n" {
+		t.Errorf("get printed %q", out)
+	}
+	// A flag left out keeps its value.
+	if _, _, err := e.run(t, "--member-count=3", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = e.run(t, "get", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"memberCount": 3`) || !strings.Contains(out, `"etcdVersion": "3.6.16"`) {
+		t.Errorf("get -o json printed %q", out)
+	}
+}
+
+func TestConfigureClusterBadInput(t *testing.T) {
+	tests := []struct {
+		name        string
+		args        []string
+		wantErr     string
+		wantWarning string
+	}{
+		{name: "member count zero", args: []string{"--member-count=0", "--etcd-version=3.6.16"}, wantErr: "member count must be at least 1"},
+		{name: "member count negative", args: []string{"--member-count=-3", "--etcd-version=3.6.16"}, wantErr: "member count must be at least 1"},
+		{name: "even member count warns", args: []string{"--member-count=2", "--etcd-version=3.6.16"}, wantWarning: "even member count (2)"},
+		{name: "no binary for version", args: []string{"--member-count=1", "--etcd-version=3.6.99"}, wantErr: "etcd-v3.6.99"},
+		{name: "v2", args: []string{"--member-count=1", "--etcd-version=2.2.1"}, wantErr: "etcd v2 is not supported"},
+		{name: "unparsable version", args: []string{"--member-count=1", "--etcd-version=3.six"}, wantErr: "invalid etcd version"},
+		{name: "new spec needs both flags", args: []string{"--member-count=1"}, wantErr: "needs both --member-count and --etcd-version"},
+		{name: "no flags", args: nil, wantErr: "needs --member-count, --etcd-version or both"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newCtlEnv(t)
+			_, stderr, err := e.run(t, append(tt.args, "configure-cluster")...)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want it to mention %q", err, tt.wantErr)
+				}
+				// Nothing was written.
+				if _, _, gerr := e.run(t, "get"); gerr == nil {
+					t.Error("a refused configure-cluster still wrote a spec")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(stderr, "warning: ") || !strings.Contains(stderr, tt.wantWarning) {
+				t.Errorf("stderr %q lacks warning %q", stderr, tt.wantWarning)
+			}
+		})
+	}
+}
+
+func TestMissingBinaryNamesTheFolder(t *testing.T) {
+	e := newCtlEnv(t)
+	_, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.99", "configure-cluster")
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{e.binDir, filepath.Join(e.binDir, "etcd-v3.6.99", "etcd"), "--skip-binary-check"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	// With the check skipped (a workstation that is not an etcd node), the
+	// spec is written.
+	if _, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.99", "--skip-binary-check", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGetErrors(t *testing.T) {
+	e := newCtlEnv(t)
+	if _, _, err := e.run(t, "get"); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("get on a missing store: %v", err)
+	}
+	if _, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.16", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.run(t, "get", "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "--output") {
+		t.Errorf("get -o yaml: %v", err)
+	}
+	var out, errOut bytes.Buffer
+	if err := run(t.Context(), []string{"get"}, &out, &errOut); err == nil || !strings.Contains(err.Error(), "--backup-store is required") {
+		t.Errorf("get without --backup-store: %v", err)
+	}
+}
+
+func TestUnreachableStoreIsRetried(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"--backup-store=file://" + file + "/store", "--store-attempts=2", "get"}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "unreachable") || !strings.Contains(err.Error(), "tried 2 times") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestReplaceMalformedSpec(t *testing.T) {
+	e := newCtlEnv(t)
+	if _, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.16", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(strings.TrimPrefix(e.store, "file://"), "control", "etcd-cluster-spec")
+	if err := os.WriteFile(path, []byte("{junk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.run(t, "get"); err == nil || !strings.Contains(err.Error(), "control/etcd-cluster-spec") {
+		t.Errorf("get of junk spec: %v", err)
+	}
+	if _, _, err := e.run(t, "--member-count=3", "configure-cluster"); err == nil {
+		t.Error("a partial update over a junk spec was accepted")
+	}
+	_, stderr, err := e.run(t, "--member-count=3", "--etcd-version=3.6.16", "configure-cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "replacing the unreadable spec") {
+		t.Errorf("stderr %q", stderr)
+	}
+}

@@ -1,0 +1,61 @@
+// Command etcd-manager is the agent that runs on every node: it supervises
+// the local etcd and, with its peers, steers the cluster toward the spec in
+// the backup store.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/etcd-manager/etcd-manager/internal/cli"
+	"github.com/etcd-manager/etcd-manager/internal/controller"
+)
+
+func main() {
+	cfg := controller.Default()
+	logCfg := cli.DefaultLogConfig()
+	cmd := &cobra.Command{
+		Use:   "etcd-manager",
+		Short: "Run and heal an etcd cluster from the spec in a backup store",
+		Long: `etcd-manager runs on every node of an etcd cluster. It starts the local etcd
+of the version the cluster spec asks for, restarts it when it dies, and keeps
+its state under --data-dir so that a restart picks up where it left off.
+
+The spec lives in the backup store; set it with etcd-manager-ctl:
+
+  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test \
+    --member-count=1 --etcd-version=3.6.16 configure-cluster`,
+		Example: `  etcd-manager --insecure --etcd-insecure --address 127.0.0.1 --etcd-address 127.0.0.1 \
+    --cluster-name=test --backup-store=file:///tmp/etcd-manager/backups/test \
+    --data-dir=/tmp/etcd-manager/data/test/1 --client-urls=http://127.0.0.1:4001 \
+    --quarantine-client-urls=http://127.0.0.1:8001 --peer-urls=http://127.0.0.1:2380`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logCfg.NewLogger(os.Stderr)
+			if err != nil {
+				return err
+			}
+			cfg.Complete()
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return controller.NewAgent(cfg, log).Run(ctx)
+		},
+	}
+	cfg.AddFlags(cmd.Flags())
+	logCfg.AddFlags(cmd.Flags())
+	cmd.SetArgs(cli.NormalizeArgs(cmd.Flags(), os.Args[1:]))
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "etcd-manager:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,190 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Config is the agent's configuration. The flag names follow the
+// etcd-manager walkthrough that users already know.
+type Config struct {
+	ClusterName string
+	BackupStore string
+	DataDir     string
+
+	// Address is where the agent's peer API listens; PeerPort its port.
+	Address  string
+	PeerPort int
+	// EtcdAddress is the address etcd binds; it fills in URLs not given.
+	EtcdAddress string
+
+	ClientURLs           []string
+	QuarantineClientURLs []string
+	PeerURLs             []string
+
+	Insecure     bool
+	EtcdInsecure bool
+
+	EtcdBinDir string
+
+	// LoopInterval is the time between control-loop cycles.
+	LoopInterval time.Duration
+	// EtcdStopTimeout bounds a graceful etcd stop before SIGKILL.
+	EtcdStopTimeout time.Duration
+}
+
+// Ports used to fill in URLs that are not given.
+const (
+	DefaultPeerPort           = 8000
+	DefaultClientPort         = 4001
+	DefaultQuarantinePort     = 8001
+	DefaultEtcdPeerPort       = 2380
+	DefaultEtcdBinDir         = "/opt"
+	DefaultLoopInterval       = 5 * time.Second
+	DefaultEtcdStopTimeout    = 15 * time.Second
+	defaultAddress            = "127.0.0.1"
+	flagBackupStore           = "backup-store"
+	flagEtcdInsecure          = "etcd-insecure"
+	flagInsecure              = "insecure"
+	flagClientURLs            = "client-urls"
+	flagQuarantineClientURLs  = "quarantine-client-urls"
+	flagPeerURLs              = "peer-urls"
+	errTLSNotAvailableMessage = "TLS is not available in this build yet; pass --%s to run without it"
+)
+
+// Default returns the configuration with defaults filled in.
+func Default() Config {
+	return Config{
+		Address:         defaultAddress,
+		PeerPort:        DefaultPeerPort,
+		EtcdAddress:     defaultAddress,
+		EtcdBinDir:      DefaultEtcdBinDir,
+		LoopInterval:    DefaultLoopInterval,
+		EtcdStopTimeout: DefaultEtcdStopTimeout,
+	}
+}
+
+// AddFlags registers the agent's flags on fs.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.ClusterName, "cluster-name", c.ClusterName, "name of the etcd cluster (for example main or events); agents of other clusters are ignored")
+	fs.StringVar(&c.BackupStore, flagBackupStore, c.BackupStore, "URL of the backup store, the source of truth when etcd is down: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for this node's state and etcd data; it must survive restarts")
+	fs.StringVar(&c.Address, "address", c.Address, "IP address the agent's peer API listens on and advertises")
+	fs.IntVar(&c.PeerPort, "peer-port", c.PeerPort, "port of the agent's peer API")
+	fs.StringVar(&c.EtcdAddress, "etcd-address", c.EtcdAddress, "IP address etcd listens on; used to fill in --client-urls, --quarantine-client-urls and --peer-urls when they are not given")
+	fs.StringSliceVar(&c.ClientURLs, flagClientURLs, c.ClientURLs, fmt.Sprintf("URLs etcd serves clients on (default http://<etcd-address>:%d)", DefaultClientPort))
+	fs.StringSliceVar(&c.QuarantineClientURLs, flagQuarantineClientURLs, c.QuarantineClientURLs, fmt.Sprintf("URLs etcd serves on while quarantined, so that ordinary clients cannot reach it (default http://<etcd-address>:%d)", DefaultQuarantinePort))
+	fs.StringSliceVar(&c.PeerURLs, flagPeerURLs, c.PeerURLs, fmt.Sprintf("URLs etcd uses for raft traffic with its peers (default http://<etcd-address>:%d)", DefaultEtcdPeerPort))
+	fs.BoolVar(&c.Insecure, flagInsecure, c.Insecure, "run the agents' peer API without TLS (required for now: TLS is not available in this build yet)")
+	fs.BoolVar(&c.EtcdInsecure, flagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http (required for now: TLS is not available in this build yet)")
+	fs.StringVar(&c.EtcdBinDir, "etcd-bin-dir", c.EtcdBinDir, "directory holding etcd installs as etcd-v<version>/etcd (or etcd-v<version>-linux-amd64/etcd), with etcdctl and etcdutl beside it")
+	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
+	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
+}
+
+// Complete fills in the URLs derived from --etcd-address.
+func (c *Config) Complete() {
+	scheme := "https"
+	if c.EtcdInsecure {
+		scheme = "http"
+	}
+	hostPort := func(port int) []string {
+		return []string{fmt.Sprintf("%s://%s", scheme, net.JoinHostPort(c.EtcdAddress, fmt.Sprint(port)))}
+	}
+	if len(c.ClientURLs) == 0 {
+		c.ClientURLs = hostPort(DefaultClientPort)
+	}
+	if len(c.QuarantineClientURLs) == 0 {
+		c.QuarantineClientURLs = hostPort(DefaultQuarantinePort)
+	}
+	if len(c.PeerURLs) == 0 {
+		c.PeerURLs = hostPort(DefaultEtcdPeerPort)
+	}
+}
+
+var clusterNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// Validate checks the configuration and returns every problem found.
+func (c *Config) Validate() error {
+	var errs []error
+	if !clusterNameRE.MatchString(c.ClusterName) {
+		errs = append(errs, fmt.Errorf("--cluster-name %q: use 1 to 63 lowercase letters, digits and dashes, such as main or events", c.ClusterName))
+	}
+	if c.BackupStore == "" {
+		errs = append(errs, fmt.Errorf("--%s is required, for example file:///var/lib/etcd-manager/backups/main", flagBackupStore))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir is required"))
+	}
+	if net.ParseIP(c.Address) == nil {
+		errs = append(errs, fmt.Errorf("--address %q is not an IP address", c.Address))
+	}
+	if c.PeerPort < 1 || c.PeerPort > 65535 {
+		errs = append(errs, fmt.Errorf("--peer-port %d is out of range", c.PeerPort))
+	}
+	if !c.Insecure {
+		errs = append(errs, fmt.Errorf(errTLSNotAvailableMessage, flagInsecure))
+	}
+	if !c.EtcdInsecure {
+		errs = append(errs, fmt.Errorf(errTLSNotAvailableMessage, flagEtcdInsecure))
+	}
+	for name, urls := range map[string][]string{flagClientURLs: c.ClientURLs, flagQuarantineClientURLs: c.QuarantineClientURLs, flagPeerURLs: c.PeerURLs} {
+		for _, u := range urls {
+			if err := checkURL(u, c.EtcdInsecure); err != nil {
+				errs = append(errs, fmt.Errorf("--%s: %w", name, err))
+			}
+		}
+	}
+	if overlap(c.ClientURLs, c.QuarantineClientURLs) {
+		errs = append(errs, fmt.Errorf("--%s and --%s must differ, or quarantine would not keep clients out", flagClientURLs, flagQuarantineClientURLs))
+	}
+	if c.LoopInterval <= 0 {
+		errs = append(errs, errors.New("--loop-interval must be positive"))
+	}
+	if c.EtcdStopTimeout <= 0 {
+		errs = append(errs, errors.New("--etcd-stop-timeout must be positive"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("controller: invalid configuration: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+func checkURL(raw string, insecure bool) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("%q: %w", raw, err)
+	}
+	want := "https"
+	if insecure {
+		want = "http"
+	}
+	if u.Scheme != want {
+		return fmt.Errorf("%q: scheme must be %s", raw, want)
+	}
+	if u.Port() == "" || u.Hostname() == "" {
+		return fmt.Errorf("%q: needs a host and a port", raw)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return fmt.Errorf("%q: must not have a path", raw)
+	}
+	return nil
+}
+
+func overlap(a, b []string) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if strings.EqualFold(strings.TrimSuffix(x, "/"), strings.TrimSuffix(y, "/")) {
+				return true
+			}
+		}
+	}
+	return false
+}

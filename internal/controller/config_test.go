@@ -1,0 +1,92 @@
+package controller
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func validConfig() Config {
+	c := Default()
+	c.ClusterName = "test"
+	c.BackupStore = "file:///tmp/x"
+	c.DataDir = "/tmp/d"
+	c.Insecure, c.EtcdInsecure = true, true
+	c.Complete()
+	return c
+}
+
+func TestConfigComplete(t *testing.T) {
+	c := Default()
+	c.EtcdInsecure = true
+	c.EtcdAddress = "127.0.0.2"
+	c.Complete()
+	if got := strings.Join(c.ClientURLs, ","); got != "http://127.0.0.2:4001" {
+		t.Errorf("client URLs = %s", got)
+	}
+	if got := strings.Join(c.QuarantineClientURLs, ","); got != "http://127.0.0.2:8001" {
+		t.Errorf("quarantine URLs = %s", got)
+	}
+	if got := strings.Join(c.PeerURLs, ","); got != "http://127.0.0.2:2380" {
+		t.Errorf("peer URLs = %s", got)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name    string
+		mutate  func(*Config)
+		wantErr string
+	}{
+		{name: "valid", mutate: func(*Config) {}},
+		{name: "no cluster name", mutate: func(c *Config) { c.ClusterName = "" }, wantErr: "--cluster-name"},
+		{name: "bad cluster name", mutate: func(c *Config) { c.ClusterName = "Main_1" }, wantErr: "--cluster-name"},
+		{name: "no backup store", mutate: func(c *Config) { c.BackupStore = "" }, wantErr: "--backup-store is required"},
+		{name: "no data dir", mutate: func(c *Config) { c.DataDir = "" }, wantErr: "--data-dir is required"},
+		{name: "bad address", mutate: func(c *Config) { c.Address = "localhost:1" }, wantErr: "--address"},
+		{name: "tls for etcd not yet", mutate: func(c *Config) { c.EtcdInsecure = false }, wantErr: "--etcd-insecure"},
+		{name: "tls for agents not yet", mutate: func(c *Config) { c.Insecure = false }, wantErr: "--insecure"},
+		{name: "https url while insecure", mutate: func(c *Config) { c.ClientURLs = []string{"https://127.0.0.1:4001"} }, wantErr: "scheme must be http"},
+		{name: "url without port", mutate: func(c *Config) { c.PeerURLs = []string{"http://127.0.0.1"} }, wantErr: "host and a port"},
+		{name: "quarantine equals client", mutate: func(c *Config) { c.QuarantineClientURLs = c.ClientURLs }, wantErr: "must differ"},
+		{name: "zero loop interval", mutate: func(c *Config) { c.LoopInterval = 0 }, wantErr: "--loop-interval"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validConfig()
+			tt.mutate(&c)
+			err := c.Validate()
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("err = %v, want it to mention %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestConfigFlagsHaveHelp(t *testing.T) {
+	c := Default()
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	c.AddFlags(fs)
+	want := []string{"insecure", "etcd-insecure", "address", "etcd-address", "cluster-name", "backup-store", "data-dir",
+		"client-urls", "quarantine-client-urls", "peer-urls", "etcd-bin-dir", "peer-port"}
+	for _, name := range want {
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("flag --%s is missing", name)
+			continue
+		}
+		if len(f.Usage) < 10 {
+			t.Errorf("flag --%s has no real help text: %q", name, f.Usage)
+		}
+	}
+	if got := fs.Lookup("etcd-bin-dir").DefValue; got != "/opt" {
+		t.Errorf("--etcd-bin-dir default = %q, want /opt", got)
+	}
+}
