@@ -1,0 +1,414 @@
+// Package harness runs real etcd-manager agents, with real etcd children,
+// on loopback for the integration tests. Every process it starts is killed
+// by PID when the test ends, and data lives on real disk under the test's
+// temporary directory.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// DefaultEtcdVersion is the etcd the tests run unless they ask otherwise.
+const DefaultEtcdVersion = "3.6.16"
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// RepoRoot finds the module root by walking up to go.mod.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("harness: go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// EtcdBinDir is where the real etcd installs are: $ETCD_MANAGER_ETCD_BIN_DIR
+// or the repository's bin/ (filled by make tools).
+func EtcdBinDir() (string, error) {
+	if d := os.Getenv("ETCD_MANAGER_ETCD_BIN_DIR"); d != "" {
+		return d, nil
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "bin"), nil
+}
+
+// Cleanup removes the binaries built for the test run; call it from
+// TestMain after m.Run.
+func Cleanup() {
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+}
+
+// build compiles etcd-manager and etcd-manager-ctl once per test binary.
+func build() (string, error) {
+	buildOnce.Do(func() {
+		root, err := RepoRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildDir, err = os.MkdirTemp("", "etcd-manager-test-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", buildDir+"/", "./cmd/etcd-manager", "./cmd/etcd-manager-ctl")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("harness: go build: %v\n%s", err, out)
+		}
+	})
+	return buildDir, buildErr
+}
+
+// Env is one test's world: a backup store, built binaries and real etcd.
+type Env struct {
+	t        testing.TB
+	Root     string
+	BinDir   string // etcd installs
+	AgentBin string
+	CtlBin   string
+	StoreDir string
+	StoreURL string
+	agents   []*Agent
+}
+
+// NewEnv prepares an environment. It fails the test loudly if the real
+// etcd binary is missing: run make tools.
+func NewEnv(t testing.TB) *Env {
+	t.Helper()
+	binDir, err := EtcdBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcd := filepath.Join(binDir, "etcd-v"+DefaultEtcdVersion, "etcd")
+	if _, err := os.Stat(etcd); err != nil {
+		t.Fatalf("real etcd %s is required but missing at %s (run make tools): %v", DefaultEtcdVersion, etcd, err)
+	}
+	dir, err := build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	e := &Env{
+		t: t, Root: root, BinDir: binDir,
+		AgentBin: filepath.Join(dir, "etcd-manager"), CtlBin: filepath.Join(dir, "etcd-manager-ctl"),
+		StoreDir: filepath.Join(root, "backups", "test"),
+	}
+	e.StoreURL = "file://" + e.StoreDir
+	return e
+}
+
+// Ctl runs etcd-manager-ctl against the env's store and etcd installs.
+func (e *Env) Ctl(args ...string) (stdout, stderr string, err error) {
+	full := append([]string{"--backup-store=" + e.StoreURL, "--etcd-bin-dir=" + e.BinDir}, args...)
+	return e.CtlRaw(full...)
+}
+
+// CtlRaw runs etcd-manager-ctl with exactly args.
+func (e *Env) CtlRaw(args ...string) (stdout, stderr string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, e.CtlBin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
+// MustCtl runs etcd-manager-ctl and fails the test on error.
+func (e *Env) MustCtl(args ...string) string {
+	e.t.Helper()
+	out, errOut, err := e.Ctl(args...)
+	if err != nil {
+		e.t.Fatalf("etcd-manager-ctl %v: %v\nstdout: %s\nstderr: %s", args, err, out, errOut)
+	}
+	return out
+}
+
+// AgentOptions tune one agent.
+type AgentOptions struct {
+	// StoreURL overrides the env's store.
+	StoreURL string
+	// ExtraArgs are appended to the command line.
+	ExtraArgs []string
+}
+
+// Agent is one etcd-manager process on loopback.
+type Agent struct {
+	env       *Env
+	Name      string
+	DataDir   string
+	ClientURL string
+	QuarURL   string
+	PeerURL   string
+	LogPath   string
+	args      []string
+	cmd       *exec.Cmd
+	waitDone  chan struct{}
+	waitErr   error
+	logFile   *os.File
+}
+
+// StartAgent starts an agent with free loopback ports and a fresh data dir.
+func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
+	e.t.Helper()
+	ports := freePorts(e.t, 3)
+	a := &Agent{
+		env:       e,
+		Name:      name,
+		DataDir:   filepath.Join(e.Root, "data", name),
+		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
+		QuarURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
+		LogPath:   filepath.Join(e.Root, "logs", name+".log"),
+	}
+	store := e.StoreURL
+	if opts.StoreURL != "" {
+		store = opts.StoreURL
+	}
+	a.args = append([]string{
+		"--insecure", "--etcd-insecure",
+		"--cluster-name=test",
+		"--backup-store=" + store,
+		"--data-dir=" + a.DataDir,
+		"--address=127.0.0.1", "--etcd-address=127.0.0.1",
+		"--client-urls=" + a.ClientURL,
+		"--quarantine-client-urls=" + a.QuarURL,
+		"--peer-urls=" + a.PeerURL,
+		"--etcd-bin-dir=" + e.BinDir,
+		"--loop-interval=300ms",
+		"--etcd-stop-timeout=10s",
+	}, opts.ExtraArgs...)
+	e.agents = append(e.agents, a)
+	a.Start()
+	e.t.Cleanup(a.cleanup)
+	return a
+}
+
+// Start (re)starts the agent process with its original arguments.
+func (a *Agent) Start() {
+	t := a.env.t
+	t.Helper()
+	if a.Running() {
+		t.Fatalf("agent %s is already running", a.Name)
+	}
+	if err := os.MkdirAll(filepath.Dir(a.LogPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(a.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "=== harness: starting agent %s\n", a.Name)
+	cmd := exec.Command(a.env.AgentBin, a.args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	a.cmd, a.logFile = cmd, f
+	a.waitDone = make(chan struct{})
+	go func(done chan struct{}) {
+		a.waitErr = cmd.Wait()
+		close(done)
+	}(a.waitDone)
+}
+
+// Running reports whether the agent process is alive.
+func (a *Agent) Running() bool {
+	if a.cmd == nil {
+		return false
+	}
+	select {
+	case <-a.waitDone:
+		return false
+	default:
+		return true
+	}
+}
+
+// PID is the agent's process ID.
+func (a *Agent) PID() int { return a.cmd.Process.Pid }
+
+// Signal sends sig to the agent and waits up to timeout for it to exit.
+func (a *Agent) Signal(sig syscall.Signal, timeout time.Duration) error {
+	if !a.Running() {
+		return nil
+	}
+	_ = a.cmd.Process.Signal(sig)
+	select {
+	case <-a.waitDone:
+		a.logFile.Close()
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("agent %s did not exit within %s of %s", a.Name, timeout, sig)
+	}
+}
+
+// Stop sends SIGTERM and waits for a clean exit.
+func (a *Agent) Stop() {
+	a.env.t.Helper()
+	if err := a.Signal(syscall.SIGTERM, 30*time.Second); err != nil {
+		a.env.t.Fatal(err)
+	}
+}
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (a *Agent) Kill() {
+	a.env.t.Helper()
+	if err := a.Signal(syscall.SIGKILL, 10*time.Second); err != nil {
+		a.env.t.Fatal(err)
+	}
+}
+
+// ExitErr is the agent's exit status once it has exited.
+func (a *Agent) ExitErr() error { return a.waitErr }
+
+func (a *Agent) cleanup() {
+	if a.Running() {
+		_ = a.Signal(syscall.SIGKILL, 10*time.Second)
+	}
+	// The parent-death signal should have taken etcd down with the agent;
+	// make sure nothing outlives the test either way.
+	if pid := a.EtcdPID(); pid > 0 && processAlive(pid) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if a.env.t.Failed() {
+		if b, err := os.ReadFile(a.LogPath); err == nil {
+			a.env.t.Logf("--- log of agent %s (last 60 lines):\n%s", a.Name, tail(string(b), 60))
+		}
+	}
+}
+
+// EtcdPID is the pid of the agent's etcd child, from its pid file, or 0.
+func (a *Agent) EtcdPID() int {
+	b, err := os.ReadFile(filepath.Join(a.DataDir, "etcd.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// Log returns the agent's log so far.
+func (a *Agent) Log() string {
+	b, _ := os.ReadFile(a.LogPath)
+	return string(b)
+}
+
+// WaitLog waits until the log holds substr at least n times.
+func (a *Agent) WaitLog(substr string, n int, timeout time.Duration) {
+	a.env.t.Helper()
+	WaitFor(a.env.t, timeout, fmt.Sprintf("%d× %q in agent %s's log", n, substr, a.Name), func() bool {
+		return strings.Count(a.Log(), substr) >= n
+	})
+}
+
+// Client returns an etcd client for the agent's client URL.
+func (a *Agent) Client() *clientv3.Client {
+	a.env.t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		a.env.t.Fatal(err)
+	}
+	a.env.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// WaitHealthy waits until the agent's etcd serves a linearizable read.
+func (a *Agent) WaitHealthy(timeout time.Duration) {
+	a.env.t.Helper()
+	c := a.Client()
+	WaitFor(a.env.t, timeout, "etcd of agent "+a.Name+" to serve", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := c.Get(ctx, "health-probe")
+		return err == nil
+	})
+}
+
+// WaitFor polls cond every 100ms until it holds or timeout passes.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ProcessAlive reports whether pid is a live (not zombie) process.
+func ProcessAlive(pid int) bool { return processAlive(pid) }
+
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
+}
+
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ports []int
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
