@@ -46,4 +46,6 @@ fi
 
 mkdir -p "$root/bin"
 ln -sfn "$out" "$root/bin/etcd-v$ver"
-"$root/bin/etcd-v$ver/etcd" --version | head -1
+# Capture first: with pipefail, head closing the pipe early would fail the build.
+version_out=$("$root/bin/etcd-v$ver/etcd" --version)
+echo "${version_out%%$'\n'*}"
