@@ -7,29 +7,51 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
-// Agent is one node's etcd-manager: it supervises the local etcd and runs
-// the control loop. Create it with NewAgent and call Run once.
+// Agent is one node's etcd-manager: it supervises the local etcd, serves
+// the peer API, and runs the control loop. Create it with NewAgent and
+// call Run once.
 type Agent struct {
 	cfg    Config
 	log    *slog.Logger
 	layout etcdproc.Layout
 	proc   *etcdproc.Supervisor
 	now    func() time.Time
+	creds  credentials.TransportCredentials
+	lock   LeaderLock
 
-	state  etcdproc.State
-	store  *store.Store
-	client *clientv3.Client
-	// clientEndpoint is the endpoint client was made for.
+	// mu guards the node's state and serializes changes to it and to the
+	// local etcd, between the loop and peer API calls.
+	mu           sync.Mutex
+	state        etcdproc.State
+	pendingSince time.Time
+
+	// infoMu guards info, the NodeInfo served to peers.
+	infoMu sync.Mutex
+	info   peer.NodeInfo
+
+	// The rest belongs to the loop goroutine.
+	store          *store.Store
+	discovery      peer.Discovery
+	client         *clientv3.Client
 	clientEndpoint string
+	peers          map[string]*peer.Client
+	lockTerm       int64
+	unhealthySince map[uint64]time.Time
+	lastPublish    time.Time
 	// lastInfo is the last info-level report, logged again only when it
 	// changes; warnings and errors are logged every cycle.
 	lastInfo string
@@ -46,29 +68,68 @@ func NewAgent(cfg Config, log *slog.Logger) *Agent {
 			PIDFile:     layout.PIDFile(),
 			StopTimeout: cfg.EtcdStopTimeout,
 		}, log.With("component", "etcd")),
-		now: time.Now,
+		now:            time.Now,
+		peers:          map[string]*peer.Client{},
+		unhealthySince: map[uint64]time.Time{},
 	}
+}
+
+// peerAddress is the peer API address this agent advertises.
+func (a *Agent) peerAddress() string {
+	return net.JoinHostPort(a.cfg.Address, strconv.Itoa(a.cfg.PeerPort))
 }
 
 // Run runs the agent until ctx is cancelled, then stops etcd gracefully.
 // It returns an error only for problems it cannot ride out (a data dir in
-// use by another agent, or an unreadable state file); everything else is
-// logged and retried.
+// use by another agent, an unreadable state file, a peer port in use);
+// everything else is logged and retried.
 func (a *Agent) Run(ctx context.Context) error {
 	unlock, err := a.layout.Lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	a.state, err = a.layout.LoadState()
+	st, err := a.layout.LoadState()
 	if err != nil {
 		return err
 	}
-	a.log.Info("agent starting", "node-id", a.state.NodeID, "cluster-name", a.cfg.ClusterName,
-		"data-dir", a.cfg.DataDir, "backup-store", a.cfg.BackupStore, "member", a.state.Member != nil)
+	a.state = st
+	if st.Member != nil && st.Member.Pending {
+		a.pendingSince = a.now()
+	}
+	a.lock = LeaderLock{NodeID: st.NodeID, TTL: a.cfg.LeaderLease, Now: a.now}
+	if a.creds, err = peer.Credentials(a.cfg.Insecure); err != nil {
+		return err
+	}
+	a.discovery, err = peer.ParseDiscovery(a.cfg.Discovery, peer.DiscoveryOptions{
+		Store: func(ctx context.Context) (peer.BlobStore, error) {
+			s, err := a.openStore(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return s, nil
+		},
+		PeerPort: a.cfg.PeerPort,
+		MaxAge:   10 * time.Minute,
+		Now:      a.now,
+	})
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", a.peerAddress())
+	if err != nil {
+		return fmt.Errorf("controller: peer API: %w", err)
+	}
+	srv := peer.NewServer(a.creds, a.cfg.ClusterName, a)
+	go func() {
+		if err := srv.Serve(l); err != nil {
+			a.log.Error("peer API stopped", "error", err)
+		}
+	}()
+	a.log.Info("agent starting", "node-id", st.NodeID, "cluster-name", a.cfg.ClusterName, "peer-address", a.peerAddress(),
+		"data-dir", a.cfg.DataDir, "backup-store", a.cfg.BackupStore, "discovery", a.cfg.Discovery, "member", st.Member != nil)
 
-	defer a.shutdown()
-
+	defer a.shutdown(srv)
 	ticker := time.NewTicker(a.cfg.LoopInterval)
 	defer ticker.Stop()
 	for {
@@ -81,12 +142,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-func (a *Agent) shutdown() {
+func (a *Agent) shutdown(srv *peer.Server) {
+	srv.Stop()
 	// The caller's context is done; give etcd its own time to stop.
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.EtcdStopTimeout+5*time.Second)
 	defer cancel()
-	if err := a.proc.Stop(ctx); err != nil {
+	a.mu.Lock()
+	err := a.proc.Stop(ctx)
+	a.mu.Unlock()
+	if err != nil {
 		a.log.Error("stopping etcd failed", "error", err)
+	}
+	for _, c := range a.peers {
+		_ = c.Close()
 	}
 	if a.client != nil {
 		_ = a.client.Close()
@@ -110,7 +178,7 @@ func (a *Agent) cycle(ctx context.Context) {
 			continue
 		}
 		a.log.Info("performing action", "action", act.String())
-		if err := a.execute(ctx, act); err != nil {
+		if err := a.execute(ctx, obs, act); err != nil {
 			a.log.Error("action failed; will retry", "action", act.String(), "error", err)
 			return
 		}
@@ -133,63 +201,8 @@ func (a *Agent) report(ctx context.Context, r Report) {
 	a.log.Log(ctx, r.Level, r.Msg, r.Attrs...)
 }
 
-func (a *Agent) observe(ctx context.Context) Observed {
-	self := Node{ID: a.state.NodeID, Member: a.state.Member}
-	if m := a.state.Member; m != nil {
-		self.HasData = a.layout.HasEtcdData(m.ClusterToken)
-	}
-	st := a.proc.Status()
-	self.EtcdWanted = st.Wanted
-	if st.Wanted && st.PID != 0 {
-		if ms, err := a.localStatus(ctx, st.Spec); err == nil {
-			self.Healthy = true
-			self.Version = ms.Version
-		}
-	}
-	obs := Observed{Self: self, Peers: []Node{self}, Leader: true}
-
-	s, err := a.openStore(ctx)
-	if err != nil {
-		obs.StoreErr = err
-		return obs
-	}
-	cs, err := s.ReadSpec(ctx)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-	case err != nil && !errors.Is(err, store.ErrUnreachable):
-		obs.SpecErr = err
-	case err != nil:
-		obs.StoreErr = err
-		return obs
-	default:
-		if _, verr := cs.Validate(); verr != nil {
-			obs.SpecErr = fmt.Errorf("controller: %s in %s: %w", store.KeySpec, s.URL(), verr)
-		} else {
-			obs.Spec = &cs
-			v, _ := spec.ParseVersion(cs.EtcdVersion)
-			if _, berr := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v); berr != nil {
-				obs.SpecBinaryErr = berr
-			}
-		}
-	}
-	created, err := s.ReadCreated(ctx)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-	case errors.Is(err, store.ErrUnreachable):
-		obs.StoreErr = err
-	case err != nil:
-		// A marker that exists but cannot be parsed still marks the cluster
-		// as created: refusing to create is the safe side.
-		a.log.Warn("cluster-created marker is unreadable; treating the cluster as created", "error", err)
-		obs.Created = &created
-	default:
-		obs.Created = &created
-	}
-	return obs
-}
-
-// openStore opens the backup store once, retrying on later cycles if it
-// is unreachable.
+// openStore opens the backup store once, retrying on later cycles while
+// it is unreachable.
 func (a *Agent) openStore(ctx context.Context) (*store.Store, error) {
 	if a.store != nil {
 		return a.store, nil
@@ -202,40 +215,100 @@ func (a *Agent) openStore(ctx context.Context) (*store.Store, error) {
 	return s, nil
 }
 
-func (a *Agent) localStatus(ctx context.Context, sp *etcdproc.Spec) (etcdproc.MemberStatus, error) {
-	endpoint := sp.ClientURLs[0]
-	if sp.Quarantined {
-		endpoint = sp.QuarantineClientURLs[0]
+// localClient returns a client for the local etcd's endpoint.
+func (a *Agent) localClient(endpoint string) (*clientv3.Client, error) {
+	if a.client != nil && a.clientEndpoint == endpoint {
+		return a.client, nil
 	}
-	if a.client == nil || a.clientEndpoint != endpoint {
-		if a.client != nil {
-			_ = a.client.Close()
-		}
-		c, err := etcdproc.NewClient([]string{endpoint})
-		if err != nil {
-			return etcdproc.MemberStatus{}, err
-		}
-		a.client, a.clientEndpoint = c, endpoint
+	if a.client != nil {
+		_ = a.client.Close()
+		a.client = nil
 	}
-	return etcdproc.LocalStatus(ctx, a.client, endpoint)
+	c, err := etcdproc.NewClient([]string{endpoint})
+	if err != nil {
+		return nil, err
+	}
+	a.client, a.clientEndpoint = c, endpoint
+	return c, nil
 }
 
-func (a *Agent) execute(ctx context.Context, act Action) error {
-	switch act := act.(type) {
-	case StartEtcd:
-		return a.startEtcd(ctx)
-	case CreateCluster:
-		return a.createCluster(ctx, act)
-	case ConfirmCreate:
-		return a.confirmCreate(ctx, act.Token)
-	case MarkBootstrapped:
-		return a.markBootstrapped()
-	default:
-		return fmt.Errorf("controller: unknown action %T", act)
-	}
+// Info serves the peer API: the node as last observed.
+func (a *Agent) Info(context.Context) (peer.NodeInfo, error) {
+	a.infoMu.Lock()
+	defer a.infoMu.Unlock()
+	return a.info, nil
 }
 
-func (a *Agent) startEtcd(ctx context.Context) error {
+// Join serves the peer API: become a member as the leader says. It is
+// idempotent for the same membership and refuses a different one.
+func (a *Agent) Join(ctx context.Context, req peer.JoinRequest) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := req.Member
+	if cur := a.state.Member; cur != nil {
+		if cur.ClusterToken == m.ClusterToken && cur.InitialCluster == m.InitialCluster {
+			return nil
+		}
+		return fmt.Errorf("%w (cluster token %s)", peer.ErrBusy, cur.ClusterToken)
+	}
+	v, err := spec.ParseSupportedVersion(m.EtcdVersion)
+	if err != nil {
+		return err
+	}
+	if _, err := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v); err != nil {
+		return err
+	}
+	st := a.state
+	st.Member = &m
+	if err := a.layout.SaveState(st); err != nil {
+		return err
+	}
+	a.state = st
+	a.log.Info("joining cluster", "leader", req.LeaderID, "cluster-token", m.ClusterToken, "pending", m.Pending, "new-cluster", m.NewCluster)
+	if m.Pending {
+		a.pendingSince = a.now()
+		return nil
+	}
+	return a.startEtcdLocked(ctx)
+}
+
+// Leave serves the peer API: stop being a member of the cluster with
+// req.Token. etcd is stopped and its data moved to the trash.
+func (a *Agent) Leave(ctx context.Context, req peer.LeaveRequest) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cur := a.state.Member
+	if cur == nil {
+		return nil
+	}
+	if cur.ClusterToken != req.Token {
+		return fmt.Errorf("controller: leave cluster %s: this node is in cluster %s", req.Token, cur.ClusterToken)
+	}
+	return a.leaveLocked(ctx, req.Reason)
+}
+
+// leaveLocked stops etcd, trashes its data and drops the membership.
+// Callers hold a.mu.
+func (a *Agent) leaveLocked(ctx context.Context, reason string) error {
+	token := a.state.Member.ClusterToken
+	if err := a.proc.Stop(ctx); err != nil {
+		return err
+	}
+	trashed, err := a.layout.Trash(token, a.now())
+	if err != nil {
+		return err
+	}
+	st := a.state
+	st.Member = nil
+	if err := a.layout.SaveState(st); err != nil {
+		return err
+	}
+	a.state = st
+	a.log.Warn("left the cluster; this node is now a standby", "cluster-token", token, "reason", reason, "data-moved-to", trashed)
+	return nil
+}
+
+func (a *Agent) startEtcdLocked(ctx context.Context) error {
 	m := a.state.Member
 	if m == nil {
 		return errors.New("controller: this node is not a member")
@@ -252,7 +325,7 @@ func (a *Agent) startEtcd(ctx context.Context) error {
 		return err
 	}
 	if m.NewCluster && a.layout.HasEtcdData(m.ClusterToken) {
-		if err := a.markBootstrapped(); err != nil {
+		if err := a.markBootstrappedLocked(); err != nil {
 			return err
 		}
 		m = a.state.Member
@@ -260,10 +333,14 @@ func (a *Agent) startEtcd(ctx context.Context) error {
 	return a.proc.Start(ctx, a.etcdSpec(bins, m))
 }
 
-// markBootstrapped clears NewCluster once etcd has written its data: from
-// then on a missing data dir means lost data, never a cluster to create
-// again. The running etcd keeps running; later restarts use the new state.
-func (a *Agent) markBootstrapped() error {
+// markBootstrappedLocked clears NewCluster once etcd has written its data:
+// from then on a missing data dir means lost data, never a cluster to
+// create again. The running etcd keeps running; later restarts use the
+// new state.
+func (a *Agent) markBootstrappedLocked() error {
+	if a.state.Member == nil || !a.state.Member.NewCluster {
+		return nil
+	}
 	st := a.state
 	m := *st.Member
 	m.NewCluster = false
@@ -291,103 +368,6 @@ func (a *Agent) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpr
 		NewCluster:           m.NewCluster,
 		ClusterToken:         m.ClusterToken,
 	}
-}
-
-// createCluster begins a new cluster. The order makes a crash at any
-// point safe: local state is written (pending) before the once-only
-// creation marker, and etcd starts only after the marker names this
-// node's token.
-func (a *Agent) createCluster(ctx context.Context, act CreateCluster) error {
-	if len(act.Members) != 1 || act.Members[0] != a.state.NodeID {
-		return fmt.Errorf("controller: creating a cluster of %v needs the peer API, which this build does not have yet", act.Members)
-	}
-	v, err := spec.ParseSupportedVersion(act.Version)
-	if err != nil {
-		return err
-	}
-	bins, err := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v)
-	if err != nil {
-		return err
-	}
-	if err := bins.CheckVersion(ctx); err != nil {
-		return err
-	}
-	token, err := newToken()
-	if err != nil {
-		return err
-	}
-	st := a.state
-	st.Member = &etcdproc.MemberState{
-		ClusterToken:   token,
-		EtcdVersion:    v.String(),
-		InitialCluster: initialCluster(a.state.NodeID, a.cfg.PeerURLs),
-		NewCluster:     true,
-		Pending:        true,
-	}
-	if err := a.layout.SaveState(st); err != nil {
-		return err
-	}
-	a.state = st
-	a.log.Info("creating cluster", "cluster-token", token, "version", v.String(), "members", act.Members)
-	return a.confirmCreate(ctx, token)
-}
-
-func (a *Agent) confirmCreate(ctx context.Context, token string) error {
-	s, err := a.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	err = s.CreateCreated(ctx, spec.ClusterCreated{Timestamp: spec.Int64(a.now().UnixNano()), ClusterToken: token})
-	if errors.Is(err, store.ErrExists) {
-		c, rerr := s.ReadCreated(ctx)
-		if rerr != nil {
-			return fmt.Errorf("controller: read cluster-created marker: %w", rerr)
-		}
-		if c.ClusterToken != token {
-			a.log.Warn("another agent created the cluster first; abandoning this creation", "cluster-token", token, "marker-token", c.ClusterToken)
-			return a.abandonMember(token)
-		}
-		err = nil
-	}
-	if err != nil {
-		return err
-	}
-	st := a.state
-	m := *st.Member
-	m.Pending = false
-	st.Member = &m
-	if err := a.layout.SaveState(st); err != nil {
-		return err
-	}
-	a.state = st
-	a.log.Info("cluster created", "cluster-token", token)
-	return a.startEtcd(ctx)
-}
-
-// abandonMember drops this node's membership of the cluster with token,
-// moving any data to the trash.
-func (a *Agent) abandonMember(token string) error {
-	if _, err := a.layout.Trash(token, a.now()); err != nil {
-		return err
-	}
-	st := a.state
-	st.Member = nil
-	if err := a.layout.SaveState(st); err != nil {
-		return err
-	}
-	a.state = st
-	return nil
-}
-
-func initialCluster(name string, peerURLs []string) string {
-	s := ""
-	for i, u := range peerURLs {
-		if i > 0 {
-			s += ","
-		}
-		s += name + "=" + u
-	}
-	return s
 }
 
 func newToken() (string, error) {

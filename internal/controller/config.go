@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,9 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 )
 
 // Config is the agent's configuration. The flag names follow the
@@ -34,6 +38,14 @@ type Config struct {
 
 	EtcdBinDir string
 
+	// Discovery names the provider that finds peers (see peer.ParseDiscovery).
+	Discovery string
+	// MemberFailureGrace is how long a member may be unhealthy before a
+	// standby replaces it.
+	MemberFailureGrace time.Duration
+	// LeaderLease is the store lock's lease, used while etcd has no quorum.
+	LeaderLease time.Duration
+
 	// LoopInterval is the time between control-loop cycles.
 	LoopInterval time.Duration
 	// EtcdStopTimeout bounds a graceful etcd stop before SIGKILL.
@@ -46,8 +58,9 @@ const (
 	DefaultClientPort         = 4001
 	DefaultQuarantinePort     = 8001
 	DefaultEtcdPeerPort       = 2380
-	DefaultEtcdBinDir         = "/opt"
 	DefaultLoopInterval       = 5 * time.Second
+	DefaultMemberFailureGrace = time.Minute
+	DefaultLeaderLease        = 20 * time.Second
 	DefaultEtcdStopTimeout    = 15 * time.Second
 	defaultAddress            = "127.0.0.1"
 	flagBackupStore           = "backup-store"
@@ -65,9 +78,12 @@ func Default() Config {
 		Address:         defaultAddress,
 		PeerPort:        DefaultPeerPort,
 		EtcdAddress:     defaultAddress,
-		EtcdBinDir:      DefaultEtcdBinDir,
-		LoopInterval:    DefaultLoopInterval,
-		EtcdStopTimeout: DefaultEtcdStopTimeout,
+		EtcdBinDir:         etcdproc.DefaultBinDir,
+		Discovery:          "store",
+		MemberFailureGrace: DefaultMemberFailureGrace,
+		LeaderLease:        DefaultLeaderLease,
+		LoopInterval:       DefaultLoopInterval,
+		EtcdStopTimeout:    DefaultEtcdStopTimeout,
 	}
 }
 
@@ -85,6 +101,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Insecure, flagInsecure, c.Insecure, "run the agents' peer API without TLS (required for now: TLS is not available in this build yet)")
 	fs.BoolVar(&c.EtcdInsecure, flagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http (required for now: TLS is not available in this build yet)")
 	fs.StringVar(&c.EtcdBinDir, "etcd-bin-dir", c.EtcdBinDir, "directory holding etcd installs as etcd-v<version>/etcd (or etcd-v<version>-linux-amd64/etcd), with etcdctl and etcdutl beside it")
+	fs.StringVar(&c.Discovery, "discovery", c.Discovery, "how agents find each other: store (records in the backup store), file:///DIR (a shared directory), static:HOST:PORT,... (a seed list of peer API addresses) or dns:NAME (SRV, or A records with --peer-port)")
+	fs.DurationVar(&c.MemberFailureGrace, "member-failure-grace", c.MemberFailureGrace, "how long a member may be unhealthy before a standby agent replaces it")
+	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
 }
@@ -144,6 +163,15 @@ func (c *Config) Validate() error {
 	}
 	if overlap(c.ClientURLs, c.QuarantineClientURLs) {
 		errs = append(errs, fmt.Errorf("--%s and --%s must differ, or quarantine would not keep clients out", flagClientURLs, flagQuarantineClientURLs))
+	}
+	if _, err := peer.ParseDiscovery(c.Discovery, peer.DiscoveryOptions{Store: func(context.Context) (peer.BlobStore, error) { return nil, nil }}); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MemberFailureGrace < 0 {
+		errs = append(errs, errors.New("--member-failure-grace must not be negative"))
+	}
+	if c.LeaderLease < time.Second {
+		errs = append(errs, errors.New("--leader-lease must be at least 1s"))
 	}
 	if c.LoopInterval <= 0 {
 		errs = append(errs, errors.New("--loop-interval must be positive"))

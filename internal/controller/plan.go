@@ -1,12 +1,15 @@
 // Package controller is the agent's brain: each cycle it observes the
-// store, the local node and etcd, plans with a pure function, and performs
-// the planned actions one at a time.
+// store, its peers and etcd, plans with a pure function, and performs the
+// planned actions one at a time.
 package controller
 
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
+	"strings"
+	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -29,27 +32,59 @@ type Observed struct {
 	SpecBinaryErr error
 	// Created is the store's creation marker; nil when absent.
 	Created *spec.ClusterCreated
-	// Leader is true when this node may take cluster-wide actions.
-	Leader bool
-	// Self is this node; Peers are all nodes seen, Self included.
+	// Self is this node; Peers are all agents reached, Self included.
 	Self  Node
 	Peers []Node
+	// Cluster is set when this node's etcd is the raft leader and a
+	// linearizable read just succeeded: this agent leads, through etcd.
+	Cluster *ClusterView
+	// LockHeld is set when no cluster is visible and this node holds the
+	// store's leader lock: this agent leads, for creation only.
+	LockHeld bool
+	// Grace is how long a member may be unhealthy before it is replaced.
+	Grace time.Duration
+	// PendingTimeout is how long a node waits for the creation marker of a
+	// creation it was told about before it gives up.
+	PendingTimeout time.Duration
 }
 
 // Node is one agent as observed.
 type Node struct {
-	ID string
+	ID         string
+	Address    string
+	PeerURLs   []string
+	ClientURLs []string
 	// Member is the node's etcd membership from its local state.
 	Member *etcdproc.MemberState
-	// HasData is true when the node's etcd data for its member's cluster
-	// token is on disk.
+	// HasData is true when the node's etcd data for Member's token is on
+	// disk.
 	HasData bool
+	// PendingFor is how long a pending creation has waited.
+	PendingFor time.Duration
 	// EtcdWanted is true while the node's supervisor keeps etcd running.
 	EtcdWanted bool
 	// Healthy is true when the node's etcd answered a status call.
 	Healthy bool
 	// Version is the server version its etcd reported.
 	Version string
+}
+
+// ClusterView is the etcd cluster as its raft leader sees it.
+type ClusterView struct {
+	Token   string
+	Members []Member
+}
+
+// Member is one etcd member.
+type Member struct {
+	ID         uint64
+	Name       string
+	PeerURLs   []string
+	ClientURLs []string
+	IsLearner  bool
+	Healthy    bool
+	// UnhealthyFor is how long the member has been seen unhealthy.
+	UnhealthyFor time.Duration
 }
 
 // Action is one step the executor performs.
@@ -67,16 +102,43 @@ type StartEtcd struct{}
 // cluster, so it is never started as a new cluster again.
 type MarkBootstrapped struct{}
 
+// ConfirmCreate starts the local member of a creation that the store's
+// marker confirms.
+type ConfirmCreate struct{ Token string }
+
+// AbandonPending drops a pending creation that lost, or never completed.
+type AbandonPending struct {
+	Token  string
+	Reason string
+}
+
 // CreateCluster creates a new cluster of the given nodes and version.
 type CreateCluster struct {
 	Members []string
 	Version string
 }
 
-// ConfirmCreate finishes a creation this node began: it writes the
-// creation marker (once only) and abandons the attempt if another node
-// wrote it first.
-type ConfirmCreate struct{ Token string }
+// AddMember adds a standby node to the cluster as a learner.
+type AddMember struct{ NodeID string }
+
+// PromoteMember promotes a caught-up learner to a voting member.
+type PromoteMember struct{ MemberID uint64 }
+
+// RemoveMember removes an etcd member, then tells its node (if known) to
+// leave.
+type RemoveMember struct {
+	MemberID uint64
+	NodeID   string
+	Reason   string
+}
+
+// EvictNode tells a node that is not a member to drop its stale
+// membership.
+type EvictNode struct {
+	NodeID string
+	Token  string
+	Reason string
+}
 
 // Report logs a state that needs no action from this node, or one that a
 // person must act on (at error level).
@@ -90,36 +152,31 @@ func (StartEtcd) String() string        { return "start-etcd" }
 func (StartEtcd) Mutates() bool         { return true }
 func (MarkBootstrapped) String() string { return "mark-bootstrapped" }
 func (MarkBootstrapped) Mutates() bool  { return false }
+func (a ConfirmCreate) String() string  { return "confirm-create " + a.Token }
+func (ConfirmCreate) Mutates() bool     { return true }
+func (a AbandonPending) String() string { return "abandon-pending " + a.Token + " (" + a.Reason + ")" }
+func (AbandonPending) Mutates() bool    { return true }
 func (a CreateCluster) String() string {
 	return fmt.Sprintf("create-cluster %v %s", a.Members, a.Version)
 }
 func (CreateCluster) Mutates() bool    { return true }
-func (a ConfirmCreate) String() string { return "confirm-create " + a.Token }
-func (ConfirmCreate) Mutates() bool    { return true }
-func (a Report) String() string        { return "report " + a.Msg }
-func (Report) Mutates() bool           { return false }
+func (a AddMember) String() string     { return "add-member " + a.NodeID }
+func (AddMember) Mutates() bool        { return true }
+func (a PromoteMember) String() string { return fmt.Sprintf("promote-member %x", a.MemberID) }
+func (PromoteMember) Mutates() bool    { return true }
+func (a RemoveMember) String() string {
+	return fmt.Sprintf("remove-member %x node=%s (%s)", a.MemberID, a.NodeID, a.Reason)
+}
+func (RemoveMember) Mutates() bool { return true }
+func (a EvictNode) String() string { return "evict-node " + a.NodeID + " (" + a.Reason + ")" }
+func (EvictNode) Mutates() bool    { return true }
+func (a Report) String() string    { return "report " + a.Msg }
+func (Report) Mutates() bool       { return false }
 
 // Plan decides what to do next from the desired spec and what was
 // observed. It is pure: no I/O, no clock, no randomness.
 func Plan(o Observed) []Action {
-	var actions []Action
-
-	// The local etcd is kept running from local state alone, whatever the
-	// store says: a bad spec or an unreachable store must never take a
-	// healthy member down.
-	switch {
-	case o.Self.Member == nil || o.Self.Member.Pending || o.Self.EtcdWanted:
-	case !o.Self.HasData && !o.Self.Member.NewCluster:
-		// Starting etcd on an empty data dir of an existing cluster would
-		// fail over and over at best; report it instead.
-		actions = append(actions, Report{Level: slog.LevelError, Msg: "this node's etcd data is missing; not starting etcd",
-			Attrs: []any{"cluster-token", o.Self.Member.ClusterToken}})
-	default:
-		actions = append(actions, StartEtcd{})
-	}
-	if m := o.Self.Member; m != nil && m.NewCluster && o.Self.Healthy && o.Self.HasData {
-		actions = append(actions, MarkBootstrapped{})
-	}
+	actions := planLocal(o)
 
 	switch {
 	case o.StoreErr != nil:
@@ -130,32 +187,67 @@ func Plan(o Observed) []Action {
 		return append(actions, Report{Level: slog.LevelInfo, Msg: "waiting for a cluster spec; set one with etcd-manager-ctl configure-cluster"})
 	}
 
-	if o.Self.Member != nil && o.Self.Member.Pending {
-		return append(actions, ConfirmCreate{Token: o.Self.Member.ClusterToken})
+	if m := o.Self.Member; m != nil && m.Pending {
+		return append(actions, planPending(o)...)
 	}
-	if !o.Leader {
-		return actions
-	}
-
-	members := memberNodes(o.Peers)
-	if len(members) == 0 {
-		return append(actions, planCreate(o)...)
-	}
-
-	// A cluster exists. Version and size changes come with later work; say
-	// so plainly instead of acting.
-	if o.Self.Member != nil && o.Self.Version != "" && o.Self.Version != o.Spec.EtcdVersion {
-		actions = append(actions, Report{Level: slog.LevelWarn, Msg: "spec asks for another etcd version; version changes are not supported yet, so the cluster keeps its version",
-			Attrs: []any{"running", o.Self.Version, "wanted", o.Spec.EtcdVersion}})
-	}
-	if int(o.Spec.MemberCount) != len(members) {
-		actions = append(actions, Report{Level: slog.LevelWarn, Msg: "spec asks for another member count; resizing is not supported yet",
-			Attrs: []any{"members", len(members), "wanted", o.Spec.MemberCount}})
+	switch {
+	case o.Cluster != nil:
+		return append(actions, planCluster(o)...)
+	case o.LockHeld:
+		return append(actions, planNoCluster(o)...)
+	case o.Self.Member == nil:
+		return append(actions, Report{Level: slog.LevelInfo, Msg: "standby: not an etcd member"})
 	}
 	return actions
 }
 
-func planCreate(o Observed) []Action {
+// planLocal keeps this node's own etcd running from local state alone,
+// whatever the store says: a bad spec or an unreachable store must never
+// take a healthy member down.
+func planLocal(o Observed) []Action {
+	var actions []Action
+	m := o.Self.Member
+	switch {
+	case m == nil || m.Pending || o.Self.EtcdWanted:
+	case !o.Self.HasData && !m.NewCluster:
+		// Starting etcd on an empty data dir of an existing cluster would
+		// fail over and over at best. The leader removes and re-adds us.
+		actions = append(actions, Report{Level: slog.LevelError, Msg: "this node's etcd data is missing; not starting etcd",
+			Attrs: []any{"cluster-token", m.ClusterToken}})
+	default:
+		actions = append(actions, StartEtcd{})
+	}
+	if m != nil && m.NewCluster && o.Self.Healthy && o.Self.HasData {
+		actions = append(actions, MarkBootstrapped{})
+	}
+	return actions
+}
+
+// planPending finishes or drops a creation this node was told about.
+func planPending(o Observed) []Action {
+	token := o.Self.Member.ClusterToken
+	switch {
+	case o.Created != nil && o.Created.ClusterToken == token:
+		return []Action{ConfirmCreate{Token: token}}
+	case o.Created != nil:
+		return []Action{AbandonPending{Token: token, Reason: "another creation won"}}
+	case o.Self.PendingFor > o.PendingTimeout:
+		return []Action{AbandonPending{Token: token, Reason: "the creation was never confirmed"}}
+	}
+	return []Action{Report{Level: slog.LevelInfo, Msg: "waiting for the cluster creation to be confirmed", Attrs: []any{"cluster-token", token}}}
+}
+
+// planNoCluster runs on the lock holder while no node has cluster data.
+func planNoCluster(o Observed) []Action {
+	var pending []string
+	for _, p := range o.Peers {
+		if p.Member != nil && (p.Member.Pending || p.Member.NewCluster || p.HasData) {
+			pending = append(pending, p.ID)
+		}
+	}
+	if len(pending) > 0 {
+		return []Action{Report{Level: slog.LevelInfo, Msg: "waiting for a cluster creation in progress", Attrs: []any{"nodes", pending}}}
+	}
 	switch {
 	case o.Created != nil:
 		return []Action{Report{Level: slog.LevelError, Msg: MsgNoMembers}}
@@ -165,7 +257,9 @@ func planCreate(o Observed) []Action {
 	want := int(o.Spec.MemberCount)
 	ids := make([]string, 0, len(o.Peers))
 	for _, p := range o.Peers {
-		ids = append(ids, p.ID)
+		if p.Member == nil {
+			ids = append(ids, p.ID)
+		}
 	}
 	if len(ids) < want {
 		return []Action{Report{Level: slog.LevelInfo, Msg: "waiting for enough agents to create the cluster", Attrs: []any{"have", len(ids), "want", want}}}
@@ -174,14 +268,214 @@ func planCreate(o Observed) []Action {
 	return []Action{CreateCluster{Members: ids[:want], Version: o.Spec.EtcdVersion}}
 }
 
-// memberNodes returns the nodes that hold (or are about to create) etcd
-// data of a cluster.
-func memberNodes(nodes []Node) []Node {
-	var out []Node
-	for _, n := range nodes {
-		if n.Member != nil && (n.HasData || n.Member.NewCluster) {
-			out = append(out, n)
+// planCluster runs on the agent beside etcd's raft leader. It returns at
+// most one mutating action, the most urgent first.
+func planCluster(o Observed) []Action {
+	c := o.Cluster
+	want := int(o.Spec.MemberCount)
+	byName := map[string]Member{}
+	for _, m := range c.Members {
+		if m.Name != "" {
+			byName[m.Name] = m
 		}
 	}
+	memberForURLs := func(urls []string) (Member, bool) {
+		for _, m := range c.Members {
+			if sameURLs(m.PeerURLs, urls) {
+				return m, true
+			}
+		}
+		return Member{}, false
+	}
+	peerByID := map[string]Node{}
+	for _, p := range o.Peers {
+		peerByID[p.ID] = p
+	}
+	nodeOf := func(m Member) (Node, bool) {
+		if n, ok := peerByID[m.Name]; ok {
+			return n, true
+		}
+		for _, p := range o.Peers {
+			if sameURLs(p.PeerURLs, m.PeerURLs) {
+				return p, true
+			}
+		}
+		return Node{}, false
+	}
+
+	// 1. Members whose node lost its data: remove now, re-add fresh later.
+	for _, m := range c.Members {
+		n, ok := nodeOf(m)
+		if !ok || n.ID == o.Self.ID {
+			continue
+		}
+		switch {
+		case n.Member == nil && m.Name != "" && m.Name != n.ID:
+			return []Action{RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its node came back without its data"}}
+		case n.Member != nil && n.Member.ClusterToken == c.Token && !n.HasData && !n.Member.NewCluster && m.Name == n.ID:
+			return []Action{RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its data dir was wiped"}}
+		}
+	}
+
+	// 2. Nodes that think they are members but are not: tell them to leave.
+	for _, p := range o.Peers {
+		if p.Member == nil || p.Member.Pending || p.ID == o.Self.ID {
+			continue
+		}
+		_, named := byName[p.ID]
+		_, urls := memberForURLs(p.PeerURLs)
+		if p.Member.ClusterToken != c.Token || (!named && !urls) {
+			return []Action{EvictNode{NodeID: p.ID, Token: p.Member.ClusterToken, Reason: "not a member of the running cluster"}}
+		}
+	}
+
+	// 3. A member added but never started because its node missed the
+	// join: send the join again.
+	for _, m := range c.Members {
+		if m.Name != "" {
+			continue
+		}
+		if n, ok := nodeOf(m); ok && n.Member == nil {
+			return []Action{AddMember{NodeID: n.ID}}
+		}
+	}
+
+	// 4. Promote learners once they are healthy (etcd refuses until the
+	// learner has caught up; we retry).
+	for _, m := range c.Members {
+		if m.IsLearner && m.Healthy {
+			return []Action{PromoteMember{MemberID: m.ID}}
+		}
+	}
+
+	standbys := standbyNodes(o)
+	voters, healthyVoters := 0, 0
+	for _, m := range c.Members {
+		if !m.IsLearner {
+			voters++
+			if m.Healthy {
+				healthyVoters++
+			}
+		}
+	}
+
+	// 5. Replace members unhealthy past the grace period, when a standby
+	// can take the place or the cluster is too big anyway.
+	for _, m := range sortedMembers(c.Members) {
+		if m.Healthy || m.UnhealthyFor < o.Grace || m.Name == o.Self.ID {
+			continue
+		}
+		if len(standbys) > 0 || len(c.Members) > want {
+			return []Action{RemoveMember{MemberID: m.ID, NodeID: nodeIDOf(m, nodeOf), Reason: fmt.Sprintf("unhealthy for %s", m.UnhealthyFor.Round(time.Second))}}
+		}
+	}
+
+	// 6. Too many members: remove one, unhealthy or a learner first, then
+	// the highest name; never this node and never below quorum.
+	if len(c.Members) > want {
+		if victim, ok := pickRemoval(c.Members, o.Self.ID); ok {
+			after := healthyVoters
+			if victim.Healthy && !victim.IsLearner {
+				after--
+			}
+			newVoters := voters
+			if !victim.IsLearner {
+				newVoters--
+			}
+			if after >= quorum(newVoters) {
+				return []Action{RemoveMember{MemberID: victim.ID, NodeID: nodeIDOf(victim, nodeOf), Reason: fmt.Sprintf("the spec asks for %d members", want)}}
+			}
+			return []Action{Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: removing a member now would lose quorum", Attrs: []any{"members", len(c.Members), "wanted", want}}}
+		}
+	}
+
+	// 7. Too few members: add a standby once every member is healthy.
+	var actions []Action
+	if len(c.Members) < want {
+		allHealthy := true
+		for _, m := range c.Members {
+			allHealthy = allHealthy && m.Healthy && !m.IsLearner
+		}
+		switch {
+		case !allHealthy:
+			actions = append(actions, Report{Level: slog.LevelInfo, Msg: "waiting for every member to be healthy before adding one", Attrs: []any{"members", len(c.Members), "wanted", want}})
+		case len(standbys) == 0:
+			actions = append(actions, Report{Level: slog.LevelWarn, Msg: "the spec asks for more members, but no standby agent is available", Attrs: []any{"members", len(c.Members), "wanted", want}})
+		default:
+			return []Action{AddMember{NodeID: standbys[0].ID}}
+		}
+	}
+
+	if o.Self.Version != "" && o.Self.Version != o.Spec.EtcdVersion {
+		actions = append(actions, Report{Level: slog.LevelWarn, Msg: "spec asks for another etcd version; version changes are not supported yet, so the cluster keeps its version",
+			Attrs: []any{"running", o.Self.Version, "wanted", o.Spec.EtcdVersion}})
+	}
+	return actions
+}
+
+// standbyNodes are reachable agents with no membership whose peer URLs no
+// member uses, sorted by ID.
+func standbyNodes(o Observed) []Node {
+	var out []Node
+	for _, p := range o.Peers {
+		if p.Member != nil {
+			continue
+		}
+		taken := false
+		for _, m := range o.Cluster.Members {
+			taken = taken || sameURLs(m.PeerURLs, p.PeerURLs)
+		}
+		if !taken {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+func pickRemoval(members []Member, self string) (Member, bool) {
+	cands := slices.DeleteFunc(sortedMembers(members), func(m Member) bool { return m.Name == self })
+	if len(cands) == 0 {
+		return Member{}, false
+	}
+	sort.SliceStable(cands, func(i, j int) bool {
+		a, b := cands[i], cands[j]
+		if a.Healthy != b.Healthy {
+			return !a.Healthy
+		}
+		if a.IsLearner != b.IsLearner {
+			return a.IsLearner
+		}
+		return a.Name > b.Name
+	})
+	return cands[0], true
+}
+
+func sortedMembers(members []Member) []Member {
+	out := slices.Clone(members)
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+func nodeIDOf(m Member, nodeOf func(Member) (Node, bool)) string {
+	if n, ok := nodeOf(m); ok {
+		return n.ID
+	}
+	return m.Name
+}
+
+func quorum(voters int) int { return voters/2 + 1 }
+
+func sameURLs(a, b []string) bool {
+	if len(a) == 0 || len(a) != len(b) {
+		return false
+	}
+	x, y := slices.Clone(a), slices.Clone(b)
+	for i := range x {
+		x[i] = strings.TrimSuffix(strings.ToLower(x[i]), "/")
+		y[i] = strings.TrimSuffix(strings.ToLower(y[i]), "/")
+	}
+	sort.Strings(x)
+	sort.Strings(y)
+	return slices.Equal(x, y)
 }

@@ -175,18 +175,20 @@ type Agent struct {
 	ClientURL string
 	QuarURL   string
 	PeerURL   string
-	LogPath   string
-	args      []string
-	cmd       *exec.Cmd
-	waitDone  chan struct{}
-	waitErr   error
-	logFile   *os.File
+	// PeerAPI is the agent's peer API address (host:port).
+	PeerAPI  string
+	LogPath  string
+	args     []string
+	cmd      *exec.Cmd
+	waitDone chan struct{}
+	waitErr  error
+	logFile  *os.File
 }
 
 // StartAgent starts an agent with free loopback ports and a fresh data dir.
 func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 	e.t.Helper()
-	ports := freePorts(e.t, 3)
+	ports := freePorts(e.t, 4)
 	a := &Agent{
 		env:       e,
 		Name:      name,
@@ -194,6 +196,7 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
 		QuarURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
 		PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
+		PeerAPI:   fmt.Sprintf("127.0.0.1:%d", ports[3]),
 		LogPath:   filepath.Join(e.Root, "logs", name+".log"),
 	}
 	store := e.StoreURL
@@ -206,6 +209,8 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 		"--backup-store=" + store,
 		"--data-dir=" + a.DataDir,
 		"--address=127.0.0.1", "--etcd-address=127.0.0.1",
+		fmt.Sprintf("--peer-port=%d", ports[3]),
+		"--leader-lease=2s",
 		"--client-urls=" + a.ClientURL,
 		"--quarantine-client-urls=" + a.QuarURL,
 		"--peer-urls=" + a.PeerURL,
@@ -411,4 +416,105 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// StartAgents starts n agents named 1..n (after any already started).
+func (e *Env) StartAgents(n int, opts AgentOptions) []*Agent {
+	e.t.Helper()
+	var out []*Agent
+	base := len(e.agents)
+	for i := range n {
+		out = append(out, e.StartAgent(strconv.Itoa(base+i+1), opts))
+	}
+	return out
+}
+
+// ClusterState is the etcd cluster as seen through one healthy member.
+type ClusterState struct {
+	ClusterIDs map[uint64][]string // cluster ID -> agents whose etcd reports it
+	Voters     []string            // started voting members' names
+	Learners   int
+	Unstarted  int
+	Healthy    int // members that answer a status call
+}
+
+// Observe asks every agent's etcd for its status and one of them for the
+// member list.
+func Observe(agents []*Agent) ClusterState {
+	cs := ClusterState{ClusterIDs: map[uint64][]string{}}
+	var listFrom *clientv3.Client
+	for _, a := range agents {
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := c.Status(ctx, a.ClientURL)
+		cancel()
+		if err != nil {
+			c.Close()
+			continue
+		}
+		cs.ClusterIDs[st.Header.ClusterId] = append(cs.ClusterIDs[st.Header.ClusterId], a.Name)
+		if listFrom == nil {
+			listFrom = c
+		} else {
+			c.Close()
+		}
+	}
+	if listFrom == nil {
+		return cs
+	}
+	defer listFrom.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := listFrom.MemberList(ctx)
+	if err != nil {
+		return cs
+	}
+	for _, m := range resp.Members {
+		switch {
+		case m.Name == "":
+			cs.Unstarted++
+		case m.IsLearner:
+			cs.Learners++
+		default:
+			cs.Voters = append(cs.Voters, m.Name)
+		}
+		if len(m.ClientURLs) > 0 {
+			sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+			if _, err := listFrom.Status(sctx, m.ClientURLs[0]); err == nil {
+				cs.Healthy++
+			}
+			scancel()
+		}
+	}
+	return cs
+}
+
+// Settled reports whether the cluster has exactly n healthy voting
+// members, no learners, and a single cluster ID.
+func (cs ClusterState) Settled(n int) bool {
+	return len(cs.ClusterIDs) == 1 && len(cs.Voters) == n && cs.Learners == 0 && cs.Unstarted == 0 && cs.Healthy == n
+}
+
+// WaitSettled waits until the agents' cluster has exactly n healthy
+// voters and one cluster ID, and returns that state.
+func WaitSettled(t testing.TB, agents []*Agent, n int, timeout time.Duration) ClusterState {
+	t.Helper()
+	var cs ClusterState
+	WaitFor(t, timeout, fmt.Sprintf("a settled cluster of %d members", n), func() bool {
+		cs = Observe(agents)
+		return cs.Settled(n)
+	})
+	return cs
+}
+
+// Endpoints returns the client URLs of the agents.
+func Endpoints(agents []*Agent) []string {
+	var out []string
+	for _, a := range agents {
+		out = append(out, a.ClientURL)
+	}
+	return out
 }

@@ -1,0 +1,306 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// ErrNotLeader means a leadership re-check failed before a mutating step.
+var ErrNotLeader = errors.New("controller: no longer the leader")
+
+// execute performs one action. Cluster-wide actions re-check leadership
+// right before they mutate anything.
+func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
+	switch act := act.(type) {
+	case StartEtcd:
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.startEtcdLocked(ctx)
+	case MarkBootstrapped:
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.markBootstrappedLocked()
+	case ConfirmCreate:
+		return a.confirmCreate(ctx, act.Token)
+	case AbandonPending:
+		return a.abandonPending(ctx, act)
+	case CreateCluster:
+		return a.createCluster(ctx, obs, act)
+	case AddMember:
+		return a.addMember(ctx, obs, act)
+	case PromoteMember:
+		return a.promoteMember(ctx, act)
+	case RemoveMember:
+		return a.removeMember(ctx, obs, act)
+	case EvictNode:
+		return a.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
+	default:
+		return fmt.Errorf("controller: unknown action %T", act)
+	}
+}
+
+func (a *Agent) confirmCreate(ctx context.Context, token string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := a.state.Member
+	if m == nil || !m.Pending || m.ClusterToken != token {
+		return nil
+	}
+	st := a.state
+	mm := *m
+	mm.Pending = false
+	st.Member = &mm
+	if err := a.layout.SaveState(st); err != nil {
+		return err
+	}
+	a.state = st
+	a.log.Info("cluster creation confirmed; starting etcd", "cluster-token", token)
+	return a.startEtcdLocked(ctx)
+}
+
+func (a *Agent) abandonPending(ctx context.Context, act AbandonPending) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := a.state.Member
+	if m == nil || !m.Pending || m.ClusterToken != act.Token {
+		return nil
+	}
+	return a.leaveLocked(ctx, "abandoned creation: "+act.Reason)
+}
+
+// createCluster creates a new cluster. Crash safety comes from the order:
+// every chosen node first records the membership as pending, then the
+// once-only creation marker names the token, and only then do the nodes
+// start etcd (each confirms against the marker itself). A creation that
+// loses the marker, or never writes it, is abandoned by its nodes.
+func (a *Agent) createCluster(ctx context.Context, obs Observed, act CreateCluster) error {
+	v, err := spec.ParseSupportedVersion(act.Version)
+	if err != nil {
+		return err
+	}
+	nodes, err := findNodes(obs.Peers, act.Members)
+	if err != nil {
+		return err
+	}
+	token, err := newToken()
+	if err != nil {
+		return err
+	}
+	var initial []string
+	for _, n := range nodes {
+		for _, u := range n.PeerURLs {
+			initial = append(initial, n.ID+"="+u)
+		}
+	}
+	member := etcdproc.MemberState{
+		ClusterToken:   token,
+		EtcdVersion:    v.String(),
+		InitialCluster: strings.Join(initial, ","),
+		NewCluster:     true,
+		Pending:        true,
+	}
+	a.log.Info("creating cluster", "cluster-token", token, "version", v.String(), "members", act.Members, "lock-term", a.lockTerm)
+	var prepared []Node
+	rollback := func(cause error) error {
+		for _, n := range prepared {
+			if err := a.leaveNode(ctx, n, peer.LeaveRequest{Token: token, Reason: "creation rolled back"}); err != nil {
+				a.log.Warn("cannot roll back a prepared member; it gives up on its own", "node", n.ID, "error", err)
+			}
+		}
+		return cause
+	}
+	for _, n := range nodes {
+		if err := a.joinNode(ctx, n, peer.JoinRequest{Member: member}); err != nil {
+			return rollback(fmt.Errorf("controller: prepare %s: %w", n.ID, err))
+		}
+		prepared = append(prepared, n)
+	}
+	s, err := a.openStore(ctx)
+	if err != nil {
+		return rollback(err)
+	}
+	if held, err := a.lock.Holds(ctx, s, a.lockTerm); err != nil || !held {
+		return rollback(fmt.Errorf("%w: the leader lock (term %d) was lost before the cluster was created (%v)", ErrNotLeader, a.lockTerm, err))
+	}
+	err = s.CreateCreated(ctx, spec.ClusterCreated{Timestamp: spec.Int64(a.now().UnixNano()), ClusterToken: token})
+	if errors.Is(err, store.ErrExists) {
+		return rollback(fmt.Errorf("controller: another agent created the cluster first"))
+	}
+	if err != nil {
+		// The marker may or may not be written; the prepared nodes settle it
+		// against the store themselves.
+		return err
+	}
+	a.log.Info("cluster created", "cluster-token", token, "members", act.Members)
+	return nil
+}
+
+func findNodes(peers []Node, ids []string) ([]Node, error) {
+	var out []Node
+	for _, id := range ids {
+		found := false
+		for _, p := range peers {
+			if p.ID == id {
+				out = append(out, p)
+				found = true
+				break
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("controller: node %s is no longer reachable", id)
+		}
+	}
+	return out, nil
+}
+
+// confirmLeader re-checks, right before a membership change, that the
+// local etcd is still the raft leader and still has quorum.
+func (a *Agent) confirmLeader(ctx context.Context) error {
+	if a.client == nil {
+		return ErrNotLeader
+	}
+	cctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	st, err := a.client.Status(cctx, a.clientEndpoint)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNotLeader, err)
+	}
+	if st.Leader != st.Header.MemberId {
+		return fmt.Errorf("%w: etcd leader is now %x", ErrNotLeader, st.Leader)
+	}
+	// A linearizable read needs quorum.
+	if _, err := a.client.Get(cctx, "/etcd-manager/leader-check"); err != nil {
+		return fmt.Errorf("%w: no quorum: %v", ErrNotLeader, err)
+	}
+	return nil
+}
+
+func (a *Agent) addMember(ctx context.Context, obs Observed, act AddMember) error {
+	nodes, err := findNodes(obs.Peers, []string{act.NodeID})
+	if err != nil {
+		return err
+	}
+	n := nodes[0]
+	if err := a.confirmLeader(ctx); err != nil {
+		return err
+	}
+	list, err := a.client.MemberList(ctx)
+	if err != nil {
+		return fmt.Errorf("controller: member list: %w", err)
+	}
+	members := list.Members
+	exists := false
+	for _, m := range members {
+		exists = exists || sameURLs(m.PeerURLs, n.PeerURLs)
+	}
+	if !exists {
+		resp, err := a.client.MemberAddAsLearner(ctx, n.PeerURLs)
+		if err != nil {
+			return fmt.Errorf("controller: add %s as learner: %w", n.ID, err)
+		}
+		members = resp.Members
+		a.log.Info("member added as learner", "node", n.ID, "member-id", fmt.Sprintf("%x", resp.Member.ID))
+	}
+	var initial []string
+	for _, m := range members {
+		name := m.Name
+		if sameURLs(m.PeerURLs, n.PeerURLs) {
+			name = n.ID
+		}
+		if name == "" {
+			continue
+		}
+		for _, u := range m.PeerURLs {
+			initial = append(initial, name+"="+u)
+		}
+	}
+	a.mu.Lock()
+	self := *a.state.Member
+	a.mu.Unlock()
+	return a.joinNode(ctx, n, peer.JoinRequest{Member: etcdproc.MemberState{
+		ClusterToken:   self.ClusterToken,
+		EtcdVersion:    self.EtcdVersion,
+		InitialCluster: strings.Join(initial, ","),
+	}})
+}
+
+func (a *Agent) promoteMember(ctx context.Context, act PromoteMember) error {
+	if err := a.confirmLeader(ctx); err != nil {
+		return err
+	}
+	_, err := a.client.MemberPromote(ctx, act.MemberID)
+	if errors.Is(err, rpctypes.ErrGRPCLearnerNotReady) || (err != nil && strings.Contains(err.Error(), rpctypes.ErrGRPCLearnerNotReady.Error())) {
+		a.log.Info("learner is still catching up; will promote later", "member-id", fmt.Sprintf("%x", act.MemberID))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("controller: promote %x: %w", act.MemberID, err)
+	}
+	a.log.Info("learner promoted to voting member", "member-id", fmt.Sprintf("%x", act.MemberID))
+	return nil
+}
+
+func (a *Agent) removeMember(ctx context.Context, obs Observed, act RemoveMember) error {
+	if err := a.confirmLeader(ctx); err != nil {
+		return err
+	}
+	_, err := a.client.MemberRemove(ctx, act.MemberID)
+	if err != nil && !strings.Contains(err.Error(), rpctypes.ErrGRPCMemberNotFound.Error()) {
+		return fmt.Errorf("controller: remove member %x: %w", act.MemberID, err)
+	}
+	a.log.Warn("member removed", "member-id", fmt.Sprintf("%x", act.MemberID), "node", act.NodeID, "reason", act.Reason)
+	if act.NodeID == "" || obs.Cluster == nil {
+		return nil
+	}
+	if err := a.tellLeave(ctx, obs, act.NodeID, obs.Cluster.Token, "removed: "+act.Reason); err != nil {
+		// It is out of the cluster either way; it is told again when seen.
+		a.log.Warn("cannot tell the removed node to leave; will retry when it is seen", "node", act.NodeID, "error", err)
+	}
+	return nil
+}
+
+func (a *Agent) tellLeave(ctx context.Context, obs Observed, nodeID, token, reason string) error {
+	nodes, err := findNodes(obs.Peers, []string{nodeID})
+	if err != nil {
+		return err
+	}
+	return a.leaveNode(ctx, nodes[0], peer.LeaveRequest{Token: token, Reason: reason})
+}
+
+func (a *Agent) joinNode(ctx context.Context, n Node, req peer.JoinRequest) error {
+	req.LeaderID = a.lock.NodeID
+	if n.ID == a.lock.NodeID {
+		return a.Join(ctx, req)
+	}
+	c, err := a.peerClient(n.Address)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return c.Join(cctx, req)
+}
+
+func (a *Agent) leaveNode(ctx context.Context, n Node, req peer.LeaveRequest) error {
+	req.LeaderID = a.lock.NodeID
+	if n.ID == a.lock.NodeID {
+		return a.Leave(ctx, req)
+	}
+	c, err := a.peerClient(n.Address)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return c.Leave(cctx, req)
+}

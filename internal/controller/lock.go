@@ -1,0 +1,143 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// lockPrefix holds the leader lock's terms: control/leader/<term>.
+const lockPrefix = "control/leader/"
+
+// lockStore is the part of the backup store the lock needs.
+type lockStore interface {
+	Create(ctx context.Context, key string, data []byte) error
+	Read(ctx context.Context, key string) ([]byte, error)
+	List(ctx context.Context, prefix, delimiter string) ([]string, error)
+	Delete(ctx context.Context, key string) error
+}
+
+// lockRecord is one term of the lock.
+type lockRecord struct {
+	NodeID   string        `json:"nodeId"`
+	Acquired time.Time     `json:"acquired"`
+	TTL      time.Duration `json:"ttl"`
+}
+
+// LeaderLock decides which agent leads while etcd has no quorum (first
+// boot, total loss). Each term is an object created only if absent, so at
+// most one agent wins a term; the term number is the fencing token. A
+// holder renews by creating the next term before its lease runs out.
+//
+// Leases compare the holder's clock with the reader's, so clocks must
+// agree to well within the TTL. Safety does not rest on the lock alone:
+// cluster creation is also fenced by the once-only creation marker.
+type LeaderLock struct {
+	NodeID string
+	TTL    time.Duration
+	Now    func() time.Time
+}
+
+// Acquire takes or renews the lock. It returns the term held, or 0 when
+// another agent holds an unexpired lease.
+func (l *LeaderLock) Acquire(ctx context.Context, s lockStore) (int64, error) {
+	term, rec, err := l.latest(ctx, s)
+	if err != nil {
+		return 0, err
+	}
+	now := l.Now()
+	expired := rec == nil || now.After(rec.Acquired.Add(rec.TTL))
+	switch {
+	case rec != nil && rec.NodeID == l.NodeID && !expired && now.Before(rec.Acquired.Add(rec.TTL/3)):
+		return term, nil
+	case rec != nil && rec.NodeID != l.NodeID && !expired:
+		return 0, nil
+	}
+	// Free, expired, or ours and due for renewal: take the next term.
+	next := term + 1
+	data, err := json.Marshal(lockRecord{NodeID: l.NodeID, Acquired: now.UTC(), TTL: l.TTL})
+	if err != nil {
+		return 0, fmt.Errorf("controller: encode lock: %w", err)
+	}
+	if err := s.Create(ctx, lockKey(next), data); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("controller: take leader lock: %w", err)
+	}
+	l.gc(ctx, s, next)
+	return next, nil
+}
+
+// Holds reports whether term is still the newest term and unexpired: the
+// fencing check before a step that must not be taken twice.
+func (l *LeaderLock) Holds(ctx context.Context, s lockStore, term int64) (bool, error) {
+	latest, rec, err := l.latest(ctx, s)
+	if err != nil {
+		return false, err
+	}
+	return latest == term && rec != nil && rec.NodeID == l.NodeID && l.Now().Before(rec.Acquired.Add(rec.TTL)), nil
+}
+
+func (l *LeaderLock) latest(ctx context.Context, s lockStore) (int64, *lockRecord, error) {
+	terms, err := lockTerms(ctx, s)
+	if err != nil {
+		return 0, nil, err
+	}
+	if len(terms) == 0 {
+		return 0, nil, nil
+	}
+	term := terms[len(terms)-1]
+	data, err := s.Read(ctx, lockKey(term))
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return term, nil, nil
+		}
+		return 0, nil, fmt.Errorf("controller: read leader lock: %w", err)
+	}
+	var rec lockRecord
+	if err := json.Unmarshal(data, &rec); err != nil || rec.NodeID == "" {
+		// Junk in the lock counts as an expired lease, so it cannot wedge
+		// leadership forever.
+		return term, nil, nil
+	}
+	return term, &rec, nil
+}
+
+// gc deletes old terms, keeping a few for debugging.
+func (l *LeaderLock) gc(ctx context.Context, s lockStore, current int64) {
+	terms, err := lockTerms(ctx, s)
+	if err != nil {
+		return
+	}
+	for _, t := range terms {
+		if t < current-5 {
+			_ = s.Delete(ctx, lockKey(t))
+		}
+	}
+}
+
+func lockTerms(ctx context.Context, s lockStore) ([]int64, error) {
+	keys, err := s.List(ctx, lockPrefix, "")
+	if err != nil {
+		return nil, fmt.Errorf("controller: list leader lock: %w", err)
+	}
+	var terms []int64
+	for _, k := range keys {
+		t, err := strconv.ParseInt(strings.TrimPrefix(k, lockPrefix), 10, 64)
+		if err == nil && t > 0 {
+			terms = append(terms, t)
+		}
+	}
+	sort.Slice(terms, func(i, j int) bool { return terms[i] < terms[j] })
+	return terms, nil
+}
+
+func lockKey(term int64) string { return fmt.Sprintf("%s%020d", lockPrefix, term) }

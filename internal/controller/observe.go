@@ -1,0 +1,314 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+const (
+	peerCallTimeout   = 2 * time.Second
+	statusTimeout     = 2 * time.Second
+	publishInterval   = 10 * time.Second
+	pendingTimeoutMul = 3
+)
+
+// observe builds one cycle's view. It never fails: what it cannot see is
+// recorded as an error in the result.
+func (a *Agent) observe(ctx context.Context) Observed {
+	self, local := a.observeSelf(ctx)
+	obs := Observed{
+		Self:           self,
+		Peers:          []Node{self},
+		Grace:          a.cfg.MemberFailureGrace,
+		PendingTimeout: pendingTimeoutMul * a.cfg.LeaderLease,
+	}
+	defer func() { a.setInfo(self, local, obs.Cluster != nil || obs.LockHeld) }()
+
+	s, err := a.openStore(ctx)
+	if err != nil {
+		obs.StoreErr = err
+		return obs
+	}
+	a.observeStore(ctx, s, &obs)
+	if obs.StoreErr != nil {
+		return obs
+	}
+	a.publish(ctx, self.ID)
+	obs.Peers = a.observePeers(ctx, self)
+
+	// Leadership: through etcd while it has quorum, else the store lock
+	// when no node holds cluster data at all.
+	if self.Healthy && local.LeaderID != 0 && local.LeaderID == local.MemberID {
+		view, err := a.observeCluster(ctx)
+		if err != nil {
+			a.log.Warn("cannot read the etcd cluster as its leader", "error", err)
+		} else {
+			obs.Cluster = view
+		}
+	}
+	if obs.Cluster == nil && !anyLiveMember(obs.Peers) {
+		term, err := a.lock.Acquire(ctx, s)
+		if err != nil {
+			obs.StoreErr = err
+			return obs
+		}
+		a.lockTerm = term
+		obs.LockHeld = term != 0
+	}
+	return obs
+}
+
+// anyLiveMember reports whether any node holds, or is creating, cluster
+// data.
+func anyLiveMember(nodes []Node) bool {
+	for _, n := range nodes {
+		if m := n.Member; m != nil && (n.HasData || m.NewCluster || m.Pending || n.Healthy) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
+	a.mu.Lock()
+	st := a.state
+	pendingSince := a.pendingSince
+	a.mu.Unlock()
+	self := Node{
+		ID:         st.NodeID,
+		Address:    a.peerAddress(),
+		PeerURLs:   a.cfg.PeerURLs,
+		ClientURLs: a.cfg.ClientURLs,
+		Member:     st.Member,
+	}
+	if m := st.Member; m != nil {
+		self.HasData = a.layout.HasEtcdData(m.ClusterToken)
+		if m.Pending && !pendingSince.IsZero() {
+			self.PendingFor = a.now().Sub(pendingSince)
+		}
+	}
+	var local etcdproc.MemberStatus
+	ps := a.proc.Status()
+	self.EtcdWanted = ps.Wanted
+	if ps.Wanted && ps.PID != 0 {
+		endpoint := ps.Spec.ClientURLs[0]
+		if ps.Spec.Quarantined {
+			endpoint = ps.Spec.QuarantineClientURLs[0]
+		}
+		if c, err := a.localClient(endpoint); err == nil {
+			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+			ms, err := etcdproc.LocalStatus(sctx, c, endpoint)
+			cancel()
+			if err == nil {
+				self.Healthy, self.Version, local = true, ms.Version, ms
+			}
+		}
+	}
+	return self, local
+}
+
+func (a *Agent) observeStore(ctx context.Context, s *store.Store, obs *Observed) {
+	cs, err := s.ReadSpec(ctx)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, store.ErrUnreachable):
+		obs.StoreErr = err
+		return
+	case err != nil:
+		obs.SpecErr = err
+	default:
+		if _, verr := cs.Validate(); verr != nil {
+			obs.SpecErr = fmt.Errorf("controller: %s in %s: %w", store.KeySpec, s.URL(), verr)
+		} else {
+			obs.Spec = &cs
+			v, _ := spec.ParseVersion(cs.EtcdVersion)
+			if _, berr := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v); berr != nil {
+				obs.SpecBinaryErr = berr
+			}
+		}
+	}
+	created, err := s.ReadCreated(ctx)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, store.ErrUnreachable):
+		obs.StoreErr = err
+	case err != nil:
+		// A marker that exists but cannot be parsed still marks the cluster
+		// as created: refusing to create is the safe side.
+		a.log.Warn("cluster-created marker is unreadable; treating the cluster as created", "error", err)
+		obs.Created = &created
+	default:
+		obs.Created = &created
+	}
+}
+
+func (a *Agent) publish(ctx context.Context, nodeID string) {
+	if a.now().Sub(a.lastPublish) < publishInterval {
+		return
+	}
+	rec := peer.Record{NodeID: nodeID, ClusterName: a.cfg.ClusterName, Address: a.peerAddress()}
+	if err := a.discovery.Publish(ctx, rec); err != nil {
+		a.log.Warn("cannot publish this agent for discovery", "error", err)
+		return
+	}
+	a.lastPublish = a.now()
+}
+
+// observePeers asks every discovered agent for its info, concurrently.
+// Unreachable agents are left out.
+func (a *Agent) observePeers(ctx context.Context, self Node) []Node {
+	recs, err := a.discovery.Poll(ctx)
+	if err != nil {
+		a.log.Warn("discovery failed", "error", err)
+	}
+	addrs := map[string]bool{}
+	for _, r := range recs {
+		if r.Address != self.Address && (r.ClusterName == "" || r.ClusterName == a.cfg.ClusterName) {
+			addrs[r.Address] = true
+		}
+	}
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		nodes = map[string]Node{self.ID: self}
+	)
+	for addr := range addrs {
+		c, err := a.peerClient(addr)
+		if err != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, peerCallTimeout)
+			defer cancel()
+			info, err := c.Info(cctx)
+			if err != nil || info.NodeID == "" || info.NodeID == self.ID || info.ClusterName != a.cfg.ClusterName {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			nodes[info.NodeID] = nodeFromInfo(addr, info)
+		}()
+	}
+	wg.Wait()
+	out := make([]Node, 0, len(nodes))
+	for _, n := range nodes {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+func nodeFromInfo(addr string, info peer.NodeInfo) Node {
+	return Node{
+		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs,
+		Member: info.Member, HasData: info.HasData, PendingFor: info.PendingFor,
+		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
+	}
+}
+
+func (a *Agent) peerClient(addr string) (*peer.Client, error) {
+	if c, ok := a.peers[addr]; ok {
+		return c, nil
+	}
+	c, err := peer.Dial(addr, a.cfg.ClusterName, a.creds)
+	if err != nil {
+		return nil, err
+	}
+	a.peers[addr] = c
+	return c, nil
+}
+
+// observeCluster reads the membership through the local etcd, which is
+// the raft leader. MemberList is linearizable, so success proves quorum.
+func (a *Agent) observeCluster(ctx context.Context) (*ClusterView, error) {
+	a.mu.Lock()
+	m := a.state.Member
+	a.mu.Unlock()
+	if m == nil || a.client == nil {
+		return nil, errors.New("controller: no local member")
+	}
+	cctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	resp, err := a.client.MemberList(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("controller: member list: %w", err)
+	}
+	view := &ClusterView{Token: m.ClusterToken}
+	var wg sync.WaitGroup
+	members := make([]Member, len(resp.Members))
+	for i, pm := range resp.Members {
+		members[i] = Member{ID: pm.ID, Name: pm.Name, PeerURLs: pm.PeerURLs, ClientURLs: pm.ClientURLs, IsLearner: pm.IsLearner}
+		if len(pm.ClientURLs) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+			defer cancel()
+			_, err := a.client.Status(sctx, pm.ClientURLs[0])
+			members[i].Healthy = err == nil
+		}()
+	}
+	wg.Wait()
+	now := a.now()
+	seen := map[uint64]bool{}
+	for i := range members {
+		id := members[i].ID
+		seen[id] = true
+		if members[i].Healthy {
+			delete(a.unhealthySince, id)
+			continue
+		}
+		since, ok := a.unhealthySince[id]
+		if !ok {
+			since = now
+			a.unhealthySince[id] = now
+		}
+		members[i].UnhealthyFor = now.Sub(since)
+	}
+	for id := range a.unhealthySince {
+		if !seen[id] {
+			delete(a.unhealthySince, id)
+		}
+	}
+	view.Members = members
+	return view, nil
+}
+
+func (a *Agent) setInfo(self Node, local etcdproc.MemberStatus, leader bool) {
+	info := peer.NodeInfo{
+		NodeID:               self.ID,
+		ClusterName:          a.cfg.ClusterName,
+		PeerAddress:          self.Address,
+		ClientURLs:           a.cfg.ClientURLs,
+		QuarantineClientURLs: a.cfg.QuarantineClientURLs,
+		PeerURLs:             a.cfg.PeerURLs,
+		Member:               self.Member,
+		HasData:              self.HasData,
+		PendingFor:           self.PendingFor,
+		EtcdWanted:           self.EtcdWanted,
+		EtcdHealthy:          self.Healthy,
+		EtcdVersion:          self.Version,
+		MemberID:             local.MemberID,
+		ClusterID:            local.ClusterID,
+		RaftLeader:           local.LeaderID,
+		IsLearner:            local.IsLearner,
+		DBSize:               local.DBSize,
+		Leader:               leader,
+	}
+	a.infoMu.Lock()
+	a.info = info
+	a.infoMu.Unlock()
+}

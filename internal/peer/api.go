@@ -1,0 +1,233 @@
+// Package peer is the agents' peer API, a small gRPC service on
+// --address:--peer-port, and the discovery providers that tell an agent
+// where its peers are.
+//
+// Messages are plain Go structs carried with a JSON codec, so the contract
+// lives in this file and needs no code generation. Transport security is a
+// grpc credentials option, plaintext with --insecure.
+package peer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+)
+
+// Errors returned by handlers, carried to callers as status messages.
+var (
+	ErrWrongCluster = errors.New("peer: request is for another cluster")
+	ErrBusy         = errors.New("peer: node already belongs to another cluster")
+)
+
+// NodeInfo is what an agent reports about itself.
+type NodeInfo struct {
+	NodeID      string `json:"nodeId"`
+	ClusterName string `json:"clusterName"`
+	// PeerAddress is the agent's own peer API address (host:port).
+	PeerAddress          string   `json:"peerAddress"`
+	ClientURLs           []string `json:"clientURLs"`
+	QuarantineClientURLs []string `json:"quarantineClientURLs"`
+	PeerURLs             []string `json:"peerURLs"`
+	// Member is the node's etcd membership from its local state.
+	Member *etcdproc.MemberState `json:"member,omitempty"`
+	// HasData is true when etcd's data for Member's token is on disk.
+	HasData bool `json:"hasData"`
+	// PendingFor is how long a pending creation has waited for the store's
+	// creation marker.
+	PendingFor time.Duration `json:"pendingFor,omitempty"`
+	// EtcdWanted is true while the agent keeps etcd running.
+	EtcdWanted bool `json:"etcdWanted"`
+	// EtcdHealthy is true when the local etcd answered a status call.
+	EtcdHealthy bool   `json:"etcdHealthy"`
+	EtcdVersion string `json:"etcdVersion,omitempty"`
+	MemberID    uint64 `json:"memberId,omitempty"`
+	ClusterID   uint64 `json:"clusterId,omitempty"`
+	RaftLeader  uint64 `json:"raftLeader,omitempty"`
+	IsLearner   bool   `json:"isLearner,omitempty"`
+	DBSize      int64  `json:"dbSize,omitempty"`
+	// Leader is true when this agent acts as the manager leader.
+	Leader bool `json:"leader"`
+}
+
+// InfoRequest asks an agent for its NodeInfo.
+type InfoRequest struct {
+	ClusterName string `json:"clusterName"`
+}
+
+// JoinRequest tells a node to become an etcd member.
+type JoinRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	// Member is the membership to adopt. With Pending set, the node waits
+	// for the store's creation marker before it starts etcd.
+	Member etcdproc.MemberState `json:"member"`
+}
+
+// LeaveRequest tells a node to stop being a member of the cluster with
+// Token: it stops etcd and moves the data to its trash.
+type LeaveRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Token       string `json:"token"`
+	Reason      string `json:"reason"`
+}
+
+// Empty is an empty reply.
+type Empty struct{}
+
+// Handler is what the server needs from the agent. Calls come on gRPC
+// goroutines, concurrently with the agent's own loop.
+type Handler interface {
+	Info(ctx context.Context) (NodeInfo, error)
+	Join(ctx context.Context, req JoinRequest) error
+	Leave(ctx context.Context, req LeaveRequest) error
+}
+
+const serviceName = "etcdmanager.peer.v1.Peer"
+
+// codec carries the messages above as JSON.
+type codec struct{}
+
+func (codec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (codec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+func (codec) Name() string                       { return "json" }
+
+func init() { encoding.RegisterCodec(codec{}) }
+
+// Credentials returns the transport credentials: plaintext when insecure.
+// Mutual TLS plugs in here.
+func Credentials(insecureMode bool) (credentials.TransportCredentials, error) {
+	if insecureMode {
+		return insecure.NewCredentials(), nil
+	}
+	return nil, errors.New("peer: TLS for the peer API is not available in this build yet; pass --insecure")
+}
+
+// Server serves the peer API.
+type Server struct {
+	grpc        *grpc.Server
+	clusterName string
+	h           Handler
+}
+
+// NewServer returns a server for h, which checks that requests name
+// clusterName.
+func NewServer(creds credentials.TransportCredentials, clusterName string, h Handler) *Server {
+	s := &Server{grpc: grpc.NewServer(grpc.Creds(creds)), clusterName: clusterName, h: h}
+	s.grpc.RegisterService(&grpc.ServiceDesc{
+		ServiceName: serviceName,
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{
+			{MethodName: "Info", Handler: unary(s, func(ctx context.Context, r *InfoRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				info, err := s.h.Info(ctx)
+				return &info, err
+			})},
+			{MethodName: "Join", Handler: unary(s, func(ctx context.Context, r *JoinRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.Join(ctx, *r)
+			})},
+			{MethodName: "Leave", Handler: unary(s, func(ctx context.Context, r *LeaveRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.Leave(ctx, *r)
+			})},
+		},
+	}, s)
+	return s
+}
+
+func (s *Server) checkCluster(name string) error {
+	if name != s.clusterName {
+		return fmt.Errorf("%w: this agent serves cluster %q, not %q", ErrWrongCluster, s.clusterName, name)
+	}
+	return nil
+}
+
+func unary[Req any](_ *Server, fn func(context.Context, *Req) (any, error)) grpc.MethodHandler {
+	return func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+		req := new(Req)
+		if err := dec(req); err != nil {
+			return nil, err
+		}
+		return fn(ctx, req)
+	}
+}
+
+// Serve serves on l until Stop.
+func (s *Server) Serve(l net.Listener) error { return s.grpc.Serve(l) }
+
+// Stop stops the server, waiting briefly for calls in flight.
+func (s *Server) Stop() {
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		s.grpc.Stop()
+	}
+}
+
+// Client calls one agent's peer API.
+type Client struct {
+	conn        *grpc.ClientConn
+	clusterName string
+}
+
+// Dial returns a client for the agent at addr (host:port). It does not
+// block: errors surface on the first call.
+func Dial(addr, clusterName string, creds credentials.TransportCredentials) (*Client, error) {
+	conn, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.CallContentSubtype(codec{}.Name())))
+	if err != nil {
+		return nil, fmt.Errorf("peer: dial %s: %w", addr, err)
+	}
+	return &Client{conn: conn, clusterName: clusterName}, nil
+}
+
+// Close releases the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Info asks the agent for its NodeInfo.
+func (c *Client) Info(ctx context.Context) (NodeInfo, error) {
+	var info NodeInfo
+	err := c.conn.Invoke(ctx, "/"+serviceName+"/Info", &InfoRequest{ClusterName: c.clusterName}, &info)
+	if err != nil {
+		return info, fmt.Errorf("peer: info from %s: %w", c.conn.Target(), err)
+	}
+	return info, nil
+}
+
+// Join tells the agent to become a member.
+func (c *Client) Join(ctx context.Context, req JoinRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Join", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: join %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// Leave tells the agent to leave the cluster with req.Token.
+func (c *Client) Leave(ctx context.Context, req LeaveRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Leave", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: leave %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}

@@ -1,0 +1,271 @@
+package peer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Record is one agent as discovery knows it.
+type Record struct {
+	NodeID      string `json:"nodeId,omitempty"`
+	ClusterName string `json:"clusterName,omitempty"`
+	// Address is the peer API's host:port.
+	Address string `json:"address"`
+	// Updated is when the agent last published the record.
+	Updated time.Time `json:"updated,omitzero"`
+}
+
+// Discovery finds the agents of a cluster. Publish announces this agent
+// (a no-op for providers that are configured from outside, such as static
+// lists and DNS); Poll returns every agent it knows, this one included.
+// Both are called from the agent's loop only.
+type Discovery interface {
+	Publish(ctx context.Context, self Record) error
+	Poll(ctx context.Context) ([]Record, error)
+}
+
+// ErrBadDiscovery means the --discovery value cannot be used.
+var ErrBadDiscovery = errors.New("peer: invalid --discovery")
+
+// BlobStore is the part of the backup store the store provider needs.
+type BlobStore interface {
+	Write(ctx context.Context, key string, data []byte) error
+	Read(ctx context.Context, key string) ([]byte, error)
+	List(ctx context.Context, prefix, delimiter string) ([]string, error)
+}
+
+// Resolver is the part of net.Resolver the DNS provider needs.
+type Resolver interface {
+	LookupSRV(ctx context.Context, service, proto, name string) (string, []*net.SRV, error)
+	LookupHost(ctx context.Context, host string) ([]string, error)
+}
+
+// DiscoveryOptions hold what the providers may need.
+type DiscoveryOptions struct {
+	// Store backs --discovery=store; opened lazily by the caller.
+	Store func(ctx context.Context) (BlobStore, error)
+	// Resolver backs --discovery=dns:NAME; nil means the system resolver.
+	Resolver Resolver
+	// PeerPort is used for DNS A records, which carry no port.
+	PeerPort int
+	// MaxAge drops records not refreshed for this long (store and
+	// directory providers); zero keeps all.
+	MaxAge time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// DiscoveryPrefix is where --discovery=store keeps records in the store.
+const DiscoveryPrefix = "discovery/"
+
+// ParseDiscovery builds the provider named by spec:
+//
+//	store                     records under discovery/ in the backup store (default)
+//	file:///tmp/discovery     one record file per agent in a shared directory
+//	static:HOST:PORT,...      a fixed seed list
+//	dns:NAME                  SRV records of NAME, or else its A records with the peer port
+func ParseDiscovery(spec string, o DiscoveryOptions) (Discovery, error) {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	switch {
+	case spec == "" || spec == "store":
+		if o.Store == nil {
+			return nil, fmt.Errorf("%w %q: no backup store", ErrBadDiscovery, spec)
+		}
+		return &storeDiscovery{open: o.Store, maxAge: o.MaxAge, now: o.Now}, nil
+	case strings.HasPrefix(spec, "file://"):
+		dir := strings.TrimPrefix(spec, "file://")
+		if !filepath.IsAbs(dir) {
+			return nil, fmt.Errorf("%w %q: a file URL needs an absolute path, as in file:///tmp/discovery", ErrBadDiscovery, spec)
+		}
+		return &dirDiscovery{dir: filepath.Clean(dir), maxAge: o.MaxAge, now: o.Now}, nil
+	case strings.HasPrefix(spec, "static:"):
+		var recs []Record
+		for _, addr := range strings.Split(strings.TrimPrefix(spec, "static:"), ",") {
+			addr = strings.TrimSpace(addr)
+			if addr == "" {
+				continue
+			}
+			if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+				return nil, fmt.Errorf("%w %q: %q is not HOST:PORT", ErrBadDiscovery, spec, addr)
+			}
+			recs = append(recs, Record{Address: addr})
+		}
+		if len(recs) == 0 {
+			return nil, fmt.Errorf("%w %q: the static list is empty", ErrBadDiscovery, spec)
+		}
+		return staticDiscovery(recs), nil
+	case strings.HasPrefix(spec, "dns:"):
+		name := strings.TrimPrefix(spec, "dns:")
+		if name == "" {
+			return nil, fmt.Errorf("%w %q: no DNS name", ErrBadDiscovery, spec)
+		}
+		r := o.Resolver
+		if r == nil {
+			r = net.DefaultResolver
+		}
+		return &dnsDiscovery{name: name, port: o.PeerPort, r: r}, nil
+	default:
+		return nil, fmt.Errorf("%w %q: use store, file:///DIR, static:HOST:PORT,... or dns:NAME", ErrBadDiscovery, spec)
+	}
+}
+
+type staticDiscovery []Record
+
+func (s staticDiscovery) Publish(context.Context, Record) error { return nil }
+func (s staticDiscovery) Poll(context.Context) ([]Record, error) {
+	return append([]Record(nil), s...), nil
+}
+
+// dirDiscovery keeps one JSON file per agent in a shared directory, as in
+// the original etcd-manager walkthrough.
+type dirDiscovery struct {
+	dir    string
+	maxAge time.Duration
+	now    func() time.Time
+}
+
+func (d *dirDiscovery) Publish(_ context.Context, self Record) error {
+	if err := os.MkdirAll(d.dir, 0o755); err != nil {
+		return fmt.Errorf("peer: discovery dir: %w", err)
+	}
+	self.Updated = d.now().UTC()
+	data, err := json.Marshal(self)
+	if err != nil {
+		return fmt.Errorf("peer: encode record: %w", err)
+	}
+	tmp, err := os.CreateTemp(d.dir, ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("peer: discovery dir: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("peer: write record: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("peer: write record: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(d.dir, self.NodeID)); err != nil {
+		return fmt.Errorf("peer: write record: %w", err)
+	}
+	return nil
+}
+
+func (d *dirDiscovery) Poll(context.Context) ([]Record, error) {
+	entries, err := os.ReadDir(d.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("peer: read discovery dir: %w", err)
+	}
+	var recs []Record
+	for _, e := range entries {
+		if e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(d.dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if r, ok := decodeRecord(data, d.maxAge, d.now()); ok {
+			recs = append(recs, r)
+		}
+	}
+	return recs, nil
+}
+
+// storeDiscovery keeps records under discovery/ in the backup store.
+type storeDiscovery struct {
+	open   func(ctx context.Context) (BlobStore, error)
+	maxAge time.Duration
+	now    func() time.Time
+}
+
+func (d *storeDiscovery) Publish(ctx context.Context, self Record) error {
+	s, err := d.open(ctx)
+	if err != nil {
+		return err
+	}
+	self.Updated = d.now().UTC()
+	data, err := json.Marshal(self)
+	if err != nil {
+		return fmt.Errorf("peer: encode record: %w", err)
+	}
+	return s.Write(ctx, DiscoveryPrefix+self.NodeID, data)
+}
+
+func (d *storeDiscovery) Poll(ctx context.Context) ([]Record, error) {
+	s, err := d.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := s.List(ctx, DiscoveryPrefix, "")
+	if err != nil {
+		return nil, err
+	}
+	var recs []Record
+	for _, k := range keys {
+		data, err := s.Read(ctx, k)
+		if err != nil {
+			continue
+		}
+		if r, ok := decodeRecord(data, d.maxAge, d.now()); ok {
+			recs = append(recs, r)
+		}
+	}
+	return recs, nil
+}
+
+func decodeRecord(data []byte, maxAge time.Duration, now time.Time) (Record, bool) {
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil || r.Address == "" {
+		return r, false
+	}
+	if maxAge > 0 && !r.Updated.IsZero() && now.Sub(r.Updated) > maxAge {
+		return r, false
+	}
+	return r, true
+}
+
+// dnsDiscovery resolves a name, as a Kubernetes headless Service publishes
+// its pods: SRV records first (with their ports), else A/AAAA records with
+// the peer port.
+type dnsDiscovery struct {
+	name string
+	port int
+	r    Resolver
+}
+
+func (d *dnsDiscovery) Publish(context.Context, Record) error { return nil }
+
+func (d *dnsDiscovery) Poll(ctx context.Context) ([]Record, error) {
+	var recs []Record
+	if _, srvs, err := d.r.LookupSRV(ctx, "", "", d.name); err == nil && len(srvs) > 0 {
+		for _, s := range srvs {
+			host := strings.TrimSuffix(s.Target, ".")
+			recs = append(recs, Record{Address: net.JoinHostPort(host, strconv.Itoa(int(s.Port)))})
+		}
+	} else {
+		hosts, herr := d.r.LookupHost(ctx, d.name)
+		if herr != nil {
+			return nil, fmt.Errorf("peer: discovery dns:%s: %w", d.name, herr)
+		}
+		for _, h := range hosts {
+			recs = append(recs, Record{Address: net.JoinHostPort(h, strconv.Itoa(d.port))})
+		}
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Address < recs[j].Address })
+	return recs, nil
+}

@@ -1,0 +1,109 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/etcd-manager/etcd-manager/test/harness"
+)
+
+const settleTimeout = 90 * time.Second
+
+func clusterClient(t *testing.T, agents []*harness.Agent) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestFormation(t *testing.T) {
+	for _, n := range []int{1, 3, 5} {
+		t.Run(fmt.Sprintf("members=%d", n), func(t *testing.T) {
+			env := harness.NewEnv(t)
+			env.MustCtl(fmt.Sprintf("--member-count=%d", n), "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+			agents := env.StartAgents(n, harness.AgentOptions{})
+			cs := harness.WaitSettled(t, agents, n, settleTimeout)
+			t.Logf("formed: %+v", cs)
+			c := clusterClient(t, agents)
+			put(t, c, "/formed", "yes")
+			if got := get(t, c, "/formed"); got != "yes" {
+				t.Fatalf("got %q", got)
+			}
+		})
+	}
+}
+
+// Extra agents beyond the member count stay on standby and say so.
+func TestStandby(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(4, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	standby := 0
+	for _, a := range agents {
+		if a.EtcdPID() == 0 {
+			standby++
+			a.WaitLog("standby: not an etcd member", 1, 10*time.Second)
+		}
+	}
+	if standby != 1 {
+		t.Errorf("%d agents without etcd, want 1 standby", standby)
+	}
+}
+
+func TestResizeKeepsKeys(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(5, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 1, settleTimeout)
+	c := clusterClient(t, agents)
+	var keys []string
+	for i, n := range []int{1, 3, 5, 3, 1} {
+		env.MustCtl(fmt.Sprintf("--member-count=%d", n), "configure-cluster")
+		harness.WaitSettled(t, agents, n, settleTimeout)
+		key := fmt.Sprintf("/resize/%d", i)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		_, err := c.Put(ctx, key, fmt.Sprint(n))
+		cancel()
+		if err != nil {
+			t.Fatalf("put after resize to %d: %v", n, err)
+		}
+		keys = append(keys, key)
+		for _, k := range keys {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			resp, err := c.Get(ctx, k)
+			cancel()
+			if err != nil || len(resp.Kvs) != 1 {
+				t.Fatalf("after resize to %d, key %s: %v %v", n, k, resp, err)
+			}
+		}
+		t.Logf("resized to %d, %d keys intact", n, len(keys))
+	}
+	// Removed agents stopped etcd and moved their data to the trash; nothing
+	// was deleted.
+	for _, a := range agents {
+		if a.EtcdPID() != 0 {
+			continue
+		}
+		trash, _ := os.ReadDir(filepath.Join(a.DataDir, "trash"))
+		data, _ := os.ReadDir(filepath.Join(a.DataDir, "data"))
+		if len(trash) == 0 || len(data) != 0 {
+			t.Errorf("removed agent %s: %d trash entries, %d data folders; want its data in the trash", a.Name, len(trash), len(data))
+		}
+		for _, e := range trash {
+			if _, err := os.Stat(filepath.Join(a.DataDir, "trash", e.Name(), "member", "snap", "db")); err != nil {
+				t.Errorf("agent %s trash %s lacks the etcd db: %v", a.Name, e.Name(), err)
+			}
+		}
+	}
+}
