@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
-
-func member(token string, newCluster, pending bool) *etcdproc.MemberState {
-	return &etcdproc.MemberState{ClusterToken: token, EtcdVersion: "3.6.16", NewCluster: newCluster, Pending: pending}
-}
 
 // describe renders actions compactly for comparison.
 func describe(actions []Action) string {
@@ -27,135 +24,206 @@ func describe(actions []Action) string {
 	return strings.Join(parts, "; ")
 }
 
+func urls(id string) []string { return []string{"http://" + id + ":2380"} }
+
+// node returns an agent: "standby", "member" (healthy, with data),
+// "stopped" (member with data, etcd not running), "wiped" (member state
+// without data), "pending" or "new" (bootstrapping).
+func node(id, kind string) Node {
+	n := Node{ID: id, Address: id + ":8000", PeerURLs: urls(id), ClientURLs: []string{"http://" + id + ":4001"}}
+	m := &etcdproc.MemberState{ClusterToken: "tok", EtcdVersion: "3.6.16"}
+	switch kind {
+	case "standby":
+		return n
+	case "member":
+		n.Member, n.HasData, n.EtcdWanted, n.Healthy, n.Version = m, true, true, true, "3.6.16"
+	case "stopped":
+		n.Member, n.HasData = m, true
+	case "wiped":
+		n.Member = m
+	case "pending":
+		m.Pending, m.NewCluster = true, true
+		n.Member = m
+	case "new":
+		m.NewCluster = true
+		n.Member, n.HasData, n.EtcdWanted, n.Healthy, n.Version = m, true, true, true, "3.6.16"
+	default:
+		panic(kind)
+	}
+	return n
+}
+
+// member returns an etcd member named after its node.
+func member(id string, healthy bool) Member {
+	var h uint64
+	for _, c := range id {
+		h = h*31 + uint64(c)
+	}
+	return Member{ID: h, Name: id, PeerURLs: urls(id), ClientURLs: []string{"http://" + id + ":4001"}, Healthy: healthy}
+}
+
+func specN(n int32) *spec.ClusterSpec { return &spec.ClusterSpec{MemberCount: n, EtcdVersion: "3.6.16"} }
+
+func cluster(members ...Member) *ClusterView { return &ClusterView{Token: "tok", Members: members} }
+
+// leaderObs is an observation by node "a", the raft leader.
+func leaderObs(want int32, c *ClusterView, peers ...Node) Observed {
+	return Observed{Spec: specN(want), Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: peers[0], Peers: peers,
+		Cluster: c, Grace: time.Minute, PendingTimeout: time.Minute}
+}
+
 func TestPlan(t *testing.T) {
-	spec1 := &spec.ClusterSpec{MemberCount: 1, EtcdVersion: "3.6.16"}
-	spec3 := &spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}
-	created := &spec.ClusterCreated{Timestamp: 1}
-	bare := Node{ID: "a"}
-	running := Node{ID: "a", Member: member("tok", false, false), HasData: true, EtcdWanted: true, Healthy: true, Version: "3.6.16"}
-	stopped := Node{ID: "a", Member: member("tok", false, false), HasData: true}
+	created := &spec.ClusterCreated{Timestamp: 1, ClusterToken: "tok"}
+	lockObs := func(want int32, peers ...Node) Observed {
+		return Observed{Spec: specN(want), Self: peers[0], Peers: peers, LockHeld: true, Grace: time.Minute, PendingTimeout: time.Minute}
+	}
+	with := func(o Observed, f func(*Observed)) Observed { f(&o); return o }
 
 	tests := []struct {
 		name string
 		obs  Observed
-		// want lists the actions, rendered by describe, as a substring
-		// match per action in order.
-		want []string
+		want []string // one substring per action, in order
 	}{
-		{
-			name: "no spec yet",
-			obs:  Observed{Leader: true, Self: bare, Peers: []Node{bare}},
-			want: []string{"report[INFO] waiting for a cluster spec"},
-		},
-		{
-			name: "store unreachable, member not running: start etcd anyway",
-			obs:  Observed{Leader: true, StoreErr: errors.New("down"), Self: stopped, Peers: []Node{stopped}},
-			want: []string{"start-etcd", "report[ERROR] backup store unreachable"},
-		},
-		{
-			name: "store unreachable, etcd running: leave it alone",
-			obs:  Observed{Leader: true, StoreErr: errors.New("down"), Self: running, Peers: []Node{running}},
-			want: []string{"report[ERROR] backup store unreachable"},
-		},
-		{
-			name: "invalid spec keeps etcd running",
-			obs:  Observed{Leader: true, SpecErr: errors.New("junk"), Self: running, Peers: []Node{running}},
-			want: []string{"report[ERROR] cluster spec is invalid"},
-		},
-		{
-			name: "invalid spec still re-adopts local etcd",
-			obs:  Observed{Leader: true, SpecErr: errors.New("junk"), Self: stopped, Peers: []Node{stopped}},
-			want: []string{"start-etcd", "report[ERROR] cluster spec is invalid"},
-		},
-		{
-			name: "create single-member cluster",
-			obs:  Observed{Leader: true, Spec: spec1, Self: bare, Peers: []Node{bare}},
-			want: []string{"create-cluster [a] 3.6.16"},
-		},
-		{
-			name: "create picks the lowest IDs among enough agents",
-			obs: Observed{Leader: true, Spec: spec3, Self: Node{ID: "c"},
-				Peers: []Node{{ID: "d"}, {ID: "c"}, {ID: "a"}, {ID: "b"}}},
-			want: []string{"create-cluster [a b c] 3.6.16"},
-		},
-		{
-			name: "too few agents to create",
-			obs:  Observed{Leader: true, Spec: spec3, Self: bare, Peers: []Node{bare}},
-			want: []string{"report[INFO] waiting for enough agents"},
-		},
-		{
-			name: "no binary for the spec version",
-			obs:  Observed{Leader: true, Spec: spec1, SpecBinaryErr: errors.New("no etcd binary in /opt"), Self: bare, Peers: []Node{bare}},
-			want: []string{"report[ERROR] cannot create the cluster: no etcd binary"},
-		},
-		{
-			name: "created marker without members: never create, ask for restore",
-			obs:  Observed{Leader: true, Spec: spec1, Created: created, Self: bare, Peers: []Node{bare}},
-			want: []string{"report[ERROR] " + MsgNoMembers},
-		},
-		{
-			name: "not leader: no cluster action",
-			obs:  Observed{Leader: false, Spec: spec1, Self: bare, Peers: []Node{bare}},
-			want: nil,
-		},
-		{
-			name: "pending creation is confirmed before anything else",
-			obs: Observed{Leader: true, Spec: spec1, Created: created,
-				Self: Node{ID: "a", Member: member("tok", true, true)}, Peers: []Node{{ID: "a", Member: member("tok", true, true)}}},
-			want: []string{"confirm-create tok"},
-		},
-		{
-			name: "restart re-adopts local member",
-			obs:  Observed{Leader: true, Spec: spec1, Created: created, Self: stopped, Peers: []Node{stopped}},
-			want: []string{"start-etcd"},
-		},
-		{
-			name: "healthy member in spec: nothing to do",
-			obs:  Observed{Leader: true, Spec: spec1, Created: created, Self: running, Peers: []Node{running}},
-			want: nil,
-		},
-		{
-			name: "new cluster becomes bootstrapped once healthy",
-			obs: func() Observed {
-				n := running
-				n.Member = member("tok", true, false)
-				return Observed{Leader: true, Spec: spec1, Created: created, Self: n, Peers: []Node{n}}
-			}(),
-			want: []string{"mark-bootstrapped"},
-		},
-		{
-			name: "new cluster not yet healthy: wait",
-			obs: func() Observed {
-				n := running
-				n.Member = member("tok", true, false)
-				n.Healthy = false
-				return Observed{Leader: true, Spec: spec1, Created: created, Self: n, Peers: []Node{n}}
-			}(),
-			want: nil,
-		},
-		{
-			name: "data wiped under a bootstrapped member: do not start, report loss",
-			obs: func() Observed {
-				n := stopped
-				n.HasData = false
-				return Observed{Leader: true, Spec: spec1, Created: created, Self: n, Peers: []Node{n}}
-			}(),
-			want: []string{"report[ERROR] this node's etcd data is missing", "report[ERROR] " + MsgNoMembers},
-		},
-		{
-			name: "version differs from spec: reported, not acted on",
-			obs: Observed{Leader: true, Spec: &spec.ClusterSpec{MemberCount: 1, EtcdVersion: "3.5.35"}, Created: created,
-				Self: running, Peers: []Node{running}},
-			want: []string{"report[WARN] spec asks for another etcd version"},
-		},
-		{
-			name: "member count differs: reported, not acted on",
-			obs:  Observed{Leader: true, Spec: spec3, Created: created, Self: running, Peers: []Node{running}},
-			want: []string{"report[WARN] spec asks for another member count"},
-		},
+		// The local node, whatever the store says.
+		{name: "no spec yet", obs: Observed{Self: node("a", "standby"), Peers: []Node{node("a", "standby")}},
+			want: []string{"report[INFO] waiting for a cluster spec"}},
+		{name: "store unreachable, member stopped: start etcd anyway",
+			obs:  Observed{StoreErr: errors.New("down"), Self: node("a", "stopped")},
+			want: []string{"start-etcd", "report[ERROR] backup store unreachable"}},
+		{name: "store unreachable, etcd running: leave it alone",
+			obs:  Observed{StoreErr: errors.New("down"), Self: node("a", "member")},
+			want: []string{"report[ERROR] backup store unreachable"}},
+		{name: "invalid spec keeps etcd running", obs: Observed{SpecErr: errors.New("junk"), Self: node("a", "member")},
+			want: []string{"report[ERROR] cluster spec is invalid"}},
+		{name: "invalid spec still re-adopts local etcd", obs: Observed{SpecErr: errors.New("junk"), Self: node("a", "stopped")},
+			want: []string{"start-etcd", "report[ERROR] cluster spec is invalid"}},
+		{name: "wiped data: do not start etcd", obs: Observed{Spec: specN(3), Created: created, Self: node("a", "wiped")},
+			want: []string{"report[ERROR] this node's etcd data is missing"}},
+		{name: "new cluster healthy: mark bootstrapped",
+			obs:  leaderObs(1, cluster(member("a", true)), node("a", "new")),
+			want: []string{"mark-bootstrapped"}},
+
+		// A creation this node was told about.
+		{name: "pending confirmed by the marker", obs: Observed{Spec: specN(3), Created: created, Self: node("a", "pending")},
+			want: []string{"confirm-create tok"}},
+		{name: "pending lost to another creation",
+			obs:  Observed{Spec: specN(3), Created: &spec.ClusterCreated{ClusterToken: "other"}, Self: node("a", "pending")},
+			want: []string{"abandon-pending tok (another creation won)"}},
+		{name: "pending never confirmed: give up",
+			obs: with(Observed{Spec: specN(3), Self: node("a", "pending"), PendingTimeout: time.Minute},
+				func(o *Observed) { o.Self.PendingFor = 2 * time.Minute }),
+			want: []string{"abandon-pending tok (the creation was never confirmed)"}},
+		{name: "pending within timeout: wait",
+			obs:  Observed{Spec: specN(3), Self: node("a", "pending"), PendingTimeout: time.Minute},
+			want: []string{"report[INFO] waiting for the cluster creation to be confirmed"}},
+
+		// No cluster anywhere: the lock holder decides.
+		{name: "create single-member cluster", obs: lockObs(1, node("a", "standby")),
+			want: []string{"create-cluster [a] 3.6.16"}},
+		{name: "create picks the lowest IDs among enough agents",
+			obs:  lockObs(3, node("c", "standby"), node("d", "standby"), node("a", "standby"), node("b", "standby")),
+			want: []string{"create-cluster [a b c] 3.6.16"}},
+		{name: "too few agents to create", obs: lockObs(3, node("a", "standby"), node("b", "standby")),
+			want: []string{"report[INFO] waiting for enough agents"}},
+		{name: "no binary for the spec version",
+			obs:  with(lockObs(1, node("a", "standby")), func(o *Observed) { o.SpecBinaryErr = errors.New("no etcd binary in /opt") }),
+			want: []string{"report[ERROR] cannot create the cluster: no etcd binary"}},
+		{name: "created marker without members: never create, ask for restore",
+			obs:  with(lockObs(3, node("a", "standby"), node("b", "standby"), node("c", "standby")), func(o *Observed) { o.Created = created }),
+			want: []string{"report[ERROR] " + MsgNoMembers}},
+		{name: "only wiped members left: ask for restore",
+			obs:  with(lockObs(1, node("a", "wiped")), func(o *Observed) { o.Created = created }),
+			want: []string{"report[ERROR] this node's etcd data is missing", "report[ERROR] " + MsgNoMembers}},
+		{name: "creation in progress elsewhere: wait",
+			obs:  lockObs(3, node("a", "standby"), node("b", "pending"), node("c", "standby")),
+			want: []string{"report[INFO] waiting for a cluster creation in progress"}},
+		{name: "no lock, no membership: standby", obs: Observed{Spec: specN(3), Self: node("a", "standby"), Peers: []Node{node("a", "standby")}},
+			want: []string{"report[INFO] standby: not an etcd member"}},
+		{name: "member that is not the leader: nothing", obs: Observed{Spec: specN(3), Created: created, Self: node("b", "member")},
+			want: nil},
+
+		// The raft leader's view.
+		{name: "settled cluster: nothing to do",
+			obs: leaderObs(3, cluster(member("a", true), member("b", true), member("c", true)),
+				node("a", "member"), node("b", "member"), node("c", "member")),
+			want: nil},
+		{name: "grow: add the lowest standby once all are healthy",
+			obs: leaderObs(3, cluster(member("a", true)),
+				node("a", "member"), node("e", "standby"), node("d", "standby")),
+			want: []string{"add-member d"}},
+		{name: "grow: wait while a member is unhealthy",
+			obs: leaderObs(5, cluster(member("a", true), member("b", false), member("c", true)),
+				node("a", "member"), node("c", "member"), node("d", "standby")),
+			want: []string{"report[INFO] waiting for every member to be healthy"}},
+		{name: "grow: no standby available",
+			obs:  leaderObs(3, cluster(member("a", true)), node("a", "member")),
+			want: []string{"report[WARN] the spec asks for more members, but no standby"}},
+		{name: "promote a healthy learner",
+			obs: leaderObs(3, cluster(member("a", true), func() Member { m := member("b", true); m.IsLearner = true; return m }()),
+				node("a", "member"), node("b", "member")),
+			want: []string{fmt.Sprintf("promote-member %x", member("b", true).ID)}},
+		{name: "a learner still starting: wait before adding more",
+			obs: leaderObs(3, cluster(member("a", true), func() Member { m := member("b", false); m.IsLearner = true; return m }()),
+				node("a", "member"), node("b", "member"), node("c", "standby")),
+			want: []string{"report[INFO] waiting for every member to be healthy"}},
+		{name: "shrink: remove the highest name, never the leader",
+			obs: leaderObs(1, cluster(member("a", true), member("b", true), member("c", true)),
+				node("a", "member"), node("b", "member"), node("c", "member")),
+			want: []string{fmt.Sprintf("remove-member %x node=c", member("c", true).ID)}},
+		{name: "shrink: leader with the highest name stays",
+			obs: leaderObs(1, cluster(member("z", true), member("b", true)),
+				node("z", "member"), node("b", "member")),
+			want: []string{fmt.Sprintf("remove-member %x node=b", member("b", true).ID)}},
+		{name: "shrink: unhealthy first",
+			obs: leaderObs(3, cluster(member("a", true), member("b", false), member("c", true), member("d", true)),
+				node("a", "member"), node("c", "member"), node("d", "member")),
+			want: []string{fmt.Sprintf("remove-member %x node=b", member("b", true).ID)}},
+		{name: "wiped member is removed at once",
+			obs: leaderObs(3, cluster(member("a", true), member("b", false), member("c", true)),
+				node("a", "member"), node("b", "wiped"), node("c", "member")),
+			want: []string{fmt.Sprintf("remove-member %x node=b (its data dir was wiped)", member("b", true).ID)}},
+		{name: "node back with a new identity on a member's URLs is removed at once",
+			obs: leaderObs(3, cluster(member("a", true), member("b", false), member("c", true)),
+				node("a", "member"), func() Node { n := node("b2", "standby"); n.PeerURLs = urls("b"); return n }(), node("c", "member")),
+			want: []string{fmt.Sprintf("remove-member %x node=b2 (its node came back without its data)", member("b", true).ID)}},
+		{name: "node that believes it is a member but is not: evict",
+			obs: leaderObs(1, cluster(member("a", true)),
+				node("a", "member"), node("b", "member")),
+			want: []string{"evict-node b (not a member of the running cluster)"}},
+		{name: "node of another cluster token: evict",
+			obs: leaderObs(2, cluster(member("a", true), member("b", true)),
+				node("a", "member"), node("b", "member"), func() Node { n := node("c", "member"); n.Member.ClusterToken = "old"; return n }()),
+			want: []string{"evict-node c"}},
+		{name: "member added but its node missed the join: join again",
+			obs: leaderObs(2, cluster(member("a", true), func() Member { m := member("b", false); m.Name = ""; m.IsLearner = true; return m }()),
+				node("a", "member"), node("b", "standby")),
+			want: []string{"add-member b"}},
+		{name: "unhealthy past grace with a standby: replace",
+			obs: leaderObs(3, cluster(member("a", true), func() Member { m := member("b", false); m.UnhealthyFor = 2 * time.Minute; return m }(), member("c", true)),
+				node("a", "member"), node("c", "member"), node("d", "standby")),
+			want: []string{fmt.Sprintf("remove-member %x node=b (unhealthy for 2m0s)", member("b", true).ID)}},
+		{name: "unhealthy past grace without a standby: keep it",
+			obs: leaderObs(3, cluster(member("a", true), func() Member { m := member("b", false); m.UnhealthyFor = 2 * time.Minute; return m }(), member("c", true)),
+				node("a", "member"), node("c", "member")),
+			want: nil},
+		{name: "unhealthy within grace: wait",
+			obs: leaderObs(3, cluster(member("a", true), func() Member { m := member("b", false); m.UnhealthyFor = 10 * time.Second; return m }(), member("c", true)),
+				node("a", "member"), node("c", "member"), node("d", "standby")),
+			want: nil},
+		{name: "zero grace replaces at once",
+			obs: with(leaderObs(3, cluster(member("a", true), member("b", false), member("c", true)),
+				node("a", "member"), node("c", "member"), node("d", "standby")), func(o *Observed) { o.Grace = 0 }),
+			want: []string{fmt.Sprintf("remove-member %x node=b", member("b", true).ID)}},
+		{name: "version differs from spec: reported, not acted on",
+			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")),
+				func(o *Observed) { o.Spec = &spec.ClusterSpec{MemberCount: 1, EtcdVersion: "3.5.35"} }),
+			want: []string{"report[WARN] spec asks for another etcd version"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.obs.Peers == nil {
+				tt.obs.Peers = []Node{tt.obs.Self}
+			}
 			got := Plan(tt.obs)
 			if len(got) != len(tt.want) {
 				t.Fatalf("got %d actions (%s), want %d (%s)", len(got), describe(got), len(tt.want), strings.Join(tt.want, "; "))
@@ -165,14 +233,23 @@ func TestPlan(t *testing.T) {
 					t.Errorf("action %d = %q, want %q", i, d, w)
 				}
 			}
+			mutating := 0
+			for _, a := range got {
+				if a.Mutates() {
+					mutating++
+				}
+			}
+			if mutating > 2 {
+				t.Errorf("plan has %d mutating actions; the executor takes them one at a time", mutating)
+			}
 		})
 	}
 }
 
 // Plan is pure: the same observation always gives the same plan.
 func TestPlanIsDeterministic(t *testing.T) {
-	obs := Observed{Leader: true, Spec: &spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"},
-		Peers: []Node{{ID: "e"}, {ID: "b"}, {ID: "d"}, {ID: "a"}, {ID: "c"}}}
+	obs := Observed{Spec: specN(3), LockHeld: true, Self: node("e", "standby"),
+		Peers: []Node{node("e", "standby"), node("b", "standby"), node("d", "standby"), node("a", "standby"), node("c", "standby")}}
 	first := describe(Plan(obs))
 	for range 50 {
 		if got := describe(Plan(obs)); got != first {

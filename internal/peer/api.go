@@ -128,20 +128,20 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 		ServiceName: serviceName,
 		HandlerType: (*any)(nil),
 		Methods: []grpc.MethodDesc{
-			{MethodName: "Info", Handler: unary(s, func(ctx context.Context, r *InfoRequest) (any, error) {
+			{MethodName: "Info", Handler: unary(func(ctx context.Context, r *InfoRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				info, err := s.h.Info(ctx)
 				return &info, err
 			})},
-			{MethodName: "Join", Handler: unary(s, func(ctx context.Context, r *JoinRequest) (any, error) {
+			{MethodName: "Join", Handler: unary(func(ctx context.Context, r *JoinRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.Join(ctx, *r)
 			})},
-			{MethodName: "Leave", Handler: unary(s, func(ctx context.Context, r *LeaveRequest) (any, error) {
+			{MethodName: "Leave", Handler: unary(func(ctx context.Context, r *LeaveRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
@@ -159,7 +159,7 @@ func (s *Server) checkCluster(name string) error {
 	return nil
 }
 
-func unary[Req any](_ *Server, fn func(context.Context, *Req) (any, error)) grpc.MethodHandler {
+func unary[Req any](fn func(context.Context, *Req) (any, error)) grpc.MethodHandler {
 	return func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
 		req := new(Req)
 		if err := dec(req); err != nil {

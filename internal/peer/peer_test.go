@@ -1,0 +1,259 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+)
+
+// recorder is a Handler that records calls.
+type recorder struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *recorder) add(s string) { r.mu.Lock(); r.calls = append(r.calls, s); r.mu.Unlock() }
+func (r *recorder) Info(context.Context) (NodeInfo, error) {
+	r.add("Info()")
+	return NodeInfo{NodeID: "n1", ClusterName: "main", Member: &etcdproc.MemberState{ClusterToken: "tok"}, EtcdHealthy: true}, nil
+}
+func (r *recorder) Join(_ context.Context, req JoinRequest) error {
+	r.add("Join(" + req.LeaderID + "," + req.Member.ClusterToken + ")")
+	if req.Member.ClusterToken == "busy" {
+		return ErrBusy
+	}
+	return nil
+}
+func (r *recorder) Leave(_ context.Context, req LeaveRequest) error {
+	r.add("Leave(" + req.Token + "," + req.Reason + ")")
+	return nil
+}
+
+func TestPeerAPIOverLoopback(t *testing.T) {
+	creds, err := Credentials(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	srv := NewServer(creds, "main", rec)
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+
+	c, err := Dial(l.Addr().String(), "main", creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NodeID != "n1" || info.Member == nil || info.Member.ClusterToken != "tok" || !info.EtcdHealthy {
+		t.Errorf("info = %+v", info)
+	}
+	if err := c.Join(ctx, JoinRequest{LeaderID: "L", Member: etcdproc.MemberState{ClusterToken: "tok"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Join(ctx, JoinRequest{LeaderID: "L", Member: etcdproc.MemberState{ClusterToken: "busy"}}); err == nil || !strings.Contains(err.Error(), "another cluster") {
+		t.Errorf("busy join: %v", err)
+	}
+	if err := c.Leave(ctx, LeaveRequest{Token: "tok", Reason: "why"}); err != nil {
+		t.Fatal(err)
+	}
+	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why)"
+	if got := strings.Join(rec.calls, " "); got != want {
+		t.Errorf("calls = %q, want %q", got, want)
+	}
+
+	// An agent of another cluster is refused before the handler runs.
+	other, _ := Dial(l.Addr().String(), "events", creds)
+	defer other.Close()
+	if _, err := other.Info(ctx); err == nil || !strings.Contains(err.Error(), "another cluster") {
+		t.Errorf("cross-cluster info: %v", err)
+	}
+	if len(rec.calls) != 4 {
+		t.Errorf("handler ran for another cluster: %v", rec.calls)
+	}
+}
+
+func TestTLSNotYetAvailable(t *testing.T) {
+	if _, err := Credentials(false); err == nil || !strings.Contains(err.Error(), "--insecure") {
+		t.Errorf("Credentials(secure) = %v", err)
+	}
+}
+
+type memStore struct {
+	mu   sync.Mutex
+	objs map[string][]byte
+}
+
+func (m *memStore) Write(_ context.Context, k string, d []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.objs[k] = d
+	return nil
+}
+func (m *memStore) Read(_ context.Context, k string) ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, ok := m.objs[k]
+	if !ok {
+		return nil, errors.New("not found")
+	}
+	return d, nil
+}
+func (m *memStore) List(_ context.Context, prefix, _ string) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for k := range m.objs {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+func addrs(recs []Record) string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, r.Address)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+func TestPublishingProviders(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	mem := &memStore{objs: map[string][]byte{}}
+	dir := filepath.Join(t.TempDir(), "discovery")
+	providers := map[string]string{"store": "store", "dir": "file://" + dir}
+	for name, specStr := range providers {
+		t.Run(name, func(t *testing.T) {
+			d, err := ParseDiscovery(specStr, DiscoveryOptions{
+				Store:  func(context.Context) (BlobStore, error) { return mem, nil },
+				MaxAge: time.Hour, Now: clock,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, addr := range []string{"127.0.0.1:8000", "127.0.0.2:8000", "127.0.0.3:8000"} {
+				if err := d.Publish(t.Context(), Record{NodeID: string(rune('a' + i)), ClusterName: "main", Address: addr}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Re-publishing replaces a node's record.
+			if err := d.Publish(t.Context(), Record{NodeID: "c", ClusterName: "main", Address: "127.0.0.3:9000"}); err != nil {
+				t.Fatal(err)
+			}
+			recs, err := d.Poll(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := addrs(recs); got != "127.0.0.1:8000,127.0.0.2:8000,127.0.0.3:9000" {
+				t.Errorf("poll = %s", got)
+			}
+		})
+	}
+	// Stale records are dropped.
+	d, _ := ParseDiscovery("file://"+dir, DiscoveryOptions{MaxAge: time.Minute, Now: func() time.Time { return now.Add(time.Hour) }})
+	if recs, _ := d.Poll(t.Context()); len(recs) != 0 {
+		t.Errorf("stale records kept: %v", recs)
+	}
+	// Junk files in the directory are skipped.
+	if err := os.WriteFile(filepath.Join(dir, "junk"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, _ = ParseDiscovery("file://"+dir, DiscoveryOptions{Now: clock})
+	if recs, err := d.Poll(t.Context()); err != nil || len(recs) != 3 {
+		t.Errorf("poll with junk: %v, %v", recs, err)
+	}
+}
+
+func TestStaticDiscovery(t *testing.T) {
+	d, err := ParseDiscovery("static:127.0.0.1:8000, 127.0.0.2:8000,", DiscoveryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, _ := d.Poll(t.Context())
+	if got := addrs(recs); got != "127.0.0.1:8000,127.0.0.2:8000" {
+		t.Errorf("poll = %s", got)
+	}
+}
+
+type stubResolver struct {
+	srv   []*net.SRV
+	hosts []string
+	err   error
+	calls []string
+}
+
+func (s *stubResolver) LookupSRV(_ context.Context, service, proto, name string) (string, []*net.SRV, error) {
+	s.calls = append(s.calls, "SRV("+name+")")
+	if len(s.srv) == 0 {
+		return "", nil, errors.New("no SRV")
+	}
+	return name, s.srv, nil
+}
+func (s *stubResolver) LookupHost(_ context.Context, host string) ([]string, error) {
+	s.calls = append(s.calls, "Host("+host+")")
+	return s.hosts, s.err
+}
+
+func TestDNSDiscovery(t *testing.T) {
+	tests := []struct {
+		name      string
+		r         *stubResolver
+		want      string
+		wantCalls string
+		wantErr   bool
+	}{
+		{name: "srv records", r: &stubResolver{srv: []*net.SRV{{Target: "etcd-1.etcd.ns.svc.", Port: 8000}, {Target: "etcd-0.etcd.ns.svc.", Port: 8000}}},
+			want: "etcd-0.etcd.ns.svc:8000,etcd-1.etcd.ns.svc:8000", wantCalls: "SRV(etcd.ns.svc)"},
+		{name: "a records with the peer port", r: &stubResolver{hosts: []string{"10.0.0.2", "10.0.0.1"}},
+			want: "10.0.0.1:8123,10.0.0.2:8123", wantCalls: "SRV(etcd.ns.svc) Host(etcd.ns.svc)"},
+		{name: "lookup failure", r: &stubResolver{err: errors.New("nxdomain")}, wantErr: true, wantCalls: "SRV(etcd.ns.svc) Host(etcd.ns.svc)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := ParseDiscovery("dns:etcd.ns.svc", DiscoveryOptions{Resolver: tt.r, PeerPort: 8123})
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs, err := d.Poll(t.Context())
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v", err)
+			}
+			if !tt.wantErr && addrs(recs) != tt.want {
+				t.Errorf("poll = %s, want %s", addrs(recs), tt.want)
+			}
+			if got := strings.Join(tt.r.calls, " "); got != tt.wantCalls {
+				t.Errorf("calls = %q, want %q", got, tt.wantCalls)
+			}
+		})
+	}
+}
+
+func TestParseDiscoveryErrors(t *testing.T) {
+	for _, s := range []string{"file://relative", "static:", "static:nohostport", "dns:", "consul:x", "store"} {
+		if _, err := ParseDiscovery(s, DiscoveryOptions{}); !errors.Is(err, ErrBadDiscovery) {
+			t.Errorf("ParseDiscovery(%q) = %v, want ErrBadDiscovery", s, err)
+		}
+	}
+}
