@@ -75,9 +75,9 @@ const (
 // Default returns the configuration with defaults filled in.
 func Default() Config {
 	return Config{
-		Address:         defaultAddress,
-		PeerPort:        DefaultPeerPort,
-		EtcdAddress:     defaultAddress,
+		Address:            defaultAddress,
+		PeerPort:           DefaultPeerPort,
+		EtcdAddress:        defaultAddress,
 		EtcdBinDir:         etcdproc.DefaultBinDir,
 		Discovery:          "store",
 		MemberFailureGrace: DefaultMemberFailureGrace,

@@ -62,7 +62,9 @@ func member(id string, healthy bool) Member {
 	return Member{ID: h, Name: id, PeerURLs: urls(id), ClientURLs: []string{"http://" + id + ":4001"}, Healthy: healthy}
 }
 
-func specN(n int32) *spec.ClusterSpec { return &spec.ClusterSpec{MemberCount: n, EtcdVersion: "3.6.16"} }
+func specN(n int32) *spec.ClusterSpec {
+	return &spec.ClusterSpec{MemberCount: n, EtcdVersion: "3.6.16"}
+}
 
 func cluster(members ...Member) *ClusterView { return &ClusterView{Token: "tok", Members: members} }
 
