@@ -55,7 +55,7 @@ func (a *Agent) observe(ctx context.Context) Observed {
 			obs.Cluster = view
 		}
 	}
-	if obs.Cluster == nil && !anyLiveMember(obs.Peers) {
+	if obs.Cluster == nil && !anyLiveMember(obs.Peers) && lockWorthwhile(obs) {
 		term, err := a.lock.Acquire(ctx, s)
 		if err != nil {
 			obs.StoreErr = err
@@ -65,6 +65,25 @@ func (a *Agent) observe(ctx context.Context) Observed {
 		obs.LockHeld = term != 0
 	}
 	return obs
+}
+
+// lockWorthwhile reports whether the lock holder would have anything to
+// do: an agent that cannot see enough agents to create the cluster leaves
+// the lock to one that can, instead of holding it while it waits.
+func lockWorthwhile(o Observed) bool {
+	if o.Spec == nil {
+		return false
+	}
+	if o.Created != nil {
+		return true
+	}
+	free := 0
+	for _, p := range o.Peers {
+		if p.Member == nil {
+			free++
+		}
+	}
+	return free >= int(o.Spec.MemberCount)
 }
 
 // anyLiveMember reports whether any node holds, or is creating, cluster

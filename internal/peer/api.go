@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
@@ -194,6 +195,11 @@ type Client struct {
 func Dial(addr, clusterName string, creds credentials.TransportCredentials) (*Client, error) {
 	conn, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(creds),
+		// Peers restart and partitions heal; notice within seconds.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		}),
 		grpc.WithDefaultCallOptions(grpc.CallContentSubtype(codec{}.Name())))
 	if err != nil {
 		return nil, fmt.Errorf("peer: dial %s: %w", addr, err)

@@ -96,7 +96,7 @@ func ParseDiscovery(spec string, o DiscoveryOptions) (Discovery, error) {
 			if addr == "" {
 				continue
 			}
-			if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			if host, port, err := net.SplitHostPort(addr); err != nil || port == "" || host == "" || strings.Contains(host, "/") {
 				return nil, fmt.Errorf("%w %q: %q is not HOST:PORT", ErrBadDiscovery, spec, addr)
 			}
 			recs = append(recs, Record{Address: addr})

@@ -251,7 +251,7 @@ func TestDNSDiscovery(t *testing.T) {
 }
 
 func TestParseDiscoveryErrors(t *testing.T) {
-	for _, s := range []string{"file://relative", "static:", "static:nohostport", "dns:", "consul:x", "store"} {
+	for _, s := range []string{"file://relative", "static:", "static:nohostport", "static:tcp://127.0.0.1:8000", "static::8000", "dns:", "consul:x", "store"} {
 		if _, err := ParseDiscovery(s, DiscoveryOptions{}); !errors.Is(err, ErrBadDiscovery) {
 			t.Errorf("ParseDiscovery(%q) = %v, want ErrBadDiscovery", s, err)
 		}

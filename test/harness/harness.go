@@ -165,6 +165,8 @@ type AgentOptions struct {
 	StoreURL string
 	// ExtraArgs are appended to the command line.
 	ExtraArgs []string
+	// PeerPort fixes the peer API port; zero picks a free one.
+	PeerPort int
 }
 
 // Agent is one etcd-manager process on loopback.
@@ -198,6 +200,10 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 		PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
 		PeerAPI:   fmt.Sprintf("127.0.0.1:%d", ports[3]),
 		LogPath:   filepath.Join(e.Root, "logs", name+".log"),
+	}
+	if opts.PeerPort != 0 {
+		ports[3] = opts.PeerPort
+		a.PeerAPI = fmt.Sprintf("127.0.0.1:%d", ports[3])
 	}
 	store := e.StoreURL
 	if opts.StoreURL != "" {
