@@ -26,6 +26,10 @@ type options struct {
 	skipBinaryCheck bool
 	output          string
 	storeAttempts   int
+	discovery       string
+	clusterName     string
+	peerPort        int
+	insecure        bool
 }
 
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
@@ -49,6 +53,10 @@ commands work even then.`,
 	fs.BoolVar(&o.skipBinaryCheck, "skip-binary-check", false, "let configure-cluster accept a version without looking for its binary here (when this machine is not an etcd node)")
 	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
 	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
+	fs.StringVar(&o.discovery, "discovery", "store", "how to find the agents (status): store, file:///DIR, static:HOST:PORT,... or dns:NAME, as the agents' --discovery")
+	fs.StringVar(&o.clusterName, "cluster-name", "", "cluster name the agents serve (status); taken from the discovery records when they carry it")
+	fs.IntVar(&o.peerPort, "peer-port", 8000, "agents' peer API port, for --discovery=dns:NAME with A records")
+	fs.BoolVar(&o.insecure, "insecure", false, "talk to the agents' peer API without TLS (status), as agents started with --insecure")
 
 	root.AddCommand(
 		&cobra.Command{
@@ -57,6 +65,18 @@ commands work even then.`,
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return o.get(cmd.Context(), stdout)
+			},
+		},
+		&cobra.Command{
+			Use:   "status",
+			Short: "Show every agent: role, etcd version, health and DB size, with the spec and the leader",
+			Long: `status finds the agents through discovery (by default the records they keep in
+the backup store) and asks each for its state over the peer API. It works
+whenever any agent is reachable.`,
+			Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --insecure status",
+			Args:    cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return o.status(cmd.Context(), stdout)
 			},
 		},
 		&cobra.Command{

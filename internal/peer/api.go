@@ -105,6 +105,9 @@ func (codec) Name() string                       { return "json" }
 
 func init() { encoding.RegisterCodec(codec{}) }
 
+// TransportCredentials secure the peer API's connections.
+type TransportCredentials = credentials.TransportCredentials
+
 // Credentials returns the transport credentials: plaintext when insecure.
 // Mutual TLS plugs in here.
 func Credentials(insecureMode bool) (credentials.TransportCredentials, error) {

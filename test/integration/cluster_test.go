@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"os"
 	"path/filepath"
 	"testing"
@@ -58,6 +60,45 @@ func TestStandby(t *testing.T) {
 	}
 	if standby != 1 {
 		t.Errorf("%d agents without etcd, want 1 standby", standby)
+	}
+
+	// status shows every agent's role, with the spec and the leader.
+	harness.WaitFor(t, 20*time.Second, "status to show a leader, 2 members and a standby", func() bool {
+		out, _, err := env.Ctl("--insecure", "status")
+		return err == nil && strings.Count(out, " leader ") == 1 && strings.Count(out, " member ") == 2 &&
+			strings.Count(out, " standby ") == 1 && strings.Contains(out, "spec:   memberCount=3 etcdVersion=3.6.16")
+	})
+	out, _, err := env.Ctl("--insecure", "status", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Leader string `json:"leader"`
+		Agents []struct {
+			ID, Role, EtcdVersion string
+			Healthy               bool
+			DBSize                int64
+		} `json:"agents"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status -o json: %v\n%s", err, out)
+	}
+	if st.Leader == "" || len(st.Agents) != 4 {
+		t.Fatalf("status json: %+v", st)
+	}
+	for _, a := range st.Agents {
+		if a.Role != "standby" && (!a.Healthy || a.EtcdVersion != harness.DefaultEtcdVersion || a.DBSize == 0) {
+			t.Errorf("member row %+v", a)
+		}
+	}
+	// With an agent down, status still answers and names the unreachable one.
+	agents[3].Kill()
+	out, _, err = env.Ctl("--insecure", "status")
+	if err != nil || !strings.Contains(out, "unreachable: "+agents[3].PeerAPI) {
+		t.Errorf("status with an agent down: %v\n%s", err, out)
+	}
+	if _, _, err := env.Ctl("status"); err == nil {
+		t.Error("status without --insecure should refuse: TLS is not available yet")
 	}
 }
 

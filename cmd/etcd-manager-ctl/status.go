@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// agentStatus is one row of `status`.
+type agentStatus struct {
+	ID          string `json:"id"`
+	Address     string `json:"address"`
+	Role        string `json:"role"`
+	EtcdVersion string `json:"etcdVersion,omitempty"`
+	Healthy     bool   `json:"healthy"`
+	DBSize      int64  `json:"dbSize,omitempty"`
+	ClientURL   string `json:"clientURL,omitempty"`
+	MemberID    string `json:"memberId,omitempty"`
+	ClusterID   string `json:"clusterId,omitempty"`
+}
+
+type clusterStatus struct {
+	Spec   *spec.ClusterSpec `json:"spec,omitempty"`
+	Leader string            `json:"leader,omitempty"`
+	Agents []agentStatus     `json:"agents"`
+	// Unreachable lists discovered addresses that did not answer.
+	Unreachable []string `json:"unreachable,omitempty"`
+}
+
+func role(info peer.NodeInfo) string {
+	switch {
+	case info.Member == nil:
+		return "standby"
+	case info.Member.Pending:
+		return "pending"
+	case info.Leader:
+		return "leader"
+	case info.IsLearner:
+		return "learner"
+	default:
+		return "member"
+	}
+}
+
+func (o *options) status(ctx context.Context, w io.Writer) error {
+	if !o.insecure {
+		return errors.New("status talks to the agents' peer API, and TLS for it is not available in this build yet; pass --insecure")
+	}
+	creds, err := peer.Credentials(true)
+	if err != nil {
+		return err
+	}
+	var st clusterStatus
+	var s *store.Store
+	if o.backupStore != "" {
+		if s, err = o.openStore(ctx, false); err != nil {
+			return err
+		}
+		defer s.Close()
+		if cs, err := s.ReadSpec(ctx); err == nil {
+			st.Spec = &cs
+		}
+	}
+	disc, err := peer.ParseDiscovery(o.discovery, peer.DiscoveryOptions{
+		Store: func(context.Context) (peer.BlobStore, error) {
+			if s == nil {
+				return nil, errors.New("--discovery=store needs --backup-store")
+			}
+			return s, nil
+		},
+		PeerPort: o.peerPort,
+		MaxAge:   10 * time.Minute,
+	})
+	if err != nil {
+		return err
+	}
+	recs, err := disc.Poll(ctx)
+	if err != nil {
+		return err
+	}
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		name := o.clusterName
+		if name == "" {
+			name = r.ClusterName
+		}
+		if seen[r.Address] {
+			continue
+		}
+		seen[r.Address] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			info, err := askInfo(ctx, r.Address, name, creds)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				st.Unreachable = append(st.Unreachable, r.Address)
+				return
+			}
+			a := agentStatus{ID: info.NodeID, Address: r.Address, Role: role(info), EtcdVersion: info.EtcdVersion,
+				Healthy: info.EtcdHealthy, DBSize: info.DBSize}
+			if len(info.ClientURLs) > 0 && info.Member != nil {
+				a.ClientURL = info.ClientURLs[0]
+			}
+			if info.MemberID != 0 {
+				a.MemberID = fmt.Sprintf("%x", info.MemberID)
+				a.ClusterID = fmt.Sprintf("%x", info.ClusterID)
+			}
+			if info.Leader {
+				st.Leader = info.NodeID
+			}
+			st.Agents = append(st.Agents, a)
+		}()
+	}
+	wg.Wait()
+	if len(st.Agents) == 0 {
+		return fmt.Errorf("no agent answered: discovery %q found %d address(es) %v; are the agents running, and is --discovery the one they use?",
+			o.discovery, len(recs), st.Unreachable)
+	}
+	sort.Slice(st.Agents, func(i, j int) bool { return st.Agents[i].ID < st.Agents[j].ID })
+	sort.Strings(st.Unreachable)
+
+	switch o.output {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	case "text":
+	default:
+		return fmt.Errorf("--output %q: use text or json", o.output)
+	}
+	if st.Spec != nil {
+		fmt.Fprintf(w, "spec:   %s\n", st.Spec)
+	}
+	leader := st.Leader
+	if leader == "" {
+		leader = "(none)"
+	}
+	fmt.Fprintf(w, "leader: %s\n\n", leader)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tADDRESS\tROLE\tETCD\tHEALTH\tDB SIZE\tCLIENT URL")
+	for _, a := range st.Agents {
+		health := "-"
+		if a.Role != "standby" {
+			health = "unhealthy"
+			if a.Healthy {
+				health = "healthy"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Address, a.Role, dash(a.EtcdVersion), health, size(a.DBSize), dash(a.ClientURL))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(st.Unreachable) > 0 {
+		fmt.Fprintf(w, "\nunreachable: %s\n", strings.Join(st.Unreachable, ", "))
+	}
+	return nil
+}
+
+func askInfo(ctx context.Context, addr, clusterName string, creds peer.TransportCredentials) (peer.NodeInfo, error) {
+	c, err := peer.Dial(addr, clusterName, creds)
+	if err != nil {
+		return peer.NodeInfo{}, err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	return c.Info(ctx)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func size(b int64) string {
+	switch {
+	case b == 0:
+		return "-"
+	case b < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	case b < 1<<30:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	default:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	}
+}
