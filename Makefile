@@ -6,7 +6,7 @@ ETCD_VERSIONS ?= 3.6.16 3.5.35
 GO            ?= go
 export GOTOOLCHAIN := local
 
-.PHONY: all tools build demo test unit integration lint clean
+.PHONY: all tools build demo test unit integration bench lint clean
 
 all: build
 
@@ -24,15 +24,20 @@ build:
 demo: tools build
 	hack/demo.sh
 
-## test: every test, unit and integration, against real etcd.
+## test: every test, unit and integration, against real etcd; benchmarks at small scale.
 test: tools
-	$(GO) test -count=1 -timeout 30m ./...
+	BENCH_SCALE=small $(GO) test -count=1 -timeout 30m ./...
 
 unit:
 	$(GO) test -count=1 ./internal/... ./cmd/...
 
 integration: tools
 	$(GO) test -count=1 -timeout 30m ./test/...
+
+## bench: figures against baselines measured in the same run; writes bench/results/latest.json.
+BENCH_SCALE ?= full
+bench: tools
+	BENCH_SCALE=$(BENCH_SCALE) $(GO) test -count=1 -timeout 60m -run TestBench -v ./bench/
 
 ## lint: go vet plus staticcheck.
 lint: tools

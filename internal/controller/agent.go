@@ -39,6 +39,10 @@ type Agent struct {
 	state        etcdproc.State
 	pendingSince time.Time
 
+	// wake asks the loop for a cycle now, after a peer API call changed
+	// this node.
+	wake chan struct{}
+
 	// infoMu guards info, the NodeInfo served to peers.
 	infoMu sync.Mutex
 	info   peer.NodeInfo
@@ -69,6 +73,7 @@ func NewAgent(cfg Config, log *slog.Logger) *Agent {
 			StopTimeout: cfg.EtcdStopTimeout,
 		}, log.With("component", "etcd")),
 		now:            time.Now,
+		wake:           make(chan struct{}, 1),
 		peers:          map[string]*peer.Client{},
 		unhealthySince: map[uint64]time.Time{},
 	}
@@ -132,13 +137,30 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.shutdown(srv)
 	ticker := time.NewTicker(a.cfg.LoopInterval)
 	defer ticker.Stop()
+	quick := 0
 	for {
-		a.cycle(ctx)
+		// After a change, look again at once to take the next step, but
+		// only a few times in a row, so that a change that does not
+		// converge cannot spin.
+		if a.cycle(ctx) && quick < maxQuickCycles {
+			quick++
+			continue
+		}
+		quick = 0
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
+		case <-a.wake:
 		}
+	}
+}
+
+// poke asks the loop for a prompt cycle; it never blocks.
+func (a *Agent) poke() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -165,28 +187,42 @@ func (a *Agent) shutdown(srv *peer.Server) {
 	a.log.Info("agent stopped")
 }
 
-// cycle runs one observe → plan → act round. It never panics on bad data
-// and never returns an error: problems are logged and retried next cycle.
-func (a *Agent) cycle(ctx context.Context) {
+// maxQuickCycles bounds back-to-back cycles after changes.
+const maxQuickCycles = 5
+
+// errWait means an action found its precondition not yet met (a learner
+// still catching up); it is retried on a later cycle and is no failure.
+var errWait = errors.New("controller: not ready yet")
+
+// cycle runs one observe → plan → act round, and reports whether it
+// changed something. It never panics on bad data and never returns an
+// error: problems are logged and retried next cycle.
+func (a *Agent) cycle(ctx context.Context) (changed bool) {
 	obs := a.observe(ctx)
 	for _, act := range Plan(obs) {
 		if ctx.Err() != nil {
-			return
+			return false
 		}
 		if r, ok := act.(Report); ok {
 			a.report(ctx, r)
 			continue
 		}
 		a.log.Info("performing action", "action", act.String())
-		if err := a.execute(ctx, obs, act); err != nil {
+		err := a.execute(ctx, obs, act)
+		switch {
+		case errors.Is(err, errWait):
+			a.log.Info("action must wait; will retry", "action", act.String(), "reason", err)
+			return false
+		case err != nil:
 			a.log.Error("action failed; will retry", "action", act.String(), "error", err)
-			return
+			return false
 		}
 		if act.Mutates() {
 			// Re-observe before acting again.
-			return
+			return true
 		}
 	}
+	return false
 }
 
 func (a *Agent) report(ctx context.Context, r Report) {
@@ -232,6 +268,18 @@ func (a *Agent) localClient(endpoint string) (*clientv3.Client, error) {
 	return c, nil
 }
 
+// refreshInfoMember makes the served info show a membership change at
+// once, so the leader does not act again on the old one. Callers hold a.mu.
+func (a *Agent) refreshInfoMember() {
+	a.infoMu.Lock()
+	defer a.infoMu.Unlock()
+	a.info.Member = a.state.Member
+	a.info.HasData = a.state.Member != nil && a.layout.HasEtcdData(a.state.Member.ClusterToken)
+	if a.state.Member == nil {
+		a.info.EtcdWanted, a.info.EtcdHealthy = false, false
+	}
+}
+
 // Info serves the peer API: the node as last observed.
 func (a *Agent) Info(context.Context) (peer.NodeInfo, error) {
 	a.infoMu.Lock()
@@ -264,7 +312,9 @@ func (a *Agent) Join(ctx context.Context, req peer.JoinRequest) error {
 		return err
 	}
 	a.state = st
+	a.refreshInfoMember()
 	a.log.Info("joining cluster", "leader", req.LeaderID, "cluster-token", m.ClusterToken, "pending", m.Pending, "new-cluster", m.NewCluster)
+	defer a.poke()
 	if m.Pending {
 		a.pendingSince = a.now()
 		return nil
@@ -284,6 +334,7 @@ func (a *Agent) Leave(ctx context.Context, req peer.LeaveRequest) error {
 	if cur.ClusterToken != req.Token {
 		return fmt.Errorf("controller: leave cluster %s: this node is in cluster %s", req.Token, cur.ClusterToken)
 	}
+	defer a.poke()
 	return a.leaveLocked(ctx, req.Reason)
 }
 
@@ -304,6 +355,7 @@ func (a *Agent) leaveLocked(ctx context.Context, reason string) error {
 		return err
 	}
 	a.state = st
+	a.refreshInfoMember()
 	a.log.Warn("left the cluster; this node is now a standby", "cluster-token", token, "reason", reason, "data-moved-to", trashed)
 	return nil
 }

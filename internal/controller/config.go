@@ -58,7 +58,7 @@ const (
 	DefaultClientPort         = 4001
 	DefaultQuarantinePort     = 8001
 	DefaultEtcdPeerPort       = 2380
-	DefaultLoopInterval       = 5 * time.Second
+	DefaultLoopInterval       = 2 * time.Second
 	DefaultMemberFailureGrace = time.Minute
 	DefaultLeaderLease        = 20 * time.Second
 	DefaultEtcdStopTimeout    = 15 * time.Second

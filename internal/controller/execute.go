@@ -240,8 +240,7 @@ func (a *Agent) promoteMember(ctx context.Context, act PromoteMember) error {
 	}
 	_, err := a.client.MemberPromote(ctx, act.MemberID)
 	if errors.Is(err, rpctypes.ErrGRPCLearnerNotReady) || (err != nil && strings.Contains(err.Error(), rpctypes.ErrGRPCLearnerNotReady.Error())) {
-		a.log.Info("learner is still catching up; will promote later", "member-id", fmt.Sprintf("%x", act.MemberID))
-		return nil
+		return fmt.Errorf("%w: learner %x is still catching up", errWait, act.MemberID)
 	}
 	if err != nil {
 		return fmt.Errorf("controller: promote %x: %w", act.MemberID, err)

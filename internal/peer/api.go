@@ -200,7 +200,7 @@ func Dial(addr, clusterName string, creds credentials.TransportCredentials) (*Cl
 		grpc.WithTransportCredentials(creds),
 		// Peers restart and partitions heal; notice within seconds.
 		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,
 		}),
 		grpc.WithDefaultCallOptions(grpc.CallContentSubtype(codec{}.Name())))

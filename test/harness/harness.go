@@ -167,6 +167,9 @@ type AgentOptions struct {
 	ExtraArgs []string
 	// PeerPort fixes the peer API port; zero picks a free one.
 	PeerPort int
+	// Defaults runs the agent with its default timings instead of the fast
+	// ones tests use (benchmarks measure the product as shipped).
+	Defaults bool
 }
 
 // Agent is one etcd-manager process on loopback.
@@ -209,21 +212,23 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 	if opts.StoreURL != "" {
 		store = opts.StoreURL
 	}
-	a.args = append([]string{
+	a.args = append(a.args, []string{
 		"--insecure", "--etcd-insecure",
 		"--cluster-name=test",
 		"--backup-store=" + store,
 		"--data-dir=" + a.DataDir,
 		"--address=127.0.0.1", "--etcd-address=127.0.0.1",
 		fmt.Sprintf("--peer-port=%d", ports[3]),
-		"--leader-lease=2s",
 		"--client-urls=" + a.ClientURL,
 		"--quarantine-client-urls=" + a.QuarURL,
 		"--peer-urls=" + a.PeerURL,
 		"--etcd-bin-dir=" + e.BinDir,
-		"--loop-interval=300ms",
 		"--etcd-stop-timeout=10s",
-	}, opts.ExtraArgs...)
+	}...)
+	if !opts.Defaults {
+		a.args = append(a.args, "--loop-interval=300ms", "--leader-lease=2s")
+	}
+	a.args = append(a.args, opts.ExtraArgs...)
 	e.agents = append(e.agents, a)
 	a.Start()
 	e.t.Cleanup(a.cleanup)

@@ -1,0 +1,96 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// BareEtcd is an etcd started by hand, without etcd-manager: the baseline
+// the benchmarks compare against.
+type BareEtcd struct {
+	Name      string
+	ClientURL string
+	PeerURL   string
+	cmd       *exec.Cmd
+	done      chan struct{}
+}
+
+// StartBareCluster starts n plain etcd processes forming one new cluster,
+// as an operator would by hand. They are killed by PID when the test ends.
+func (e *Env) StartBareCluster(n int) []*BareEtcd {
+	e.t.Helper()
+	etcd := filepath.Join(e.BinDir, "etcd-v"+DefaultEtcdVersion, "etcd")
+	var members []*BareEtcd
+	var initial []string
+	for i := range n {
+		ports := freePorts(e.t, 2)
+		m := &BareEtcd{
+			Name:      fmt.Sprintf("bare%d", i+1),
+			ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
+			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		}
+		members = append(members, m)
+		initial = append(initial, m.Name+"="+m.PeerURL)
+	}
+	for _, m := range members {
+		dir := filepath.Join(e.Root, "bare", m.Name)
+		logf, err := os.Create(dir + ".log")
+		if err != nil {
+			if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+				e.t.Fatal(err)
+			}
+			if logf, err = os.Create(dir + ".log"); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+		m.cmd = exec.Command(etcd,
+			"--name="+m.Name, "--data-dir="+dir,
+			"--listen-client-urls="+m.ClientURL, "--advertise-client-urls="+m.ClientURL,
+			"--listen-peer-urls="+m.PeerURL, "--initial-advertise-peer-urls="+m.PeerURL,
+			"--initial-cluster="+strings.Join(initial, ","), "--initial-cluster-state=new",
+			"--initial-cluster-token=bare")
+		m.cmd.Stdout, m.cmd.Stderr = logf, logf
+		m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := m.cmd.Start(); err != nil {
+			e.t.Fatal(err)
+		}
+		m.done = make(chan struct{})
+		go func(m *BareEtcd, f *os.File) { _ = m.cmd.Wait(); f.Close(); close(m.done) }(m, logf)
+		e.t.Cleanup(func() { m.Kill() })
+	}
+	return members
+}
+
+// Kill SIGKILLs the process and waits for it.
+func (m *BareEtcd) Kill() {
+	select {
+	case <-m.done:
+		return
+	default:
+	}
+	_ = m.cmd.Process.Kill()
+	select {
+	case <-m.done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// PID is the process ID.
+func (m *BareEtcd) PID() int { return m.cmd.Process.Pid }
+
+// BareEndpoints returns the client URLs.
+func BareEndpoints(ms []*BareEtcd) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.ClientURL)
+	}
+	return out
+}
+
+var _ testing.TB = (*testing.T)(nil)
