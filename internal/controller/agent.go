@@ -275,8 +275,9 @@ func (a *Agent) refreshInfoMember() {
 	defer a.infoMu.Unlock()
 	a.info.Member = a.state.Member
 	a.info.HasData = a.state.Member != nil && a.layout.HasEtcdData(a.state.Member.ClusterToken)
-	if a.state.Member == nil {
-		a.info.EtcdWanted, a.info.EtcdHealthy = false, false
+	a.info.EtcdWanted = a.proc.Status().Wanted
+	if !a.info.EtcdWanted {
+		a.info.EtcdHealthy = false
 	}
 }
 
@@ -312,7 +313,7 @@ func (a *Agent) Join(ctx context.Context, req peer.JoinRequest) error {
 		return err
 	}
 	a.state = st
-	a.refreshInfoMember()
+	defer a.refreshInfoMember()
 	a.log.Info("joining cluster", "leader", req.LeaderID, "cluster-token", m.ClusterToken, "pending", m.Pending, "new-cluster", m.NewCluster)
 	defer a.poke()
 	if m.Pending {
@@ -382,7 +383,35 @@ func (a *Agent) startEtcdLocked(ctx context.Context) error {
 		}
 		m = a.state.Member
 	}
-	return a.proc.Start(ctx, a.etcdSpec(bins, m))
+	if err := a.proc.Start(ctx, a.etcdSpec(bins, m)); err != nil {
+		return err
+	}
+	if m.NewCluster {
+		go a.watchBootstrap(m.ClusterToken)
+	}
+	return nil
+}
+
+// watchBootstrap clears NewCluster the moment etcd writes its data dir,
+// before the new member can have taken part in raft. Should the data be
+// lost after that, the node must rejoin as a new member, never bootstrap
+// again under its old identity.
+func (a *Agent) watchBootstrap(token string) {
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		if !a.layout.HasEtcdData(token) {
+			continue
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if m := a.state.Member; m != nil && m.ClusterToken == token {
+			if err := a.markBootstrappedLocked(); err != nil {
+				a.log.Error("cannot record that etcd has bootstrapped; will retry", "error", err)
+			}
+		}
+		return
+	}
 }
 
 // markBootstrappedLocked clears NewCluster once etcd has written its data:

@@ -217,7 +217,9 @@ func planLocal(o Observed) []Action {
 	default:
 		actions = append(actions, StartEtcd{})
 	}
-	if m != nil && m.NewCluster && o.Self.Healthy && o.Self.HasData {
+	// etcd itself ignores --initial-cluster-state once it has data, so
+	// record that as soon as the data is there.
+	if m != nil && m.NewCluster && o.Self.HasData {
 		actions = append(actions, MarkBootstrapped{})
 	}
 	return actions
@@ -312,7 +314,10 @@ func planCluster(o Observed) []Action {
 		switch {
 		case n.Member == nil && m.Name != "" && m.Name != n.ID:
 			return []Action{RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its node came back without its data"}}
-		case n.Member != nil && n.Member.ClusterToken == c.Token && !n.HasData && !n.Member.NewCluster && m.Name == n.ID:
+		case n.Member != nil && n.Member.ClusterToken == c.Token && !n.HasData && !m.Healthy && m.Name == n.ID:
+			// The member has run (it has a name) but its node has no data.
+			// A member that just joined may show no data in a stale report,
+			// but it is healthy; one whose data is gone never is.
 			return []Action{RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its data dir was wiped"}}
 		}
 	}

@@ -184,6 +184,14 @@ func TestPlan(t *testing.T) {
 			obs: leaderObs(3, cluster(member("a", true), member("b", false), member("c", true)),
 				node("a", "member"), node("b", "wiped"), node("c", "member")),
 			want: []string{fmt.Sprintf("remove-member %x node=b (its data dir was wiped)", member("b", true).ID)}},
+		{name: "member that just joined, with a stale report of no data, is left alone",
+			obs: leaderObs(3, cluster(member("a", true), member("b", true), member("c", true)),
+				node("a", "member"), func() Node { n := node("b", "wiped"); n.EtcdWanted = true; return n }(), node("c", "member")),
+			want: nil},
+		{name: "member wiped right after creation crash-loops as new: removed",
+			obs: leaderObs(3, cluster(member("a", true), member("b", false), member("c", true)),
+				node("a", "member"), func() Node { n := node("b", "wiped"); n.Member.NewCluster = true; n.EtcdWanted = true; return n }(), node("c", "member")),
+			want: []string{fmt.Sprintf("remove-member %x node=b (its data dir was wiped)", member("b", true).ID)}},
 		{name: "node back with a new identity on a member's URLs is removed at once",
 			obs: leaderObs(3, cluster(member("a", true), member("b", false), member("c", true)),
 				node("a", "member"), func() Node { n := node("b2", "standby"); n.PeerURLs = urls("b"); return n }(), node("c", "member")),
@@ -260,5 +268,19 @@ func TestPlanIsDeterministic(t *testing.T) {
 	}
 	if first != "create-cluster [a b c] 3.6.16" {
 		t.Errorf("plan = %q", first)
+	}
+}
+
+func TestPlanMarksBootstrappedOnceDataExists(t *testing.T) {
+	n := node("a", "new")
+	n.Healthy = false
+	got := describe(Plan(Observed{Spec: specN(1), Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: n, Peers: []Node{n}}))
+	if got != "mark-bootstrapped" {
+		t.Errorf("plan = %q, want mark-bootstrapped even before etcd is healthy", got)
+	}
+	n.HasData = false
+	n.EtcdWanted = false
+	if got := describe(Plan(Observed{Spec: specN(1), Self: n, Peers: []Node{n}})); got != "start-etcd" {
+		t.Errorf("new member without data: plan = %q, want start-etcd", got)
 	}
 }

@@ -325,7 +325,14 @@ func (a *Agent) cleanup() {
 	}
 	if a.env.t.Failed() {
 		if b, err := os.ReadFile(a.LogPath); err == nil {
-			a.env.t.Logf("--- log of agent %s (last 60 lines):\n%s", a.Name, tail(string(b), 60))
+			// The agent's own lines; etcd's JSON lines would drown them.
+			var own []string
+			for _, line := range strings.Split(string(b), "\n") {
+				if !strings.HasPrefix(line, "{") {
+					own = append(own, line)
+				}
+			}
+			a.env.t.Logf("--- log of agent %s, without etcd's lines (last 80):\n%s", a.Name, tail(strings.Join(own, "\n"), 80))
 		}
 	}
 }
