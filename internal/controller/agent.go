@@ -268,8 +268,20 @@ func (a *Agent) localClient(endpoint string) (*clientv3.Client, error) {
 	return c, nil
 }
 
-// refreshInfoMember makes the served info show a membership change at
-// once, so the leader does not act again on the old one. Callers hold a.mu.
+// setState persists st durably, then makes it the node's state and shows
+// it to peers at once, so a leader never acts again on the old one.
+// Callers hold a.mu.
+func (a *Agent) setState(st etcdproc.State) error {
+	if err := a.layout.SaveState(st); err != nil {
+		return err
+	}
+	a.state = st
+	a.refreshInfoMember()
+	return nil
+}
+
+// refreshInfoMember updates the served info from the node's state.
+// Callers hold a.mu.
 func (a *Agent) refreshInfoMember() {
 	a.infoMu.Lock()
 	defer a.infoMu.Unlock()
@@ -309,11 +321,9 @@ func (a *Agent) Join(ctx context.Context, req peer.JoinRequest) error {
 	}
 	st := a.state
 	st.Member = &m
-	if err := a.layout.SaveState(st); err != nil {
+	if err := a.setState(st); err != nil {
 		return err
 	}
-	a.state = st
-	defer a.refreshInfoMember()
 	a.log.Info("joining cluster", "leader", req.LeaderID, "cluster-token", m.ClusterToken, "pending", m.Pending, "new-cluster", m.NewCluster)
 	defer a.poke()
 	if m.Pending {
@@ -352,11 +362,9 @@ func (a *Agent) leaveLocked(ctx context.Context, reason string) error {
 	}
 	st := a.state
 	st.Member = nil
-	if err := a.layout.SaveState(st); err != nil {
+	if err := a.setState(st); err != nil {
 		return err
 	}
-	a.state = st
-	a.refreshInfoMember()
 	a.log.Warn("left the cluster; this node is now a standby", "cluster-token", token, "reason", reason, "data-moved-to", trashed)
 	return nil
 }
@@ -386,6 +394,7 @@ func (a *Agent) startEtcdLocked(ctx context.Context) error {
 	if err := a.proc.Start(ctx, a.etcdSpec(bins, m)); err != nil {
 		return err
 	}
+	a.refreshInfoMember()
 	if m.NewCluster {
 		go a.watchBootstrap(m.ClusterToken)
 	}
@@ -426,10 +435,9 @@ func (a *Agent) markBootstrappedLocked() error {
 	m := *st.Member
 	m.NewCluster = false
 	st.Member = &m
-	if err := a.layout.SaveState(st); err != nil {
+	if err := a.setState(st); err != nil {
 		return err
 	}
-	a.state = st
 	if cur := a.proc.Status().Spec; cur != nil {
 		a.proc.Update(a.etcdSpec(cur.Binaries, &m))
 	}

@@ -60,10 +60,9 @@ func (a *Agent) confirmCreate(ctx context.Context, token string) error {
 	mm := *m
 	mm.Pending = false
 	st.Member = &mm
-	if err := a.layout.SaveState(st); err != nil {
+	if err := a.setState(st); err != nil {
 		return err
 	}
-	a.state = st
 	a.log.Info("cluster creation confirmed; starting etcd", "cluster-token", token)
 	return a.startEtcdLocked(ctx)
 }

@@ -148,3 +148,24 @@ func TestResizeKeepsKeys(t *testing.T) {
 		}
 	}
 }
+
+// The walkthrough's shared-directory discovery forms a cluster too.
+func TestFileDiscovery(t *testing.T) {
+	env := harness.NewEnv(t)
+	dir := filepath.Join(env.Root, "discovery")
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{ExtraArgs: []string{"--discovery=file://" + dir}})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 3 {
+		t.Fatalf("discovery dir holds %d records (%v), want 3", len(entries), err)
+	}
+	if _, err := os.Stat(filepath.Join(env.StoreDir, "discovery")); err == nil {
+		t.Error("agents also wrote store discovery records")
+	}
+	// Health is reported as of each agent's last cycle.
+	harness.WaitFor(t, 20*time.Second, "status through file discovery to show 3 healthy members", func() bool {
+		out, _, err := env.Ctl("--insecure", "--discovery=file://"+dir, "--cluster-name=test", "status")
+		return err == nil && strings.Count(out, " healthy ") == 3 && strings.Count(out, " leader ") == 1
+	})
+}
