@@ -52,7 +52,7 @@ type Config struct {
 	EtcdStopTimeout time.Duration
 }
 
-// Ports used to fill in URLs that are not given.
+// Defaults. The ports fill in URLs that are not given.
 const (
 	DefaultPeerPort           = 8000
 	DefaultClientPort         = 4001
@@ -63,14 +63,19 @@ const (
 	DefaultLeaderLease        = 20 * time.Second
 	DefaultEtcdStopTimeout    = 15 * time.Second
 	defaultAddress            = "127.0.0.1"
-	flagBackupStore           = "backup-store"
-	flagEtcdInsecure          = "etcd-insecure"
-	flagInsecure              = "insecure"
-	flagClientURLs            = "client-urls"
-	flagQuarantineClientURLs  = "quarantine-client-urls"
-	flagPeerURLs              = "peer-urls"
-	errTLSNotAvailableMessage = "TLS is not available in this build yet; pass --%s to run without it"
 )
+
+// Flag names used in error messages as well as in AddFlags.
+const (
+	flagBackupStore          = "backup-store"
+	flagEtcdInsecure         = "etcd-insecure"
+	flagInsecure             = "insecure"
+	flagClientURLs           = "client-urls"
+	flagQuarantineClientURLs = "quarantine-client-urls"
+	flagPeerURLs             = "peer-urls"
+)
+
+const errTLSNotAvailable = "TLS is not available in this build yet; pass --%s to run without it"
 
 // Default returns the configuration with defaults filled in.
 func Default() Config {
@@ -149,10 +154,10 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--peer-port %d is out of range", c.PeerPort))
 	}
 	if !c.Insecure {
-		errs = append(errs, fmt.Errorf(errTLSNotAvailableMessage, flagInsecure))
+		errs = append(errs, fmt.Errorf(errTLSNotAvailable, flagInsecure))
 	}
 	if !c.EtcdInsecure {
-		errs = append(errs, fmt.Errorf(errTLSNotAvailableMessage, flagEtcdInsecure))
+		errs = append(errs, fmt.Errorf(errTLSNotAvailable, flagEtcdInsecure))
 	}
 	for name, urls := range map[string][]string{flagClientURLs: c.ClientURLs, flagQuarantineClientURLs: c.QuarantineClientURLs, flagPeerURLs: c.PeerURLs} {
 		for _, u := range urls {

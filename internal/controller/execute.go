@@ -224,8 +224,12 @@ func (a *Agent) addMember(ctx context.Context, obs Observed, act AddMember) erro
 		}
 	}
 	a.mu.Lock()
-	self := *a.state.Member
+	cur := a.state.Member
 	a.mu.Unlock()
+	if cur == nil {
+		return fmt.Errorf("%w: this node left the cluster", ErrNotLeader)
+	}
+	self := *cur
 	return a.joinNode(ctx, n, peer.JoinRequest{Member: etcdproc.MemberState{
 		ClusterToken:   self.ClusterToken,
 		EtcdVersion:    self.EtcdVersion,

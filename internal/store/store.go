@@ -66,6 +66,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	if u.Scheme == "" {
 		return nil, fmt.Errorf("%w %q: missing scheme; use file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix", ErrBadURL, rawURL)
 	}
+	if u.Fragment != "" || strings.HasSuffix(rawURL, "#") {
+		return nil, fmt.Errorf("%w %q: it has a fragment (#%s); a # in a path must be written %%23", ErrBadURL, rawURL, u.Fragment)
+	}
 	if u.Scheme == "file" {
 		return openFile(u, rawURL, opts)
 	}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -135,6 +136,7 @@ func TestOpenErrors(t *testing.T) {
 		{name: "path is a file", url: "file://" + file, wantErr: ErrUnreachable, wantMsg: "not a directory"},
 		{name: "parent is a file", url: "file://" + filepath.Join(file, "sub"), opts: Options{Create: true}, wantErr: ErrUnreachable},
 		{name: "unknown scheme", url: "ftp://host/x", wantErr: ErrUnreachable},
+		{name: "fragment", url: "file://" + tmp + "/run#2/store", wantErr: ErrBadURL, wantMsg: "%23"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -150,6 +152,23 @@ func TestOpenErrors(t *testing.T) {
 				t.Errorf("err = %q, want it to mention %q", err, tt.wantMsg)
 			}
 		})
+	}
+}
+
+// A path with special characters works when percent-encoded.
+func TestEncodedPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run#2 x")
+	u := (&url.URL{Scheme: "file", Path: dir}).String()
+	s, err := Open(t.Context(), u, Options{Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Write(t.Context(), "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "k")); err != nil {
+		t.Errorf("object not under %s: %v", dir, err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,6 +63,12 @@ func EtcdBinDir() (string, error) {
 		return "", err
 	}
 	return filepath.Join(root, "bin"), nil
+}
+
+// FileURL is the file:// URL of an absolute path, percent-encoded (test
+// directories can hold a '#', which would otherwise start a fragment).
+func FileURL(path string) string {
+	return (&url.URL{Scheme: "file", Path: path}).String()
 }
 
 // Cleanup removes the binaries built for the test run; call it from
@@ -128,7 +135,7 @@ func NewEnv(t testing.TB) *Env {
 		AgentBin: filepath.Join(dir, "etcd-manager"), CtlBin: filepath.Join(dir, "etcd-manager-ctl"),
 		StoreDir: filepath.Join(root, "backups", "test"),
 	}
-	e.StoreURL = "file://" + e.StoreDir
+	e.StoreURL = FileURL(e.StoreDir)
 	return e
 }
 

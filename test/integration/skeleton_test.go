@@ -254,13 +254,13 @@ func TestUnreachableStoreIsRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	storeDir := filepath.Join(blocker, "backups")
-	a := env.StartAgent("1", harness.AgentOptions{StoreURL: "file://" + storeDir})
+	a := env.StartAgent("1", harness.AgentOptions{StoreURL: harness.FileURL(storeDir)})
 	a.WaitLog("backup store unreachable; will retry", 3, startTimeout)
 	if !a.Running() {
 		t.Fatal("agent exited on an unreachable store")
 	}
 	// ctl gives a clear error after its retries.
-	_, _, err := env.CtlRaw("--backup-store=file://"+storeDir, "--store-attempts=2", "get")
+	_, _, err := env.CtlRaw("--backup-store="+harness.FileURL(storeDir), "--store-attempts=2", "get")
 	if err == nil {
 		t.Fatal("ctl get on an unreachable store succeeded")
 	}
@@ -268,7 +268,7 @@ func TestUnreachableStoreIsRetried(t *testing.T) {
 	if err := os.Remove(blocker); err != nil {
 		t.Fatal(err)
 	}
-	env.MustCtl("--backup-store=file://"+storeDir, "--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	env.MustCtl("--backup-store="+harness.FileURL(storeDir), "--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 	a.WaitHealthy(startTimeout)
 }
 
