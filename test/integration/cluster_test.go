@@ -18,6 +18,17 @@ import (
 
 const settleTimeout = 90 * time.Second
 
+// startCluster configures a cluster of members and starts agents for it,
+// then waits until it has settled and returns what it settled as.
+func startCluster(t *testing.T, members, agents int, opts harness.AgentOptions) (*harness.Env, []*harness.Agent, harness.ClusterState) {
+	t.Helper()
+	env := harness.NewEnv(t)
+	env.MustCtl(fmt.Sprintf("--member-count=%d", members), "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	as := env.StartAgents(agents, opts)
+	cs := harness.WaitSettled(t, as, members, settleTimeout)
+	return env, as, cs
+}
+
 func clusterClient(t *testing.T, agents []*harness.Agent) *clientv3.Client {
 	t.Helper()
 	c, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
@@ -31,10 +42,7 @@ func clusterClient(t *testing.T, agents []*harness.Agent) *clientv3.Client {
 func TestFormation(t *testing.T) {
 	for _, n := range []int{1, 3, 5} {
 		t.Run(fmt.Sprintf("members=%d", n), func(t *testing.T) {
-			env := harness.NewEnv(t)
-			env.MustCtl(fmt.Sprintf("--member-count=%d", n), "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-			agents := env.StartAgents(n, harness.AgentOptions{})
-			cs := harness.WaitSettled(t, agents, n, settleTimeout)
+			_, agents, cs := startCluster(t, n, n, harness.AgentOptions{})
 			t.Logf("formed: %+v", cs)
 			c := clusterClient(t, agents)
 			put(t, c, "/formed", "yes")
@@ -47,10 +55,7 @@ func TestFormation(t *testing.T) {
 
 // Extra agents beyond the member count stay on standby and say so.
 func TestStandby(t *testing.T) {
-	env := harness.NewEnv(t)
-	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-	agents := env.StartAgents(4, harness.AgentOptions{})
-	harness.WaitSettled(t, agents, 3, settleTimeout)
+	env, agents, _ := startCluster(t, 3, 4, harness.AgentOptions{})
 	standby := 0
 	for _, a := range agents {
 		if a.EtcdPID() == 0 {

@@ -21,10 +21,7 @@ func TestWipedMemberRejoins(t *testing.T) {
 			name = "whole-data-dir"
 		}
 		t.Run(name, func(t *testing.T) {
-			env := harness.NewEnv(t)
-			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-			agents := env.StartAgents(3, harness.AgentOptions{})
-			before := harness.WaitSettled(t, agents, 3, settleTimeout)
+			_, agents, before := startCluster(t, 3, 3, harness.AgentOptions{})
 			c := clusterClient(t, agents)
 			put(t, c, "/wipe/before", "kept")
 
@@ -58,10 +55,7 @@ func TestWipedMemberRejoins(t *testing.T) {
 
 // A node that is gone past the grace period is replaced by a standby.
 func TestDeadNodeReplacedByStandby(t *testing.T) {
-	env := harness.NewEnv(t)
-	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-	agents := env.StartAgents(4, harness.AgentOptions{ExtraArgs: []string{"--member-failure-grace=3s"}})
-	harness.WaitSettled(t, agents, 3, settleTimeout)
+	_, agents, _ := startCluster(t, 3, 4, harness.AgentOptions{ExtraArgs: []string{"--member-failure-grace=3s"}})
 	c := clusterClient(t, agents)
 	put(t, c, "/dead/before", "kept")
 
@@ -93,10 +87,7 @@ func TestDeadNodeReplacedByStandby(t *testing.T) {
 
 // The total-loss guard holds for a multi-member cluster too.
 func TestTotalLossGuardMultiMember(t *testing.T) {
-	env := harness.NewEnv(t)
-	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-	agents := env.StartAgents(3, harness.AgentOptions{})
-	harness.WaitSettled(t, agents, 3, settleTimeout)
+	_, agents, _ := startCluster(t, 3, 3, harness.AgentOptions{})
 	put(t, clusterClient(t, agents), "/k", "v")
 	for _, a := range agents {
 		a.Stop()

@@ -21,10 +21,7 @@ const raceRounds = 20
 func TestSingleClusterRace(t *testing.T) {
 	for round := range raceRounds {
 		t.Run(fmt.Sprintf("round=%d", round), func(t *testing.T) {
-			env := harness.NewEnv(t)
-			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-			agents := env.StartAgents(5, harness.AgentOptions{})
-			cs := harness.WaitSettled(t, agents, 3, settleTimeout)
+			_, agents, cs := startCluster(t, 3, 5, harness.AgentOptions{})
 			// Every agent that ever started etcd did so for the same cluster:
 			// one token across all data dirs.
 			tokens := map[string]bool{}
