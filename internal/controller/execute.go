@@ -128,8 +128,12 @@ func (a *Agent) createCluster(ctx context.Context, obs Observed, act CreateClust
 	if err != nil {
 		return rollback(err)
 	}
-	if held, err := a.lock.Holds(ctx, s, a.lockTerm); err != nil || !held {
-		return rollback(fmt.Errorf("%w: the leader lock (term %d) was lost before the cluster was created (%v)", ErrNotLeader, a.lockTerm, err))
+	held, err := a.lock.Holds(ctx, s, a.lockTerm)
+	if err != nil {
+		return rollback(fmt.Errorf("controller: check the leader lock before creating the cluster: %w", err))
+	}
+	if !held {
+		return rollback(fmt.Errorf("%w: the leader lock (term %d) was lost before the cluster was created", ErrNotLeader, a.lockTerm))
 	}
 	err = s.CreateCreated(ctx, spec.ClusterCreated{Timestamp: spec.Int64(a.now().UnixNano()), ClusterToken: token})
 	if errors.Is(err, store.ErrExists) {
@@ -204,6 +208,11 @@ func (a *Agent) addMember(ctx context.Context, obs Observed, act AddMember) erro
 	}
 	if !exists {
 		resp, err := a.client.MemberAddAsLearner(ctx, n.PeerURLs)
+		if err != nil && strings.Contains(err.Error(), rpctypes.ErrGRPCUnhealthy.Error()) {
+			// etcd refuses changes until every member has been connected
+			// for a few seconds, as after a promotion.
+			return fmt.Errorf("%w: etcd reports the cluster not yet settled for adding %s", errWait, n.ID)
+		}
 		if err != nil {
 			return fmt.Errorf("controller: add %s as learner: %w", n.ID, err)
 		}

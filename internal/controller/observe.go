@@ -327,7 +327,14 @@ func (a *Agent) setInfo(self Node, local etcdproc.MemberStatus, leader bool) {
 		DBSize:               local.DBSize,
 		Leader:               leader,
 	}
+	// A peer API call may have changed the membership while this cycle
+	// observed; serve the membership as it is now, not as it was.
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.infoMu.Lock()
 	a.info = info
 	a.infoMu.Unlock()
+	if a.state.Member != self.Member {
+		a.refreshInfoMember()
+	}
 }

@@ -193,7 +193,14 @@ func TestSupervisorRestartsAndStops(t *testing.T) {
 	if err := sup.Start(t.Context(), sp); err != nil {
 		t.Fatal(err)
 	}
+	started := func(n int) func() bool {
+		return func() bool {
+			b, _ := os.ReadFile(starts)
+			return strings.Count(string(b), "started") == n
+		}
+	}
 	waitFor(t, "first start", func() bool { return sup.Status().PID != 0 })
+	waitFor(t, "first start recorded", started(1))
 	first := sup.Status().PID
 	if b, _ := os.ReadFile(pidFile); strings.TrimSpace(string(b)) == "" {
 		t.Error("pid file is empty")
@@ -203,6 +210,8 @@ func TestSupervisorRestartsAndStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "restart", func() bool { st := sup.Status(); return st.PID != 0 && st.PID != first })
+	// The stand-in records its start as its first step; wait for it.
+	waitFor(t, "second start recorded", started(2))
 	if got := sup.Status().Starts; got != 2 {
 		t.Errorf("Starts = %d, want 2", got)
 	}

@@ -199,6 +199,23 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 // of "/", it returns the immediate children instead (directories end in
 // "/").
 func (s *Store) List(ctx context.Context, prefix, delimiter string) ([]string, error) {
+	// A file:// listing walks the directory, and an object written at the
+	// same time can vanish between the walk and its stat (its temporary
+	// file is renamed). That is no error in the store: list again.
+	var err error
+	for range 5 {
+		var keys []string
+		if keys, err = s.list(ctx, prefix, delimiter); err == nil {
+			return keys, nil
+		}
+		if gcerrors.Code(err) != gcerrors.NotFound {
+			break
+		}
+	}
+	return nil, s.wrap("list", prefix, err)
+}
+
+func (s *Store) list(ctx context.Context, prefix, delimiter string) ([]string, error) {
 	var keys []string
 	it := s.bucket.List(&blob.ListOptions{Prefix: prefix, Delimiter: delimiter})
 	for {
@@ -207,7 +224,7 @@ func (s *Store) List(ctx context.Context, prefix, delimiter string) ([]string, e
 			return keys, nil
 		}
 		if err != nil {
-			return nil, s.wrap("list", prefix, err)
+			return nil, err
 		}
 		if isTempName(obj.Key) {
 			continue

@@ -29,11 +29,11 @@ func (e *Env) StartBareCluster(n int) []*BareEtcd {
 	var members []*BareEtcd
 	var initial []string
 	for i := range n {
-		ports := freePorts(e.t, 2)
+		ip := AllocIP(e.t)
 		m := &BareEtcd{
 			Name:      fmt.Sprintf("bare%d", i+1),
-			ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
-			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+			ClientURL: fmt.Sprintf("http://%s:4001", ip),
+			PeerURL:   fmt.Sprintf("http://%s:2380", ip),
 		}
 		members = append(members, m)
 		initial = append(initial, m.Name+"="+m.PeerURL)

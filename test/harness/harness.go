@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -172,8 +173,8 @@ type AgentOptions struct {
 	StoreURL string
 	// ExtraArgs are appended to the command line.
 	ExtraArgs []string
-	// PeerPort fixes the peer API port; zero picks a free one.
-	PeerPort int
+	// IP fixes the agent's loopback address; empty allocates a fresh one.
+	IP string
 	// Defaults runs the agent with its default timings instead of the fast
 	// ones tests use (benchmarks measure the product as shipped).
 	Defaults bool
@@ -200,20 +201,19 @@ type Agent struct {
 // StartAgent starts an agent with free loopback ports and a fresh data dir.
 func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 	e.t.Helper()
-	ports := freePorts(e.t, 4)
+	ip := opts.IP
+	if ip == "" {
+		ip = AllocIP(e.t)
+	}
 	a := &Agent{
 		env:       e,
 		Name:      name,
 		DataDir:   filepath.Join(e.Root, "data", name),
-		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
-		QuarURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
-		PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
-		PeerAPI:   fmt.Sprintf("127.0.0.1:%d", ports[3]),
+		ClientURL: fmt.Sprintf("http://%s:%d", ip, 4001),
+		QuarURL:   fmt.Sprintf("http://%s:%d", ip, 8001),
+		PeerURL:   fmt.Sprintf("http://%s:%d", ip, 2380),
+		PeerAPI:   fmt.Sprintf("%s:%d", ip, 8000),
 		LogPath:   filepath.Join(e.Root, "logs", name+".log"),
-	}
-	if opts.PeerPort != 0 {
-		ports[3] = opts.PeerPort
-		a.PeerAPI = fmt.Sprintf("127.0.0.1:%d", ports[3])
 	}
 	store := e.StoreURL
 	if opts.StoreURL != "" {
@@ -224,8 +224,8 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 		"--cluster-name=test",
 		"--backup-store=" + store,
 		"--data-dir=" + a.DataDir,
-		"--address=127.0.0.1", "--etcd-address=127.0.0.1",
-		fmt.Sprintf("--peer-port=%d", ports[3]),
+		"--address=" + ip, "--etcd-address=" + ip,
+		"--peer-port=8000",
 		"--client-urls=" + a.ClientURL,
 		"--quarantine-client-urls=" + a.QuarURL,
 		"--peer-urls=" + a.PeerURL,
@@ -417,22 +417,47 @@ func processAlive(pid int) bool {
 	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
 }
 
-func freePorts(t testing.TB, n int) []int {
+// AgentPorts are the ports every agent uses on its own loopback address:
+// client, quarantine, etcd peer and peer API, as in the walkthrough.
+var AgentPorts = []int{4001, 8001, 2380, 8000}
+
+var ipCounter atomic.Int32
+
+// AllocIP returns a loopback address (127.B.x.y) that no other agent of
+// this test process uses and whose agent ports are free. Each agent having
+// its own address means its fixed ports can never collide with an
+// ephemeral port taken by some connection in the meantime, as ports picked
+// at random on 127.0.0.1 can. B is derived from the process ID, so two
+// test processes running at once use different addresses.
+func AllocIP(t testing.TB) string {
 	t.Helper()
-	var ports []int
+	base := os.Getpid()%200 + 20
+	for range 1000 {
+		n := ipCounter.Add(1)
+		ip := fmt.Sprintf("127.%d.%d.%d", base, n/250, n%250+1)
+		if portsFree(ip, AgentPorts) {
+			return ip
+		}
+	}
+	t.Fatal("harness: no free loopback address")
+	return ""
+}
+
+func portsFree(ip string, ports []int) bool {
 	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for _, p := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(p)))
 		if err != nil {
-			t.Fatal(err)
+			return false
 		}
 		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return ports
+	return true
 }
 
 func tail(s string, n int) string {

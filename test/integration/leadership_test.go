@@ -108,7 +108,10 @@ func TestPeerAPIPartition(t *testing.T) {
 		c := clusterClient(t, agents)
 		put(t, c, "/p/before", "v")
 		before := memberIDs(t, agents)
-		logBefore := len(allLogs(agents))
+		logBefore := map[*harness.Agent]int{}
+		for _, a := range agents {
+			logBefore[a] = len(a.Log())
+		}
 
 		// Cut each agent off in turn, members and the standby alike, while
 		// etcd itself stays connected.
@@ -127,7 +130,10 @@ func TestPeerAPIPartition(t *testing.T) {
 			}
 			mesh.Heal(n)
 		}
-		logs := allLogs(agents)[logBefore:]
+		var logs string
+		for _, a := range agents {
+			logs += a.Log()[logBefore[a]:]
+		}
 		for _, bad := range []string{"member removed", "member added", "evict-node", "cluster created"} {
 			if strings.Contains(logs, bad) {
 				t.Errorf("a partial view led to %q", bad)
