@@ -319,6 +319,15 @@ func (a *Agent) Join(ctx context.Context, req peer.JoinRequest) error {
 	if _, err := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v); err != nil {
 		return err
 	}
+	if !m.NewCluster && a.layout.HasEtcdData(m.ClusterToken) {
+		// Data left from an earlier membership under the same token would
+		// carry the old member's identity; joining needs a clean start.
+		trashed, err := a.layout.Trash(m.ClusterToken, a.now())
+		if err != nil {
+			return err
+		}
+		a.log.Warn("moved stale etcd data aside before joining", "cluster-token", m.ClusterToken, "data-moved-to", trashed)
+	}
 	st := a.state
 	st.Member = &m
 	if err := a.setState(st); err != nil {
