@@ -139,9 +139,7 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 	}
 	switch o.output {
 	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(cs)
+		return writeJSON(w, cs)
 	case "text":
 		_, err := fmt.Fprintf(w, "memberCount: %d\netcdVersion: %s\n", cs.MemberCount, cs.EtcdVersion)
 		return err
@@ -215,4 +213,10 @@ func (o *options) checkVersion() error {
 		return fmt.Errorf("--etcd-version=%s: %w (pass --skip-binary-check if this machine is not an etcd node)", o.etcdVersion, err)
 	}
 	return nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

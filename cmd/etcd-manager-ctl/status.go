@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -138,9 +137,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 
 	switch o.output {
 	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		return writeJSON(w, st)
 	case "text":
 	default:
 		return fmt.Errorf("--output %q: use text or json", o.output)

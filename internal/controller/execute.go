@@ -288,30 +288,41 @@ func (a *Agent) tellLeave(ctx context.Context, obs Observed, nodeID, token, reas
 	return a.leaveNode(ctx, nodes[0], peer.LeaveRequest{Token: token, Reason: reason})
 }
 
-func (a *Agent) joinNode(ctx context.Context, n Node, req peer.JoinRequest) error {
-	req.LeaderID = a.lock.NodeID
+// nodeAPI is what the leader asks of a node, itself or a peer. Both the
+// agent and a peer.Client provide it.
+type nodeAPI interface {
+	Join(ctx context.Context, req peer.JoinRequest) error
+	Leave(ctx context.Context, req peer.LeaveRequest) error
+}
+
+// peerCallTimeoutLong bounds a Join or Leave, which may stop or start etcd.
+const peerCallTimeoutLong = 30 * time.Second
+
+func (a *Agent) node(n Node) (nodeAPI, error) {
 	if n.ID == a.lock.NodeID {
-		return a.Join(ctx, req)
+		return a, nil
 	}
-	c, err := a.peerClient(n.Address)
+	return a.peerClient(n.Address)
+}
+
+func (a *Agent) joinNode(ctx context.Context, n Node, req peer.JoinRequest) error {
+	api, err := a.node(n)
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	req.LeaderID = a.lock.NodeID
+	ctx, cancel := context.WithTimeout(ctx, peerCallTimeoutLong)
 	defer cancel()
-	return c.Join(cctx, req)
+	return api.Join(ctx, req)
 }
 
 func (a *Agent) leaveNode(ctx context.Context, n Node, req peer.LeaveRequest) error {
-	req.LeaderID = a.lock.NodeID
-	if n.ID == a.lock.NodeID {
-		return a.Leave(ctx, req)
-	}
-	c, err := a.peerClient(n.Address)
+	api, err := a.node(n)
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	req.LeaderID = a.lock.NodeID
+	ctx, cancel := context.WithTimeout(ctx, peerCallTimeoutLong)
 	defer cancel()
-	return c.Leave(cctx, req)
+	return api.Leave(ctx, req)
 }
