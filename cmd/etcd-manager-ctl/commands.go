@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -65,6 +66,17 @@ commands work even then.`,
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return o.get(cmd.Context(), stdout)
+			},
+		},
+		&cobra.Command{
+			Use:   "list-backups",
+			Short: "List the complete backups in the store, oldest first, one name per line",
+			Long: `list-backups prints one backup per line, oldest first, with its name in the first
+column. Backups whose meta object is missing (unfinished) are not listed.
+--output json adds size, revision, version and age.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return o.listBackups(cmd.Context(), stdout)
 			},
 		},
 		&cobra.Command{
@@ -219,4 +231,43 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+func (o *options) listBackups(ctx context.Context, w io.Writer) error {
+	s, err := o.openStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	infos, err := backup.List(ctx, s)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	switch o.output {
+	case "json":
+		type row struct {
+			Name           string  `json:"name"`
+			EtcdVersion    string  `json:"etcdVersion"`
+			Size           int64   `json:"size"`
+			CompressedSize int64   `json:"compressedSize"`
+			Revision       int64   `json:"revision"`
+			AgeSeconds     float64 `json:"ageSeconds"`
+		}
+		rows := []row{}
+		for _, i := range infos {
+			rows = append(rows, row{Name: i.Name, EtcdVersion: i.Meta.EtcdVersion, Size: i.Meta.Size, CompressedSize: i.Meta.CompressedSize,
+				Revision: i.Meta.Revision, AgeSeconds: now.Sub(time.Unix(int64(i.Meta.Timestamp), 0)).Seconds()})
+		}
+		return writeJSON(w, rows)
+	case "text":
+		for _, i := range infos {
+			if _, err := fmt.Fprintln(w, i.Name); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return fmt.Errorf("--output %q: use text or json", o.output)
+	}
 }

@@ -56,6 +56,8 @@ type Agent struct {
 	lockTerm       int64
 	unhealthySince map[uint64]time.Time
 	lastPublish    time.Time
+	// Backups, as this agent took them while leading.
+	lastBackup, lastBackupFailure, lastChange time.Time
 	// lastInfo is the last info-level report, logged again only when it
 	// changes; warnings and errors are logged every cycle.
 	lastInfo string

@@ -45,6 +45,8 @@ type Config struct {
 	MemberFailureGrace time.Duration
 	// LeaderLease is the store lock's lease, used while etcd has no quorum.
 	LeaderLease time.Duration
+	// BackupInterval is the time between the leader's periodic backups.
+	BackupInterval time.Duration
 
 	// LoopInterval is the time between control-loop cycles.
 	LoopInterval time.Duration
@@ -61,6 +63,7 @@ const (
 	DefaultLoopInterval       = 2 * time.Second
 	DefaultMemberFailureGrace = time.Minute
 	DefaultLeaderLease        = 20 * time.Second
+	DefaultBackupInterval     = 15 * time.Minute
 	DefaultEtcdStopTimeout    = 15 * time.Second
 	defaultAddress            = "127.0.0.1"
 )
@@ -87,6 +90,7 @@ func Default() Config {
 		Discovery:          "store",
 		MemberFailureGrace: DefaultMemberFailureGrace,
 		LeaderLease:        DefaultLeaderLease,
+		BackupInterval:     DefaultBackupInterval,
 		LoopInterval:       DefaultLoopInterval,
 		EtcdStopTimeout:    DefaultEtcdStopTimeout,
 	}
@@ -109,6 +113,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Discovery, "discovery", c.Discovery, "how agents find each other: store (records in the backup store), file:///DIR (a shared directory), static:HOST:PORT,... (a seed list of peer API addresses) or dns:NAME (SRV, or A records with --peer-port)")
 	fs.DurationVar(&c.MemberFailureGrace, "member-failure-grace", c.MemberFailureGrace, "how long a member may be unhealthy before a standby agent replaces it")
 	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
+	fs.DurationVar(&c.BackupInterval, "backup-interval", c.BackupInterval, "time between the leader's periodic full backups to the backup store; a backup is also taken before every membership change")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
 }
@@ -177,6 +182,9 @@ func (c *Config) Validate() error {
 	}
 	if c.LeaderLease < time.Second {
 		errs = append(errs, errors.New("--leader-lease must be at least 1s"))
+	}
+	if c.BackupInterval < time.Minute {
+		errs = append(errs, errors.New("--backup-interval must be at least 1m"))
 	}
 	if c.LoopInterval <= 0 {
 		errs = append(errs, errors.New("--loop-interval must be positive"))

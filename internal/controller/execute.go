@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -37,13 +40,15 @@ func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
 	case CreateCluster:
 		return a.createCluster(ctx, obs, act)
 	case AddMember:
-		return a.addMember(ctx, obs, act)
+		return a.changed(a.addMember(ctx, obs, act))
 	case PromoteMember:
 		return a.promoteMember(ctx, act)
 	case RemoveMember:
-		return a.removeMember(ctx, obs, act)
+		return a.changed(a.removeMember(ctx, obs, act))
 	case EvictNode:
 		return a.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
+	case TakeBackup:
+		return a.takeBackup(ctx, obs, act)
 	default:
 		return fmt.Errorf("controller: unknown action %T", act)
 	}
@@ -325,4 +330,40 @@ func (a *Agent) leaveNode(ctx context.Context, n Node, req peer.LeaveRequest) er
 	ctx, cancel := context.WithTimeout(ctx, peerCallTimeoutLong)
 	defer cancel()
 	return api.Leave(ctx, req)
+}
+
+// changed records a membership change, so the next one waits for a fresh
+// backup.
+func (a *Agent) changed(err error) error {
+	if err == nil {
+		a.lastChange = a.now()
+	}
+	return err
+}
+
+// takeBackup takes a full backup through the local etcd, the leader.
+func (a *Agent) takeBackup(ctx context.Context, obs Observed, act TakeBackup) error {
+	s, err := a.openStore(ctx)
+	if err != nil {
+		a.lastBackupFailure = a.now()
+		return err
+	}
+	start := a.now()
+	info, err := backup.Take(ctx, s, backup.Request{
+		Client:       clientv3.Config{DialTimeout: 5 * time.Second},
+		Endpoint:     a.clientEndpoint,
+		TempDir:      filepath.Join(a.cfg.DataDir, "tmp"),
+		EtcdVersion:  obs.Self.Version,
+		ClusterSpec:  obs.Spec,
+		ClusterToken: obs.Cluster.Token,
+		Now:          start,
+	})
+	if err != nil {
+		a.lastBackupFailure = a.now()
+		return fmt.Errorf("controller: backup (%s): %w", act.Reason, err)
+	}
+	a.lastBackup = a.now()
+	a.log.Info("backup taken", "name", info.Name, "reason", act.Reason, "size", info.Meta.Size,
+		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", a.lastBackup.Sub(start).Round(time.Millisecond))
+	return nil
 }

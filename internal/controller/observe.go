@@ -19,6 +19,8 @@ const (
 	statusTimeout     = 2 * time.Second
 	publishInterval   = 10 * time.Second
 	pendingTimeoutMul = 3
+	// backupRetryDelay spaces out attempts after a failed backup.
+	backupRetryDelay = 30 * time.Second
 )
 
 // observe builds one cycle's view. It never fails: what it cannot see is
@@ -54,6 +56,13 @@ func (a *Agent) observe(ctx context.Context) Observed {
 		} else {
 			obs.Cluster = view
 		}
+	}
+	if obs.Cluster != nil {
+		now := a.now()
+		failedAgo := now.Sub(a.lastBackupFailure)
+		obs.BackupDue = now.Sub(a.lastBackup) >= a.cfg.BackupInterval && failedAgo >= backupRetryDelay
+		obs.BackedUpSinceChange = !a.lastBackup.IsZero() && !a.lastBackup.Before(a.lastChange)
+		obs.BackupFailedRecently = !a.lastBackupFailure.IsZero() && failedAgo < backupRetryDelay
 	}
 	if obs.Cluster == nil && !anyLiveMember(obs.Peers) && lockWorthwhile(obs) {
 		term, err := a.lock.Acquire(ctx, s)

@@ -46,6 +46,13 @@ type Observed struct {
 	// PendingTimeout is how long a node waits for the creation marker of a
 	// creation it was told about before it gives up.
 	PendingTimeout time.Duration
+	// BackupDue is set when the periodic backup is due (leader only).
+	BackupDue bool
+	// BackedUpSinceChange is set when a backup was taken after the last
+	// membership change; BackupFailedRecently when the last attempt failed
+	// moments ago, so that a store outage cannot block self-healing.
+	BackedUpSinceChange  bool
+	BackupFailedRecently bool
 }
 
 // Node is one agent as observed.
@@ -140,6 +147,9 @@ type EvictNode struct {
 	Reason string
 }
 
+// TakeBackup takes a full backup through the local etcd.
+type TakeBackup struct{ Reason string }
+
 // Report logs a state that needs no action from this node, or one that a
 // person must act on (at error level).
 type Report struct {
@@ -167,11 +177,13 @@ func (PromoteMember) Mutates() bool    { return true }
 func (a RemoveMember) String() string {
 	return fmt.Sprintf("remove-member %x node=%s (%s)", a.MemberID, a.NodeID, a.Reason)
 }
-func (RemoveMember) Mutates() bool { return true }
-func (a EvictNode) String() string { return "evict-node " + a.NodeID + " (" + a.Reason + ")" }
-func (EvictNode) Mutates() bool    { return true }
-func (a Report) String() string    { return "report " + a.Msg }
-func (Report) Mutates() bool       { return false }
+func (RemoveMember) Mutates() bool  { return true }
+func (a EvictNode) String() string  { return "evict-node " + a.NodeID + " (" + a.Reason + ")" }
+func (EvictNode) Mutates() bool     { return true }
+func (a TakeBackup) String() string { return "take-backup (" + a.Reason + ")" }
+func (TakeBackup) Mutates() bool    { return true }
+func (a Report) String() string     { return "report " + a.Msg }
+func (Report) Mutates() bool        { return false }
 
 // Plan decides what to do next from the desired spec and what was
 // observed. It is pure: no I/O, no clock, no randomness.
@@ -270,9 +282,39 @@ func planNoCluster(o Observed) []Action {
 	return []Action{CreateCluster{Members: ids[:want], Version: o.Spec.EtcdVersion}}
 }
 
-// planCluster runs on the agent beside etcd's raft leader. It returns at
-// most one mutating action, the most urgent first.
+// planCluster runs on the agent beside etcd's raft leader. A membership
+// change is preceded by a backup; the periodic backup runs when nothing
+// else is to be done.
 func planCluster(o Observed) []Action {
+	actions := planMembership(o)
+	mutating := -1
+	for i, a := range actions {
+		if a.Mutates() {
+			mutating = i
+			break
+		}
+	}
+	if mutating >= 0 {
+		switch actions[mutating].(type) {
+		case AddMember, RemoveMember:
+			if !o.BackedUpSinceChange {
+				if !o.BackupFailedRecently {
+					return []Action{TakeBackup{Reason: "before " + actions[mutating].String()}}
+				}
+				actions = append([]Action{Report{Level: slog.LevelWarn, Msg: "changing membership without a fresh backup: the last backup attempt failed"}}, actions...)
+			}
+		}
+		return actions
+	}
+	if o.BackupDue {
+		actions = append(actions, TakeBackup{Reason: "periodic"})
+	}
+	return actions
+}
+
+// planMembership returns at most one mutating action, the most urgent
+// first.
+func planMembership(o Observed) []Action {
 	c := o.Cluster
 	want := int(o.Spec.MemberCount)
 	byName := map[string]Member{}

@@ -71,7 +71,7 @@ func cluster(members ...Member) *ClusterView { return &ClusterView{Token: "tok",
 // leaderObs is an observation by node "a", the raft leader.
 func leaderObs(want int32, c *ClusterView, peers ...Node) Observed {
 	return Observed{Spec: specN(want), Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: peers[0], Peers: peers,
-		Cluster: c, Grace: time.Minute, PendingTimeout: time.Minute}
+		Cluster: c, Grace: time.Minute, PendingTimeout: time.Minute, BackedUpSinceChange: true}
 }
 
 func TestPlan(t *testing.T) {
@@ -224,6 +224,28 @@ func TestPlan(t *testing.T) {
 			obs: with(leaderObs(3, cluster(member("a", true), member("b", false), member("c", true)),
 				node("a", "member"), node("c", "member"), node("d", "standby")), func(o *Observed) { o.Grace = 0 }),
 			want: []string{fmt.Sprintf("remove-member %x node=b", member("b", true).ID)}},
+		{name: "a membership change waits for a backup",
+			obs: with(leaderObs(3, cluster(member("a", true)), node("a", "member"), node("d", "standby")),
+				func(o *Observed) { o.BackedUpSinceChange = false }),
+			want: []string{"take-backup (before add-member d)"}},
+		{name: "a removal waits for a backup too",
+			obs: with(leaderObs(1, cluster(member("a", true), member("b", true)), node("a", "member"), node("b", "member")),
+				func(o *Observed) { o.BackedUpSinceChange = false }),
+			want: []string{"take-backup (before remove-member"}},
+		{name: "a failed backup does not block healing",
+			obs: with(leaderObs(3, cluster(member("a", true)), node("a", "member"), node("d", "standby")),
+				func(o *Observed) { o.BackedUpSinceChange, o.BackupFailedRecently = false, true }),
+			want: []string{"report[WARN] changing membership without a fresh backup", "add-member d"}},
+		{name: "promotion needs no backup",
+			obs: with(leaderObs(3, cluster(member("a", true), func() Member { m := member("b", true); m.IsLearner = true; return m }()),
+				node("a", "member"), node("b", "member")), func(o *Observed) { o.BackedUpSinceChange = false }),
+			want: []string{"promote-member"}},
+		{name: "periodic backup when due and nothing else to do",
+			obs:  with(leaderObs(1, cluster(member("a", true)), node("a", "member")), func(o *Observed) { o.BackupDue = true }),
+			want: []string{"take-backup (periodic)"}},
+		{name: "periodic backup waits for a change in progress",
+			obs:  with(leaderObs(3, cluster(member("a", true)), node("a", "member"), node("d", "standby")), func(o *Observed) { o.BackupDue = true }),
+			want: []string{"add-member d"}},
 		{name: "version differs from spec: reported, not acted on",
 			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")),
 				func(o *Observed) { o.Spec = &spec.ClusterSpec{MemberCount: 1, EtcdVersion: "3.5.35"} }),
@@ -239,7 +261,7 @@ func TestPlan(t *testing.T) {
 				t.Fatalf("got %d actions (%s), want %d (%s)", len(got), describe(got), len(tt.want), strings.Join(tt.want, "; "))
 			}
 			for i, w := range tt.want {
-				if d := describe(got[i : i+1]); !strings.Contains(d, w) {
+				if d := describe(got[i : i+1]); !strings.HasPrefix(d, w) {
 					t.Errorf("action %d = %q, want %q", i, d, w)
 				}
 			}

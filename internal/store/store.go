@@ -136,6 +136,16 @@ func (s *Store) Write(ctx context.Context, key string, data []byte) error {
 	return nil
 }
 
+// Writer streams a new object to key. The object appears, whole, only
+// when Close succeeds; cancelling ctx before Close discards it.
+func (s *Store) Writer(ctx context.Context, key string) (io.WriteCloser, error) {
+	w, err := s.bucket.NewWriter(ctx, key, nil)
+	if err != nil {
+		return nil, s.wrap("write", key, err)
+	}
+	return w, nil
+}
+
 // Create writes the object at key only if no object is there yet; if one
 // is, it returns an error wrapping ErrExists. Exactly one of several
 // concurrent callers, in any process, succeeds.

@@ -1,0 +1,284 @@
+// Package backup takes full, verified etcd backups into the backup store
+// and lists them. The layout is etcd-manager's:
+//
+//	<name>/etcd.backup.gz      gzip of an etcd v3 snapshot db
+//	<name>/_etcd_backup.meta   JSON, written last: a backup without it does not exist
+//
+// where <name> is <RFC3339 UTC>-<6-digit sequence>.
+package backup
+
+import (
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	clientsnapshot "go.etcd.io/etcd/client/v3/snapshot"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// Object names inside a backup.
+const (
+	DataObject = "etcd.backup.gz"
+	MetaObject = "_etcd_backup.meta"
+)
+
+// Errors. Check them with errors.Is.
+var (
+	ErrCorrupt  = errors.New("backup: snapshot is corrupt")
+	ErrNotFound = errors.New("backup: backup not found")
+)
+
+// Meta is the _etcd_backup.meta object. The first three fields are the
+// etcd-manager format's; the rest are our additions.
+type Meta struct {
+	EtcdVersion string            `json:"etcdVersion"`
+	Timestamp   spec.Int64        `json:"timestamp"`
+	ClusterSpec *spec.ClusterSpec `json:"clusterSpec,omitempty"`
+
+	// SHA256 is the hex sha256 of the etcd.backup.gz object.
+	SHA256 string `json:"sha256,omitempty"`
+	// Size is the snapshot db's size, CompressedSize the object's.
+	Size           int64  `json:"size,omitempty"`
+	CompressedSize int64  `json:"compressedSize,omitempty"`
+	Revision       int64  `json:"revision,omitempty"`
+	TotalKeys      int    `json:"totalKeys,omitempty"`
+	ClusterToken   string `json:"clusterToken,omitempty"`
+}
+
+// Store is the part of the backup store backups need.
+type Store interface {
+	Writer(ctx context.Context, key string) (io.WriteCloser, error)
+	Read(ctx context.Context, key string) ([]byte, error)
+	Write(ctx context.Context, key string, data []byte) error
+	List(ctx context.Context, prefix, delimiter string) ([]string, error)
+}
+
+// Info describes one backup.
+type Info struct {
+	Name string
+	Meta Meta
+}
+
+var nameRE = regexp.MustCompile(`^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z)-(\d{6})$`)
+
+// Request says what to back up and how to describe it.
+type Request struct {
+	// Client reaches the member to snapshot; Endpoint names it.
+	Client   clientv3.Config
+	Endpoint string
+	// TempDir holds the snapshot while it is verified and compressed.
+	TempDir string
+	// EtcdVersion is the server version of the member snapshotted.
+	EtcdVersion  string
+	ClusterSpec  *spec.ClusterSpec
+	ClusterToken string
+	Now          time.Time
+}
+
+// Take streams a snapshot from one member to a temporary file, verifies
+// it, uploads it compressed and then the meta. Memory use does not grow
+// with the database. On failure nothing is listed: the meta is written
+// only after the data.
+func Take(ctx context.Context, s Store, req Request) (Info, error) {
+	if err := os.MkdirAll(req.TempDir, 0o700); err != nil {
+		return Info{}, fmt.Errorf("backup: temp dir: %w", err)
+	}
+	tmp, err := os.MkdirTemp(req.TempDir, "snapshot-")
+	if err != nil {
+		return Info{}, fmt.Errorf("backup: temp dir: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	db := filepath.Join(tmp, "snapshot.db")
+
+	cfg := req.Client
+	cfg.Endpoints = []string{req.Endpoint}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	// The version returned is the snapshot's storage version (3.6.0 for
+	// any 3.6.x), used only when the caller does not know the server's.
+	version, err := clientsnapshot.SaveWithVersion(ctx, cfg.Logger, cfg, db)
+	if err != nil {
+		return Info{}, fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err)
+	}
+	status, err := Verify(db)
+	if err != nil {
+		return Info{}, err
+	}
+	st, err := os.Stat(db)
+	if err != nil {
+		return Info{}, fmt.Errorf("backup: %w", err)
+	}
+
+	name, err := nextName(ctx, s, req.Now)
+	if err != nil {
+		return Info{}, err
+	}
+	sum, compressed, err := upload(ctx, s, name+"/"+DataObject, db)
+	if err != nil {
+		return Info{}, err
+	}
+	if req.EtcdVersion != "" {
+		version = req.EtcdVersion
+	}
+	meta := Meta{
+		EtcdVersion:    strings.TrimPrefix(version, "v"),
+		Timestamp:      spec.Int64(req.Now.Unix()),
+		ClusterSpec:    req.ClusterSpec,
+		SHA256:         sum,
+		Size:           st.Size(),
+		CompressedSize: compressed,
+		Revision:       status.Revision,
+		TotalKeys:      status.TotalKey,
+		ClusterToken:   req.ClusterToken,
+	}
+	data, err := json.Marshal(meta)
+	if err != nil {
+		return Info{}, fmt.Errorf("backup: encode meta: %w", err)
+	}
+	if err := s.Write(ctx, name+"/"+MetaObject, data); err != nil {
+		return Info{}, fmt.Errorf("backup: write meta of %s: %w", name, err)
+	}
+	return Info{Name: name, Meta: meta}, nil
+}
+
+// Verify checks a snapshot db file: the sha256 trailer etcd appends to a
+// streamed snapshot, then the db itself through etcdutl's snapshot status.
+func Verify(path string) (snapshot.Status, error) {
+	if err := checkTrailer(path); err != nil {
+		return snapshot.Status{}, err
+	}
+	st, err := snapshot.NewV3(zap.NewNop()).Status(path)
+	if err != nil {
+		return st, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+	}
+	return st, nil
+}
+
+// checkTrailer compares the last 32 bytes with the sha256 of the rest,
+// reading the file once.
+func checkTrailer(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	if st.Size() < sha256.Size+512 {
+		return fmt.Errorf("%w: %s is only %d bytes", ErrCorrupt, path, st.Size())
+	}
+	h := sha256.New()
+	if _, err := io.CopyN(h, f, st.Size()-sha256.Size); err != nil {
+		return fmt.Errorf("backup: read %s: %w", path, err)
+	}
+	trailer := make([]byte, sha256.Size)
+	if _, err := io.ReadFull(f, trailer); err != nil {
+		return fmt.Errorf("backup: read %s: %w", path, err)
+	}
+	if got := h.Sum(nil); string(got) != string(trailer) {
+		return fmt.Errorf("%w: %s: sha256 trailer does not match its contents", ErrCorrupt, path)
+	}
+	return nil
+}
+
+// upload gzips the file into the store and returns the object's sha256
+// and size.
+func upload(ctx context.Context, s Store, key, path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, fmt.Errorf("backup: %w", err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // an unfinished writer is discarded, never committed
+	w, err := s.Writer(ctx, key)
+	if err != nil {
+		return "", 0, fmt.Errorf("backup: upload %s: %w", key, err)
+	}
+	h := sha256.New()
+	counter := &countWriter{}
+	gz := gzip.NewWriter(io.MultiWriter(w, h, counter))
+	if _, err := io.Copy(gz, f); err != nil {
+		cancel()
+		w.Close()
+		return "", 0, fmt.Errorf("backup: upload %s: %w", key, err)
+	}
+	if err := gz.Close(); err != nil {
+		cancel()
+		w.Close()
+		return "", 0, fmt.Errorf("backup: upload %s: %w", key, err)
+	}
+	if err := w.Close(); err != nil {
+		return "", 0, fmt.Errorf("backup: upload %s: %w", key, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), counter.n, nil
+}
+
+type countWriter struct{ n int64 }
+
+func (c *countWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }
+
+// nextName is <now, RFC3339 UTC>-<seq>, seq one past the highest taken in
+// the same second.
+func nextName(ctx context.Context, s Store, now time.Time) (string, error) {
+	stamp := now.UTC().Format("2006-01-02T15:04:05Z")
+	names, err := s.List(ctx, stamp, "/")
+	if err != nil {
+		return "", fmt.Errorf("backup: list: %w", err)
+	}
+	seq := 0
+	for _, n := range names {
+		if m := nameRE.FindStringSubmatch(strings.TrimSuffix(n, "/")); m != nil && m[1] == stamp {
+			if v, _ := strconv.Atoi(m[2]); v > seq {
+				seq = v
+			}
+		}
+	}
+	return fmt.Sprintf("%s-%06d", stamp, seq+1), nil
+}
+
+// List returns the complete backups (those with a readable meta), oldest
+// first.
+func List(ctx context.Context, s Store) ([]Info, error) {
+	dirs, err := s.List(ctx, "", "/")
+	if err != nil {
+		return nil, fmt.Errorf("backup: list: %w", err)
+	}
+	var out []Info
+	for _, d := range dirs {
+		name := strings.TrimSuffix(d, "/")
+		if !nameRE.MatchString(name) {
+			continue
+		}
+		data, err := s.Read(ctx, name+"/"+MetaObject)
+		if err != nil {
+			continue // no meta: an unfinished backup, which does not exist
+		}
+		var m Meta
+		if err := json.Unmarshal(data, &m); err != nil {
+			continue
+		}
+		out = append(out, Info{Name: name, Meta: m})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}

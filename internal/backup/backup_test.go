@@ -1,0 +1,76 @@
+package backup
+
+import (
+	"crypto/sha256"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+func TestVerifyRefusesBadSnapshots(t *testing.T) {
+	dir := t.TempDir()
+	body := []byte(strings.Repeat("x", 4096))
+	sum := sha256.Sum256(body)
+	cases := map[string][]byte{
+		"short":       []byte("tiny"),
+		"bad-trailer": append(append([]byte{}, body...), make([]byte, sha256.Size)...),
+		// The trailer matches, but the body is no bbolt database.
+		"not-a-db": append(append([]byte{}, body...), sum[:]...),
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			p := filepath.Join(dir, name)
+			if err := os.WriteFile(p, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Verify(p); !errors.Is(err, ErrCorrupt) {
+				t.Errorf("Verify = %v, want ErrCorrupt", err)
+			}
+		})
+	}
+}
+
+func TestNamesAndListing(t *testing.T) {
+	s, err := store.Open(t.Context(), "file://"+filepath.Join(t.TempDir(), "s"), store.Options{Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	now := time.Date(2026, 11, 22, 3, 4, 5, 0, time.UTC)
+	first, err := nextName(ctx, s, now)
+	if err != nil || first != "2026-11-22T03:04:05Z-000001" {
+		t.Fatalf("first name %q, %v", first, err)
+	}
+	for _, k := range []string{first + "/" + DataObject, first + "/" + MetaObject} {
+		if err := s.Write(ctx, k, []byte(`{"etcdVersion":"3.6.16","timestamp":"1795320245"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	second, _ := nextName(ctx, s, now)
+	if second != "2026-11-22T03:04:05Z-000002" {
+		t.Errorf("second name in the same second = %q", second)
+	}
+	// Data without meta, junk meta and foreign folders are not backups.
+	for k, v := range map[string]string{
+		second + "/" + DataObject:                   "partial",
+		"2026-11-22T03:04:06Z-000001/" + MetaObject: "{junk",
+		"control/etcd-cluster-spec":                 "{}",
+	} {
+		if err := s.Write(ctx, k, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	infos, err := List(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 1 || infos[0].Name != first || infos[0].Meta.EtcdVersion != "3.6.16" || infos[0].Meta.Timestamp != 1795320245 {
+		t.Errorf("List = %+v", infos)
+	}
+}

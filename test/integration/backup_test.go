@@ -1,0 +1,134 @@
+package integration
+
+import (
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/test/harness"
+)
+
+var backupNameRE = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z-\d{6}$`)
+
+// Every membership change is preceded by a verified full backup, in the
+// store's format, that etcdutl reads back.
+func TestBackupBeforeMembershipChange(t *testing.T) {
+	env, agents, _ := startCluster(t, 1, 3, harness.AgentOptions{})
+	c := clusterClient(t, agents)
+	for i := range 50 {
+		put(t, c, fmt.Sprintf("/backup/%02d", i), strings.Repeat("v", 100))
+	}
+	env.MustCtl("--member-count=3", "configure-cluster")
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	if n := strings.Count(allLogs(agents), `msg="backup taken"`); n < 2 {
+		t.Errorf("%d backups for 2 additions, want one before each", n)
+	}
+
+	// An unfinished backup (data without meta) is never listed.
+	partial := filepath.Join(env.StoreDir, "2000-01-01T00:00:00Z-000001")
+	if err := os.MkdirAll(partial, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(partial, backup.DataObject), []byte("partial"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	out := env.MustCtl("list-backups")
+	names := strings.Fields(out)
+	if len(names) < 2 {
+		t.Fatalf("list-backups printed %q", out)
+	}
+	for i, n := range names {
+		if !backupNameRE.MatchString(n) {
+			t.Errorf("backup name %q is not <RFC3339>-<6 digits>", n)
+		}
+		if i > 0 && names[i-1] >= n {
+			t.Errorf("not oldest first: %q before %q", names[i-1], n)
+		}
+		if strings.HasPrefix(n, "2000-") {
+			t.Errorf("unfinished backup %s was listed", n)
+		}
+	}
+
+	// Restore-readiness: the newest backup matches its meta and etcdutl's
+	// snapshot status reads it.
+	newest := names[len(names)-1]
+	var meta backup.Meta
+	raw, err := os.ReadFile(filepath.Join(env.StoreDir, newest, backup.MetaObject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &meta); err != nil {
+		t.Fatal(err)
+	}
+	if meta.EtcdVersion != harness.DefaultEtcdVersion || meta.Timestamp == 0 || meta.ClusterSpec == nil {
+		t.Errorf("meta %s: want etcdVersion, timestamp and clusterSpec", raw)
+	}
+	for _, field := range []string{`"etcdVersion":"`, `"timestamp":"`, `"clusterSpec":{"memberCount":`} {
+		if !strings.Contains(string(raw), field) {
+			t.Errorf("meta %s lacks %s", raw, field)
+		}
+	}
+	gz, err := os.ReadFile(filepath.Join(env.StoreDir, newest, backup.DataObject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(gz)
+	if hex.EncodeToString(sum[:]) != meta.SHA256 || int64(len(gz)) != meta.CompressedSize {
+		t.Errorf("object sha256/size do not match the meta: %+v", meta)
+	}
+	zr, err := gzip.NewReader(strings.NewReader(string(gz)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := filepath.Join(t.TempDir(), "snapshot.db")
+	f, err := os.Create(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(f, zr); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	st, err := backup.Verify(db)
+	if err != nil {
+		t.Fatalf("verify %s: %v", newest, err)
+	}
+	if st.Revision < 50 || st.Revision != meta.Revision {
+		t.Errorf("snapshot revision %d, meta %d; want at least the 50 writes", st.Revision, meta.Revision)
+	}
+
+	// A corrupted snapshot is caught by verification.
+	data, _ := os.ReadFile(db)
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(db, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := backup.Verify(db); err == nil {
+		t.Error("a flipped byte passed verification")
+	}
+
+	out = env.MustCtl("list-backups", "-o", "json")
+	var rows []struct {
+		Name        string
+		EtcdVersion string
+		Size        int64
+		Revision    int64
+		AgeSeconds  float64
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil || len(rows) != len(names) {
+		t.Fatalf("list-backups -o json: %v\n%s", err, out)
+	}
+	if r := rows[len(rows)-1]; r.Name != newest || r.Size == 0 || r.Revision == 0 || r.EtcdVersion != harness.DefaultEtcdVersion {
+		t.Errorf("json row %+v", r)
+	}
+}
