@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 )
@@ -47,6 +48,8 @@ type Config struct {
 	LeaderLease time.Duration
 	// BackupInterval is the time between the leader's periodic backups.
 	BackupInterval time.Duration
+	// BackupRetention is the retention policy (see backup.ParseRetention).
+	BackupRetention string
 
 	// LoopInterval is the time between control-loop cycles.
 	LoopInterval time.Duration
@@ -91,6 +94,7 @@ func Default() Config {
 		MemberFailureGrace: DefaultMemberFailureGrace,
 		LeaderLease:        DefaultLeaderLease,
 		BackupInterval:     DefaultBackupInterval,
+		BackupRetention:    "default",
 		LoopInterval:       DefaultLoopInterval,
 		EtcdStopTimeout:    DefaultEtcdStopTimeout,
 	}
@@ -114,6 +118,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.MemberFailureGrace, "member-failure-grace", c.MemberFailureGrace, "how long a member may be unhealthy before a standby agent replaces it")
 	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
 	fs.DurationVar(&c.BackupInterval, "backup-interval", c.BackupInterval, "time between the leader's periodic full backups to the backup store; a backup is also taken before every membership change")
+	fs.StringVar(&c.BackupRetention, "backup-retention", c.BackupRetention, "which backups to keep: default (everything under 1h, hourly for 7d, daily for 90d), exponential (hourly for 24h, daily for 7d, weekly for 4w) or count:N; the newest is always kept")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
 }
@@ -182,6 +187,9 @@ func (c *Config) Validate() error {
 	}
 	if c.LeaderLease < time.Second {
 		errs = append(errs, errors.New("--leader-lease must be at least 1s"))
+	}
+	if _, err := backup.ParseRetention(c.BackupRetention); err != nil {
+		errs = append(errs, fmt.Errorf("--backup-retention: %w", err))
 	}
 	if c.BackupInterval < time.Minute {
 		errs = append(errs, errors.New("--backup-interval must be at least 1m"))

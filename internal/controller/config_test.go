@@ -3,6 +3,7 @@ package controller
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -51,6 +52,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "url without port", mutate: func(c *Config) { c.PeerURLs = []string{"http://127.0.0.1"} }, wantErr: "host and a port"},
 		{name: "quarantine equals client", mutate: func(c *Config) { c.QuarantineClientURLs = c.ClientURLs }, wantErr: "must differ"},
 		{name: "zero loop interval", mutate: func(c *Config) { c.LoopInterval = 0 }, wantErr: "--loop-interval"},
+		{name: "bad retention", mutate: func(c *Config) { c.BackupRetention = "forever" }, wantErr: "--backup-retention"},
+		{name: "backup interval too short", mutate: func(c *Config) { c.BackupInterval = time.Second }, wantErr: "--backup-interval"},
+		{name: "bad discovery", mutate: func(c *Config) { c.Discovery = "consul:x" }, wantErr: "--discovery"},
+		{name: "short leader lease", mutate: func(c *Config) { c.LeaderLease = time.Millisecond }, wantErr: "--leader-lease"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -365,5 +365,29 @@ func (a *Agent) takeBackup(ctx context.Context, obs Observed, act TakeBackup) er
 	a.lastBackup = a.now()
 	a.log.Info("backup taken", "name", info.Name, "reason", act.Reason, "size", info.Meta.Size,
 		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", a.lastBackup.Sub(start).Round(time.Millisecond))
+	a.prune(ctx, s)
 	return nil
+}
+
+// prune applies the retention policy after a backup. Failures are logged:
+// an old backup kept too long does no harm.
+func (a *Agent) prune(ctx context.Context, s *store.Store) {
+	policy, err := backup.ParseRetention(a.cfg.BackupRetention)
+	if err != nil {
+		a.log.Error("invalid retention policy; keeping every backup", "error", err)
+		return
+	}
+	infos, err := backup.List(ctx, s)
+	if err != nil {
+		a.log.Warn("cannot list backups to apply retention", "error", err)
+		return
+	}
+	// No command queue yet, so no queued restore to protect.
+	for _, name := range policy.Expired(infos, a.now(), nil) {
+		if err := backup.Remove(ctx, s, name); err != nil {
+			a.log.Warn("cannot delete an expired backup", "name", name, "error", err)
+			continue
+		}
+		a.log.Info("expired backup deleted", "name", name, "policy", policy.String())
+	}
 }

@@ -132,3 +132,21 @@ func TestBackupBeforeMembershipChange(t *testing.T) {
 		t.Errorf("json row %+v", r)
 	}
 }
+
+// The retention policy prunes after each backup, always keeping the
+// newest.
+func TestBackupRetention(t *testing.T) {
+	env, agents, _ := startCluster(t, 1, 3, harness.AgentOptions{ExtraArgs: []string{"--backup-retention=count:1"}})
+	env.MustCtl("--member-count=3", "configure-cluster")
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	if n := strings.Count(allLogs(agents), `msg="backup taken"`); n < 2 {
+		t.Fatalf("%d backups taken, want at least 2", n)
+	}
+	harness.WaitFor(t, settleTimeout, "retention to leave one backup", func() bool {
+		out, _, err := env.Ctl("list-backups")
+		return err == nil && len(strings.Fields(out)) == 1
+	})
+	if !strings.Contains(allLogs(agents), "expired backup deleted") {
+		t.Error("no expired backup was deleted")
+	}
+}
