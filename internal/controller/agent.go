@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +33,7 @@ type Agent struct {
 	now    func() time.Time
 	creds  credentials.TransportCredentials
 	lock   LeaderLock
+	met    *metrics
 
 	// mu guards the node's state and serializes changes to it and to the
 	// local etcd, between the loop and peer API calls.
@@ -75,6 +77,7 @@ func NewAgent(cfg Config, log *slog.Logger) *Agent {
 			StopTimeout: cfg.EtcdStopTimeout,
 		}, log.With("component", "etcd")),
 		now:            time.Now,
+		met:            newMetrics(),
 		wake:           make(chan struct{}, 1),
 		peers:          map[string]*peer.Client{},
 		unhealthySince: map[uint64]time.Time{},
@@ -126,6 +129,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	l, err := net.Listen("tcp", a.peerAddress())
 	if err != nil {
 		return fmt.Errorf("controller: peer API: %w", err)
+	}
+	if a.cfg.MetricsAddress != "" {
+		stop, err := a.met.serve(ctx, a.cfg.MetricsAddress)
+		if err != nil {
+			l.Close()
+			return fmt.Errorf("controller: metrics: %w", err)
+		}
+		defer stop()
 	}
 	srv := peer.NewServer(a.creds, a.cfg.ClusterName, a)
 	go func() {
@@ -211,6 +222,7 @@ func (a *Agent) cycle(ctx context.Context) (changed bool) {
 		}
 		a.log.Info("performing action", "action", act.String())
 		err := a.execute(ctx, obs, act)
+		a.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
 		switch {
 		case errors.Is(err, errWait):
 			a.log.Info("action must wait; will retry", "action", act.String(), "reason", err)
@@ -476,4 +488,21 @@ func newToken() (string, error) {
 		return "", fmt.Errorf("controller: cluster token: %w", err)
 	}
 	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// actionKind is the action's name without its arguments, for metrics.
+func actionKind(act Action) string {
+	kind, _, _ := strings.Cut(act.String(), " ")
+	return kind
+}
+
+func result(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, errWait):
+		return "wait"
+	default:
+		return "error"
+	}
 }

@@ -50,6 +50,8 @@ type Config struct {
 	BackupInterval time.Duration
 	// BackupRetention is the retention policy (see backup.ParseRetention).
 	BackupRetention string
+	// MetricsAddress serves Prometheus metrics when set (host:port).
+	MetricsAddress string
 
 	// LoopInterval is the time between control-loop cycles.
 	LoopInterval time.Duration
@@ -119,6 +121,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
 	fs.DurationVar(&c.BackupInterval, "backup-interval", c.BackupInterval, "time between the leader's periodic full backups to the backup store; a backup is also taken before every membership change")
 	fs.StringVar(&c.BackupRetention, "backup-retention", c.BackupRetention, "which backups to keep: default (everything under 1h, hourly for 7d, daily for 90d), exponential (hourly for 24h, daily for 7d, weekly for 4w) or count:N; the newest is always kept")
+	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
 }
@@ -190,6 +193,11 @@ func (c *Config) Validate() error {
 	}
 	if _, err := backup.ParseRetention(c.BackupRetention); err != nil {
 		errs = append(errs, fmt.Errorf("--backup-retention: %w", err))
+	}
+	if c.MetricsAddress != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-address %q: want host:port", c.MetricsAddress))
+		}
 	}
 	if c.BackupInterval < time.Minute {
 		errs = append(errs, errors.New("--backup-interval must be at least 1m"))

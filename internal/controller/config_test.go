@@ -52,6 +52,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "url without port", mutate: func(c *Config) { c.PeerURLs = []string{"http://127.0.0.1"} }, wantErr: "host and a port"},
 		{name: "quarantine equals client", mutate: func(c *Config) { c.QuarantineClientURLs = c.ClientURLs }, wantErr: "must differ"},
 		{name: "zero loop interval", mutate: func(c *Config) { c.LoopInterval = 0 }, wantErr: "--loop-interval"},
+		{name: "bad metrics address", mutate: func(c *Config) { c.MetricsAddress = "9100" }, wantErr: "--metrics-address"},
 		{name: "bad retention", mutate: func(c *Config) { c.BackupRetention = "forever" }, wantErr: "--backup-retention"},
 		{name: "backup interval too short", mutate: func(c *Config) { c.BackupInterval = time.Second }, wantErr: "--backup-interval"},
 		{name: "bad discovery", mutate: func(c *Config) { c.Discovery = "consul:x" }, wantErr: "--discovery"},

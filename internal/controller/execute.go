@@ -346,6 +346,7 @@ func (a *Agent) takeBackup(ctx context.Context, obs Observed, act TakeBackup) er
 	s, err := a.openStore(ctx)
 	if err != nil {
 		a.lastBackupFailure = a.now()
+		a.met.backupFailures.Inc()
 		return err
 	}
 	start := a.now()
@@ -360,9 +361,13 @@ func (a *Agent) takeBackup(ctx context.Context, obs Observed, act TakeBackup) er
 	})
 	if err != nil {
 		a.lastBackupFailure = a.now()
+		a.met.backupFailures.Inc()
 		return fmt.Errorf("controller: backup (%s): %w", act.Reason, err)
 	}
 	a.lastBackup = a.now()
+	a.met.backupLastOK.Set(float64(a.lastBackup.Unix()))
+	a.met.backupDuration.Set(a.lastBackup.Sub(start).Seconds())
+	a.met.backupSize.Set(float64(info.Meta.Size))
 	a.log.Info("backup taken", "name", info.Name, "reason", act.Reason, "size", info.Meta.Size,
 		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", a.lastBackup.Sub(start).Round(time.Millisecond))
 	a.prune(ctx, s)

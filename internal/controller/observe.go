@@ -33,7 +33,12 @@ func (a *Agent) observe(ctx context.Context) Observed {
 		Grace:          a.cfg.MemberFailureGrace,
 		PendingTimeout: pendingTimeoutMul * a.cfg.LeaderLease,
 	}
-	defer func() { a.setInfo(self, local, obs.Cluster != nil || obs.LockHeld) }()
+	defer func() {
+		leading := obs.Cluster != nil || obs.LockHeld
+		a.setInfo(self, local, leading)
+		boolGauge(a.met.leader, leading)
+		boolGauge(a.met.etcdHealthy, self.Healthy)
+	}()
 
 	s, err := a.openStore(ctx)
 	if err != nil {

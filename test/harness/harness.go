@@ -175,6 +175,8 @@ type AgentOptions struct {
 	ExtraArgs []string
 	// IP fixes the agent's loopback address; empty allocates a fresh one.
 	IP string
+	// Metrics serves the agent's metrics at MetricsURL.
+	Metrics bool
 	// Defaults runs the agent with its default timings instead of the fast
 	// ones tests use (benchmarks measure the product as shipped).
 	Defaults bool
@@ -189,13 +191,15 @@ type Agent struct {
 	QuarURL   string
 	PeerURL   string
 	// PeerAPI is the agent's peer API address (host:port).
-	PeerAPI  string
-	LogPath  string
-	args     []string
-	cmd      *exec.Cmd
-	waitDone chan struct{}
-	waitErr  error
-	logFile  *os.File
+	PeerAPI string
+	// MetricsURL is set when the agent serves metrics.
+	MetricsURL string
+	LogPath    string
+	args       []string
+	cmd        *exec.Cmd
+	waitDone   chan struct{}
+	waitErr    error
+	logFile    *os.File
 }
 
 // StartAgent starts an agent with free loopback ports and a fresh data dir.
@@ -232,6 +236,10 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 		"--etcd-bin-dir=" + e.BinDir,
 		"--etcd-stop-timeout=10s",
 	}...)
+	if opts.Metrics {
+		a.MetricsURL = fmt.Sprintf("http://%s:9100/metrics", ip)
+		a.args = append(a.args, fmt.Sprintf("--metrics-address=%s:9100", ip))
+	}
 	if !opts.Defaults {
 		a.args = append(a.args, "--loop-interval=300ms", "--leader-lease=2s")
 	}
@@ -418,8 +426,9 @@ func processAlive(pid int) bool {
 }
 
 // AgentPorts are the ports every agent uses on its own loopback address:
-// client, quarantine, etcd peer and peer API, as in the walkthrough.
-var AgentPorts = []int{4001, 8001, 2380, 8000}
+// client, quarantine, etcd peer and peer API, as in the walkthrough, and
+// metrics.
+var AgentPorts = []int{4001, 8001, 2380, 8000, 9100}
 
 var ipCounter atomic.Int32
 

@@ -7,11 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/test/harness"
@@ -148,5 +150,42 @@ func TestBackupRetention(t *testing.T) {
 	})
 	if !strings.Contains(allLogs(agents), "expired backup deleted") {
 		t.Error("no expired backup was deleted")
+	}
+}
+
+// The backup metrics are served on --metrics-address.
+func TestBackupMetrics(t *testing.T) {
+	env, agents, _ := startCluster(t, 1, 2, harness.AgentOptions{Metrics: true})
+	env.MustCtl("--member-count=2", "configure-cluster")
+	harness.WaitSettled(t, agents, 2, settleTimeout)
+	var leaderMetrics string
+	harness.WaitFor(t, 20*time.Second, "a leader reporting a backup in its metrics", func() bool {
+		for _, a := range agents {
+			resp, err := http.Get(a.MetricsURL)
+			if err != nil {
+				continue
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), "etcd_manager_leader 1") {
+				leaderMetrics = string(body)
+				return !strings.Contains(leaderMetrics, "etcd_manager_backup_last_success_timestamp_seconds 0")
+			}
+		}
+		return false
+	})
+	for _, want := range []string{
+		"etcd_manager_backup_last_size_bytes ",
+		"etcd_manager_backup_last_duration_seconds ",
+		"etcd_manager_backup_failures_total 0",
+		`etcd_manager_actions_total{action="take-backup",result="ok"}`,
+		"etcd_manager_etcd_healthy 1",
+	} {
+		if !strings.Contains(leaderMetrics, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if strings.Contains(leaderMetrics, "etcd_manager_backup_last_size_bytes 0\n") {
+		t.Error("backup size metric is 0")
 	}
 }
