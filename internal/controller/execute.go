@@ -18,6 +18,10 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
+// etcdCallTimeout bounds every etcd call the executor makes: a call that
+// hangs (leadership moving mid-call) must never stall the loop.
+const etcdCallTimeout = 10 * time.Second
+
 // ErrNotLeader means a leadership re-check failed before a mutating step.
 var ErrNotLeader = errors.New("controller: no longer the leader")
 
@@ -202,7 +206,9 @@ func (a *Agent) addMember(ctx context.Context, obs Observed, act AddMember) erro
 	if err := a.confirmLeader(ctx); err != nil {
 		return err
 	}
-	list, err := a.client.MemberList(ctx)
+	lctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	defer cancel()
+	list, err := a.client.MemberList(lctx)
 	if err != nil {
 		return fmt.Errorf("controller: member list: %w", err)
 	}
@@ -212,7 +218,9 @@ func (a *Agent) addMember(ctx context.Context, obs Observed, act AddMember) erro
 		exists = exists || sameURLs(m.PeerURLs, n.PeerURLs)
 	}
 	if !exists {
-		resp, err := a.client.MemberAddAsLearner(ctx, n.PeerURLs)
+		actx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+		defer cancel()
+		resp, err := a.client.MemberAddAsLearner(actx, n.PeerURLs)
 		if err != nil && strings.Contains(err.Error(), rpctypes.ErrGRPCUnhealthy.Error()) {
 			// etcd refuses changes until every member has been connected
 			// for a few seconds, as after a promotion.
@@ -255,7 +263,9 @@ func (a *Agent) promoteMember(ctx context.Context, act PromoteMember) error {
 	if err := a.confirmLeader(ctx); err != nil {
 		return err
 	}
-	_, err := a.client.MemberPromote(ctx, act.MemberID)
+	pctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	defer cancel()
+	_, err := a.client.MemberPromote(pctx, act.MemberID)
 	if errors.Is(err, rpctypes.ErrGRPCLearnerNotReady) || (err != nil && strings.Contains(err.Error(), rpctypes.ErrGRPCLearnerNotReady.Error())) {
 		return fmt.Errorf("%w: learner %x is still catching up", errWait, act.MemberID)
 	}
@@ -270,7 +280,9 @@ func (a *Agent) removeMember(ctx context.Context, obs Observed, act RemoveMember
 	if err := a.confirmLeader(ctx); err != nil {
 		return err
 	}
-	_, err := a.client.MemberRemove(ctx, act.MemberID)
+	rctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	defer cancel()
+	_, err := a.client.MemberRemove(rctx, act.MemberID)
 	if err != nil && !strings.Contains(err.Error(), rpctypes.ErrGRPCMemberNotFound.Error()) {
 		return fmt.Errorf("controller: remove member %x: %w", act.MemberID, err)
 	}

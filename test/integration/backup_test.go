@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -158,34 +159,59 @@ func TestBackupMetrics(t *testing.T) {
 	env, agents, _ := startCluster(t, 1, 2, harness.AgentOptions{Metrics: true})
 	env.MustCtl("--member-count=2", "configure-cluster")
 	harness.WaitSettled(t, agents, 2, settleTimeout)
-	var leaderMetrics string
-	harness.WaitFor(t, 20*time.Second, "a leader reporting a backup in its metrics", func() bool {
+	scrape := func(a *harness.Agent) string {
+		resp, err := http.Get(a.MetricsURL)
+		if err != nil {
+			return ""
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	// The agent that took the backup before the member was added reports it
+	// (leadership may have moved since).
+	var backupMetrics string
+	harness.WaitFor(t, 20*time.Second, "an agent reporting a backup in its metrics", func() bool {
 		for _, a := range agents {
-			resp, err := http.Get(a.MetricsURL)
-			if err != nil {
-				continue
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(body), "etcd_manager_leader 1") {
-				leaderMetrics = string(body)
-				return !strings.Contains(leaderMetrics, "etcd_manager_backup_last_success_timestamp_seconds 0")
+			m := scrape(a)
+			if strings.Contains(m, "\netcd_manager_backup_last_success_timestamp_seconds ") &&
+				!hasLine(m, "etcd_manager_backup_last_success_timestamp_seconds 0") {
+				backupMetrics = m
+				return true
 			}
 		}
 		return false
 	})
 	for _, want := range []string{
-		"etcd_manager_backup_last_size_bytes ",
-		"etcd_manager_backup_last_duration_seconds ",
-		"etcd_manager_backup_failures_total 0",
-		`etcd_manager_actions_total{action="take-backup",result="ok"}`,
-		"etcd_manager_etcd_healthy 1",
+		"\netcd_manager_backup_last_size_bytes ",
+		"\netcd_manager_backup_last_duration_seconds ",
+		"\netcd_manager_actions_total{action=\"take-backup\",result=\"ok\"}",
 	} {
-		if !strings.Contains(leaderMetrics, want) {
+		if !strings.Contains(backupMetrics, want) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	if strings.Contains(leaderMetrics, "etcd_manager_backup_last_size_bytes 0\n") {
+	for _, want := range []string{"etcd_manager_backup_failures_total 0", "etcd_manager_etcd_healthy 1"} {
+		if !hasLine(backupMetrics, want) {
+			t.Errorf("metrics lack the line %q", want)
+		}
+	}
+	if hasLine(backupMetrics, "etcd_manager_backup_last_size_bytes 0") {
 		t.Error("backup size metric is 0")
 	}
+	harness.WaitFor(t, 20*time.Second, "exactly one agent reporting itself leader", func() bool {
+		leaders := 0
+		for _, a := range agents {
+			if hasLine(scrape(a), "etcd_manager_leader 1") {
+				leaders++
+			}
+		}
+		return leaders == 1
+	})
+}
+
+// hasLine reports whether text has exactly this line (help text can hold
+// the same words).
+func hasLine(text, line string) bool {
+	return slices.Contains(strings.Split(text, "\n"), line)
 }
