@@ -315,33 +315,29 @@ type nodeAPI interface {
 // peerCallTimeoutLong bounds a Join or Leave, which may stop or start etcd.
 const peerCallTimeoutLong = 30 * time.Second
 
-func (a *Agent) node(n Node) (nodeAPI, error) {
-	if n.ID == a.lock.NodeID {
-		return a, nil
-	}
-	return a.peerClient(n.Address)
-}
-
 func (a *Agent) joinNode(ctx context.Context, n Node, req peer.JoinRequest) error {
-	api, err := a.node(n)
-	if err != nil {
-		return err
-	}
 	req.LeaderID = a.lock.NodeID
-	ctx, cancel := context.WithTimeout(ctx, peerCallTimeoutLong)
-	defer cancel()
-	return api.Join(ctx, req)
+	return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error { return api.Join(ctx, req) })
 }
 
 func (a *Agent) leaveNode(ctx context.Context, n Node, req peer.LeaveRequest) error {
-	api, err := a.node(n)
-	if err != nil {
-		return err
-	}
 	req.LeaderID = a.lock.NodeID
+	return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error { return api.Leave(ctx, req) })
+}
+
+// askNode makes one bounded call on a node, this agent or a peer.
+func (a *Agent) askNode(ctx context.Context, n Node, call func(context.Context, nodeAPI) error) error {
+	var api nodeAPI = a
+	if n.ID != a.lock.NodeID {
+		c, err := a.peerClient(n.Address)
+		if err != nil {
+			return err
+		}
+		api = c
+	}
 	ctx, cancel := context.WithTimeout(ctx, peerCallTimeoutLong)
 	defer cancel()
-	return api.Leave(ctx, req)
+	return call(ctx, api)
 }
 
 // changed records a membership change, so the next one waits for a fresh

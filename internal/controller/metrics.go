@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
 	"time"
@@ -55,8 +54,8 @@ func boolGauge(g prometheus.Gauge, v bool) {
 	}
 }
 
-// serveMetrics serves /metrics on addr until ctx is done.
-func (m *metrics) serve(ctx context.Context, addr string) (func(), error) {
+// serve serves /metrics on addr until the returned stop is called.
+func (m *metrics) serve(addr string) (stop func(), err error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -64,11 +63,7 @@ func (m *metrics) serve(ctx context.Context, addr string) (func(), error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			_ = err // the listener closed under us; nothing more to do
-		}
-	}()
+	go func() { _ = srv.Serve(l) }() // returns when stop shuts it down
 	return func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

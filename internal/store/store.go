@@ -11,6 +11,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -300,7 +301,8 @@ func (s *Store) wrap(op, key string, err error) error {
 
 func jsonLine(v any) ([]byte, error) {
 	var buf bytes.Buffer
-	enc := jsonEncoder(&buf)
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
 		return nil, fmt.Errorf("store: encode: %w", err)
 	}

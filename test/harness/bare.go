@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -40,14 +39,12 @@ func (e *Env) StartBareCluster(n int) []*BareEtcd {
 	}
 	for _, m := range members {
 		dir := filepath.Join(e.Root, "bare", m.Name)
+		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+			e.t.Fatal(err)
+		}
 		logf, err := os.Create(dir + ".log")
 		if err != nil {
-			if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-				e.t.Fatal(err)
-			}
-			if logf, err = os.Create(dir + ".log"); err != nil {
-				e.t.Fatal(err)
-			}
+			e.t.Fatal(err)
 		}
 		m.cmd = exec.Command(etcd,
 			"--name="+m.Name, "--data-dir="+dir,
@@ -92,5 +89,3 @@ func BareEndpoints(ms []*BareEtcd) []string {
 	}
 	return out
 }
-
-var _ testing.TB = (*testing.T)(nil)
