@@ -10,11 +10,14 @@ export GOTOOLCHAIN := local
 
 all: build
 
-## tools: real etcd/etcdctl/etcdutl per version into bin/etcd-v<version>/, and staticcheck.
+## tools: real etcd/etcdctl/etcdutl per version into bin/etcd-v<version>/, staticcheck,
+## MinIO (bin/minio) and the Azure blob emulator (bin/azurite-blob), each pinned under hack/tools/.
 ## Built once into ~/.cache/etcd-manager/tools and linked; a changed pin rebuilds.
 tools:
 	@for v in $(ETCD_VERSIONS); do hack/build-etcd.sh $$v || exit 1; done
 	@hack/build-go-tool.sh staticcheck honnef.co/go/tools/cmd/staticcheck
+	@hack/build-go-tool.sh minio github.com/minio/minio
+	@hack/build-npm-tool.sh azurite azurite-blob
 
 ## build: bin/etcd-manager and bin/etcd-manager-ctl.
 build:

@@ -63,7 +63,7 @@ type Meta struct {
 
 // Store is the part of the backup store backups need.
 type Store interface {
-	Writer(ctx context.Context, key string) (io.WriteCloser, error)
+	Put(ctx context.Context, key string, r io.Reader) error
 	Read(ctx context.Context, key string) ([]byte, error)
 	Write(ctx context.Context, key string, data []byte) error
 	List(ctx context.Context, prefix, delimiter string) ([]string, error)
@@ -201,33 +201,28 @@ func checkTrailer(path string) error {
 }
 
 // upload gzips the file into the store and returns the object's sha256
-// and size.
+// and size. The gzip stream is made as it is uploaded, so memory stays
+// flat whatever the size; if anything fails, nothing is committed.
 func upload(ctx context.Context, s Store, key, path string) (string, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", 0, fmt.Errorf("backup: %w", err)
 	}
 	defer f.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // an unfinished writer is discarded, never committed
-	w, err := s.Writer(ctx, key)
-	if err != nil {
-		return "", 0, fmt.Errorf("backup: upload %s: %w", key, err)
-	}
+	pr, pw := io.Pipe()
 	h := sha256.New()
 	counter := &countWriter{}
-	gz := gzip.NewWriter(io.MultiWriter(w, h, counter))
-	if _, err := io.Copy(gz, f); err != nil {
-		cancel()
-		w.Close()
-		return "", 0, fmt.Errorf("backup: upload %s: %w", key, err)
-	}
-	if err := gz.Close(); err != nil {
-		cancel()
-		w.Close()
-		return "", 0, fmt.Errorf("backup: upload %s: %w", key, err)
-	}
-	if err := w.Close(); err != nil {
+	go func() {
+		gz := gzip.NewWriter(io.MultiWriter(pw, h, counter))
+		_, err := io.Copy(gz, f)
+		if err == nil {
+			err = gz.Close()
+		}
+		pw.CloseWithError(err) // nil: a clean EOF
+	}()
+	err = s.Put(ctx, key, pr)
+	pr.CloseWithError(errors.New("backup: upload ended")) // unblocks the gzip goroutine if Put stopped early
+	if err != nil {
 		return "", 0, fmt.Errorf("backup: upload %s: %w", key, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), counter.n, nil

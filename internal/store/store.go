@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/fileblob"
@@ -57,8 +58,10 @@ type Store struct {
 	dir string
 }
 
-// Open opens the store at rawURL: file:///path for now; the blob drivers
-// for other schemes are registered by the packages that import them.
+// Open opens the store at rawURL: file:///path, s3://bucket/prefix,
+// gs://bucket/prefix or azblob://container/prefix. Cloud URLs take their
+// driver's query parameters (for S3: endpoint, region, use_path_style) and
+// read credentials from the driver's usual environment variables.
 func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -73,11 +76,52 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	if u.Scheme == "file" {
 		return openFile(u, rawURL, opts)
 	}
-	b, err := blob.OpenBucket(ctx, rawURL)
+	bucketURL, err := cloudBucketURL(u)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: %v", ErrBadURL, rawURL, err)
+	}
+	b, err := blob.OpenBucket(ctx, bucketURL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: open %s: %v", ErrUnreachable, rawURL, err)
 	}
+	// A missing bucket reads as "not found" object by object, which would
+	// look like an empty store; find out now instead.
+	checkCtx, cancel := context.WithTimeout(ctx, openCheckTimeout)
+	defer cancel()
+	ok, err := b.IsAccessible(checkCtx)
+	if err != nil || !ok {
+		b.Close()
+		if err == nil {
+			return nil, fmt.Errorf("%w: %s: bucket or container %q does not exist; create it first", ErrUnreachable, rawURL, u.Host)
+		}
+		return nil, fmt.Errorf("%w: open %s: %v", ErrUnreachable, rawURL, err)
+	}
 	return &Store{url: rawURL, bucket: b}, nil
+}
+
+// openCheckTimeout bounds the probe Open makes of a cloud store.
+const openCheckTimeout = 20 * time.Second
+
+// cloudBucketURL turns a store URL in the kops form, in which the path
+// under the bucket is the store's root (s3://bucket/cluster/backups/etcd/main),
+// into the bucket URL gocloud opens: the path moves into its "prefix"
+// parameter, and the query (endpoint, region, ...) passes through.
+func cloudBucketURL(u *url.URL) (string, error) {
+	if u.Host == "" {
+		return "", fmt.Errorf("no bucket or container name; use %s://NAME/optional/prefix", u.Scheme)
+	}
+	root := strings.Trim(u.Path, "/")
+	if root == "" {
+		return u.String(), nil
+	}
+	q := u.Query()
+	if q.Has("prefix") {
+		return "", errors.New("give the prefix either as the URL's path or as ?prefix=, not both")
+	}
+	q.Set("prefix", root+"/")
+	c := *u
+	c.Path, c.RawPath, c.RawQuery = "", "", q.Encode()
+	return c.String(), nil
 }
 
 func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
@@ -131,20 +175,52 @@ func (s *Store) Read(ctx context.Context, key string) ([]byte, error) {
 // Write replaces the object at key. Readers see the old or the new object,
 // never a part of one.
 func (s *Store) Write(ctx context.Context, key string, data []byte) error {
-	if err := s.bucket.WriteAll(ctx, key, data, nil); err != nil {
+	if err := s.put(ctx, key, bytes.NewReader(data), false); err != nil {
 		return s.wrap("write", key, err)
 	}
 	return nil
 }
 
-// Writer streams a new object to key. The object appears, whole, only
-// when Close succeeds; cancelling ctx before Close discards it.
-func (s *Store) Writer(ctx context.Context, key string) (io.WriteCloser, error) {
-	w, err := s.bucket.NewWriter(ctx, key, nil)
-	if err != nil {
-		return nil, s.wrap("write", key, err)
+// Put streams r into a new object at key. The object appears, whole, only
+// if r reaches EOF and the upload completes; if r fails or ctx ends first,
+// nothing is committed.
+func (s *Store) Put(ctx context.Context, key string, r io.Reader) error {
+	if err := s.put(ctx, key, r, false); err != nil {
+		return s.wrap("write", key, err)
 	}
-	return w, nil
+	return nil
+}
+
+// put uploads through the drivers' Upload path, which takes a reader:
+// every driver then commits only on a clean EOF. (The Writer path commits
+// whatever was written when Close is called, and azureblob's can panic
+// when the upload fails.)
+func (s *Store) put(ctx context.Context, key string, r io.Reader, ifNotExist bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	return s.bucket.Upload(ctx, key, &abortOnError{ctx: ctx, r: r, abort: cancel}, &blob.WriterOptions{
+		ContentType: "application/octet-stream",
+		IfNotExist:  ifNotExist,
+	})
+}
+
+// abortOnError cancels the upload's context as soon as the source fails,
+// before the driver can see the error as a short object.
+type abortOnError struct {
+	ctx   context.Context
+	r     io.Reader
+	abort context.CancelFunc
+}
+
+func (a *abortOnError) Read(p []byte) (int, error) {
+	if err := a.ctx.Err(); err != nil {
+		return 0, err // some drivers copy without watching ctx
+	}
+	n, err := a.r.Read(p)
+	if err != nil && err != io.EOF {
+		a.abort()
+	}
+	return n, err
 }
 
 // Create writes the object at key only if no object is there yet; if one
@@ -154,7 +230,7 @@ func (s *Store) Create(ctx context.Context, key string, data []byte) error {
 	if s.dir != "" {
 		return s.createFile(key, data)
 	}
-	err := s.bucket.WriteAll(ctx, key, data, &blob.WriterOptions{IfNotExist: true})
+	err := s.put(ctx, key, bytes.NewReader(data), true)
 	if gcerrors.Code(err) == gcerrors.FailedPrecondition {
 		return fmt.Errorf("%w: %s", ErrExists, key)
 	}

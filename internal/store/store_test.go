@@ -210,3 +210,37 @@ func TestListSkipsTempFiles(t *testing.T) {
 		t.Errorf("Read after Delete: %v", err)
 	}
 }
+
+func TestCloudBucketURL(t *testing.T) {
+	tests := []struct {
+		in, want, err string
+	}{
+		{in: "s3://bucket", want: "s3://bucket"},
+		{in: "s3://bucket/", want: "s3://bucket/"},
+		{in: "s3://bucket/my-cluster/backups/etcd/main", want: "s3://bucket?prefix=my-cluster%2Fbackups%2Fetcd%2Fmain%2F"},
+		{in: "s3://bucket/a/b/?endpoint=http://127.0.0.1:9000&region=us-east-1&use_path_style=true",
+			want: "s3://bucket?endpoint=http%3A%2F%2F127.0.0.1%3A9000&prefix=a%2Fb%2F&region=us-east-1&use_path_style=true"},
+		{in: "gs://bucket/x", want: "gs://bucket?prefix=x%2F"},
+		{in: "azblob://container/x?localemu=true", want: "azblob://container?localemu=true&prefix=x%2F"},
+		{in: "s3:///x", err: "no bucket"},
+		{in: "s3://bucket/x?prefix=y/", err: "not both"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			u, err := url.Parse(tt.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := cloudBucketURL(u)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %q, %v; want error containing %q", got, err, tt.err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}

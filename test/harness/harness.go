@@ -111,7 +111,21 @@ type Env struct {
 	CtlBin   string
 	StoreDir string
 	StoreURL string
+	// ExtraEnv is added to the environment of every agent and ctl run,
+	// for example a cloud store's credentials.
+	ExtraEnv []string
 	agents   []*Agent
+}
+
+// UseStore points the env's agents and ctl runs at another store, such as
+// a bucket on MinIO, with the credentials it needs.
+func (e *Env) UseStore(url string, env []string) {
+	e.StoreURL = url
+	e.ExtraEnv = append(e.ExtraEnv, env...)
+}
+
+func (e *Env) environ() []string {
+	return append(os.Environ(), e.ExtraEnv...)
 }
 
 // NewEnv prepares an environment. It fails the test loudly if the real
@@ -152,6 +166,7 @@ func (e *Env) CtlRaw(args ...string) (stdout, stderr string, err error) {
 	defer cancel()
 	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, e.CtlBin, args...)
+	cmd.Env = e.environ()
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err = cmd.Run()
 	return out.String(), errOut.String(), err
@@ -266,6 +281,7 @@ func (a *Agent) Start() {
 	}
 	fmt.Fprintf(f, "=== harness: starting agent %s\n", a.Name)
 	cmd := exec.Command(a.env.AgentBin, a.args...)
+	cmd.Env = a.env.environ()
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()

@@ -1,0 +1,268 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// service is a helper process (MinIO, Azurite) that a test can stop and
+// start again. It is killed, with its process group, when the test ends.
+type service struct {
+	t    testing.TB
+	name string
+	bin  string
+	args []string
+	env  []string
+	log  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (s *service) start() {
+	s.t.Helper()
+	f, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Env = append(os.Environ(), s.env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		s.t.Fatalf("harness: start %s: %v", s.name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); f.Close(); close(done) }()
+	s.cmd, s.done = cmd, done
+}
+
+// stop SIGKILLs the process group and waits for the process.
+func (s *service) stop() {
+	if s.cmd == nil {
+		return
+	}
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		s.t.Errorf("harness: %s (pid %d) did not exit after SIGKILL", s.name, s.cmd.Process.Pid)
+	}
+}
+
+func (s *service) logTail() string {
+	data, _ := os.ReadFile(s.log)
+	return tail(string(data), 30)
+}
+
+func toolPath(t testing.TB, name string) string {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(root, "bin", name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s is required but missing at %s (run make tools): %v", name, p, err)
+	}
+	return p
+}
+
+// freePort returns a free TCP port on ip.
+func freePort(t testing.TB, ip string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// MinIO is a real MinIO server on loopback: the S3 store of the tests.
+type MinIO struct {
+	// Endpoint is the S3 endpoint, http://IP:PORT.
+	Endpoint string
+	User     string
+	Password string
+	svc      *service
+}
+
+// StartMinIO starts bin/minio (built by make tools) on a fresh loopback
+// address with its data under the test's temporary directory, and waits
+// until it is ready.
+func StartMinIO(t testing.TB) *MinIO {
+	t.Helper()
+	ip := AllocIP(t)
+	port := freePort(t, ip)
+	console := freePort(t, ip)
+	dir := t.TempDir()
+	m := &MinIO{
+		Endpoint: fmt.Sprintf("http://%s:%d", ip, port),
+		User:     "etcdmanager",
+		Password: "etcdmanager-secret",
+	}
+	m.svc = &service{
+		t: t, name: "minio", bin: toolPath(t, "minio"),
+		args: []string{"server", filepath.Join(dir, "data"),
+			"--address", fmt.Sprintf("%s:%d", ip, port),
+			"--console-address", fmt.Sprintf("%s:%d", ip, console),
+			"--quiet"},
+		env: []string{
+			"MINIO_ROOT_USER=" + m.User, "MINIO_ROOT_PASSWORD=" + m.Password,
+			"MINIO_BROWSER=off", "MINIO_UPDATE=off",
+		},
+		log: filepath.Join(dir, "minio.log"),
+	}
+	m.Start()
+	t.Cleanup(m.svc.stop)
+	return m
+}
+
+// Start starts MinIO (again) and waits for /minio/health/ready.
+func (m *MinIO) Start() {
+	t := m.svc.t
+	t.Helper()
+	m.svc.start()
+	WaitFor(t, 60*time.Second, "minio ready", func() bool {
+		select {
+		case <-m.svc.done:
+			t.Fatalf("minio exited:\n%s", m.svc.logTail())
+		default:
+		}
+		resp, err := http.Get(m.Endpoint + "/minio/health/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// Stop kills MinIO; its data stays for a later Start.
+func (m *MinIO) Stop() { m.svc.stop() }
+
+// Env is the environment a client needs: the usual AWS variables.
+func (m *MinIO) Env() []string {
+	return []string{
+		"AWS_ACCESS_KEY_ID=" + m.User, "AWS_SECRET_ACCESS_KEY=" + m.Password,
+		"AWS_REGION=us-east-1", "AWS_EC2_METADATA_DISABLED=true",
+	}
+}
+
+// CreateBucket makes a bucket.
+func (m *MinIO) CreateBucket(t testing.TB, name string) {
+	t.Helper()
+	client := s3.New(s3.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(m.Endpoint),
+		UsePathStyle: true,
+		Credentials:  credentials.NewStaticCredentialsProvider(m.User, m.Password, ""),
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
+		t.Fatalf("harness: create bucket %s: %v", name, err)
+	}
+}
+
+// StoreURL is the s3:// store URL of prefix in bucket, in the form the
+// README documents for MinIO.
+func (m *MinIO) StoreURL(bucket, prefix string) string {
+	q := url.Values{"endpoint": {m.Endpoint}, "region": {"us-east-1"}, "use_path_style": {"true"}}
+	return (&url.URL{Scheme: "s3", Host: bucket, Path: "/" + prefix, RawQuery: q.Encode()}).String()
+}
+
+// Azurite's development account: a well-known, public name and key that
+// the emulator accepts by default.
+const (
+	azuriteAccount = "devstoreaccount1"
+	azuriteKey     = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+// Azurite is the real Azure blob emulator (npm azurite) on loopback.
+type Azurite struct {
+	// Host is IP:PORT of the blob service.
+	Host string
+	svc  *service
+}
+
+// StartAzurite starts bin/azurite-blob (installed by make tools) on a
+// fresh loopback address and waits until it answers.
+func StartAzurite(t testing.TB) *Azurite {
+	t.Helper()
+	ip := AllocIP(t)
+	port := freePort(t, ip)
+	dir := t.TempDir()
+	a := &Azurite{Host: fmt.Sprintf("%s:%d", ip, port)}
+	a.svc = &service{
+		t: t, name: "azurite", bin: toolPath(t, "azurite-blob"),
+		args: []string{"--blobHost", ip, "--blobPort", fmt.Sprint(port),
+			"--location", filepath.Join(dir, "data"), "--silent", "--skipApiVersionCheck"},
+		log: filepath.Join(dir, "azurite.log"),
+	}
+	a.svc.start()
+	t.Cleanup(a.svc.stop)
+	WaitFor(t, 60*time.Second, "azurite ready", func() bool {
+		select {
+		case <-a.svc.done:
+			t.Fatalf("azurite exited:\n%s", a.svc.logTail())
+		default:
+		}
+		c, err := net.DialTimeout("tcp", a.Host, time.Second)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+	return a
+}
+
+// Env is the environment a client needs: the emulator's account and key.
+func (a *Azurite) Env() []string {
+	return []string{"AZURE_STORAGE_ACCOUNT=" + azuriteAccount, "AZURE_STORAGE_KEY=" + azuriteKey}
+}
+
+// CreateContainer makes a blob container.
+func (a *Azurite) CreateContainer(t testing.TB, name string) {
+	t.Helper()
+	cred, err := azblob.NewSharedKeyCredential(azuriteAccount, azuriteKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := azblob.NewClientWithSharedKeyCredential(fmt.Sprintf("http://%s/%s", a.Host, azuriteAccount), cred, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := client.CreateContainer(ctx, name, nil); err != nil {
+		t.Fatalf("harness: create container %s: %v", name, err)
+	}
+}
+
+// StoreURL is the azblob:// store URL of prefix in container.
+func (a *Azurite) StoreURL(container, prefix string) string {
+	q := url.Values{"domain": {a.Host}, "protocol": {"http"}, "localemu": {"true"}}
+	return (&url.URL{Scheme: "azblob", Host: container, Path: "/" + prefix, RawQuery: q.Encode()}).String()
+}
