@@ -104,6 +104,7 @@ left out keeps its current value.`,
 			},
 		},
 	)
+	root.AddCommand(queueCommands(o, stdout)...)
 	return root
 }
 

@@ -58,8 +58,10 @@ type Agent struct {
 	lockTerm       int64
 	unhealthySince map[uint64]time.Time
 	lastPublish    time.Time
-	// Backups, as this agent took them while leading.
-	lastBackup, lastBackupFailure, lastChange time.Time
+	// backups are those this agent took while leading; lastChange is its
+	// last membership change.
+	backups    *backups
+	lastChange time.Time
 	// lastInfo is the last info-level report, logged again only when it
 	// changes; warnings and errors are logged every cycle.
 	lastInfo string
@@ -68,7 +70,8 @@ type Agent struct {
 // NewAgent returns an agent for a validated, completed configuration.
 func NewAgent(cfg Config, log *slog.Logger) *Agent {
 	layout := etcdproc.Layout{Root: cfg.DataDir}
-	return &Agent{
+	met := newMetrics()
+	a := &Agent{
 		cfg:    cfg,
 		log:    log,
 		layout: layout,
@@ -77,11 +80,13 @@ func NewAgent(cfg Config, log *slog.Logger) *Agent {
 			StopTimeout: cfg.EtcdStopTimeout,
 		}, log.With("component", "etcd")),
 		now:            time.Now,
-		met:            newMetrics(),
+		met:            met,
 		wake:           make(chan struct{}, 1),
 		peers:          map[string]*peer.Client{},
 		unhealthySince: map[uint64]time.Time{},
 	}
+	a.backups = cfg.Backup.newBackups(log, met, func() time.Time { return a.now() })
+	return a
 }
 
 // peerAddress is the peer API address this agent advertises.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"regexp"
@@ -46,10 +47,8 @@ type Config struct {
 	MemberFailureGrace time.Duration
 	// LeaderLease is the store lock's lease, used while etcd has no quorum.
 	LeaderLease time.Duration
-	// BackupInterval is the time between the leader's periodic backups.
-	BackupInterval time.Duration
-	// BackupRetention is the retention policy (see backup.ParseRetention).
-	BackupRetention string
+	// Backup says when backups are taken and how long they are kept.
+	Backup BackupConfig
 	// MetricsAddress serves Prometheus metrics when set (host:port).
 	MetricsAddress string
 
@@ -95,8 +94,7 @@ func Default() Config {
 		Discovery:          "store",
 		MemberFailureGrace: DefaultMemberFailureGrace,
 		LeaderLease:        DefaultLeaderLease,
-		BackupInterval:     DefaultBackupInterval,
-		BackupRetention:    "default",
+		Backup:             DefaultBackupConfig(),
 		LoopInterval:       DefaultLoopInterval,
 		EtcdStopTimeout:    DefaultEtcdStopTimeout,
 	}
@@ -119,8 +117,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Discovery, "discovery", c.Discovery, "how agents find each other: store (records in the backup store), file:///DIR (a shared directory), static:HOST:PORT,... (a seed list of peer API addresses) or dns:NAME (SRV, or A records with --peer-port)")
 	fs.DurationVar(&c.MemberFailureGrace, "member-failure-grace", c.MemberFailureGrace, "how long a member may be unhealthy before a standby agent replaces it")
 	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
-	fs.DurationVar(&c.BackupInterval, "backup-interval", c.BackupInterval, "time between the leader's periodic full backups to the backup store; a backup is also taken before every membership change")
-	fs.StringVar(&c.BackupRetention, "backup-retention", c.BackupRetention, "which backups to keep: default (everything under 1h, hourly for 7d, daily for 90d), exponential (hourly for 24h, daily for 7d, weekly for 4w) or count:N; the newest is always kept")
+	c.Backup.AddFlags(fs)
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
@@ -191,16 +188,11 @@ func (c *Config) Validate() error {
 	if c.LeaderLease < time.Second {
 		errs = append(errs, errors.New("--leader-lease must be at least 1s"))
 	}
-	if _, err := backup.ParseRetention(c.BackupRetention); err != nil {
-		errs = append(errs, fmt.Errorf("--backup-retention: %w", err))
-	}
+	errs = append(errs, c.Backup.Validate()...)
 	if c.MetricsAddress != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-address %q: want host:port", c.MetricsAddress))
 		}
-	}
-	if c.BackupInterval < time.Minute {
-		errs = append(errs, errors.New("--backup-interval must be at least 1m"))
 	}
 	if c.LoopInterval <= 0 {
 		errs = append(errs, errors.New("--loop-interval must be positive"))
@@ -244,4 +236,53 @@ func overlap(a, b []string) bool {
 		}
 	}
 	return false
+}
+
+// BackupConfig is when backups are taken and how long they are kept; the
+// managing agent and the backup-only agent share it.
+type BackupConfig struct {
+	// Interval is the time between periodic backups.
+	Interval time.Duration
+	// Retention is the retention policy (see backup.ParseRetention).
+	Retention string
+	// RetryDelay is the wait after a failed backup; it doubles with each
+	// further failure, up to Interval.
+	RetryDelay time.Duration
+}
+
+// Backup defaults.
+const (
+	DefaultBackupRetryDelay = 30 * time.Second
+)
+
+// DefaultBackupConfig returns the defaults.
+func DefaultBackupConfig() BackupConfig {
+	return BackupConfig{Interval: DefaultBackupInterval, Retention: "default", RetryDelay: DefaultBackupRetryDelay}
+}
+
+// AddFlags registers the backup flags on fs.
+func (c *BackupConfig) AddFlags(fs *pflag.FlagSet) {
+	fs.DurationVar(&c.Interval, "backup-interval", c.Interval, "time between periodic full backups to the backup store; the managing agent also backs up before every membership change")
+	fs.StringVar(&c.Retention, "backup-retention", c.Retention, "which backups to keep: default (everything under 1h, hourly for 7d, daily for 90d), exponential (hourly for 24h, daily for 7d, weekly for 4w) or count:N; the newest, and any a queued restore names, are always kept")
+	fs.DurationVar(&c.RetryDelay, "backup-retry-delay", c.RetryDelay, "wait after a failed backup before the next attempt; it doubles with each further failure, up to --backup-interval")
+}
+
+// Validate reports every problem with the backup settings.
+func (c BackupConfig) Validate() []error {
+	var errs []error
+	if c.Interval < time.Minute {
+		errs = append(errs, errors.New("--backup-interval must be at least 1m"))
+	}
+	if _, err := backup.ParseRetention(c.Retention); err != nil {
+		errs = append(errs, fmt.Errorf("--backup-retention: %w", err))
+	}
+	if c.RetryDelay < time.Second {
+		errs = append(errs, errors.New("--backup-retry-delay must be at least 1s"))
+	}
+	return errs
+}
+
+// newBackups returns the backup taker for these settings.
+func (c BackupConfig) newBackups(log *slog.Logger, met *metrics, now func() time.Time) *backups {
+	return &backups{log: log, met: met, now: now, retention: c.Retention, retryDelay: c.RetryDelay, maxRetry: max(c.Interval, c.RetryDelay)}
 }

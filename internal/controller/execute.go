@@ -53,6 +53,12 @@ func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
 		return a.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
 	case TakeBackup:
 		return a.takeBackup(ctx, obs, act)
+	case FailCommand, ForgetCommand:
+		s, err := a.openStore(ctx)
+		if err != nil {
+			return err
+		}
+		return runCommandAction(ctx, s, a.now(), a.log, act)
 	default:
 		return fmt.Errorf("controller: unknown action %T", act)
 	}
@@ -353,54 +359,15 @@ func (a *Agent) changed(err error) error {
 func (a *Agent) takeBackup(ctx context.Context, obs Observed, act TakeBackup) error {
 	s, err := a.openStore(ctx)
 	if err != nil {
-		a.lastBackupFailure = a.now()
-		a.met.backupFailures.Inc()
 		return err
 	}
-	start := a.now()
-	info, err := backup.Take(ctx, s, backup.Request{
+	_, err = a.backups.take(ctx, s, backup.Request{
 		Client:       clientv3.Config{DialTimeout: 5 * time.Second},
 		Endpoint:     a.clientEndpoint,
 		TempDir:      filepath.Join(a.cfg.DataDir, "tmp"),
 		EtcdVersion:  obs.Self.Version,
 		ClusterSpec:  obs.Spec,
 		ClusterToken: obs.Cluster.Token,
-		Now:          start,
-	})
-	if err != nil {
-		a.lastBackupFailure = a.now()
-		a.met.backupFailures.Inc()
-		return fmt.Errorf("controller: backup (%s): %w", act.Reason, err)
-	}
-	a.lastBackup = a.now()
-	a.met.backupLastOK.Set(float64(a.lastBackup.Unix()))
-	a.met.backupDuration.Set(a.lastBackup.Sub(start).Seconds())
-	a.met.backupSize.Set(float64(info.Meta.Size))
-	a.log.Info("backup taken", "name", info.Name, "reason", act.Reason, "size", info.Meta.Size,
-		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", a.lastBackup.Sub(start).Round(time.Millisecond))
-	a.prune(ctx, s)
-	return nil
-}
-
-// prune applies the retention policy after a backup. Failures are logged:
-// an old backup kept too long does no harm.
-func (a *Agent) prune(ctx context.Context, s *store.Store) {
-	policy, err := backup.ParseRetention(a.cfg.BackupRetention)
-	if err != nil {
-		a.log.Error("invalid retention policy; keeping every backup", "error", err)
-		return
-	}
-	infos, err := backup.List(ctx, s)
-	if err != nil {
-		a.log.Warn("cannot list backups to apply retention", "error", err)
-		return
-	}
-	// No command queue yet, so no queued restore to protect.
-	for _, name := range policy.Expired(infos, a.now(), nil) {
-		if err := backup.Remove(ctx, s, name); err != nil {
-			a.log.Warn("cannot delete an expired backup", "name", name, "error", err)
-			continue
-		}
-		a.log.Info("expired backup deleted", "name", name, "policy", policy.String())
-	}
+	}, act.Reason, act.CommandID)
+	return err
 }

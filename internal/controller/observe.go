@@ -19,8 +19,6 @@ const (
 	statusTimeout     = 2 * time.Second
 	publishInterval   = 10 * time.Second
 	pendingTimeoutMul = 3
-	// backupRetryDelay spaces out attempts after a failed backup.
-	backupRetryDelay = 30 * time.Second
 )
 
 // observe builds one cycle's view. It never fails: what it cannot see is
@@ -63,11 +61,16 @@ func (a *Agent) observe(ctx context.Context) Observed {
 		}
 	}
 	if obs.Cluster != nil {
-		now := a.now()
-		failedAgo := now.Sub(a.lastBackupFailure)
-		obs.BackupDue = now.Sub(a.lastBackup) >= a.cfg.BackupInterval && failedAgo >= backupRetryDelay
-		obs.BackedUpSinceChange = !a.lastBackup.IsZero() && !a.lastBackup.Before(a.lastChange)
-		obs.BackupFailedRecently = !a.lastBackupFailure.IsZero() && failedAgo < backupRetryDelay
+		b := a.backups
+		obs.BackupDue = b.due(a.cfg.Backup.Interval)
+		obs.BackedUpSinceChange = !b.lastOK.IsZero() && !b.lastOK.Before(a.lastChange)
+		obs.BackupFailedRecently = b.failedRecently()
+		cmds, err := readCommands(ctx, s, a.now())
+		if err != nil {
+			obs.StoreErr = err
+			return obs
+		}
+		obs.Commands = cmds
 	}
 	if obs.Cluster == nil && !anyLiveMember(obs.Peers) && lockWorthwhile(obs) {
 		term, err := a.lock.Acquire(ctx, s)

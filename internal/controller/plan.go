@@ -13,6 +13,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // MsgNoMembers is reported, word for word, when the store says a cluster
@@ -53,6 +54,16 @@ type Observed struct {
 	// moments ago, so that a store outage cannot block self-healing.
 	BackedUpSinceChange  bool
 	BackupFailedRecently bool
+	// Commands is the store's command queue, oldest first (leader only).
+	Commands []Command
+}
+
+// Command is a queued command as observed.
+type Command struct {
+	store.QueuedCommand
+	// Age is how long ago its status was last written, or, without a
+	// status, how long ago it was queued.
+	Age time.Duration
 }
 
 // Node is one agent as observed.
@@ -147,8 +158,22 @@ type EvictNode struct {
 	Reason string
 }
 
-// TakeBackup takes a full backup through the local etcd.
-type TakeBackup struct{ Reason string }
+// TakeBackup takes a full backup through the local etcd. With a
+// CommandID, it runs that backup-now command and records the outcome.
+type TakeBackup struct {
+	Reason    string
+	CommandID string
+}
+
+// FailCommand marks a queued command failed, keeping it for the operator
+// to read in list-commands and delete.
+type FailCommand struct {
+	ID     string
+	Reason string
+}
+
+// ForgetCommand removes a command that finished long ago.
+type ForgetCommand struct{ ID string }
 
 // Report logs a state that needs no action from this node, or one that a
 // person must act on (at error level).
@@ -182,6 +207,12 @@ func (a EvictNode) String() string  { return "evict-node " + a.NodeID + " (" + a
 func (EvictNode) Mutates() bool     { return true }
 func (a TakeBackup) String() string { return "take-backup (" + a.Reason + ")" }
 func (TakeBackup) Mutates() bool    { return true }
+func (a FailCommand) String() string { return "fail-command " + a.ID + " (" + a.Reason + ")" }
+func (FailCommand) Mutates() bool    { return false }
+func (a ForgetCommand) String() string {
+	return "forget-command " + a.ID
+}
+func (ForgetCommand) Mutates() bool { return false }
 func (a Report) String() string     { return "report " + a.Msg }
 func (Report) Mutates() bool        { return false }
 
@@ -306,8 +337,47 @@ func planCluster(o Observed) []Action {
 		}
 		return actions
 	}
+	cmdActions := planCommands(o.Commands, o.BackupFailedRecently)
+	for _, a := range cmdActions {
+		if a.Mutates() {
+			return append(actions, cmdActions...)
+		}
+	}
+	actions = append(actions, cmdActions...)
 	if o.BackupDue {
 		actions = append(actions, TakeBackup{Reason: "periodic"})
+	}
+	return actions
+}
+
+// CommandKeep is how long a done command stays listed before the leader
+// removes it. Failed commands stay until an operator deletes them.
+const CommandKeep = time.Hour
+
+// planCommands works through the command queue: junk is marked failed
+// (once), the oldest unfinished backup-now runs, done commands are
+// forgotten after CommandKeep. At most one mutating action is returned.
+// Restore commands are left for the restore flow.
+func planCommands(cmds []Command, backupFailedRecently bool) []Action {
+	var actions []Action
+	ran := false
+	for _, c := range cmds {
+		switch {
+		case c.Status.State == spec.CommandFailed:
+		case c.Err != nil:
+			actions = append(actions, FailCommand{ID: c.ID, Reason: c.Err.Error()})
+		case c.Status.State == spec.CommandDone:
+			if c.Age >= CommandKeep {
+				actions = append(actions, ForgetCommand{ID: c.ID})
+			}
+		case c.Command.BackupNow != nil && !ran:
+			ran = true
+			if backupFailedRecently {
+				actions = append(actions, Report{Level: slog.LevelWarn, Msg: "backup-now waits: the last backup attempt failed moments ago", Attrs: []any{"command", c.ID}})
+				continue
+			}
+			actions = append(actions, TakeBackup{Reason: "backup-now " + c.ID, CommandID: c.ID})
+		}
 	}
 	return actions
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // describe renders actions compactly for comparison.
@@ -72,6 +73,15 @@ func cluster(members ...Member) *ClusterView { return &ClusterView{Token: "tok",
 func leaderObs(want int32, c *ClusterView, peers ...Node) Observed {
 	return Observed{Spec: specN(want), Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: peers[0], Peers: peers,
 		Cluster: c, Grace: time.Minute, PendingTimeout: time.Minute, BackedUpSinceChange: true}
+}
+
+var backupNow = spec.Command{BackupNow: &spec.BackupNowCommand{}}
+
+func cmd(id string, c spec.Command, state string) Command {
+	if state == "" {
+		state = spec.CommandPending
+	}
+	return Command{QueuedCommand: store.QueuedCommand{ID: id, Command: c, Status: spec.CommandStatus{State: state}}}
 }
 
 func TestPlan(t *testing.T) {
@@ -246,6 +256,45 @@ func TestPlan(t *testing.T) {
 		{name: "periodic backup waits for a change in progress",
 			obs:  with(leaderObs(3, cluster(member("a", true)), node("a", "member"), node("d", "standby")), func(o *Observed) { o.BackupDue = true }),
 			want: []string{"add-member d"}},
+		{name: "backup-now runs its command, and counts as the periodic one",
+			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")), func(o *Observed) {
+				o.BackupDue = true
+				o.Commands = []Command{cmd("c1", backupNow, ""), cmd("c2", backupNow, "")}
+			}),
+			want: []string{"take-backup (backup-now c1)"}},
+		{name: "backup-now waits for a membership change",
+			obs: with(leaderObs(3, cluster(member("a", true)), node("a", "member"), node("d", "standby")),
+				func(o *Observed) { o.Commands = []Command{cmd("c1", backupNow, "")} }),
+			want: []string{"add-member d"}},
+		{name: "backup-now backs off after a failure",
+			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")), func(o *Observed) {
+				o.BackupFailedRecently = true
+				o.Commands = []Command{cmd("c1", backupNow, spec.CommandRunning)}
+			}),
+			want: []string{"report[WARN] backup-now waits"}},
+		{name: "junk command is failed once, and the queue goes on",
+			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")), func(o *Observed) {
+				junk := cmd("c1", spec.Command{}, "")
+				junk.Err = errors.New("not valid JSON")
+				failed := cmd("c0", spec.Command{}, spec.CommandFailed)
+				failed.Err = errors.New("not valid JSON")
+				o.Commands = []Command{failed, junk, cmd("c2", backupNow, "")}
+			}),
+			want: []string{"fail-command c1 (not valid JSON)", "take-backup (backup-now c2)"}},
+		{name: "done commands are forgotten after an hour, failed ones kept",
+			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")), func(o *Observed) {
+				old := cmd("c1", backupNow, spec.CommandDone)
+				old.Age = 2 * time.Hour
+				oldFailed := cmd("c2", backupNow, spec.CommandFailed)
+				oldFailed.Age = 2 * time.Hour
+				o.Commands = []Command{old, oldFailed, cmd("c3", backupNow, spec.CommandDone)}
+			}),
+			want: []string{"forget-command c1"}},
+		{name: "restore commands are left for the restore flow",
+			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")), func(o *Observed) {
+				o.Commands = []Command{cmd("c1", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}, "")}
+			}),
+			want: nil},
 		{name: "version differs from spec: reported, not acted on",
 			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")),
 				func(o *Observed) { o.Spec = &spec.ClusterSpec{MemberCount: 1, EtcdVersion: "3.5.35"} }),

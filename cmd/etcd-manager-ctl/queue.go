@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// queueCommands are the commands that work through the store's command
+// queue, which the leading agent reads each cycle.
+func queueCommands(o *options, stdout io.Writer) []*cobra.Command {
+	var wait bool
+	var timeout time.Duration
+	backupNow := &cobra.Command{
+		Use:   "backup-now",
+		Short: "Ask the leading agent for a full backup now, and print its name",
+		Long: `backup-now queues a backup-now command in the backup store. The leading agent
+takes a full, verified backup on its next cycle (before anything else but a
+membership change in progress). With --wait (the default) it waits for the
+backup and prints its name; --wait=false prints the command's ID at once, and
+list-commands shows its progress.`,
+		Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test backup-now",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.backupNow(cmd.Context(), stdout, wait, timeout)
+		},
+	}
+	backupNow.Flags().BoolVar(&wait, "wait", true, "wait for the backup and print its name")
+	backupNow.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long --wait waits; the command stays queued after it")
+
+	return []*cobra.Command{
+		backupNow,
+		{
+			Use:   "list-commands",
+			Short: "List the queued commands with their state: pending, running, done or failed",
+			Long: `list-commands prints one command per line, oldest first: its ID, kind, state
+and detail (the backup taken, or why it failed). A failed command stays until
+delete-command removes it; a done one is removed by the leader after an hour.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return o.listCommands(cmd.Context(), stdout)
+			},
+		},
+		{
+			Use:   "delete-command ID",
+			Short: "Remove a command from the queue",
+			Long: `delete-command removes the command with the given ID (as list-commands prints it)
+from the queue. A command that is running may still finish its current step.`,
+			Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				return o.deleteCommand(cmd.Context(), stdout, args[0])
+			},
+		},
+	}
+}
+
+func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout time.Duration) error {
+	s, err := o.openStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	id, err := s.AddCommand(ctx, spec.Command{BackupNow: &spec.BackupNowCommand{}}, time.Now())
+	if err != nil {
+		return fmt.Errorf("backup-now: queue the command: %w", err)
+	}
+	if !wait {
+		fmt.Fprintln(w, id)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	var last spec.CommandStatus
+	for {
+		q, err := s.ReadCommand(ctx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("backup-now: command %s was deleted before it finished", id)
+		case err == nil:
+			last = q.Status
+			switch q.Status.State {
+			case spec.CommandDone:
+				fmt.Fprintln(w, q.Status.Backup)
+				return nil
+			case spec.CommandFailed:
+				return fmt.Errorf("backup-now: command %s failed: %s", id, q.Status.Message)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			why := "no leading agent has taken it up (is etcd running and healthy?)"
+			if last.State == spec.CommandRunning {
+				why = "it is still running: " + last.Message
+			}
+			return fmt.Errorf("backup-now: no backup after %s: %s; command %s stays queued (see list-commands, or delete-command %s)",
+				timeout, why, id, id)
+		case <-tick.C:
+		}
+	}
+}
+
+type commandRow struct {
+	ID      string `json:"id"`
+	Kind    string `json:"kind"`
+	State   string `json:"state"`
+	Detail  string `json:"detail,omitempty"`
+	Backup  string `json:"backup,omitempty"`
+	Queued  string `json:"queued,omitempty"`
+	Updated string `json:"updated,omitempty"`
+}
+
+func (o *options) listCommands(ctx context.Context, w io.Writer) error {
+	s, err := o.openStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	cmds, err := s.ListCommands(ctx)
+	if err != nil {
+		return err
+	}
+	rows := []commandRow{}
+	for _, q := range cmds {
+		r := commandRow{ID: q.ID, Kind: q.Command.Kind(), State: q.Status.State, Detail: q.Status.Message, Queued: stamp(q.Command.Timestamp), Updated: stamp(q.Status.Updated)}
+		switch {
+		case q.Err != nil && q.Status.State != spec.CommandFailed:
+			// Junk not yet seen by a leader: show why it will fail.
+			r.Detail = q.Err.Error()
+		case q.Command.RestoreBackup != nil:
+			r.Backup = q.Command.RestoreBackup.Backup
+		case q.Status.Backup != "":
+			r.Backup = q.Status.Backup
+		}
+		rows = append(rows, r)
+	}
+	if o.output == "json" {
+		return writeJSON(w, rows)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		detail := r.Detail
+		if r.Backup != "" {
+			detail = "backup " + r.Backup + prefixed("; ", detail)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, r.Kind, r.State, dash(detail))
+	}
+	return tw.Flush()
+}
+
+func (o *options) deleteCommand(ctx context.Context, w io.Writer, id string) error {
+	s, err := o.openStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := s.DeleteCommand(ctx, id); err != nil {
+		return fmt.Errorf("delete-command: %w", err)
+	}
+	fmt.Fprintf(w, "deleted command %s\n", id)
+	return nil
+}
+
+func stamp(ns spec.Int64) string {
+	if ns == 0 {
+		return ""
+	}
+	return time.Unix(0, int64(ns)).UTC().Format(time.RFC3339)
+}
+
+func prefixed(p, s string) string {
+	if s == "" {
+		return ""
+	}
+	return p + s
+}

@@ -1,0 +1,157 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// backups takes full backups, records their outcome (metrics, the
+// backup-now command's status) and applies retention. The managing agent
+// and the backup-only agent share it.
+type backups struct {
+	log        *slog.Logger
+	met        *metrics
+	now        func() time.Time
+	retention  string
+	retryDelay time.Duration // after the first failure; doubles up to maxRetry
+	maxRetry   time.Duration
+
+	lastOK, lastFailure time.Time
+	failures            int // consecutive
+}
+
+// retryAt is when a backup may be tried again after failures.
+func (b *backups) retryAt() time.Time {
+	if b.failures == 0 {
+		return time.Time{}
+	}
+	d := b.retryDelay
+	for i := 1; i < b.failures && d < b.maxRetry; i++ {
+		d *= 2
+	}
+	return b.lastFailure.Add(min(d, b.maxRetry))
+}
+
+// failedRecently reports whether the last attempt failed and its backoff
+// has not run out.
+func (b *backups) failedRecently() bool {
+	return b.failures > 0 && b.now().Before(b.retryAt())
+}
+
+// due reports whether the periodic backup is due.
+func (b *backups) due(interval time.Duration) bool {
+	return b.now().Sub(b.lastOK) >= interval && !b.failedRecently()
+}
+
+// take takes one backup. With a commandID, it runs that backup-now
+// command: the command's status says running, then done with the
+// backup's name; a failed attempt stays running with the error, and is
+// retried after the backoff.
+func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, reason, commandID string) (backup.Info, error) {
+	setStatus := func(st spec.CommandStatus) {
+		if commandID == "" {
+			return
+		}
+		if err := s.SetCommandStatus(ctx, commandID, st, b.now()); err != nil {
+			b.log.Warn("cannot record a command's status", "command", commandID, "error", err)
+		}
+	}
+	setStatus(spec.CommandStatus{State: spec.CommandRunning, Message: "taking a backup"})
+	start := b.now()
+	req.Now = start
+	info, err := backup.Take(ctx, s, req)
+	if err != nil {
+		b.lastFailure = b.now()
+		b.failures++
+		b.met.backupFailures.Inc()
+		err = fmt.Errorf("controller: backup (%s): %w", reason, err)
+		setStatus(spec.CommandStatus{State: spec.CommandRunning,
+			Message: fmt.Sprintf("attempt %d failed, retrying at %s: %v", b.failures, b.retryAt().UTC().Format(time.RFC3339), err)})
+		return info, err
+	}
+	b.lastOK, b.failures = b.now(), 0
+	took := b.lastOK.Sub(start)
+	b.met.backupLastOK.Set(float64(b.lastOK.Unix()))
+	b.met.backupDuration.Set(took.Seconds())
+	b.met.backupSize.Set(float64(info.Meta.Size))
+	b.log.Info("backup taken", "name", info.Name, "reason", reason, "size", info.Meta.Size,
+		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", took.Round(time.Millisecond))
+	setStatus(spec.CommandStatus{State: spec.CommandDone, Backup: info.Name})
+	b.prune(ctx, s)
+	return info, nil
+}
+
+// prune applies the retention policy. It never deletes the newest backup
+// nor one that a queued restore names; if the queue cannot be read, it
+// deletes nothing. Failures are logged: an old backup kept too long does
+// no harm.
+func (b *backups) prune(ctx context.Context, s *store.Store) {
+	policy, err := backup.ParseRetention(b.retention)
+	if err != nil {
+		b.log.Error("invalid retention policy; keeping every backup", "error", err)
+		return
+	}
+	cmds, err := s.ListCommands(ctx)
+	if err != nil {
+		b.log.Warn("cannot read the command queue; keeping every backup this time", "error", err)
+		return
+	}
+	protected := map[string]bool{}
+	for _, c := range cmds {
+		if r := c.Command.RestoreBackup; r != nil && !c.Status.Finished() {
+			protected[r.Backup] = true
+		}
+	}
+	infos, err := backup.List(ctx, s)
+	if err != nil {
+		b.log.Warn("cannot list backups to apply retention", "error", err)
+		return
+	}
+	for _, name := range policy.Expired(infos, b.now(), protected) {
+		if err := backup.Remove(ctx, s, name); err != nil {
+			b.log.Warn("cannot delete an expired backup", "name", name, "error", err)
+			continue
+		}
+		b.log.Info("expired backup deleted", "name", name, "policy", policy.String())
+	}
+}
+
+// readCommands reads the queue for the planner.
+func readCommands(ctx context.Context, s *store.Store, now time.Time) ([]Command, error) {
+	qs, err := s.ListCommands(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Command, 0, len(qs))
+	for _, q := range qs {
+		at := int64(q.Status.Updated)
+		if at == 0 {
+			at = int64(q.Command.Timestamp)
+		}
+		out = append(out, Command{QueuedCommand: q, Age: now.Sub(time.Unix(0, at))})
+	}
+	return out, nil
+}
+
+// runCommandAction performs the queue's bookkeeping actions.
+func runCommandAction(ctx context.Context, s *store.Store, now time.Time, log *slog.Logger, act Action) error {
+	switch act := act.(type) {
+	case FailCommand:
+		log.Error("queued command failed", "command", act.ID, "reason", act.Reason)
+		return s.SetCommandStatus(ctx, act.ID, spec.CommandStatus{State: spec.CommandFailed, Message: act.Reason}, now)
+	case ForgetCommand:
+		err := s.DeleteCommand(ctx, act.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	return fmt.Errorf("controller: not a command action: %T", act)
+}

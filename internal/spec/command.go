@@ -1,0 +1,108 @@
+package spec
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Command is a queued command, control/<id>/_command.json. The timestamp
+// and restoreBackup fields are the etcd-manager format's; backupNow is
+// ours. Exactly one kind is set.
+type Command struct {
+	// Timestamp is when the command was queued, in unix nanoseconds.
+	Timestamp     Int64                 `json:"timestamp"`
+	RestoreBackup *RestoreBackupCommand `json:"restoreBackup,omitempty"`
+	BackupNow     *BackupNowCommand     `json:"backupNow,omitempty"`
+}
+
+// RestoreBackupCommand asks the leader to restore the named backup.
+type RestoreBackupCommand struct {
+	ClusterSpec *ClusterSpec `json:"clusterSpec,omitempty"`
+	Backup      string       `json:"backup"`
+}
+
+// BackupNowCommand asks the leader for a full backup at once.
+type BackupNowCommand struct{}
+
+// Kind names the command's kind, as list-commands shows it.
+func (c Command) Kind() string {
+	switch {
+	case c.RestoreBackup != nil:
+		return "restore-backup"
+	case c.BackupNow != nil:
+		return "backup-now"
+	default:
+		return "unknown"
+	}
+}
+
+// Validate checks that exactly one kind is set, with what it needs.
+func (c Command) Validate() error {
+	n := 0
+	if c.RestoreBackup != nil {
+		n++
+		if c.RestoreBackup.Backup == "" {
+			return errors.New("spec: restoreBackup names no backup")
+		}
+	}
+	if c.BackupNow != nil {
+		n++
+	}
+	switch n {
+	case 0:
+		return errors.New("spec: command has no known kind (want restoreBackup or backupNow)")
+	case 1:
+		return nil
+	default:
+		return errors.New("spec: command sets more than one kind")
+	}
+}
+
+// DecodeCommand parses and validates a _command.json.
+func DecodeCommand(data []byte) (Command, error) {
+	var c Command
+	if len(bytes.TrimSpace(data)) == 0 {
+		return c, errors.New("spec: command is empty")
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return c, fmt.Errorf("spec: command is not valid JSON: %w", err)
+	}
+	return c, c.Validate()
+}
+
+// Command states, as the leader records them in _status.json.
+const (
+	CommandPending = "pending" // queued, not yet taken up (no status object)
+	CommandRunning = "running"
+	CommandDone    = "done"
+	CommandFailed  = "failed"
+)
+
+// CommandStatus is control/<id>/_status.json, our addition: the leader's
+// progress on a command. The command object itself is only ever written
+// by whoever queued it.
+type CommandStatus struct {
+	State string `json:"state"`
+	// Message says why a command failed, or what it is doing.
+	Message string `json:"message,omitempty"`
+	// Backup is the backup a backup-now command took.
+	Backup string `json:"backup,omitempty"`
+	// Updated is when the status was written, in unix nanoseconds.
+	Updated Int64 `json:"updated"`
+}
+
+// Finished reports whether the command is done or failed.
+func (s CommandStatus) Finished() bool {
+	return s.State == CommandDone || s.State == CommandFailed
+}
+
+// DecodeCommandStatus parses a _status.json.
+func DecodeCommandStatus(data []byte) (CommandStatus, error) {
+	var s CommandStatus
+	if err := json.Unmarshal(data, &s); err != nil {
+		return s, fmt.Errorf("spec: command status is not valid JSON: %w", err)
+	}
+	return s, nil
+}
