@@ -202,11 +202,11 @@ func (PromoteMember) Mutates() bool    { return true }
 func (a RemoveMember) String() string {
 	return fmt.Sprintf("remove-member %x node=%s (%s)", a.MemberID, a.NodeID, a.Reason)
 }
-func (RemoveMember) Mutates() bool  { return true }
-func (a EvictNode) String() string  { return "evict-node " + a.NodeID + " (" + a.Reason + ")" }
-func (EvictNode) Mutates() bool     { return true }
-func (a TakeBackup) String() string { return "take-backup (" + a.Reason + ")" }
-func (TakeBackup) Mutates() bool    { return true }
+func (RemoveMember) Mutates() bool   { return true }
+func (a EvictNode) String() string   { return "evict-node " + a.NodeID + " (" + a.Reason + ")" }
+func (EvictNode) Mutates() bool      { return true }
+func (a TakeBackup) String() string  { return "take-backup (" + a.Reason + ")" }
+func (TakeBackup) Mutates() bool     { return true }
 func (a FailCommand) String() string { return "fail-command " + a.ID + " (" + a.Reason + ")" }
 func (FailCommand) Mutates() bool    { return false }
 func (a ForgetCommand) String() string {
