@@ -53,9 +53,57 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 	}
 	cfg.AddFlags(cmd.Flags())
 	logCfg.AddFlags(cmd.Flags())
-	cmd.SetArgs(cli.NormalizeArgs(cmd.Flags(), os.Args[1:]))
+	backupAgent := newBackupAgentCommand()
+	cmd.AddCommand(backupAgent)
+	args := os.Args[1:]
+	if len(args) > 0 && args[0] == backupAgent.Name() {
+		cmd.SetArgs(append(args[:1:1], cli.NormalizeArgs(backupAgent.Flags(), args[1:])...))
+	} else {
+		cmd.SetArgs(cli.NormalizeArgs(cmd.Flags(), args))
+	}
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "etcd-manager:", err)
 		os.Exit(1)
 	}
+}
+
+// newBackupAgentCommand is etcd-manager backup-agent: backups only, for an
+// etcd that etcd-manager does not manage.
+func newBackupAgentCommand() *cobra.Command {
+	cfg := controller.DefaultBackupAgent()
+	logCfg := cli.DefaultLogConfig()
+	cmd := &cobra.Command{
+		Use:   "backup-agent",
+		Short: "Back up an etcd that etcd-manager does not manage",
+		Long: `backup-agent takes the same verified full backups as the managing agent, of an
+etcd cluster that something else runs: every --backup-interval, and on demand
+with etcd-manager-ctl backup-now. It applies the same retention and writes the
+same store format, so list-backups and restore-backup work on its backups.
+
+It needs room in --temp-dir for one full database. Several backup agents may
+share a store (one beside each member, say): a lock in the store picks the
+one that backs up.`,
+		Example: `  etcd-manager backup-agent --endpoints=https://10.0.0.1:2379,https://10.0.0.2:2379 \
+    --cacert=/etc/etcd/ca.crt --cert=/etc/etcd/backup.crt --key=/etc/etcd/backup.key \
+    --backup-store=s3://my-bucket/my-cluster/backups/etcd/main`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logCfg.NewLogger(os.Stderr)
+			if err != nil {
+				return err
+			}
+			cfg.Complete()
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return controller.NewBackupAgent(cfg, log).Run(ctx)
+		},
+	}
+	cfg.AddFlags(cmd.Flags())
+	logCfg.AddFlags(cmd.Flags())
+	return cmd
 }

@@ -24,7 +24,6 @@ type BareEtcd struct {
 // as an operator would by hand. They are killed by PID when the test ends.
 func (e *Env) StartBareCluster(n int) []*BareEtcd {
 	e.t.Helper()
-	etcd := filepath.Join(e.BinDir, "etcd-v"+DefaultEtcdVersion, "etcd")
 	var members []*BareEtcd
 	var initial []string
 	for i := range n {
@@ -38,30 +37,52 @@ func (e *Env) StartBareCluster(n int) []*BareEtcd {
 		initial = append(initial, m.Name+"="+m.PeerURL)
 	}
 	for _, m := range members {
-		dir := filepath.Join(e.Root, "bare", m.Name)
-		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-			e.t.Fatal(err)
-		}
-		logf, err := os.Create(dir + ".log")
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		m.cmd = exec.Command(etcd,
-			"--name="+m.Name, "--data-dir="+dir,
-			"--listen-client-urls="+m.ClientURL, "--advertise-client-urls="+m.ClientURL,
-			"--listen-peer-urls="+m.PeerURL, "--initial-advertise-peer-urls="+m.PeerURL,
-			"--initial-cluster="+strings.Join(initial, ","), "--initial-cluster-state=new",
-			"--initial-cluster-token=bare")
-		m.cmd.Stdout, m.cmd.Stderr = logf, logf
-		m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := m.cmd.Start(); err != nil {
-			e.t.Fatal(err)
-		}
-		m.done = make(chan struct{})
-		go func(m *BareEtcd, f *os.File) { _ = m.cmd.Wait(); f.Close(); close(m.done) }(m, logf)
-		e.t.Cleanup(func() { m.Kill() })
+		e.startBare(m, "--initial-cluster="+strings.Join(initial, ","))
 	}
 	return members
+}
+
+// StartBareTLS starts one plain etcd whose client URL is https and
+// requires a client certificate signed by files.CA.
+func (e *Env) StartBareTLS(files TLSFiles, ip string) *BareEtcd {
+	e.t.Helper()
+	m := &BareEtcd{
+		Name:      "bare-tls",
+		ClientURL: fmt.Sprintf("https://%s:4001", ip),
+		PeerURL:   fmt.Sprintf("http://%s:2380", ip),
+	}
+	e.startBare(m, "--initial-cluster="+m.Name+"="+m.PeerURL,
+		"--cert-file="+files.ServerCert, "--key-file="+files.ServerKey,
+		"--trusted-ca-file="+files.CA, "--client-cert-auth")
+	return m
+}
+
+func (e *Env) startBare(m *BareEtcd, extra ...string) {
+	e.t.Helper()
+	etcd := filepath.Join(e.BinDir, "etcd-v"+DefaultEtcdVersion, "etcd")
+	dir := filepath.Join(e.Root, "bare", m.Name)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	logf, err := os.Create(dir + ".log")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	args := append([]string{
+		"--name=" + m.Name, "--data-dir=" + dir,
+		"--listen-client-urls=" + m.ClientURL, "--advertise-client-urls=" + m.ClientURL,
+		"--listen-peer-urls=" + m.PeerURL, "--initial-advertise-peer-urls=" + m.PeerURL,
+		"--initial-cluster-state=new", "--initial-cluster-token=bare",
+	}, extra...)
+	m.cmd = exec.Command(etcd, args...)
+	m.cmd.Stdout, m.cmd.Stderr = logf, logf
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := m.cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	m.done = make(chan struct{})
+	go func(f *os.File) { _ = m.cmd.Wait(); f.Close(); close(m.done) }(logf)
+	e.t.Cleanup(m.Kill)
 }
 
 // Kill SIGKILLs the process and waits for it.

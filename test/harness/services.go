@@ -266,3 +266,37 @@ func (a *Azurite) StoreURL(container, prefix string) string {
 	q := url.Values{"domain": {a.Host}, "protocol": {"http"}, "localemu": {"true"}}
 	return (&url.URL{Scheme: "azblob", Host: container, Path: "/" + prefix, RawQuery: q.Encode()}).String()
 }
+
+// BackupAgent is an etcd-manager backup-agent process.
+type BackupAgent struct {
+	Name string
+	svc  *service
+}
+
+// StartBackupAgent runs etcd-manager backup-agent with args against the
+// env's store; it is killed when the test ends.
+func (e *Env) StartBackupAgent(name string, args ...string) *BackupAgent {
+	e.t.Helper()
+	logDir := filepath.Join(e.Root, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	b := &BackupAgent{Name: name, svc: &service{
+		t: e.t, name: name, bin: e.AgentBin,
+		args: append([]string{"backup-agent", "--backup-store=" + e.StoreURL, "--node-id=" + name}, args...),
+		env:  e.ExtraEnv,
+		log:  filepath.Join(logDir, name+".log"),
+	}}
+	b.svc.start()
+	e.t.Cleanup(b.svc.stop)
+	return b
+}
+
+// Kill SIGKILLs the backup agent.
+func (b *BackupAgent) Kill() { b.svc.stop() }
+
+// Log returns the agent's log so far.
+func (b *BackupAgent) Log() string {
+	data, _ := os.ReadFile(b.svc.log)
+	return string(data)
+}

@@ -1,0 +1,313 @@
+package controller
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	etcdclient "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// BackupAgentConfig configures the backup-only agent, for an etcd that
+// etcd-manager does not manage.
+type BackupAgentConfig struct {
+	BackupStore string
+	// Endpoints are etcd's client URLs.
+	Endpoints []string
+	// CACert, Cert and Key are PEM files for etcd's client TLS.
+	CACert, Cert, Key string
+	Backup            BackupConfig
+	// TempDir holds a snapshot while it is verified and compressed.
+	TempDir string
+	// MetricsAddress serves Prometheus metrics when set (host:port).
+	MetricsAddress string
+	// NodeID names this agent in the store's lock.
+	NodeID string
+	// LockLease is the store lock's lease: of several backup agents on one
+	// store, only the holder backs up.
+	LockLease time.Duration
+	// LoopInterval is the time between cycles.
+	LoopInterval time.Duration
+}
+
+// DefaultBackupAgent returns the defaults.
+func DefaultBackupAgent() BackupAgentConfig {
+	return BackupAgentConfig{
+		Backup:       DefaultBackupConfig(),
+		TempDir:      filepath.Join(os.TempDir(), "etcd-manager-backup"),
+		LockLease:    30 * time.Second,
+		LoopInterval: 5 * time.Second,
+	}
+}
+
+// AddFlags registers the backup agent's flags on fs.
+func (c *BackupAgentConfig) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.BackupStore, flagBackupStore, c.BackupStore, "URL of the backup store: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix (required)")
+	fs.StringSliceVar(&c.Endpoints, "endpoints", c.Endpoints, "etcd client URLs, comma-separated (required)")
+	fs.StringVar(&c.CACert, "cacert", c.CACert, "CA bundle that signed etcd's server certificates (https endpoints)")
+	fs.StringVar(&c.Cert, "cert", c.Cert, "client certificate for etcd, when it requires client-certificate auth")
+	fs.StringVar(&c.Key, "key", c.Key, "private key of --cert")
+	c.Backup.AddFlags(fs)
+	fs.StringVar(&c.TempDir, "temp-dir", c.TempDir, "directory for a snapshot while it is verified and compressed; it needs room for one full database")
+	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
+	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "this agent's name in the store's lock (default: host name and a random suffix)")
+	fs.DurationVar(&c.LockLease, "lock-lease", c.LockLease, "lease of the store lock that picks one backup agent when several share a store")
+	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between cycles (queued commands are picked up once per cycle)")
+}
+
+// Complete fills in defaults that depend on the machine.
+func (c *BackupAgentConfig) Complete() {
+	if c.NodeID == "" {
+		host, _ := os.Hostname()
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		c.NodeID = fmt.Sprintf("backup-%s-%s", host, hex.EncodeToString(b))
+	}
+}
+
+// Validate reports every problem with the configuration at once.
+func (c BackupAgentConfig) Validate() error {
+	var errs []error
+	if c.BackupStore == "" {
+		errs = append(errs, fmt.Errorf("--%s is required", flagBackupStore))
+	}
+	if len(c.Endpoints) == 0 {
+		errs = append(errs, errors.New("--endpoints is required, for example --endpoints=https://10.0.0.1:2379"))
+	}
+	for _, e := range c.Endpoints {
+		u, err := url.Parse(e)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--endpoints: %q is not an http(s)://host:port URL", e))
+		}
+	}
+	if (c.Cert == "") != (c.Key == "") {
+		errs = append(errs, errors.New("--cert and --key go together"))
+	}
+	for _, f := range []string{c.CACert, c.Cert, c.Key} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			errs = append(errs, fmt.Errorf("TLS file: %w", err))
+		}
+	}
+	errs = append(errs, c.Backup.Validate()...)
+	if c.LockLease < time.Second {
+		errs = append(errs, errors.New("--lock-lease must be at least 1s"))
+	}
+	if c.LoopInterval <= 0 || c.LoopInterval > c.LockLease/2 {
+		errs = append(errs, errors.New("--loop-interval must be positive and at most half of --lock-lease"))
+	}
+	if c.MetricsAddress != "" {
+		if _, err := url.Parse("http://" + c.MetricsAddress); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-address %q: want host:port", c.MetricsAddress))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("controller: invalid configuration: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// tlsConfig is etcd's client TLS, or nil for plain http.
+func (c BackupAgentConfig) tlsConfig() (*tls.Config, error) {
+	if c.CACert == "" && c.Cert == "" {
+		return nil, nil
+	}
+	info := transport.TLSInfo{TrustedCAFile: c.CACert, CertFile: c.Cert, KeyFile: c.Key}
+	cfg, err := info.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("controller: etcd client TLS: %w", err)
+	}
+	return cfg, nil
+}
+
+// BackupAgent takes backups of an etcd that etcd-manager does not manage:
+// periodic and on-demand (backup-now), verified, with retention, in the
+// same store format as the managing agent. Of several backup agents on one
+// store, the holder of the store lock backs up.
+type BackupAgent struct {
+	cfg     BackupAgentConfig
+	log     *slog.Logger
+	met     *metrics
+	now     func() time.Time
+	backups *backups
+	lock    LeaderLock
+	store   *store.Store
+	tls     *tls.Config
+}
+
+// NewBackupAgent returns a backup agent for a validated, completed
+// configuration.
+func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger) *BackupAgent {
+	met := newMetrics()
+	b := &BackupAgent{cfg: cfg, log: log, met: met, now: time.Now}
+	b.backups = cfg.Backup.newBackups(log, met, func() time.Time { return b.now() })
+	b.lock = LeaderLock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
+	return b
+}
+
+// Run backs up until ctx is cancelled. Problems with etcd or the store are
+// logged and retried; only bad TLS files or a busy metrics address stop
+// it.
+func (b *BackupAgent) Run(ctx context.Context) error {
+	var err error
+	if b.tls, err = b.cfg.tlsConfig(); err != nil {
+		return err
+	}
+	if b.cfg.MetricsAddress != "" {
+		stop, err := b.met.serve(b.cfg.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("controller: metrics: %w", err)
+		}
+		defer stop()
+	}
+	b.log.Info("backup agent starting", "node-id", b.cfg.NodeID, "endpoints", b.cfg.Endpoints, "backup-store", b.cfg.BackupStore,
+		"interval", b.cfg.Backup.Interval, "retention", b.cfg.Backup.Retention)
+	ticker := time.NewTicker(b.cfg.LoopInterval)
+	defer ticker.Stop()
+	for {
+		b.cycle(ctx)
+		select {
+		case <-ctx.Done():
+			if b.store != nil {
+				b.store.Close()
+			}
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+func (b *BackupAgent) cycle(ctx context.Context) {
+	if b.store == nil {
+		s, err := store.Open(ctx, b.cfg.BackupStore, store.Options{Create: true})
+		if err != nil {
+			b.log.Error("backup store unreachable; will retry", "error", err)
+			return
+		}
+		b.store = s
+	}
+	s := b.store
+	term, err := b.lock.Acquire(ctx, s)
+	if err != nil {
+		b.log.Error("backup store unreachable; will retry", "error", err)
+		return
+	}
+	boolGauge(b.met.leader, term != 0)
+	if term == 0 {
+		return // another backup agent holds the lock
+	}
+	cmds, err := readCommands(ctx, s, b.now())
+	if err != nil {
+		b.log.Error("cannot read the command queue; will retry", "error", err)
+		return
+	}
+	actions := planCommands(cmds, b.backups.failedRecently())
+	if b.backups.due(b.cfg.Backup.Interval) && !hasBackup(actions) {
+		actions = append(actions, TakeBackup{Reason: "periodic"})
+	}
+	for _, act := range actions {
+		err := b.execute(ctx, s, term, act)
+		if _, ok := act.(Report); !ok {
+			b.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
+		}
+		if err != nil {
+			b.log.Error("action failed", "action", act.String(), "error", err)
+			return
+		}
+	}
+}
+
+func hasBackup(actions []Action) bool {
+	for _, a := range actions {
+		if _, ok := a.(TakeBackup); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *BackupAgent) execute(ctx context.Context, s *store.Store, term int64, act Action) error {
+	switch act := act.(type) {
+	case Report:
+		b.log.Log(ctx, act.Level, act.Msg, act.Attrs...)
+		return nil
+	case FailCommand, ForgetCommand:
+		return runCommandAction(ctx, s, b.now(), b.log, act)
+	case TakeBackup:
+		// Fencing: the lock may have passed to another agent while this
+		// one was busy.
+		held, err := b.lock.Holds(ctx, s, term)
+		if err != nil {
+			return err
+		}
+		if !held {
+			return fmt.Errorf("%w: the store lock moved to another backup agent", ErrNotLeader)
+		}
+		req, err := b.request(ctx)
+		if err != nil {
+			b.backups.lastFailure, b.backups.failures = b.now(), b.backups.failures+1
+			b.met.backupFailures.Inc()
+			return err
+		}
+		_, err = b.backups.take(ctx, s, req, act.Reason, act.CommandID)
+		return err
+	}
+	return fmt.Errorf("controller: backup agent cannot perform %s", act)
+}
+
+// request finds a healthy member to snapshot and describes the cluster
+// for the backup's meta: its voting member count and server version.
+func (b *BackupAgent) request(ctx context.Context) (backup.Request, error) {
+	cfg := etcdclient.Config{Endpoints: b.cfg.Endpoints, DialTimeout: 5 * time.Second, TLS: b.tls, Logger: zap.NewNop()}
+	c, err := etcdclient.New(cfg)
+	if err != nil {
+		return backup.Request{}, fmt.Errorf("controller: etcd client: %w", err)
+	}
+	defer c.Close()
+	var errs []error
+	for _, ep := range b.cfg.Endpoints {
+		cctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+		st, err := c.Status(cctx, ep)
+		if err == nil {
+			var members *etcdclient.MemberListResponse
+			members, err = c.MemberList(cctx)
+			if err == nil {
+				cancel()
+				voters := 0
+				for _, m := range members.Members {
+					if !m.IsLearner {
+						voters++
+					}
+				}
+				return backup.Request{
+					Client:       etcdclient.Config{DialTimeout: 5 * time.Second, TLS: b.tls},
+					Endpoint:     ep,
+					TempDir:      b.cfg.TempDir,
+					EtcdVersion:  st.Version,
+					ClusterSpec:  &spec.ClusterSpec{MemberCount: int32(voters), EtcdVersion: st.Version},
+					ClusterToken: fmt.Sprintf("%x", st.Header.ClusterId),
+				}, nil
+			}
+		}
+		cancel()
+		errs = append(errs, fmt.Errorf("%s: %w", ep, err))
+	}
+	return backup.Request{}, fmt.Errorf("controller: no healthy etcd endpoint: %w", errors.Join(errs...))
+}
