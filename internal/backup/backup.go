@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -30,18 +31,22 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
-// Object names inside a backup.
+// Object names inside a backup. ClaimObject is ours: it reserves the name
+// while the backup is written.
 const (
-	DataObject = "etcd.backup.gz"
-	MetaObject = "_etcd_backup.meta"
+	DataObject  = "etcd.backup.gz"
+	MetaObject  = "_etcd_backup.meta"
+	ClaimObject = "_claim"
 )
 
 // Errors. Check them with errors.Is.
 var (
 	ErrCorrupt  = errors.New("backup: snapshot is corrupt")
 	ErrNotFound = errors.New("backup: backup not found")
+	ErrTempFull = errors.New("backup: temp disk full")
 )
 
 // Meta is the _etcd_backup.meta object. The first three fields are the
@@ -64,6 +69,8 @@ type Meta struct {
 // Store is the part of the backup store backups need.
 type Store interface {
 	Put(ctx context.Context, key string, r io.Reader) error
+	Create(ctx context.Context, key string, data []byte) error
+	Delete(ctx context.Context, key string) error
 	Read(ctx context.Context, key string) ([]byte, error)
 	Write(ctx context.Context, key string, data []byte) error
 	List(ctx context.Context, prefix, delimiter string) ([]string, error)
@@ -115,6 +122,9 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	// any 3.6.x), used only when the caller does not know the server's.
 	version, err := clientsnapshot.SaveWithVersion(ctx, cfg.Logger, cfg, db)
 	if err != nil {
+		if errors.Is(err, syscall.ENOSPC) {
+			return Info{}, fmt.Errorf("%w: %s has no room for the snapshot (it needs the whole database): %w", ErrTempFull, req.TempDir, err)
+		}
 		return Info{}, fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err)
 	}
 	status, err := Verify(db)
@@ -126,7 +136,7 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 		return Info{}, fmt.Errorf("backup: %w", err)
 	}
 
-	name, err := nextName(ctx, s, req.Now)
+	name, err := claimName(ctx, s, req.Now)
 	if err != nil {
 		return Info{}, err
 	}
@@ -155,6 +165,8 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	if err := s.Write(ctx, name+"/"+MetaObject, data); err != nil {
 		return Info{}, fmt.Errorf("backup: write meta of %s: %w", name, err)
 	}
+	// The claim has done its work; one left behind is harmless.
+	_ = s.Delete(ctx, name+"/"+ClaimObject)
 	return Info{Name: name, Meta: meta}, nil
 }
 
@@ -232,9 +244,11 @@ type countWriter struct{ n int64 }
 
 func (c *countWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }
 
-// nextName is <now, RFC3339 UTC>-<seq>, seq one past the highest taken in
-// the same second.
-func nextName(ctx context.Context, s Store, now time.Time) (string, error) {
+// claimName picks the backup's name, <now, RFC3339 UTC>-<seq>, and
+// claims it with a once-only ClaimObject, so that two writers (say, a
+// leader that has just lost its leadership and its successor) can never
+// write into the same backup, even within one second.
+func claimName(ctx context.Context, s Store, now time.Time) (string, error) {
 	stamp := now.UTC().Format("2006-01-02T15:04:05Z")
 	names, err := s.List(ctx, stamp, "/")
 	if err != nil {
@@ -248,7 +262,19 @@ func nextName(ctx context.Context, s Store, now time.Time) (string, error) {
 			}
 		}
 	}
-	return fmt.Sprintf("%s-%06d", stamp, seq+1), nil
+	for range 1000 {
+		seq++
+		name := fmt.Sprintf("%s-%06d", stamp, seq)
+		err := s.Create(ctx, name+"/"+ClaimObject, []byte(now.UTC().Format(time.RFC3339Nano)+"\n"))
+		if errors.Is(err, store.ErrExists) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("backup: claim %s: %w", name, err)
+		}
+		return name, nil
+	}
+	return "", fmt.Errorf("backup: no free backup name in %s", stamp)
 }
 
 // List returns the complete backups (those with a readable meta), oldest

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,7 +44,7 @@ func TestNamesAndListing(t *testing.T) {
 	defer s.Close()
 	ctx := t.Context()
 	now := time.Date(2026, 11, 22, 3, 4, 5, 0, time.UTC)
-	first, err := nextName(ctx, s, now)
+	first, err := claimName(ctx, s, now)
 	if err != nil || first != "2026-11-22T03:04:05Z-000001" {
 		t.Fatalf("first name %q, %v", first, err)
 	}
@@ -52,7 +53,7 @@ func TestNamesAndListing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	second, _ := nextName(ctx, s, now)
+	second, _ := claimName(ctx, s, now)
 	if second != "2026-11-22T03:04:05Z-000002" {
 		t.Errorf("second name in the same second = %q", second)
 	}
@@ -72,5 +73,38 @@ func TestNamesAndListing(t *testing.T) {
 	}
 	if len(infos) != 1 || infos[0].Name != first || infos[0].Meta.EtcdVersion != "3.6.16" || infos[0].Meta.Timestamp != 1795320245 {
 		t.Errorf("List = %+v", infos)
+	}
+}
+
+// Writers racing in the same second, as two leaders would, never share a
+// backup name.
+func TestClaimNameRace(t *testing.T) {
+	s, err := store.Open(t.Context(), "file://"+filepath.Join(t.TempDir(), "s"), store.Options{Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Date(2026, 11, 22, 3, 4, 5, 0, time.UTC)
+	const writers = 8
+	names := make([]string, writers)
+	var wg sync.WaitGroup
+	for i := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name, err := claimName(t.Context(), s, now)
+			if err != nil {
+				t.Error(err)
+			}
+			names[i] = name
+		}()
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for _, n := range names {
+		if seen[n] || !strings.HasPrefix(n, "2026-11-22T03:04:05Z-") {
+			t.Fatalf("names %q: want distinct names in the same second", names)
+		}
+		seen[n] = true
 	}
 }
