@@ -373,7 +373,7 @@ func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 		case c.Command.BackupNow != nil && !ran:
 			ran = true
 			if backupFailedRecently {
-				actions = append(actions, Report{Level: slog.LevelWarn, Msg: "backup-now waits: the last backup attempt failed moments ago", Attrs: []any{"command", c.ID}})
+				actions = append(actions, Report{Level: slog.LevelInfo, Msg: "backup-now waits: the last backup attempt failed moments ago", Attrs: []any{"command", c.ID}})
 				continue
 			}
 			actions = append(actions, TakeBackup{Reason: "backup-now " + c.ID, CommandID: c.ID})

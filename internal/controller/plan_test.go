@@ -271,7 +271,7 @@ func TestPlan(t *testing.T) {
 				o.BackupFailedRecently = true
 				o.Commands = []Command{cmd("c1", backupNow, spec.CommandRunning)}
 			}),
-			want: []string{"report[WARN] backup-now waits"}},
+			want: []string{"report[INFO] backup-now waits"}},
 		{name: "junk command is failed once, and the queue goes on",
 			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")), func(o *Observed) {
 				junk := cmd("c1", spec.Command{}, "")

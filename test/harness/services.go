@@ -104,7 +104,9 @@ type MinIO struct {
 	Endpoint string
 	User     string
 	Password string
-	svc      *service
+	// DataDir is where MinIO keeps its objects.
+	DataDir string
+	svc     *service
 }
 
 // StartMinIO starts bin/minio (built by make tools) on a fresh loopback
@@ -118,12 +120,13 @@ func StartMinIO(t testing.TB) *MinIO {
 	dir := t.TempDir()
 	m := &MinIO{
 		Endpoint: fmt.Sprintf("http://%s:%d", ip, port),
+		DataDir:  filepath.Join(dir, "data"),
 		User:     "etcdmanager",
 		Password: "etcdmanager-secret",
 	}
 	m.svc = &service{
 		t: t, name: "minio", bin: toolPath(t, "minio"),
-		args: []string{"server", filepath.Join(dir, "data"),
+		args: []string{"server", m.DataDir,
 			"--address", fmt.Sprintf("%s:%d", ip, port),
 			"--console-address", fmt.Sprintf("%s:%d", ip, console),
 			"--quiet"},
