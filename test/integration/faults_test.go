@@ -18,7 +18,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
-
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
