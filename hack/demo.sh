@@ -79,6 +79,12 @@ if [ "$got" != world ]; then
   exit 1
 fi
 echo "demo: wrote and read /demo/hello = $got"
+backup=$(bin/etcd-manager-ctl --backup-store="$store" backup-now --timeout=2m)
+echo "demo: backup-now took backup $backup"
+bin/etcd-manager-ctl --backup-store="$store" list-backups | grep -qx "$backup" || {
+  echo "demo: backup $backup is not in list-backups" >&2
+  exit 1
+}
 echo
 bin/etcd-manager-ctl --backup-store="$store" --insecure status
 
@@ -94,6 +100,8 @@ Try:
   $etcdctl --endpoints=$endpoints member list -w table
   bin/etcd-manager-ctl --backup-store=$store --insecure status
   bin/etcd-manager-ctl --backup-store=$store get
+  bin/etcd-manager-ctl --backup-store=$store backup-now
+  bin/etcd-manager-ctl --backup-store=$store list-backups -o json
   kill -9 \$(cat .demo/data/2/etcd.pid)    # the agent restarts etcd within seconds
 
 TXT

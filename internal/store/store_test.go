@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"gocloud.dev/blob"
+
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -242,5 +244,14 @@ func TestCloudBucketURL(t *testing.T) {
 				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
 			}
 		})
+	}
+}
+
+// Every binary that opens a store understands the four schemes.
+func TestDriversRegistered(t *testing.T) {
+	for _, scheme := range []string{"file", "s3", "gs", "azblob"} {
+		if !blob.DefaultURLMux().ValidBucketScheme(scheme) {
+			t.Errorf("no blob driver registered for %s://", scheme)
+		}
 	}
 }
