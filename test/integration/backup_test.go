@@ -215,3 +215,46 @@ func TestBackupMetrics(t *testing.T) {
 func hasLine(text, line string) bool {
 	return slices.Contains(strings.Split(text, "\n"), line)
 }
+
+// Junk in the command queue is marked failed with its reason and kept for
+// the operator; the agent neither stops nor crash-loops, and the queue
+// goes on.
+func TestJunkCommand(t *testing.T) {
+	env, agents, _ := startCluster(t, 1, 1, harness.AgentOptions{})
+	junk := filepath.Join(env.StoreDir, "control", "2026-01-01T00:00:00Z-000001")
+	if err := os.MkdirAll(junk, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(junk, "_command.json"), []byte(`{"timestamp":"1","explode":{}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name := strings.TrimSpace(env.MustCtl("backup-now"))
+	if !backupNameRE.MatchString(name) {
+		t.Fatalf("backup-now behind a junk command printed %q", name)
+	}
+	out := env.MustCtl("list-commands")
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "2026-01-01T00:00:00Z-000001 ") {
+			line = l
+		}
+	}
+	for _, want := range []string{"failed", "2026-01-01T00:00:00Z-000001/_command.json", "not valid JSON"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("list-commands line %q lacks %q\n%s", line, want, out)
+		}
+	}
+	if !agents[0].Running() {
+		t.Fatal("the agent exited")
+	}
+	if n := strings.Count(agents[0].Log(), `msg="queued command failed"`); n != 1 {
+		t.Errorf("the junk command was failed %d times, want once", n)
+	}
+	env.MustCtl("delete-command", "2026-01-01T00:00:00Z-000001")
+	if out := env.MustCtl("list-commands"); strings.Contains(out, "2026-01-01T00:00:00Z-000001") {
+		t.Errorf("deleted command still listed:\n%s", out)
+	}
+	if _, errOut, err := env.Ctl("delete-command", "2026-01-01T00:00:00Z-000001"); err == nil || !strings.Contains(errOut, "no command 2026-01-01T00:00:00Z-000001") {
+		t.Errorf("deleting a missing command: %v, %q", err, errOut)
+	}
+}
