@@ -8,15 +8,22 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,19 +43,27 @@ type Result struct {
 	Note     string  `json:"note"`
 	Skipped  bool    `json:"skipped,omitempty"`
 	Reason   string  `json:"reason,omitempty"`
+	// noBaseline marks a figure measured against a goal rather than a
+	// baseline: baseline and ratio stay 0 in the JSON, "-" in the table.
+	noBaseline bool
 }
 
 type scale struct {
 	name       string
 	iterations int
+	// dbBytes is the etcd DB size the backup benchmarks fill to.
+	dbBytes int64
+	// backupIterations is how many backups each backup benchmark takes of
+	// its one filled cluster.
+	backupIterations int
 }
 
 func currentScale(t *testing.T) scale {
 	switch s := os.Getenv("BENCH_SCALE"); s {
 	case "", "small":
-		return scale{name: "small", iterations: 1}
+		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1}
 	case "full":
-		return scale{name: "full", iterations: 5}
+		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3}
 	default:
 		t.Fatalf("BENCH_SCALE=%q: use small or full", s)
 		return scale{}
@@ -60,9 +75,7 @@ func TestBench(t *testing.T) {
 	var results []Result
 	results = append(results, benchBootstrap(t, sc))
 	results = append(results, benchReplaceMember(t, sc))
-	for _, name := range []string{"backup-file-1gib", "backup-s3-1gib", "agent-backup-peak-rss"} {
-		results = append(results, Result{Name: name, Skipped: true, Reason: "backups are not built yet (issue: backups)"})
-	}
+	results = append(results, benchBackups(t, sc)...)
 	results = append(results,
 		Result{Name: "restore-1gib", Skipped: true, Reason: "restore is not built yet (issue: restore)"},
 		Result{Name: "rolling-upgrade", Skipped: true, Reason: "version changes are not built yet (issue: version changes)"},
@@ -70,7 +83,7 @@ func TestBench(t *testing.T) {
 		Result{Name: "agent-idle-cpu", Skipped: true, Reason: "not measured yet (issue: benchmarks)"},
 	)
 	for _, r := range results {
-		if !r.Skipped && (r.Value <= 0 || r.Baseline <= 0 || math.IsNaN(r.Ratio)) {
+		if !r.Skipped && (r.Value <= 0 || math.IsNaN(r.Value) || (!r.noBaseline && (r.Baseline <= 0 || math.IsNaN(r.Ratio)))) {
 			t.Errorf("%s: measured nothing: %+v", r.Name, r)
 		}
 	}
@@ -103,6 +116,10 @@ func markdown(rs []Result, sc scale) string {
 	for _, r := range rs {
 		if r.Skipped {
 			fmt.Fprintf(&b, "| %s | skipped | | | %s |\n", r.Name, r.Reason)
+			continue
+		}
+		if r.noBaseline {
+			fmt.Fprintf(&b, "| %s | %.2f %s | - | - | %s |\n", r.Name, r.Value, r.Unit, r.Note)
 			continue
 		}
 		fmt.Fprintf(&b, "| %s | %.2f %s | %.2f %s | %.2f× | %s |\n", r.Name, r.Value, r.Unit, r.Baseline, r.Unit, r.Ratio, r.Note)
@@ -233,4 +250,390 @@ func bareLeader(t *testing.T, ms []*harness.BareEtcd) *harness.BareEtcd {
 	}
 	t.Fatal(errors.New("no bare etcd leader"))
 	return nil
+}
+
+// Backup benchmarks. Each store gets one managed 1-member cluster, filled
+// once to sc.dbBytes, then backed up sc.backupIterations times; each
+// backup is preceded by the baseline, etcdctl snapshot save of the same
+// DB to local disk.
+
+const (
+	fillValueBytes = 512 << 10 // under etcd's 1.5 MiB request limit
+	fillClients    = 4
+	backupTimeout  = 10 * time.Minute
+	goalRSSMiB     = 64
+)
+
+// backupRun is what one store's run measured.
+type backupRun struct {
+	got, base  []float64 // seconds: backup-now, etcdctl snapshot save
+	snapBytes  int64     // size of the baseline snapshot
+	dbSize     int64     // DB size reached by the fill
+	fillSecs   float64
+	rssMiB     []float64 // the agent's peak RSS during each backup
+	idleRSSMiB float64   // the agent's RSS just before the first backup
+	// anonMiB and fileMiB are the largest anonymous and file-backed RSS
+	// sampled during the backups (VmHWM counts both).
+	anonMiB, fileMiB float64
+	agentSecs        []float64 // the backup's duration as the agent logs it
+	compressed       int64     // compressed size of the last backup, when known
+	backupBytes      int64     // uncompressed size of the last backup, when known
+}
+
+func benchBackups(t *testing.T, sc scale) []Result {
+	var file, s3 backupRun
+	t.Run("backup-file", func(t *testing.T) {
+		file = runBackups(t, sc, nil)
+	})
+	t.Run("backup-s3", func(t *testing.T) {
+		s3 = runBackups(t, sc, func(env *harness.Env) {
+			minio := harness.StartMinIO(t)
+			minio.CreateBucket(t, "bench")
+			env.UseStore(minio.StoreURL("bench", "etcd/main"), minio.Env())
+		})
+	})
+
+	size := fmt.Sprintf("%.0f MiB", float64(sc.dbBytes)/(1<<20))
+	common := func(r backupRun) string {
+		return fmt.Sprintf("DB filled to %.0f MiB (scale %s: %s target) with %d KiB values of random hex in %.1fs; snapshot %.0f MiB; median of %d; 1-member cluster, default loop interval (backup-now waits for the leader's next cycle), --backup-interval=24h so no periodic backup overlaps",
+			mib(r.dbSize), sc.name, size, fillValueBytes>>10, r.fillSecs, mib(r.snapBytes), len(r.got))
+	}
+	backupResult := func(name, store string, r backupRun, extra string) Result {
+		v, b := medianOr0(r.got), medianOr0(r.base)
+		res := Result{Name: name, Value: v, Unit: "s", Baseline: b, Ratio: ratio(v, b)}
+		agent := ""
+		if len(r.agentSecs) > 0 {
+			agent = fmt.Sprintf(" (the agent logs %.2fs for the backup itself)", median(r.agentSecs))
+		}
+		res.Note = fmt.Sprintf("etcd-manager-ctl backup-now to a %s store (snapshot, verify, gzip, upload): %.0f MiB/s%s; baseline: etcdctl snapshot save to local disk: %.0f MiB/s; %s%s",
+			store, throughput(r.snapBytes, v), agent, throughput(r.snapBytes, b), common(r), extra)
+		return res
+	}
+	var fileExtra string
+	if file.compressed > 0 {
+		fileExtra = fmt.Sprintf("; backup %.0f MiB gzipped to %.0f MiB", mib(file.backupBytes), mib(file.compressed))
+	}
+	results := []Result{
+		backupResult("backup-file-1gib", "file://", file, fileExtra),
+		backupResult("backup-s3-1gib", "MinIO (s3://)", s3, ""),
+	}
+
+	// Peak RSS: the largest over every backup of both stores.
+	peak := 0.0
+	for _, x := range append(append([]float64(nil), file.rssMiB...), s3.rssMiB...) {
+		peak = max(peak, x)
+	}
+	verdict := "meets"
+	if peak >= goalRSSMiB {
+		verdict = "does NOT meet"
+	}
+	results = append(results, Result{Name: "agent-backup-peak-rss", Value: peak, Unit: "MiB", noBaseline: true,
+		Note: fmt.Sprintf("%s the goal of under %d MiB whatever the DB size; agent VmHWM, reset through clear_refs just before each backup-now, max over file:// backups (%s MiB) and MinIO backups (%s MiB) of a %.0f MiB DB (scale %s); sampled every 10ms during the backups, peak anonymous RSS %.1f MiB (file://) and %.1f MiB (MinIO), peak file-backed RSS (mapped files, which VmHWM counts) %.1f MiB and %.1f MiB; agent RSS before the first backup %.1f MiB (file://), %.1f MiB (MinIO); no baseline",
+			verdict, goalRSSMiB, fmtList(file.rssMiB), fmtList(s3.rssMiB), mib(max(file.dbSize, s3.dbSize)), sc.name,
+			file.anonMiB, s3.anonMiB, file.fileMiB, s3.fileMiB, file.idleRSSMiB, s3.idleRSSMiB)})
+	return results
+}
+
+// runBackups starts a managed 1-member cluster (on the store setup
+// chooses, file:// by default), fills it and measures its backups.
+func runBackups(t *testing.T, sc scale, setup func(env *harness.Env)) backupRun {
+	var r backupRun
+	env := harness.NewEnv(t)
+	if setup != nil {
+		setup(env)
+	}
+	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(1, harness.AgentOptions{Defaults: true, ExtraArgs: []string{"--backup-interval=24h"}})
+	harness.WaitSettled(t, agents, 1, 2*time.Minute)
+	agent := agents[0]
+
+	fillTimeout := 30 * time.Second
+	if sc.dbBytes > 256<<20 {
+		fillTimeout = 5 * time.Minute
+	}
+	start := time.Now()
+	r.dbSize = fill(t, agent.ClientURL, sc.dbBytes, fillTimeout)
+	r.fillSecs = time.Since(start).Seconds()
+	t.Logf("filled to %.0f MiB in %.1fs", mib(r.dbSize), r.fillSecs)
+
+	snapDir := t.TempDir() // on real disk: /tmp is not tmpfs here, and t.TempDir honours $TMPDIR
+	pid := agent.PID()
+	for i := range sc.backupIterations {
+		secs, size := etcdctlSnapshot(t, env.BinDir, agent.ClientURL, snapDir)
+		r.base = append(r.base, secs)
+		r.snapBytes = size
+
+		if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+			t.Fatalf("reset the agent's peak RSS: %v", err)
+		}
+		if i == 0 {
+			r.idleRSSMiB = procStatusMiB(t, pid, "VmRSS")
+		}
+		stopSampling := sampleRSS(pid)
+		secs, name := backupNow(t, env)
+		r.rssMiB = append(r.rssMiB, procStatusMiB(t, pid, "VmHWM"))
+		anon, file := stopSampling()
+		r.anonMiB, r.fileMiB = max(r.anonMiB, anon), max(r.fileMiB, file)
+		r.got = append(r.got, secs)
+		t.Logf("backup %s: %.2fs (etcdctl snapshot save %.2fs), agent peak RSS %.1f MiB (sampled: anon %.1f MiB, file-backed %.1f MiB)",
+			name, secs, r.base[len(r.base)-1], r.rssMiB[len(r.rssMiB)-1], anon, file)
+		if d, ok := agentBackupDuration(agent.Log(), name); ok {
+			r.agentSecs = append(r.agentSecs, d.Seconds())
+			t.Logf("the agent reports %s for backup %s itself", d, name)
+		}
+
+		if setup == nil {
+			if data, err := os.ReadFile(filepath.Join(env.StoreDir, name, "_etcd_backup.meta")); err == nil {
+				var m struct {
+					Size           int64 `json:"size"`
+					CompressedSize int64 `json:"compressedSize"`
+				}
+				if json.Unmarshal(data, &m) == nil {
+					r.backupBytes, r.compressed = m.Size, m.CompressedSize
+				}
+			}
+		}
+	}
+	return r
+}
+
+// fill writes unique keys with random hex values (gzip gets them to about
+// half) from a few clients until etcd reports a DB of at least target
+// bytes, bounded in puts and time, and returns the DB size reached.
+func fill(t *testing.T, endpoint string, target int64, timeout time.Duration) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	maxPuts := int64(2*target/fillValueBytes + 64)
+	var puts atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, fillClients)
+	for w := range fillClients {
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(w)))
+			raw := make([]byte, fillValueBytes/2)
+			val := make([]byte, fillValueBytes)
+			for i := 0; ctx.Err() == nil; i++ {
+				if puts.Add(1) > maxPuts {
+					return
+				}
+				for j := 0; j+8 <= len(raw); j += 8 {
+					binary.LittleEndian.PutUint64(raw[j:], rng.Uint64())
+				}
+				hex.Encode(val, raw)
+				pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
+				_, err := c.Put(pctx, fmt.Sprintf("/bench/fill/%d/%08d", w, i), string(val))
+				pcancel()
+				if err != nil {
+					if ctx.Err() == nil {
+						errs <- fmt.Errorf("put: %w", err)
+					}
+					return
+				}
+			}
+		}()
+	}
+
+	sc, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	dbSize := func() int64 {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		st, err := sc.Status(sctx, endpoint)
+		if err != nil {
+			return 0
+		}
+		return st.DbSize
+	}
+	workers := make(chan struct{})
+	go func() { wg.Wait(); close(workers) }()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-workers:
+			done = true
+		case <-tick.C:
+			if dbSize() >= target {
+				cancel()
+				<-workers
+				done = true
+			}
+		}
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatalf("fill: %v", err)
+	}
+	got := dbSize()
+	if got < target {
+		t.Fatalf("fill: DB reached %d bytes after %d puts, want %d (bounded by %d puts and %s)", got, min(puts.Load(), maxPuts), target, maxPuts, timeout)
+	}
+	return got
+}
+
+// etcdctlSnapshot is the baseline: etcdctl snapshot save to local disk.
+func etcdctlSnapshot(t *testing.T, binDir, endpoint, dir string) (float64, int64) {
+	t.Helper()
+	path := filepath.Join(dir, "baseline.db")
+	ctx, cancel := context.WithTimeout(context.Background(), backupTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "etcd-v"+harness.DefaultEtcdVersion, "etcdctl"),
+		"--endpoints="+endpoint, "snapshot", "save", path)
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	secs := time.Since(start).Seconds()
+	if err != nil {
+		t.Fatalf("etcdctl snapshot save: %v\n%s", err, out)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	return secs, st.Size()
+}
+
+// backupNow times etcd-manager-ctl backup-now (which waits for the backup)
+// and returns the backup's name. It runs the ctl itself because
+// Env.Ctl gives up after a minute, too soon for a large DB.
+func backupNow(t *testing.T, env *harness.Env) (float64, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), backupTimeout+time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, env.CtlBin, "--backup-store="+env.StoreURL, "--etcd-bin-dir="+env.BinDir,
+		"backup-now", "--timeout="+backupTimeout.String())
+	cmd.Env = append(os.Environ(), env.ExtraEnv...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	secs := time.Since(start).Seconds()
+	name := strings.TrimSpace(stdout.String())
+	if err != nil || name == "" || strings.ContainsAny(name, " \n") {
+		t.Fatalf("etcd-manager-ctl backup-now: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
+	}
+	return secs, name
+}
+
+// sampleRSS polls the RssAnon and RssFile of pid every 10ms until the
+// returned function is called, which returns their largest values in MiB.
+func sampleRSS(pid int) func() (anon, file float64) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var anon, file float64
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+				anon = max(anon, statusFieldMiB(string(data), "RssAnon"))
+				file = max(file, statusFieldMiB(string(data), "RssFile"))
+			}
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() (float64, float64) {
+		close(stop)
+		<-done
+		return anon, file
+	}
+}
+
+// statusFieldMiB is a kB field of /proc/<pid>/status in MiB, or -1.
+func statusFieldMiB(status, field string) float64 {
+	for _, line := range strings.Split(status, "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return -1
+			}
+			return float64(kb) / 1024
+		}
+	}
+	return -1
+}
+
+// procStatusMiB reads a kB field such as VmHWM from /proc/<pid>/status.
+func procStatusMiB(t *testing.T, pid int, field string) float64 {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := statusFieldMiB(string(data), field)
+	if v < 0 {
+		t.Fatalf("/proc/%d/status: no readable %s", pid, field)
+	}
+	return v
+}
+
+// agentBackupDuration finds the duration the agent logged with "backup
+// taken" for the named backup. It only adds detail to a note.
+func agentBackupDuration(log, name string) (time.Duration, bool) {
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "backup taken") || !strings.Contains(line, "name="+name) {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, " duration=")
+		if !ok {
+			return 0, false
+		}
+		d, err := time.ParseDuration(strings.Fields(rest + " ")[0])
+		return d, err == nil
+	}
+	return 0, false
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+func throughput(bytes int64, secs float64) float64 {
+	if secs <= 0 {
+		return 0
+	}
+	return mib(bytes) / secs
+}
+
+// ratio is v/b, or 0 without a baseline (JSON has no NaN); TestBench
+// flags a missing baseline.
+func ratio(v, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return v / b
+}
+
+func medianOr0(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	return median(xs)
+}
+
+func fmtList(xs []float64) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, fmt.Sprintf("%.1f", x))
+	}
+	if len(s) == 0 {
+		return "(none)"
+	}
+	return strings.Join(s, ", ")
 }
