@@ -8,15 +8,27 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
 )
 
+// defaultMemoryLimit is the Go runtime's soft memory limit unless
+// GOMEMLIMIT sets one: the agent's live heap is small, and without a limit
+// the garbage of a large backup's stream lets the heap balloon before the
+// collector runs. It is soft: a larger live heap only makes the collector
+// run more often.
+const defaultMemoryLimit = 32 << 20
+
 func main() {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
 	cfg := controller.Default()
 	logCfg := cli.DefaultLogConfig()
 	cmd := &cobra.Command{
@@ -54,7 +66,15 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 	cfg.AddFlags(cmd.Flags())
 	logCfg.AddFlags(cmd.Flags())
 	backupAgent := newBackupAgentCommand()
-	cmd.AddCommand(backupAgent)
+	cmd.AddCommand(backupAgent, &cobra.Command{
+		Use:    controller.VerifySnapshotCommand + " PATH",
+		Short:  "Verify an etcd snapshot file and print its status as JSON (used by the agent)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		Run: func(cmd *cobra.Command, args []string) {
+			os.Exit(backup.RunVerify(args[0], os.Stdout, os.Stderr))
+		},
+	})
 	args := os.Args[1:]
 	if len(args) > 0 && args[0] == backupAgent.Name() {
 		cmd.SetArgs(append(args[:1:1], cli.NormalizeArgs(backupAgent.Flags(), args[1:])...))

@@ -8,6 +8,7 @@
 package backup
 
 import (
+	"bytes"
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -80,6 +82,13 @@ type Store interface {
 type Info struct {
 	Name string
 	Meta Meta
+	// Stages is how long each step of a backup just taken took.
+	Stages Stages
+}
+
+// Stages times the steps of a backup.
+type Stages struct {
+	Snapshot, Verify, Upload time.Duration
 }
 
 var nameRE = regexp.MustCompile(`^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z)-(\d{6})$`)
@@ -96,6 +105,59 @@ type Request struct {
 	ClusterSpec  *spec.ClusterSpec
 	ClusterToken string
 	Now          time.Time
+	// Verify checks the snapshot; nil verifies in this process. Reading
+	// the database maps the whole file, so a long-lived caller verifies in
+	// a child process (VerifyCommand) to keep its own memory flat.
+	Verify VerifyFunc
+}
+
+// VerifyFunc checks a snapshot file, as Verify does.
+type VerifyFunc func(ctx context.Context, path string) (snapshot.Status, error)
+
+// exitCorrupt is the exit code of a verify child that found the snapshot
+// corrupt, as opposed to failing to run.
+const exitCorrupt = 3
+
+// VerifyCommand returns a VerifyFunc that runs name with args and the
+// snapshot's path, and reads the status it prints (see RunVerify).
+func VerifyCommand(name string, args ...string) VerifyFunc {
+	return func(ctx context.Context, path string) (snapshot.Status, error) {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, name, append(args, path)...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		msg := strings.TrimSpace(stderr.String())
+		var exit *exec.ExitError
+		switch {
+		case errors.As(err, &exit) && exit.ExitCode() == exitCorrupt:
+			return snapshot.Status{}, fmt.Errorf("%w: %s", ErrCorrupt, msg)
+		case err != nil:
+			return snapshot.Status{}, fmt.Errorf("backup: verify %s: %v: %s", path, err, msg)
+		}
+		var st snapshot.Status
+		if err := json.Unmarshal(stdout.Bytes(), &st); err != nil {
+			return st, fmt.Errorf("backup: verify %s: unreadable status %q: %w", path, stdout.String(), err)
+		}
+		return st, nil
+	}
+}
+
+// RunVerify is the child side of VerifyCommand: it verifies path, prints
+// the status as JSON to stdout, and returns the process's exit code.
+func RunVerify(path string, stdout, stderr io.Writer) int {
+	st, err := Verify(path)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		if errors.Is(err, ErrCorrupt) {
+			return exitCorrupt
+		}
+		return 1
+	}
+	if err := json.NewEncoder(stdout).Encode(st); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
 }
 
 // Take streams a snapshot from one member to a temporary file, verifies
@@ -120,17 +182,26 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	}
 	// The version returned is the snapshot's storage version (3.6.0 for
 	// any 3.6.x), used only when the caller does not know the server's.
+	var stages Stages
+	began := time.Now()
 	version, err := clientsnapshot.SaveWithVersion(ctx, cfg.Logger, cfg, db)
+	stages.Snapshot = time.Since(began)
 	if err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
 			return Info{}, fmt.Errorf("%w: %s has no room for the snapshot (it needs the whole database): %w", ErrTempFull, req.TempDir, err)
 		}
 		return Info{}, fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err)
 	}
-	status, err := Verify(db)
+	began = time.Now()
+	verify := req.Verify
+	if verify == nil {
+		verify = func(_ context.Context, path string) (snapshot.Status, error) { return Verify(path) }
+	}
+	status, err := verify(ctx, db)
 	if err != nil {
 		return Info{}, err
 	}
+	stages.Verify = time.Since(began)
 	st, err := os.Stat(db)
 	if err != nil {
 		return Info{}, fmt.Errorf("backup: %w", err)
@@ -140,10 +211,12 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	began = time.Now()
 	sum, compressed, err := upload(ctx, s, name+"/"+DataObject, db)
 	if err != nil {
 		return Info{}, err
 	}
+	stages.Upload = time.Since(began)
 	if req.EtcdVersion != "" {
 		version = req.EtcdVersion
 	}
@@ -167,7 +240,7 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	}
 	// The claim has done its work; one left behind is harmless.
 	_ = s.Delete(ctx, name+"/"+ClaimObject)
-	return Info{Name: name, Meta: meta}, nil
+	return Info{Name: name, Meta: meta, Stages: stages}, nil
 }
 
 // Verify checks a snapshot db file: the sha256 trailer etcd appends to a
@@ -225,7 +298,9 @@ func upload(ctx context.Context, s Store, key, path string) (string, int64, erro
 	h := sha256.New()
 	counter := &countWriter{}
 	go func() {
-		gz := gzip.NewWriter(io.MultiWriter(pw, h, counter))
+		// BestSpeed: several times faster than the default level for a
+		// little less compression; the upload should not wait on the CPU.
+		gz, _ := gzip.NewWriterLevel(io.MultiWriter(pw, h, counter), gzip.BestSpeed)
 		_, err := io.Copy(gz, f)
 		if err == nil {
 			err = gz.Close()

@@ -13,6 +13,16 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
+// verifyChildEnv makes the test binary act as VerifyCommand's child.
+const verifyChildEnv = "BACKUP_TEST_VERIFY_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(verifyChildEnv) == "1" {
+		os.Exit(RunVerify(os.Args[len(os.Args)-1], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
 func TestVerifyRefusesBadSnapshots(t *testing.T) {
 	dir := t.TempDir()
 	body := []byte(strings.Repeat("x", 4096))
@@ -31,6 +41,12 @@ func TestVerifyRefusesBadSnapshots(t *testing.T) {
 			}
 			if _, err := Verify(p); !errors.Is(err, ErrCorrupt) {
 				t.Errorf("Verify = %v, want ErrCorrupt", err)
+			}
+			// The same verdict through a child process, as the agent verifies.
+			t.Setenv(verifyChildEnv, "1")
+			_, err := VerifyCommand(os.Args[0])(t.Context(), p)
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), p) {
+				t.Errorf("VerifyCommand = %v, want ErrCorrupt naming %s", err, p)
 			}
 		})
 	}

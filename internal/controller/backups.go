@@ -5,12 +5,27 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
+
+// VerifySnapshotCommand is the etcd-manager subcommand that verifies a
+// snapshot in a child process (see backup.VerifyCommand).
+const VerifySnapshotCommand = "verify-snapshot"
+
+// childVerifier verifies snapshots in a child etcd-manager, so that the
+// agent's own memory does not grow with the database it maps to read.
+func childVerifier() backup.VerifyFunc {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil // verify in process
+	}
+	return backup.VerifyCommand(exe, VerifySnapshotCommand)
+}
 
 // backups takes full backups, records their outcome (metrics, the
 // backup-now command's status) and applies retention. The managing agent
@@ -22,6 +37,8 @@ type backups struct {
 	retention  string
 	retryDelay time.Duration // after the first failure; doubles up to maxRetry
 	maxRetry   time.Duration
+
+	verify     backup.VerifyFunc
 
 	lastOK, lastFailure time.Time
 	failures            int // consecutive
@@ -66,6 +83,9 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	setStatus(spec.CommandStatus{State: spec.CommandRunning, Message: "taking a backup"})
 	start := b.now()
 	req.Now = start
+	if req.Verify == nil {
+		req.Verify = b.verify
+	}
 	info, err := backup.Take(ctx, s, req)
 	if err != nil {
 		b.lastFailure = b.now()
@@ -82,7 +102,8 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	b.met.backupDuration.Set(took.Seconds())
 	b.met.backupSize.Set(float64(info.Meta.Size))
 	b.log.Info("backup taken", "name", info.Name, "reason", reason, "size", info.Meta.Size,
-		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", took.Round(time.Millisecond))
+		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", took.Round(time.Millisecond),
+		"snapshot", info.Stages.Snapshot.Round(time.Millisecond), "verify", info.Stages.Verify.Round(time.Millisecond), "upload", info.Stages.Upload.Round(time.Millisecond))
 	setStatus(spec.CommandStatus{State: spec.CommandDone, Backup: info.Name})
 	b.prune(ctx, s)
 	return info, nil

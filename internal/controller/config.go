@@ -284,5 +284,6 @@ func (c BackupConfig) Validate() []error {
 
 // newBackups returns the backup taker for these settings.
 func (c BackupConfig) newBackups(log *slog.Logger, met *metrics, now func() time.Time) *backups {
-	return &backups{log: log, met: met, now: now, retention: c.Retention, retryDelay: c.RetryDelay, maxRetry: max(c.Interval, c.RetryDelay)}
+	return &backups{log: log, met: met, now: now, retention: c.Retention, retryDelay: c.RetryDelay, maxRetry: max(c.Interval, c.RetryDelay),
+		verify: childVerifier()}
 }

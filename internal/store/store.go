@@ -99,6 +99,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	return &Store{url: rawURL, bucket: b}, nil
 }
 
+// uploadPartSize is the part (or block) size of multipart uploads.
+const uploadPartSize = 5 << 20
+
 // openCheckTimeout bounds the probe Open makes of a cloud store.
 const openCheckTimeout = 20 * time.Second
 
@@ -201,6 +204,11 @@ func (s *Store) put(ctx context.Context, key string, r io.Reader, ifNotExist boo
 	return s.bucket.Upload(ctx, key, &abortOnError{ctx: ctx, r: r, abort: cancel}, &blob.WriterOptions{
 		ContentType: "application/octet-stream",
 		IfNotExist:  ifNotExist,
+		// Parts of 5 MiB (S3's smallest), two in flight: memory stays
+		// small and flat whatever the object's size. S3 allows 10000
+		// parts; the SDK grows the part size for larger objects.
+		BufferSize:     uploadPartSize,
+		MaxConcurrency: 2,
 	})
 }
 
