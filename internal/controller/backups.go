@@ -38,7 +38,7 @@ type backups struct {
 	retryDelay time.Duration // after the first failure; doubles up to maxRetry
 	maxRetry   time.Duration
 
-	verify     backup.VerifyFunc
+	verify backup.VerifyFunc
 
 	lastOK, lastFailure time.Time
 	failures            int // consecutive
