@@ -175,6 +175,16 @@ func (s *Store) Read(ctx context.Context, key string) ([]byte, error) {
 	return data, nil
 }
 
+// Reader streams the object at key; a missing object wraps ErrNotFound.
+// The caller closes it.
+func (s *Store) Reader(ctx context.Context, key string) (io.ReadCloser, error) {
+	r, err := s.bucket.NewReader(ctx, key, nil)
+	if err != nil {
+		return nil, s.wrap("read", key, err)
+	}
+	return r, nil
+}
+
 // Write replaces the object at key. Readers see the old or the new object,
 // never a part of one.
 func (s *Store) Write(ctx context.Context, key string, data []byte) error {
