@@ -36,8 +36,35 @@ list-commands shows its progress.`,
 	backupNow.Flags().BoolVar(&wait, "wait", true, "wait for the backup and print its name")
 	backupNow.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long --wait waits; the command stays queued after it")
 
+	var restoreWait bool
+	var restoreTimeout time.Duration
+	restore := &cobra.Command{
+		Use:   "restore-backup NAME",
+		Short: "Replace the cluster with one restored from a backup",
+		Long: `restore-backup queues a restore of the named backup (as list-backups prints it).
+The agent holding the store lock then:
+  1. fetches the backup and verifies it (sha256, gzip, snapshot); a bad backup
+     fails the command and leaves the cluster untouched;
+  2. stops etcd on every node, moving the old data to each node's trash;
+  3. restores the backup on the spec's member count of nodes, as a new
+     cluster, which serves only on the quarantine URLs;
+  4. checks that every member is up and HashKV agrees, takes a fresh backup,
+     and lifts the quarantine member by member;
+  5. removes the command.
+Writes made after the backup was taken are lost. With --wait (the default) it
+prints each phase and returns when the restore is complete or has failed.`,
+		Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup 2026-11-22T05:00:00Z-000001",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.restoreBackup(cmd.Context(), stdout, cmd.ErrOrStderr(), args[0], restoreWait, restoreTimeout)
+		},
+	}
+	restore.Flags().BoolVar(&restoreWait, "wait", true, "wait until the restore is complete or has failed")
+	restore.Flags().DurationVar(&restoreTimeout, "timeout", 30*time.Minute, "how long --wait waits; the restore goes on after it")
+
 	return []*cobra.Command{
 		backupNow,
+		restore,
 		{
 			Use:   "list-commands",
 			Short: "List the queued commands with their state: pending, running, done or failed",
@@ -115,6 +142,7 @@ type commandRow struct {
 	State   string `json:"state"`
 	Detail  string `json:"detail,omitempty"`
 	Backup  string `json:"backup,omitempty"`
+	Phase   string `json:"phase,omitempty"`
 	Queued  string `json:"queued,omitempty"`
 	Updated string `json:"updated,omitempty"`
 }
@@ -138,6 +166,9 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 			r.Detail = q.Err.Error()
 		case q.Command.RestoreBackup != nil:
 			r.Backup = q.Command.RestoreBackup.Backup
+			if q.Status.Restore != nil {
+				r.Phase = q.Status.Restore.Phase
+			}
 		case q.Status.Backup != "":
 			r.Backup = q.Status.Backup
 		}
@@ -149,6 +180,9 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, r := range rows {
 		detail := r.Detail
+		if r.Phase != "" {
+			detail = "phase " + r.Phase + prefixed("; ", detail)
+		}
 		if r.Backup != "" {
 			detail = "backup " + r.Backup + prefixed("; ", detail)
 		}
@@ -182,4 +216,50 @@ func prefixed(p, s string) string {
 		return ""
 	}
 	return p + s
+}
+
+func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name string, wait bool, timeout time.Duration) error {
+	s, err := o.openStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	cmd := spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: name}}
+	// The format carries the spec to restore as; ours is the store's.
+	if cs, err := s.ReadSpec(ctx); err == nil {
+		cmd.RestoreBackup.ClusterSpec = &cs
+	}
+	id, err := s.AddCommand(ctx, cmd, time.Now())
+	if err != nil {
+		return fmt.Errorf("restore-backup: queue the command: %w", err)
+	}
+	fmt.Fprintf(progress, "queued restore of %s as command %s\n", name, id)
+	if !wait {
+		fmt.Fprintln(w, id)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	lastPhase := ""
+	for {
+		q, err := s.ReadCommand(ctx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			// The leader removes a restore command once it is complete.
+			fmt.Fprintf(w, "restored backup %s\n", name)
+			return nil
+		case err == nil && q.Status.State == spec.CommandFailed:
+			return fmt.Errorf("restore-backup: command %s failed: %s", id, q.Status.Message)
+		case err == nil && q.Status.Restore != nil && q.Status.Restore.Phase != lastPhase:
+			lastPhase = q.Status.Restore.Phase
+			fmt.Fprintf(progress, "restore %s: %s\n", id, lastPhase)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("restore-backup: not finished after %s (last phase %q); command %s goes on (see list-commands)", timeout, lastPhase, id)
+		case <-tick.C:
+		}
+	}
 }

@@ -53,6 +53,8 @@ func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
 		return a.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
 	case TakeBackup:
 		return a.takeBackup(ctx, obs, act)
+	case PrepareRestore, StopForRestore, SetRestorePhase, RestoreNodes, VerifyRestore, BackupRestored, LiftQuarantine, FinishRestore:
+		return a.executeRestore(ctx, obs, act)
 	case FailCommand, ForgetCommand:
 		s, err := a.openStore(ctx)
 		if err != nil {
@@ -316,6 +318,8 @@ func (a *Agent) tellLeave(ctx context.Context, obs Observed, nodeID, token, reas
 type nodeAPI interface {
 	Join(ctx context.Context, req peer.JoinRequest) error
 	Leave(ctx context.Context, req peer.LeaveRequest) error
+	Restore(ctx context.Context, req peer.RestoreRequest) error
+	Quarantine(ctx context.Context, req peer.QuarantineRequest) error
 }
 
 // peerCallTimeoutLong bounds a Join or Leave, which may stop or start etcd.

@@ -65,6 +65,11 @@ func (a *Agent) observe(ctx context.Context) Observed {
 		obs.BackupDue = b.due(a.cfg.Backup.Interval)
 		obs.BackedUpSinceChange = !b.lastOK.IsZero() && !b.lastOK.Before(a.lastChange)
 		obs.BackupFailedRecently = b.failedRecently()
+	}
+	// The command queue matters to an agent that leads or may lead: the
+	// etcd leader, any agent while no etcd runs, and the lock holder.
+	noCluster := obs.Cluster == nil && !anyLiveMember(obs.Peers) && lockWorthwhile(obs)
+	if obs.Cluster != nil || noCluster || a.lockTerm != 0 {
 		cmds, err := readCommands(ctx, s, a.now())
 		if err != nil {
 			obs.StoreErr = err
@@ -72,7 +77,9 @@ func (a *Agent) observe(ctx context.Context) Observed {
 		}
 		obs.Commands = cmds
 	}
-	if obs.Cluster == nil && !anyLiveMember(obs.Peers) && lockWorthwhile(obs) {
+	// The store lock leads while there is no cluster, and throughout a
+	// restore, whose cluster comes and goes.
+	if noCluster || activeRestore(obs.Commands) != nil {
 		term, err := a.lock.Acquire(ctx, s)
 		if err != nil {
 			obs.StoreErr = err
@@ -80,6 +87,8 @@ func (a *Agent) observe(ctx context.Context) Observed {
 		}
 		a.lockTerm = term
 		obs.LockHeld = term != 0
+	} else {
+		a.lockTerm = 0
 	}
 	return obs
 }
@@ -120,11 +129,12 @@ func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
 	pendingSince := a.pendingSince
 	a.mu.Unlock()
 	self := Node{
-		ID:         st.NodeID,
-		Address:    a.peerAddress(),
-		PeerURLs:   a.cfg.PeerURLs,
-		ClientURLs: a.cfg.ClientURLs,
-		Member:     st.Member,
+		ID:             st.NodeID,
+		Address:        a.peerAddress(),
+		PeerURLs:       a.cfg.PeerURLs,
+		ClientURLs:     a.cfg.ClientURLs,
+		QuarantineURLs: a.cfg.QuarantineClientURLs,
+		Member:         st.Member,
 	}
 	if m := st.Member; m != nil {
 		self.HasData = a.layout.HasEtcdData(m.ClusterToken)
@@ -247,7 +257,7 @@ func (a *Agent) observePeers(ctx context.Context, self Node) []Node {
 
 func nodeFromInfo(addr string, info peer.NodeInfo) Node {
 	return Node{
-		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs,
+		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
 		Member: info.Member, HasData: info.HasData, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
 	}

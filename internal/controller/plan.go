@@ -72,6 +72,8 @@ type Node struct {
 	Address    string
 	PeerURLs   []string
 	ClientURLs []string
+	// QuarantineURLs are where its etcd serves while quarantined.
+	QuarantineURLs []string
 	// Member is the node's etcd membership from its local state.
 	Member *etcdproc.MemberState
 	// HasData is true when the node's etcd data for Member's token is on
@@ -230,6 +232,13 @@ func Plan(o Observed) []Action {
 		return append(actions, Report{Level: slog.LevelInfo, Msg: "waiting for a cluster spec; set one with etcd-manager-ctl configure-cluster"})
 	}
 
+	if r := activeRestore(o.Commands); r != nil {
+		if !o.LockHeld {
+			return append(actions, Report{Level: slog.LevelInfo, Msg: "a restore is in progress; the agent holding the store lock drives it",
+				Attrs: []any{"command", r.ID}})
+		}
+		return append(actions, planRestore(o, *r)...)
+	}
 	if m := o.Self.Member; m != nil && m.Pending {
 		return append(actions, planPending(o)...)
 	}
@@ -237,6 +246,11 @@ func Plan(o Observed) []Action {
 	case o.Cluster != nil:
 		return append(actions, planCluster(o)...)
 	case o.LockHeld:
+		for _, c := range o.Commands {
+			if c.Err != nil && c.Status.State != spec.CommandFailed {
+				actions = append(actions, FailCommand{ID: c.ID, Reason: c.Err.Error()})
+			}
+		}
 		return append(actions, planNoCluster(o)...)
 	case o.Self.Member == nil:
 		return append(actions, Report{Level: slog.LevelInfo, Msg: "standby: not an etcd member"})

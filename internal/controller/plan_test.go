@@ -290,11 +290,12 @@ func TestPlan(t *testing.T) {
 				o.Commands = []Command{old, oldFailed, cmd("c3", backupNow, spec.CommandDone)}
 			}),
 			want: []string{"forget-command c1"}},
-		{name: "restore commands are left for the restore flow",
+		{name: "a restore is left to the store lock's holder",
 			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")), func(o *Observed) {
-				o.Commands = []Command{cmd("c1", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}, "")}
+				o.BackupDue = true
+				o.Commands = []Command{cmd("c1", backupNow, ""), cmd("c2", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}, "")}
 			}),
-			want: nil},
+			want: []string{"report[INFO] a restore is in progress"}},
 		{name: "version differs from spec: reported, not acted on",
 			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")),
 				func(o *Observed) { o.Spec = &spec.ClusterSpec{MemberCount: 1, EtcdVersion: "3.5.35"} }),

@@ -83,6 +83,26 @@ type LeaveRequest struct {
 	Reason      string `json:"reason"`
 }
 
+// RestoreRequest tells a node to become a member of a new cluster made
+// from a backup: it stops any etcd it runs (moving that data to the
+// trash), fetches and verifies the backup itself, restores it into the
+// new cluster's data dir and starts etcd with Member (quarantined).
+type RestoreRequest struct {
+	ClusterName string               `json:"clusterName"`
+	LeaderID    string               `json:"leaderId"`
+	Backup      string               `json:"backup"`
+	Member      etcdproc.MemberState `json:"member"`
+}
+
+// QuarantineRequest sets whether the node's etcd, a member of the cluster
+// with Token, serves clients on the quarantine URLs only.
+type QuarantineRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Token       string `json:"token"`
+	Quarantined bool   `json:"quarantined"`
+}
+
 // Empty is an empty reply.
 type Empty struct{}
 
@@ -92,6 +112,8 @@ type Handler interface {
 	Info(ctx context.Context) (NodeInfo, error)
 	Join(ctx context.Context, req JoinRequest) error
 	Leave(ctx context.Context, req LeaveRequest) error
+	Restore(ctx context.Context, req RestoreRequest) error
+	Quarantine(ctx context.Context, req QuarantineRequest) error
 }
 
 const serviceName = "etcdmanager.peer.v1.Peer"
@@ -150,6 +172,18 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 					return nil, err
 				}
 				return &Empty{}, s.h.Leave(ctx, *r)
+			})},
+			{MethodName: "Restore", Handler: unary(func(ctx context.Context, r *RestoreRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.Restore(ctx, *r)
+			})},
+			{MethodName: "Quarantine", Handler: unary(func(ctx context.Context, r *QuarantineRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.Quarantine(ctx, *r)
 			})},
 		},
 	}, s)
@@ -237,6 +271,24 @@ func (c *Client) Leave(ctx context.Context, req LeaveRequest) error {
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Leave", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: leave %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// Restore tells the agent to restore a backup as a member of a new cluster.
+func (c *Client) Restore(ctx context.Context, req RestoreRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Restore", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: restore on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// Quarantine sets the agent's etcd's quarantine.
+func (c *Client) Quarantine(ctx context.Context, req QuarantineRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Quarantine", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: quarantine on %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -35,6 +36,15 @@ func (r *recorder) Join(_ context.Context, req JoinRequest) error {
 }
 func (r *recorder) Leave(_ context.Context, req LeaveRequest) error {
 	r.add("Leave(" + req.Token + "," + req.Reason + ")")
+	return nil
+}
+
+func (r *recorder) Restore(_ context.Context, req RestoreRequest) error {
+	r.add("Restore(" + req.Backup + "," + req.Member.ClusterToken + ")")
+	return nil
+}
+func (r *recorder) Quarantine(_ context.Context, req QuarantineRequest) error {
+	r.add(fmt.Sprintf("Quarantine(%s,%v)", req.Token, req.Quarantined))
 	return nil
 }
 
@@ -75,7 +85,13 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if err := c.Leave(ctx, LeaveRequest{Token: "tok", Reason: "why"}); err != nil {
 		t.Fatal(err)
 	}
-	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why)"
+	if err := c.Restore(ctx, RestoreRequest{Backup: "b1", Member: etcdproc.MemberState{ClusterToken: "new"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Quarantine(ctx, QuarantineRequest{Token: "new", Quarantined: false}); err != nil {
+		t.Fatal(err)
+	}
+	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false)"
 	if got := strings.Join(rec.calls, " "); got != want {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
@@ -86,7 +102,7 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if _, err := other.Info(ctx); err == nil || !strings.Contains(err.Error(), "another cluster") {
 		t.Errorf("cross-cluster info: %v", err)
 	}
-	if len(rec.calls) != 4 {
+	if len(rec.calls) != 6 {
 		t.Errorf("handler ran for another cluster: %v", rec.calls)
 	}
 }

@@ -89,6 +89,9 @@ type CommandStatus struct {
 	Message string `json:"message,omitempty"`
 	// Backup is the backup a backup-now command took.
 	Backup string `json:"backup,omitempty"`
+	// Restore is a restore's progress, fixed once it starts stopping the
+	// old cluster, so that a new leader resumes it exactly.
+	Restore *RestoreProgress `json:"restore,omitempty"`
 	// Updated is when the status was written, in unix nanoseconds.
 	Updated Int64 `json:"updated"`
 }
@@ -105,4 +108,25 @@ func DecodeCommandStatus(data []byte) (CommandStatus, error) {
 		return s, fmt.Errorf("spec: command status is not valid JSON: %w", err)
 	}
 	return s, nil
+}
+
+// Restore phases, in order.
+const (
+	RestoreStopping  = "stopping"  // the old members stop and move their data to the trash
+	RestoreRestoring = "restoring" // the chosen nodes restore the backup and start, quarantined
+	RestoreVerifying = "verifying" // HashKV must agree across the new members
+	RestoreBackingUp = "backing-up"
+	RestoreLifting   = "lifting" // the quarantine is lifted, member by member
+)
+
+// RestoreProgress is where a restore stands.
+type RestoreProgress struct {
+	Phase string `json:"phase"`
+	// Token is the new cluster's token.
+	Token string `json:"token"`
+	// Members are the node IDs chosen as the new cluster's members, and
+	// InitialCluster their etcd --initial-cluster.
+	Members        []string `json:"members"`
+	InitialCluster string   `json:"initialCluster"`
+	EtcdVersion    string   `json:"etcdVersion"`
 }

@@ -1,0 +1,170 @@
+package controller
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// A restore replaces the cluster with one made from a backup. The agent
+// that holds the store lock drives it, whether or not an etcd is up, and
+// records each phase in the command's status before it acts on it, so a
+// new lock holder resumes where the last one stopped:
+//
+//	validate (no status yet): fetch and verify the backup, pick the members
+//	stopping:   every node stops its old etcd, moving the data to its trash
+//	restoring:  each chosen node restores the backup and starts, quarantined
+//	verifying:  all members are up and HashKV agrees
+//	backing-up: a fresh backup of the restored cluster
+//	lifting:    the quarantine is lifted member by member; then the command
+//	            is removed
+//
+// Nothing of the old cluster is touched until the backup has been fetched
+// and verified: a bad backup fails the command and leaves the cluster as it
+// was.
+
+// PrepareRestore validates the backup and records the restore's plan.
+type PrepareRestore struct {
+	ID, Backup string
+	Members    []string
+}
+
+// StopForRestore tells a node to stop its old etcd and trash its data.
+type StopForRestore struct {
+	ID, NodeID, Token string
+}
+
+// SetRestorePhase moves a restore to its next phase.
+type SetRestorePhase struct{ ID, Phase string }
+
+// RestoreNodes tells the chosen nodes to restore the backup and start.
+type RestoreNodes struct {
+	ID      string
+	NodeIDs []string
+}
+
+// VerifyRestore checks the restored cluster: all members, equal HashKV.
+type VerifyRestore struct{ ID string }
+
+// BackupRestored takes the fresh backup of the restored cluster.
+type BackupRestored struct{ ID string }
+
+// LiftQuarantine lets a restored member serve clients.
+type LiftQuarantine struct{ ID, NodeID string }
+
+// FinishRestore removes the completed restore command.
+type FinishRestore struct{ ID string }
+
+func (a PrepareRestore) String() string {
+	return fmt.Sprintf("prepare-restore %s backup=%s members=%v", a.ID, a.Backup, a.Members)
+}
+func (PrepareRestore) Mutates() bool { return true }
+func (a StopForRestore) String() string {
+	return fmt.Sprintf("stop-for-restore %s node=%s token=%s", a.ID, a.NodeID, a.Token)
+}
+func (StopForRestore) Mutates() bool     { return true }
+func (a SetRestorePhase) String() string { return "set-restore-phase " + a.ID + " " + a.Phase }
+func (SetRestorePhase) Mutates() bool    { return true }
+func (a RestoreNodes) String() string {
+	return fmt.Sprintf("restore-nodes %s %v", a.ID, a.NodeIDs)
+}
+func (RestoreNodes) Mutates() bool      { return true }
+func (a VerifyRestore) String() string  { return "verify-restore " + a.ID }
+func (VerifyRestore) Mutates() bool     { return true }
+func (a BackupRestored) String() string { return "backup-restored " + a.ID }
+func (BackupRestored) Mutates() bool    { return true }
+func (a LiftQuarantine) String() string { return "lift-quarantine " + a.ID + " node=" + a.NodeID }
+func (LiftQuarantine) Mutates() bool    { return true }
+func (a FinishRestore) String() string  { return "finish-restore " + a.ID }
+func (FinishRestore) Mutates() bool     { return true }
+
+// activeRestore returns the oldest restore command that is neither done
+// nor failed.
+func activeRestore(cmds []Command) *Command {
+	for i, c := range cmds {
+		if c.Err == nil && c.Command.RestoreBackup != nil && !c.Status.Finished() {
+			return &cmds[i]
+		}
+	}
+	return nil
+}
+
+// planRestore is the lock holder's next step of the restore c.
+func planRestore(o Observed, c Command) []Action {
+	peers := append([]Node(nil), o.Peers...)
+	sort.Slice(peers, func(i, j int) bool { return peers[i].ID < peers[j].ID })
+	byID := map[string]Node{}
+	for _, p := range peers {
+		byID[p.ID] = p
+	}
+	p := c.Status.Restore
+	if p == nil {
+		want := int(o.Spec.MemberCount)
+		if len(peers) < want {
+			return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for enough agents",
+				Attrs: []any{"command", c.ID, "have", len(peers), "want", want}}}
+		}
+		ids := make([]string, 0, want)
+		for _, n := range peers[:want] {
+			ids = append(ids, n.ID)
+		}
+		return []Action{PrepareRestore{ID: c.ID, Backup: c.Command.RestoreBackup.Backup, Members: ids}}
+	}
+
+	switch p.Phase {
+	case spec.RestoreStopping:
+		for _, n := range peers {
+			if n.Member != nil && n.Member.ClusterToken != p.Token {
+				return []Action{StopForRestore{ID: c.ID, NodeID: n.ID, Token: n.Member.ClusterToken}}
+			}
+		}
+		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreRestoring}}
+
+	case spec.RestoreRestoring:
+		var todo, starting []string
+		for _, id := range p.Members {
+			n, ok := byID[id]
+			switch {
+			case !ok:
+				return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for a chosen member's agent to be reachable",
+					Attrs: []any{"command", c.ID, "node", id}}}
+			case n.Member == nil || n.Member.ClusterToken != p.Token || !n.HasData:
+				todo = append(todo, id)
+			case !n.Healthy:
+				starting = append(starting, id)
+			}
+		}
+		if len(todo) > 0 {
+			return []Action{RestoreNodes{ID: c.ID, NodeIDs: todo}}
+		}
+		if len(starting) > 0 {
+			return []Action{Report{Level: slog.LevelInfo, Msg: "restore waits for the restored members to start",
+				Attrs: []any{"command", c.ID, "nodes", starting}}}
+		}
+		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreVerifying}}
+
+	case spec.RestoreVerifying:
+		return []Action{VerifyRestore{ID: c.ID}}
+
+	case spec.RestoreBackingUp:
+		return []Action{BackupRestored{ID: c.ID}}
+
+	case spec.RestoreLifting:
+		for _, id := range p.Members {
+			n, ok := byID[id]
+			if !ok {
+				return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for a chosen member's agent to be reachable",
+					Attrs: []any{"command", c.ID, "node", id}}}
+			}
+			if n.Member != nil && n.Member.ClusterToken == p.Token && n.Member.Quarantined {
+				return []Action{LiftQuarantine{ID: c.ID, NodeID: id}}
+			}
+		}
+		return []Action{FinishRestore{ID: c.ID}}
+	}
+	return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("restore is in an unknown phase %q (known: %s)", p.Phase,
+		strings.Join([]string{spec.RestoreStopping, spec.RestoreRestoring, spec.RestoreVerifying, spec.RestoreBackingUp, spec.RestoreLifting}, ", "))}}
+}

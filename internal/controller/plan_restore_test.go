@@ -1,0 +1,110 @@
+package controller
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+func TestPlanRestore(t *testing.T) {
+	restoreCmd := func(p *spec.RestoreProgress) Command {
+		c := cmd("r1", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b1"}}, "")
+		if p != nil {
+			c.Status = spec.CommandStatus{State: spec.CommandRunning, Restore: p}
+		}
+		return c
+	}
+	progress := func(phase string) *spec.RestoreProgress {
+		return &spec.RestoreProgress{Phase: phase, Token: "new", Members: []string{"a", "b", "c"}, EtcdVersion: "3.6.16"}
+	}
+	restored := func(id string, healthy, quarantined bool) Node {
+		n := node(id, "member")
+		m := *n.Member
+		m.ClusterToken, m.Quarantined = "new", quarantined
+		n.Member, n.Healthy = &m, healthy
+		return n
+	}
+	// lockObs is the lock holder "a" with the given peers and restore.
+	lockObs := func(p *spec.RestoreProgress, peers ...Node) Observed {
+		return Observed{Spec: specN(3), Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: peers[0], Peers: peers,
+			LockHeld: true, Commands: []Command{restoreCmd(p)}}
+	}
+	tests := []struct {
+		name string
+		obs  Observed
+		want []string
+	}{
+		{name: "total loss: validate, choose the first N agents by ID",
+			obs:  lockObs(nil, node("c", "standby"), node("a", "standby"), node("d", "standby"), node("b", "standby")),
+			want: []string{"prepare-restore r1 backup=b1 members=[a b c]"}},
+		{name: "too few agents: wait",
+			obs:  lockObs(nil, node("a", "standby"), node("b", "standby")),
+			want: []string{"report[WARN] restore waits for enough agents"}},
+		{name: "not the lock holder: wait, even as etcd leader",
+			obs: func() Observed {
+				o := leaderObs(3, cluster(member("a", true)), node("a", "member"))
+				o.Commands = []Command{restoreCmd(nil)}
+				return o
+			}(),
+			want: []string{"report[INFO] a restore is in progress"}},
+		{name: "stopping: old members first, one at a time",
+			obs:  lockObs(progress(spec.RestoreStopping), node("a", "member"), node("b", "member"), node("c", "standby")),
+			want: []string{"stop-for-restore r1 node=a token=tok"}},
+		{name: "stopping done",
+			obs:  lockObs(progress(spec.RestoreStopping), node("a", "standby"), node("b", "standby"), node("c", "standby")),
+			want: []string{"set-restore-phase r1 restoring"}},
+		{name: "restoring: every chosen node not yet restored, at once",
+			obs:  lockObs(progress(spec.RestoreRestoring), node("a", "standby"), restored("b", true, true), node("c", "wiped")),
+			want: []string{"restore-nodes r1 [a c]"}},
+		{name: "restoring: a chosen node is unreachable",
+			obs:  lockObs(progress(spec.RestoreRestoring), node("a", "standby"), node("b", "standby")),
+			want: []string{"report[WARN] restore waits for a chosen member's agent to be reachable"}},
+		{name: "restoring: wait for the members to start",
+			obs:  lockObs(progress(spec.RestoreRestoring), restored("a", true, true), restored("b", false, true), restored("c", true, true)),
+			want: []string{"report[INFO] restore waits for the restored members to start"}},
+		{name: "restoring done",
+			obs:  lockObs(progress(spec.RestoreRestoring), restored("a", true, true), restored("b", true, true), restored("c", true, true), node("d", "standby")),
+			want: []string{"set-restore-phase r1 verifying"}},
+		{name: "verifying", obs: lockObs(progress(spec.RestoreVerifying), restored("a", true, true)), want: []string{"verify-restore r1"}},
+		{name: "backing up", obs: lockObs(progress(spec.RestoreBackingUp), restored("a", true, true)), want: []string{"backup-restored r1"}},
+		{name: "lifting, member by member",
+			obs:  lockObs(progress(spec.RestoreLifting), restored("a", true, false), restored("b", true, true), restored("c", true, true)),
+			want: []string{"lift-quarantine r1 node=b"}},
+		{name: "lifted: finish",
+			obs:  lockObs(progress(spec.RestoreLifting), restored("a", true, false), restored("b", true, false), restored("c", true, false)),
+			want: []string{"finish-restore r1"}},
+		{name: "unknown phase fails the command",
+			obs:  lockObs(progress("dancing"), restored("a", true, false)),
+			want: []string{"fail-command r1 (restore is in an unknown phase \"dancing\""}},
+		{name: "a failed restore is not active",
+			obs: func() Observed {
+				o := lockObs(nil, node("a", "standby"), node("b", "standby"), node("c", "standby"))
+				o.Commands[0].Status.State = spec.CommandFailed
+				return o
+			}(),
+			want: []string{"report[ERROR] " + MsgNoMembers}},
+		{name: "junk is not a restore",
+			obs: func() Observed {
+				o := lockObs(nil, node("a", "standby"), node("b", "standby"), node("c", "standby"))
+				o.Commands[0].Err = errors.New("junk")
+				return o
+			}(),
+			want: []string{"fail-command r1 (junk)", "report[ERROR] " + MsgNoMembers}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := describe(Plan(tt.obs))
+			want := ""
+			for i, w := range tt.want {
+				if i > 0 {
+					want += "; "
+				}
+				want += w
+			}
+			if len(got) < len(want) || got[:len(want)] != want {
+				t.Fatalf("got  %s\nwant %s", got, want)
+			}
+		})
+	}
+}

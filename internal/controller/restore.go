@@ -1,0 +1,425 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// CrashAtEnv names a crash point (see crashPoint) at which the agent
+// kills itself. It exists for the crash-safety tests.
+const CrashAtEnv = "ETCD_MANAGER_TEST_CRASH_AT"
+
+// crashPoint SIGKILLs the agent, as a crash would, when CrashAtEnv names
+// this point. Its etcd dies with it (parent-death signal).
+func crashPoint(log *slog.Logger, name string) {
+	if os.Getenv(CrashAtEnv) != name {
+		return
+	}
+	log.Error("test hook: crashing here", "point", name)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal is on its way
+}
+
+// restoreCallTimeout bounds a node's restore: fetching, verifying and
+// restoring the backup, and starting etcd.
+const restoreCallTimeout = 30 * time.Minute
+
+// executeRestore performs a restore step. Every step first re-checks that
+// this agent still holds the store lock: the fencing token of a restore.
+func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) error {
+	s, err := a.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	held, err := a.lock.Holds(ctx, s, a.lockTerm)
+	if err != nil {
+		return fmt.Errorf("controller: check the store lock: %w", err)
+	}
+	if !held {
+		return fmt.Errorf("%w: the store lock (term %d) has passed to another agent", ErrNotLeader, a.lockTerm)
+	}
+	switch act := act.(type) {
+	case PrepareRestore:
+		return a.prepareRestore(ctx, s, obs, act)
+	case StopForRestore:
+		n, err := findNode(obs.Peers, act.NodeID)
+		if err != nil {
+			return err
+		}
+		return a.leaveNode(ctx, n, peer.LeaveRequest{Token: act.Token, Reason: "restore " + act.ID + " replaces this cluster"})
+	case SetRestorePhase:
+		return a.setRestorePhase(ctx, s, obs, act.ID, act.Phase)
+	case RestoreNodes:
+		return a.restoreNodes(ctx, obs, act)
+	case VerifyRestore:
+		p, err := restoreProgress(obs, act.ID)
+		if err != nil {
+			return err
+		}
+		if err := verifyRestored(ctx, obs, p); err != nil {
+			return err
+		}
+		a.log.Info("restored cluster verified: every member is up and HashKV agrees", "command", act.ID, "members", p.Members)
+		return a.setRestorePhase(ctx, s, obs, act.ID, spec.RestoreBackingUp)
+	case BackupRestored:
+		p, err := restoreProgress(obs, act.ID)
+		if err != nil {
+			return err
+		}
+		n, err := findNode(obs.Peers, p.Members[0])
+		if err != nil {
+			return err
+		}
+		if _, err := a.backups.take(ctx, s, backup.Request{
+			Client:       clientv3.Config{DialTimeout: 5 * time.Second},
+			Endpoint:     n.QuarantineURLs[0],
+			TempDir:      filepath.Join(a.cfg.DataDir, "tmp"),
+			EtcdVersion:  p.EtcdVersion,
+			ClusterSpec:  obs.Spec,
+			ClusterToken: p.Token,
+		}, "after restore "+act.ID, ""); err != nil {
+			return err
+		}
+		return a.setRestorePhase(ctx, s, obs, act.ID, spec.RestoreLifting)
+	case LiftQuarantine:
+		p, err := restoreProgress(obs, act.ID)
+		if err != nil {
+			return err
+		}
+		n, err := findNode(obs.Peers, act.NodeID)
+		if err != nil {
+			return err
+		}
+		return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error {
+			return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: a.lock.NodeID, Token: p.Token, Quarantined: false})
+		})
+	case FinishRestore:
+		if err := s.DeleteCommand(ctx, act.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		a.log.Info("restore complete; the command is removed", "command", act.ID)
+		a.lastChange = a.now()
+		return nil
+	}
+	return fmt.Errorf("controller: not a restore action: %T", act)
+}
+
+// prepareRestore fetches and verifies the backup, then records the
+// restore's plan: the new token and members. Until that record is
+// written, nothing of the cluster has been touched.
+func (a *Agent) prepareRestore(ctx context.Context, s *store.Store, obs Observed, act PrepareRestore) error {
+	dir, err := os.MkdirTemp(filepath.Join(a.cfg.DataDir, "tmp"), "validate-")
+	if err != nil {
+		if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, "tmp"), 0o700); err != nil {
+			return fmt.Errorf("controller: %w", err)
+		}
+		if dir, err = os.MkdirTemp(filepath.Join(a.cfg.DataDir, "tmp"), "validate-"); err != nil {
+			return fmt.Errorf("controller: %w", err)
+		}
+	}
+	defer os.RemoveAll(dir)
+	_, meta, err := backup.Fetch(ctx, s, act.Backup, dir, a.backups.verify)
+	if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) {
+		reason := fmt.Sprintf("cannot restore: %v; the cluster was not touched", err)
+		return runCommandAction(ctx, s, a.now(), a.log, FailCommand{ID: act.ID, Reason: reason})
+	}
+	if err != nil {
+		return err
+	}
+	v, err := spec.ParseSupportedVersion(obs.Spec.EtcdVersion)
+	if err != nil {
+		return err
+	}
+	nodes, err := findNodes(obs.Peers, act.Members)
+	if err != nil {
+		return err
+	}
+	token, err := newToken()
+	if err != nil {
+		return err
+	}
+	var initial []string
+	for _, n := range nodes {
+		for _, u := range n.PeerURLs {
+			initial = append(initial, n.ID+"="+u)
+		}
+	}
+	progress := &spec.RestoreProgress{
+		Phase: spec.RestoreStopping, Token: token, Members: act.Members,
+		InitialCluster: strings.Join(initial, ","), EtcdVersion: v.String(),
+	}
+	st := spec.CommandStatus{State: spec.CommandRunning, Restore: progress,
+		Message: fmt.Sprintf("restoring backup %s (etcd %s, revision %d) as cluster %s", act.Backup, meta.EtcdVersion, meta.Revision, token)}
+	if err := s.SetCommandStatus(ctx, act.ID, st, a.now()); err != nil {
+		return err
+	}
+	a.log.Warn("restore started: stopping the current cluster", "command", act.ID, "backup", act.Backup,
+		"cluster-token", token, "members", act.Members, "lock-term", a.lockTerm)
+	crashPoint(a.log, "restore-"+spec.RestoreStopping)
+	return nil
+}
+
+func (a *Agent) setRestorePhase(ctx context.Context, s *store.Store, obs Observed, id, phase string) error {
+	c := findCommand(obs.Commands, id)
+	if c == nil || c.Status.Restore == nil {
+		return fmt.Errorf("controller: restore %s has no progress to move on", id)
+	}
+	st := c.Status
+	p := *st.Restore
+	p.Phase = phase
+	st.Restore = &p
+	if err := s.SetCommandStatus(ctx, id, st, a.now()); err != nil {
+		return err
+	}
+	a.log.Info("restore moves on", "command", id, "phase", phase)
+	crashPoint(a.log, "restore-"+phase)
+	return nil
+}
+
+// restoreNodes has the chosen nodes restore the backup, in parallel.
+func (a *Agent) restoreNodes(ctx context.Context, obs Observed, act RestoreNodes) error {
+	c := findCommand(obs.Commands, act.ID)
+	if c == nil || c.Status.Restore == nil {
+		return fmt.Errorf("controller: restore %s has no progress", act.ID)
+	}
+	p := c.Status.Restore
+	nodes, err := findNodes(obs.Peers, act.NodeIDs)
+	if err != nil {
+		return err
+	}
+	req := peer.RestoreRequest{
+		LeaderID: a.lock.NodeID,
+		Backup:   c.Command.RestoreBackup.Backup,
+		Member: etcdproc.MemberState{
+			ClusterToken: p.Token, EtcdVersion: p.EtcdVersion, InitialCluster: p.InitialCluster, Quarantined: true,
+		},
+	}
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = a.restoreNode(ctx, n, req)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (a *Agent) restoreNode(ctx context.Context, n Node, req peer.RestoreRequest) error {
+	var api nodeAPI = a
+	if n.ID != a.lock.NodeID {
+		c, err := a.peerClient(n.Address)
+		if err != nil {
+			return err
+		}
+		api = c
+	}
+	ctx, cancel := context.WithTimeout(ctx, restoreCallTimeout)
+	defer cancel()
+	if err := api.Restore(ctx, req); err != nil {
+		return fmt.Errorf("controller: restore on %s: %w", n.ID, err)
+	}
+	return nil
+}
+
+// verifyRestored checks that the restored cluster has exactly its members,
+// all voters and up, and that HashKV agrees across them at one revision.
+func verifyRestored(ctx context.Context, obs Observed, p *spec.RestoreProgress) error {
+	nodes, err := findNodes(obs.Peers, p.Members)
+	if err != nil {
+		return err
+	}
+	var endpoints []string
+	for _, n := range nodes {
+		endpoints = append(endpoints, n.QuarantineURLs[0])
+	}
+	c, err := etcdproc.NewClient(endpoints)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	defer cancel()
+	members, err := c.MemberList(ctx)
+	if err != nil {
+		return fmt.Errorf("controller: restored cluster: member list: %w", err)
+	}
+	if len(members.Members) != len(p.Members) {
+		return fmt.Errorf("controller: restored cluster has %d members, want %d", len(members.Members), len(p.Members))
+	}
+	st, err := c.Status(ctx, endpoints[0])
+	if err != nil {
+		return fmt.Errorf("controller: restored cluster: status of %s: %w", endpoints[0], err)
+	}
+	rev := st.Header.Revision
+	var first *clientv3.HashKVResponse
+	for _, ep := range endpoints {
+		h, err := c.HashKV(ctx, ep, rev)
+		if err != nil {
+			return fmt.Errorf("controller: restored cluster: HashKV of %s at revision %d: %w", ep, rev, err)
+		}
+		if first == nil {
+			first = h
+			continue
+		}
+		if h.Hash != first.Hash || h.CompactRevision != first.CompactRevision {
+			return fmt.Errorf("controller: restored cluster: HashKV differs at revision %d: %s has %d, %s has %d",
+				rev, endpoints[0], first.Hash, ep, h.Hash)
+		}
+	}
+	return nil
+}
+
+func restoreProgress(obs Observed, id string) (*spec.RestoreProgress, error) {
+	c := findCommand(obs.Commands, id)
+	if c == nil || c.Status.Restore == nil {
+		return nil, fmt.Errorf("controller: restore %s has no progress", id)
+	}
+	return c.Status.Restore, nil
+}
+
+func findCommand(cmds []Command, id string) *Command {
+	for i := range cmds {
+		if cmds[i].ID == id {
+			return &cmds[i]
+		}
+	}
+	return nil
+}
+
+func findNode(peers []Node, id string) (Node, error) {
+	nodes, err := findNodes(peers, []string{id})
+	if err != nil {
+		return Node{}, err
+	}
+	return nodes[0], nil
+}
+
+// Restore serves the peer API: become a member of a new cluster restored
+// from a backup. It is idempotent: a node that already holds the new
+// cluster's data only makes sure its etcd runs.
+func (a *Agent) Restore(ctx context.Context, req peer.RestoreRequest) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := req.Member
+	token := m.ClusterToken
+	if cur := a.state.Member; cur != nil && cur.ClusterToken == token && a.layout.HasEtcdData(token) {
+		if a.proc.Status().Wanted {
+			return nil
+		}
+		return a.startEtcdLocked(ctx)
+	}
+	v, err := spec.ParseSupportedVersion(m.EtcdVersion)
+	if err != nil {
+		return err
+	}
+	if _, err := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v); err != nil {
+		return err
+	}
+	if cur := a.state.Member; cur != nil && cur.ClusterToken != token {
+		if err := a.leaveLocked(ctx, "restore of backup "+req.Backup+" replaces this cluster"); err != nil {
+			return err
+		}
+	}
+	s, err := a.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(a.cfg.DataDir, "tmp")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	dir, err := os.MkdirTemp(tmp, "restore-")
+	if err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	path, _, err := backup.Fetch(ctx, s, req.Backup, dir, a.backups.verify)
+	if err != nil {
+		return err
+	}
+	out := a.layout.EtcdDataDir(token)
+	if _, err := os.Stat(out); err == nil {
+		// Left by a restore that crashed before it was recorded.
+		trashed, err := a.layout.Trash(token, a.now())
+		if err != nil {
+			return err
+		}
+		a.log.Warn("moved an unfinished restore aside", "cluster-token", token, "data-moved-to", trashed)
+	}
+	staging := out + ".restoring"
+	if err := os.RemoveAll(staging); err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	err = snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+		SnapshotPath:        path,
+		Name:                a.state.NodeID,
+		OutputDataDir:       staging,
+		PeerURLs:            a.cfg.PeerURLs,
+		InitialCluster:      m.InitialCluster,
+		InitialClusterToken: token,
+	})
+	if err != nil {
+		os.RemoveAll(staging)
+		return fmt.Errorf("controller: restore backup %s: %w", req.Backup, err)
+	}
+	if err := os.Rename(staging, out); err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	m.NewCluster, m.Pending = false, false
+	st := a.state
+	st.Member = &m
+	if err := a.setState(st); err != nil {
+		return err
+	}
+	a.log.Warn("restored backup; starting etcd in quarantine", "backup", req.Backup, "cluster-token", token, "leader", req.LeaderID)
+	defer a.poke()
+	return a.startEtcdLocked(ctx)
+}
+
+// Quarantine serves the peer API: restart etcd serving clients on the
+// quarantine URLs only, or on the client URLs again.
+func (a *Agent) Quarantine(ctx context.Context, req peer.QuarantineRequest) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cur := a.state.Member
+	if cur == nil || cur.ClusterToken != req.Token {
+		return fmt.Errorf("controller: quarantine cluster %s: this node is not its member", req.Token)
+	}
+	if cur.Quarantined == req.Quarantined {
+		return nil
+	}
+	m := *cur
+	m.Quarantined = req.Quarantined
+	st := a.state
+	st.Member = &m
+	if err := a.setState(st); err != nil {
+		return err
+	}
+	a.log.Warn("restarting etcd to change its quarantine", "quarantined", req.Quarantined, "leader", req.LeaderID)
+	defer a.poke()
+	return a.startEtcdLocked(ctx)
+}
