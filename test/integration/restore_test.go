@@ -1,15 +1,18 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -141,4 +144,113 @@ func count(t *testing.T, c *clientv3.Client, prefix string) int64 {
 		t.Fatal(err)
 	}
 	return resp.Count
+}
+
+// A restore that cannot be done is refused with an error naming the
+// object, the command is kept as failed with the reason, and the cluster
+// stays exactly as it was.
+func TestRestoreBadInput(t *testing.T) {
+	env, agents, before := startCluster(t, 3, 3, harness.AgentOptions{})
+	c := clusterClient(t, agents)
+	put(t, c, "/bad/key", "untouched")
+	good := strings.TrimSpace(env.MustCtl("backup-now"))
+	gz, err := os.ReadFile(filepath.Join(env.StoreDir, good, backup.DataObject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := os.ReadFile(filepath.Join(env.StoreDir, good, backup.MetaObject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each bad backup is a copy of the good one, damaged.
+	writeBackup := func(name string, data, meta []byte) {
+		dir := filepath.Join(env.StoreDir, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if data != nil {
+			if err := os.WriteFile(filepath.Join(dir, backup.DataObject), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, backup.MetaObject), meta, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flipped := bytes.Clone(gz)
+	flipped[len(flipped)/2] ^= 0x01
+	writeBackup("2020-01-01T00:00:00Z-000001", flipped, meta)
+	writeBackup("2020-01-01T00:00:00Z-000002", gz[:len(gz)/2], meta)
+	writeBackup("2020-01-01T00:00:00Z-000003", nil, meta)
+
+	tests := []struct {
+		name, backup string
+		want         []string
+	}{
+		{"not found", "2020-01-01T00:00:00Z-000009", []string{"2020-01-01T00:00:00Z-000009", "not found"}},
+		{"flipped byte", "2020-01-01T00:00:00Z-000001", []string{"2020-01-01T00:00:00Z-000001/etcd.backup.gz"}},
+		{"truncated", "2020-01-01T00:00:00Z-000002", []string{"2020-01-01T00:00:00Z-000002/etcd.backup.gz"}},
+		{"meta without data", "2020-01-01T00:00:00Z-000003", []string{"2020-01-01T00:00:00Z-000003", "has a meta but no"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, errOut, err := env.Ctl("restore-backup", tt.backup, "--timeout=2m")
+			if err == nil {
+				t.Fatalf("restore-backup %s succeeded: %s", tt.backup, out)
+			}
+			for _, w := range append(tt.want, "failed", "the cluster was not touched") {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("the error lacks %q:\n%s", w, errOut)
+				}
+			}
+			cmds := env.MustCtl("list-commands")
+			var line string
+			for _, l := range strings.Split(cmds, "\n") {
+				if strings.Contains(l, "restore-backup") && strings.Contains(l, tt.backup) {
+					line = l
+				}
+			}
+			if !strings.Contains(line, "failed") || !strings.Contains(line, tt.want[0]) {
+				t.Errorf("list-commands does not show the failed restore of %s with its reason:\n%s", tt.backup, cmds)
+			}
+		})
+	}
+
+	// A junk command is failed too, with the object named.
+	junk := filepath.Join(env.StoreDir, "control", "2020-01-01T00:00:00Z-000001")
+	if err := os.MkdirAll(junk, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(junk, "_command.json"), []byte(`{"restoreBackup":`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the junk command to be marked failed", func() bool {
+		out, _, _ := env.Ctl("list-commands")
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "2020-01-01T00:00:00Z-000001 ") {
+				return strings.Contains(l, "failed") && strings.Contains(l, "_command.json")
+			}
+		}
+		return false
+	})
+
+	// The cluster is exactly as it was, and no agent restarted.
+	after := harness.WaitSettled(t, agents, 3, settleTimeout)
+	if len(after.ClusterIDs) != 1 || len(before.ClusterIDs) != 1 || fmt.Sprint(keys(after.ClusterIDs)) != fmt.Sprint(keys(before.ClusterIDs)) {
+		t.Fatalf("the cluster changed: before %v, after %v", before.ClusterIDs, after.ClusterIDs)
+	}
+	if got := get(t, c, "/bad/key"); got != "untouched" {
+		t.Fatalf("/bad/key = %q", got)
+	}
+	for _, a := range agents {
+		if !a.Running() {
+			t.Errorf("agent %s exited", a.Name)
+		}
+		if n := strings.Count(a.Log(), "=== harness: starting agent"); n != 1 {
+			t.Errorf("agent %s was started %d times", a.Name, n)
+		}
+	}
+	if strings.Contains(allLogs(agents), `msg="restore started`) {
+		t.Error("a restore started from a bad backup")
+	}
 }
