@@ -62,9 +62,32 @@ prints each phase and returns when the restore is complete or has failed.`,
 	restore.Flags().BoolVar(&restoreWait, "wait", true, "wait until the restore is complete or has failed")
 	restore.Flags().DurationVar(&restoreTimeout, "timeout", 30*time.Minute, "how long --wait waits; the restore goes on after it")
 
+	var recoverTimeout time.Duration
+	recoverQuorum := &cobra.Command{
+		Use:   "recover-quorum",
+		Short: "Rebuild a cluster that lost quorum from its surviving member's data",
+		Long: `recover-quorum is for a cluster that has lost a majority of its members for good
+(their data is gone), while at least one member still holds its data. The
+agent holding the store lock picks the survivor with the longest raft log and
+restarts its etcd with --force-new-cluster: the cluster continues from that
+member's data, with nothing it holds lost, writes after the last backup
+included. The other nodes then rejoin as new members.
+
+It is refused, and nothing changes, while any member still sees a raft leader
+or a quorum of members with data is up. When no member has data left, use
+restore-backup instead.`,
+		Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test recover-quorum",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.recoverQuorum(cmd.Context(), stdout, cmd.ErrOrStderr(), recoverTimeout)
+		},
+	}
+	recoverQuorum.Flags().DurationVar(&recoverTimeout, "timeout", 5*time.Minute, "how long to wait for the recovery")
+
 	return []*cobra.Command{
 		backupNow,
 		restore,
+		recoverQuorum,
 		{
 			Use:   "list-commands",
 			Short: "List the queued commands with their state: pending, running, done or failed",
@@ -259,6 +282,42 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("restore-backup: not finished after %s (last phase %q); command %s goes on (see list-commands)", timeout, lastPhase, id)
+		case <-tick.C:
+		}
+	}
+}
+
+func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, timeout time.Duration) error {
+	s, err := o.openStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	id, err := s.AddCommand(ctx, spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{}}, time.Now())
+	if err != nil {
+		return fmt.Errorf("recover-quorum: queue the command: %w", err)
+	}
+	fmt.Fprintf(progress, "queued recover-quorum as command %s\n", id)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	node := ""
+	for {
+		q, err := s.ReadCommand(ctx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			fmt.Fprintf(w, "quorum recovered from %s\n", dash(node))
+			return nil
+		case err == nil && q.Status.State == spec.CommandFailed:
+			return fmt.Errorf("recover-quorum: command %s failed: %s", id, q.Status.Message)
+		case err == nil && q.Status.Node != "" && q.Status.Node != node:
+			node = q.Status.Node
+			fmt.Fprintf(progress, "recover-quorum %s: rebuilding from %s\n", id, node)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("recover-quorum: not finished after %s; command %s stays queued (see list-commands, or delete-command %s)", timeout, id, id)
 		case <-tick.C:
 		}
 	}

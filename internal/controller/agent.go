@@ -484,6 +484,7 @@ func (a *Agent) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpr
 		InitialCluster:       m.InitialCluster,
 		NewCluster:           m.NewCluster,
 		ClusterToken:         m.ClusterToken,
+		ForceNewCluster:      m.ForceNewCluster,
 	}
 }
 

@@ -55,6 +55,8 @@ func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
 		return a.takeBackup(ctx, obs, act)
 	case PrepareRestore, StopForRestore, SetRestorePhase, RestoreNodes, VerifyRestore, BackupRestored, LiftQuarantine, FinishRestore:
 		return a.executeRestore(ctx, obs, act)
+	case RecoverMember, FinishRecover:
+		return a.executeRecover(ctx, obs, act)
 	case FailCommand, ForgetCommand:
 		s, err := a.openStore(ctx)
 		if err != nil {
@@ -320,6 +322,7 @@ type nodeAPI interface {
 	Leave(ctx context.Context, req peer.LeaveRequest) error
 	Restore(ctx context.Context, req peer.RestoreRequest) error
 	Quarantine(ctx context.Context, req peer.QuarantineRequest) error
+	Recover(ctx context.Context, req peer.RecoverRequest) error
 }
 
 // peerCallTimeoutLong bounds a Join or Leave, which may stop or start etcd.
@@ -337,17 +340,7 @@ func (a *Agent) leaveNode(ctx context.Context, n Node, req peer.LeaveRequest) er
 
 // askNode makes one bounded call on a node, this agent or a peer.
 func (a *Agent) askNode(ctx context.Context, n Node, call func(context.Context, nodeAPI) error) error {
-	var api nodeAPI = a
-	if n.ID != a.lock.NodeID {
-		c, err := a.peerClient(n.Address)
-		if err != nil {
-			return err
-		}
-		api = c
-	}
-	ctx, cancel := context.WithTimeout(ctx, peerCallTimeoutLong)
-	defer cancel()
-	return call(ctx, api)
+	return a.askNodeFor(ctx, n, peerCallTimeoutLong, call)
 }
 
 // changed records a membership change, so the next one waits for a fresh

@@ -68,8 +68,10 @@ func (a *Agent) observe(ctx context.Context) Observed {
 	}
 	// The command queue matters to an agent that leads or may lead: the
 	// etcd leader, any agent while no etcd runs, and the lock holder.
+	// An agent whose etcd sees no raft leader reads it too: quorum may be
+	// lost, and only a queued recover-quorum can end that.
 	noCluster := obs.Cluster == nil && !anyLiveMember(obs.Peers) && lockWorthwhile(obs)
-	if obs.Cluster != nil || noCluster || a.lockTerm != 0 {
+	if obs.Cluster != nil || noCluster || a.lockTerm != 0 || (self.Member != nil && self.RaftLeader == 0) {
 		cmds, err := readCommands(ctx, s, a.now())
 		if err != nil {
 			obs.StoreErr = err
@@ -79,7 +81,7 @@ func (a *Agent) observe(ctx context.Context) Observed {
 	}
 	// The store lock leads while there is no cluster, and throughout a
 	// restore, whose cluster comes and goes.
-	if noCluster || activeRestore(obs.Commands) != nil {
+	if noCluster || activeExclusive(obs.Commands) != nil {
 		term, err := a.lock.Acquire(ctx, s)
 		if err != nil {
 			obs.StoreErr = err
@@ -156,6 +158,7 @@ func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
 			cancel()
 			if err == nil {
 				self.Healthy, self.Version, local = true, ms.Version, ms
+				self.RaftLeader, self.RaftIndex = ms.LeaderID, ms.RaftIndex
 			}
 		}
 	}
@@ -260,6 +263,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) Node {
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
 		Member: info.Member, HasData: info.HasData, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
+		RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex,
 	}
 }
 
@@ -350,6 +354,7 @@ func (a *Agent) setInfo(self Node, local etcdproc.MemberStatus, leader bool) {
 		MemberID:             local.MemberID,
 		ClusterID:            local.ClusterID,
 		RaftLeader:           local.LeaderID,
+		RaftIndex:            local.RaftIndex,
 		IsLearner:            local.IsLearner,
 		DBSize:               local.DBSize,
 		Leader:               leader,

@@ -87,6 +87,9 @@ type Node struct {
 	Healthy bool
 	// Version is the server version its etcd reported.
 	Version string
+	// RaftLeader is the raft leader its etcd knows (0: none), and
+	// RaftIndex how far its log goes.
+	RaftLeader, RaftIndex uint64
 }
 
 // ClusterView is the etcd cluster as its raft leader sees it.
@@ -232,10 +235,13 @@ func Plan(o Observed) []Action {
 		return append(actions, Report{Level: slog.LevelInfo, Msg: "waiting for a cluster spec; set one with etcd-manager-ctl configure-cluster"})
 	}
 
-	if r := activeRestore(o.Commands); r != nil {
+	if r := activeExclusive(o.Commands); r != nil {
 		if !o.LockHeld {
-			return append(actions, Report{Level: slog.LevelInfo, Msg: "a restore is in progress; the agent holding the store lock drives it",
+			return append(actions, Report{Level: slog.LevelInfo, Msg: "a " + r.Command.Kind() + " is in progress; the agent holding the store lock drives it",
 				Attrs: []any{"command", r.ID}})
+		}
+		if r.Command.RecoverQuorum != nil {
+			return append(actions, planRecoverQuorum(o, *r)...)
 		}
 		return append(actions, planRestore(o, *r)...)
 	}

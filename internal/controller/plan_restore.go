@@ -81,11 +81,12 @@ func (LiftQuarantine) Mutates() bool    { return true }
 func (a FinishRestore) String() string  { return "finish-restore " + a.ID }
 func (FinishRestore) Mutates() bool     { return true }
 
-// activeRestore returns the oldest restore command that is neither done
-// nor failed.
-func activeRestore(cmds []Command) *Command {
+// activeExclusive returns the oldest restore or recover-quorum command
+// that is neither done nor failed. Such a command replaces the cluster,
+// so the store lock's holder runs it alone.
+func activeExclusive(cmds []Command) *Command {
 	for i, c := range cmds {
-		if c.Err == nil && c.Command.RestoreBackup != nil && !c.Status.Finished() {
+		if c.Err == nil && (c.Command.RestoreBackup != nil || c.Command.RecoverQuorum != nil) && !c.Status.Finished() {
 			return &cmds[i]
 		}
 	}

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -47,7 +48,7 @@ func TestPlanRestore(t *testing.T) {
 				o.Commands = []Command{restoreCmd(nil)}
 				return o
 			}(),
-			want: []string{"report[INFO] a restore is in progress"}},
+			want: []string{"report[INFO] a restore-backup is in progress"}},
 		{name: "stopping: old members first, one at a time",
 			obs:  lockObs(progress(spec.RestoreStopping), node("a", "member"), node("b", "member"), node("c", "standby")),
 			want: []string{"stop-for-restore r1 node=a token=tok"}},
@@ -104,6 +105,61 @@ func TestPlanRestore(t *testing.T) {
 			}
 			if len(got) < len(want) || got[:len(want)] != want {
 				t.Fatalf("got  %s\nwant %s", got, want)
+			}
+		})
+	}
+}
+
+func TestPlanRecoverQuorum(t *testing.T) {
+	recoverCmd := func(survivor string) Command {
+		c := cmd("q1", spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{}}, "")
+		if survivor != "" {
+			c.Status = spec.CommandStatus{State: spec.CommandRunning, Node: survivor}
+		}
+		return c
+	}
+	// noQuorum is a member whose etcd runs without a leader.
+	noQuorum := func(id string, index uint64) Node {
+		n := node(id, "member")
+		n.RaftIndex = index
+		return n
+	}
+	leading := func(id string) Node {
+		n := node(id, "member")
+		n.RaftLeader = 7
+		return n
+	}
+	lockObs := func(c Command, peers ...Node) Observed {
+		return Observed{Spec: specN(3), Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: peers[0], Peers: peers,
+			LockHeld: true, Commands: []Command{c}}
+	}
+	tests := []struct {
+		name string
+		obs  Observed
+		want string
+	}{
+		{"one survivor, two wiped", lockObs(recoverCmd(""), node("a", "standby"), noQuorum("b", 40), node("c", "standby")),
+			"recover-member q1 node=b token=tok"},
+		{"the survivor with the longest log", lockObs(recoverCmd(""), noQuorum("a", 40), noQuorum("b", 41), node("c", "wiped")),
+			"fail-command q1 (quorum is not lost: 2 members with data are up"},
+		{"refused while a leader is seen", lockObs(recoverCmd(""), leading("a"), node("b", "standby")),
+			"fail-command q1 (quorum is not lost: the etcd of a follows raft leader 7"},
+		{"no data anywhere", lockObs(recoverCmd(""), node("a", "standby"), node("b", "wiped")),
+			"fail-command q1 (no reachable node holds etcd data; use restore-backup instead)"},
+		{"stopped survivor: longest log wins", lockObs(recoverCmd(""), node("c", "standby"), node("a", "stopped"), noQuorum("b", 9)),
+			"recover-member q1 node=b token=tok"},
+		{"in progress: the survivor does not lead yet", lockObs(recoverCmd("b"), node("a", "standby"), noQuorum("b", 50)),
+			"recover-member q1 node=b token=tok"},
+		{"done once the survivor leads", lockObs(recoverCmd("b"), node("a", "standby"), leading("b")),
+			"finish-recover q1"},
+		{"the survivor is unreachable", lockObs(recoverCmd("b"), node("a", "standby")),
+			"report[WARN] recover-quorum waits for the survivor's agent"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := describe(Plan(tt.obs))
+			if !strings.HasPrefix(got, tt.want) {
+				t.Fatalf("got  %s\nwant %s", got, tt.want)
 			}
 		})
 	}

@@ -295,7 +295,7 @@ func TestPlan(t *testing.T) {
 				o.BackupDue = true
 				o.Commands = []Command{cmd("c1", backupNow, ""), cmd("c2", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}, "")}
 			}),
-			want: []string{"report[INFO] a restore is in progress"}},
+			want: []string{"report[INFO] a restore-backup is in progress"}},
 		{name: "version differs from spec: reported, not acted on",
 			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")),
 				func(o *Observed) { o.Spec = &spec.ClusterSpec{MemberCount: 1, EtcdVersion: "3.5.35"} }),

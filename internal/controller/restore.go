@@ -226,17 +226,8 @@ func (a *Agent) restoreNodes(ctx context.Context, obs Observed, act RestoreNodes
 }
 
 func (a *Agent) restoreNode(ctx context.Context, n Node, req peer.RestoreRequest) error {
-	var api nodeAPI = a
-	if n.ID != a.lock.NodeID {
-		c, err := a.peerClient(n.Address)
-		if err != nil {
-			return err
-		}
-		api = c
-	}
-	ctx, cancel := context.WithTimeout(ctx, restoreCallTimeout)
-	defer cancel()
-	if err := api.Restore(ctx, req); err != nil {
+	err := a.askNodeFor(ctx, n, restoreCallTimeout, func(ctx context.Context, api nodeAPI) error { return api.Restore(ctx, req) })
+	if err != nil {
 		return fmt.Errorf("controller: restore on %s: %w", n.ID, err)
 	}
 	return nil

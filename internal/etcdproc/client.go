@@ -17,6 +17,7 @@ type MemberStatus struct {
 	Version   string
 	DBSize    int64
 	IsLearner bool
+	RaftIndex uint64
 }
 
 // NewClient returns an etcd client for endpoints. The caller closes it.
@@ -48,5 +49,6 @@ func LocalStatus(ctx context.Context, c *clientv3.Client, endpoint string) (Memb
 		Version:   st.Version,
 		DBSize:    st.DbSize,
 		IsLearner: st.IsLearner,
+		RaftIndex: st.RaftIndex,
 	}, nil
 }

@@ -33,6 +33,9 @@ type Spec struct {
 	InitialCluster       string
 	NewCluster           bool
 	ClusterToken         string
+	// ForceNewCluster starts etcd with --force-new-cluster: it keeps its
+	// data and drops every other member (quorum recovery).
+	ForceNewCluster bool
 }
 
 // Args renders etcd's command line (without the binary).
@@ -45,7 +48,7 @@ func (s Spec) Args() []string {
 	if s.NewCluster {
 		state = "new"
 	}
-	return []string{
+	args := []string{
 		"--name=" + s.Name,
 		"--data-dir=" + s.DataDir,
 		"--listen-client-urls=" + strings.Join(client, ","),
@@ -57,6 +60,10 @@ func (s Spec) Args() []string {
 		"--initial-cluster-token=" + s.ClusterToken,
 		"--strict-reconfig-check=true",
 	}
+	if s.ForceNewCluster {
+		args = append(args, "--force-new-cluster")
+	}
+	return args
 }
 
 // SupervisorConfig configures a Supervisor.

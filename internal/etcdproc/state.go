@@ -34,6 +34,9 @@ type MemberState struct {
 	NewCluster bool `json:"newCluster"`
 	// Quarantined makes etcd serve clients on the quarantine URLs only.
 	Quarantined bool `json:"quarantined,omitempty"`
+	// ForceNewCluster restarts etcd with --force-new-cluster, once, to
+	// recover quorum from this member's data alone.
+	ForceNewCluster bool `json:"forceNewCluster,omitempty"`
 	// Pending is set from the moment this node decides to create a cluster
 	// until the store's creation marker confirms it was the one to do so.
 	Pending bool `json:"pending,omitempty"`

@@ -54,6 +54,7 @@ type NodeInfo struct {
 	MemberID    uint64 `json:"memberId,omitempty"`
 	ClusterID   uint64 `json:"clusterId,omitempty"`
 	RaftLeader  uint64 `json:"raftLeader,omitempty"`
+	RaftIndex   uint64 `json:"raftIndex,omitempty"`
 	IsLearner   bool   `json:"isLearner,omitempty"`
 	DBSize      int64  `json:"dbSize,omitempty"`
 	// Leader is true when this agent acts as the manager leader.
@@ -103,6 +104,15 @@ type QuarantineRequest struct {
 	Quarantined bool   `json:"quarantined"`
 }
 
+// RecoverRequest tells a member of the cluster with Token that lost
+// quorum to restart etcd with --force-new-cluster: the cluster continues
+// from this member's data alone.
+type RecoverRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Token       string `json:"token"`
+}
+
 // Empty is an empty reply.
 type Empty struct{}
 
@@ -114,6 +124,7 @@ type Handler interface {
 	Leave(ctx context.Context, req LeaveRequest) error
 	Restore(ctx context.Context, req RestoreRequest) error
 	Quarantine(ctx context.Context, req QuarantineRequest) error
+	Recover(ctx context.Context, req RecoverRequest) error
 }
 
 const serviceName = "etcdmanager.peer.v1.Peer"
@@ -184,6 +195,12 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 					return nil, err
 				}
 				return &Empty{}, s.h.Quarantine(ctx, *r)
+			})},
+			{MethodName: "Recover", Handler: unary(func(ctx context.Context, r *RecoverRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.Recover(ctx, *r)
 			})},
 		},
 	}, s)
@@ -289,6 +306,15 @@ func (c *Client) Quarantine(ctx context.Context, req QuarantineRequest) error {
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Quarantine", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: quarantine on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// Recover tells the agent to recover quorum from its member's data.
+func (c *Client) Recover(ctx context.Context, req RecoverRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Recover", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: recover on %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

@@ -48,6 +48,11 @@ func (r *recorder) Quarantine(_ context.Context, req QuarantineRequest) error {
 	return nil
 }
 
+func (r *recorder) Recover(_ context.Context, req RecoverRequest) error {
+	r.add("Recover(" + req.Token + ")")
+	return nil
+}
+
 func TestPeerAPIOverLoopback(t *testing.T) {
 	creds, err := Credentials(true)
 	if err != nil {
@@ -91,7 +96,10 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if err := c.Quarantine(ctx, QuarantineRequest{Token: "new", Quarantined: false}); err != nil {
 		t.Fatal(err)
 	}
-	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false)"
+	if err := c.Recover(ctx, RecoverRequest{Token: "tok"}); err != nil {
+		t.Fatal(err)
+	}
+	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok)"
 	if got := strings.Join(rec.calls, " "); got != want {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
@@ -102,7 +110,7 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if _, err := other.Info(ctx); err == nil || !strings.Contains(err.Error(), "another cluster") {
 		t.Errorf("cross-cluster info: %v", err)
 	}
-	if len(rec.calls) != 6 {
+	if len(rec.calls) != 7 {
 		t.Errorf("handler ran for another cluster: %v", rec.calls)
 	}
 }

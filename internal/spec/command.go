@@ -15,7 +15,12 @@ type Command struct {
 	Timestamp     Int64                 `json:"timestamp"`
 	RestoreBackup *RestoreBackupCommand `json:"restoreBackup,omitempty"`
 	BackupNow     *BackupNowCommand     `json:"backupNow,omitempty"`
+	RecoverQuorum *RecoverQuorumCommand `json:"recoverQuorum,omitempty"`
 }
+
+// RecoverQuorumCommand asks the leader to rebuild a cluster that lost
+// quorum from its surviving member's data.
+type RecoverQuorumCommand struct{}
 
 // RestoreBackupCommand asks the leader to restore the named backup.
 type RestoreBackupCommand struct {
@@ -33,6 +38,8 @@ func (c Command) Kind() string {
 		return "restore-backup"
 	case c.BackupNow != nil:
 		return "backup-now"
+	case c.RecoverQuorum != nil:
+		return "recover-quorum"
 	default:
 		return "unknown"
 	}
@@ -50,9 +57,12 @@ func (c Command) Validate() error {
 	if c.BackupNow != nil {
 		n++
 	}
+	if c.RecoverQuorum != nil {
+		n++
+	}
 	switch n {
 	case 0:
-		return errors.New("spec: command has no known kind (want restoreBackup or backupNow)")
+		return errors.New("spec: command has no known kind (want restoreBackup, backupNow or recoverQuorum)")
 	case 1:
 		return nil
 	default:
@@ -92,6 +102,8 @@ type CommandStatus struct {
 	// Restore is a restore's progress, fixed once it starts stopping the
 	// old cluster, so that a new leader resumes it exactly.
 	Restore *RestoreProgress `json:"restore,omitempty"`
+	// Node is the member a recover-quorum rebuilds the cluster from.
+	Node string `json:"node,omitempty"`
 	// Updated is when the status was written, in unix nanoseconds.
 	Updated Int64 `json:"updated"`
 }

@@ -257,6 +257,21 @@ func TestKopsBackupStore(t *testing.T) {
 			t.Errorf("count:1 expires %q although a queued restore names %s", got, kopsOldBackup)
 		}
 	})
+
+	// Agents started on the kops store find a created cluster with no
+	// members and kops's queued restore, and carry it out.
+	t.Run("agents run kops's queued restore", func(t *testing.T) {
+		agents := env.StartAgents(3, harness.AgentOptions{})
+		harness.WaitSettled(t, agents, 3, 3*time.Minute)
+		ac := clusterClient(t, agents)
+		if n := count(t, ac, "/kops/"); n != kopsFirstKeys {
+			t.Fatalf("%d keys under /kops/ after restoring %s, want its %d", n, kopsOldBackup, kopsFirstKeys)
+		}
+		harness.WaitFor(t, time.Minute, "the restore command to be removed", func() bool {
+			out, _, err := env.Ctl("list-commands")
+			return err == nil && !strings.Contains(out, kopsCommandID)
+		})
+	})
 }
 
 // takeSnapshot streams a snapshot of the member into path.

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/controller"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -252,5 +253,120 @@ func TestRestoreBadInput(t *testing.T) {
 	}
 	if strings.Contains(allLogs(agents), `msg="restore started`) {
 		t.Error("a restore started from a bad backup")
+	}
+}
+
+// Two of three members lose their data for good. recover-quorum rebuilds
+// the cluster from the survivor, and nothing it had is lost, not even the
+// writes made after the last backup; the wiped nodes then rejoin. While
+// quorum holds, recover-quorum is refused and changes nothing.
+func TestRecoverQuorum(t *testing.T) {
+	env, agents, before := startCluster(t, 3, 3, harness.AgentOptions{})
+	c := clusterClient(t, agents)
+	put(t, c, "/q/before-backup", "v")
+	env.MustCtl("backup-now")
+	put(t, c, "/q/after-backup", "survives")
+
+	_, errOut, err := env.Ctl("recover-quorum", "--timeout=1m")
+	if err == nil || !strings.Contains(errOut, "quorum is not lost") {
+		t.Fatalf("recover-quorum on a healthy cluster: %v\n%s", err, errOut)
+	}
+	if after := harness.Observe(agents); fmt.Sprint(keys(after.ClusterIDs)) != fmt.Sprint(keys(before.ClusterIDs)) {
+		t.Fatalf("a refused recover-quorum changed the cluster: %v -> %v", before.ClusterIDs, after.ClusterIDs)
+	}
+
+	survivor, lost := agents[0], agents[1:]
+	for _, a := range lost {
+		a.Kill()
+		if err := os.RemoveAll(a.DataDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errOut, err := env.Ctl("recover-quorum", "--timeout=3m")
+	if err != nil {
+		t.Fatalf("recover-quorum: %v\n%s\n%s", err, out, errOut)
+	}
+	if !strings.Contains(out, "quorum recovered from") {
+		t.Errorf("recover-quorum printed %q", out)
+	}
+	sc := clusterClient(t, []*harness.Agent{survivor})
+	for k, want := range map[string]string{"/q/before-backup": "v", "/q/after-backup": "survives"} {
+		if got := get(t, sc, k); got != want {
+			t.Fatalf("%s = %q on the survivor, want %q", k, got, want)
+		}
+	}
+	put(t, sc, "/q/after-recovery", "writable")
+
+	for _, a := range lost {
+		a.Start()
+	}
+	cs := harness.WaitSettled(t, agents, 3, settleTimeout)
+	t.Logf("after rejoin: %+v", cs)
+	c2 := clusterClient(t, agents)
+	for _, k := range []string{"/q/before-backup", "/q/after-backup", "/q/after-recovery"} {
+		if get(t, c2, k) == "" {
+			t.Fatalf("%s is missing after the rejoin", k)
+		}
+	}
+	assertOneCluster(t, agents)
+}
+
+// The agent driving a restore is killed right after it records each
+// phase. The restore resumes, on the restarted agent or another, and ends
+// with one cluster of the spec's size holding the backup's data.
+func TestRestoreCrashSafety(t *testing.T) {
+	points := []string{"stopping", "restoring", "verifying", "backing-up", "lifting"}
+	for _, phase := range points {
+		t.Run(phase, func(t *testing.T) {
+			env := harness.NewEnv(t)
+			env.ExtraEnv = append(env.ExtraEnv, controller.CrashAtEnv+"=restore-"+phase)
+			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+			agents := env.StartAgents(3, harness.AgentOptions{})
+			harness.WaitSettled(t, agents, 3, settleTimeout)
+			c := clusterClient(t, agents)
+			put(t, c, "/crash/key", "from-backup")
+			name := strings.TrimSpace(env.MustCtl("backup-now"))
+			put(t, c, "/crash/key", "after-backup")
+
+			type result struct {
+				out, errOut string
+				err         error
+			}
+			done := make(chan result, 1)
+			go func() {
+				out, errOut, err := env.Ctl("restore-backup", name, "--timeout=4m")
+				done <- result{out, errOut, err}
+			}()
+			var res result
+			crashed := map[string]bool{}
+			harness.WaitFor(t, 5*time.Minute, "the restore to finish", func() bool {
+				for _, a := range agents {
+					if !a.Running() {
+						crashed[a.Name] = true
+						a.Start()
+					}
+				}
+				select {
+				case res = <-done:
+					return true
+				default:
+					return false
+				}
+			})
+			if res.err != nil {
+				t.Fatalf("restore-backup: %v\n%s\n%s", res.err, res.out, res.errOut)
+			}
+			if len(crashed) != 1 {
+				t.Fatalf("agents crashed: %v, want exactly the one driving the restore", crashed)
+			}
+			if n := strings.Count(allLogs(agents), "test hook: crashing here"); n != 1 {
+				t.Fatalf("the crash point was hit %d times, want once", n)
+			}
+			harness.WaitSettled(t, agents, 3, settleTimeout)
+			assertOneCluster(t, agents)
+			if got := get(t, clusterClient(t, agents), "/crash/key"); got != "from-backup" {
+				t.Fatalf("/crash/key = %q after the restore, want the backup's value", got)
+			}
+		})
 	}
 }
