@@ -21,9 +21,9 @@ type FinishRecover struct{ ID string }
 func (a RecoverMember) String() string {
 	return fmt.Sprintf("recover-member %s node=%s token=%s", a.ID, a.NodeID, a.Token)
 }
-func (RecoverMember) Mutates() bool   { return true }
+func (RecoverMember) Mutates() bool    { return true }
 func (a FinishRecover) String() string { return "finish-recover " + a.ID }
-func (FinishRecover) Mutates() bool   { return true }
+func (FinishRecover) Mutates() bool    { return true }
 
 // planRecoverQuorum is the lock holder's next step of recover-quorum c.
 func planRecoverQuorum(o Observed, c Command) []Action {
