@@ -380,6 +380,7 @@ func (a *Agent) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	if err := os.Rename(staging, out); err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
+	crashPoint(a.log, "restore-node-data") // restored data, not yet in the state
 	m.NewCluster, m.Pending = false, false
 	st := a.state
 	st.Member = &m

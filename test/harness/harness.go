@@ -162,7 +162,9 @@ func (e *Env) Ctl(args ...string) (stdout, stderr string, err error) {
 
 // CtlRaw runs etcd-manager-ctl with exactly args.
 func (e *Env) CtlRaw(args ...string) (stdout, stderr string, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Commands that wait (backup-now, restore-backup) have their own
+	// --timeout; this only stops a ctl that hangs.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, e.CtlBin, args...)
