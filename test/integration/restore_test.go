@@ -17,9 +17,6 @@ import (
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
-// restoreTimeout bounds a whole restore of a small backup.
-const restoreTimeout = 3 * time.Minute
-
 // The walkthrough's disaster recovery: write a key, back up, stop every
 // agent, wipe every data dir, start them again: the leader refuses to
 // create an empty cluster. restore-backup brings the key back, on the
