@@ -7,12 +7,14 @@
 package bench
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -24,12 +26,14 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -56,14 +60,17 @@ type scale struct {
 	// backupIterations is how many backups each backup benchmark takes of
 	// its one filled cluster.
 	backupIterations int
+	// restoreIterations is how many times the restore benchmark restores
+	// its one backup.
+	restoreIterations int
 }
 
 func currentScale(t *testing.T) scale {
 	switch s := os.Getenv("BENCH_SCALE"); s {
 	case "", "small":
-		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1}
+		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1, restoreIterations: 1}
 	case "full":
-		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3}
+		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3, restoreIterations: 2}
 	default:
 		t.Fatalf("BENCH_SCALE=%q: use small or full", s)
 		return scale{}
@@ -76,8 +83,8 @@ func TestBench(t *testing.T) {
 	results = append(results, benchBootstrap(t, sc))
 	results = append(results, benchReplaceMember(t, sc))
 	results = append(results, benchBackups(t, sc)...)
+	results = append(results, benchRestore(t, sc))
 	results = append(results,
-		Result{Name: "restore-1gib", Skipped: true, Reason: "restore is not built yet (issue: restore)"},
 		Result{Name: "rolling-upgrade", Skipped: true, Reason: "version changes are not built yet (issue: version changes)"},
 		Result{Name: "agent-idle-rss", Skipped: true, Reason: "not measured yet (issue: benchmarks)"},
 		Result{Name: "agent-idle-cpu", Skipped: true, Reason: "not measured yet (issue: benchmarks)"},
@@ -383,18 +390,29 @@ func runBackups(t *testing.T, sc scale, setup func(env *harness.Env)) backupRun 
 		}
 
 		if setup == nil {
-			if data, err := os.ReadFile(filepath.Join(env.StoreDir, name, "_etcd_backup.meta")); err == nil {
-				var m struct {
-					Size           int64 `json:"size"`
-					CompressedSize int64 `json:"compressedSize"`
-				}
-				if json.Unmarshal(data, &m) == nil {
-					r.backupBytes, r.compressed = m.Size, m.CompressedSize
-				}
+			if size, compressed, ok := backupMeta(env.StoreDir, name); ok {
+				r.backupBytes, r.compressed = size, compressed
 			}
 		}
 	}
 	return r
+}
+
+// backupMeta reads the sizes a file:// store's _etcd_backup.meta records
+// for the named backup: the snapshot's and its gzip's.
+func backupMeta(storeDir, name string) (size, compressed int64, ok bool) {
+	data, err := os.ReadFile(filepath.Join(storeDir, name, "_etcd_backup.meta"))
+	if err != nil {
+		return 0, 0, false
+	}
+	var m struct {
+		Size           int64 `json:"size"`
+		CompressedSize int64 `json:"compressedSize"`
+	}
+	if json.Unmarshal(data, &m) != nil {
+		return 0, 0, false
+	}
+	return m.Size, m.CompressedSize, true
 }
 
 // fill writes unique keys with random hex values (gzip gets them to about
@@ -636,4 +654,407 @@ func fmtList(xs []float64) string {
 		return "(none)"
 	}
 	return strings.Join(s, ", ")
+}
+
+// Restore benchmark. One managed 3-member cluster is filled once to
+// sc.dbBytes and backed up once; that backup is then restored over the
+// live cluster sc.restoreIterations times, each restore preceded by the
+// baseline: etcdutl snapshot restore of the same snapshot and one etcd
+// started on the result.
+
+const (
+	restoreTimeout = 20 * time.Minute
+	// readableTimeout bounds the wait for a Get after a restore returns.
+	readableTimeout = 2 * time.Minute
+)
+
+// restoreRun is what the restore benchmark measured.
+type restoreRun struct {
+	got, base   []float64 // seconds: restore-backup until a Get, etcdutl restore + one etcd until a Get
+	dbSize      int64     // DB size reached by the fill
+	fillSecs    float64
+	backupSecs  float64 // the backup-now that made the backup restored
+	snapBytes   int64   // the gunzipped snapshot
+	compressed  int64   // its etcd.backup.gz
+	phases      []string
+	errorLines int // agent error lines during the restores
+}
+
+func benchRestore(t *testing.T, sc scale) Result {
+	var r restoreRun
+	t.Run("restore-1gib", func(t *testing.T) {
+		r = runRestores(t, sc)
+	})
+	v, b := medianOr0(r.got), medianOr0(r.base)
+	res := Result{Name: "restore-1gib", Value: v, Unit: "s", Baseline: b, Ratio: ratio(v, b)}
+	errs := ""
+	if r.errorLines > 0 {
+		errs = fmt.Sprintf("; the agents logged %d error line(s) during the restores (see the test log)", r.errorLines)
+	}
+	res.Note = fmt.Sprintf("etcd-manager-ctl restore-backup --timeout=20m over a live managed 3-member cluster, until a linearizable Get on the client URLs succeeds; "+
+		"queued once the store lock left by the cluster's creation or the last restore has expired (a restore queued earlier waits up to --leader-lease=20s for it); "+
+		"the value holds the leader's pick-up (default loop interval), fetch+gunzip+verify on the driving agent, stopping the old members, "+
+		"fetch+gunzip+verify+restore on each of the 3 nodes in parallel and their start in quarantine, the HashKV check, "+
+		"a fresh full backup of the restored cluster (a %.0f MiB backup by itself, see backup-file-1gib), lifting the quarantine (an etcd restart per member) and the command's removal; "+
+		"phases from the agents' logs: %s; "+
+		"baseline: etcdutl snapshot restore of the same snapshot, already gunzipped to local disk, + one etcd started on it until a Get succeeds; "+
+		"DB filled to %.0f MiB (scale %s: %.0f MiB target) with %d KiB values of random hex in %.1fs; snapshot %.0f MiB, %.0f MiB gzipped, backed up in %.1fs; median of %d, baseline measured before each restore%s",
+		mib(r.snapBytes), strings.Join(r.phases, "; "), mib(r.dbSize), sc.name, mib(sc.dbBytes), fillValueBytes>>10, r.fillSecs,
+		mib(r.snapBytes), mib(r.compressed), r.backupSecs, len(r.got), errs)
+	return res
+}
+
+// runRestores starts a managed 3-member cluster on a file:// store, fills
+// it, backs it up and measures restores of that backup.
+func runRestores(t *testing.T, sc scale) restoreRun {
+	var r restoreRun
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{Defaults: true, ExtraArgs: []string{"--backup-interval=24h"}})
+	harness.WaitSettled(t, agents, 3, 2*time.Minute)
+
+	// Three members write every value, so give the fill more time than
+	// the 1-member backup benchmarks do.
+	fillTimeout := time.Minute
+	if sc.dbBytes > 256<<20 {
+		fillTimeout = 10 * time.Minute
+	}
+	start := time.Now()
+	r.dbSize = fill(t, agents[0].ClientURL, sc.dbBytes, fillTimeout)
+	r.fillSecs = time.Since(start).Seconds()
+	t.Logf("filled to %.0f MiB in %.1fs", mib(r.dbSize), r.fillSecs)
+
+	var name string
+	r.backupSecs, name = backupNow(t, env)
+	t.Logf("backup %s taken in %.2fs", name, r.backupSecs)
+	if _, compressed, ok := backupMeta(env.StoreDir, name); ok {
+		r.compressed = compressed
+	}
+	db := filepath.Join(t.TempDir(), "snapshot.db") // on real disk, as runBackups' snapshots
+	r.snapBytes = gunzipFile(t, filepath.Join(env.StoreDir, name, "etcd.backup.gz"), db)
+
+	for i := range sc.restoreIterations {
+		r.base = append(r.base, bareRestore(t, env.BinDir, db))
+		t.Logf("baseline %d: etcdutl snapshot restore + one etcd until a Get: %.2fs", i+1, r.base[len(r.base)-1])
+
+		harness.WaitSettled(t, agents, 3, 2*time.Minute)
+		if waited := waitLockExpired(t, env.StoreDir, time.Minute); waited > time.Second {
+			t.Logf("waited %.1fs for the store lock to expire before restore %d", waited.Seconds(), i+1)
+		}
+		start := time.Now()
+		id := restoreBackup(t, env, name)
+		returned := time.Now()
+		if err := untilReadable(harness.Endpoints(agents), readableTimeout, nil); err != nil {
+			t.Fatalf("after restore %d: %v", i+1, err)
+		}
+		end := time.Now()
+		secs := end.Sub(start).Seconds()
+		r.got = append(r.got, secs)
+		phases, errLines := restorePhases(agents, id, start, returned, end)
+		r.phases = append(r.phases, fmt.Sprintf("restore %d (%.1fs): %s", i+1, secs, phases))
+		r.errorLines += len(errLines)
+		t.Logf("restore %d of %s (command %s): %.2fs until a Get, the ctl returned after %.2fs; %s",
+			i+1, name, id, secs, returned.Sub(start).Seconds(), phases)
+		for _, l := range errLines {
+			t.Logf("agent error during restore %d: %s", i+1, l)
+		}
+	}
+	return r
+}
+
+// waitLockExpired waits until the newest term of a file:// store's lock
+// has expired, and returns how long that took. The agent that took the
+// lock (to create the cluster, or to drive the last restore) does not
+// release it, and a restore waits for it to expire unless its holder is
+// the agent beside etcd's leader: up to --leader-lease (20s) after the
+// creation or the last restore. Waiting here keeps that out of the
+// measure, which is of a restore of a cluster that has run for a while.
+func waitLockExpired(t *testing.T, storeDir string, timeout time.Duration) time.Duration {
+	t.Helper()
+	dir := filepath.Join(storeDir, "control", "leader")
+	start := time.Now()
+	harness.WaitFor(t, timeout, "the store lock in "+dir+" to expire", func() bool {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return errors.Is(err, os.ErrNotExist)
+		}
+		newest := ""
+		for _, e := range entries {
+			if n := e.Name(); len(n) == 20 && strings.Trim(n, "0123456789") == "" && n > newest {
+				newest = n
+			}
+		}
+		if newest == "" {
+			return true
+		}
+		data, err := os.ReadFile(filepath.Join(dir, newest))
+		if err != nil {
+			return false // replaced by the holder's gc; look again
+		}
+		var rec struct {
+			Acquired time.Time     `json:"acquired"`
+			TTL      time.Duration `json:"ttl"`
+		}
+		return json.Unmarshal(data, &rec) == nil && rec.TTL > 0 && time.Now().After(rec.Acquired.Add(rec.TTL))
+	})
+	return time.Since(start)
+}
+
+// gunzipFile writes the gunzipped src to dst and returns its size.
+func gunzipFile(t *testing.T, src, dst string) int64 {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	zr, err := gzip.NewReader(in)
+	if err != nil {
+		t.Fatalf("gunzip %s: %v", src, err)
+	}
+	out, err := os.Create(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(out, zr)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatalf("gunzip %s to %s: %v", src, dst, err)
+	}
+	return n
+}
+
+// bareRestore is the baseline: etcdutl snapshot restore of db into a fresh
+// data dir, then one etcd started on it, until a Get succeeds. The etcd is
+// killed by PID and its data removed before it returns.
+func bareRestore(t *testing.T, binDir, db string) float64 {
+	t.Helper()
+	ip := harness.AllocIP(t)
+	peerURL, clientURL := fmt.Sprintf("http://%s:2380", ip), fmt.Sprintf("http://%s:4001", ip)
+	root := t.TempDir()
+	dir := filepath.Join(root, "bare")
+	bin := filepath.Join(binDir, "etcd-v"+harness.DefaultEtcdVersion)
+	logf, err := os.Create(filepath.Join(root, "bare.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout)
+	defer cancel()
+
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, filepath.Join(bin, "etcdutl"), "snapshot", "restore", db,
+		"--data-dir", dir, "--name", "bare", "--initial-cluster", "bare="+peerURL,
+		"--initial-advertise-peer-urls", peerURL).CombinedOutput()
+	if err != nil {
+		logf.Close()
+		t.Fatalf("etcdutl snapshot restore: %v\n%s", err, out)
+	}
+	cmd := exec.Command(filepath.Join(bin, "etcd"), "--name=bare", "--data-dir="+dir,
+		"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=bare="+peerURL)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	kill := func() {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		_ = syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	t.Cleanup(kill)
+	if err := untilReadable([]string{clientURL}, readableTimeout, done); err != nil {
+		kill()
+		log, _ := os.ReadFile(filepath.Join(root, "bare.log"))
+		t.Fatalf("bare etcd on the restored snapshot: %v\n%s", err, tail(string(log), 20))
+	}
+	secs := time.Since(start).Seconds()
+	kill()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	return secs
+}
+
+// untilReadable retries a linearizable Get through endpoints until one
+// succeeds, giving up after timeout or once gone (if not nil) is closed.
+func untilReadable(endpoints []string, timeout time.Duration, gone <-chan struct{}) error {
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		_, err := c.Get(ctx, "/bench/probe")
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-gone:
+			return fmt.Errorf("the process exited before a Get succeeded: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no Get succeeded within %s: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// restoreBackup runs etcd-manager-ctl restore-backup, which returns once
+// the restore is complete, and returns the command's ID. It runs the ctl
+// itself, as backupNow does, to give a large restore its own timeout.
+func restoreBackup(t *testing.T, env *harness.Env, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout+time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, env.CtlBin, "--backup-store="+env.StoreURL, "--etcd-bin-dir="+env.BinDir,
+		"restore-backup", name, "--timeout="+restoreTimeout.String())
+	cmd.Env = append(os.Environ(), env.ExtraEnv...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil || !strings.Contains(stdout.String(), "restored backup "+name) {
+		t.Fatalf("etcd-manager-ctl restore-backup %s: %v\nstdout: %s\nstderr: %s", name, err, stdout.String(), stderr.String())
+	}
+	_, rest, ok := strings.Cut(stderr.String(), " as command ")
+	id := strings.Fields(rest + " ")
+	if !ok || len(id) == 0 {
+		t.Fatalf("etcd-manager-ctl restore-backup printed no command ID: %s", stderr.String())
+	}
+	return id[0]
+}
+
+// restorePhases summarises restore id from the agents' logs: how long
+// each phase took, from start (the ctl started) to end (a Get succeeded),
+// and the agents' error lines in between. It only adds detail to a note:
+// what it cannot find it leaves out.
+func restorePhases(agents []*harness.Agent, id string, start, returned, end time.Time) (string, []string) {
+	ev := map[string]time.Time{} // the earliest time each event was logged, by any agent
+	note := func(key string, at time.Time) {
+		if old, ok := ev[key]; !ok || at.Before(old) {
+			ev[key] = at
+		}
+	}
+	var token, driver, backupTook string
+	var errLines []string
+	type line struct {
+		agent string
+		at    time.Time
+		text  string
+	}
+	var lines []line
+	for _, a := range agents {
+		for _, text := range strings.Split(a.Log(), "\n") {
+			ts, ok := strings.CutPrefix(text, "time=")
+			if !ok {
+				continue // etcd's JSON lines, the harness's own
+			}
+			at, err := time.Parse(time.RFC3339Nano, strings.Fields(ts + " ")[0])
+			if err != nil || at.Before(start) || at.After(end) {
+				continue
+			}
+			lines = append(lines, line{a.Name, at, text})
+		}
+	}
+	for _, l := range lines {
+		switch {
+		case strings.Contains(l.text, "level=ERROR"):
+			errLines = append(errLines, "agent "+l.agent+": "+l.text)
+		case strings.Contains(l.text, `action="prepare-restore `+id+" "):
+			note("picked", l.at)
+		case strings.Contains(l.text, `msg="restore started`) && strings.Contains(l.text, "command="+id):
+			note("started", l.at)
+			token, driver = logAttr(l.text, "cluster-token"), l.agent
+		case strings.Contains(l.text, `msg="restore moves on"`) && strings.Contains(l.text, "command="+id):
+			note(logAttr(l.text, "phase"), l.at)
+		case strings.Contains(l.text, `msg="restore complete`) && strings.Contains(l.text, "command="+id):
+			note("complete", l.at)
+		case strings.Contains(l.text, `msg="backup taken"`) && strings.Contains(l.text, `reason="after restore `+id+`"`):
+			backupTook = logAttr(l.text, "duration")
+		}
+	}
+	var nodes []string
+	for _, l := range lines {
+		if token != "" && !ev[spec.RestoreRestoring].IsZero() && strings.Contains(l.text, `msg="restored backup; starting etcd in quarantine"`) && logAttr(l.text, "cluster-token") == token {
+			nodes = append(nodes, fmt.Sprintf("%.1fs", l.at.Sub(ev["restoring"]).Seconds()))
+		}
+	}
+
+	// The steps in order: the event that ends each, and what it covers.
+	steps := []struct{ event, what string }{
+		{"picked", "pick-up"},
+		{"started", "validate (fetch+verify)"},
+		{spec.RestoreRestoring, "stopping"},
+		{spec.RestoreVerifying, "restoring"},
+		{spec.RestoreBackingUp, "verifying"},
+		{spec.RestoreLifting, "backing-up"},
+		{"complete", "lifting"},
+	}
+	var out []string
+	prev := start
+	for _, s := range steps {
+		at, ok := ev[s.event]
+		if !ok {
+			out = append(out, s.what+" ?")
+			continue
+		}
+		part := fmt.Sprintf("%s %.1fs", s.what, at.Sub(prev).Seconds())
+		switch {
+		case s.event == spec.RestoreVerifying && len(nodes) > 0:
+			part += " (the nodes' own restores done " + strings.Join(nodes, ", ") + " into it)"
+		case s.event == spec.RestoreLifting && backupTook != "":
+			part += " (the backup itself " + backupTook + ")"
+		}
+		out = append(out, part)
+		prev = at
+	}
+	if at, ok := ev["complete"]; ok {
+		out = append(out, fmt.Sprintf("then the ctl returned after %.1fs and a Get succeeded after %.1fs more", returned.Sub(at).Seconds(), end.Sub(returned).Seconds()))
+	}
+	if driver != "" {
+		out = append(out, "driven by agent "+driver)
+	}
+	return strings.Join(out, ", "), errLines
+}
+
+// logAttr is the value of key in one of the agent's text log lines, or "".
+func logAttr(line, key string) string {
+	_, rest, ok := strings.Cut(line, " "+key+"=")
+	if !ok {
+		return ""
+	}
+	if strings.HasPrefix(rest, `"`) {
+		if q, err := strconv.QuotedPrefix(rest); err == nil {
+			if v, err := strconv.Unquote(q); err == nil {
+				return v
+			}
+		}
+		return ""
+	}
+	return strings.Fields(rest + " ")[0]
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

@@ -54,7 +54,8 @@ type Observed struct {
 	// moments ago, so that a store outage cannot block self-healing.
 	BackedUpSinceChange  bool
 	BackupFailedRecently bool
-	// Commands is the store's command queue, oldest first (leader only).
+	// Commands is the store's command queue, oldest first, as read by an
+	// agent that leads or may lead (see observe).
 	Commands []Command
 }
 
