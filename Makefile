@@ -2,7 +2,9 @@
 #   make demo   run a real local cluster (Ctrl-C stops it)
 #   make test   run every test (builds the real etcd binaries first)
 
-ETCD_VERSIONS ?= 3.6.16 3.5.35
+ETCD_VERSIONS ?= 3.6.16 3.5.35 3.7.3
+# etcd 3.4 comes from Debian's package (for migrations from 3.4).
+DEBIAN_ETCD   ?= 3.4.23 3.4.23-4+b4
 GO            ?= go
 export GOTOOLCHAIN := local
 
@@ -10,11 +12,12 @@ export GOTOOLCHAIN := local
 
 all: build
 
-## tools: real etcd/etcdctl/etcdutl per version into bin/etcd-v<version>/, staticcheck,
+## tools: real etcd/etcdctl/etcdutl per version into bin/etcd-v<version>/ (3.4 from Debian's package), staticcheck,
 ## MinIO (bin/minio) and the Azure blob emulator (bin/azurite-blob), each pinned under hack/tools/.
 ## Built once into ~/.cache/etcd-manager/tools and linked; a changed pin rebuilds.
 tools:
 	@for v in $(ETCD_VERSIONS); do hack/build-etcd.sh $$v || exit 1; done
+	@hack/fetch-debian-etcd.sh $(DEBIAN_ETCD)
 	@hack/build-go-tool.sh staticcheck honnef.co/go/tools/cmd/staticcheck
 	@hack/build-go-tool.sh minio github.com/minio/minio
 	@hack/build-npm-tool.sh azurite azurite-blob
