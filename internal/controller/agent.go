@@ -62,6 +62,9 @@ type Agent struct {
 	// last membership change.
 	backups    *backups
 	lastChange time.Time
+	// versionBackup is the version a backup was last taken for, before a
+	// version change moved members to it.
+	versionBackup string
 	// lastInfo is the last info-level report, logged again only when it
 	// changes; warnings and errors are logged every cycle.
 	lastInfo string

@@ -55,6 +55,10 @@ func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
 		return a.takeBackup(ctx, obs, act)
 	case PrepareRestore, StopForRestore, SetRestorePhase, RestoreNodes, VerifyRestore, BackupRestored, LiftQuarantine, FinishRestore:
 		return a.executeRestore(ctx, obs, act)
+	case SetMemberVersion:
+		return a.changed(a.setMemberVersion(ctx, obs, act))
+	case MoveLeader:
+		return a.moveLeader(ctx, act)
 	case RecoverMember, FinishRecover:
 		return a.executeRecover(ctx, obs, act)
 	case FailCommand, ForgetCommand:
@@ -323,6 +327,7 @@ type nodeAPI interface {
 	Restore(ctx context.Context, req peer.RestoreRequest) error
 	Quarantine(ctx context.Context, req peer.QuarantineRequest) error
 	Recover(ctx context.Context, req peer.RecoverRequest) error
+	SetVersion(ctx context.Context, req peer.VersionRequest) error
 }
 
 // peerCallTimeoutLong bounds a Join or Leave, which may stop or start etcd.
@@ -366,5 +371,8 @@ func (a *Agent) takeBackup(ctx context.Context, obs Observed, act TakeBackup) er
 		ClusterSpec:  obs.Spec,
 		ClusterToken: obs.Cluster.Token,
 	}, act.Reason, act.CommandID)
+	if err == nil && act.ForVersion != "" {
+		a.versionBackup = act.ForVersion
+	}
 	return err
 }

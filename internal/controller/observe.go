@@ -65,6 +65,7 @@ func (a *Agent) observe(ctx context.Context) Observed {
 		obs.BackupDue = b.due(a.cfg.Backup.Interval)
 		obs.BackedUpSinceChange = !b.lastOK.IsZero() && !b.lastOK.Before(a.lastChange)
 		obs.BackupFailedRecently = b.failedRecently()
+		obs.VersionBackup = a.versionBackup
 	}
 	// The command queue matters to an agent that leads or may lead: the
 	// etcd leader, any agent while no etcd runs, and the lock holder.
@@ -137,6 +138,7 @@ func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
 		ClientURLs:     a.cfg.ClientURLs,
 		QuarantineURLs: a.cfg.QuarantineClientURLs,
 		Member:         st.Member,
+		Installed:      etcdproc.InstalledVersions(a.cfg.EtcdBinDir),
 	}
 	if m := st.Member; m != nil {
 		self.HasData = a.layout.HasEtcdData(m.ClusterToken)
@@ -263,7 +265,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) Node {
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
 		Member: info.Member, HasData: info.HasData, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
-		RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex,
+		RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, Installed: info.Installed,
 	}
 }
 
@@ -358,6 +360,7 @@ func (a *Agent) setInfo(self Node, local etcdproc.MemberStatus, leader bool) {
 		IsLearner:            local.IsLearner,
 		DBSize:               local.DBSize,
 		Leader:               leader,
+		Installed:            self.Installed,
 	}
 	// A peer API call may have changed the membership while this cycle
 	// observed; serve the membership as it is now, not as it was.

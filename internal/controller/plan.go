@@ -54,6 +54,9 @@ type Observed struct {
 	// moments ago, so that a store outage cannot block self-healing.
 	BackedUpSinceChange  bool
 	BackupFailedRecently bool
+	// VersionBackup is the version a backup was taken for, before the
+	// members started moving to it.
+	VersionBackup string
 	// Commands is the store's command queue, oldest first, as read by an
 	// agent that leads or may lead (see observe).
 	Commands []Command
@@ -91,6 +94,8 @@ type Node struct {
 	// RaftLeader is the raft leader its etcd knows (0: none), and
 	// RaftIndex how far its log goes.
 	RaftLeader, RaftIndex uint64
+	// Installed are the etcd versions installed on the node.
+	Installed []string
 }
 
 // ClusterView is the etcd cluster as its raft leader sees it.
@@ -169,6 +174,8 @@ type EvictNode struct {
 type TakeBackup struct {
 	Reason    string
 	CommandID string
+	// ForVersion marks the backup taken before moving to that version.
+	ForVersion string
 }
 
 // FailCommand marks a queued command failed, keeping it for the operator
@@ -544,11 +551,7 @@ func planMembership(o Observed) []Action {
 		}
 	}
 
-	if o.Self.Version != "" && o.Self.Version != o.Spec.EtcdVersion {
-		actions = append(actions, Report{Level: slog.LevelWarn, Msg: "spec asks for another etcd version; version changes are not supported yet, so the cluster keeps its version",
-			Attrs: []any{"running", o.Self.Version, "wanted", o.Spec.EtcdVersion}})
-	}
-	return actions
+	return append(actions, planVersion(o)...)
 }
 
 // standbyNodes are reachable agents with no membership whose peer URLs no

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -102,4 +103,39 @@ func (b Binaries) CheckVersion(ctx context.Context) error {
 		return fmt.Errorf("etcdproc: %s reports version %s, but its folder says %s", b.Etcd, got, b.Version)
 	}
 	return nil
+}
+
+// InstalledVersions lists the etcd versions installed under binDir (the
+// folders FindBinaries looks in), sorted, without duplicates.
+func InstalledVersions(binDir string) []string {
+	entries, err := os.ReadDir(binDir)
+	if err != nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var vs []spec.Version
+	for _, e := range entries {
+		name, ok := strings.CutPrefix(e.Name(), "etcd-v")
+		if !ok {
+			continue
+		}
+		if i := strings.Index(name, "-linux-"); i >= 0 {
+			name = name[:i]
+		}
+		v, err := spec.ParseVersion(name)
+		if err != nil || seen[v.String()] {
+			continue
+		}
+		if _, err := FindBinaries(binDir, v); err != nil {
+			continue
+		}
+		seen[v.String()] = true
+		vs = append(vs, v)
+	}
+	sort.Slice(vs, func(i, j int) bool { return vs[i].Compare(vs[j]) < 0 })
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = v.String()
+	}
+	return out
 }

@@ -271,3 +271,25 @@ func TestSpecArgs(t *testing.T) {
 		t.Errorf("quarantined etcd still serves the client URL: %q", args)
 	}
 }
+
+func TestInstalledVersions(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"etcd-v3.6.16", "etcd-v3.5.35-linux-amd64", "etcd-v3.6.16-linux-amd64", "etcd-v3.4.23", "etcd-v3.7.0-rc.1", "etcd-vjunk", "other"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if d == "etcd-v3.4.23" {
+			continue // no binary inside
+		}
+		if err := os.WriteFile(filepath.Join(dir, d, "etcd"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := strings.Join(InstalledVersions(dir), " ")
+	if want := "3.5.35 3.6.16 3.7.0-rc.1"; got != want {
+		t.Fatalf("InstalledVersions = %q, want %q", got, want)
+	}
+	if v := InstalledVersions(filepath.Join(dir, "missing")); v != nil {
+		t.Fatalf("missing dir: %v", v)
+	}
+}

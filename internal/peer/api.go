@@ -59,6 +59,8 @@ type NodeInfo struct {
 	DBSize      int64  `json:"dbSize,omitempty"`
 	// Leader is true when this agent acts as the manager leader.
 	Leader bool `json:"leader"`
+	// Installed are the etcd versions installed on this node.
+	Installed []string `json:"installed,omitempty"`
 }
 
 // InfoRequest asks an agent for its NodeInfo.
@@ -113,6 +115,15 @@ type RecoverRequest struct {
 	Token       string `json:"token"`
 }
 
+// VersionRequest tells a member of the cluster with Token to run etcd of
+// Version on its data: it restarts etcd with that binary.
+type VersionRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Token       string `json:"token"`
+	Version     string `json:"version"`
+}
+
 // Empty is an empty reply.
 type Empty struct{}
 
@@ -125,6 +136,7 @@ type Handler interface {
 	Restore(ctx context.Context, req RestoreRequest) error
 	Quarantine(ctx context.Context, req QuarantineRequest) error
 	Recover(ctx context.Context, req RecoverRequest) error
+	SetVersion(ctx context.Context, req VersionRequest) error
 }
 
 const serviceName = "etcdmanager.peer.v1.Peer"
@@ -201,6 +213,12 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 					return nil, err
 				}
 				return &Empty{}, s.h.Recover(ctx, *r)
+			})},
+			{MethodName: "SetVersion", Handler: unary(func(ctx context.Context, r *VersionRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.SetVersion(ctx, *r)
 			})},
 		},
 	}, s)
@@ -315,6 +333,15 @@ func (c *Client) Recover(ctx context.Context, req RecoverRequest) error {
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Recover", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: recover on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// SetVersion tells the agent to run etcd of another version on its data.
+func (c *Client) SetVersion(ctx context.Context, req VersionRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetVersion", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: set version on %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

@@ -53,6 +53,11 @@ func (r *recorder) Recover(_ context.Context, req RecoverRequest) error {
 	return nil
 }
 
+func (r *recorder) SetVersion(_ context.Context, req VersionRequest) error {
+	r.add("SetVersion(" + req.Token + "," + req.Version + ")")
+	return nil
+}
+
 func TestPeerAPIOverLoopback(t *testing.T) {
 	creds, err := Credentials(true)
 	if err != nil {
@@ -99,7 +104,10 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if err := c.Recover(ctx, RecoverRequest{Token: "tok"}); err != nil {
 		t.Fatal(err)
 	}
-	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok)"
+	if err := c.SetVersion(ctx, VersionRequest{Token: "tok", Version: "3.7.3"}); err != nil {
+		t.Fatal(err)
+	}
+	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok) SetVersion(tok,3.7.3)"
 	if got := strings.Join(rec.calls, " "); got != want {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
@@ -110,7 +118,7 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if _, err := other.Info(ctx); err == nil || !strings.Contains(err.Error(), "another cluster") {
 		t.Errorf("cross-cluster info: %v", err)
 	}
-	if len(rec.calls) != 7 {
+	if len(rec.calls) != 8 {
 		t.Errorf("handler ran for another cluster: %v", rec.calls)
 	}
 }

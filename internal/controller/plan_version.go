@@ -1,0 +1,222 @@
+package controller
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// Version changes. When the spec's etcd version differs from what the
+// members run, the leader rolls the members over one at a time:
+//
+//   - a patch change, or an upgrade by one minor, goes straight to the
+//     target; an upgrade by several minors steps through the newest
+//     installed patch of each minor in between (3.4 -> 3.5.x -> 3.6.x);
+//   - every step starts with a full backup;
+//   - each member restarts on the new binary with its data, the raft
+//     leader last, after handing leadership to another member;
+//   - the next member waits until every member is healthy, runs the
+//     version it should, and has caught up with the leader's log;
+//   - nothing stops before every member's node is known to have the
+//     step's binary.
+//
+// The plan is made afresh from what each member runs, so a new leader
+// (say, after the old one's agent was killed mid-roll) carries on.
+
+// SetMemberVersion restarts a member's etcd on another version's binary.
+type SetMemberVersion struct{ NodeID, Version string }
+
+// MoveLeader hands raft leadership to another member.
+type MoveLeader struct {
+	To     uint64
+	Reason string
+}
+
+func (a SetMemberVersion) String() string { return "set-member-version " + a.NodeID + " " + a.Version }
+func (SetMemberVersion) Mutates() bool    { return true }
+func (a MoveLeader) String() string {
+	return fmt.Sprintf("move-leader to=%x (%s)", a.To, a.Reason)
+}
+func (MoveLeader) Mutates() bool { return true }
+
+// caughtUpSlack is how far (raft entries) a restarted member's log may
+// trail the leader's before the roll moves on.
+const caughtUpSlack = 100
+
+// planVersion returns the next step of a version change, or nothing when
+// every member runs the spec's version.
+func planVersion(o Observed) []Action {
+	target, err := spec.ParseSupportedVersion(o.Spec.EtcdVersion)
+	if err != nil {
+		return nil // the spec was validated when read
+	}
+	type memberNode struct {
+		m          Member
+		n          Node
+		configured spec.Version
+	}
+	var ms []memberNode
+	needed := false
+	for _, m := range o.Cluster.Members {
+		n, ok := nodeOfMember(o, m)
+		if !ok || n.Member == nil {
+			continue // an unreachable member holds the change up, if there is one
+		}
+		v, err := spec.ParseVersion(n.Member.EtcdVersion)
+		if err != nil {
+			return []Action{Report{Level: slog.LevelError, Msg: "a member's recorded etcd version is unreadable", Attrs: []any{"node", n.ID, "error", err}}}
+		}
+		ms = append(ms, memberNode{m, n, v})
+		if v.Compare(target) != 0 || (n.Version != "" && n.Version != target.String()) {
+			needed = true
+		}
+	}
+	if !needed {
+		return nil
+	}
+	if len(ms) != len(o.Cluster.Members) {
+		return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits: a member's agent is unreachable"}}
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
+
+	cur := ms[0].configured
+	for _, x := range ms[1:] {
+		if x.configured.Compare(cur) < 0 {
+			cur = x.configured
+		}
+	}
+	var nodes []Node
+	for _, x := range ms {
+		nodes = append(nodes, x.n)
+	}
+	step, why := nextVersionStep(cur, target, installedOnAll(nodes))
+	if why != "" {
+		return []Action{Report{Level: slog.LevelError, Msg: "cannot change the etcd version: " + why,
+			Attrs: []any{"running", cur.String(), "wanted", target.String()}}}
+	}
+	var missing []string
+	for _, x := range ms {
+		if !slices.Contains(x.n.Installed, step.String()) {
+			missing = append(missing, x.n.ID)
+		}
+	}
+	if len(missing) > 0 {
+		return []Action{Report{Level: slog.LevelError, Msg: "cannot change the etcd version: some nodes have no binary for it; nothing was stopped",
+			Attrs: []any{"version", step.String(), "nodes", missing}}}
+	}
+	if o.VersionBackup != step.String() {
+		return []Action{TakeBackup{Reason: "before changing etcd to " + step.String(), ForVersion: step.String()}}
+	}
+
+	// Health gate: everyone up, on the version it should run, caught up.
+	leaderIndex := o.Self.RaftIndex
+	for _, x := range ms {
+		switch {
+		case !x.m.Healthy || !x.n.Healthy || x.m.IsLearner:
+			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for every member to be healthy", Attrs: []any{"node", x.n.ID}}}
+		case x.n.Version != x.configured.String():
+			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to run its new version", Attrs: []any{"node", x.n.ID, "running", x.n.Version, "wanted", x.configured.String()}}}
+		case leaderIndex > x.n.RaftIndex+caughtUpSlack:
+			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to catch up", Attrs: []any{"node", x.n.ID, "behind", leaderIndex - x.n.RaftIndex}}}
+		}
+	}
+
+	var next *memberNode
+	for i, x := range ms {
+		if x.configured.Compare(step) != 0 && x.n.ID != o.Self.ID {
+			next = &ms[i]
+			break
+		}
+	}
+	if next == nil {
+		for i, x := range ms {
+			if x.configured.Compare(step) != 0 {
+				next = &ms[i]
+			}
+		}
+	}
+	if next == nil {
+		return nil // every member is at the step; the next cycle plans the next step
+	}
+	if next.n.ID == o.Self.ID && len(ms) > 1 {
+		// Hand leadership on first, to a member already on the step if any.
+		to := ms[0]
+		for _, x := range ms {
+			if x.n.ID == o.Self.ID {
+				continue
+			}
+			to = x
+			if x.configured.Compare(step) == 0 {
+				break
+			}
+		}
+		return []Action{MoveLeader{To: to.m.ID, Reason: "before restarting the leader on etcd " + step.String()}}
+	}
+	return []Action{SetMemberVersion{NodeID: next.n.ID, Version: step.String()}}
+}
+
+// nextVersionStep is the version the members move to next on the way
+// from cur to target, given the versions installed on every node; or why
+// there is none.
+func nextVersionStep(cur, target spec.Version, installed []spec.Version) (spec.Version, string) {
+	switch {
+	case cur.Major != target.Major:
+		return spec.Version{}, fmt.Sprintf("a change of major version (%s to %s) is not supported", cur, target)
+	case cur.Minor == target.Minor, target.Minor == cur.Minor+1:
+		return target, "" // a patch change, up or down, or one minor up
+	case target.Minor > cur.Minor+1:
+		var best *spec.Version
+		for i, v := range installed {
+			if v.Major == cur.Major && v.Minor == cur.Minor+1 && v.Pre == "" && (best == nil || v.Compare(*best) > 0) {
+				best = &installed[i]
+			}
+		}
+		if best == nil {
+			return spec.Version{}, fmt.Sprintf("going from %s to %s steps through 3.%d, but no 3.%d.x is installed on every node",
+				cur, target, cur.Minor+1, cur.Minor+1)
+		}
+		return *best, ""
+	default:
+		return spec.Version{}, fmt.Sprintf("downgrading from %s to %s is not supported yet; set the spec back to %s", cur, target, cur)
+	}
+}
+
+// installedOnAll returns the versions installed on every one of nodes.
+func installedOnAll(nodes []Node) []spec.Version {
+	count := map[string]int{}
+	for _, n := range nodes {
+		for _, v := range n.Installed {
+			count[v]++
+		}
+	}
+	var out []spec.Version
+	for s, c := range count {
+		if c != len(nodes) {
+			continue
+		}
+		if v, err := spec.ParseVersion(s); err == nil {
+			out = append(out, v)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Compare(out[j]) < 0 })
+	return out
+}
+
+// nodeOfMember finds the agent of an etcd member: by name, else by peer
+// URLs.
+func nodeOfMember(o Observed, m Member) (Node, bool) {
+	for _, p := range o.Peers {
+		if p.ID == m.Name && m.Name != "" {
+			return p, true
+		}
+	}
+	for _, p := range o.Peers {
+		if sameURLs(p.PeerURLs, m.PeerURLs) {
+			return p, true
+		}
+	}
+	return Node{}, false
+}

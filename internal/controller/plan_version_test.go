@@ -1,0 +1,78 @@
+package controller
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestPlanVersion(t *testing.T) {
+	all := []string{"3.4.23", "3.5.35", "3.6.16", "3.7.3"}
+	// at returns a healthy member node configured and running version v.
+	at := func(id, v string, index uint64) Node {
+		n := node(id, "member")
+		m := *n.Member
+		m.EtcdVersion = v
+		n.Member, n.Version, n.RaftIndex, n.Installed = &m, v, index, all
+		return n
+	}
+	obs := func(target, backup string, peers ...Node) Observed {
+		o := leaderObs(int32(len(peers)), cluster(member("a", true), member("b", true), member("c", true)), peers...)
+		o.Cluster.Members = o.Cluster.Members[:len(peers)]
+		o.Spec.EtcdVersion = target
+		o.VersionBackup = backup
+		return o
+	}
+	tests := []struct {
+		name string
+		obs  Observed
+		want string
+	}{
+		{"at the target: nothing", obs("3.6.16", "", at("a", "3.6.16", 9), at("b", "3.6.16", 9), at("c", "3.6.16", 9)), ""},
+		{"a backup first", obs("3.7.3", "", at("a", "3.6.16", 9), at("b", "3.6.16", 9), at("c", "3.6.16", 9)),
+			"take-backup (before changing etcd to 3.7.3)"},
+		{"followers first, by name", obs("3.7.3", "3.7.3", at("a", "3.6.16", 9), at("b", "3.6.16", 9), at("c", "3.6.16", 9)),
+			"set-member-version b 3.7.3"},
+		{"then the next follower", obs("3.7.3", "3.7.3", at("a", "3.6.16", 9), at("b", "3.7.3", 9), at("c", "3.6.16", 9)),
+			"set-member-version c 3.7.3"},
+		{"the leader last, after handing leadership to an upgraded member",
+			obs("3.7.3", "3.7.3", at("a", "3.6.16", 9), at("b", "3.7.3", 9), at("c", "3.7.3", 9)),
+			"move-leader to=" + hexID(member("b", true).ID)},
+		{"a member still starting on its new version holds the roll",
+			obs("3.7.3", "3.7.3", at("a", "3.6.16", 9), func() Node { n := at("b", "3.7.3", 9); n.Version = "3.6.16"; return n }(), at("c", "3.6.16", 9)),
+			"report[INFO] version change waits for a member to run its new version"},
+		{"a member behind the leader's log holds the roll",
+			obs("3.7.3", "3.7.3", at("a", "3.6.16", 500), at("b", "3.7.3", 10), at("c", "3.6.16", 500)),
+			"report[INFO] version change waits for a member to catch up"},
+		{"an unhealthy member holds the roll",
+			obs("3.7.3", "3.7.3", at("a", "3.6.16", 9), func() Node { n := at("b", "3.6.16", 9); n.Healthy = false; return n }(), at("c", "3.6.16", 9)),
+			"report[INFO] version change waits for every member to be healthy"},
+		{"3.4 to 3.6 steps through the newest installed 3.5",
+			obs("3.6.16", "", at("a", "3.4.23", 9), at("b", "3.4.23", 9), at("c", "3.4.23", 9)),
+			"take-backup (before changing etcd to 3.5.35)"},
+		{"halfway through a jump, the next step",
+			obs("3.6.16", "3.5.35", at("a", "3.5.35", 9), at("b", "3.5.35", 9), at("c", "3.5.35", 9)),
+			"take-backup (before changing etcd to 3.6.16)"},
+		{"a node without the binary: refused before anything stops",
+			obs("3.7.3", "", at("a", "3.6.16", 9), func() Node { n := at("b", "3.6.16", 9); n.Installed = []string{"3.6.16"}; return n }(), at("c", "3.6.16", 9)),
+			"report[ERROR] cannot change the etcd version: some nodes have no binary for it; nothing was stopped"},
+		{"no intermediate version installed everywhere",
+			obs("3.6.16", "", func() Node { n := at("a", "3.4.23", 9); n.Installed = []string{"3.4.23", "3.6.16"}; return n }(), at("b", "3.4.23", 9)),
+			"report[ERROR] cannot change the etcd version: going from 3.4.23 to 3.6.16 steps through 3.5"},
+		{"a patch downgrade rolls",
+			obs("3.6.15", "3.6.15", func() Node { n := at("a", "3.6.16", 9); n.Installed = append(all, "3.6.15"); return n }(),
+				func() Node { n := at("b", "3.6.16", 9); n.Installed = append(all, "3.6.15"); return n }()),
+			"set-member-version b 3.6.15"},
+		{"a single member restarts itself", obs("3.7.3", "3.7.3", at("a", "3.6.16", 9)), "set-member-version a 3.7.3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := describe(Plan(tt.obs))
+			if (tt.want == "" && got != "") || !strings.HasPrefix(got, tt.want) {
+				t.Fatalf("got  %q\nwant %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func hexID(id uint64) string { return fmt.Sprintf("%x", id) }

@@ -1,0 +1,77 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// setMemberVersion has a member's node restart etcd on another version.
+func (a *Agent) setMemberVersion(ctx context.Context, obs Observed, act SetMemberVersion) error {
+	n, err := findNode(obs.Peers, act.NodeID)
+	if err != nil {
+		return err
+	}
+	if err := a.confirmLeader(ctx); err != nil {
+		return err
+	}
+	a.log.Info("restarting a member on another etcd version", "node", n.ID, "version", act.Version)
+	err = a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error {
+		return api.SetVersion(ctx, peer.VersionRequest{LeaderID: a.lock.NodeID, Token: obs.Cluster.Token, Version: act.Version})
+	})
+	crashPoint(a.log, "version-member-restarted")
+	return err
+}
+
+// moveLeader hands raft leadership from the local etcd to another member.
+func (a *Agent) moveLeader(ctx context.Context, act MoveLeader) error {
+	if err := a.confirmLeader(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	defer cancel()
+	if _, err := a.client.MoveLeader(ctx, act.To); err != nil {
+		return fmt.Errorf("controller: move leadership to %x: %w", act.To, err)
+	}
+	a.log.Info("raft leadership handed on", "to", fmt.Sprintf("%x", act.To), "reason", act.Reason)
+	return nil
+}
+
+// SetVersion serves the peer API: run etcd of another version on this
+// member's data. The binary is checked before etcd stops.
+func (a *Agent) SetVersion(ctx context.Context, req peer.VersionRequest) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cur := a.state.Member
+	if cur == nil || cur.ClusterToken != req.Token {
+		return fmt.Errorf("controller: set version for cluster %s: this node is not its member", req.Token)
+	}
+	v, err := spec.ParseSupportedVersion(req.Version)
+	if err != nil {
+		return err
+	}
+	bins, err := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v)
+	if err != nil {
+		return err
+	}
+	if err := bins.CheckVersion(ctx); err != nil {
+		return err
+	}
+	if cur.EtcdVersion == v.String() && a.proc.Status().Wanted {
+		return nil
+	}
+	m := *cur
+	from := m.EtcdVersion
+	m.EtcdVersion = v.String()
+	st := a.state
+	st.Member = &m
+	if err := a.setState(st); err != nil {
+		return err
+	}
+	a.log.Warn("restarting etcd on another version", "from", from, "to", v.String(), "leader", req.LeaderID)
+	defer a.poke()
+	return a.startEtcdLocked(ctx)
+}
