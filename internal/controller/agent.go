@@ -488,6 +488,7 @@ func (a *Agent) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpr
 		NewCluster:           m.NewCluster,
 		ClusterToken:         m.ClusterToken,
 		ForceNewCluster:      m.ForceNewCluster,
+		SnapshotCount:        a.cfg.EtcdSnapshotCount,
 	}
 }
 

@@ -56,6 +56,8 @@ type Config struct {
 	LoopInterval time.Duration
 	// EtcdStopTimeout bounds a graceful etcd stop before SIGKILL.
 	EtcdStopTimeout time.Duration
+	// EtcdSnapshotCount is etcd's --snapshot-count; 0 keeps etcd's own.
+	EtcdSnapshotCount int
 }
 
 // Defaults. The ports fill in URLs that are not given.
@@ -121,6 +123,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
+	fs.IntVar(&c.EtcdSnapshotCount, "etcd-snapshot-count", c.EtcdSnapshotCount, "etcd's --snapshot-count: committed entries between raft snapshots (0 keeps etcd's default); an upgrade from 3.5 past 3.6 waits for a snapshot on every member")
 }
 
 // Complete fills in the URLs derived from --etcd-address.

@@ -142,6 +142,7 @@ func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
 	}
 	if m := st.Member; m != nil {
 		self.HasData = a.layout.HasEtcdData(m.ClusterToken)
+		self.SnapIndex = a.layout.SnapIndex(m.ClusterToken)
 		if m.Pending && !pendingSince.IsZero() {
 			self.PendingFor = a.now().Sub(pendingSince)
 		}
@@ -265,7 +266,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) Node {
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
 		Member: info.Member, HasData: info.HasData, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
-		RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, Installed: info.Installed,
+		RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Installed: info.Installed,
 	}
 }
 
@@ -357,6 +358,7 @@ func (a *Agent) setInfo(self Node, local etcdproc.MemberStatus, leader bool) {
 		ClusterID:            local.ClusterID,
 		RaftLeader:           local.LeaderID,
 		RaftIndex:            local.RaftIndex,
+		SnapIndex:            self.SnapIndex,
 		IsLearner:            local.IsLearner,
 		DBSize:               local.DBSize,
 		Leader:               leader,

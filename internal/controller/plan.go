@@ -94,6 +94,8 @@ type Node struct {
 	// RaftLeader is the raft leader its etcd knows (0: none), and
 	// RaftIndex how far its log goes.
 	RaftLeader, RaftIndex uint64
+	// SnapIndex is the raft index of its etcd's newest raft snapshot.
+	SnapIndex uint64
 	// Installed are the etcd versions installed on the node.
 	Installed []string
 }

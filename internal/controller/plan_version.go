@@ -107,6 +107,20 @@ func planVersion(o Observed) []Action {
 		return []Action{Report{Level: slog.LevelError, Msg: "cannot change the etcd version: some nodes have no binary for it; nothing was stopped",
 			Attrs: []any{"version", step.String(), "nodes", missing}}}
 	}
+	if step.Minor >= 7 {
+		// etcd 3.7 cannot replay the v2 entries 3.5 wrote; each member's
+		// log must have been snapshotted past them.
+		var until uint64
+		for _, x := range ms {
+			until = max(until, x.n.Member.V2Until)
+		}
+		for _, x := range ms {
+			if x.n.SnapIndex < until {
+				return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits until every member has taken a raft snapshot past the v2 entries etcd 3.5 left in its log (every --etcd-snapshot-count entries)",
+					Attrs: []any{"node", x.n.ID, "snapshot-index", x.n.SnapIndex, "needed", until}}}
+			}
+		}
+	}
 	if o.VersionBackup != step.String() {
 		return []Action{TakeBackup{Reason: "before changing etcd to " + step.String(), ForVersion: step.String()}}
 	}

@@ -16,6 +16,13 @@ func TestPlanVersion(t *testing.T) {
 		n.Member, n.Version, n.RaftIndex, n.Installed = &m, v, index, all
 		return n
 	}
+	// v2 is a member on 3.6 that came from 3.5 at raft index until, with
+	// its newest raft snapshot at snap.
+	v2 := func(id string, until, snap uint64) Node {
+		n := at(id, "3.6.16", 90)
+		n.Member.V2Until, n.SnapIndex = until, snap
+		return n
+	}
 	obs := func(target, backup string, peers ...Node) Observed {
 		o := leaderObs(int32(len(peers)), cluster(member("a", true), member("b", true), member("c", true)), peers...)
 		o.Cluster.Members = o.Cluster.Members[:len(peers)]
@@ -64,6 +71,12 @@ func TestPlanVersion(t *testing.T) {
 				func() Node { n := at("b", "3.6.16", 9); n.Installed = append(all, "3.6.15"); return n }()),
 			"set-member-version b 3.6.15"},
 		{"a single member restarts itself", obs("3.7.3", "3.7.3", at("a", "3.6.16", 9)), "set-member-version a 3.7.3"},
+		{"into 3.7, a member whose log may hold 3.5's v2 entries waits for a snapshot",
+			obs("3.7.3", "", v2("a", 50, 60), v2("b", 40, 30), v2("c", 45, 70)),
+			"report[INFO] version change waits until every member has taken a raft snapshot"},
+		{"into 3.7, once every member snapshotted past them",
+			obs("3.7.3", "", v2("a", 50, 60), v2("b", 40, 55), v2("c", 45, 70)),
+			"take-backup (before changing etcd to 3.7.3)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

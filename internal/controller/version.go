@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
@@ -73,5 +74,37 @@ func (a *Agent) SetVersion(ctx context.Context, req peer.VersionRequest) error {
 	}
 	a.log.Warn("restarting etcd on another version", "from", from, "to", v.String(), "leader", req.LeaderID)
 	defer a.poke()
-	return a.startEtcdLocked(ctx)
+	if err := a.startEtcdLocked(ctx); err != nil {
+		return err
+	}
+	if old, err := spec.ParseVersion(from); err == nil && old.Minor <= 5 && v.Minor >= 6 {
+		// Remember how far the log reached under 3.5: it may hold v2
+		// entries up to here, which etcd 3.7 cannot replay.
+		return a.recordV2UntilLocked(ctx)
+	}
+	return nil
+}
+
+// recordV2UntilLocked waits for the restarted etcd to report its raft
+// index and records it as the member's V2Until. Callers hold a.mu.
+func (a *Agent) recordV2UntilLocked(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := a.localStatus(ctx)
+		if err == nil && st.RaftIndex > 0 {
+			m := *a.state.Member
+			m.V2Until = st.RaftIndex
+			s := a.state
+			s.Member = &m
+			return a.setState(s)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("controller: etcd did not report its raft index after the upgrade: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

@@ -36,6 +36,8 @@ type Spec struct {
 	// ForceNewCluster starts etcd with --force-new-cluster: it keeps its
 	// data and drops every other member (quorum recovery).
 	ForceNewCluster bool
+	// SnapshotCount is etcd's --snapshot-count; 0 keeps etcd's default.
+	SnapshotCount int
 }
 
 // Args renders etcd's command line (without the binary).
@@ -62,6 +64,9 @@ func (s Spec) Args() []string {
 	}
 	if s.ForceNewCluster {
 		args = append(args, "--force-new-cluster")
+	}
+	if s.SnapshotCount > 0 {
+		args = append(args, fmt.Sprintf("--snapshot-count=%d", s.SnapshotCount))
 	}
 	return args
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -34,6 +36,10 @@ type MemberState struct {
 	NewCluster bool `json:"newCluster"`
 	// Quarantined makes etcd serve clients on the quarantine URLs only.
 	Quarantined bool `json:"quarantined,omitempty"`
+	// V2Until is a raft index up to which this member's log may hold the
+	// v2 entries etcd 3.5 writes; set when it moves from 3.5 to 3.6, whose
+	// successors cannot replay them. A raft snapshot past it clears them.
+	V2Until uint64 `json:"v2Until,omitempty"`
 	// ForceNewCluster restarts etcd with --force-new-cluster, once, to
 	// recover quorum from this member's data alone.
 	ForceNewCluster bool `json:"forceNewCluster,omitempty"`
@@ -63,6 +69,30 @@ func (l Layout) EtcdDataDir(token string) string { return filepath.Join(l.Root, 
 func (l Layout) HasEtcdData(token string) bool {
 	st, err := os.Stat(filepath.Join(l.EtcdDataDir(token), "member"))
 	return err == nil && st.IsDir()
+}
+
+// SnapIndex is the raft index of etcd's newest raft snapshot file
+// (member/snap/<term>-<index>.snap), or 0 when it has none.
+func (l Layout) SnapIndex(token string) uint64 {
+	entries, err := os.ReadDir(filepath.Join(l.EtcdDataDir(token), "member", "snap"))
+	if err != nil {
+		return 0
+	}
+	var best uint64
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".snap")
+		if !ok {
+			continue
+		}
+		_, idx, ok := strings.Cut(name, "-")
+		if !ok {
+			continue
+		}
+		if v, err := strconv.ParseUint(idx, 16, 64); err == nil && v > best {
+			best = v
+		}
+	}
+	return best
 }
 
 // Lock takes an exclusive lock on the data dir, so that two agents never

@@ -55,6 +55,8 @@ type NodeInfo struct {
 	ClusterID   uint64 `json:"clusterId,omitempty"`
 	RaftLeader  uint64 `json:"raftLeader,omitempty"`
 	RaftIndex   uint64 `json:"raftIndex,omitempty"`
+	// SnapIndex is the raft index of etcd's newest raft snapshot on disk.
+	SnapIndex uint64 `json:"snapIndex,omitempty"`
 	IsLearner   bool   `json:"isLearner,omitempty"`
 	DBSize      int64  `json:"dbSize,omitempty"`
 	// Leader is true when this agent acts as the manager leader.
