@@ -57,8 +57,8 @@ type NodeInfo struct {
 	RaftIndex   uint64 `json:"raftIndex,omitempty"`
 	// SnapIndex is the raft index of etcd's newest raft snapshot on disk.
 	SnapIndex uint64 `json:"snapIndex,omitempty"`
-	IsLearner   bool   `json:"isLearner,omitempty"`
-	DBSize      int64  `json:"dbSize,omitempty"`
+	IsLearner bool   `json:"isLearner,omitempty"`
+	DBSize    int64  `json:"dbSize,omitempty"`
 	// Leader is true when this agent acts as the manager leader.
 	Leader bool `json:"leader"`
 	// Installed are the etcd versions installed on this node.
