@@ -86,6 +86,25 @@ func (l *LeaderLock) Holds(ctx context.Context, s lockStore, term int64) (bool, 
 	return latest == term && rec != nil && rec.NodeID == l.NodeID && l.Now().Before(rec.Acquired.Add(rec.TTL)), nil
 }
 
+// Release gives the lock up early, when its holder no longer needs it
+// (the cluster it was creating or restoring is up): it ends term with a
+// newer term whose lease has already run out, so the next agent to need
+// the lock takes it at once instead of waiting for the lease.
+func (l *LeaderLock) Release(ctx context.Context, s lockStore, term int64) error {
+	held, err := l.Holds(ctx, s, term)
+	if err != nil || !held {
+		return err
+	}
+	data, err := json.Marshal(lockRecord{NodeID: l.NodeID, Acquired: l.Now().UTC(), TTL: 0})
+	if err != nil {
+		return fmt.Errorf("controller: encode lock: %w", err)
+	}
+	if err := s.Create(ctx, lockKey(term+1), data); err != nil && !errors.Is(err, store.ErrExists) {
+		return fmt.Errorf("controller: release leader lock: %w", err)
+	}
+	return nil
+}
+
 func (l *LeaderLock) latest(ctx context.Context, s lockStore) (int64, *lockRecord, error) {
 	terms, err := lockTerms(ctx, s)
 	if err != nil {

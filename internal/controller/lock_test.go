@@ -111,3 +111,33 @@ func TestLeaderLockJunkCountsAsExpired(t *testing.T) {
 		t.Errorf("Acquire over junk: term %d, %v", got, err)
 	}
 }
+
+// A released lock is free at once, and its old term no longer holds.
+func TestLeaderLockRelease(t *testing.T) {
+	s := openLockStore(t)
+	ctx := t.Context()
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := &LeaderLock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now}
+	b := &LeaderLock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
+	ta, err := a.Acquire(ctx, s)
+	if err != nil || ta != 1 {
+		t.Fatalf("a: term %d, %v", ta, err)
+	}
+	// b cannot release a's term.
+	if err := b.Release(ctx, s, ta); err != nil {
+		t.Fatal(err)
+	}
+	if tb, _ := b.Acquire(ctx, s); tb != 0 {
+		t.Fatalf("b took a held lock after a bogus release: term %d", tb)
+	}
+	if err := a.Release(ctx, s, ta); err != nil {
+		t.Fatal(err)
+	}
+	if held, _ := a.Holds(ctx, s, ta); held {
+		t.Error("a still holds a released term")
+	}
+	clock.Add(time.Millisecond)
+	if tb, err := b.Acquire(ctx, s); err != nil || tb != 3 {
+		t.Fatalf("b right after the release: term %d, %v; want 3", tb, err)
+	}
+}

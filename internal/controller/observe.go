@@ -90,7 +90,10 @@ func (a *Agent) observe(ctx context.Context) Observed {
 		}
 		a.lockTerm = term
 		obs.LockHeld = term != 0
-	} else {
+	} else if a.lockTerm != 0 {
+		if err := a.lock.Release(ctx, s, a.lockTerm); err != nil {
+			a.log.Warn("cannot release the store lock; it expires with its lease", "error", err)
+		}
 		a.lockTerm = 0
 	}
 	return obs

@@ -279,6 +279,19 @@ func TestRecoverQuorum(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Until its election timeout passes, the survivor still follows the
+	// old leader, and recover-quorum would rightly be refused.
+	harness.WaitFor(t, 30*time.Second, "the survivor's etcd to see no leader", func() bool {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{survivor.ClientURL}, DialTimeout: time.Second})
+		if err != nil {
+			return false
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		st, err := cli.Status(ctx, survivor.ClientURL)
+		return err == nil && st.Leader == 0
+	})
 	out, errOut, err := env.Ctl("recover-quorum", "--timeout=3m")
 	if err != nil {
 		t.Fatalf("recover-quorum: %v\n%s\n%s", err, out, errOut)
