@@ -670,13 +670,13 @@ const (
 
 // restoreRun is what the restore benchmark measured.
 type restoreRun struct {
-	got, base   []float64 // seconds: restore-backup until a Get, etcdutl restore + one etcd until a Get
-	dbSize      int64     // DB size reached by the fill
-	fillSecs    float64
-	backupSecs  float64 // the backup-now that made the backup restored
-	snapBytes   int64   // the gunzipped snapshot
-	compressed  int64   // its etcd.backup.gz
-	phases      []string
+	got, base  []float64 // seconds: restore-backup until a Get, etcdutl restore + one etcd until a Get
+	dbSize     int64     // DB size reached by the fill
+	fillSecs   float64
+	backupSecs float64 // the backup-now that made the backup restored
+	snapBytes  int64   // the gunzipped snapshot
+	compressed int64   // its etcd.backup.gz
+	phases     []string
 	errorLines int // agent error lines during the restores
 }
 
@@ -692,7 +692,6 @@ func benchRestore(t *testing.T, sc scale) Result {
 		errs = fmt.Sprintf("; the agents logged %d error line(s) during the restores (see the test log)", r.errorLines)
 	}
 	res.Note = fmt.Sprintf("etcd-manager-ctl restore-backup --timeout=20m over a live managed 3-member cluster, until a linearizable Get on the client URLs succeeds; "+
-		"queued once the store lock left by the cluster's creation or the last restore has expired (a restore queued earlier waits up to --leader-lease=20s for it); "+
 		"the value holds the leader's pick-up (default loop interval), fetch+gunzip+verify on the driving agent, stopping the old members, "+
 		"fetch+gunzip+verify+restore on each of the 3 nodes in parallel and their start in quarantine, the HashKV check, "+
 		"a fresh full backup of the restored cluster (a %.0f MiB backup by itself, see backup-file-1gib), lifting the quarantine (an etcd restart per member) and the command's removal; "+
@@ -738,9 +737,6 @@ func runRestores(t *testing.T, sc scale) restoreRun {
 		t.Logf("baseline %d: etcdutl snapshot restore + one etcd until a Get: %.2fs", i+1, r.base[len(r.base)-1])
 
 		harness.WaitSettled(t, agents, 3, 2*time.Minute)
-		if waited := waitLockExpired(t, env.StoreDir, time.Minute); waited > time.Second {
-			t.Logf("waited %.1fs for the store lock to expire before restore %d", waited.Seconds(), i+1)
-		}
 		start := time.Now()
 		id := restoreBackup(t, env, name)
 		returned := time.Now()
@@ -760,44 +756,6 @@ func runRestores(t *testing.T, sc scale) restoreRun {
 		}
 	}
 	return r
-}
-
-// waitLockExpired waits until the newest term of a file:// store's lock
-// has expired, and returns how long that took. The agent that took the
-// lock (to create the cluster, or to drive the last restore) does not
-// release it, and a restore waits for it to expire unless its holder is
-// the agent beside etcd's leader: up to --leader-lease (20s) after the
-// creation or the last restore. Waiting here keeps that out of the
-// measure, which is of a restore of a cluster that has run for a while.
-func waitLockExpired(t *testing.T, storeDir string, timeout time.Duration) time.Duration {
-	t.Helper()
-	dir := filepath.Join(storeDir, "control", "leader")
-	start := time.Now()
-	harness.WaitFor(t, timeout, "the store lock in "+dir+" to expire", func() bool {
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			return errors.Is(err, os.ErrNotExist)
-		}
-		newest := ""
-		for _, e := range entries {
-			if n := e.Name(); len(n) == 20 && strings.Trim(n, "0123456789") == "" && n > newest {
-				newest = n
-			}
-		}
-		if newest == "" {
-			return true
-		}
-		data, err := os.ReadFile(filepath.Join(dir, newest))
-		if err != nil {
-			return false // replaced by the holder's gc; look again
-		}
-		var rec struct {
-			Acquired time.Time     `json:"acquired"`
-			TTL      time.Duration `json:"ttl"`
-		}
-		return json.Unmarshal(data, &rec) == nil && rec.TTL > 0 && time.Now().After(rec.Acquired.Add(rec.TTL))
-	})
-	return time.Since(start)
 }
 
 // gunzipFile writes the gunzipped src to dst and returns its size.

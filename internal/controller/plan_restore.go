@@ -32,9 +32,12 @@ type PrepareRestore struct {
 	Members    []string
 }
 
-// StopForRestore tells a node to stop its old etcd and trash its data.
+// StopForRestore tells nodes to stop their old etcd and trash its data,
+// all at once.
 type StopForRestore struct {
-	ID, NodeID, Token string
+	ID string
+	// Tokens maps each node to stop to the cluster token it runs.
+	Tokens map[string]string
 }
 
 // SetRestorePhase moves a restore to its next phase.
@@ -52,8 +55,13 @@ type VerifyRestore struct{ ID string }
 // BackupRestored takes the fresh backup of the restored cluster.
 type BackupRestored struct{ ID string }
 
-// LiftQuarantine lets a restored member serve clients.
-type LiftQuarantine struct{ ID, NodeID string }
+// LiftQuarantine lets the restored members serve clients, all at once:
+// nobody can reach the cluster before, so a moment without quorum costs
+// nothing.
+type LiftQuarantine struct {
+	ID      string
+	NodeIDs []string
+}
 
 // FinishRestore removes the completed restore command.
 type FinishRestore struct{ ID string }
@@ -63,7 +71,12 @@ func (a PrepareRestore) String() string {
 }
 func (PrepareRestore) Mutates() bool { return true }
 func (a StopForRestore) String() string {
-	return fmt.Sprintf("stop-for-restore %s node=%s token=%s", a.ID, a.NodeID, a.Token)
+	ids := make([]string, 0, len(a.Tokens))
+	for id := range a.Tokens {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return fmt.Sprintf("stop-for-restore %s nodes=%v", a.ID, ids)
 }
 func (StopForRestore) Mutates() bool     { return true }
 func (a SetRestorePhase) String() string { return "set-restore-phase " + a.ID + " " + a.Phase }
@@ -76,10 +89,12 @@ func (a VerifyRestore) String() string  { return "verify-restore " + a.ID }
 func (VerifyRestore) Mutates() bool     { return true }
 func (a BackupRestored) String() string { return "backup-restored " + a.ID }
 func (BackupRestored) Mutates() bool    { return true }
-func (a LiftQuarantine) String() string { return "lift-quarantine " + a.ID + " node=" + a.NodeID }
-func (LiftQuarantine) Mutates() bool    { return true }
-func (a FinishRestore) String() string  { return "finish-restore " + a.ID }
-func (FinishRestore) Mutates() bool     { return true }
+func (a LiftQuarantine) String() string {
+	return fmt.Sprintf("lift-quarantine %s nodes=%v", a.ID, a.NodeIDs)
+}
+func (LiftQuarantine) Mutates() bool   { return true }
+func (a FinishRestore) String() string { return "finish-restore " + a.ID }
+func (FinishRestore) Mutates() bool    { return true }
 
 // activeExclusive returns the oldest restore or recover-quorum command
 // that is neither done nor failed. Such a command replaces the cluster,
@@ -117,10 +132,14 @@ func planRestore(o Observed, c Command) []Action {
 
 	switch p.Phase {
 	case spec.RestoreStopping:
+		stop := map[string]string{}
 		for _, n := range peers {
 			if n.Member != nil && n.Member.ClusterToken != p.Token {
-				return []Action{StopForRestore{ID: c.ID, NodeID: n.ID, Token: n.Member.ClusterToken}}
+				stop[n.ID] = n.Member.ClusterToken
 			}
+		}
+		if len(stop) > 0 {
+			return []Action{StopForRestore{ID: c.ID, Tokens: stop}}
 		}
 		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreRestoring}}
 
@@ -154,6 +173,7 @@ func planRestore(o Observed, c Command) []Action {
 		return []Action{BackupRestored{ID: c.ID}}
 
 	case spec.RestoreLifting:
+		var lift []string
 		for _, id := range p.Members {
 			n, ok := byID[id]
 			if !ok {
@@ -161,8 +181,11 @@ func planRestore(o Observed, c Command) []Action {
 					Attrs: []any{"command", c.ID, "node", id}}}
 			}
 			if n.Member != nil && n.Member.ClusterToken == p.Token && n.Member.Quarantined {
-				return []Action{LiftQuarantine{ID: c.ID, NodeID: id}}
+				lift = append(lift, id)
 			}
+		}
+		if len(lift) > 0 {
+			return []Action{LiftQuarantine{ID: c.ID, NodeIDs: lift}}
 		}
 		return []Action{FinishRestore{ID: c.ID}}
 	}

@@ -60,11 +60,13 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 	case PrepareRestore:
 		return a.prepareRestore(ctx, s, obs, act)
 	case StopForRestore:
-		n, err := findNode(obs.Peers, act.NodeID)
-		if err != nil {
-			return err
+		var ids []string
+		for id := range act.Tokens {
+			ids = append(ids, id)
 		}
-		return a.leaveNode(ctx, n, peer.LeaveRequest{Token: act.Token, Reason: "restore " + act.ID + " replaces this cluster"})
+		return a.onNodes(ctx, obs, ids, func(ctx context.Context, n Node) error {
+			return a.leaveNode(ctx, n, peer.LeaveRequest{Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster"})
+		})
 	case SetRestorePhase:
 		return a.setRestorePhase(ctx, s, obs, act.ID, act.Phase)
 	case RestoreNodes:
@@ -104,12 +106,10 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 		if err != nil {
 			return err
 		}
-		n, err := findNode(obs.Peers, act.NodeID)
-		if err != nil {
-			return err
-		}
-		return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error {
-			return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: a.lock.NodeID, Token: p.Token, Quarantined: false})
+		return a.onNodes(ctx, obs, act.NodeIDs, func(ctx context.Context, n Node) error {
+			return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error {
+				return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: a.lock.NodeID, Token: p.Token, Quarantined: false})
+			})
 		})
 	case FinishRestore:
 		if err := s.DeleteCommand(ctx, act.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -194,23 +194,12 @@ func (a *Agent) setRestorePhase(ctx context.Context, s *store.Store, obs Observe
 	return nil
 }
 
-// restoreNodes has the chosen nodes restore the backup, in parallel.
-func (a *Agent) restoreNodes(ctx context.Context, obs Observed, act RestoreNodes) error {
-	c := findCommand(obs.Commands, act.ID)
-	if c == nil || c.Status.Restore == nil {
-		return fmt.Errorf("controller: restore %s has no progress", act.ID)
-	}
-	p := c.Status.Restore
-	nodes, err := findNodes(obs.Peers, act.NodeIDs)
+// onNodes calls fn for each of the nodes, in parallel, and joins the
+// errors.
+func (a *Agent) onNodes(ctx context.Context, obs Observed, ids []string, fn func(context.Context, Node) error) error {
+	nodes, err := findNodes(obs.Peers, ids)
 	if err != nil {
 		return err
-	}
-	req := peer.RestoreRequest{
-		LeaderID: a.lock.NodeID,
-		Backup:   c.Command.RestoreBackup.Backup,
-		Member: etcdproc.MemberState{
-			ClusterToken: p.Token, EtcdVersion: p.EtcdVersion, InitialCluster: p.InitialCluster, Quarantined: true,
-		},
 	}
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
@@ -218,11 +207,28 @@ func (a *Agent) restoreNodes(ctx context.Context, obs Observed, act RestoreNodes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = a.restoreNode(ctx, n, req)
+			errs[i] = fn(ctx, n)
 		}()
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// restoreNodes has the chosen nodes restore the backup, in parallel.
+func (a *Agent) restoreNodes(ctx context.Context, obs Observed, act RestoreNodes) error {
+	c := findCommand(obs.Commands, act.ID)
+	if c == nil || c.Status.Restore == nil {
+		return fmt.Errorf("controller: restore %s has no progress", act.ID)
+	}
+	p := c.Status.Restore
+	req := peer.RestoreRequest{
+		LeaderID: a.lock.NodeID,
+		Backup:   c.Command.RestoreBackup.Backup,
+		Member: etcdproc.MemberState{
+			ClusterToken: p.Token, EtcdVersion: p.EtcdVersion, InitialCluster: p.InitialCluster, Quarantined: true,
+		},
+	}
+	return a.onNodes(ctx, obs, act.NodeIDs, func(ctx context.Context, n Node) error { return a.restoreNode(ctx, n, req) })
 }
 
 func (a *Agent) restoreNode(ctx context.Context, n Node, req peer.RestoreRequest) error {
