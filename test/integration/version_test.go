@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/etcd-manager/etcd-manager/internal/controller"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -105,22 +106,7 @@ func (w *writer) check(t *testing.T, c *clientv3.Client) {
 // waitVersion waits until every member runs version v.
 func waitVersion(t *testing.T, env *harness.Env, agents []*harness.Agent, v string) {
 	t.Helper()
-	harness.WaitFor(t, 4*time.Minute, "every member to run etcd "+v, func() bool {
-		for _, a := range agents {
-			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
-			if err != nil {
-				return false
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			st, err := cli.Status(ctx, a.ClientURL)
-			cancel()
-			cli.Close()
-			if err != nil || st.Version != v {
-				return false
-			}
-		}
-		return true
-	})
+	harness.WaitFor(t, 4*time.Minute, "every member to run etcd "+v, func() bool { return allAtVersion(agents, v) })
 }
 
 // A 3-member cluster is upgraded 3.5 -> 3.6 -> 3.7 under a steady writer:
@@ -150,4 +136,72 @@ func TestRollingUpgrade(t *testing.T) {
 			t.Errorf("the agents' logs lack %q", want)
 		}
 	}
+}
+
+// 3.4 (Debian's build) to 3.6 steps through 3.5, each step rolling.
+func TestUpgradeStepsThroughMinors(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version=3.4.23", "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{ExtraArgs: []string{"--etcd-snapshot-count=200"}})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	waitVersion(t, env, agents, "3.4.23")
+	w := startWriter(t, harness.Endpoints(agents), 20000)
+	env.MustCtl("--etcd-version=3.6.16", "configure-cluster")
+	waitVersion(t, env, agents, "3.6.16")
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	w.check(t, clusterClient(t, agents))
+	logs := allLogs(agents)
+	for _, want := range []string{"before changing etcd to 3.5.35", "before changing etcd to 3.6.16"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the agents' logs lack %q: the upgrade did not step through 3.5", want)
+		}
+	}
+}
+
+// The leader agent is killed right after it restarted a member on the new
+// version. A new leader carries the roll on to the end.
+func TestRollingUpgradeSurvivesLeaderCrash(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.ExtraEnv = append(env.ExtraEnv, controller.CrashAtEnv+"=version-member-restarted")
+	env.MustCtl("--member-count=3", "--etcd-version=3.6.16", "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	w := startWriter(t, harness.Endpoints(agents), 20000)
+	env.MustCtl("--etcd-version=3.7.3", "configure-cluster")
+	// Every agent started with the crash point, so each leader that
+	// restarts a member dies; each is restarted without it.
+	restarts := 0
+	harness.WaitFor(t, 4*time.Minute, "the roll to finish after the leader agents' crashes", func() bool {
+		for _, a := range agents {
+			if !a.Running() {
+				restarts++
+				env.ExtraEnv = nil // restarted agents do not crash again
+				a.Start()
+			}
+		}
+		return restarts > 0 && allAtVersion(agents, "3.7.3")
+	})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	w.check(t, clusterClient(t, agents))
+	if n := strings.Count(allLogs(agents), "test hook: crashing here"); n != restarts {
+		t.Fatalf("the crash point was hit %d times, but %d agents were restarted", n, restarts)
+	}
+	t.Logf("%d leader agents crashed mid-roll; the roll finished", restarts)
+}
+
+func allAtVersion(agents []*harness.Agent, v string) bool {
+	for _, a := range agents {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := cli.Status(ctx, a.ClientURL)
+		cancel()
+		cli.Close()
+		if err != nil || st.Version != v {
+			return false
+		}
+	}
+	return true
 }
