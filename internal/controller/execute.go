@@ -59,6 +59,8 @@ func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
 		return a.changed(a.setMemberVersion(ctx, obs, act))
 	case MoveLeader:
 		return a.moveLeader(ctx, act)
+	case EnableDowngrade:
+		return a.enableDowngrade(ctx, act)
 	case RecoverMember, FinishRecover:
 		return a.executeRecover(ctx, obs, act)
 	case FailCommand, ForgetCommand:

@@ -165,6 +165,7 @@ func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
 			if err == nil {
 				self.Healthy, self.Version, local = true, ms.Version, ms
 				self.RaftLeader, self.RaftIndex = ms.LeaderID, ms.RaftIndex
+				self.StorageVersion, self.DowngradeTarget = ms.StorageVersion, ms.DowngradeTarget
 			}
 		}
 	}
@@ -270,6 +271,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) Node {
 		Member: info.Member, HasData: info.HasData, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
 		RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Installed: info.Installed,
+		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget,
 	}
 }
 
@@ -362,6 +364,8 @@ func (a *Agent) setInfo(self Node, local etcdproc.MemberStatus, leader bool) {
 		RaftLeader:           local.LeaderID,
 		RaftIndex:            local.RaftIndex,
 		SnapIndex:            self.SnapIndex,
+		StorageVersion:       self.StorageVersion,
+		DowngradeTarget:      self.DowngradeTarget,
 		IsLearner:            local.IsLearner,
 		DBSize:               local.DBSize,
 		Leader:               leader,

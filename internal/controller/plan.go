@@ -96,6 +96,9 @@ type Node struct {
 	RaftLeader, RaftIndex uint64
 	// SnapIndex is the raft index of its etcd's newest raft snapshot.
 	SnapIndex uint64
+	// StorageVersion is its etcd's data schema version, and
+	// DowngradeTarget the cluster downgrade its etcd reports enabled.
+	StorageVersion, DowngradeTarget string
 	// Installed are the etcd versions installed on the node.
 	Installed []string
 }

@@ -296,10 +296,10 @@ func TestPlan(t *testing.T) {
 				o.Commands = []Command{cmd("c1", backupNow, ""), cmd("c2", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}, "")}
 			}),
 			want: []string{"report[INFO] a restore-backup is in progress"}},
-		{name: "a downgrade across minors is refused for now",
+		{name: "a downgrade by two minors needs dump and restore, refused for now",
 			obs: with(leaderObs(1, cluster(member("a", true)), node("a", "member")),
-				func(o *Observed) { o.Spec = &spec.ClusterSpec{MemberCount: 1, EtcdVersion: "3.5.35"} }),
-			want: []string{"report[ERROR] cannot change the etcd version: downgrading from 3.6.16 to 3.5.35 is not supported yet"}},
+				func(o *Observed) { o.Spec = &spec.ClusterSpec{MemberCount: 1, EtcdVersion: "3.4.23"} }),
+			want: []string{"report[ERROR] cannot change the etcd version: going from 3.6.16 down to 3.4.23 needs dump and restore"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -28,6 +29,14 @@ import (
 
 // SetMemberVersion restarts a member's etcd on another version's binary.
 type SetMemberVersion struct{ NodeID, Version string }
+
+// EnableDowngrade turns on etcd's cluster downgrade to Version (etcd 3.6
+// and later): the cluster version drops, and each member rewrites its data
+// in the older schema, so the older binary can run on it.
+type EnableDowngrade struct{ Version string }
+
+func (a EnableDowngrade) String() string { return "enable-downgrade " + a.Version }
+func (EnableDowngrade) Mutates() bool    { return true }
 
 // MoveLeader hands raft leadership to another member.
 type MoveLeader struct {
@@ -53,11 +62,6 @@ func planVersion(o Observed) []Action {
 	if err != nil {
 		return nil // the spec was validated when read
 	}
-	type memberNode struct {
-		m          Member
-		n          Node
-		configured spec.Version
-	}
 	var ms []memberNode
 	needed := false
 	for _, m := range o.Cluster.Members {
@@ -82,9 +86,17 @@ func planVersion(o Observed) []Action {
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
 
+	// Where the members stand: the oldest when going up, the newest when
+	// some are above the target (going down), so that a change half done
+	// is seen as the same change.
 	cur := ms[0].configured
 	for _, x := range ms[1:] {
 		if x.configured.Compare(cur) < 0 {
+			cur = x.configured
+		}
+	}
+	for _, x := range ms {
+		if x.configured.Compare(target) > 0 && x.configured.Compare(cur) > 0 {
 			cur = x.configured
 		}
 	}
@@ -92,7 +104,7 @@ func planVersion(o Observed) []Action {
 	for _, x := range ms {
 		nodes = append(nodes, x.n)
 	}
-	step, why := nextVersionStep(cur, target, installedOnAll(nodes))
+	step, downgrade, why := nextVersionStep(cur, target, installedOnAll(nodes))
 	if why != "" {
 		return []Action{Report{Level: slog.LevelError, Msg: "cannot change the etcd version: " + why,
 			Attrs: []any{"running", cur.String(), "wanted", target.String()}}}
@@ -125,6 +137,15 @@ func planVersion(o Observed) []Action {
 		return []Action{TakeBackup{Reason: "before changing etcd to " + step.String(), ForVersion: step.String()}}
 	}
 
+	minor := fmt.Sprintf("%d.%d", step.Major, step.Minor)
+	if downgrade {
+		// etcd's downgrade: enable it once, then a member moves to the older
+		// binary only after its data is back in the older schema.
+		if !strings.HasPrefix(o.Self.DowngradeTarget, minor+".") && !anyConfiguredAt(ms, step) {
+			return []Action{EnableDowngrade{Version: minor}}
+		}
+	}
+
 	// Health gate: everyone up, on the version it should run, caught up.
 	leaderIndex := o.Self.RaftIndex
 	for _, x := range ms {
@@ -155,6 +176,10 @@ func planVersion(o Observed) []Action {
 	if next == nil {
 		return nil // every member is at the step; the next cycle plans the next step
 	}
+	if downgrade && next.n.StorageVersion != "" && !strings.HasPrefix(next.n.StorageVersion, minor+".") {
+		return []Action{Report{Level: slog.LevelInfo, Msg: "downgrade waits for a member's data to be rewritten in the older schema",
+			Attrs: []any{"node", next.n.ID, "storage-version", next.n.StorageVersion, "wanted", minor}}}
+	}
 	if next.n.ID == o.Self.ID && len(ms) > 1 {
 		// Hand leadership on first, to a member already on the step if any.
 		to := ms[0]
@@ -173,14 +198,15 @@ func planVersion(o Observed) []Action {
 }
 
 // nextVersionStep is the version the members move to next on the way
-// from cur to target, given the versions installed on every node; or why
-// there is none.
-func nextVersionStep(cur, target spec.Version, installed []spec.Version) (spec.Version, string) {
+// from cur to target, given the versions installed on every node, and
+// whether it is a downgrade through etcd's downgrade API; or why there is
+// none.
+func nextVersionStep(cur, target spec.Version, installed []spec.Version) (spec.Version, bool, string) {
 	switch {
 	case cur.Major != target.Major:
-		return spec.Version{}, fmt.Sprintf("a change of major version (%s to %s) is not supported", cur, target)
+		return spec.Version{}, false, fmt.Sprintf("a change of major version (%s to %s) is not supported", cur, target)
 	case cur.Minor == target.Minor, target.Minor == cur.Minor+1:
-		return target, "" // a patch change, up or down, or one minor up
+		return target, false, "" // a patch change, up or down, or one minor up
 	case target.Minor > cur.Minor+1:
 		var best *spec.Version
 		for i, v := range installed {
@@ -189,13 +215,33 @@ func nextVersionStep(cur, target spec.Version, installed []spec.Version) (spec.V
 			}
 		}
 		if best == nil {
-			return spec.Version{}, fmt.Sprintf("going from %s to %s steps through 3.%d, but no 3.%d.x is installed on every node",
+			return spec.Version{}, false, fmt.Sprintf("going from %s to %s steps through 3.%d, but no 3.%d.x is installed on every node",
 				cur, target, cur.Minor+1, cur.Minor+1)
 		}
-		return *best, ""
+		return *best, false, ""
+	case target.Minor == cur.Minor-1 && cur.Minor >= 6:
+		return target, true, "" // etcd 3.6 and later downgrade one minor in place
 	default:
-		return spec.Version{}, fmt.Sprintf("downgrading from %s to %s is not supported yet; set the spec back to %s", cur, target, cur)
+		return spec.Version{}, false, fmt.Sprintf("going from %s down to %s needs dump and restore, which is not supported yet; set the spec back to %s", cur, target, cur)
 	}
+}
+
+// memberNode is an etcd member with its agent and the version it is set
+// to run.
+type memberNode struct {
+	m          Member
+	n          Node
+	configured spec.Version
+}
+
+// anyConfiguredAt reports whether some member is set to run v already.
+func anyConfiguredAt(ms []memberNode, v spec.Version) bool {
+	for _, x := range ms {
+		if x.configured.Compare(v) == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // installedOnAll returns the versions installed on every one of nodes.

@@ -23,6 +23,13 @@ func TestPlanVersion(t *testing.T) {
 		n.Member.V2Until, n.SnapIndex = until, snap
 		return n
 	}
+	// downgrading is a 3.6 member of a cluster whose downgrade to 3.5 is
+	// enabled, with its data in storage version sv.
+	downgrading := func(id, sv string) Node {
+		n := at(id, "3.6.16", 9)
+		n.StorageVersion, n.DowngradeTarget = sv, "3.5.0"
+		return n
+	}
 	obs := func(target, backup string, peers ...Node) Observed {
 		o := leaderObs(int32(len(peers)), cluster(member("a", true), member("b", true), member("c", true)), peers...)
 		o.Cluster.Members = o.Cluster.Members[:len(peers)]
@@ -71,6 +78,22 @@ func TestPlanVersion(t *testing.T) {
 				func() Node { n := at("b", "3.6.16", 9); n.Installed = append(all, "3.6.15"); return n }()),
 			"set-member-version b 3.6.15"},
 		{"a single member restarts itself", obs("3.7.3", "3.7.3", at("a", "3.6.16", 9)), "set-member-version a 3.7.3"},
+		{"downgrade 3.6 -> 3.5: a backup first", obs("3.5.35", "", at("a", "3.6.16", 9), at("b", "3.6.16", 9)),
+			"take-backup (before changing etcd to 3.5.35)"},
+		{"downgrade: enable etcd's downgrade", obs("3.5.35", "3.5.35", at("a", "3.6.16", 9), at("b", "3.6.16", 9)),
+			"enable-downgrade 3.5"},
+		{"downgrade: a member waits for its data in the older schema",
+			obs("3.5.35", "3.5.35", downgrading("a", "3.6.0"), downgrading("b", "3.6.0")),
+			"report[INFO] downgrade waits for a member's data to be rewritten in the older schema"},
+		{"downgrade: then it restarts on the older binary",
+			obs("3.5.35", "3.5.35", downgrading("a", "3.5.0"), downgrading("b", "3.5.0")),
+			"set-member-version b 3.5.35"},
+		{"downgrade: the leader last, handing leadership to a 3.5 member",
+			obs("3.5.35", "3.5.35", downgrading("a", "3.5.0"), at("b", "3.5.35", 9)),
+			"move-leader to=" + hexID(member("b", true).ID)},
+		{"downgrade: half done, a 3.5 leader does not enable it again",
+			obs("3.5.35", "3.5.35", at("a", "3.5.35", 9), downgrading("b", "3.6.0"), at("c", "3.5.35", 9)),
+			"report[INFO] downgrade waits for a member's data to be rewritten"},
 		{"into 3.7, a member whose log may hold 3.5's v2 entries waits for a snapshot",
 			obs("3.7.3", "", v2("a", 50, 60), v2("b", 40, 30), v2("c", 45, 70)),
 			"report[INFO] version change waits until every member has taken a raft snapshot"},

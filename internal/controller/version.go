@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -38,6 +40,23 @@ func (a *Agent) moveLeader(ctx context.Context, act MoveLeader) error {
 		return fmt.Errorf("controller: move leadership to %x: %w", act.To, err)
 	}
 	a.log.Info("raft leadership handed on", "to", fmt.Sprintf("%x", act.To), "reason", act.Reason)
+	return nil
+}
+
+// enableDowngrade validates, then enables, etcd's cluster downgrade.
+func (a *Agent) enableDowngrade(ctx context.Context, act EnableDowngrade) error {
+	if err := a.confirmLeader(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	defer cancel()
+	if _, err := a.client.Downgrade(ctx, clientv3.DowngradeValidate, act.Version); err != nil {
+		return fmt.Errorf("controller: etcd refuses a downgrade to %s: %w", act.Version, err)
+	}
+	if _, err := a.client.Downgrade(ctx, clientv3.DowngradeEnable, act.Version); err != nil {
+		return fmt.Errorf("controller: enable the downgrade to %s: %w", act.Version, err)
+	}
+	a.log.Warn("etcd downgrade enabled; members move to the older version once their data is rewritten", "version", act.Version)
 	return nil
 }
 

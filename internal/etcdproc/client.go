@@ -18,6 +18,11 @@ type MemberStatus struct {
 	DBSize    int64
 	IsLearner bool
 	RaftIndex uint64
+	// StorageVersion is the data's schema version (etcd 3.6 and later).
+	StorageVersion string
+	// DowngradeTarget is the version a cluster downgrade in progress goes
+	// to (etcd 3.6 and later), empty when none is.
+	DowngradeTarget string
 }
 
 // NewClient returns an etcd client for endpoints. The caller closes it.
@@ -43,12 +48,19 @@ func LocalStatus(ctx context.Context, c *clientv3.Client, endpoint string) (Memb
 		return MemberStatus{}, fmt.Errorf("etcdproc: status of %s: %w", endpoint, err)
 	}
 	return MemberStatus{
-		ClusterID: st.Header.ClusterId,
-		MemberID:  st.Header.MemberId,
-		LeaderID:  st.Leader,
-		Version:   st.Version,
-		DBSize:    st.DbSize,
-		IsLearner: st.IsLearner,
-		RaftIndex: st.RaftIndex,
+		ClusterID:      st.Header.ClusterId,
+		MemberID:       st.Header.MemberId,
+		LeaderID:       st.Leader,
+		Version:        st.Version,
+		DBSize:         st.DbSize,
+		IsLearner:      st.IsLearner,
+		RaftIndex:      st.RaftIndex,
+		StorageVersion: st.StorageVersion,
+		DowngradeTarget: func() string {
+			if d := st.DowngradeInfo; d != nil && d.Enabled {
+				return d.TargetVersion
+			}
+			return ""
+		}(),
 	}, nil
 }

@@ -57,8 +57,13 @@ type NodeInfo struct {
 	RaftIndex   uint64 `json:"raftIndex,omitempty"`
 	// SnapIndex is the raft index of etcd's newest raft snapshot on disk.
 	SnapIndex uint64 `json:"snapIndex,omitempty"`
-	IsLearner bool   `json:"isLearner,omitempty"`
-	DBSize    int64  `json:"dbSize,omitempty"`
+	// StorageVersion is its etcd's data schema version (3.6 and later).
+	StorageVersion string `json:"storageVersion,omitempty"`
+	// DowngradeTarget is the cluster downgrade in progress, as its etcd
+	// reports it.
+	DowngradeTarget string `json:"downgradeTarget,omitempty"`
+	IsLearner       bool   `json:"isLearner,omitempty"`
+	DBSize          int64  `json:"dbSize,omitempty"`
 	// Leader is true when this agent acts as the manager leader.
 	Leader bool `json:"leader"`
 	// Installed are the etcd versions installed on this node.
