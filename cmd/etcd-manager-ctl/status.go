@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -32,7 +34,10 @@ type agentStatus struct {
 type clusterStatus struct {
 	Spec   *spec.ClusterSpec `json:"spec,omitempty"`
 	Leader string            `json:"leader,omitempty"`
-	Agents []agentStatus     `json:"agents"`
+	// ClusterVersion is the version the members agree to speak, which lags
+	// behind the members' own during a version change.
+	ClusterVersion string        `json:"clusterVersion,omitempty"`
+	Agents         []agentStatus `json:"agents"`
 	// Unreachable lists discovered addresses that did not answer.
 	Unreachable []string `json:"unreachable,omitempty"`
 }
@@ -134,6 +139,14 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	}
 	sort.Slice(st.Agents, func(i, j int) bool { return st.Agents[i].ID < st.Agents[j].ID })
 	sort.Strings(st.Unreachable)
+	for _, a := range st.Agents {
+		if a.Healthy && a.ClientURL != "" {
+			if v, err := clusterVersion(ctx, a.ClientURL); err == nil {
+				st.ClusterVersion = v
+				break
+			}
+		}
+	}
 
 	switch o.output {
 	case "json":
@@ -149,7 +162,8 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	if leader == "" {
 		leader = "(none)"
 	}
-	fmt.Fprintf(w, "leader: %s\n\n", leader)
+	fmt.Fprintf(w, "leader: %s\n", leader)
+	fmt.Fprintf(w, "cluster version: %s\n\n", dash(st.ClusterVersion))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tADDRESS\tROLE\tETCD\tHEALTH\tDB SIZE\tCLIENT URL")
 	for _, a := range st.Agents {
@@ -169,6 +183,28 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 		fmt.Fprintf(w, "\nunreachable: %s\n", strings.Join(st.Unreachable, ", "))
 	}
 	return nil
+}
+
+// clusterVersion reads etcd's /version endpoint for the cluster version.
+func clusterVersion(ctx context.Context, clientURL string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(clientURL, "/")+"/version", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var v struct {
+		Cluster string `json:"etcdcluster"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return "", err
+	}
+	return v.Cluster, nil
 }
 
 func askInfo(ctx context.Context, addr, clusterName string, creds peer.TransportCredentials) (peer.NodeInfo, error) {

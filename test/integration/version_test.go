@@ -130,6 +130,10 @@ func TestRollingUpgrade(t *testing.T) {
 	}
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	w.check(t, clusterClient(t, agents))
+	harness.WaitFor(t, time.Minute, "status to show cluster version 3.7.0", func() bool {
+		out, _, err := env.Ctl("--insecure", "status")
+		return err == nil && strings.Contains(out, "cluster version: 3.7.0")
+	})
 	logs := allLogs(agents)
 	for _, want := range []string{"before changing etcd to 3.6.16", "before changing etcd to 3.7.3", "raft leadership handed on", "raft snapshot past the v2 entries"} {
 		if !strings.Contains(logs, want) {
