@@ -63,14 +63,17 @@ type scale struct {
 	// restoreIterations is how many times the restore benchmark restores
 	// its one backup.
 	restoreIterations int
+	// rollIterations is how many rolling upgrades (and by-hand rolls)
+	// the rolling-upgrade benchmark measures.
+	rollIterations int
 }
 
 func currentScale(t *testing.T) scale {
 	switch s := os.Getenv("BENCH_SCALE"); s {
 	case "", "small":
-		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1, restoreIterations: 1}
+		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1, restoreIterations: 1, rollIterations: 1}
 	case "full":
-		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3, restoreIterations: 2}
+		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3, restoreIterations: 2, rollIterations: 2}
 	default:
 		t.Fatalf("BENCH_SCALE=%q: use small or full", s)
 		return scale{}
@@ -80,12 +83,18 @@ func currentScale(t *testing.T) scale {
 func TestBench(t *testing.T) {
 	sc := currentScale(t)
 	var results []Result
+	if os.Getenv("TMP_ONLY_ROLL") != "" { // TEMPORARY
+		sc.rollIterations = 3
+		results = append(results, benchRollingUpgrade(t, sc)...)
+		fmt.Println(markdown(results, sc))
+		return
+	}
 	results = append(results, benchBootstrap(t, sc))
 	results = append(results, benchReplaceMember(t, sc))
 	results = append(results, benchBackups(t, sc)...)
 	results = append(results, benchRestore(t, sc))
+	results = append(results, benchRollingUpgrade(t, sc)...)
 	results = append(results,
-		Result{Name: "rolling-upgrade", Skipped: true, Reason: "version changes are not built yet (issue: version changes)"},
 		Result{Name: "agent-idle-rss", Skipped: true, Reason: "not measured yet (issue: benchmarks)"},
 		Result{Name: "agent-idle-cpu", Skipped: true, Reason: "not measured yet (issue: benchmarks)"},
 	)
@@ -1015,4 +1024,726 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Rolling upgrade benchmark. A managed 3-member cluster on etcd 3.5 is
+// told to run 3.6 while a load generator writes about rollRate writes/s;
+// the value is the time until every member's Status reports the new
+// version, and the figure that matters to clients is the longest stall:
+// the largest gap between two acknowledged writes, across all writers,
+// during the roll. The baseline is the same roll done by hand on three
+// bare etcd: each stopped (SIGTERM) and started again on the new binary
+// with its data, one at a time.
+
+const (
+	rollFrom = "3.5.35"
+	rollTo   = "3.6.16"
+	// rollRate is the writes/s the load generator aims at, over
+	// rollWriters clients, each Put bounded by rollPutTimeout.
+	rollRate       = 200
+	rollWriters    = 8
+	rollPutTimeout = 2500 * time.Millisecond
+	// rollLoadMax bounds the load in time, and rollRate times it in count.
+	rollLoadMax = 10 * time.Minute
+	// rollWarmup is how long the load runs before the roll starts.
+	rollWarmup = 2 * time.Second
+	// rollTimeout bounds one roll, managed or by hand: about ten times
+	// what one takes. A managed roll that has not finished by then is
+	// reported as stuck, and fails the benchmark.
+	rollTimeout = 2 * time.Minute
+	// stallGoal is about one etcd leader election.
+	stallGoal = 2 * time.Second
+)
+
+// rollRun is what one roll under load measured.
+type rollRun struct {
+	secs          float64
+	stall         time.Duration // the longest gap between acknowledged writes during the roll
+	stallAround   string        // what the logs show around that gap
+	acked, failed int
+	rollRate      float64 // acknowledged writes/s during the roll
+	// slowest is the longest one acknowledged Put took during the roll,
+	// and writerGap the longest one writer went without an acknowledged
+	// write (a failed Put included): what a single client waited, while
+	// others may have gone on.
+	slowest, writerGap time.Duration
+	failures           string // when the failed writes were sent, and what was happening
+	// stuck, when set, says why a managed roll did not finish within
+	// rollTimeout; its secs are then the time waited.
+	stuck string
+}
+
+func benchRollingUpgrade(t *testing.T, sc scale) []Result {
+	var got, base []rollRun
+	for i := range sc.rollIterations {
+		t.Run("rolling-upgrade", func(t *testing.T) {
+			b := runBareRoll(t)
+			t.Logf("by hand %d: %.2fs, longest stall %s (%s), %d writes acknowledged, %d failed, %.0f/s during the roll",
+				i+1, b.secs, b.stall.Round(time.Millisecond), b.stallAround, b.acked, b.failed, b.rollRate)
+			base = append(base, b)
+			m := runManagedRoll(t)
+			t.Logf("managed %d: %.2fs, longest stall %s (%s), %d writes acknowledged, %d failed, %.0f/s during the roll",
+				i+1, m.secs, m.stall.Round(time.Millisecond), m.stallAround, m.acked, m.failed, m.rollRate)
+			if m.stuck != "" {
+				t.Errorf("managed roll %d is stuck: %s", i+1, m.stuck)
+			}
+			got = append(got, m)
+		})
+	}
+	// secs are the finished rolls' durations.
+	secs := func(rs []rollRun) []float64 {
+		var out []float64
+		for _, r := range rs {
+			if r.stuck == "" {
+				out = append(out, r.secs)
+			}
+		}
+		return out
+	}
+	var stuck []string
+	for i, r := range got {
+		if r.stuck != "" {
+			stuck = append(stuck, fmt.Sprintf("roll %d after %.0fs: %s", i+1, r.secs, r.stuck))
+		}
+	}
+	stuckNote, stuckShort := "", ""
+	if len(stuck) > 0 {
+		stuckShort = fmt.Sprintf("; %d of %d managed roll(s) did NOT finish within %s (see rolling-upgrade)", len(stuck), len(got), rollTimeout)
+		stuckNote = fmt.Sprintf("; %d of %d managed roll(s) did NOT finish within %s, left out of the median (%s)",
+			len(stuck), len(got), rollTimeout, strings.Join(stuck, "; "))
+	}
+	stalls := func(rs []rollRun) (worst float64, each string) {
+		var s []string
+		for _, r := range rs {
+			worst = max(worst, r.stall.Seconds())
+			s = append(s, fmt.Sprintf("%.3f", r.stall.Seconds()))
+		}
+		return worst, strings.Join(s, ", ")
+	}
+	writes := func(rs []rollRun) string {
+		var parts []string
+		for i, r := range rs {
+			p := fmt.Sprintf("roll %d: %d acknowledged, %d failed, %.0f/s during the roll, slowest acknowledged Put %.3fs, longest a single writer went without an acknowledged write %.3fs",
+				i+1, r.acked, r.failed, r.rollRate, r.slowest.Seconds(), r.writerGap.Seconds())
+			if r.failures != "" {
+				p += " (failed: " + r.failures + ")"
+			}
+			parts = append(parts, p)
+		}
+		return strings.Join(parts, "; ")
+	}
+	around := func(rs []rollRun) string {
+		var parts []string
+		for i, r := range rs {
+			parts = append(parts, fmt.Sprintf("roll %d: %.3fs, %s", i+1, r.stall.Seconds(), r.stallAround))
+		}
+		return strings.Join(parts, "; ")
+	}
+	stall, each := stalls(got)
+	baseStall, baseEach := stalls(base)
+	verdict := "meets"
+	if stall > stallGoal.Seconds() {
+		verdict = "does NOT meet"
+	}
+	load := fmt.Sprintf("about %d writes/s from %d clients on every member's client URL (a time.Ticker each, Put timeout %s, %s of load before the roll)",
+		rollRate, rollWriters, rollPutTimeout, rollWarmup)
+
+	v, b := medianOr0(secs(got)), medianOr0(secs(base))
+	return []Result{
+		{Name: "rolling-upgrade", Value: v, Unit: "s", Baseline: b, Ratio: ratio(v, b),
+			Note: fmt.Sprintf("etcd-manager-ctl configure-cluster --etcd-version=%s on a live managed 3-member cluster on %s until every member's Status reports %s "+
+				"(the leader's backup, then each member restarted on the new binary, followers first, the leader last after MoveLeader, each gated on health and catch-up; default loop interval, --backup-interval=24h), "+
+				"under %s; longest stall (largest gap between acknowledged writes, across all writers, during the roll) %.3fs (rolls: %s s): %s the goal of ≤ %.0fs (about one election); "+
+				"writes: %s; every acknowledged write present after each roll; "+
+				"baseline: 3 bare etcd %s stopped by hand (SIGTERM, wait for exit) and started again on %s with the same data dir and flags, one at a time, followers first, each until its Status reports %s, under the same load: longest stall %.3fs (rolls: %s s), writes: %s; median of %d managed roll(s) and of %d by hand",
+				rollTo, rollFrom, rollTo, load, stall, each, verdict, stallGoal.Seconds(), writes(got),
+				rollFrom, rollTo, rollTo, baseStall, baseEach, writes(base), len(secs(got)), len(secs(base))) + stuckNote},
+		{Name: "rolling-upgrade-stall", Value: stall, Unit: "s", noBaseline: true,
+			Note: fmt.Sprintf("%s the goal of ≤ %.0fs (about one election): the longest gap between two acknowledged writes, across all writers, during a managed %s → %s rolling upgrade of 3 members (see rolling-upgrade), max over %d roll(s) (%s s) under %s; around it: %s; by hand (baseline of rolling-upgrade) the longest stall was %.3fs (%s); no baseline",
+				verdict, stallGoal.Seconds(), rollFrom, rollTo, len(got), each, load, around(got), baseStall, around(base)) + stuckShort},
+	}
+}
+
+// runManagedRoll starts a managed 3-member cluster on rollFrom, puts it
+// under load and times configure-cluster --etcd-version=rollTo until every
+// member reports rollTo.
+func runManagedRoll(t *testing.T) rollRun {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version="+rollFrom, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{Defaults: true, ExtraArgs: []string{"--backup-interval=24h"}})
+	harness.WaitSettled(t, agents, 3, 2*time.Minute)
+	urls := harness.Endpoints(agents)
+	waitVersions(t, urls, rollFrom, time.Minute)
+
+	l := startLoad(t, urls)
+	time.Sleep(rollWarmup)
+	start := time.Now()
+	env.MustCtl("--etcd-version="+rollTo, "configure-cluster")
+	werr := untilVersions(urls, rollTo, rollTimeout)
+	end := time.Now()
+	var stuck string
+	if werr != nil {
+		stuck = stuckRoll(agents, werr)
+	}
+	l.halt()
+	r := l.verify(t, urls, start, end)
+	r.secs, r.stuck = end.Sub(start).Seconds(), stuck
+
+	var evs []rollEvent
+	for _, a := range agents {
+		evs = append(evs, logEvents("agent "+a.Name, a.Log())...)
+	}
+	r.stallAround = describeStall(evs, l.stallFrom, l.stallTo)
+	r.failures = describeFailures(l.fails, evs, start)
+	logTimeline(t, "managed roll", evs, start, end)
+	return r
+}
+
+// runBareRoll starts three bare etcd rollFrom as one cluster, puts them
+// under load and times the roll to rollTo by hand.
+func runBareRoll(t *testing.T) rollRun {
+	binDir, err := harness.EtcdBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := startBareRollCluster(t, filepath.Join(binDir, "etcd-v"+rollFrom, "etcd"))
+	var urls []string
+	for _, m := range ms {
+		urls = append(urls, m.clientURL)
+	}
+	untilWritable(t, urls, time.Minute)
+	waitVersions(t, urls, rollFrom, time.Minute)
+
+	// Followers first, the leader last, as the agents do (etcd hands
+	// leadership on by itself when its leader is stopped gracefully).
+	leader := bareRollLeader(t, ms)
+	var order []*bareRollMember
+	for _, m := range ms {
+		if m != leader {
+			order = append(order, m)
+		}
+	}
+	order = append(order, leader)
+
+	l := startLoad(t, urls)
+	time.Sleep(rollWarmup)
+	var evs []rollEvent
+	start := time.Now()
+	for _, m := range order {
+		what := m.name
+		if m == leader {
+			what += " (the leader)"
+		}
+		evs = append(evs, rollEvent{time.Now(), "by hand: SIGTERM to " + what})
+		m.stop(t)
+		evs = append(evs, rollEvent{time.Now(), "by hand: " + m.name + " exited, starting it on " + rollTo})
+		m.start(t, filepath.Join(binDir, "etcd-v"+rollTo, "etcd"))
+		waitVersions(t, []string{m.clientURL}, rollTo, rollTimeout)
+		evs = append(evs, rollEvent{time.Now(), "by hand: " + m.name + " reports " + rollTo})
+	}
+	end := time.Now()
+	l.halt()
+	r := l.verify(t, urls, start, end)
+	r.secs = end.Sub(start).Seconds()
+	for _, m := range ms {
+		m.kill() // not left idling through the managed roll that follows
+		log, _ := os.ReadFile(m.logPath)
+		evs = append(evs, logEvents(m.name, string(log))...)
+	}
+	r.stallAround = describeStall(evs, l.stallFrom, l.stallTo)
+	r.failures = describeFailures(l.fails, evs, start)
+	logTimeline(t, "by-hand roll", evs, start, end)
+	return r
+}
+
+// bareRollMember is one etcd started by hand for the by-hand roll, with
+// the flags harness.StartBareCluster uses, on a chosen binary.
+type bareRollMember struct {
+	name, clientURL, peerURL string
+	logPath                  string
+	args                     []string
+	cmd                      *exec.Cmd
+	done                     chan struct{}
+}
+
+// startBareRollCluster starts three etcd of binary etcd as one new
+// cluster, with their data on real disk. Each is killed by PID when the
+// test ends.
+func startBareRollCluster(t *testing.T, etcd string) []*bareRollMember {
+	t.Helper()
+	root := t.TempDir()
+	var ms []*bareRollMember
+	var initial []string
+	for i := range 3 {
+		ip := harness.AllocIP(t)
+		m := &bareRollMember{
+			name:      fmt.Sprintf("bare%d", i+1),
+			clientURL: fmt.Sprintf("http://%s:4001", ip),
+			peerURL:   fmt.Sprintf("http://%s:2380", ip),
+		}
+		m.logPath = filepath.Join(root, m.name+".log")
+		ms = append(ms, m)
+		initial = append(initial, m.name+"="+m.peerURL)
+	}
+	for _, m := range ms {
+		m.args = []string{
+			"--name=" + m.name, "--data-dir=" + filepath.Join(root, m.name),
+			"--listen-client-urls=" + m.clientURL, "--advertise-client-urls=" + m.clientURL,
+			"--listen-peer-urls=" + m.peerURL, "--initial-advertise-peer-urls=" + m.peerURL,
+			"--initial-cluster-state=new", "--initial-cluster-token=bare",
+			"--initial-cluster=" + strings.Join(initial, ","),
+		}
+		t.Cleanup(m.kill)
+		m.start(t, etcd)
+	}
+	return ms
+}
+
+// start starts the member on binary etcd with its data and flags.
+func (m *bareRollMember) start(t *testing.T, etcd string) {
+	t.Helper()
+	logf, err := os.OpenFile(m.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(etcd, m.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	m.cmd, m.done = cmd, done
+}
+
+// stop sends SIGTERM to the member's etcd and waits for it to exit.
+func (m *bareRollMember) stop(t *testing.T) {
+	t.Helper()
+	_ = syscall.Kill(m.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-m.done:
+	case <-time.After(30 * time.Second):
+		m.kill()
+		t.Fatalf("%s did not exit within 30s of SIGTERM", m.name)
+	}
+}
+
+// kill SIGKILLs the member's etcd, if it runs, and waits for it.
+func (m *bareRollMember) kill() {
+	if m.cmd == nil {
+		return
+	}
+	select {
+	case <-m.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(m.cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-m.done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+func bareRollLeader(t *testing.T, ms []*bareRollMember) *bareRollMember {
+	t.Helper()
+	for _, m := range ms {
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{m.clientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		st, err := c.Status(ctx, m.clientURL)
+		cancel()
+		c.Close()
+		if err == nil && st.Leader == st.Header.MemberId {
+			return m
+		}
+	}
+	t.Fatal(errors.New("no bare etcd leader"))
+	return nil
+}
+
+// waitVersions polls each endpoint's Status until every one reports
+// server version v.
+func waitVersions(t *testing.T, endpoints []string, v string, timeout time.Duration) {
+	t.Helper()
+	if err := untilVersions(endpoints, v, timeout); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func untilVersions(endpoints []string, v string, timeout time.Duration) error {
+	var cs []*clientv3.Client
+	for _, ep := range endpoints {
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		cs = append(cs, c)
+	}
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		all := true
+		for i, c := range cs {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			st, err := c.Status(ctx, endpoints[i])
+			cancel()
+			switch {
+			case err != nil:
+				all, last = false, fmt.Sprintf("%s: %v", endpoints[i], err)
+			case st.Version != v:
+				all, last = false, fmt.Sprintf("%s runs %s", endpoints[i], st.Version)
+			}
+			if !all {
+				break
+			}
+		}
+		if all {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not every member reports etcd %s within %s: %s", v, timeout, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// rollLoad writes about rollRate unique keys a second from rollWriters
+// clients, each on every endpoint, and records every acknowledged write.
+// It is bounded by rollRate*rollLoadMax writes and rollLoadMax.
+type rollLoad struct {
+	stop    chan struct{}
+	done    chan struct{}
+	mu      sync.Mutex
+	acks    []rollAck
+	fails   []rollAck // key unset, err set
+	started time.Time
+	// stallFrom and stallTo bound the longest gap found by verify.
+	stallFrom, stallTo time.Time
+}
+
+// rollAck is one write's outcome: when it returned, how long it took, and
+// its key if acknowledged or its error if not.
+type rollAck struct {
+	writer   int
+	at       time.Time
+	took     time.Duration
+	key, err string
+}
+
+const rollPrefix = "/bench/roll/"
+
+func startLoad(t *testing.T, endpoints []string) *rollLoad {
+	t.Helper()
+	l := &rollLoad{stop: make(chan struct{}), done: make(chan struct{}), started: time.Now()}
+	ctx, cancel := context.WithTimeout(context.Background(), rollLoadMax)
+	period := rollWriters * time.Second / rollRate
+	perWriter := int(rollRate*rollLoadMax/time.Second) / rollWriters
+	var cs []*clientv3.Client
+	var wg sync.WaitGroup
+	for w := range rollWriters {
+		c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Spread the writers evenly over one period.
+			select {
+			case <-time.After(time.Duration(w) * period / rollWriters):
+			case <-l.stop:
+				return
+			}
+			tick := time.NewTicker(period)
+			defer tick.Stop()
+			for i := range perWriter {
+				select {
+				case <-l.stop:
+					return
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				key := fmt.Sprintf("%s%d/%07d", rollPrefix, w, i)
+				pctx, pcancel := context.WithTimeout(ctx, rollPutTimeout)
+				sent := time.Now()
+				_, err := c.Put(pctx, key, "v")
+				at := time.Now()
+				pcancel()
+				l.mu.Lock()
+				if err != nil {
+					l.fails = append(l.fails, rollAck{writer: w, at: at, took: at.Sub(sent), err: err.Error()})
+				} else {
+					l.acks = append(l.acks, rollAck{writer: w, at: at, took: at.Sub(sent), key: key})
+				}
+				l.mu.Unlock()
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		cancel()
+		for _, c := range cs {
+			c.Close()
+		}
+		close(l.done)
+	}()
+	t.Cleanup(l.halt)
+	return l
+}
+
+// halt stops the writers and waits for their last writes.
+func (l *rollLoad) halt() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	<-l.done
+}
+
+// verify checks, once the load is halted, that every acknowledged write
+// is present, and measures the longest gap between acknowledged writes
+// that overlaps the roll from start to end.
+func (l *rollLoad) verify(t *testing.T, endpoints []string, start, end time.Time) rollRun {
+	t.Helper()
+	l.halt()
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, rollPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatalf("read the load's keys back: %v", err)
+	}
+	have := make(map[string]bool, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		have[string(kv.Key)] = true
+	}
+	var lost []string
+	for _, a := range l.acks {
+		if !have[a.key] {
+			lost = append(lost, a.key)
+		}
+	}
+	if len(lost) > 0 {
+		t.Fatalf("%d of %d acknowledged writes are lost, first %s", len(lost), len(l.acks), lost[0])
+	}
+	if len(l.acks) < 50 {
+		t.Fatalf("only %d writes were acknowledged (%d failed)", len(l.acks), len(l.fails))
+	}
+
+	acks := append([]rollAck(nil), l.acks...)
+	sort.Slice(acks, func(i, j int) bool { return acks[i].at.Before(acks[j].at) })
+	r := rollRun{acked: len(acks), failed: len(l.fails)}
+	// The longest one writer waited between acknowledged writes, over
+	// gaps that overlap the roll.
+	lastOf := map[int]time.Time{}
+	for _, a := range acks {
+		if prev, ok := lastOf[a.writer]; ok && !a.at.Before(start) && !prev.After(end) {
+			r.writerGap = max(r.writerGap, a.at.Sub(prev))
+		}
+		lastOf[a.writer] = a.at
+	}
+	during := 0
+	for i, a := range acks {
+		if !a.at.Before(start) && !a.at.After(end) {
+			during++
+			r.slowest = max(r.slowest, a.took)
+		}
+		if i == 0 {
+			continue
+		}
+		prev := acks[i-1].at
+		if a.at.Before(start) || prev.After(end) {
+			continue // the gap does not overlap the roll
+		}
+		if d := a.at.Sub(prev); d > r.stall {
+			r.stall, l.stallFrom, l.stallTo = d, prev, a.at
+		}
+	}
+	if last := acks[len(acks)-1].at; last.Before(end) {
+		// No write was acknowledged after some point of the roll.
+		if d := end.Sub(last); d > r.stall {
+			r.stall, l.stallFrom, l.stallTo = d, last, end
+		}
+	}
+	r.rollRate = float64(during) / end.Sub(start).Seconds()
+	return r
+}
+
+// rollEvent is something the logs (or the by-hand roll) show at a time.
+type rollEvent struct {
+	at   time.Time
+	what string
+}
+
+// logEvents picks from an agent's or etcd's log the lines that explain a
+// stall: the agents' steps (restarts, leadership hand-over, backups,
+// warnings and errors) and etcd's leadership changes.
+func logEvents(who, log string) []rollEvent {
+	var out []rollEvent
+	agentMsgs := []string{"restarting a member on another etcd version", "restarting etcd on another version",
+		"stopping etcd", "etcd stopped", "etcd started", "raft leadership handed on", "backup taken"}
+	etcdMsgs := []string{"elected leader", "lost leader", "transfer leadership", "leadership transfer", "became leader"}
+	for _, line := range strings.Split(log, "\n") {
+		if ts, ok := strings.CutPrefix(line, "time="); ok {
+			at, err := time.Parse(time.RFC3339Nano, strings.Fields(ts + " ")[0])
+			if err != nil {
+				continue
+			}
+			msg := logAttr(line, "msg")
+			keep := strings.Contains(line, "level=ERROR") || strings.Contains(line, "level=WARN")
+			for _, m := range agentMsgs {
+				keep = keep || msg == m
+			}
+			if keep {
+				what := who + ": " + msg
+				if reason := logAttr(line, "reason"); msg == "backup taken" && reason != "" {
+					what += " (" + reason + ", " + logAttr(line, "duration") + ")"
+				}
+				out = append(out, rollEvent{at, what})
+			}
+			continue
+		}
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var e struct {
+			TS  string `json:"ts"`
+			Msg string `json:"msg"`
+		}
+		if json.Unmarshal([]byte(line), &e) != nil {
+			continue
+		}
+		keep := false
+		for _, m := range etcdMsgs {
+			keep = keep || strings.Contains(e.Msg, m)
+		}
+		if !keep {
+			continue
+		}
+		for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999Z0700"} {
+			if at, err := time.Parse(layout, e.TS); err == nil {
+				out = append(out, rollEvent{at, who + " etcd: " + e.Msg})
+				break
+			}
+		}
+	}
+	return out
+}
+
+// describeStall lists the events from a little before the stall from..to
+// to its end, each with its offset from the stall's start.
+func describeStall(evs []rollEvent, from, to time.Time) string {
+	if from.IsZero() {
+		return "no stall found"
+	}
+	sort.Slice(evs, func(i, j int) bool { return evs[i].at.Before(evs[j].at) })
+	var parts []string
+	for _, e := range evs {
+		if e.at.Before(from.Add(-time.Second)) || e.at.After(to) {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%+.2fs %s", e.at.Sub(from).Seconds(), e.what))
+	}
+	head := fmt.Sprintf("from %s to %s", from.UTC().Format("15:04:05.000"), to.UTC().Format("15:04:05.000"))
+	if len(parts) == 0 {
+		return head + ", no logged event within a second before it or during it"
+	}
+	if len(parts) > 8 {
+		parts = append(parts[:8], fmt.Sprintf("and %d more", len(parts)-8))
+	}
+	return head + ", logged around it: " + strings.Join(parts, ", ")
+}
+
+// logTimeline logs the events of a roll from start to end, with their
+// offsets from start.
+func logTimeline(t *testing.T, what string, evs []rollEvent, start, end time.Time) {
+	t.Helper()
+	sort.Slice(evs, func(i, j int) bool { return evs[i].at.Before(evs[j].at) })
+	var b strings.Builder
+	for _, e := range evs {
+		if !e.at.Before(start) && !e.at.After(end) {
+			fmt.Fprintf(&b, "\n  %7.3fs %s", e.at.Sub(start).Seconds(), e.what)
+		}
+	}
+	t.Logf("%s, %.2fs from %s:%s", what, end.Sub(start).Seconds(), start.UTC().Format("15:04:05.000"), b.String())
+}
+
+// describeFailures says when each failed write (the first few) was sent,
+// relative to the roll's start, why it failed, and the last event logged
+// before it was sent.
+func describeFailures(fails []rollAck, evs []rollEvent, start time.Time) string {
+	if len(fails) == 0 {
+		return ""
+	}
+	sort.Slice(evs, func(i, j int) bool { return evs[i].at.Before(evs[j].at) })
+	var parts []string
+	for i, f := range fails {
+		if i == 3 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(fails)-3))
+			break
+		}
+		sent := f.at.Add(-f.took)
+		p := fmt.Sprintf("one sent at %+.2fs, %s after %.2fs", sent.Sub(start).Seconds(), f.err, f.took.Seconds())
+		for j := len(evs) - 1; j >= 0; j-- {
+			if !evs[j].at.After(sent) {
+				p += fmt.Sprintf(", %.2fs after %s", sent.Sub(evs[j].at).Seconds(), evs[j].what)
+				break
+			}
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// stuckRoll says why a managed roll has not finished: the last "version
+// change waits" line each agent logged (the agents log a wait once, when
+// it begins), and each member's version and raft index by Status now.
+func stuckRoll(agents []*harness.Agent, err error) string {
+	parts := []string{err.Error()}
+	for _, a := range agents {
+		var last string
+		for _, line := range strings.Split(a.Log(), "\n") {
+			if strings.HasPrefix(line, "time=") && strings.Contains(line, "version change waits") {
+				last = line
+			}
+		}
+		if last != "" {
+			parts = append(parts, "agent "+a.Name+" last logged: "+last)
+		}
+	}
+	var now []string
+	for _, a := range agents {
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := c.Status(ctx, a.ClientURL)
+		cancel()
+		c.Close()
+		if err != nil {
+			now = append(now, fmt.Sprintf("agent %s: %v", a.Name, err))
+			continue
+		}
+		role := ""
+		if st.Leader == st.Header.MemberId {
+			role = ", raft leader"
+		}
+		now = append(now, fmt.Sprintf("agent %s: etcd %s, raft index %d%s", a.Name, st.Version, st.RaftIndex, role))
+	}
+	return strings.Join(parts, "; ") + "; by Status now: " + strings.Join(now, ", ")
 }
