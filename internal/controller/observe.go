@@ -315,8 +315,11 @@ func (a *Agent) observeCluster(ctx context.Context) (*ClusterView, error) {
 			defer wg.Done()
 			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 			defer cancel()
-			_, err := a.client.Status(sctx, pm.ClientURLs[0])
+			st, err := a.client.Status(sctx, pm.ClientURLs[0])
 			members[i].Healthy = err == nil
+			if err == nil {
+				members[i].RaftIndex = st.RaftIndex
+			}
 		}()
 	}
 	wg.Wait()

@@ -119,6 +119,9 @@ type Member struct {
 	Healthy    bool
 	// UnhealthyFor is how long the member has been seen unhealthy.
 	UnhealthyFor time.Duration
+	// RaftIndex is its log's index, read by the leader in the same pass
+	// as every other member's, so the figures compare.
+	RaftIndex uint64
 }
 
 // Action is one step the executor performs.

@@ -52,8 +52,9 @@ func (a MoveLeader) String() string {
 func (MoveLeader) Mutates() bool { return true }
 
 // caughtUpSlack is how far (raft entries) a restarted member's log may
-// trail the leader's before the roll moves on.
-const caughtUpSlack = 100
+// trail the leader's, both read in the same pass, before the roll moves
+// on.
+const caughtUpSlack = 500
 
 // planVersion returns the next step of a version change, or nothing when
 // every member runs the spec's version.
@@ -147,15 +148,20 @@ func planVersion(o Observed) []Action {
 	}
 
 	// Health gate: everyone up, on the version it should run, caught up.
-	leaderIndex := o.Self.RaftIndex
+	// The indexes compared were read by the leader in one pass; an agent's
+	// own figure can be a cycle old, which under load never catches up.
+	var leaderIndex uint64
+	for _, x := range ms {
+		leaderIndex = max(leaderIndex, x.m.RaftIndex)
+	}
 	for _, x := range ms {
 		switch {
 		case !x.m.Healthy || !x.n.Healthy || x.m.IsLearner:
 			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for every member to be healthy", Attrs: []any{"node", x.n.ID}}}
 		case x.n.Version != x.configured.String():
 			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to run its new version", Attrs: []any{"node", x.n.ID, "running", x.n.Version, "wanted", x.configured.String()}}}
-		case leaderIndex > x.n.RaftIndex+caughtUpSlack:
-			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to catch up", Attrs: []any{"node", x.n.ID, "behind", leaderIndex - x.n.RaftIndex}}}
+		case leaderIndex > x.m.RaftIndex+caughtUpSlack:
+			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to catch up", Attrs: []any{"node", x.n.ID, "behind", leaderIndex - x.m.RaftIndex}}}
 		}
 	}
 

@@ -33,6 +33,9 @@ func TestPlanVersion(t *testing.T) {
 	obs := func(target, backup string, peers ...Node) Observed {
 		o := leaderObs(int32(len(peers)), cluster(member("a", true), member("b", true), member("c", true)), peers...)
 		o.Cluster.Members = o.Cluster.Members[:len(peers)]
+		for i := range o.Cluster.Members {
+			o.Cluster.Members[i].RaftIndex = peers[i].RaftIndex // as the leader read them
+		}
 		o.Spec.EtcdVersion = target
 		o.VersionBackup = backup
 		return o
@@ -56,8 +59,15 @@ func TestPlanVersion(t *testing.T) {
 			obs("3.7.3", "3.7.3", at("a", "3.6.16", 9), func() Node { n := at("b", "3.7.3", 9); n.Version = "3.6.16"; return n }(), at("c", "3.6.16", 9)),
 			"report[INFO] version change waits for a member to run its new version"},
 		{"a member behind the leader's log holds the roll",
-			obs("3.7.3", "3.7.3", at("a", "3.6.16", 500), at("b", "3.7.3", 10), at("c", "3.6.16", 500)),
+			obs("3.7.3", "3.7.3", at("a", "3.6.16", 900), at("b", "3.7.3", 10), at("c", "3.6.16", 900)),
 			"report[INFO] version change waits for a member to catch up"},
+		{"an agent's own stale index does not hold the roll; the leader's reading counts",
+			func() Observed {
+				o := obs("3.7.3", "3.7.3", at("a", "3.6.16", 24416), at("b", "3.7.3", 24415), at("c", "3.6.16", 24416))
+				o.Peers[1].RaftIndex = 24000 // b's agent reported a cycle ago
+				return o
+			}(),
+			"set-member-version c 3.7.3"},
 		{"an unhealthy member holds the roll",
 			obs("3.7.3", "3.7.3", at("a", "3.6.16", 9), func() Node { n := at("b", "3.6.16", 9); n.Healthy = false; return n }(), at("c", "3.6.16", 9)),
 			"report[INFO] version change waits for every member to be healthy"},
