@@ -126,34 +126,52 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 		fmt.Fprintln(w, id)
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
 	var last spec.CommandStatus
-	for {
-		q, err := s.ReadCommand(ctx, id)
+	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			return fmt.Errorf("backup-now: command %s was deleted before it finished", id)
+			return true, fmt.Errorf("backup-now: command %s was deleted before it finished", id)
 		case err == nil:
 			last = q.Status
 			switch q.Status.State {
 			case spec.CommandDone:
 				fmt.Fprintln(w, q.Status.Backup)
-				return nil
+				return true, nil
 			case spec.CommandFailed:
-				return fmt.Errorf("backup-now: command %s failed: %s", id, q.Status.Message)
+				return true, fmt.Errorf("backup-now: command %s failed: %s", id, q.Status.Message)
 			}
+		}
+		return false, nil
+	})
+	if errors.Is(err, errWaitTimeout) {
+		why := "no leading agent has taken it up (is etcd running and healthy?)"
+		if last.State == spec.CommandRunning {
+			why = "it is still running: " + last.Message
+		}
+		return fmt.Errorf("backup-now: no backup after %s: %s; command %s stays queued (see list-commands, or delete-command %s)",
+			timeout, why, id, id)
+	}
+	return err
+}
+
+// errWaitTimeout is watchCommand's error when its timeout passes.
+var errWaitTimeout = errors.New("timed out")
+
+// watchCommand reads the command every half second and hands it, or the
+// read's error, to step, until step says it is done or timeout passes
+// (errWaitTimeout).
+func watchCommand(ctx context.Context, s *store.Store, id string, timeout time.Duration, step func(store.QueuedCommand, error) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if done, err := step(s.ReadCommand(ctx, id)); done || err != nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			why := "no leading agent has taken it up (is etcd running and healthy?)"
-			if last.State == spec.CommandRunning {
-				why = "it is still running: " + last.Message
-			}
-			return fmt.Errorf("backup-now: no backup after %s: %s; command %s stays queued (see list-commands, or delete-command %s)",
-				timeout, why, id, id)
+			return errWaitTimeout
 		case <-tick.C:
 		}
 	}
@@ -261,30 +279,25 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		fmt.Fprintln(w, id)
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
 	lastPhase := ""
-	for {
-		q, err := s.ReadCommand(ctx, id)
+	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// The leader removes a restore command once it is complete.
 			fmt.Fprintf(w, "restored backup %s\n", name)
-			return nil
+			return true, nil
 		case err == nil && q.Status.State == spec.CommandFailed:
-			return fmt.Errorf("restore-backup: command %s failed: %s", id, q.Status.Message)
+			return true, fmt.Errorf("restore-backup: command %s failed: %s", id, q.Status.Message)
 		case err == nil && q.Status.Restore != nil && q.Status.Restore.Phase != lastPhase:
 			lastPhase = q.Status.Restore.Phase
 			fmt.Fprintf(progress, "restore %s: %s\n", id, lastPhase)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("restore-backup: not finished after %s (last phase %q); command %s goes on (see list-commands)", timeout, lastPhase, id)
-		case <-tick.C:
-		}
+		return false, nil
+	})
+	if errors.Is(err, errWaitTimeout) {
+		return fmt.Errorf("restore-backup: not finished after %s (last phase %q); command %s goes on (see list-commands)", timeout, lastPhase, id)
 	}
+	return err
 }
 
 func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, timeout time.Duration) error {
@@ -298,27 +311,22 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, time
 		return fmt.Errorf("recover-quorum: queue the command: %w", err)
 	}
 	fmt.Fprintf(progress, "queued recover-quorum as command %s\n", id)
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
 	node := ""
-	for {
-		q, err := s.ReadCommand(ctx, id)
+	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			fmt.Fprintf(w, "quorum recovered from %s\n", dash(node))
-			return nil
+			return true, nil
 		case err == nil && q.Status.State == spec.CommandFailed:
-			return fmt.Errorf("recover-quorum: command %s failed: %s", id, q.Status.Message)
+			return true, fmt.Errorf("recover-quorum: command %s failed: %s", id, q.Status.Message)
 		case err == nil && q.Status.Node != "" && q.Status.Node != node:
 			node = q.Status.Node
 			fmt.Fprintf(progress, "recover-quorum %s: rebuilding from %s\n", id, node)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("recover-quorum: not finished after %s; command %s stays queued (see list-commands, or delete-command %s)", timeout, id, id)
-		case <-tick.C:
-		}
+		return false, nil
+	})
+	if errors.Is(err, errWaitTimeout) {
+		return fmt.Errorf("recover-quorum: not finished after %s; command %s stays queued (see list-commands, or delete-command %s)", timeout, id, id)
 	}
+	return err
 }

@@ -120,16 +120,10 @@ func (a *Agent) createCluster(ctx context.Context, obs Observed, act CreateClust
 	if err != nil {
 		return err
 	}
-	var initial []string
-	for _, n := range nodes {
-		for _, u := range n.PeerURLs {
-			initial = append(initial, n.ID+"="+u)
-		}
-	}
 	member := etcdproc.MemberState{
 		ClusterToken:   token,
 		EtcdVersion:    v.String(),
-		InitialCluster: strings.Join(initial, ","),
+		InitialCluster: initialCluster(nodes),
 		NewCluster:     true,
 		Pending:        true,
 	}
@@ -171,6 +165,17 @@ func (a *Agent) createCluster(ctx context.Context, obs Observed, act CreateClust
 	}
 	a.log.Info("cluster created", "cluster-token", token, "members", act.Members)
 	return nil
+}
+
+// initialCluster is etcd's --initial-cluster for nodes: name=peerURL,...
+func initialCluster(nodes []Node) string {
+	var initial []string
+	for _, n := range nodes {
+		for _, u := range n.PeerURLs {
+			initial = append(initial, n.ID+"="+u)
+		}
+	}
+	return strings.Join(initial, ",")
 }
 
 func findNodes(peers []Node, ids []string) ([]Node, error) {

@@ -154,10 +154,7 @@ func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
 	ps := a.proc.Status()
 	self.EtcdWanted = ps.Wanted
 	if ps.Wanted && ps.PID != 0 {
-		endpoint := ps.Spec.ClientURLs[0]
-		if ps.Spec.Quarantined {
-			endpoint = ps.Spec.QuarantineClientURLs[0]
-		}
+		endpoint := ps.Spec.ServedClientURL()
 		if c, err := a.localClient(endpoint); err == nil {
 			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 			ms, err := etcdproc.LocalStatus(sctx, c, endpoint)

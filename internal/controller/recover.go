@@ -18,16 +18,9 @@ const recoverWait = time.Minute
 
 // executeRecover performs a recover-quorum step, fenced by the store lock.
 func (a *Agent) executeRecover(ctx context.Context, obs Observed, act Action) error {
-	s, err := a.openStore(ctx)
+	s, err := a.fencedStore(ctx)
 	if err != nil {
 		return err
-	}
-	held, err := a.lock.Holds(ctx, s, a.lockTerm)
-	if err != nil {
-		return fmt.Errorf("controller: check the store lock: %w", err)
-	}
-	if !held {
-		return fmt.Errorf("%w: the store lock (term %d) has passed to another agent", ErrNotLeader, a.lockTerm)
 	}
 	switch act := act.(type) {
 	case RecoverMember:
@@ -130,10 +123,7 @@ func (a *Agent) localStatus(ctx context.Context) (etcdproc.MemberStatus, error) 
 	if !ps.Wanted || ps.Spec == nil {
 		return etcdproc.MemberStatus{}, errors.New("controller: etcd is not running")
 	}
-	endpoint := ps.Spec.ClientURLs[0]
-	if ps.Spec.Quarantined {
-		endpoint = ps.Spec.QuarantineClientURLs[0]
-	}
+	endpoint := ps.Spec.ServedClientURL()
 	c, err := etcdproc.NewClient([]string{endpoint})
 	if err != nil {
 		return etcdproc.MemberStatus{}, err

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -45,16 +44,9 @@ const restoreCallTimeout = 30 * time.Minute
 // executeRestore performs a restore step. Every step first re-checks that
 // this agent still holds the store lock: the fencing token of a restore.
 func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) error {
-	s, err := a.openStore(ctx)
+	s, err := a.fencedStore(ctx)
 	if err != nil {
 		return err
-	}
-	held, err := a.lock.Holds(ctx, s, a.lockTerm)
-	if err != nil {
-		return fmt.Errorf("controller: check the store lock: %w", err)
-	}
-	if !held {
-		return fmt.Errorf("%w: the store lock (term %d) has passed to another agent", ErrNotLeader, a.lockTerm)
 	}
 	switch act := act.(type) {
 	case PrepareRestore:
@@ -122,18 +114,43 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 	return fmt.Errorf("controller: not a restore action: %T", act)
 }
 
+// fencedStore opens the store after checking that this agent still holds
+// the store lock, the fencing token of restore and recover-quorum steps.
+func (a *Agent) fencedStore(ctx context.Context) (*store.Store, error) {
+	s, err := a.openStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	held, err := a.lock.Holds(ctx, s, a.lockTerm)
+	if err != nil {
+		return nil, fmt.Errorf("controller: check the store lock: %w", err)
+	}
+	if !held {
+		return nil, fmt.Errorf("%w: the store lock (term %d) has passed to another agent", ErrNotLeader, a.lockTerm)
+	}
+	return s, nil
+}
+
+// tempDir makes a fresh folder under <data-dir>/tmp; the caller removes it.
+func (a *Agent) tempDir(prefix string) (string, error) {
+	tmp := filepath.Join(a.cfg.DataDir, "tmp")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return "", fmt.Errorf("controller: %w", err)
+	}
+	dir, err := os.MkdirTemp(tmp, prefix)
+	if err != nil {
+		return "", fmt.Errorf("controller: %w", err)
+	}
+	return dir, nil
+}
+
 // prepareRestore fetches and verifies the backup, then records the
 // restore's plan: the new token and members. Until that record is
 // written, nothing of the cluster has been touched.
 func (a *Agent) prepareRestore(ctx context.Context, s *store.Store, obs Observed, act PrepareRestore) error {
-	dir, err := os.MkdirTemp(filepath.Join(a.cfg.DataDir, "tmp"), "validate-")
+	dir, err := a.tempDir("validate-")
 	if err != nil {
-		if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, "tmp"), 0o700); err != nil {
-			return fmt.Errorf("controller: %w", err)
-		}
-		if dir, err = os.MkdirTemp(filepath.Join(a.cfg.DataDir, "tmp"), "validate-"); err != nil {
-			return fmt.Errorf("controller: %w", err)
-		}
+		return err
 	}
 	defer os.RemoveAll(dir)
 	_, meta, err := backup.Fetch(ctx, s, act.Backup, dir, a.backups.verify)
@@ -156,15 +173,9 @@ func (a *Agent) prepareRestore(ctx context.Context, s *store.Store, obs Observed
 	if err != nil {
 		return err
 	}
-	var initial []string
-	for _, n := range nodes {
-		for _, u := range n.PeerURLs {
-			initial = append(initial, n.ID+"="+u)
-		}
-	}
 	progress := &spec.RestoreProgress{
 		Phase: spec.RestoreStopping, Token: token, Members: act.Members,
-		InitialCluster: strings.Join(initial, ","), EtcdVersion: v.String(),
+		InitialCluster: initialCluster(nodes), EtcdVersion: v.String(),
 	}
 	st := spec.CommandStatus{State: spec.CommandRunning, Restore: progress,
 		Message: fmt.Sprintf("restoring backup %s (etcd %s, revision %d) as cluster %s", act.Backup, meta.EtcdVersion, meta.Revision, token)}
@@ -342,13 +353,9 @@ func (a *Agent) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(a.cfg.DataDir, "tmp")
-	if err := os.MkdirAll(tmp, 0o700); err != nil {
-		return fmt.Errorf("controller: %w", err)
-	}
-	dir, err := os.MkdirTemp(tmp, "restore-")
+	dir, err := a.tempDir("restore-")
 	if err != nil {
-		return fmt.Errorf("controller: %w", err)
+		return err
 	}
 	defer os.RemoveAll(dir)
 	path, _, err := backup.Fetch(ctx, s, req.Backup, dir, a.backups.verify)

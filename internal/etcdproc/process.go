@@ -40,6 +40,15 @@ type Spec struct {
 	SnapshotCount int
 }
 
+// ServedClientURL is the first client URL etcd serves: a quarantine URL
+// while quarantined.
+func (s Spec) ServedClientURL() string {
+	if s.Quarantined {
+		return s.QuarantineClientURLs[0]
+	}
+	return s.ClientURLs[0]
+}
+
 // Args renders etcd's command line (without the binary).
 func (s Spec) Args() []string {
 	client := s.ClientURLs
