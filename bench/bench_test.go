@@ -4,6 +4,11 @@
 //
 // make bench runs it at full scale and writes bench/results/latest.json;
 // make test runs it at BENCH_SCALE=small to keep the harness working.
+//
+// BENCH_ONLY=name,name runs only the benchmarks that report those results
+// (a group reporting several runs whole), for example
+// BENCH_ONLY=agent-idle-rss,agent-idle-cpu; such a partial run never
+// writes bench/results.
 package bench
 
 import (
@@ -66,40 +71,84 @@ type scale struct {
 	// rollIterations is how many rolling upgrades (and by-hand rolls)
 	// the rolling-upgrade benchmark measures.
 	rollIterations int
+	// idleWindow is how long the idle benchmarks measure the agent and
+	// the bare etcd, side by side.
+	idleWindow time.Duration
 }
 
 func currentScale(t *testing.T) scale {
 	switch s := os.Getenv("BENCH_SCALE"); s {
 	case "", "small":
-		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1, restoreIterations: 1, rollIterations: 1}
+		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1, restoreIterations: 1, rollIterations: 1, idleWindow: 5 * time.Second}
 	case "full":
-		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3, restoreIterations: 2, rollIterations: 2}
+		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3, restoreIterations: 2, rollIterations: 2, idleWindow: 60 * time.Second}
 	default:
 		t.Fatalf("BENCH_SCALE=%q: use small or full", s)
 		return scale{}
 	}
 }
 
+// benchGroups are the benchmarks in the order they run, each with the
+// names of the results it reports.
+var benchGroups = []struct {
+	names []string
+	run   func(*testing.T, scale) []Result
+}{
+	{[]string{"bootstrap-3"}, func(t *testing.T, sc scale) []Result { return []Result{benchBootstrap(t, sc)} }},
+	{[]string{"replace-member"}, func(t *testing.T, sc scale) []Result { return []Result{benchReplaceMember(t, sc)} }},
+	{[]string{"backup-file-1gib", "backup-s3-1gib", "agent-backup-peak-rss"}, benchBackups},
+	{[]string{"restore-1gib"}, func(t *testing.T, sc scale) []Result { return []Result{benchRestore(t, sc)} }},
+	{[]string{"rolling-upgrade", "rolling-upgrade-stall"}, benchRollingUpgrade},
+	{[]string{"agent-idle-rss", "agent-idle-cpu"}, benchIdle},
+}
+
+// benchOnly is the set of result names BENCH_ONLY asks for, or nil for
+// every benchmark.
+func benchOnly(t *testing.T) map[string]bool {
+	v := strings.TrimSpace(os.Getenv("BENCH_ONLY"))
+	if v == "" {
+		return nil
+	}
+	known := map[string]bool{}
+	for _, g := range benchGroups {
+		for _, n := range g.names {
+			known[n] = true
+		}
+	}
+	only := map[string]bool{}
+	for _, n := range strings.Split(v, ",") {
+		n = strings.TrimSpace(n)
+		if !known[n] {
+			t.Fatalf("BENCH_ONLY: no benchmark reports %q", n)
+		}
+		only[n] = true
+	}
+	return only
+}
+
 func TestBench(t *testing.T) {
 	sc := currentScale(t)
+	only := benchOnly(t)
 	var results []Result
-	results = append(results, benchBootstrap(t, sc))
-	results = append(results, benchReplaceMember(t, sc))
-	results = append(results, benchBackups(t, sc)...)
-	results = append(results, benchRestore(t, sc))
-	results = append(results, benchRollingUpgrade(t, sc)...)
-	results = append(results,
-		Result{Name: "agent-idle-rss", Skipped: true, Reason: "not measured yet (issue: benchmarks)"},
-		Result{Name: "agent-idle-cpu", Skipped: true, Reason: "not measured yet (issue: benchmarks)"},
-	)
+	for _, g := range benchGroups {
+		want := only == nil
+		for _, n := range g.names {
+			want = want || only[n]
+		}
+		if want {
+			results = append(results, g.run(t, sc)...)
+		}
+	}
 	for _, r := range results {
 		if !r.Skipped && (r.Value <= 0 || math.IsNaN(r.Value) || (!r.noBaseline && (r.Baseline <= 0 || math.IsNaN(r.Ratio)))) {
 			t.Errorf("%s: measured nothing: %+v", r.Name, r)
 		}
 	}
 
+	// Only a full run of every benchmark replaces bench/results.
+	keep := sc.name == "full" && only == nil
 	out := filepath.Join(t.TempDir(), "latest.json")
-	if sc.name == "full" {
+	if keep {
 		out = filepath.Join("results", "latest.json")
 	}
 	data, err := json.MarshalIndent(results, "", "  ")
@@ -111,7 +160,7 @@ func TestBench(t *testing.T) {
 	}
 	table := markdown(results, sc)
 	fmt.Println(table)
-	if sc.name == "full" {
+	if keep {
 		if err := os.WriteFile(filepath.Join("results", "latest.md"), []byte(table), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -1740,4 +1789,275 @@ func stuckRoll(agents []*harness.Agent, err error) string {
 		now = append(now, fmt.Sprintf("agent %s: etcd %s, raft index %d%s", a.Name, st.Version, st.RaftIndex, role))
 	}
 	return strings.Join(parts, "; ") + "; by Status now: " + strings.Join(now, ", ")
+}
+
+// Idle benchmarks. A managed 1-member cluster (the agent with its default
+// timings) and one bare etcd of the same version, started by hand, run
+// side by side. Once both are writable and the agent has finished its
+// start-up work, both are measured over the same window of sc.idleWindow:
+// the agent process itself (not its etcd child) and the bare etcd, their
+// VmRSS every idleSampleEvery and their CPU time over the window.
+//
+// The CPU time is the sum over the process's threads of the run time in
+// /proc/<pid>/task/<tid>/schedstat, in ns. The kernel derives utime+stime
+// in /proc/<pid>/stat from the same run time, but reports them in ticks of
+// 10ms: an idle agent uses about 6ms in the 5s of the small scale, so
+// utime+stime read 0 there in 4 runs of 5. They are still read, as a
+// cross-check given in the note.
+
+const (
+	idleSampleEvery = time.Second
+	// idleSettle follows the agent's first periodic backup, which is due
+	// as soon as the cluster exists: a little over two cycles at the
+	// default loop interval (2s), so the window holds steady cycles only.
+	idleSettle = 5 * time.Second
+	// userHZ is the unit of utime and stime in /proc/<pid>/stat: USER_HZ,
+	// which is 100 on every architecture Go runs Linux on.
+	userHZ = 100
+)
+
+// idleProc is one process measured over the idle window.
+type idleProc struct {
+	pid    int
+	rssMiB []float64 // VmRSS, every idleSampleEvery
+	cpuNs  int64     // its threads' run time over the window
+	ticks  int64     // utime+stime over the window, in 1/userHZ s
+	// exited counts threads gone by the window's end: their run time
+	// after its start is missing from cpuNs (ticks still hold it).
+	exited int
+}
+
+func (p idleProc) meanRSS() float64 {
+	if len(p.rssMiB) == 0 {
+		return 0
+	}
+	sum := 0.0
+	for _, x := range p.rssMiB {
+		sum += x
+	}
+	return sum / float64(len(p.rssMiB))
+}
+
+func (p idleProc) rssRange() string {
+	if len(p.rssMiB) == 0 {
+		return "no samples"
+	}
+	lo, hi := p.rssMiB[0], p.rssMiB[0]
+	for _, x := range p.rssMiB {
+		lo, hi = min(lo, x), max(hi, x)
+	}
+	return fmt.Sprintf("%.1f–%.1f MiB", lo, hi)
+}
+
+func (p idleProc) cpuSecs() float64 { return float64(p.cpuNs) / 1e9 }
+
+func (p idleProc) tickSecs() float64 { return float64(p.ticks) / userHZ }
+
+// cpuPercent is the process's CPU time over the window as a percentage of
+// one core.
+func (p idleProc) cpuPercent(window time.Duration) float64 {
+	if window <= 0 {
+		return 0
+	}
+	return 100 * p.cpuSecs() / window.Seconds()
+}
+
+// cpuCheck is the cross-check for the note: utime+stime, and any thread
+// that exited.
+func (p idleProc) cpuCheck() string {
+	s := fmt.Sprintf("utime+stime %.2f CPU-s", p.tickSecs())
+	if p.exited > 0 {
+		s += fmt.Sprintf(", %d thread(s) exited during the window", p.exited)
+	}
+	return s
+}
+
+// idleRun is what the idle benchmarks measured.
+type idleRun struct {
+	agent, child, bare idleProc // child: the agent's etcd
+	window             time.Duration
+	agentLines         int // lines the agent itself logged during the window
+	backups            int // backups the agent took during the window
+}
+
+func benchIdle(t *testing.T, sc scale) []Result {
+	var r idleRun
+	t.Run("agent-idle", func(t *testing.T) {
+		r = runIdle(t, sc)
+	})
+	n := len(r.agent.rssMiB)
+	setup := fmt.Sprintf("a managed 1-member cluster on etcd %s, default timings (loop interval 2s, --backup-interval 15m), idle: "+
+		"measured once writable, its first periodic backup taken (due as soon as the cluster exists) and %s more; "+
+		"the agent logged %d line(s) of its own and took %d backup(s) during the window; "+
+		"the bare etcd and the managed cluster ran side by side, measured over the same %.1fs window (scale %s)",
+		harness.DefaultEtcdVersion, idleSettle, r.agentLines, r.backups, r.window.Seconds(), sc.name)
+
+	rss, baseRSS := r.agent.meanRSS(), r.bare.meanRSS()
+	cpu, baseCPU := r.agent.cpuPercent(r.window), r.bare.cpuPercent(r.window)
+	return []Result{
+		{Name: "agent-idle-rss", Value: rss, Unit: "MiB", Baseline: baseRSS, Ratio: ratio(rss, baseRSS),
+			Note: fmt.Sprintf("the agent process's VmRSS (not its etcd child), mean of %d samples %s apart (range %s); %s; "+
+				"baseline: a bare etcd %s started by hand as a 1-member cluster, its VmRSS at the same instants (mean, range %s); "+
+				"the agent's etcd child averaged %.1f MiB (range %s), so agent and etcd together %.1f MiB, %.2f× the bare etcd",
+				n, idleSampleEvery, r.agent.rssRange(), setup,
+				harness.DefaultEtcdVersion, r.bare.rssRange(),
+				r.child.meanRSS(), r.child.rssRange(), rss+r.child.meanRSS(), ratio(rss+r.child.meanRSS(), baseRSS))},
+		{Name: "agent-idle-cpu", Value: cpu, Unit: "% of a core", Baseline: baseCPU, Ratio: ratio(cpu, baseCPU),
+			Note: fmt.Sprintf("the agent process's CPU time (not its etcd child's) over the window as a percentage of one core (1%% = 0.6 CPU-seconds a minute): "+
+				"%.3f CPU-s in %.1fs, the run time of its threads from /proc/<pid>/task/*/schedstat (ns; the figure utime+stime in /proc/<pid>/stat rounds to 10ms ticks; cross-check: %s); %s; "+
+				"baseline: a bare etcd %s started by hand as a 1-member cluster, its CPU time over the same window: %.3f CPU-s (%s); "+
+				"the agent's etcd child used %.3f CPU-s (%.2f%% of a core; %s), so agent and etcd together %.2f%%, %.2f× the bare etcd",
+				r.agent.cpuSecs(), r.window.Seconds(), r.agent.cpuCheck(), setup,
+				harness.DefaultEtcdVersion, r.bare.cpuSecs(), r.bare.cpuCheck(),
+				r.child.cpuSecs(), r.child.cpuPercent(r.window), r.child.cpuCheck(), cpu+r.child.cpuPercent(r.window), ratio(cpu+r.child.cpuPercent(r.window), baseCPU))},
+	}
+}
+
+// runIdle starts the managed cluster and the bare etcd, waits until both
+// are writable and the agent has settled, then measures both over one
+// window.
+func runIdle(t *testing.T, sc scale) idleRun {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	bare := env.StartBareCluster(1)[0]
+	agent := env.StartAgents(1, harness.AgentOptions{Defaults: true})[0]
+	untilWritable(t, []string{bare.ClientURL}, time.Minute)
+	harness.WaitSettled(t, []*harness.Agent{agent}, 1, 2*time.Minute)
+	untilWritable(t, []string{agent.ClientURL}, time.Minute)
+	agent.WaitLog(`msg="backup taken"`, 1, time.Minute)
+	time.Sleep(idleSettle)
+
+	childPID := agent.EtcdPID()
+	if childPID <= 0 {
+		t.Fatal("the agent's etcd has no pid file")
+	}
+	r := idleRun{agent: idleProc{pid: agent.PID()}, child: idleProc{pid: childPID}, bare: idleProc{pid: bare.PID()}}
+	log := agent.Log()
+	lines, backups := ownLogLines(log), strings.Count(log, `msg="backup taken"`)
+	r.window = measureIdle(t, sc.idleWindow, &r.agent, &r.child, &r.bare)
+	if pid := agent.EtcdPID(); pid != childPID {
+		t.Fatalf("the agent's etcd changed during the window: pid %d, then %d", childPID, pid)
+	}
+	log = agent.Log()
+	r.agentLines, r.backups = ownLogLines(log)-lines, strings.Count(log, `msg="backup taken"`)-backups
+	t.Logf("idle over %.1fs: agent RSS mean %.1f MiB (%s), CPU %.3fs = %.2f%% (%s); its etcd RSS mean %.1f MiB, CPU %.3fs (%s); bare etcd RSS mean %.1f MiB (%s), CPU %.3fs = %.2f%% (%s); the agent logged %d line(s)",
+		r.window.Seconds(), r.agent.meanRSS(), r.agent.rssRange(), r.agent.cpuSecs(), r.agent.cpuPercent(r.window), r.agent.cpuCheck(),
+		r.child.meanRSS(), r.child.cpuSecs(), r.child.cpuCheck(), r.bare.meanRSS(), r.bare.rssRange(), r.bare.cpuSecs(), r.bare.cpuPercent(r.window), r.bare.cpuCheck(), r.agentLines)
+	return r
+}
+
+// ownLogLines counts the agent's own lines in its log (etcd's are JSON).
+func ownLogLines(log string) int {
+	n := 0
+	for _, line := range strings.Split(log, "\n") {
+		if strings.HasPrefix(line, "time=") {
+			n++
+		}
+	}
+	return n
+}
+
+// measureIdle samples the VmRSS of every process at the start of window
+// and every idleSampleEvery after it, and takes each one's CPU time over
+// it. It returns the window as measured.
+func measureIdle(t *testing.T, window time.Duration, ps ...*idleProc) time.Duration {
+	t.Helper()
+	start := make([]int64, len(ps))
+	startNs := make([]map[int]int64, len(ps))
+	begin := time.Now()
+	for i, p := range ps {
+		startNs[i] = threadRunNs(t, p.pid)
+		start[i] = cpuTicks(t, p.pid)
+	}
+	sample := func() {
+		for _, p := range ps {
+			p.rssMiB = append(p.rssMiB, procStatusMiB(t, p.pid, "VmRSS"))
+		}
+	}
+	sample()
+	tick := time.NewTicker(idleSampleEvery)
+	defer tick.Stop()
+	for range int(window / idleSampleEvery) {
+		<-tick.C
+		sample()
+	}
+	for i, p := range ps {
+		end := threadRunNs(t, p.pid)
+		p.ticks = cpuTicks(t, p.pid) - start[i]
+		for tid, ns := range end {
+			p.cpuNs += ns - startNs[i][tid] // a thread started since counts from 0
+		}
+		for tid := range startNs[i] {
+			if _, ok := end[tid]; !ok {
+				p.exited++
+			}
+		}
+	}
+	return time.Since(begin)
+}
+
+// threadRunNs is the run time of each of pid's threads so far, in ns: the
+// first field of /proc/<pid>/task/<tid>/schedstat.
+func threadRunNs(t *testing.T, pid int) map[int]int64 {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]int64{}
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, e.Name(), "schedstat"))
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue // the thread exited since the listing
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(data))
+		if len(f) == 0 {
+			t.Fatalf("%s/%d/schedstat: %q", dir, tid, data)
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			t.Fatalf("%s/%d/schedstat: %q: %v", dir, tid, data, err)
+		}
+		out[tid] = ns
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s: no threads", dir)
+	}
+	return out
+}
+
+// cpuTicks is utime+stime of pid, from /proc/<pid>/stat, in 1/userHZ s.
+func cpuTicks(t *testing.T, pid int) int64 {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command name, field 2, is in parentheses and may hold spaces;
+	// the fields after it start with field 3, the state.
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		t.Fatalf("/proc/%d/stat: %q", pid, data)
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 13 {
+		t.Fatalf("/proc/%d/stat: %q", pid, data)
+	}
+	var sum int64
+	for _, s := range f[11:13] { // fields 14 and 15: utime, stime
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("/proc/%d/stat: %q: %v", pid, data, err)
+		}
+		sum += n
+	}
+	return sum
 }
