@@ -20,17 +20,18 @@ import (
 // on the root, so they may come before or after the command name, as in
 // the walkthrough: etcd-manager-ctl -member-count=1 --backup-store=... configure-cluster
 type options struct {
-	backupStore     string
-	memberCount     int32
-	etcdVersion     string
-	etcdBinDir      string
-	skipBinaryCheck bool
-	output          string
-	storeAttempts   int
-	discovery       string
-	clusterName     string
-	peerPort        int
-	insecure        bool
+	backupStore      string
+	memberCount      int32
+	etcdVersion      string
+	etcdBinDir       string
+	skipBinaryCheck  bool
+	allowDumpRestore bool
+	output           string
+	storeAttempts    int
+	discovery        string
+	clusterName      string
+	peerPort         int
+	insecure         bool
 }
 
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
@@ -51,6 +52,7 @@ commands work even then.`,
 	fs.Int32Var(&o.memberCount, "member-count", 0, "number of etcd members (configure-cluster)")
 	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16 (configure-cluster)")
 	fs.StringVar(&o.etcdBinDir, "etcd-bin-dir", o.etcdBinDir, "directory where the agents' etcd installs live (etcd-v<version>/etcd); configure-cluster refuses a version that has none")
+	fs.BoolVar(&o.allowDumpRestore, "allow-dump-restore", false, "with --etcd-version: allow a version change no rolling change can make (such as 3.5 to 3.4) by dump and restore, which cuts clients off until the new cluster serves (configure-cluster)")
 	fs.BoolVar(&o.skipBinaryCheck, "skip-binary-check", false, "let configure-cluster accept a version without looking for its binary here (when this machine is not an etcd node)")
 	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
 	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
@@ -155,6 +157,9 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 		return writeJSON(w, cs)
 	case "text":
 		_, err := fmt.Fprintf(w, "memberCount: %d\netcdVersion: %s\n", cs.MemberCount, cs.EtcdVersion)
+		if err == nil && cs.AllowDumpRestore {
+			_, err = fmt.Fprintln(w, "allowDumpRestore: true")
+		}
 		return err
 	default:
 		return fmt.Errorf("--output %q: use text or json", o.output)
@@ -164,6 +169,9 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdout, stderr io.Writer) error {
 	fs := cmd.Flags()
 	countSet, versionSet := fs.Changed("member-count"), fs.Changed("etcd-version")
+	if o.allowDumpRestore && !versionSet {
+		return errors.New("--allow-dump-restore goes with the --etcd-version it allows")
+	}
 	if !countSet && !versionSet {
 		return errors.New("configure-cluster needs --member-count, --etcd-version or both")
 	}
@@ -198,7 +206,8 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		cs.MemberCount = o.memberCount
 	}
 	if versionSet {
-		cs.EtcdVersion = o.etcdVersion
+		// The permission goes with the version it was given for.
+		cs.EtcdVersion, cs.AllowDumpRestore = o.etcdVersion, o.allowDumpRestore
 	}
 	warnings, err := cs.Validate()
 	if err != nil {

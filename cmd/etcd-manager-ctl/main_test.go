@@ -179,3 +179,33 @@ func TestReplaceMalformedSpec(t *testing.T) {
 		t.Errorf("stderr %q", stderr)
 	}
 }
+
+// --allow-dump-restore goes with the version it allows: it is refused on
+// its own, kept by a change of member count, and dropped by the next
+// version change that does not repeat it.
+func TestAllowDumpRestore(t *testing.T) {
+	e := newCtlEnv(t)
+	if _, _, err := e.run(t, "--member-count=3", "--etcd-version=3.6.16", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := e.run(t, "--allow-dump-restore", "configure-cluster")
+	if err == nil || !strings.Contains(err.Error(), "--allow-dump-restore goes with the --etcd-version it allows") {
+		t.Fatalf("--allow-dump-restore alone: %v", err)
+	}
+	steps := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--etcd-version=3.5.35", "--allow-dump-restore"}, "memberCount: 3\netcdVersion: 3.5.35\nallowDumpRestore: true\n"},
+		{[]string{"--member-count=5"}, "memberCount: 5\netcdVersion: 3.5.35\nallowDumpRestore: true\n"},
+		{[]string{"--etcd-version=3.6.16"}, "memberCount: 5\netcdVersion: 3.6.16\n"},
+	}
+	for _, s := range steps {
+		if _, _, err := e.run(t, append(s.args, "configure-cluster")...); err != nil {
+			t.Fatalf("%v: %v", s.args, err)
+		}
+		if out, _, err := e.run(t, "get"); err != nil || out != s.want {
+			t.Fatalf("after %v, get printed %q (%v), want %q", s.args, out, err, s.want)
+		}
+	}
+}

@@ -210,6 +210,10 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 			if q.Status.Restore != nil {
 				r.Phase = q.Status.Restore.Phase
 			}
+		case q.Command.DumpRestore != nil:
+			if p := q.Status.Restore; p != nil {
+				r.Backup, r.Phase = p.Backup, p.Phase
+			}
 		case q.Status.Backup != "":
 			r.Backup = q.Status.Backup
 		}

@@ -53,8 +53,17 @@ func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
 		return a.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
 	case TakeBackup:
 		return a.takeBackup(ctx, obs, act)
-	case PrepareRestore, StopForRestore, SetRestorePhase, RestoreNodes, VerifyRestore, BackupRestored, LiftQuarantine, FinishRestore:
+	case SetQuarantine:
+		if act.ID == "" {
+			// A stray quarantine, lifted by the agent beside etcd's leader.
+			return a.setQuarantine(ctx, obs, act)
+		}
 		return a.executeRestore(ctx, obs, act)
+	case PrepareRestore, StopForRestore, SetRestorePhase, RestoreNodes, VerifyRestore, BackupRestored, FinishRestore,
+		PrepareDumpRestore, DumpBackup:
+		return a.executeRestore(ctx, obs, act)
+	case QueueDumpRestore:
+		return a.queueDumpRestore(ctx, act)
 	case SetMemberVersion:
 		return a.changed(a.setMemberVersion(ctx, obs, act))
 	case MoveLeader:

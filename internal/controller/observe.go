@@ -161,7 +161,7 @@ func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
 			cancel()
 			if err == nil {
 				self.Healthy, self.Version, local = true, ms.Version, ms
-				self.RaftLeader, self.RaftIndex = ms.LeaderID, ms.RaftIndex
+				self.MemberID, self.RaftLeader, self.RaftIndex = ms.MemberID, ms.LeaderID, ms.RaftIndex
 				self.StorageVersion, self.DowngradeTarget = ms.StorageVersion, ms.DowngradeTarget
 			}
 		}
@@ -267,7 +267,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) Node {
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
 		Member: info.Member, HasData: info.HasData, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
-		RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Installed: info.Installed,
+		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Installed: info.Installed,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget,
 	}
 }

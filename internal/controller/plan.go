@@ -91,9 +91,9 @@ type Node struct {
 	Healthy bool
 	// Version is the server version its etcd reported.
 	Version string
-	// RaftLeader is the raft leader its etcd knows (0: none), and
-	// RaftIndex how far its log goes.
-	RaftLeader, RaftIndex uint64
+	// MemberID is its etcd's member ID, RaftLeader the raft leader its
+	// etcd knows (0: none), and RaftIndex how far its log goes.
+	MemberID, RaftLeader, RaftIndex uint64
 	// SnapIndex is the raft index of its etcd's newest raft snapshot.
 	SnapIndex uint64
 	// StorageVersion is its etcd's data schema version, and
@@ -353,6 +353,9 @@ func planNoCluster(o Observed) []Action {
 // change is preceded by a backup; the periodic backup runs when nothing
 // else is to be done.
 func planCluster(o Observed) []Action {
+	if lift := planStrayQuarantine(o); len(lift) > 0 {
+		return lift
+	}
 	actions := planMembership(o)
 	mutating := -1
 	for i, a := range actions {

@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 
@@ -55,13 +56,29 @@ type VerifyRestore struct{ ID string }
 // BackupRestored takes the fresh backup of the restored cluster.
 type BackupRestored struct{ ID string }
 
-// LiftQuarantine lets the restored members serve clients, all at once:
-// nobody can reach the cluster before, so a moment without quorum costs
-// nothing.
-type LiftQuarantine struct {
+// SetQuarantine restarts the members of the cluster Token on the nodes,
+// all at once, serving clients on their quarantine URLs only (On) or on
+// their client URLs again. Nobody can reach a quarantined cluster, so a
+// moment without quorum costs nothing. ID is the command it serves, if
+// any.
+type SetQuarantine struct {
 	ID      string
+	Token   string
 	NodeIDs []string
+	On      bool
 }
+
+// PrepareDumpRestore records a dump-restore's plan: the old cluster's
+// token, and the new cluster's token and members.
+type PrepareDumpRestore struct {
+	ID       string
+	OldToken string
+	Members  []string
+}
+
+// DumpBackup takes the backup of the quarantined cluster that a
+// dump-restore restores.
+type DumpBackup struct{ ID string }
 
 // FinishRestore removes the completed restore command.
 type FinishRestore struct{ ID string }
@@ -89,19 +106,33 @@ func (a VerifyRestore) String() string  { return "verify-restore " + a.ID }
 func (VerifyRestore) Mutates() bool     { return true }
 func (a BackupRestored) String() string { return "backup-restored " + a.ID }
 func (BackupRestored) Mutates() bool    { return true }
-func (a LiftQuarantine) String() string {
-	return fmt.Sprintf("lift-quarantine %s nodes=%v", a.ID, a.NodeIDs)
+func (a SetQuarantine) String() string {
+	verb := "lift-quarantine"
+	if a.On {
+		verb = "quarantine"
+	}
+	if a.ID != "" {
+		verb += " " + a.ID
+	}
+	return fmt.Sprintf("%s nodes=%v", verb, a.NodeIDs)
 }
-func (LiftQuarantine) Mutates() bool   { return true }
+func (SetQuarantine) Mutates() bool { return true }
+func (a PrepareDumpRestore) String() string {
+	return fmt.Sprintf("prepare-dump-restore %s old=%s members=%v", a.ID, a.OldToken, a.Members)
+}
+func (PrepareDumpRestore) Mutates() bool { return true }
+func (a DumpBackup) String() string      { return "dump-backup " + a.ID }
+func (DumpBackup) Mutates() bool         { return true }
 func (a FinishRestore) String() string { return "finish-restore " + a.ID }
 func (FinishRestore) Mutates() bool    { return true }
 
-// activeExclusive returns the oldest restore or recover-quorum command
-// that is neither done nor failed. Such a command replaces the cluster,
-// so the store lock's holder runs it alone.
+// activeExclusive returns the oldest restore, dump-restore or
+// recover-quorum command that is neither done nor failed. Such a command
+// replaces the cluster, so the store lock's holder runs it alone.
 func activeExclusive(cmds []Command) *Command {
 	for i, c := range cmds {
-		if c.Err == nil && (c.Command.RestoreBackup != nil || c.Command.RecoverQuorum != nil) && !c.Status.Finished() {
+		k := c.Command
+		if c.Err == nil && (k.RestoreBackup != nil || k.RecoverQuorum != nil || k.DumpRestore != nil) && !c.Status.Finished() {
 			return &cmds[i]
 		}
 	}
@@ -117,6 +148,14 @@ func planRestore(o Observed, c Command) []Action {
 		byID[p.ID] = p
 	}
 	p := c.Status.Restore
+	dump := c.Command.DumpRestore
+	switch {
+	case p == nil && dump != nil:
+		return planPrepareDump(o, c, peers)
+	case dump != nil && (p.Phase == spec.RestoreQuarantining || p.Phase == spec.RestoreDumping) && o.Spec.EtcdVersion != dump.EtcdVersion:
+		// The old cluster is whole: the change can still be called off.
+		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("called off before the old cluster was stopped: the spec now asks for etcd %s; the quarantine is lifted", o.Spec.EtcdVersion)}}
+	}
 	if p == nil {
 		want := int(o.Spec.MemberCount)
 		if len(peers) < want {
@@ -131,6 +170,29 @@ func planRestore(o Observed, c Command) []Action {
 	}
 
 	switch p.Phase {
+	case spec.RestoreQuarantining:
+		var todo, starting []string
+		for _, n := range peers {
+			switch {
+			case n.Member == nil || n.Member.ClusterToken != p.OldToken:
+			case !n.Member.Quarantined:
+				todo = append(todo, n.ID)
+			case !n.Healthy:
+				starting = append(starting, n.ID)
+			}
+		}
+		if len(todo) > 0 {
+			return []Action{SetQuarantine{ID: c.ID, Token: p.OldToken, NodeIDs: todo, On: true}}
+		}
+		if len(starting) > 0 {
+			return []Action{Report{Level: slog.LevelInfo, Msg: "dump-restore waits for the quarantined members to start",
+				Attrs: []any{"command", c.ID, "nodes", starting}}}
+		}
+		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreDumping}}
+
+	case spec.RestoreDumping:
+		return []Action{DumpBackup{ID: c.ID}}
+
 	case spec.RestoreStopping:
 		stop := map[string]string{}
 		for _, n := range peers {
@@ -185,10 +247,73 @@ func planRestore(o Observed, c Command) []Action {
 			}
 		}
 		if len(lift) > 0 {
-			return []Action{LiftQuarantine{ID: c.ID, NodeIDs: lift}}
+			return []Action{SetQuarantine{ID: c.ID, Token: p.Token, NodeIDs: lift}}
 		}
 		return []Action{FinishRestore{ID: c.ID}}
 	}
 	return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("restore is in an unknown phase %q (known: %s)", p.Phase,
-		strings.Join([]string{spec.RestoreStopping, spec.RestoreRestoring, spec.RestoreVerifying, spec.RestoreBackingUp, spec.RestoreLifting}, ", "))}}
+		strings.Join([]string{spec.RestoreQuarantining, spec.RestoreDumping, spec.RestoreStopping, spec.RestoreRestoring, spec.RestoreVerifying, spec.RestoreBackingUp, spec.RestoreLifting}, ", "))}}
+}
+
+// planPrepareDump picks the members of the cluster a dump-restore makes:
+// the nodes of the running cluster first, so that the same nodes serve.
+func planPrepareDump(o Observed, c Command, peers []Node) []Action {
+	want := int(o.Spec.MemberCount)
+	old := ""
+	if o.Cluster != nil {
+		old = o.Cluster.Token
+	} else {
+		// The lock holder need not be beside etcd's leader: the token most
+		// nodes with data hold.
+		count := map[string]int{}
+		for _, n := range peers {
+			if n.Member != nil && n.HasData {
+				count[n.Member.ClusterToken]++
+				if count[n.Member.ClusterToken] > count[old] {
+					old = n.Member.ClusterToken
+				}
+			}
+		}
+	}
+	healthy := false
+	for _, n := range peers {
+		healthy = healthy || (n.Member != nil && n.Member.ClusterToken == old && n.Healthy)
+	}
+	if old == "" || !healthy {
+		return []Action{Report{Level: slog.LevelWarn, Msg: "dump-restore waits for a healthy member of the running cluster to back up",
+			Attrs: []any{"command", c.ID}}}
+	}
+	if len(peers) < want {
+		return []Action{Report{Level: slog.LevelWarn, Msg: "dump-restore waits for enough agents",
+			Attrs: []any{"command", c.ID, "have", len(peers), "want", want}}}
+	}
+	ordered := slices.Clone(peers)
+	sort.SliceStable(ordered, func(i, j int) bool {
+		return isMemberOf(ordered[i], old) && !isMemberOf(ordered[j], old)
+	})
+	ids := make([]string, 0, want)
+	for _, n := range ordered[:want] {
+		ids = append(ids, n.ID)
+	}
+	sort.Strings(ids)
+	return []Action{PrepareDumpRestore{ID: c.ID, OldToken: old, Members: ids}}
+}
+
+func isMemberOf(n Node, token string) bool { return n.Member != nil && n.Member.ClusterToken == token }
+
+// planStrayQuarantine lifts a quarantine that no command explains, such as
+// one left by a dump-restore that was called off or deleted: a quarantined
+// cluster serves no client.
+func planStrayQuarantine(o Observed) []Action {
+	var lift []string
+	for _, n := range o.Peers {
+		if n.Member != nil && n.Member.ClusterToken == o.Cluster.Token && n.Member.Quarantined {
+			lift = append(lift, n.ID)
+		}
+	}
+	if len(lift) == 0 {
+		return nil
+	}
+	sort.Strings(lift)
+	return []Action{SetQuarantine{Token: o.Cluster.Token, NodeIDs: lift}}
 }

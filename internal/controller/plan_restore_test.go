@@ -164,3 +164,84 @@ func TestPlanRecoverQuorum(t *testing.T) {
 		})
 	}
 }
+
+func TestPlanDumpRestore(t *testing.T) {
+	dumpCmd := func(p *spec.RestoreProgress, state string) Command {
+		c := cmd("d1", spec.Command{DumpRestore: &spec.DumpRestoreCommand{EtcdVersion: "3.4.23"}}, state)
+		if p != nil {
+			c.Status.Restore = p
+		}
+		return c
+	}
+	progress := func(phase string) *spec.RestoreProgress {
+		return &spec.RestoreProgress{Phase: phase, Token: "new", OldToken: "tok", Members: []string{"a", "b", "c"}, EtcdVersion: "3.4.23"}
+	}
+	// old is a member of the running cluster "tok" on 3.5.
+	old := func(id string, healthy, quarantined bool) Node {
+		n := node(id, "member")
+		m := *n.Member
+		m.EtcdVersion, m.Quarantined = "3.5.35", quarantined
+		n.Member, n.Healthy = &m, healthy
+		return n
+	}
+	lockObs := func(c Command, peers ...Node) Observed {
+		s := specN(3)
+		s.EtcdVersion, s.AllowDumpRestore = "3.4.23", true
+		return Observed{Spec: s, Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: peers[0], Peers: peers,
+			LockHeld: true, Commands: []Command{c}}
+	}
+	running := spec.CommandRunning
+	tests := []struct {
+		name string
+		obs  Observed
+		want string
+	}{
+		{name: "prepare: the running cluster's nodes become the new members",
+			obs:  lockObs(dumpCmd(nil, ""), node("0", "standby"), old("c", true, false), old("a", true, false), old("b", true, false)),
+			want: "prepare-dump-restore d1 old=tok members=[a b c]"},
+		{name: "prepare waits for a healthy member to back up",
+			obs:  lockObs(dumpCmd(nil, ""), old("a", false, false), old("b", false, false), old("c", false, false)),
+			want: "report[WARN] dump-restore waits for a healthy member of the running cluster to back up"},
+		{name: "quarantining: every old member at once",
+			obs:  lockObs(dumpCmd(progress(spec.RestoreQuarantining), running), old("a", true, true), old("b", true, false), old("c", true, false)),
+			want: "quarantine d1 nodes=[b c]"},
+		{name: "quarantining: wait for the quarantined members to start",
+			obs:  lockObs(dumpCmd(progress(spec.RestoreQuarantining), running), old("a", true, true), old("b", false, true), old("c", true, true)),
+			want: "report[INFO] dump-restore waits for the quarantined members to start"},
+		{name: "quarantined: dump",
+			obs:  lockObs(dumpCmd(progress(spec.RestoreQuarantining), running), old("a", true, true), old("b", true, true), old("c", true, true)),
+			want: "set-restore-phase d1 dumping"},
+		{name: "dumping", obs: lockObs(dumpCmd(progress(spec.RestoreDumping), running), old("a", true, true)), want: "dump-backup d1"},
+		{name: "then it stops the old cluster, as a restore does",
+			obs:  lockObs(dumpCmd(progress(spec.RestoreStopping), running), old("a", true, true), old("b", true, true), old("c", true, true)),
+			want: "stop-for-restore d1 nodes=[a b c]"},
+		{name: "the spec set back before the old cluster stops: called off",
+			obs: func() Observed {
+				o := lockObs(dumpCmd(progress(spec.RestoreDumping), running), old("a", true, true))
+				o.Spec.EtcdVersion = "3.5.35"
+				return o
+			}(),
+			want: "fail-command d1 (called off before the old cluster was stopped: the spec now asks for etcd 3.5.35; the quarantine is lifted)"},
+		{name: "the spec set back once the old cluster is stopped: the restore goes on",
+			obs: func() Observed {
+				o := lockObs(dumpCmd(progress(spec.RestoreStopping), running), old("a", true, true))
+				o.Spec.EtcdVersion = "3.5.35"
+				return o
+			}(),
+			want: "stop-for-restore d1 nodes=[a]"},
+		{name: "a called-off dump-restore's quarantine is lifted by etcd's leader",
+			obs: func() Observed {
+				o := leaderObs(3, cluster(member("a", true), member("b", true), member("c", true)), old("a", true, true), old("b", true, true), old("c", true, false))
+				o.Commands = []Command{dumpCmd(progress(spec.RestoreDumping), spec.CommandFailed)}
+				return o
+			}(),
+			want: "lift-quarantine nodes=[a b]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := describe(Plan(tt.obs)); !strings.HasPrefix(got, tt.want) {
+				t.Fatalf("got  %q\nwant %q", got, tt.want)
+			}
+		})
+	}
+}

@@ -105,7 +105,7 @@ func planVersion(o Observed) []Action {
 	for _, x := range ms {
 		nodes = append(nodes, x.n)
 	}
-	step, downgrade, why := nextVersionStep(cur, target, installedOnAll(nodes))
+	step, mode, why := nextVersionStep(cur, target, installedOnAll(nodes), o.Spec.AllowDumpRestore)
 	if why != "" {
 		return []Action{Report{Level: slog.LevelError, Msg: "cannot change the etcd version: " + why,
 			Attrs: []any{"running", cur.String(), "wanted", target.String()}}}
@@ -120,6 +120,10 @@ func planVersion(o Observed) []Action {
 		return []Action{Report{Level: slog.LevelError, Msg: "cannot change the etcd version: some nodes have no binary for it; nothing was stopped",
 			Attrs: []any{"version", step.String(), "nodes", missing}}}
 	}
+	if mode == stepDumpRestore {
+		return planDumpRestore(o, step)
+	}
+	downgrade := mode == stepDowngrade
 	if step.Minor >= 7 {
 		// etcd 3.7 cannot replay the v2 entries 3.5 wrote; each member's
 		// log must have been snapshotted past them.
@@ -203,16 +207,24 @@ func planVersion(o Observed) []Action {
 	return []Action{SetMemberVersion{NodeID: next.n.ID, Version: step.String()}}
 }
 
+// How the members move to a version step.
+type stepMode int
+
+const (
+	stepRolling     stepMode = iota // restart each member on the new binary
+	stepDowngrade                   // the same, after enabling etcd's downgrade
+	stepDumpRestore                 // a new cluster of the version, from a backup
+)
+
 // nextVersionStep is the version the members move to next on the way
-// from cur to target, given the versions installed on every node, and
-// whether it is a downgrade through etcd's downgrade API; or why there is
-// none.
-func nextVersionStep(cur, target spec.Version, installed []spec.Version) (spec.Version, bool, string) {
+// from cur to target, given the versions installed on every node, and how
+// they get there; or why there is no way.
+func nextVersionStep(cur, target spec.Version, installed []spec.Version, allowDump bool) (spec.Version, stepMode, string) {
 	switch {
 	case cur.Major != target.Major:
-		return spec.Version{}, false, fmt.Sprintf("a change of major version (%s to %s) is not supported", cur, target)
+		return spec.Version{}, 0, fmt.Sprintf("a change of major version (%s to %s) is not supported", cur, target)
 	case cur.Minor == target.Minor, target.Minor == cur.Minor+1:
-		return target, false, "" // a patch change, up or down, or one minor up
+		return target, stepRolling, "" // a patch change, up or down, or one minor up
 	case target.Minor > cur.Minor+1:
 		var best *spec.Version
 		for i, v := range installed {
@@ -221,15 +233,38 @@ func nextVersionStep(cur, target spec.Version, installed []spec.Version) (spec.V
 			}
 		}
 		if best == nil {
-			return spec.Version{}, false, fmt.Sprintf("going from %s to %s steps through 3.%d, but no 3.%d.x is installed on every node",
+			return spec.Version{}, 0, fmt.Sprintf("going from %s to %s steps through 3.%d, but no 3.%d.x is installed on every node",
 				cur, target, cur.Minor+1, cur.Minor+1)
 		}
-		return *best, false, ""
+		return *best, stepRolling, ""
 	case target.Minor == cur.Minor-1 && cur.Minor >= 6:
-		return target, true, "" // etcd 3.6 and later downgrade one minor in place
+		return target, stepDowngrade, "" // etcd 3.6 and later downgrade one minor in place
+	case allowDump:
+		return target, stepDumpRestore, ""
 	default:
-		return spec.Version{}, false, fmt.Sprintf("going from %s down to %s needs dump and restore, which is not supported yet; set the spec back to %s", cur, target, cur)
+		return spec.Version{}, 0, fmt.Sprintf("going from %s down to %s needs dump and restore (a new cluster of %s made from a backup, "+
+			"with clients cut off until it serves); allow it with configure-cluster --etcd-version=%s --allow-dump-restore, or set the spec back to %s",
+			cur, target, target, target, cur)
 	}
+}
+
+// QueueDumpRestore queues the dump-restore command that moves the cluster
+// to Version.
+type QueueDumpRestore struct{ Version string }
+
+func (a QueueDumpRestore) String() string { return "queue-dump-restore " + a.Version }
+func (QueueDumpRestore) Mutates() bool    { return true }
+
+// planDumpRestore starts a dump-restore to v, unless one failed: that
+// waits for the operator, who reads why in list-commands.
+func planDumpRestore(o Observed, v spec.Version) []Action {
+	for _, c := range o.Commands {
+		if d := c.Command.DumpRestore; d != nil && d.EtcdVersion == v.String() && c.Status.State == spec.CommandFailed {
+			return []Action{Report{Level: slog.LevelError, Msg: "cannot change the etcd version: its dump-restore failed; read why with list-commands, then delete the command to try again",
+				Attrs: []any{"command", c.ID, "version", v.String(), "error", c.Status.Message}}}
+		}
+	}
+	return []Action{QueueDumpRestore{Version: v.String()}}
 }
 
 // memberNode is an etcd member with its agent and the version it is set

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 func TestPlanVersion(t *testing.T) {
@@ -107,6 +109,46 @@ func TestPlanVersion(t *testing.T) {
 		{"into 3.7, a member whose log may hold 3.5's v2 entries waits for a snapshot",
 			obs("3.7.3", "", v2("a", 50, 60), v2("b", 40, 30), v2("c", 45, 70)),
 			"report[INFO] version change waits until every member has taken a raft snapshot"},
+		{"3.5 -> 3.4 without --allow-dump-restore: refused, saying how to allow it",
+			obs("3.4.23", "", at("a", "3.5.35", 9), at("b", "3.5.35", 9)),
+			"report[ERROR] cannot change the etcd version: going from 3.5.35 down to 3.4.23 needs dump and restore (a new cluster of 3.4.23 made from a backup, " +
+				"with clients cut off until it serves); allow it with configure-cluster --etcd-version=3.4.23 --allow-dump-restore, or set the spec back to 3.5.35"},
+		{"3.5 -> 3.4 allowed: queue a dump-restore",
+			func() Observed {
+				o := obs("3.4.23", "", at("a", "3.5.35", 9), at("b", "3.5.35", 9))
+				o.Spec.AllowDumpRestore = true
+				return o
+			}(),
+			"queue-dump-restore 3.4.23"},
+		{"3.6 -> 3.4 allowed: one dump-restore, no stop at 3.5",
+			func() Observed {
+				o := obs("3.4.23", "", at("a", "3.6.16", 9), at("b", "3.6.16", 9))
+				o.Spec.AllowDumpRestore = true
+				return o
+			}(),
+			"queue-dump-restore 3.4.23"},
+		{"one minor down from 3.6 rolls even when dump-restore is allowed",
+			func() Observed {
+				o := obs("3.5.35", "", at("a", "3.6.16", 9), at("b", "3.6.16", 9))
+				o.Spec.AllowDumpRestore = true
+				return o
+			}(),
+			"take-backup (before changing etcd to 3.5.35)"},
+		{"dump-restore to a version a node has no binary for: refused before anything stops",
+			func() Observed {
+				o := obs("3.4.23", "", at("a", "3.5.35", 9), func() Node { n := at("b", "3.5.35", 9); n.Installed = []string{"3.5.35"}; return n }())
+				o.Spec.AllowDumpRestore = true
+				return o
+			}(),
+			"report[ERROR] cannot change the etcd version: some nodes have no binary for it; nothing was stopped"},
+		{"a failed dump-restore is not queued again",
+			func() Observed {
+				o := obs("3.4.23", "", at("a", "3.5.35", 9), at("b", "3.5.35", 9))
+				o.Spec.AllowDumpRestore = true
+				o.Commands = []Command{cmd("d1", spec.Command{DumpRestore: &spec.DumpRestoreCommand{EtcdVersion: "3.4.23"}}, spec.CommandFailed)}
+				return o
+			}(),
+			"report[ERROR] cannot change the etcd version: its dump-restore failed; read why with list-commands, then delete the command to try again"},
 		{"into 3.7, once every member snapshotted past them",
 			obs("3.7.3", "", v2("a", 50, 60), v2("b", 40, 55), v2("c", 45, 70)),
 			"take-backup (before changing etcd to 3.7.3)"},

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/etcdutl/v3/snapshot"
-	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
@@ -56,7 +54,7 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 		for id := range act.Tokens {
 			ids = append(ids, id)
 		}
-		return a.onNodes(ctx, obs, ids, func(ctx context.Context, n Node) error {
+		return a.onNodesLeaderLast(ctx, obs, ids, func(ctx context.Context, n Node) error {
 			return a.leaveNode(ctx, n, peer.LeaveRequest{Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster"})
 		})
 	case SetRestorePhase:
@@ -93,16 +91,12 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 			return err
 		}
 		return a.setRestorePhase(ctx, s, obs, act.ID, spec.RestoreLifting)
-	case LiftQuarantine:
-		p, err := restoreProgress(obs, act.ID)
-		if err != nil {
-			return err
-		}
-		return a.onNodes(ctx, obs, act.NodeIDs, func(ctx context.Context, n Node) error {
-			return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error {
-				return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: a.lock.NodeID, Token: p.Token, Quarantined: false})
-			})
-		})
+	case SetQuarantine:
+		return a.setQuarantine(ctx, obs, act)
+	case PrepareDumpRestore:
+		return a.prepareDumpRestore(ctx, s, obs, act)
+	case DumpBackup:
+		return a.dumpBackup(ctx, s, obs, act)
 	case FinishRestore:
 		if err := s.DeleteCommand(ctx, act.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
@@ -112,6 +106,19 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 		return nil
 	}
 	return fmt.Errorf("controller: not a restore action: %T", act)
+}
+
+// setQuarantine has the nodes restart their members of act.Token in or out
+// of quarantine, in parallel.
+func (a *Agent) setQuarantine(ctx context.Context, obs Observed, act SetQuarantine) error {
+	if act.ID == "" {
+		a.log.Warn("lifting a quarantine that no command explains", "cluster-token", act.Token, "nodes", act.NodeIDs)
+	}
+	return a.onNodesLeaderLast(ctx, obs, act.NodeIDs, func(ctx context.Context, n Node) error {
+		return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error {
+			return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: a.lock.NodeID, Token: act.Token, Quarantined: act.On})
+		})
+	})
 }
 
 // fencedStore opens the store after checking that this agent still holds
@@ -225,6 +232,27 @@ func (a *Agent) onNodes(ctx context.Context, obs Observed, ids []string, fn func
 	return errors.Join(errs...)
 }
 
+// onNodesLeaderLast is onNodes for stopping or restarting every member of
+// a cluster: the raft leader goes after the others. A leader stopped
+// while its followers stop too spends etcd's whole request timeout (7 s
+// by default) trying to hand leadership to one of them; after them, it
+// either hands it to one already back or stops at once.
+func (a *Agent) onNodesLeaderLast(ctx context.Context, obs Observed, ids []string, fn func(context.Context, Node) error) error {
+	var first, last []string
+	for _, id := range ids {
+		n, err := findNode(obs.Peers, id)
+		if err == nil && n.MemberID != 0 && n.RaftLeader == n.MemberID {
+			last = append(last, id)
+		} else {
+			first = append(first, id)
+		}
+	}
+	if err := a.onNodes(ctx, obs, first, fn); err != nil || len(last) == 0 {
+		return err
+	}
+	return a.onNodes(ctx, obs, last, fn)
+}
+
 // restoreNodes has the chosen nodes restore the backup, in parallel.
 func (a *Agent) restoreNodes(ctx context.Context, obs Observed, act RestoreNodes) error {
 	c := findCommand(obs.Commands, act.ID)
@@ -232,9 +260,13 @@ func (a *Agent) restoreNodes(ctx context.Context, obs Observed, act RestoreNodes
 		return fmt.Errorf("controller: restore %s has no progress", act.ID)
 	}
 	p := c.Status.Restore
+	name := p.Backup // a dump-restore's own backup
+	if c.Command.RestoreBackup != nil {
+		name = c.Command.RestoreBackup.Backup
+	}
 	req := peer.RestoreRequest{
 		LeaderID: a.lock.NodeID,
-		Backup:   c.Command.RestoreBackup.Backup,
+		Backup:   name,
 		Member: etcdproc.MemberState{
 			ClusterToken: p.Token, EtcdVersion: p.EtcdVersion, InitialCluster: p.InitialCluster, Quarantined: true,
 		},
@@ -341,7 +373,8 @@ func (a *Agent) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	if err != nil {
 		return err
 	}
-	if _, err := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v); err != nil {
+	bins, err := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v)
+	if err != nil {
 		return err
 	}
 	if cur := a.state.Member; cur != nil && cur.ClusterToken != token {
@@ -378,13 +411,13 @@ func (a *Agent) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
-	err = snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
-		SnapshotPath:        path,
-		Name:                a.state.NodeID,
-		OutputDataDir:       staging,
-		PeerURLs:            a.cfg.PeerURLs,
-		InitialCluster:      m.InitialCluster,
-		InitialClusterToken: token,
+	err = bins.RestoreSnapshot(ctx, etcdproc.RestoreOptions{
+		SnapshotPath:   path,
+		DataDir:        staging,
+		Name:           a.state.NodeID,
+		PeerURLs:       a.cfg.PeerURLs,
+		InitialCluster: m.InitialCluster,
+		Token:          token,
 	})
 	if err != nil {
 		os.RemoveAll(staging)

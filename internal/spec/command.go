@@ -16,6 +16,16 @@ type Command struct {
 	RestoreBackup *RestoreBackupCommand `json:"restoreBackup,omitempty"`
 	BackupNow     *BackupNowCommand     `json:"backupNow,omitempty"`
 	RecoverQuorum *RecoverQuorumCommand `json:"recoverQuorum,omitempty"`
+	DumpRestore   *DumpRestoreCommand   `json:"dumpRestore,omitempty"`
+}
+
+// DumpRestoreCommand changes the etcd version by dump and restore. The
+// leader queues it itself, when the spec asks for a version no rolling
+// change reaches and allows dump and restore: the cluster is quarantined,
+// backed up, and replaced by a new cluster of EtcdVersion made from that
+// backup.
+type DumpRestoreCommand struct {
+	EtcdVersion string `json:"etcdVersion"`
 }
 
 // RecoverQuorumCommand asks the leader to rebuild a cluster that lost
@@ -40,6 +50,8 @@ func (c Command) Kind() string {
 		return "backup-now"
 	case c.RecoverQuorum != nil:
 		return "recover-quorum"
+	case c.DumpRestore != nil:
+		return "dump-restore"
 	default:
 		return "unknown"
 	}
@@ -60,9 +72,15 @@ func (c Command) Validate() error {
 	if c.RecoverQuorum != nil {
 		n++
 	}
+	if c.DumpRestore != nil {
+		n++
+		if _, err := ParseSupportedVersion(c.DumpRestore.EtcdVersion); err != nil {
+			return fmt.Errorf("spec: dumpRestore: %w", err)
+		}
+	}
 	switch n {
 	case 0:
-		return errors.New("spec: command has no known kind (want restoreBackup, backupNow or recoverQuorum)")
+		return errors.New("spec: command has no known kind (want restoreBackup, backupNow, recoverQuorum or dumpRestore)")
 	case 1:
 		return nil
 	default:
@@ -122,13 +140,15 @@ func DecodeCommandStatus(data []byte) (CommandStatus, error) {
 	return s, nil
 }
 
-// Restore phases, in order.
+// Restore phases, in order. A dump-restore starts with the first two.
 const (
-	RestoreStopping  = "stopping"  // the old members stop and move their data to the trash
-	RestoreRestoring = "restoring" // the chosen nodes restore the backup and start, quarantined
-	RestoreVerifying = "verifying" // HashKV must agree across the new members
-	RestoreBackingUp = "backing-up"
-	RestoreLifting   = "lifting" // the quarantine is lifted, member by member
+	RestoreQuarantining = "quarantining" // dump-restore: the old members stop serving clients
+	RestoreDumping      = "dumping"      // dump-restore: a backup of the quarantined cluster
+	RestoreStopping     = "stopping"     // the old members stop and move their data to the trash
+	RestoreRestoring    = "restoring"    // the chosen nodes restore the backup and start, quarantined
+	RestoreVerifying    = "verifying"    // HashKV must agree across the new members
+	RestoreBackingUp    = "backing-up"
+	RestoreLifting      = "lifting" // the quarantine is lifted, member by member
 )
 
 // RestoreProgress is where a restore stands.
@@ -141,4 +161,8 @@ type RestoreProgress struct {
 	Members        []string `json:"members"`
 	InitialCluster string   `json:"initialCluster"`
 	EtcdVersion    string   `json:"etcdVersion"`
+	// OldToken is the token of the cluster a dump-restore replaces, and
+	// Backup the backup it took of it.
+	OldToken string `json:"oldToken,omitempty"`
+	Backup   string `json:"backup,omitempty"`
 }

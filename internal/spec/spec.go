@@ -23,11 +23,21 @@ var (
 type ClusterSpec struct {
 	MemberCount int32  `json:"memberCount"`
 	EtcdVersion string `json:"etcdVersion"`
+	// AllowDumpRestore is our addition: it lets the leader reach
+	// EtcdVersion by dump and restore (a new cluster made from a backup,
+	// with clients cut off meanwhile) when no rolling change can, such as
+	// 3.5 to 3.4. configure-cluster sets it only with the version it was
+	// given for.
+	AllowDumpRestore bool `json:"allowDumpRestore,omitempty"`
 }
 
 // String renders the spec for logs and the CLI.
 func (s ClusterSpec) String() string {
-	return fmt.Sprintf("memberCount=%d etcdVersion=%s", s.MemberCount, s.EtcdVersion)
+	out := fmt.Sprintf("memberCount=%d etcdVersion=%s", s.MemberCount, s.EtcdVersion)
+	if s.AllowDumpRestore {
+		out += " allowDumpRestore=true"
+	}
+	return out
 }
 
 // Validate checks the spec. It returns warnings for settings that are

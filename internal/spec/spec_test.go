@@ -78,10 +78,10 @@ func TestDecodeStoreFormatVariants(t *testing.T) {
 		}
 		return b
 	}
-	if s, err := DecodeClusterSpec(read("spec-etcd-manager")); err != nil || s != (ClusterSpec{3, "3.4.13"}) {
+	if s, err := DecodeClusterSpec(read("spec-etcd-manager")); err != nil || s != (ClusterSpec{MemberCount: 3, EtcdVersion: "3.4.13"}) {
 		t.Errorf("spec-etcd-manager: %+v, %v", s, err)
 	}
-	if s, err := DecodeClusterSpec(read("spec-extra-fields")); err != nil || s != (ClusterSpec{1, "3.6.16"}) {
+	if s, err := DecodeClusterSpec(read("spec-extra-fields")); err != nil || s != (ClusterSpec{MemberCount: 1, EtcdVersion: "3.6.16"}) {
 		t.Errorf("spec-extra-fields: %+v, %v", s, err)
 	}
 	for _, name := range []string{"created-number", "created-string", "created-with-spaces"} {
@@ -147,16 +147,16 @@ func TestClusterSpecValidate(t *testing.T) {
 		wantErr     error
 		wantWarning string
 	}{
-		{name: "one member", spec: ClusterSpec{1, "3.6.16"}},
-		{name: "three members", spec: ClusterSpec{3, "3.5.35"}},
-		{name: "zero members", spec: ClusterSpec{0, "3.6.16"}, wantErr: ErrInvalidMemberCount},
-		{name: "negative members", spec: ClusterSpec{-1, "3.6.16"}, wantErr: ErrInvalidMemberCount},
-		{name: "even members warn", spec: ClusterSpec{4, "3.6.16"}, wantWarning: "even member count (4)"},
-		{name: "two members warn", spec: ClusterSpec{2, "3.6.16"}, wantWarning: "even member count (2)"},
-		{name: "no version", spec: ClusterSpec{1, ""}, wantErr: ErrMissingVersion},
-		{name: "v2", spec: ClusterSpec{1, "2.2.1"}, wantErr: ErrV2Unsupported},
-		{name: "unparsable", spec: ClusterSpec{1, "three"}, wantErr: ErrInvalidVersion},
-		{name: "too old", spec: ClusterSpec{1, "3.3.10"}, wantErr: ErrVersionUnsupported},
+		{name: "one member", spec: ClusterSpec{MemberCount: 1, EtcdVersion: "3.6.16"}},
+		{name: "three members", spec: ClusterSpec{MemberCount: 3, EtcdVersion: "3.5.35"}},
+		{name: "zero members", spec: ClusterSpec{MemberCount: 0, EtcdVersion: "3.6.16"}, wantErr: ErrInvalidMemberCount},
+		{name: "negative members", spec: ClusterSpec{MemberCount: -1, EtcdVersion: "3.6.16"}, wantErr: ErrInvalidMemberCount},
+		{name: "even members warn", spec: ClusterSpec{MemberCount: 4, EtcdVersion: "3.6.16"}, wantWarning: "even member count (4)"},
+		{name: "two members warn", spec: ClusterSpec{MemberCount: 2, EtcdVersion: "3.6.16"}, wantWarning: "even member count (2)"},
+		{name: "no version", spec: ClusterSpec{MemberCount: 1, EtcdVersion: ""}, wantErr: ErrMissingVersion},
+		{name: "v2", spec: ClusterSpec{MemberCount: 1, EtcdVersion: "2.2.1"}, wantErr: ErrV2Unsupported},
+		{name: "unparsable", spec: ClusterSpec{MemberCount: 1, EtcdVersion: "three"}, wantErr: ErrInvalidVersion},
+		{name: "too old", spec: ClusterSpec{MemberCount: 1, EtcdVersion: "3.3.10"}, wantErr: ErrVersionUnsupported},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

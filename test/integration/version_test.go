@@ -74,6 +74,18 @@ func (w *writer) halt() {
 	<-w.done
 }
 
+func (w *writer) ackedCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.acked)
+}
+
+// waitAcked waits until n writes in all have been acknowledged.
+func (w *writer) waitAcked(t *testing.T, n int) {
+	t.Helper()
+	harness.WaitFor(t, time.Minute, fmt.Sprintf("%d acknowledged writes", n), func() bool { return w.ackedCount() >= n })
+}
+
 // check verifies that every acknowledged write is present.
 func (w *writer) check(t *testing.T, c *clientv3.Client) {
 	t.Helper()
@@ -224,5 +236,98 @@ func TestDowngrade(t *testing.T) {
 	w.check(t, clusterClient(t, agents))
 	if !strings.Contains(allLogs(agents), "etcd downgrade enabled") {
 		t.Error("the downgrade did not go through etcd's downgrade API")
+	}
+}
+
+// 3.5 -> 3.4 can only be done by dump and restore. Without
+// --allow-dump-restore it is refused and nothing stops; with it, the
+// cluster is quarantined, backed up and restored as a new 3.4 cluster.
+// Every write acknowledged before the quarantine survives.
+func TestDumpRestoreDowngrade(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version=3.5.35", "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	waitVersion(t, env, agents, "3.5.35")
+	before := harness.Observe(agents)
+	w := startWriter(t, harness.Endpoints(agents), 20000)
+
+	env.MustCtl("--etcd-version=3.4.23", "configure-cluster")
+	harness.WaitFor(t, time.Minute, "the leader to refuse the change without --allow-dump-restore", func() bool {
+		return strings.Contains(allLogs(agents), "--allow-dump-restore, or set the spec back to 3.5.35")
+	})
+	if after := harness.Observe(agents); !allAtVersion(agents, "3.5.35") || fmt.Sprint(keys(after.ClusterIDs)) != fmt.Sprint(keys(before.ClusterIDs)) {
+		t.Fatalf("a refused dump-restore changed the cluster: %v -> %v", before.ClusterIDs, after.ClusterIDs)
+	}
+	if out := env.MustCtl("get"); strings.Contains(out, "allowDumpRestore") {
+		t.Fatalf("get shows a permission never given:\n%s", out)
+	}
+
+	w.waitAcked(t, 100)
+	env.MustCtl("--etcd-version=3.4.23", "--allow-dump-restore", "configure-cluster")
+	if out := env.MustCtl("get"); !strings.Contains(out, "allowDumpRestore: true") {
+		t.Errorf("get does not show the permission:\n%s", out)
+	}
+	waitVersion(t, env, agents, "3.4.23")
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	w.waitAcked(t, w.ackedCount()+50) // the writer carries on against the new cluster
+	w.check(t, clusterClient(t, agents))
+	t.Logf("clients were cut off for %s (the writer's longest gap)", w.longest.Round(time.Millisecond))
+
+	after := harness.Observe(agents)
+	for id := range after.ClusterIDs {
+		if _, old := before.ClusterIDs[id]; old {
+			t.Errorf("the old cluster %x still runs after the dump-restore: %v", id, after.ClusterIDs)
+		}
+	}
+	logs := allLogs(agents)
+	for _, want := range []string{"dump-restore started: quarantining the cluster", "dump-restore: the quarantined cluster is backed up", "restore complete"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the agents' logs lack %q", want)
+		}
+	}
+	if out := env.MustCtl("list-commands"); strings.Contains(out, "dump-restore") {
+		t.Errorf("the finished dump-restore is still queued:\n%s", out)
+	}
+	// The backup it restored from is kept, from 3.5, and a fresh one from 3.4.
+	out := env.MustCtl("list-backups", "-o", "json")
+	if !strings.Contains(out, `"etcdVersion": "3.5.35"`) || !strings.Contains(out, `"etcdVersion": "3.4.23"`) {
+		t.Errorf("list-backups lacks the 3.5 dump or the 3.4 backup after it:\n%s", out)
+	}
+}
+
+// The agent driving a dump-restore is killed right after it records the
+// dump-restore's plan, and right after it records the dump. Another agent
+// (or the restarted one) carries it on to a 3.4 cluster with the data.
+func TestDumpRestoreCrashSafety(t *testing.T) {
+	for _, phase := range []string{"quarantining", "stopping"} {
+		t.Run(phase, func(t *testing.T) {
+			env := harness.NewEnv(t)
+			env.ExtraEnv = append(env.ExtraEnv, controller.CrashAtEnv+"=restore-"+phase)
+			env.MustCtl("--member-count=3", "--etcd-version=3.5.35", "configure-cluster")
+			agents := env.StartAgents(3, harness.AgentOptions{})
+			harness.WaitSettled(t, agents, 3, settleTimeout)
+			put(t, clusterClient(t, agents), "/crash/key", "kept")
+			env.MustCtl("--etcd-version=3.4.23", "--allow-dump-restore", "configure-cluster")
+			crashed := map[string]bool{}
+			harness.WaitFor(t, 4*time.Minute, "the dump-restore to finish after the crash", func() bool {
+				for _, a := range agents {
+					if !a.Running() {
+						crashed[a.Name] = true
+						env.ExtraEnv = nil // restarted agents do not crash again
+						a.Start()
+					}
+				}
+				return len(crashed) > 0 && allAtVersion(agents, "3.4.23")
+			})
+			if n := strings.Count(allLogs(agents), "test hook: crashing here"); n != 1 || len(crashed) != 1 {
+				t.Fatalf("the crash point was hit %d times and %d agents crashed; want 1 and 1", n, len(crashed))
+			}
+			harness.WaitSettled(t, agents, 3, settleTimeout)
+			assertOneCluster(t, agents)
+			if got := get(t, clusterClient(t, agents), "/crash/key"); got != "kept" {
+				t.Fatalf("/crash/key = %q after the dump-restore, want %q", got, "kept")
+			}
+		})
 	}
 }
