@@ -123,8 +123,8 @@ func (a PrepareDumpRestore) String() string {
 func (PrepareDumpRestore) Mutates() bool { return true }
 func (a DumpBackup) String() string      { return "dump-backup " + a.ID }
 func (DumpBackup) Mutates() bool         { return true }
-func (a FinishRestore) String() string { return "finish-restore " + a.ID }
-func (FinishRestore) Mutates() bool    { return true }
+func (a FinishRestore) String() string   { return "finish-restore " + a.ID }
+func (FinishRestore) Mutates() bool      { return true }
 
 // activeExclusive returns the oldest restore, dump-restore or
 // recover-quorum command that is neither done nor failed. Such a command
