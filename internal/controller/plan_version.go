@@ -186,7 +186,9 @@ func planVersion(o Observed) []Action {
 	if next == nil {
 		return nil // every member is at the step; the next cycle plans the next step
 	}
-	if downgrade && next.n.StorageVersion != "" && !strings.HasPrefix(next.n.StorageVersion, minor+".") {
+	if downgrade && !strings.HasPrefix(next.n.StorageVersion, minor+".") {
+		// An empty storage version is not yet known (etcd sets it a moment
+		// after the cluster version), not "already older".
 		return []Action{Report{Level: slog.LevelInfo, Msg: "downgrade waits for a member's data to be rewritten in the older schema",
 			Attrs: []any{"node", next.n.ID, "storage-version", next.n.StorageVersion, "wanted", minor}}}
 	}
