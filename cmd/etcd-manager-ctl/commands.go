@@ -32,6 +32,10 @@ type options struct {
 	clusterName      string
 	peerPort         int
 	insecure         bool
+	pkiDir           string
+	cacert           string
+	cert             string
+	key              string
 }
 
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
@@ -59,7 +63,11 @@ commands work even then.`,
 	fs.StringVar(&o.discovery, "discovery", "store", "how to find the agents (status): store, file:///DIR, static:HOST:PORT,... or dns:NAME, as the agents' --discovery")
 	fs.StringVar(&o.clusterName, "cluster-name", "", "cluster name the agents serve (status); taken from the discovery records when they carry it")
 	fs.IntVar(&o.peerPort, "peer-port", 8000, "agents' peer API port, for --discovery=dns:NAME with A records")
-	fs.BoolVar(&o.insecure, "insecure", false, "talk to the agents' peer API without TLS (status), as agents started with --insecure")
+	fs.BoolVar(&o.insecure, "insecure", false, "talk to the agents' peer API and etcd without TLS (status), as agents started with --insecure --etcd-insecure")
+	fs.StringVar(&o.pkiDir, "pki-dir", "", "directory holding the cluster's CA (ca.crt, ca.key), as the agents' --pki-dir; by default the CA is read from the backup store's pki/ prefix")
+	fs.StringVar(&o.cacert, "cacert", "", "CA certificate to trust, with --cert and --key (instead of issuing a certificate from the CA)")
+	fs.StringVar(&o.cert, "cert", "", "client certificate to present to the agents and etcd, with --cacert and --key")
+	fs.StringVar(&o.key, "key", "", "key of --cert")
 
 	root.AddCommand(
 		&cobra.Command{
@@ -107,6 +115,7 @@ left out keeps its current value.`,
 		},
 	)
 	root.AddCommand(queueCommands(o, stdout)...)
+	root.AddCommand(issueClientCertCommand(o, stdout))
 	return root
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"google.golang.org/grpc/credentials"
 
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -58,10 +61,15 @@ func role(info peer.NodeInfo) string {
 }
 
 func (o *options) status(ctx context.Context, w io.Writer) error {
+	creds := peer.InsecureCredentials()
+	var tlsCfg *tls.Config
+	var err error
 	if !o.insecure {
-		return errors.New("status talks to the agents' peer API, and TLS for it is not available in this build yet; pass --insecure")
+		if tlsCfg, err = o.clientTLS(ctx); err != nil {
+			return err
+		}
+		creds = credentials.NewTLS(tlsCfg)
 	}
-	creds, err := peer.Credentials(true)
 	if err != nil {
 		return err
 	}
@@ -94,8 +102,9 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs []error
 	)
 	seen := map[string]bool{}
 	for _, r := range recs {
@@ -115,6 +124,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 			defer mu.Unlock()
 			if err != nil {
 				st.Unreachable = append(st.Unreachable, r.Address)
+				errs = append(errs, err)
 				return
 			}
 			a := agentStatus{ID: info.NodeID, Address: r.Address, Role: role(info), EtcdVersion: info.EtcdVersion,
@@ -134,6 +144,11 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	}
 	wg.Wait()
 	if len(st.Agents) == 0 {
+		for _, err := range errs {
+			if msg := err.Error(); strings.Contains(msg, "tls:") || strings.Contains(msg, "handshake") || strings.Contains(msg, "server preface") {
+				return fmt.Errorf("no agent accepted the connection: %w; the agents require a client certificate from the cluster's CA (see issue-client-cert), or --insecure if they run with --insecure", err)
+			}
+		}
 		return fmt.Errorf("no agent answered: discovery %q found %d address(es) %v; are the agents running, and is --discovery the one they use?",
 			o.discovery, len(recs), st.Unreachable)
 	}
@@ -141,7 +156,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	sort.Strings(st.Unreachable)
 	for _, a := range st.Agents {
 		if a.Healthy && a.ClientURL != "" {
-			if v, err := clusterVersion(ctx, a.ClientURL); err == nil {
+			if v, err := clusterVersion(ctx, a.ClientURL, tlsCfg); err == nil {
 				st.ClusterVersion = v
 				break
 			}
@@ -186,14 +201,18 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 }
 
 // clusterVersion reads etcd's /version endpoint for the cluster version.
-func clusterVersion(ctx context.Context, clientURL string) (string, error) {
+func clusterVersion(ctx context.Context, clientURL string, tlsCfg *tls.Config) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(clientURL, "/")+"/version", nil)
 	if err != nil {
 		return "", err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	client := http.DefaultClient
+	if tlsCfg != nil {
+		client = &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return "", err
 	}

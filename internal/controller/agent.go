@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -31,9 +34,15 @@ type Agent struct {
 	layout etcdproc.Layout
 	proc   *etcdproc.Supervisor
 	now    func() time.Time
-	creds  credentials.TransportCredentials
-	lock   LeaderLock
-	met    *metrics
+	// creds dial peers and serverCreds serve the peer API; etcdTLS is the
+	// TLS of etcd clients (nil with --etcd-insecure). See tls.go.
+	creds, serverCreds credentials.TransportCredentials
+	etcdTLS            *tls.Config
+	ca                 *pki.CA
+	renewAt            time.Time
+	certExpiry         atomic.Int64
+	lock               LeaderLock
+	met                *metrics
 
 	// mu guards the node's state and serializes changes to it and to the
 	// local etcd, between the loop and peer API calls.
@@ -116,8 +125,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.pendingSince = a.now()
 	}
 	a.lock = LeaderLock{NodeID: st.NodeID, TTL: a.cfg.LeaderLease, Now: a.now}
-	if a.creds, err = peer.Credentials(a.cfg.Insecure); err != nil {
+	if err := a.setupTLS(ctx); err != nil {
 		return err
+	}
+	if a.tlsEnabled() {
+		go a.renewLoop(ctx)
 	}
 	a.discovery, err = peer.ParseDiscovery(a.cfg.Discovery, peer.DiscoveryOptions{
 		Store: func(ctx context.Context) (peer.BlobStore, error) {
@@ -146,7 +158,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		defer stop()
 	}
-	srv := peer.NewServer(a.creds, a.cfg.ClusterName, a)
+	srv := peer.NewServer(a.serverCreds, a.cfg.ClusterName, a)
 	go func() {
 		if err := srv.Serve(l); err != nil {
 			a.log.Error("peer API stopped", "error", err)
@@ -282,7 +294,7 @@ func (a *Agent) localClient(endpoint string) (*clientv3.Client, error) {
 		_ = a.client.Close()
 		a.client = nil
 	}
-	c, err := etcdproc.NewClient([]string{endpoint})
+	c, err := etcdproc.NewClient([]string{endpoint}, a.etcdTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -489,6 +501,7 @@ func (a *Agent) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpr
 		ClusterToken:         m.ClusterToken,
 		ForceNewCluster:      m.ForceNewCluster,
 		SnapshotCount:        a.cfg.EtcdSnapshotCount,
+		TLS:                  a.etcdTLSFiles(),
 	}
 }
 

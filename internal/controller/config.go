@@ -16,6 +16,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 )
 
 // Config is the agent's configuration. The flag names follow the
@@ -37,6 +38,12 @@ type Config struct {
 
 	Insecure     bool
 	EtcdInsecure bool
+	// PKIDir holds a CA (ca.crt, ca.key) supplied as files; without it the
+	// CA is generated once into the backup store's pki/ prefix.
+	PKIDir string
+	// CertValidity is how long node certificates are issued for; they are
+	// renewed two thirds into it.
+	CertValidity time.Duration
 
 	EtcdBinDir string
 
@@ -84,8 +91,6 @@ const (
 	flagPeerURLs             = "peer-urls"
 )
 
-const errTLSNotAvailable = "TLS is not available in this build yet; pass --%s to run without it"
-
 // Default returns the configuration with defaults filled in.
 func Default() Config {
 	return Config{
@@ -99,6 +104,7 @@ func Default() Config {
 		Backup:             DefaultBackupConfig(),
 		LoopInterval:       DefaultLoopInterval,
 		EtcdStopTimeout:    DefaultEtcdStopTimeout,
+		CertValidity:       pki.DefaultCertValidity,
 	}
 }
 
@@ -113,8 +119,10 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.ClientURLs, flagClientURLs, c.ClientURLs, fmt.Sprintf("URLs etcd serves clients on (default http://<etcd-address>:%d)", DefaultClientPort))
 	fs.StringSliceVar(&c.QuarantineClientURLs, flagQuarantineClientURLs, c.QuarantineClientURLs, fmt.Sprintf("URLs etcd serves on while quarantined, so that ordinary clients cannot reach it (default http://<etcd-address>:%d)", DefaultQuarantinePort))
 	fs.StringSliceVar(&c.PeerURLs, flagPeerURLs, c.PeerURLs, fmt.Sprintf("URLs etcd uses for raft traffic with its peers (default http://<etcd-address>:%d)", DefaultEtcdPeerPort))
-	fs.BoolVar(&c.Insecure, flagInsecure, c.Insecure, "run the agents' peer API without TLS (required for now: TLS is not available in this build yet)")
-	fs.BoolVar(&c.EtcdInsecure, flagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http (required for now: TLS is not available in this build yet)")
+	fs.BoolVar(&c.Insecure, flagInsecure, c.Insecure, "run the agents' peer API without TLS; by default it uses mutual TLS with certificates from the cluster's CA")
+	fs.BoolVar(&c.EtcdInsecure, flagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http; by default they are https and require client certificates from the cluster's CA")
+	fs.StringVar(&c.PKIDir, "pki-dir", c.PKIDir, "directory holding the cluster's CA as ca.crt and ca.key; when empty, the CA is generated once and kept in the backup store under pki/ (guard that prefix as you would the key)")
+	fs.DurationVar(&c.CertValidity, "cert-validity", c.CertValidity, "validity of the node certificates the agent issues itself; each is renewed two thirds into its life, with no restart")
 	fs.StringVar(&c.EtcdBinDir, "etcd-bin-dir", c.EtcdBinDir, "directory holding etcd installs as etcd-v<version>/etcd (or etcd-v<version>-linux-amd64/etcd), with etcdctl and etcdutl beside it")
 	fs.StringVar(&c.Discovery, "discovery", c.Discovery, "how agents find each other: store (records in the backup store), file:///DIR (a shared directory), static:HOST:PORT,... (a seed list of peer API addresses) or dns:NAME (SRV, or A records with --peer-port)")
 	fs.DurationVar(&c.MemberFailureGrace, "member-failure-grace", c.MemberFailureGrace, "how long a member may be unhealthy before a standby agent replaces it")
@@ -166,11 +174,8 @@ func (c *Config) Validate() error {
 	if c.PeerPort < 1 || c.PeerPort > 65535 {
 		errs = append(errs, fmt.Errorf("--peer-port %d is out of range", c.PeerPort))
 	}
-	if !c.Insecure {
-		errs = append(errs, fmt.Errorf(errTLSNotAvailable, flagInsecure))
-	}
-	if !c.EtcdInsecure {
-		errs = append(errs, fmt.Errorf(errTLSNotAvailable, flagEtcdInsecure))
+	if c.CertValidity < 30*time.Second {
+		errs = append(errs, errors.New("--cert-validity must be at least 30s"))
 	}
 	for name, urls := range map[string][]string{flagClientURLs: c.ClientURLs, flagQuarantineClientURLs: c.QuarantineClientURLs, flagPeerURLs: c.PeerURLs} {
 		for _, u := range urls {

@@ -98,7 +98,7 @@ func (a *Agent) dumpBackup(ctx context.Context, s *store.Store, obs Observed, ac
 		return fmt.Errorf("controller: dump-restore %s: no quarantined member of cluster %s is healthy to back up", act.ID, p.OldToken)
 	}
 	info, err := a.backups.take(ctx, s, backup.Request{
-		Client:       clientv3.Config{DialTimeout: 5 * time.Second},
+		Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: a.etcdTLS},
 		Endpoint:     from.QuarantineURLs[0],
 		TempDir:      filepath.Join(a.cfg.DataDir, "tmp"),
 		EtcdVersion:  from.Member.EtcdVersion,

@@ -380,7 +380,7 @@ func (a *Agent) takeBackup(ctx context.Context, obs Observed, act TakeBackup) er
 		return err
 	}
 	_, err = a.backups.take(ctx, s, backup.Request{
-		Client:       clientv3.Config{DialTimeout: 5 * time.Second},
+		Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: a.etcdTLS},
 		Endpoint:     a.clientEndpoint,
 		TempDir:      filepath.Join(a.cfg.DataDir, "tmp"),
 		EtcdVersion:  obs.Self.Version,

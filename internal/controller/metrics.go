@@ -21,6 +21,8 @@ type metrics struct {
 	leader           prometheus.Gauge
 	etcdHealthy      prometheus.Gauge
 	actionsPerformed *prometheus.CounterVec
+	certExpiry       prometheus.Gauge
+	certRenewals     prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -40,9 +42,13 @@ func newMetrics() *metrics {
 			Help: "1 while the local etcd answers."}),
 		actionsPerformed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_actions_total",
 			Help: "Actions performed, by kind and result."}, []string{"action", "result"}),
+		certExpiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_node_certificate_expiry_timestamp_seconds",
+			Help: "Unix time the node certificate in use expires; it is renewed two thirds into its life."}),
+		certRenewals: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_node_certificate_issued_total",
+			Help: "Node certificates this agent issued itself (at start and on renewal)."}),
 	}
 	m.reg.MustRegister(m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
-		m.actionsPerformed, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.actionsPerformed, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

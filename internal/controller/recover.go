@@ -124,7 +124,7 @@ func (a *Agent) localStatus(ctx context.Context) (etcdproc.MemberStatus, error) 
 		return etcdproc.MemberStatus{}, errors.New("controller: etcd is not running")
 	}
 	endpoint := ps.Spec.ServedClientURL()
-	c, err := etcdproc.NewClient([]string{endpoint})
+	c, err := etcdproc.NewClient([]string{endpoint}, a.etcdTLS)
 	if err != nil {
 		return etcdproc.MemberStatus{}, err
 	}

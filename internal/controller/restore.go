@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,7 +67,7 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 		if err != nil {
 			return err
 		}
-		if err := verifyRestored(ctx, obs, p); err != nil {
+		if err := verifyRestored(ctx, obs, p, a.etcdTLS); err != nil {
 			return err
 		}
 		a.log.Info("restored cluster verified: every member is up and HashKV agrees", "command", act.ID, "members", p.Members)
@@ -81,7 +82,7 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 			return err
 		}
 		if _, err := a.backups.take(ctx, s, backup.Request{
-			Client:       clientv3.Config{DialTimeout: 5 * time.Second},
+			Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: a.etcdTLS},
 			Endpoint:     n.QuarantineURLs[0],
 			TempDir:      filepath.Join(a.cfg.DataDir, "tmp"),
 			EtcdVersion:  p.EtcdVersion,
@@ -284,7 +285,7 @@ func (a *Agent) restoreNode(ctx context.Context, n Node, req peer.RestoreRequest
 
 // verifyRestored checks that the restored cluster has exactly its members,
 // all voters and up, and that HashKV agrees across them at one revision.
-func verifyRestored(ctx context.Context, obs Observed, p *spec.RestoreProgress) error {
+func verifyRestored(ctx context.Context, obs Observed, p *spec.RestoreProgress, tlsCfg *tls.Config) error {
 	nodes, err := findNodes(obs.Peers, p.Members)
 	if err != nil {
 		return err
@@ -293,7 +294,7 @@ func verifyRestored(ctx context.Context, obs Observed, p *spec.RestoreProgress) 
 	for _, n := range nodes {
 		endpoints = append(endpoints, n.QuarantineURLs[0])
 	}
-	c, err := etcdproc.NewClient(endpoints)
+	c, err := etcdproc.NewClient(endpoints, tlsCfg)
 	if err != nil {
 		return err
 	}

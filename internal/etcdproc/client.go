@@ -2,6 +2,7 @@ package etcdproc
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"time"
 
@@ -25,10 +26,12 @@ type MemberStatus struct {
 	DowngradeTarget string
 }
 
-// NewClient returns an etcd client for endpoints. The caller closes it.
-func NewClient(endpoints []string) (*clientv3.Client, error) {
+// NewClient returns an etcd client for endpoints, over TLS when tlsCfg is
+// set. The caller closes it.
+func NewClient(endpoints []string, tlsCfg *tls.Config) (*clientv3.Client, error) {
 	c, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
+		TLS:         tlsCfg,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 	})

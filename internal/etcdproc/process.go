@@ -38,7 +38,13 @@ type Spec struct {
 	ForceNewCluster bool
 	// SnapshotCount is etcd's --snapshot-count; 0 keeps etcd's default.
 	SnapshotCount int
+	// TLS, when set, is the node certificate etcd serves clients and
+	// peers with, and requires of them (https URLs).
+	TLS *TLSFiles
 }
+
+// TLSFiles are PEM files: the CA to trust, and a certificate and key.
+type TLSFiles struct{ CA, Cert, Key string }
 
 // ServedClientURL is the first client URL etcd serves: a quarantine URL
 // while quarantined.
@@ -76,6 +82,13 @@ func (s Spec) Args() []string {
 	}
 	if s.SnapshotCount > 0 {
 		args = append(args, fmt.Sprintf("--snapshot-count=%d", s.SnapshotCount))
+	}
+	if t := s.TLS; t != nil {
+		// etcd reads the files on every new connection, so a renewed
+		// certificate is in use without a restart.
+		args = append(args,
+			"--cert-file="+t.Cert, "--key-file="+t.Key, "--trusted-ca-file="+t.CA, "--client-cert-auth=true",
+			"--peer-cert-file="+t.Cert, "--peer-key-file="+t.Key, "--peer-trusted-ca-file="+t.CA, "--peer-client-cert-auth=true")
 	}
 	return args
 }

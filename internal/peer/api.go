@@ -4,7 +4,8 @@
 //
 // Messages are plain Go structs carried with a JSON codec, so the contract
 // lives in this file and needs no code generation. Transport security is a
-// grpc credentials option, plaintext with --insecure.
+// grpc credentials option: mutual TLS with certificates from the cluster's
+// CA (see package pki), plaintext with --insecure.
 package peer
 
 import (
@@ -17,11 +18,15 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
+	grpcpeer "google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 )
 
 // Errors returned by handlers, carried to callers as status messages.
@@ -160,14 +165,8 @@ func init() { encoding.RegisterCodec(codec{}) }
 // TransportCredentials secure the peer API's connections.
 type TransportCredentials = credentials.TransportCredentials
 
-// Credentials returns the transport credentials: plaintext when insecure.
-// Mutual TLS plugs in here.
-func Credentials(insecureMode bool) (credentials.TransportCredentials, error) {
-	if insecureMode {
-		return insecure.NewCredentials(), nil
-	}
-	return nil, errors.New("peer: TLS for the peer API is not available in this build yet; pass --insecure")
-}
+// InsecureCredentials are plaintext, for --insecure.
+func InsecureCredentials() credentials.TransportCredentials { return insecure.NewCredentials() }
 
 // Server serves the peer API.
 type Server struct {
@@ -245,8 +244,35 @@ func unary[Req any](fn func(context.Context, *Req) (any, error)) grpc.MethodHand
 		if err := dec(req); err != nil {
 			return nil, err
 		}
+		_, readOnly := any(req).(*InfoRequest)
+		if err := authorize(ctx, readOnly); err != nil {
+			return nil, err
+		}
 		return fn(ctx, req)
 	}
+}
+
+// authorize lets a caller over TLS act on a node only with a node
+// certificate; an operator's client certificate may read Info. The
+// certificate itself was verified in the handshake.
+func authorize(ctx context.Context, readOnly bool) error {
+	p, ok := grpcpeer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || readOnly {
+		return nil // plaintext: --insecure
+	}
+	certs := info.State.PeerCertificates
+	if len(certs) == 0 || pki.PeerRole(certs[0]) != pki.RoleNode {
+		name := ""
+		if len(certs) > 0 {
+			name = certs[0].Subject.CommonName
+		}
+		return status.Errorf(codes.PermissionDenied, "peer: %q is not a node certificate; only agents may change a node, other certificates may read its status", name)
+	}
+	return nil
 }
 
 // Serve serves on l until Stop.

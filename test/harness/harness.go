@@ -7,6 +7,7 @@ package harness
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -24,6 +25,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // DefaultEtcdVersion is the etcd the tests run unless they ask otherwise.
@@ -114,7 +118,66 @@ type Env struct {
 	// ExtraEnv is added to the environment of every agent and ctl run,
 	// for example a cloud store's credentials.
 	ExtraEnv []string
+	// Insecure starts agents with --insecure --etcd-insecure and runs the
+	// ctl with --insecure. By default everything is TLS, as shipped.
+	Insecure bool
 	agents   []*Agent
+
+	tlsMu     sync.Mutex
+	clientTLS *tls.Config
+}
+
+// ClientTLS is an etcd and peer API client TLS config with a client
+// certificate from the cluster's CA, which the agents keep in the store;
+// nil for an insecure env.
+func (e *Env) ClientTLS() *tls.Config {
+	if e.Insecure {
+		return nil
+	}
+	e.tlsMu.Lock()
+	defer e.tlsMu.Unlock()
+	if e.clientTLS != nil {
+		return e.clientTLS
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var ca *pki.CA
+	for {
+		s, err := store.Open(ctx, e.StoreURL, store.Options{})
+		if err == nil {
+			ca, err = pki.LoadStoreCA(ctx, s, func(err error) bool { return errors.Is(err, store.ErrNotFound) })
+			s.Close()
+		}
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			e.t.Fatalf("harness: no CA in the store to issue a client certificate from: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	certPEM, keyPEM, err := ca.Issue(pki.CertRequest{CommonName: "harness", Role: pki.RoleClient, Validity: 24 * time.Hour}, nil, time.Now())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.clientTLS = pki.StaticClientConfig(pair, ca.Pool())
+	return e.clientTLS
+}
+
+// TLS is ClientTLS of the agent's env.
+func (a *Agent) TLS() *tls.Config { return a.env.ClientTLS() }
+
+// scheme is the URL scheme of the env's etcd URLs.
+func (e *Env) scheme() string {
+	if e.Insecure {
+		return "http"
+	}
+	return "https"
 }
 
 // UseStore points the env's agents and ctl runs at another store, such as
@@ -157,6 +220,9 @@ func NewEnv(t testing.TB) *Env {
 // Ctl runs etcd-manager-ctl against the env's store and etcd installs.
 func (e *Env) Ctl(args ...string) (stdout, stderr string, err error) {
 	full := append([]string{"--backup-store=" + e.StoreURL, "--etcd-bin-dir=" + e.BinDir}, args...)
+	if e.Insecure {
+		full = append(full, "--insecure")
+	}
 	return e.CtlRaw(full...)
 }
 
@@ -230,9 +296,9 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 		env:       e,
 		Name:      name,
 		DataDir:   filepath.Join(e.Root, "data", name),
-		ClientURL: fmt.Sprintf("http://%s:%d", ip, 4001),
-		QuarURL:   fmt.Sprintf("http://%s:%d", ip, 8001),
-		PeerURL:   fmt.Sprintf("http://%s:%d", ip, 2380),
+		ClientURL: fmt.Sprintf("%s://%s:%d", e.scheme(), ip, 4001),
+		QuarURL:   fmt.Sprintf("%s://%s:%d", e.scheme(), ip, 8001),
+		PeerURL:   fmt.Sprintf("%s://%s:%d", e.scheme(), ip, 2380),
 		PeerAPI:   fmt.Sprintf("%s:%d", ip, 8000),
 		LogPath:   filepath.Join(e.Root, "logs", name+".log"),
 	}
@@ -240,8 +306,10 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 	if opts.StoreURL != "" {
 		store = opts.StoreURL
 	}
+	if e.Insecure {
+		a.args = append(a.args, "--insecure", "--etcd-insecure")
+	}
 	a.args = append(a.args, []string{
-		"--insecure", "--etcd-insecure",
 		"--cluster-name=test",
 		"--backup-store=" + store,
 		"--data-dir=" + a.DataDir,
@@ -357,6 +425,13 @@ func (a *Agent) cleanup() {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	if a.env.t.Failed() {
+		if dir := os.Getenv("ETCD_MANAGER_TEST_LOGS"); dir != "" {
+			// Keep the whole log, etcd's lines included, for a post-mortem.
+			if b, err := os.ReadFile(a.LogPath); err == nil && os.MkdirAll(dir, 0o755) == nil {
+				name := strings.NewReplacer("/", "_").Replace(a.env.t.Name()) + "-agent-" + a.Name + ".log"
+				_ = os.WriteFile(filepath.Join(dir, name), b, 0o644)
+			}
+		}
 		if b, err := os.ReadFile(a.LogPath); err == nil {
 			// The agent's own lines; etcd's JSON lines would drown them.
 			var own []string
@@ -397,7 +472,7 @@ func (a *Agent) WaitLog(substr string, n int, timeout time.Duration) {
 // Client returns an etcd client for the agent's client URL.
 func (a *Agent) Client() *clientv3.Client {
 	a.env.t.Helper()
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		a.env.t.Fatal(err)
 	}
@@ -521,7 +596,7 @@ func Observe(agents []*Agent) ClusterState {
 	cs := ClusterState{ClusterIDs: map[uint64][]string{}}
 	var listFrom *clientv3.Client
 	for _, a := range agents {
-		c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			continue
 		}

@@ -31,7 +31,7 @@ func startCluster(t *testing.T, members, agents int, opts harness.AgentOptions) 
 
 func clusterClient(t *testing.T, agents []*harness.Agent) *clientv3.Client {
 	t.Helper()
-	c, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	c, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), TLS: agents[0].TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestStandby(t *testing.T) {
 
 	// status shows every agent's role, with the spec and the leader.
 	harness.WaitFor(t, 20*time.Second, "status to show a leader, 2 members and a standby", func() bool {
-		out, _, err := env.Ctl("--insecure", "status")
+		out, _, err := env.Ctl("status")
 		return err == nil && strings.Count(out, " leader ") == 1 && strings.Count(out, " member ") == 2 &&
 			strings.Count(out, " standby ") == 1 && strings.Contains(out, "spec:   memberCount=3 etcdVersion=3.6.16")
 	})
@@ -84,7 +84,7 @@ func TestStandby(t *testing.T) {
 		} `json:"agents"`
 	}
 	harness.WaitFor(t, 20*time.Second, "status -o json to show 4 agents and healthy members", func() bool {
-		out, _, err := env.Ctl("--insecure", "status", "-o", "json")
+		out, _, err := env.Ctl("status", "-o", "json")
 		if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Leader == "" || len(st.Agents) != 4 {
 			return false
 		}
@@ -97,12 +97,9 @@ func TestStandby(t *testing.T) {
 	})
 	// With an agent down, status still answers and names the unreachable one.
 	agents[3].Kill()
-	out, _, err := env.Ctl("--insecure", "status")
+	out, _, err := env.Ctl("status")
 	if err != nil || !strings.Contains(out, "unreachable: "+agents[3].PeerAPI) {
 		t.Errorf("status with an agent down: %v\n%s", err, out)
-	}
-	if _, _, err := env.Ctl("status"); err == nil {
-		t.Error("status without --insecure should refuse: TLS is not available yet")
 	}
 }
 
@@ -169,7 +166,7 @@ func TestFileDiscovery(t *testing.T) {
 	}
 	// Health is reported as of each agent's last cycle.
 	harness.WaitFor(t, 20*time.Second, "status through file discovery to show 3 healthy members", func() bool {
-		out, _, err := env.Ctl("--insecure", "--discovery=file://"+dir, "--cluster-name=test", "status")
+		out, _, err := env.Ctl("--discovery=file://"+dir, "--cluster-name=test", "status")
 		return err == nil && strings.Count(out, " healthy ") == 3 && strings.Count(out, " leader ") == 1
 	})
 }

@@ -113,7 +113,7 @@ func assertOneCluster(t *testing.T, agents []*harness.Agent) {
 	t.Helper()
 	ids := map[uint64][]string{}
 	for _, a := range agents {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL, a.QuarURL}, DialTimeout: 2 * time.Second})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL, a.QuarURL}, TLS: a.TLS(), DialTimeout: 2 * time.Second})
 		if err != nil {
 			continue
 		}
@@ -282,7 +282,7 @@ func TestRecoverQuorum(t *testing.T) {
 	// Until its election timeout passes, the survivor still follows the
 	// old leader, and recover-quorum would rightly be refused.
 	harness.WaitFor(t, 30*time.Second, "the survivor's etcd to see no leader", func() bool {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{survivor.ClientURL}, DialTimeout: time.Second})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{survivor.ClientURL}, TLS: survivor.TLS(), DialTimeout: time.Second})
 		if err != nil {
 			return false
 		}

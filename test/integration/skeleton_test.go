@@ -247,29 +247,47 @@ func TestSpecVersionWithoutBinary(t *testing.T) {
 	a.WaitHealthy(startTimeout)
 }
 
+// An agent whose store is unreachable at start keeps retrying, and carries
+// on once it is back. In secure mode it first needs the store for the CA.
 func TestUnreachableStoreIsRetried(t *testing.T) {
-	env := harness.NewEnv(t)
-	blocker := filepath.Join(env.Root, "blocker")
-	if err := os.WriteFile(blocker, []byte("a file where the store's parent folder should be"), 0o644); err != nil {
-		t.Fatal(err)
+	for _, tt := range []struct {
+		name     string
+		insecure bool
+		want     string
+	}{
+		{"insecure", true, "backup store unreachable; will retry"},
+		{"secure", false, "cannot issue the node certificate; retrying"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := harness.NewEnv(t)
+			env.Insecure = tt.insecure
+			blocker := filepath.Join(env.Root, "blocker")
+			if err := os.WriteFile(blocker, []byte("a file where the store's parent folder should be"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			storeDir := filepath.Join(blocker, "backups")
+			env.UseStore(harness.FileURL(storeDir), nil)
+			a := env.StartAgent("1", harness.AgentOptions{})
+			a.WaitLog(tt.want, 3, startTimeout)
+			if !a.Running() {
+				t.Fatal("agent exited on an unreachable store")
+			}
+			if !tt.insecure && !strings.Contains(a.Log(), "store unreachable") {
+				t.Error("the agent's certificate error does not say the store is unreachable")
+			}
+			// ctl gives a clear error after its retries.
+			_, _, err := env.CtlRaw("--backup-store="+harness.FileURL(storeDir), "--store-attempts=2", "get")
+			if err == nil {
+				t.Fatal("ctl get on an unreachable store succeeded")
+			}
+			// Once the store is reachable, the agent carries on by itself.
+			if err := os.Remove(blocker); err != nil {
+				t.Fatal(err)
+			}
+			env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+			a.WaitHealthy(startTimeout)
+		})
 	}
-	storeDir := filepath.Join(blocker, "backups")
-	a := env.StartAgent("1", harness.AgentOptions{StoreURL: harness.FileURL(storeDir)})
-	a.WaitLog("backup store unreachable; will retry", 3, startTimeout)
-	if !a.Running() {
-		t.Fatal("agent exited on an unreachable store")
-	}
-	// ctl gives a clear error after its retries.
-	_, _, err := env.CtlRaw("--backup-store="+harness.FileURL(storeDir), "--store-attempts=2", "get")
-	if err == nil {
-		t.Fatal("ctl get on an unreachable store succeeded")
-	}
-	// Once the store is reachable, the agent carries on by itself.
-	if err := os.Remove(blocker); err != nil {
-		t.Fatal(err)
-	}
-	env.MustCtl("--backup-store="+harness.FileURL(storeDir), "--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-	a.WaitHealthy(startTimeout)
 }
 
 // Total loss: the store says a cluster was created, but no node has data.

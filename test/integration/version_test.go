@@ -28,8 +28,8 @@ type writer struct {
 	done    chan struct{}
 }
 
-func startWriter(t *testing.T, endpoints []string, maxOps int) *writer {
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+func startWriter(t *testing.T, agents []*harness.Agent, maxOps int) *writer {
+	c, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), TLS: agents[0].TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,19 +131,19 @@ func TestRollingUpgrade(t *testing.T) {
 	agents := env.StartAgents(3, harness.AgentOptions{ExtraArgs: []string{"--etcd-snapshot-count=200"}})
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	waitVersion(t, env, agents, "3.5.35")
-	w := startWriter(t, harness.Endpoints(agents), 20000)
+	w := startWriter(t, agents, 20000)
 
 	for _, v := range []string{"3.6.16", "3.7.3"} {
 		env.MustCtl("--etcd-version="+v, "configure-cluster")
 		waitVersion(t, env, agents, v)
-		if out := env.MustCtl("--insecure", "status"); !strings.Contains(out, v) {
+		if out := env.MustCtl("status"); !strings.Contains(out, v) {
 			t.Errorf("status does not show %s:\n%s", v, out)
 		}
 	}
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	w.check(t, clusterClient(t, agents))
 	harness.WaitFor(t, time.Minute, "status to show cluster version 3.7.0", func() bool {
-		out, _, err := env.Ctl("--insecure", "status")
+		out, _, err := env.Ctl("status")
 		return err == nil && strings.Contains(out, "cluster version: 3.7.0")
 	})
 	logs := allLogs(agents)
@@ -161,7 +161,7 @@ func TestUpgradeStepsThroughMinors(t *testing.T) {
 	agents := env.StartAgents(3, harness.AgentOptions{ExtraArgs: []string{"--etcd-snapshot-count=200"}})
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	waitVersion(t, env, agents, "3.4.23")
-	w := startWriter(t, harness.Endpoints(agents), 20000)
+	w := startWriter(t, agents, 20000)
 	env.MustCtl("--etcd-version=3.6.16", "configure-cluster")
 	waitVersion(t, env, agents, "3.6.16")
 	harness.WaitSettled(t, agents, 3, settleTimeout)
@@ -182,7 +182,7 @@ func TestRollingUpgradeSurvivesLeaderCrash(t *testing.T) {
 	env.MustCtl("--member-count=3", "--etcd-version=3.6.16", "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{})
 	harness.WaitSettled(t, agents, 3, settleTimeout)
-	w := startWriter(t, harness.Endpoints(agents), 20000)
+	w := startWriter(t, agents, 20000)
 	env.MustCtl("--etcd-version=3.7.3", "configure-cluster")
 	// Every agent started with the crash point, so each leader that
 	// restarts a member dies; each is restarted without it.
@@ -207,7 +207,7 @@ func TestRollingUpgradeSurvivesLeaderCrash(t *testing.T) {
 
 func allAtVersion(agents []*harness.Agent, v string) bool {
 	for _, a := range agents {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			return false
 		}
@@ -229,7 +229,7 @@ func TestDowngrade(t *testing.T) {
 	env.MustCtl("--member-count=3", "--etcd-version=3.6.16", "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{})
 	harness.WaitSettled(t, agents, 3, settleTimeout)
-	w := startWriter(t, harness.Endpoints(agents), 20000)
+	w := startWriter(t, agents, 20000)
 	env.MustCtl("--etcd-version=3.5.35", "configure-cluster")
 	waitVersion(t, env, agents, "3.5.35")
 	harness.WaitSettled(t, agents, 3, settleTimeout)
@@ -250,7 +250,7 @@ func TestDumpRestoreDowngrade(t *testing.T) {
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	waitVersion(t, env, agents, "3.5.35")
 	before := harness.Observe(agents)
-	w := startWriter(t, harness.Endpoints(agents), 20000)
+	w := startWriter(t, agents, 20000)
 
 	env.MustCtl("--etcd-version=3.4.23", "configure-cluster")
 	harness.WaitFor(t, time.Minute, "the leader to refuse the change without --allow-dump-restore", func() bool {

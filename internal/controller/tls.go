@@ -1,0 +1,209 @@
+package controller
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// The agent's certificates. Unless both --insecure and --etcd-insecure are
+// given, the agent holds a node certificate from the cluster's CA under
+// <data-dir>/pki: the peer API serves and dials with it (mutual TLS), and
+// etcd serves clients and peers with it, requiring certificates from the
+// same CA. A goroutine renews it two thirds into its life; everything
+// that uses it reads the files again, so no restart is needed.
+
+// pkiFiles are this node's certificate files.
+func (a *Agent) pkiFiles() pki.NodeFiles {
+	return pki.NodeFiles{Dir: filepath.Join(a.cfg.DataDir, "pki")}
+}
+
+func (a *Agent) tlsEnabled() bool { return !a.cfg.Insecure || !a.cfg.EtcdInsecure }
+
+// loadCA reads the CA from --pki-dir, or from the store, creating it
+// there on first use.
+func (a *Agent) loadCA(ctx context.Context) (*pki.CA, error) {
+	if a.cfg.PKIDir != "" {
+		return pki.LoadCADir(a.cfg.PKIDir)
+	}
+	s, err := a.openStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ca, created, err := pki.EnsureStoreCA(ctx, s, isNotFound, isExists, a.now())
+	if created {
+		a.log.Warn("generated the cluster's CA and stored it in the backup store; its pki/ prefix holds the CA key, so guard it",
+			"key", pki.StoreCAKey, "expires", ca.Cert.NotAfter)
+	}
+	return ca, err
+}
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+func isExists(err error) bool   { return errors.Is(err, store.ErrExists) }
+
+// certRequest is this node's certificate: every address and name its
+// peer API and etcd are reached by.
+func (a *Agent) certRequest() pki.CertRequest {
+	var dns []string
+	var ips []net.IP
+	add := func(host string) {
+		if host == "" {
+			return
+		}
+		if ip := net.ParseIP(host); ip != nil {
+			if !slices.ContainsFunc(ips, ip.Equal) {
+				ips = append(ips, ip)
+			}
+		} else if !slices.Contains(dns, host) {
+			dns = append(dns, host)
+		}
+	}
+	add(a.cfg.Address)
+	add(a.cfg.EtcdAddress)
+	for _, list := range [][]string{a.cfg.ClientURLs, a.cfg.QuarantineClientURLs, a.cfg.PeerURLs} {
+		for _, raw := range list {
+			if u, err := url.Parse(raw); err == nil {
+				add(u.Hostname())
+			}
+		}
+	}
+	add("localhost")
+	add("127.0.0.1")
+	if h, err := os.Hostname(); err == nil {
+		add(h)
+	}
+	return pki.CertRequest{CommonName: a.state.NodeID, Role: pki.RoleNode, DNSNames: dns, IPs: ips, Validity: a.cfg.CertValidity}
+}
+
+// setupTLS makes sure the node has a current certificate before the peer
+// API and etcd start, and sets up the credentials that use it. Without
+// the CA (the store unreachable, say), a certificate already on disk
+// still serves, and is renewed once the CA can be read; with none on
+// disk, it waits and retries, logging why.
+func (a *Agent) setupTLS(ctx context.Context) error {
+	if !a.tlsEnabled() {
+		a.serverCreds, a.creds = insecure.NewCredentials(), insecure.NewCredentials()
+		return nil
+	}
+	files := a.pkiFiles()
+	delay := time.Second
+	for {
+		err := a.renewCert(ctx)
+		if err == nil {
+			break
+		}
+		if c, ok := a.certOnDisk(); ok {
+			a.log.Warn("cannot renew the node certificate now; using the one on disk", "error", err, "expires", c.NotAfter)
+			break
+		}
+		a.log.Error("cannot issue the node certificate; retrying", "error", err, "retry-in", delay)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+	caPEM, err := os.ReadFile(files.CA())
+	if err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return fmt.Errorf("controller: %s holds no certificate", files.CA())
+	}
+	if a.cfg.Insecure {
+		a.serverCreds, a.creds = insecure.NewCredentials(), insecure.NewCredentials()
+	} else {
+		a.serverCreds = credentials.NewTLS(pki.ServerConfig(files, pool, func(err error) {
+			a.log.Warn("peer API refused a connection", "error", err)
+		}))
+		a.creds = credentials.NewTLS(pki.NodeClientConfig(files, pool))
+	}
+	if !a.cfg.EtcdInsecure {
+		a.etcdTLS = pki.ClientConfig(files, pool)
+	}
+	return nil
+}
+
+// certOnDisk returns the node certificate on disk if it is still valid.
+func (a *Agent) certOnDisk() (*x509.Certificate, bool) {
+	data, err := os.ReadFile(a.pkiFiles().Cert())
+	if err != nil {
+		return nil, false
+	}
+	c, err := pki.ParseCertPEM(data)
+	if err != nil || a.now().After(c.NotAfter) {
+		return nil, false
+	}
+	return c, true
+}
+
+// renewCert issues the node certificate if it is missing, due, or no
+// longer matches the node's addresses or the CA.
+func (a *Agent) renewCert(ctx context.Context) error {
+	if a.ca == nil {
+		ca, err := a.loadCA(ctx)
+		if err != nil {
+			return err
+		}
+		a.ca = ca
+	}
+	c, fresh, err := pki.EnsureNodeCert(a.ca, a.pkiFiles(), a.certRequest(), a.now())
+	if err != nil {
+		return err
+	}
+	if fresh {
+		a.met.certRenewals.Inc()
+		a.log.Info("issued the node certificate", "expires", c.NotAfter, "renew-at", pki.RenewAt(c))
+	}
+	a.certExpiry.Store(c.NotAfter.Unix())
+	a.met.certExpiry.Set(float64(c.NotAfter.Unix()))
+	a.renewAt = pki.RenewAt(c)
+	return nil
+}
+
+// renewLoop renews the node certificate when it is due, apart from the
+// control loop, whose steps (a restore, say) may take long.
+func (a *Agent) renewLoop(ctx context.Context) {
+	every := min(time.Minute, max(a.cfg.CertValidity/30, time.Second))
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if a.now().Before(a.renewAt) {
+			continue
+		}
+		if err := a.renewCert(ctx); err != nil {
+			a.log.Error("cannot renew the node certificate; retrying", "error", err,
+				"expires", time.Unix(a.certExpiry.Load(), 0).UTC())
+		}
+	}
+}
+
+// etcdTLSFiles are the files etcd serves with, nil with --etcd-insecure.
+func (a *Agent) etcdTLSFiles() *etcdproc.TLSFiles {
+	if a.cfg.EtcdInsecure {
+		return nil
+	}
+	f := a.pkiFiles()
+	return &etcdproc.TLSFiles{CA: f.CA(), Cert: f.Cert(), Key: f.Key()}
+}

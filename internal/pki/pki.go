@@ -1,0 +1,412 @@
+// Package pki is etcd-manager's certificate authority: a CA supplied as
+// files or generated once into the backup store, the certificates it
+// issues to nodes (server and client, for the peer API and etcd) and to
+// operators (client only), their renewal, and TLS configurations that
+// pick up a renewed certificate without a restart.
+package pki
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+)
+
+// Roles, carried as the certificate's organization. The peer API lets a
+// client certificate (an operator's) read status only.
+const (
+	RoleNode   = "etcd-manager-node"
+	RoleClient = "etcd-manager-client"
+)
+
+// Defaults.
+const (
+	DefaultCAValidity   = 10 * 365 * 24 * time.Hour
+	DefaultCertValidity = 365 * 24 * time.Hour
+	// RenewFraction is how far into its life a certificate is renewed.
+	RenewFraction = 2.0 / 3.0
+)
+
+// Errors.
+var (
+	ErrNoCA = errors.New("pki: no CA")
+)
+
+// CA is a certificate authority: its certificate and private key.
+type CA struct {
+	Cert    *x509.Certificate
+	CertPEM []byte
+	Key     crypto.Signer
+}
+
+// GenerateCA makes a new self-signed CA, valid from now for validity.
+func GenerateCA(now time.Time, validity time.Duration) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("pki: CA key: %w", err)
+	}
+	serial, err := newSerial()
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: "etcd-manager CA", Organization: []string{"etcd-manager"}},
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              now.Add(validity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, fmt.Errorf("pki: CA certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	return &CA{Cert: cert, CertPEM: pemBlock("CERTIFICATE", der), Key: key}, nil
+}
+
+// ParseCA reads a CA from PEM: its certificate, and its private key in
+// PKCS#8, EC or PKCS#1 form. The key must match the certificate, and the
+// certificate must be a CA.
+func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
+	cert, err := ParseCertPEM(certPEM)
+	if err != nil {
+		return nil, err
+	}
+	if !cert.IsCA {
+		return nil, fmt.Errorf("pki: %q is not a CA certificate", cert.Subject.CommonName)
+	}
+	key, err := parseKeyPEM(keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	if !publicKeysEqual(cert.PublicKey, key.Public()) {
+		return nil, errors.New("pki: the CA key does not match the CA certificate")
+	}
+	return &CA{Cert: cert, CertPEM: firstBlock(certPEM, "CERTIFICATE"), Key: key}, nil
+}
+
+// LoadCADir reads dir/ca.crt and dir/ca.key (--pki-dir).
+func LoadCADir(dir string) (*CA, error) {
+	crt, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		return nil, fmt.Errorf("pki: --pki-dir: %w", err)
+	}
+	key, err := os.ReadFile(filepath.Join(dir, "ca.key"))
+	if err != nil {
+		return nil, fmt.Errorf("pki: --pki-dir: %w", err)
+	}
+	ca, err := ParseCA(crt, key)
+	if err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, dir)
+	}
+	return ca, nil
+}
+
+// KeyPEM is the CA's private key in PKCS#8 PEM.
+func (ca *CA) KeyPEM() ([]byte, error) { return keyPEM(ca.Key) }
+
+// Pool is a certificate pool holding only this CA.
+func (ca *CA) Pool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(ca.Cert)
+	return p
+}
+
+// CertRequest describes a certificate to issue.
+type CertRequest struct {
+	CommonName string
+	Role       string
+	DNSNames   []string
+	IPs        []net.IP
+	Validity   time.Duration
+}
+
+// Issue signs a certificate for key (a new P-256 key when nil) and
+// returns the certificate and key in PEM. Node certificates serve and
+// authenticate as clients; client certificates only authenticate.
+func (ca *CA) Issue(req CertRequest, key crypto.Signer, now time.Time) (certPEM, keyPEMOut []byte, err error) {
+	if req.Validity <= 0 {
+		return nil, nil, errors.New("pki: a certificate needs a positive validity")
+	}
+	if key == nil {
+		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			return nil, nil, fmt.Errorf("pki: key: %w", err)
+		}
+	}
+	serial, err := newSerial()
+	if err != nil {
+		return nil, nil, err
+	}
+	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	if req.Role == RoleNode {
+		usage = append(usage, x509.ExtKeyUsageServerAuth)
+	}
+	notAfter := now.Add(req.Validity)
+	if notAfter.After(ca.Cert.NotAfter) {
+		notAfter = ca.Cert.NotAfter // a certificate cannot outlive its CA
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: req.CommonName, Organization: []string{req.Role}},
+		// A little slack for clocks that differ between nodes, but never
+		// more than a tenth of a short test validity.
+		NotBefore:   now.Add(-min(time.Minute, req.Validity/10)),
+		NotAfter:    notAfter,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: usage,
+		DNSNames:    req.DNSNames,
+		IPAddresses: req.IPs,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pki: sign %q: %w", req.CommonName, err)
+	}
+	kp, err := keyPEM(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pemBlock("CERTIFICATE", der), kp, nil
+}
+
+// RenewAt is when a certificate is due for renewal: two thirds into its
+// life.
+func RenewAt(c *x509.Certificate) time.Time {
+	life := c.NotAfter.Sub(c.NotBefore)
+	return c.NotBefore.Add(time.Duration(float64(life) * RenewFraction))
+}
+
+// Verify checks that c was issued by ca, is valid at now, and has the
+// role; the error says which check failed, in words an operator can act
+// on.
+func (ca *CA) Verify(c *x509.Certificate, role string, now time.Time) error {
+	return verifyAgainst(ca.Pool(), c, role, now)
+}
+
+func verifyAgainst(pool *x509.CertPool, c *x509.Certificate, role string, now time.Time) error {
+	switch {
+	case now.After(c.NotAfter):
+		return fmt.Errorf("pki: certificate %q expired at %s", c.Subject.CommonName, c.NotAfter.UTC().Format(time.RFC3339))
+	case now.Before(c.NotBefore):
+		return fmt.Errorf("pki: certificate %q is not valid until %s", c.Subject.CommonName, c.NotBefore.UTC().Format(time.RFC3339))
+	}
+	_, err := c.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	if err != nil {
+		return fmt.Errorf("pki: certificate %q was not issued by this cluster's CA: %w", c.Subject.CommonName, err)
+	}
+	if role != "" && !slices.Contains(c.Subject.Organization, role) {
+		return fmt.Errorf("pki: certificate %q is not a %s certificate (organization %v)", c.Subject.CommonName, role, c.Subject.Organization)
+	}
+	return nil
+}
+
+// ParseCertPEM parses the first certificate in PEM data.
+func ParseCertPEM(data []byte) (*x509.Certificate, error) {
+	der := firstBlock(data, "CERTIFICATE")
+	if der == nil {
+		return nil, errors.New("pki: no PEM certificate found")
+	}
+	b, _ := pem.Decode(der)
+	c, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	return c, nil
+}
+
+func parseKeyPEM(data []byte) (crypto.Signer, error) {
+	for rest := data; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			return nil, errors.New("pki: no PEM private key found")
+		}
+		var k any
+		var err error
+		switch b.Type {
+		case "PRIVATE KEY":
+			k, err = x509.ParsePKCS8PrivateKey(b.Bytes)
+		case "EC PRIVATE KEY":
+			k, err = x509.ParseECPrivateKey(b.Bytes)
+		case "RSA PRIVATE KEY":
+			k, err = x509.ParsePKCS1PrivateKey(b.Bytes)
+		default:
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pki: private key: %w", err)
+		}
+		s, ok := k.(crypto.Signer)
+		if !ok {
+			return nil, fmt.Errorf("pki: private key of type %T cannot sign", k)
+		}
+		return s, nil
+	}
+}
+
+func keyPEM(k crypto.Signer) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	return pemBlock("PRIVATE KEY", der), nil
+}
+
+func pemBlock(typ string, der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
+}
+
+// firstBlock returns the first PEM block of the type, re-encoded, or nil.
+func firstBlock(data []byte, typ string) []byte {
+	for rest := data; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			return nil
+		}
+		if b.Type == typ {
+			return pem.EncodeToMemory(b)
+		}
+	}
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	x, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && x.Equal(b)
+}
+
+func newSerial() (*big.Int, error) {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("pki: serial: %w", err)
+	}
+	return n, nil
+}
+
+// Store keeps the generated CA. Create must succeed for exactly one of
+// several concurrent callers.
+type Store interface {
+	Read(ctx context.Context, key string) ([]byte, error)
+	Create(ctx context.Context, key string, data []byte) error
+	Write(ctx context.Context, key string, data []byte) error
+}
+
+// Keys of the CA in the backup store. The key object holds the key and
+// the certificate, so that creating it once creates the pair; the
+// certificate object is a copy for whoever needs only to trust the CA.
+const (
+	StoreCAKey  = "pki/ca.key"
+	StoreCACert = "pki/ca.crt"
+)
+
+// LoadStoreCA reads the CA kept in the store. isNotFound tells the
+// store's missing-object error apart; without a CA it returns ErrNoCA.
+func LoadStoreCA(ctx context.Context, s Store, isNotFound func(error) bool) (*CA, error) {
+	data, err := s.Read(ctx, StoreCAKey)
+	if isNotFound(err) {
+		return nil, fmt.Errorf("%w in the backup store (%s)", ErrNoCA, StoreCAKey)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pki: read the CA: %w", err)
+	}
+	ca, err := ParseCA(data, data)
+	if err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, StoreCAKey)
+	}
+	return ca, nil
+}
+
+// EnsureStoreCA returns the store's CA, generating it first if there is
+// none. Agents starting together agree on one CA: the first to create the
+// key object wins, and the others read it.
+func EnsureStoreCA(ctx context.Context, s Store, isNotFound, isExists func(error) bool, now time.Time) (ca *CA, created bool, err error) {
+	ca, err = LoadStoreCA(ctx, s, isNotFound)
+	if err == nil || !errors.Is(err, ErrNoCA) {
+		return ca, false, err
+	}
+	gen, err := GenerateCA(now, DefaultCAValidity)
+	if err != nil {
+		return nil, false, err
+	}
+	kp, err := gen.KeyPEM()
+	if err != nil {
+		return nil, false, err
+	}
+	err = s.Create(ctx, StoreCAKey, append(kp, gen.CertPEM...))
+	switch {
+	case isExists(err):
+		ca, err = LoadStoreCA(ctx, s, isNotFound)
+		return ca, false, err
+	case err != nil:
+		return nil, false, fmt.Errorf("pki: store the CA: %w", err)
+	}
+	if err := s.Write(ctx, StoreCACert, gen.CertPEM); err != nil {
+		return nil, false, fmt.Errorf("pki: store the CA certificate: %w", err)
+	}
+	return gen, true, nil
+}
+
+// SameNames reports whether c carries exactly these DNS names and IPs.
+func SameNames(c *x509.Certificate, dns []string, ips []net.IP) bool {
+	a, b := slices.Clone(c.DNSNames), slices.Clone(dns)
+	slices.Sort(a)
+	slices.Sort(b)
+	if !slices.Equal(a, b) || len(c.IPAddresses) != len(ips) {
+		return false
+	}
+	for _, ip := range ips {
+		if !slices.ContainsFunc(c.IPAddresses, func(x net.IP) bool { return x.Equal(ip) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// writeFileAtomic replaces path with data: readers see the old or the
+// new content, never a mix.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
+	if err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("pki: %w", err)
+	}
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return fmt.Errorf("pki: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("pki: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,274 @@
+package integration
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/test/harness"
+)
+
+// storeCA reads the CA the agents generated into the env's store.
+func storeCA(t *testing.T, env *harness.Env) *pki.CA {
+	t.Helper()
+	s, err := store.Open(t.Context(), env.StoreURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ca, err := pki.LoadStoreCA(t.Context(), s, func(err error) bool { return errors.Is(err, store.ErrNotFound) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// clientCertFiles writes a client certificate from ca, issued at issued
+// for validity, with ca.crt of trust, and returns the folder.
+func clientCertFiles(t *testing.T, ca, trust *pki.CA, role string, issued time.Time, validity time.Duration) string {
+	t.Helper()
+	certPEM, keyPEM, err := ca.Issue(pki.CertRequest{CommonName: "test-client", Role: role, Validity: validity}, nil, issued)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{"ca.crt": trust.CertPEM, "client.crt": certPEM, "client.key": keyPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func tlsFromDir(t *testing.T, dir string) *tls.Config {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, _ := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	ca, err := pki.ParseCertPEM(caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki.StaticClientConfig(pair, (&pki.CA{Cert: ca}).Pool())
+}
+
+// By default everything is TLS from the cluster's CA: the peer API, etcd
+// and the ctl. Without a certificate, with one from another CA, or with an
+// expired one, each is refused, and says why.
+func TestTLSRefusals(t *testing.T) {
+	env, agents, _ := startCluster(t, 3, 3, harness.AgentOptions{})
+	ca := storeCA(t, env)
+	other, err := pki.GenerateCA(time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	good := clientCertFiles(t, ca, ca, pki.RoleClient, now, time.Hour)
+	foreign := clientCertFiles(t, other, ca, pki.RoleClient, now, time.Hour)
+	expired := clientCertFiles(t, ca, ca, pki.RoleClient, now.Add(-2*time.Hour), time.Hour)
+	certArgs := func(dir string) []string {
+		return []string{"--cacert=" + filepath.Join(dir, "ca.crt"), "--cert=" + filepath.Join(dir, "client.crt"), "--key=" + filepath.Join(dir, "client.key")}
+	}
+
+	t.Run("ctl", func(t *testing.T) {
+		harness.WaitFor(t, 20*time.Second, "status with a good client certificate to show the leader", func() bool {
+			out, _, err := env.Ctl(append(certArgs(good), "status")...)
+			return err == nil && strings.Contains(out, " leader ")
+		})
+		for _, tt := range []struct {
+			name string
+			args []string
+			want string
+		}{
+			{"no certificate (--insecure)", []string{"--insecure", "status"}, "no agent accepted the connection"},
+			{"another CA", append(certArgs(foreign), "status"), "was not issued by this cluster's CA"},
+			{"expired", append(certArgs(expired), "status"), "expired at"},
+		} {
+			_, stderr, err := env.Ctl(tt.args...)
+			if err == nil || !strings.Contains(stderr, tt.want) {
+				t.Errorf("%s: err=%v, stderr %q, want %q", tt.name, err, stderr, tt.want)
+			}
+		}
+	})
+
+	t.Run("peer API", func(t *testing.T) {
+		call := func(cfg *tls.Config, join bool) error {
+			creds := credentials.NewTLS(cfg)
+			c, err := dialPeer(agents[0].PeerAPI, creds)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			if join {
+				return c.Join(ctx)
+			}
+			return c.Info(ctx)
+		}
+		if err := call(tlsFromDir(t, good), false); err != nil {
+			t.Fatalf("Info with a client certificate from the CA: %v", err)
+		}
+		if err := call(tlsFromDir(t, good), true); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("Join with an operator's client certificate: %v, want PermissionDenied", err)
+		}
+		noCert := &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
+		for name, cfg := range map[string]*tls.Config{"no certificate": noCert, "another CA": tlsFromDir(t, foreign), "expired": tlsFromDir(t, expired)} {
+			if err := call(cfg, false); err == nil {
+				t.Errorf("%s: Info was answered", name)
+			}
+		}
+		logs := allLogs(agents)
+		for _, want := range []string{"the client presented no certificate", "was not issued by this cluster's CA", "expired at"} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("no agent logged a refusal saying %q", want)
+			}
+		}
+	})
+
+	t.Run("etcd", func(t *testing.T) {
+		try := func(cfg *tls.Config) error {
+			c, err := clientv3.New(clientv3.Config{Endpoints: []string{agents[0].ClientURL}, TLS: cfg, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+			defer cancel()
+			_, err = c.Put(ctx, "/tls/probe", "x")
+			return err
+		}
+		if err := try(tlsFromDir(t, good)); err != nil {
+			t.Fatalf("etcd refused a client certificate from the CA: %v", err)
+		}
+		if err := try(&tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}); err == nil {
+			t.Error("etcd took a write from a client without a certificate")
+		}
+		if err := try(tlsFromDir(t, foreign)); err == nil {
+			t.Error("etcd took a write from a client of another CA")
+		}
+		// issue-client-cert gives an operator what etcdctl needs.
+		dir := t.TempDir()
+		out := env.MustCtl("issue-client-cert", "--out", dir)
+		if !strings.Contains(out, "client.key") {
+			t.Errorf("issue-client-cert printed %q", out)
+		}
+		if st, err := os.Stat(filepath.Join(dir, "client.key")); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("client.key: %v, mode %v", err, st.Mode().Perm())
+		}
+		cmd := exec.Command(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcdctl"),
+			"--endpoints="+agents[0].ClientURL, "--cacert="+filepath.Join(dir, "ca.crt"),
+			"--cert="+filepath.Join(dir, "client.crt"), "--key="+filepath.Join(dir, "client.key"), "get", "/tls/probe")
+		if got, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(got), "/tls/probe") {
+			t.Errorf("etcdctl with issue-client-cert's files: %v\n%s", err, got)
+		}
+	})
+
+	t.Run("an agent of another CA cannot join", func(t *testing.T) {
+		pkiDir := t.TempDir()
+		key, _ := other.KeyPEM()
+		for name, data := range map[string][]byte{"ca.crt": other.CertPEM, "ca.key": key} {
+			if err := os.WriteFile(filepath.Join(pkiDir, name), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		env.MustCtl("--member-count=5", "configure-cluster")
+		rogue := env.StartAgent("rogue", harness.AgentOptions{ExtraArgs: []string{"--pki-dir=" + pkiDir}})
+		rogue.WaitLog("agent starting", 1, 30*time.Second)
+		time.Sleep(8 * time.Second) // many cycles in which a join could happen
+		if rogue.EtcdPID() != 0 {
+			t.Fatal("the agent of another CA runs an etcd member")
+		}
+		cs := harness.Observe(agents)
+		if len(cs.Voters) != 3 {
+			t.Fatalf("members: %v; the agent of another CA must not be added", cs.Voters)
+		}
+		// Each side refuses the other's certificate: the cluster's status
+		// lists the rogue agent as unreachable.
+		if out := env.MustCtl("status"); !strings.Contains(out, "unreachable: "+rogue.PeerAPI) {
+			t.Errorf("status does not list the other CA's agent as unreachable:\n%s", out)
+		}
+	})
+}
+
+// peerCaller calls one agent's peer API as the test.
+type peerCaller struct{ c *peer.Client }
+
+func dialPeer(addr string, creds credentials.TransportCredentials) (peerCaller, error) {
+	c, err := peer.Dial(addr, "test", creds)
+	return peerCaller{c}, err
+}
+
+func (p peerCaller) Close() error { return p.c.Close() }
+
+func (p peerCaller) Info(ctx context.Context) error {
+	_, err := p.c.Info(ctx)
+	return err
+}
+
+// Join asks the node to adopt a membership; only a node certificate may.
+func (p peerCaller) Join(ctx context.Context) error {
+	return p.c.Join(ctx, peer.JoinRequest{LeaderID: "test", Member: etcdproc.MemberState{ClusterToken: "not-a-cluster", Pending: true}})
+}
+
+// Node certificates valid for one minute are renewed every 40 s or so,
+// with no restart, while a client writes: every write is acknowledged,
+// none is lost, and connections made after the first certificates
+// expired (a restarted agent's etcd, new clients, the ctl) still work.
+func TestCertRotation(t *testing.T) {
+	env, agents, _ := startCluster(t, 3, 3, harness.AgentOptions{ExtraArgs: []string{"--cert-validity=1m"}})
+	first, err := os.ReadFile(filepath.Join(agents[0].DataDir, "pki", "node.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstCert, err := pki.ParseCertPEM(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startWriter(t, agents, 20000)
+	harness.WaitFor(t, 3*time.Minute, "every agent to renew its certificate twice", func() bool {
+		for _, a := range agents {
+			if strings.Count(a.Log(), "issued the node certificate") < 3 {
+				return false
+			}
+		}
+		return true
+	})
+	if time.Now().Before(firstCert.NotAfter) {
+		harness.WaitFor(t, time.Minute, "the first certificate to expire", func() bool { return time.Now().After(firstCert.NotAfter) })
+	}
+	// New connections everywhere: a restarted agent's etcd rejoins its
+	// peers, and a new client and the ctl get in.
+	agents[1].Stop()
+	agents[1].Start()
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	put(t, clusterClient(t, agents), "/rotation/after", "ok")
+	if out := env.MustCtl("status"); strings.Count(out, "healthy") < 3 {
+		t.Errorf("status after rotation:\n%s", out)
+	}
+	w.check(t, clusterClient(t, agents))
+	if w.failed > 0 {
+		t.Errorf("%d writes failed during rotation; the cluster must stay writable", w.failed)
+	}
+	if now, _ := os.ReadFile(filepath.Join(agents[0].DataDir, "pki", "node.crt")); string(now) == string(first) {
+		t.Error("node.crt on disk was never replaced")
+	}
+}
