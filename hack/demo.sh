@@ -13,7 +13,11 @@ demo=$root/.demo
 store="file://$demo/backups/demo"
 etcdctl="$root/bin/etcd-v$version/etcdctl"
 endpoints=
-for i in $(seq 1 "$members"); do endpoints="$endpoints${endpoints:+,}http://127.0.0.$i:4001"; done
+for i in $(seq 1 "$members"); do endpoints="$endpoints${endpoints:+,}https://127.0.0.$i:4001"; done
+# TLS, as shipped: the agents generate the cluster's CA into the store, and
+# etcdctl gets a client certificate from it (see docs/security.md).
+certs=$demo/certs
+tls="--cacert=$certs/ca.crt --cert=$certs/client.crt --key=$certs/client.key"
 
 for f in "$demo"/agent-*.pid; do
   if [ -e "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null; then
@@ -38,12 +42,12 @@ trap stop EXIT
 trap 'exit 130' INT TERM
 
 for i in $(seq 1 "$members"); do
-  bin/etcd-manager --insecure --etcd-insecure \
+  bin/etcd-manager \
     --address 127.0.0.$i --etcd-address 127.0.0.$i \
     --cluster-name=demo --backup-store="$store" \
     --data-dir="$demo/data/$i" \
-    --client-urls=http://127.0.0.$i:4001 --quarantine-client-urls=http://127.0.0.$i:8001 \
-    --peer-urls=http://127.0.0.$i:2380 \
+    --client-urls=https://127.0.0.$i:4001 --quarantine-client-urls=https://127.0.0.$i:8001 \
+    --peer-urls=https://127.0.0.$i:2380 \
     --etcd-bin-dir="$root/bin" --loop-interval=1s \
     >"$demo/logs/agent-$i.log" 2>&1 &
   pids+=($!)
@@ -56,7 +60,12 @@ bin/etcd-manager-ctl -member-count="$members" --backup-store="$store" -etcd-vers
 
 echo -n "demo: waiting for $members healthy members "
 for i in $(seq 1 90); do
-  healthy=$("$etcdctl" --endpoints="$endpoints" --command-timeout=2s endpoint health 2>/dev/null | grep -c 'is healthy' || true)
+  if [ ! -e "$certs/client.key" ]; then
+    # The CA appears in the store when the first agent starts.
+    bin/etcd-manager-ctl --backup-store="$store" --store-attempts=1 issue-client-cert --out "$certs" >/dev/null 2>&1 || true
+  fi
+  # shellcheck disable=SC2086
+  healthy=$("$etcdctl" --endpoints="$endpoints" $tls --command-timeout=2s endpoint health 2>/dev/null | grep -c 'is healthy' || true)
   if [ "$healthy" = "$members" ]; then
     break
   fi
@@ -72,8 +81,10 @@ for i in $(seq 1 90); do
 done
 echo " up"
 
-"$etcdctl" --endpoints="$endpoints" put /demo/hello world >/dev/null
-got=$("$etcdctl" --endpoints="$endpoints" get --print-value-only /demo/hello)
+# shellcheck disable=SC2086
+"$etcdctl" --endpoints="$endpoints" $tls put /demo/hello world >/dev/null
+# shellcheck disable=SC2086
+got=$("$etcdctl" --endpoints="$endpoints" $tls get --print-value-only /demo/hello)
 if [ "$got" != world ]; then
   echo "demo: wrote /demo/hello=world but read back '$got'" >&2
   exit 1
@@ -86,19 +97,19 @@ bin/etcd-manager-ctl --backup-store="$store" list-backups | grep -qx "$backup" |
   exit 1
 }
 echo
-bin/etcd-manager-ctl --backup-store="$store" --insecure status
+bin/etcd-manager-ctl --backup-store="$store" status
 
 cat <<TXT
 
 A $members-member etcd $version cluster is running, managed by etcd-manager.
-  client endpoints: $endpoints
-  backup store:     $store
+  client endpoints: $endpoints (TLS; client certificate in .demo/certs/)
+  backup store:     $store (its pki/ holds the cluster's CA)
   agent logs:       .demo/logs/
 
 Try:
-  $etcdctl --endpoints=$endpoints get --prefix /demo
-  $etcdctl --endpoints=$endpoints member list -w table
-  bin/etcd-manager-ctl --backup-store=$store --insecure status
+  $etcdctl --endpoints=$endpoints $tls get --prefix /demo
+  $etcdctl --endpoints=$endpoints $tls member list -w table
+  bin/etcd-manager-ctl --backup-store=$store status
   bin/etcd-manager-ctl --backup-store=$store get
   bin/etcd-manager-ctl --backup-store=$store backup-now
   bin/etcd-manager-ctl --backup-store=$store list-backups -o json
