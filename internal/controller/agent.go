@@ -120,6 +120,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if m := st.Member; m != nil && len(m.PeerURLs) == 0 {
+		// State from before peer URLs were recorded: the member was
+		// registered with the URLs configured then, taken to be these.
+		mm := *m
+		mm.PeerURLs = a.cfg.PeerURLs
+		st.Member = &mm
+		if err := a.layout.SaveState(st); err != nil {
+			return err
+		}
+	}
 	a.state = st
 	if st.Member != nil && st.Member.Pending {
 		a.pendingSince = a.now()
@@ -362,6 +372,7 @@ func (a *Agent) Join(ctx context.Context, req peer.JoinRequest) error {
 		}
 		a.log.Warn("moved stale etcd data aside before joining", "cluster-token", m.ClusterToken, "data-moved-to", trashed)
 	}
+	m.PeerURLs = a.cfg.PeerURLs
 	st := a.state
 	st.Member = &m
 	if err := a.setState(st); err != nil {
@@ -495,7 +506,7 @@ func (a *Agent) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpr
 		ClientURLs:           a.cfg.ClientURLs,
 		QuarantineClientURLs: a.cfg.QuarantineClientURLs,
 		Quarantined:          m.Quarantined,
-		PeerURLs:             a.cfg.PeerURLs,
+		PeerURLs:             a.servedPeerURLs(m),
 		InitialCluster:       m.InitialCluster,
 		NewCluster:           m.NewCluster,
 		ClusterToken:         m.ClusterToken,
@@ -528,4 +539,14 @@ func result(err error) string {
 	default:
 		return "error"
 	}
+}
+
+// servedPeerURLs are the peer URLs etcd serves for member m: those it is
+// registered with. They differ from --peer-urls only while a switch (http
+// to https, say) waits for the leader to register the new ones.
+func (a *Agent) servedPeerURLs(m *etcdproc.MemberState) []string {
+	if m != nil && len(m.PeerURLs) > 0 {
+		return m.PeerURLs
+	}
+	return a.cfg.PeerURLs
 }

@@ -66,6 +66,8 @@ func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
 		return a.queueDumpRestore(ctx, act)
 	case SetMemberVersion:
 		return a.changed(a.setMemberVersion(ctx, obs, act))
+	case SetPeerURLs:
+		return a.changed(a.setPeerURLs(ctx, obs, act))
 	case MoveLeader:
 		return a.moveLeader(ctx, act)
 	case EnableDowngrade:
@@ -344,6 +346,7 @@ type nodeAPI interface {
 	Quarantine(ctx context.Context, req peer.QuarantineRequest) error
 	Recover(ctx context.Context, req peer.RecoverRequest) error
 	SetVersion(ctx context.Context, req peer.VersionRequest) error
+	SetPeerURLs(ctx context.Context, req peer.PeerURLsRequest) error
 }
 
 // peerCallTimeoutLong bounds a Join or Leave, which may stop or start etcd.

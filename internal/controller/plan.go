@@ -562,6 +562,9 @@ func planMembership(o Observed) []Action {
 		}
 	}
 
+	if switchURLs := planPeerURLs(o); len(switchURLs) > 0 {
+		return append(actions, switchURLs...)
+	}
 	return append(actions, planVersion(o)...)
 }
 

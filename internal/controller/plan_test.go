@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -354,5 +355,43 @@ func TestPlanMarksBootstrappedOnceDataExists(t *testing.T) {
 	n.EtcdWanted = false
 	if got := describe(Plan(Observed{Spec: specN(1), Self: n, Peers: []Node{n}})); got != "start-etcd" {
 		t.Errorf("new member without data: plan = %q, want start-etcd", got)
+	}
+}
+
+func TestPlanPeerURLSwitch(t *testing.T) {
+	// secure is a member node whose agent now wants https peer URLs.
+	secure := func(id string) Node {
+		n := node(id, "member")
+		n.PeerURLs = []string{"https://" + id + ":2380"}
+		return n
+	}
+	obs := func(members []Member, peers ...Node) Observed {
+		return leaderObs(3, cluster(members...), peers...)
+	}
+	healthy := []Member{member("a", true), member("b", true), member("c", true)}
+	tests := []struct {
+		name string
+		obs  Observed
+		want string
+	}{
+		{"nothing to switch", obs(healthy, node("a", "member"), node("b", "member"), node("c", "member")), ""},
+		{"another member first, by ID", obs(healthy, secure("a"), secure("b"), secure("c")), "set-peer-urls b https://b:2380"},
+		{"an unhealthy member holds the switch",
+			obs([]Member{member("a", true), member("b", true), member("c", false)}, secure("a"), secure("b"), node("c", "member")),
+			"report[INFO] peer URL switch waits for every member to be healthy"},
+		{"the leader's own member last, after handing leadership on",
+			func() Observed {
+				ms := slices.Clone(healthy)
+				ms[1].PeerURLs, ms[2].PeerURLs = []string{"https://b:2380"}, []string{"https://c:2380"}
+				return obs(ms, secure("a"), secure("b"), secure("c"))
+			}(),
+			"move-leader to=" + hexID(member("b", true).ID)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := describe(Plan(tt.obs)); !strings.HasPrefix(got, tt.want) || (tt.want == "" && got != "") {
+				t.Fatalf("got  %q\nwant %q", got, tt.want)
+			}
+		})
 	}
 }

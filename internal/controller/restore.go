@@ -428,7 +428,7 @@ func (a *Agent) Restore(ctx context.Context, req peer.RestoreRequest) error {
 		return fmt.Errorf("controller: %w", err)
 	}
 	crashPoint(a.log, "restore-node-data") // restored data, not yet in the state
-	m.NewCluster, m.Pending = false, false
+	m.NewCluster, m.Pending, m.PeerURLs = false, false, a.cfg.PeerURLs
 	st := a.state
 	st.Member = &m
 	if err := a.setState(st); err != nil {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"syscall"
@@ -117,12 +118,12 @@ func TestStatePersistsAndLocks(t *testing.T) {
 	if err != nil || st.NodeID == "" {
 		t.Fatalf("LoadState = %+v, %v", st, err)
 	}
-	st.Member = &MemberState{ClusterToken: "tok", EtcdVersion: "3.6.16", InitialCluster: "a=http://127.0.0.1:2380", NewCluster: true}
+	st.Member = &MemberState{ClusterToken: "tok", EtcdVersion: "3.6.16", InitialCluster: "a=http://127.0.0.1:2380", NewCluster: true, PeerURLs: []string{"http://127.0.0.1:2380"}}
 	if err := l.SaveState(st); err != nil {
 		t.Fatal(err)
 	}
 	again, err := l.LoadState()
-	if err != nil || again.NodeID != st.NodeID || *again.Member != *st.Member {
+	if err != nil || again.NodeID != st.NodeID || !reflect.DeepEqual(*again.Member, *st.Member) {
 		t.Fatalf("reloaded %+v, %v", again, err)
 	}
 	unlock()

@@ -43,6 +43,10 @@ type MemberState struct {
 	// ForceNewCluster restarts etcd with --force-new-cluster, once, to
 	// recover quorum from this member's data alone.
 	ForceNewCluster bool `json:"forceNewCluster,omitempty"`
+	// PeerURLs are the peer URLs this member is registered with, which
+	// its etcd serves: the agent's --peer-urls, except while a switch to
+	// new ones (http to https, say) waits for the leader to register them.
+	PeerURLs []string `json:"peerURLs,omitempty"`
 	// Pending is set from the moment this node decides to create a cluster
 	// until the store's creation marker confirms it was the one to do so.
 	Pending bool `json:"pending,omitempty"`

@@ -136,6 +136,15 @@ type VersionRequest struct {
 	Version     string `json:"version"`
 }
 
+// PeerURLsRequest tells a member's agent that its etcd is now registered
+// with URLs, its own configured peer URLs, and should serve them.
+type PeerURLsRequest struct {
+	ClusterName string   `json:"clusterName"`
+	LeaderID    string   `json:"leaderId"`
+	Token       string   `json:"token"`
+	URLs        []string `json:"urls"`
+}
+
 // Empty is an empty reply.
 type Empty struct{}
 
@@ -149,6 +158,7 @@ type Handler interface {
 	Quarantine(ctx context.Context, req QuarantineRequest) error
 	Recover(ctx context.Context, req RecoverRequest) error
 	SetVersion(ctx context.Context, req VersionRequest) error
+	SetPeerURLs(ctx context.Context, req PeerURLsRequest) error
 }
 
 const serviceName = "etcdmanager.peer.v1.Peer"
@@ -225,6 +235,12 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 					return nil, err
 				}
 				return &Empty{}, s.h.SetVersion(ctx, *r)
+			})},
+			{MethodName: "SetPeerURLs", Handler: unary(func(ctx context.Context, r *PeerURLsRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.SetPeerURLs(ctx, *r)
 			})},
 		},
 	}, s)
@@ -375,6 +391,15 @@ func (c *Client) SetVersion(ctx context.Context, req VersionRequest) error {
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetVersion", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: set version on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// SetPeerURLs tells the agent to serve its etcd's new peer URLs.
+func (c *Client) SetPeerURLs(ctx context.Context, req PeerURLsRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetPeerURLs", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: set peer URLs on %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

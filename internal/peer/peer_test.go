@@ -53,6 +53,11 @@ func (r *recorder) Recover(_ context.Context, req RecoverRequest) error {
 	return nil
 }
 
+func (r *recorder) SetPeerURLs(_ context.Context, req PeerURLsRequest) error {
+	r.add("SetPeerURLs(" + req.Token + ")")
+	return nil
+}
+
 func (r *recorder) SetVersion(_ context.Context, req VersionRequest) error {
 	r.add("SetVersion(" + req.Token + "," + req.Version + ")")
 	return nil

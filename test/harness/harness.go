@@ -27,7 +27,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/pki"
-	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // DefaultEtcdVersion is the etcd the tests run unless they ask otherwise.
@@ -139,46 +138,39 @@ func (e *Env) ClientTLS() *tls.Config {
 	if e.clientTLS != nil {
 		return e.clientTLS
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var ca *pki.CA
+	// As an operator would: issue-client-cert through the ctl, which
+	// reads the CA from the store with the env's credentials.
+	dir := filepath.Join(e.Root, "client-certs")
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		s, err := store.Open(ctx, e.StoreURL, store.Options{})
-		if err == nil {
-			ca, err = pki.LoadStoreCA(ctx, s, func(err error) bool { return errors.Is(err, store.ErrNotFound) })
-			s.Close()
-		}
+		_, stderr, err := e.CtlRaw("--backup-store="+e.StoreURL, "--store-attempts=1", "issue-client-cert", "--out", dir, "--name=harness", "--validity=24h")
 		if err == nil {
 			break
 		}
-		select {
-		case <-ctx.Done():
-			e.t.Fatalf("harness: no CA in the store to issue a client certificate from: %v", err)
-		case <-time.After(200 * time.Millisecond):
+		if time.Now().After(deadline) {
+			e.t.Fatalf("harness: no client certificate from the store's CA: %v\n%s", err, stderr)
 		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	certPEM, keyPEM, err := ca.Issue(pki.CertRequest{CommonName: "harness", Role: pki.RoleClient, Validity: 24 * time.Hour}, nil, time.Now())
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"))
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	caCert, err := pki.ParseCertPEM(caPEM)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ca := &pki.CA{Cert: caCert}
 	e.clientTLS = pki.StaticClientConfig(pair, ca.Pool())
 	return e.clientTLS
 }
 
 // TLS is ClientTLS of the agent's env.
 func (a *Agent) TLS() *tls.Config { return a.env.ClientTLS() }
-
-// scheme is the URL scheme of the env's etcd URLs.
-func (e *Env) scheme() string {
-	if e.Insecure {
-		return "http"
-	}
-	return "https"
-}
 
 // UseStore points the env's agents and ctl runs at another store, such as
 // a bucket on MinIO, with the credentials it needs.
@@ -279,6 +271,8 @@ type Agent struct {
 	MetricsURL string
 	LogPath    string
 	args       []string
+	ip         string
+	opts       AgentOptions
 	cmd        *exec.Cmd
 	waitDone   chan struct{}
 	waitErr    error
@@ -293,20 +287,37 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 		ip = AllocIP(e.t)
 	}
 	a := &Agent{
-		env:       e,
-		Name:      name,
-		DataDir:   filepath.Join(e.Root, "data", name),
-		ClientURL: fmt.Sprintf("%s://%s:%d", e.scheme(), ip, 4001),
-		QuarURL:   fmt.Sprintf("%s://%s:%d", e.scheme(), ip, 8001),
-		PeerURL:   fmt.Sprintf("%s://%s:%d", e.scheme(), ip, 2380),
-		PeerAPI:   fmt.Sprintf("%s:%d", ip, 8000),
-		LogPath:   filepath.Join(e.Root, "logs", name+".log"),
+		env:     e,
+		Name:    name,
+		DataDir: filepath.Join(e.Root, "data", name),
+		PeerAPI: fmt.Sprintf("%s:%d", ip, 8000),
+		LogPath: filepath.Join(e.Root, "logs", name+".log"),
+		ip:      ip,
+		opts:    opts,
 	}
+	a.configure(!e.Insecure)
+	e.agents = append(e.agents, a)
+	a.Start()
+	e.t.Cleanup(a.cleanup)
+	return a
+}
+
+// configure sets the agent's URLs and command line, with TLS or without.
+func (a *Agent) configure(secure bool) {
+	e, ip, opts := a.env, a.ip, a.opts
+	scheme := "http"
+	if secure {
+		scheme = "https"
+	}
+	a.ClientURL = fmt.Sprintf("%s://%s:%d", scheme, ip, 4001)
+	a.QuarURL = fmt.Sprintf("%s://%s:%d", scheme, ip, 8001)
+	a.PeerURL = fmt.Sprintf("%s://%s:%d", scheme, ip, 2380)
 	store := e.StoreURL
 	if opts.StoreURL != "" {
 		store = opts.StoreURL
 	}
-	if e.Insecure {
+	a.args = nil
+	if !secure {
 		a.args = append(a.args, "--insecure", "--etcd-insecure")
 	}
 	a.args = append(a.args, []string{
@@ -329,10 +340,16 @@ func (e *Env) StartAgent(name string, opts AgentOptions) *Agent {
 		a.args = append(a.args, "--loop-interval=300ms", "--leader-lease=2s")
 	}
 	a.args = append(a.args, opts.ExtraArgs...)
-	e.agents = append(e.agents, a)
-	a.Start()
-	e.t.Cleanup(a.cleanup)
-	return a
+}
+
+// Reconfigure changes a stopped agent's command line to run with TLS
+// (secure) or without, as an operator switching a cluster would.
+func (a *Agent) Reconfigure(secure bool) {
+	a.env.t.Helper()
+	if a.Running() {
+		a.env.t.Fatalf("agent %s must be stopped to reconfigure it", a.Name)
+	}
+	a.configure(secure)
 }
 
 // Start (re)starts the agent process with its original arguments.

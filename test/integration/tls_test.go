@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -270,5 +271,81 @@ func TestCertRotation(t *testing.T) {
 	}
 	if now, _ := os.ReadFile(filepath.Join(agents[0].DataDir, "pki", "node.crt")); string(now) == string(first) {
 		t.Error("node.crt on disk was never replaced")
+	}
+}
+
+// A cluster started with --insecure --etcd-insecure is switched to TLS:
+// the operator restarts the agents one by one with TLS, and the leader
+// switches each member's peer URLs from http to https, one at a time. The
+// keys are kept, the cluster ID stays, and every member ends on https.
+func TestInsecureToSecureSwitch(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.Insecure = true
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	before := harness.Observe(agents)
+	c := clusterClient(t, agents)
+	for i := range 50 {
+		put(t, c, fmt.Sprintf("/switch/%02d", i), "kept")
+	}
+	c.Close()
+
+	// The operator's rolling restart, with TLS.
+	for _, a := range agents {
+		a.Stop()
+		a.Reconfigure(true)
+		a.Start()
+		harness.WaitFor(t, time.Minute, "agent "+a.Name+" to run etcd again", func() bool { return a.EtcdPID() != 0 })
+	}
+	env.Insecure = false // the ctl and the test's clients use TLS from here on
+	harness.WaitFor(t, 3*time.Minute, "every member to be registered with https peer URLs", func() bool {
+		cs := harness.Observe(agents)
+		if len(cs.Voters) != 3 || cs.Healthy != 3 {
+			return false
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), TLS: agents[0].TLS(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return false
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		ml, err := cli.MemberList(ctx)
+		if err != nil {
+			return false
+		}
+		for _, m := range ml.Members {
+			for _, u := range m.PeerURLs {
+				if !strings.HasPrefix(u, "https://") {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	after := harness.Observe(agents)
+	if fmt.Sprint(keys(after.ClusterIDs)) != fmt.Sprint(keys(before.ClusterIDs)) {
+		t.Fatalf("the cluster changed: %v -> %v", before.ClusterIDs, after.ClusterIDs)
+	}
+	c = clusterClient(t, agents)
+	resp, err := c.Get(t.Context(), "/switch/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 50 {
+		t.Fatalf("after the switch: %v, %d keys, want 50", err, len(resp.Kvs))
+	}
+	put(t, c, "/switch/after", "ok")
+	if n := strings.Count(allLogs(agents), "restarting etcd to serve new peer URLs"); n != 3 {
+		t.Errorf("%d members switched their peer URLs, want 3", n)
+	}
+	// Plain http is gone.
+	plain, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.Replace(agents[0].ClientURL, "https://", "http://", 1)}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err == nil {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		if _, err := plain.Put(ctx, "/switch/plain", "x"); err == nil {
+			t.Error("etcd still takes plaintext writes after the switch")
+		}
+		cancel()
+		plain.Close()
 	}
 }
