@@ -14,6 +14,8 @@ package bench
 import (
 	"compress/gzip"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -38,6 +40,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
@@ -205,10 +208,11 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// untilWritable retries a put through endpoints until one succeeds.
-func untilWritable(t *testing.T, endpoints []string, timeout time.Duration) {
+// untilWritable retries a put through endpoints, with client TLS cfg
+// (nil for plain http), until one succeeds.
+func untilWritable(t *testing.T, endpoints []string, cfg *tls.Config, timeout time.Duration) {
 	t.Helper()
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: time.Second, Logger: zap.NewNop()})
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: cfg, DialTimeout: time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,27 +233,31 @@ func untilWritable(t *testing.T, endpoints []string, timeout time.Duration) {
 }
 
 // benchBootstrap: 3 agents started cold until the cluster is writable,
-// against starting the same three etcd by hand.
+// against starting the same three etcd by hand, with the same TLS.
 func benchBootstrap(t *testing.T, sc scale) Result {
 	var got, base []float64
 	for range sc.iterations {
 		t.Run("bootstrap-3", func(t *testing.T) {
 			env := harness.NewEnv(t)
+			bare := newBareCluster(t, 3) // its certificates made before the clock starts
 			start := time.Now()
-			bare := env.StartBareCluster(3)
-			untilWritable(t, harness.BareEndpoints(bare), time.Minute)
+			bare.start(t, filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
+			untilWritable(t, bare.urls(), bare.client, time.Minute)
 			base = append(base, time.Since(start).Seconds())
 
 			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 			start = time.Now()
 			agents := env.StartAgents(3, harness.AgentOptions{Defaults: true})
-			untilWritable(t, harness.Endpoints(agents), 2*time.Minute)
+			// The client certificate comes from the CA the agents make
+			// as they start, so it is fetched on the clock.
+			untilWritable(t, harness.Endpoints(agents), env.ClientTLS(), 2*time.Minute)
 			got = append(got, time.Since(start).Seconds())
 		})
 	}
 	v, b := median(got), median(base)
 	return Result{Name: "bootstrap-3", Value: v, Unit: "s", Baseline: b, Ratio: v / b,
-		Note: "3 agents started cold until a write succeeds, default loop interval; baseline: 3 bare etcd started by hand"}
+		Note: "3 agents started cold until a write succeeds, default loop interval, TLS as shipped (the agents make the cluster's CA and their certificates on the clock); " +
+			"baseline: 3 bare etcd started by hand with the same TLS (https client and peer URLs requiring client certificates from one CA, certificates made before the clock starts)"}
 }
 
 // benchReplaceMember: a wiped member, until 3 healthy voters again, with a
@@ -259,18 +267,19 @@ func benchReplaceMember(t *testing.T, sc scale) Result {
 	for range sc.iterations {
 		t.Run("replace-member", func(t *testing.T) {
 			env := harness.NewEnv(t)
-			bare := env.StartBareCluster(3)
-			untilWritable(t, harness.BareEndpoints(bare), time.Minute)
-			leader := bareLeader(t, bare)
+			bare := newBareCluster(t, 3)
+			bare.start(t, filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
+			untilWritable(t, bare.urls(), bare.client, time.Minute)
+			leader := bare.leader(t)
 			start := time.Now()
-			leader.Kill()
-			var rest []*harness.BareEtcd
-			for _, m := range bare {
+			leader.kill()
+			var rest []string
+			for _, m := range bare.ms {
 				if m != leader {
-					rest = append(rest, m)
+					rest = append(rest, m.clientURL)
 				}
 			}
-			untilWritable(t, harness.BareEndpoints(rest), time.Minute)
+			untilWritable(t, rest, bare.client, time.Minute)
 			base = append(base, time.Since(start).Seconds())
 
 			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
@@ -289,26 +298,7 @@ func benchReplaceMember(t *testing.T, sc scale) Result {
 	}
 	v, b := median(got), median(base)
 	return Result{Name: "replace-member", Value: v, Unit: "s", Baseline: b, Ratio: v / b,
-		Note: "a member's data dir wiped and its agent restarted, until 3 healthy voters; grace 0, default loop interval; baseline: one etcd leader election (kill the leader until a write succeeds)"}
-}
-
-func bareLeader(t *testing.T, ms []*harness.BareEtcd) *harness.BareEtcd {
-	t.Helper()
-	c, err := clientv3.New(clientv3.Config{Endpoints: harness.BareEndpoints(ms), DialTimeout: time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	for _, m := range ms {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		st, err := c.Status(ctx, m.ClientURL)
-		cancel()
-		if err == nil && st.Leader == st.Header.MemberId {
-			return m
-		}
-	}
-	t.Fatal(errors.New("no bare etcd leader"))
-	return nil
+		Note: "a member's data dir wiped and its agent restarted, until 3 healthy voters; grace 0, default loop interval, TLS as shipped; baseline: one etcd leader election (kill the leader until a write succeeds) on 3 bare etcd with the same TLS (https client and peer URLs requiring client certificates from one CA)"}
 }
 
 // Backup benchmarks. Each store gets one managed 1-member cluster, filled
@@ -349,6 +339,13 @@ func benchBackups(t *testing.T, sc scale) []Result {
 			minio := harness.StartMinIO(t)
 			minio.CreateBucket(t, "bench")
 			env.UseStore(minio.StoreURL("bench", "etcd/main"), minio.Env())
+			// Env.ClientTLS reads the cluster's CA from the store in this
+			// process, whose environment ExtraEnv does not reach: give it
+			// MinIO's credentials too, for this subtest.
+			for _, kv := range minio.Env() {
+				k, v, _ := strings.Cut(kv, "=")
+				t.Setenv(k, v)
+			}
 		})
 	})
 
@@ -364,7 +361,7 @@ func benchBackups(t *testing.T, sc scale) []Result {
 		if len(r.agentSecs) > 0 {
 			agent = fmt.Sprintf(" (the agent logs %.2fs for the backup itself)", median(r.agentSecs))
 		}
-		res.Note = fmt.Sprintf("etcd-manager-ctl backup-now to a %s store (snapshot, verify, gzip, upload): %.0f MiB/s%s; baseline: etcdctl snapshot save to local disk: %.0f MiB/s; %s%s",
+		res.Note = fmt.Sprintf("etcd-manager-ctl backup-now to a %s store (snapshot, verify, gzip, upload): %.0f MiB/s%s; baseline: etcdctl snapshot save of the same etcd to local disk, over TLS with a client certificate from etcd-manager-ctl issue-client-cert, as that etcd requires: %.0f MiB/s; %s%s",
 			store, throughput(r.snapBytes, v), agent, throughput(r.snapBytes, b), common(r), extra)
 		return res
 	}
@@ -411,14 +408,15 @@ func runBackups(t *testing.T, sc scale, setup func(env *harness.Env)) backupRun 
 		fillTimeout = 5 * time.Minute
 	}
 	start := time.Now()
-	r.dbSize = fill(t, agent.ClientURL, sc.dbBytes, fillTimeout)
+	r.dbSize = fill(t, agent.ClientURL, agent.TLS(), sc.dbBytes, fillTimeout)
 	r.fillSecs = time.Since(start).Seconds()
 	t.Logf("filled to %.0f MiB in %.1fs", mib(r.dbSize), r.fillSecs)
 
 	snapDir := t.TempDir() // on real disk: /tmp is not tmpfs here, and t.TempDir honours $TMPDIR
+	certs := clientCertFiles(t, env)
 	pid := agent.PID()
 	for i := range sc.backupIterations {
-		secs, size := etcdctlSnapshot(t, env.BinDir, agent.ClientURL, snapDir)
+		secs, size := etcdctlSnapshot(t, env.BinDir, agent.ClientURL, certs, snapDir)
 		r.base = append(r.base, secs)
 		r.snapBytes = size
 
@@ -470,7 +468,7 @@ func backupMeta(storeDir, name string) (size, compressed int64, ok bool) {
 // fill writes unique keys with random hex values (gzip gets them to about
 // half) from a few clients until etcd reports a DB of at least target
 // bytes, bounded in puts and time, and returns the DB size reached.
-func fill(t *testing.T, endpoint string, target int64, timeout time.Duration) int64 {
+func fill(t *testing.T, endpoint string, cfg *tls.Config, target int64, timeout time.Duration) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -479,7 +477,7 @@ func fill(t *testing.T, endpoint string, target int64, timeout time.Duration) in
 	var wg sync.WaitGroup
 	errs := make(chan error, fillClients)
 	for w := range fillClients {
-		c, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: cfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -511,7 +509,7 @@ func fill(t *testing.T, endpoint string, target int64, timeout time.Duration) in
 		}()
 	}
 
-	sc, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	sc, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: cfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,14 +550,36 @@ func fill(t *testing.T, endpoint string, target int64, timeout time.Duration) in
 	return got
 }
 
-// etcdctlSnapshot is the baseline: etcdctl snapshot save to local disk.
-func etcdctlSnapshot(t *testing.T, binDir, endpoint, dir string) (float64, int64) {
+// certFiles are PEM files for etcdctl: the CA to trust and a client
+// certificate from it.
+type certFiles struct{ ca, cert, key string }
+
+// args are etcdctl's flags for the files.
+func (f certFiles) args() []string {
+	return []string{"--cacert=" + f.ca, "--cert=" + f.cert, "--key=" + f.key}
+}
+
+// clientCertFiles writes a client certificate from the env's cluster CA
+// for etcdctl, as an operator would get one: etcd-manager-ctl
+// issue-client-cert.
+func clientCertFiles(t *testing.T, env *harness.Env) certFiles {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "certs")
+	env.MustCtl("issue-client-cert", "--out", dir, "--name=bench", "--validity=24h")
+	return certFiles{ca: filepath.Join(dir, "ca.crt"), cert: filepath.Join(dir, "client.crt"), key: filepath.Join(dir, "client.key")}
+}
+
+// etcdctlSnapshot is the baseline: etcdctl snapshot save to local disk,
+// over TLS with the client certificate in certs, as the agent's etcd
+// requires.
+func etcdctlSnapshot(t *testing.T, binDir, endpoint string, certs certFiles, dir string) (float64, int64) {
 	t.Helper()
 	path := filepath.Join(dir, "baseline.db")
 	ctx, cancel := context.WithTimeout(context.Background(), backupTimeout)
 	defer cancel()
+	args := append([]string{"--endpoints=" + endpoint}, certs.args()...)
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "etcd-v"+harness.DefaultEtcdVersion, "etcdctl"),
-		"--endpoints="+endpoint, "snapshot", "save", path)
+		append(args, "snapshot", "save", path)...)
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	secs := time.Since(start).Seconds()
@@ -583,8 +603,11 @@ func backupNow(t *testing.T, env *harness.Env) (float64, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), backupTimeout+time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, env.CtlBin, "--backup-store="+env.StoreURL, "--etcd-bin-dir="+env.BinDir,
-		"backup-now", "--timeout="+backupTimeout.String())
+	args := []string{"--backup-store=" + env.StoreURL, "--etcd-bin-dir=" + env.BinDir, "backup-now", "--timeout=" + backupTimeout.String()}
+	if env.Insecure {
+		args = append(args, "--insecure")
+	}
+	cmd := exec.CommandContext(ctx, env.CtlBin, args...)
 	cmd.Env = append(os.Environ(), env.ExtraEnv...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -748,7 +771,8 @@ func benchRestore(t *testing.T, sc scale) Result {
 		"fetch+gunzip+verify+restore on each of the 3 nodes in parallel and their start in quarantine, the HashKV check, "+
 		"a fresh full backup of the restored cluster (a %.0f MiB backup by itself, see backup-file-1gib), lifting the quarantine (an etcd restart per member) and the command's removal; "+
 		"phases from the agents' logs: %s; "+
-		"baseline: etcdutl snapshot restore of the same snapshot, already gunzipped to local disk, + one etcd started on it until a Get succeeds; "+
+		"baseline: etcdutl snapshot restore of the same snapshot, already gunzipped to local disk, + one etcd started on it until a Get succeeds, "+
+		"that etcd with the agents' TLS (https client and peer URLs requiring client certificates from one CA, certificates made before the clock starts); "+
 		"DB filled to %.0f MiB (scale %s: %.0f MiB target) with %d KiB values of random hex in %.1fs; snapshot %.0f MiB, %.0f MiB gzipped, backed up in %.1fs; median of %d, baseline measured before each restore%s",
 		mib(r.snapBytes), strings.Join(r.phases, "; "), mib(r.dbSize), sc.name, mib(sc.dbBytes), fillValueBytes>>10, r.fillSecs,
 		mib(r.snapBytes), mib(r.compressed), r.backupSecs, len(r.got), errs)
@@ -770,8 +794,9 @@ func runRestores(t *testing.T, sc scale) restoreRun {
 	if sc.dbBytes > 256<<20 {
 		fillTimeout = 10 * time.Minute
 	}
+	cfg := env.ClientTLS()
 	start := time.Now()
-	r.dbSize = fill(t, agents[0].ClientURL, sc.dbBytes, fillTimeout)
+	r.dbSize = fill(t, agents[0].ClientURL, cfg, sc.dbBytes, fillTimeout)
 	r.fillSecs = time.Since(start).Seconds()
 	t.Logf("filled to %.0f MiB in %.1fs", mib(r.dbSize), r.fillSecs)
 
@@ -792,7 +817,7 @@ func runRestores(t *testing.T, sc scale) restoreRun {
 		start := time.Now()
 		id := restoreBackup(t, env, name)
 		returned := time.Now()
-		if err := untilReadable(harness.Endpoints(agents), readableTimeout, nil); err != nil {
+		if err := untilReadable(harness.Endpoints(agents), cfg, readableTimeout, nil); err != nil {
 			t.Fatalf("after restore %d: %v", i+1, err)
 		}
 		end := time.Now()
@@ -837,13 +862,17 @@ func gunzipFile(t *testing.T, src, dst string) int64 {
 }
 
 // bareRestore is the baseline: etcdutl snapshot restore of db into a fresh
-// data dir, then one etcd started on it, until a Get succeeds. The etcd is
-// killed by PID and its data removed before it returns.
+// data dir, then one etcd started on it, until a Get succeeds. The etcd
+// serves with the TLS the agents give their etcd (see bareTLSArgs), with
+// certificates made before the clock starts. It is killed by PID and its
+// data removed before bareRestore returns.
 func bareRestore(t *testing.T, binDir, db string) float64 {
 	t.Helper()
 	ip := harness.AllocIP(t)
-	peerURL, clientURL := fmt.Sprintf("http://%s:2380", ip), fmt.Sprintf("http://%s:4001", ip)
+	peerURL, clientURL := fmt.Sprintf("https://%s:2380", ip), fmt.Sprintf("https://%s:4001", ip)
 	root := t.TempDir()
+	files := harness.NewTLSFiles(t, filepath.Join(root, "tls"), ip)
+	cfg := tlsFromFiles(t, files.CA, files.ClientCert, files.ClientKey)
 	dir := filepath.Join(root, "bare")
 	bin := filepath.Join(binDir, "etcd-v"+harness.DefaultEtcdVersion)
 	logf, err := os.Create(filepath.Join(root, "bare.log"))
@@ -861,10 +890,10 @@ func bareRestore(t *testing.T, binDir, db string) float64 {
 		logf.Close()
 		t.Fatalf("etcdutl snapshot restore: %v\n%s", err, out)
 	}
-	cmd := exec.Command(filepath.Join(bin, "etcd"), "--name=bare", "--data-dir="+dir,
-		"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
-		"--initial-cluster=bare="+peerURL)
+	cmd := exec.Command(filepath.Join(bin, "etcd"), append([]string{"--name=bare", "--data-dir=" + dir,
+		"--listen-client-urls=" + clientURL, "--advertise-client-urls=" + clientURL,
+		"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
+		"--initial-cluster=bare=" + peerURL}, bareTLSArgs(files)...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -886,7 +915,7 @@ func bareRestore(t *testing.T, binDir, db string) float64 {
 		}
 	}
 	t.Cleanup(kill)
-	if err := untilReadable([]string{clientURL}, readableTimeout, done); err != nil {
+	if err := untilReadable([]string{clientURL}, cfg, readableTimeout, done); err != nil {
 		kill()
 		log, _ := os.ReadFile(filepath.Join(root, "bare.log"))
 		t.Fatalf("bare etcd on the restored snapshot: %v\n%s", err, tail(string(log), 20))
@@ -899,10 +928,11 @@ func bareRestore(t *testing.T, binDir, db string) float64 {
 	return secs
 }
 
-// untilReadable retries a linearizable Get through endpoints until one
-// succeeds, giving up after timeout or once gone (if not nil) is closed.
-func untilReadable(endpoints []string, timeout time.Duration, gone <-chan struct{}) error {
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: time.Second, Logger: zap.NewNop()})
+// untilReadable retries a linearizable Get through endpoints, with client
+// TLS cfg, until one succeeds, giving up after timeout or once gone (if
+// not nil) is closed.
+func untilReadable(endpoints []string, cfg *tls.Config, timeout time.Duration, gone <-chan struct{}) error {
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: cfg, DialTimeout: time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return err
 	}
@@ -934,8 +964,11 @@ func restoreBackup(t *testing.T, env *harness.Env, name string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout+time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, env.CtlBin, "--backup-store="+env.StoreURL, "--etcd-bin-dir="+env.BinDir,
-		"restore-backup", name, "--timeout="+restoreTimeout.String())
+	args := []string{"--backup-store=" + env.StoreURL, "--etcd-bin-dir=" + env.BinDir, "restore-backup", name, "--timeout=" + restoreTimeout.String()}
+	if env.Insecure {
+		args = append(args, "--insecure")
+	}
+	cmd := exec.CommandContext(ctx, env.CtlBin, args...)
 	cmd.Env = append(os.Environ(), env.ExtraEnv...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -1188,7 +1221,7 @@ func benchRollingUpgrade(t *testing.T, sc scale) []Result {
 	if stall > stallGoal.Seconds() {
 		verdict = "does NOT meet"
 	}
-	load := fmt.Sprintf("about %d writes/s from %d clients on every member's client URL (a time.Ticker each, Put timeout %s, %s of load before the roll)",
+	load := fmt.Sprintf("about %d writes/s from %d TLS clients on every member's client URL (a time.Ticker each, Put timeout %s, %s of load before the roll)",
 		rollRate, rollWriters, rollPutTimeout, rollWarmup)
 
 	v, b := medianOr0(secs(got)), medianOr0(secs(base))
@@ -1198,7 +1231,7 @@ func benchRollingUpgrade(t *testing.T, sc scale) []Result {
 				"(the leader's backup, then each member restarted on the new binary, followers first, the leader last after MoveLeader, each gated on health and catch-up; default loop interval, --backup-interval=24h), "+
 				"under %s; longest stall (largest gap between acknowledged writes, across all writers, during the roll) %.3fs (rolls: %s s): %s the goal of ≤ %.0fs (about one election); "+
 				"writes: %s; every acknowledged write present after each roll; "+
-				"baseline: 3 bare etcd %s stopped by hand (SIGTERM, wait for exit) and started again on %s with the same data dir and flags, one at a time, followers first, each until its Status reports %s, under the same load: longest stall %.3fs (rolls: %s s), writes: %s; median of %d managed roll(s) and of %d by hand",
+				"baseline: 3 bare etcd %s with the agents' TLS (https client and peer URLs requiring client certificates from one CA), stopped by hand (SIGTERM, wait for exit) and started again on %s with the same data dir and flags, one at a time, followers first, each until its Status reports %s, under the same load: longest stall %.3fs (rolls: %s s), writes: %s; median of %d managed roll(s) and of %d by hand",
 				rollTo, rollFrom, rollTo, load, stall, each, verdict, stallGoal.Seconds(), writes(got),
 				rollFrom, rollTo, rollTo, baseStall, baseEach, writes(base), len(secs(got)), len(secs(base))) + stuckNote},
 		{Name: "rolling-upgrade-stall", Value: stall, Unit: "s", noBaseline: true,
@@ -1215,21 +1248,21 @@ func runManagedRoll(t *testing.T) rollRun {
 	env.MustCtl("--member-count=3", "--etcd-version="+rollFrom, "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{Defaults: true, ExtraArgs: []string{"--backup-interval=24h"}})
 	harness.WaitSettled(t, agents, 3, 2*time.Minute)
-	urls := harness.Endpoints(agents)
-	waitVersions(t, urls, rollFrom, time.Minute)
+	urls, cfg := harness.Endpoints(agents), env.ClientTLS()
+	waitVersions(t, urls, cfg, rollFrom, time.Minute)
 
-	l := startLoad(t, urls)
+	l := startLoad(t, urls, cfg)
 	time.Sleep(rollWarmup)
 	start := time.Now()
 	env.MustCtl("--etcd-version="+rollTo, "configure-cluster")
-	werr := untilVersions(urls, rollTo, rollTimeout)
+	werr := untilVersions(urls, cfg, rollTo, rollTimeout)
 	end := time.Now()
 	var stuck string
 	if werr != nil {
 		stuck = stuckRoll(agents, werr)
 	}
 	l.halt()
-	r := l.verify(t, urls, start, end)
+	r := l.verify(t, urls, cfg, start, end)
 	r.secs, r.stuck = end.Sub(start).Seconds(), stuck
 
 	var evs []rollEvent
@@ -1249,26 +1282,24 @@ func runBareRoll(t *testing.T) rollRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := startBareRollCluster(t, filepath.Join(binDir, "etcd-v"+rollFrom, "etcd"))
-	var urls []string
-	for _, m := range ms {
-		urls = append(urls, m.clientURL)
-	}
-	untilWritable(t, urls, time.Minute)
-	waitVersions(t, urls, rollFrom, time.Minute)
+	bare := newBareCluster(t, 3)
+	bare.start(t, filepath.Join(binDir, "etcd-v"+rollFrom, "etcd"))
+	urls, cfg := bare.urls(), bare.client
+	untilWritable(t, urls, cfg, time.Minute)
+	waitVersions(t, urls, cfg, rollFrom, time.Minute)
 
 	// Followers first, the leader last, as the agents do (etcd hands
 	// leadership on by itself when its leader is stopped gracefully).
-	leader := bareRollLeader(t, ms)
-	var order []*bareRollMember
-	for _, m := range ms {
+	leader := bare.leader(t)
+	var order []*bareMember
+	for _, m := range bare.ms {
 		if m != leader {
 			order = append(order, m)
 		}
 	}
 	order = append(order, leader)
 
-	l := startLoad(t, urls)
+	l := startLoad(t, urls, cfg)
 	time.Sleep(rollWarmup)
 	var evs []rollEvent
 	start := time.Now()
@@ -1281,14 +1312,14 @@ func runBareRoll(t *testing.T) rollRun {
 		m.stop(t)
 		evs = append(evs, rollEvent{time.Now(), "by hand: " + m.name + " exited, starting it on " + rollTo})
 		m.start(t, filepath.Join(binDir, "etcd-v"+rollTo, "etcd"))
-		waitVersions(t, []string{m.clientURL}, rollTo, rollTimeout)
+		waitVersions(t, []string{m.clientURL}, cfg, rollTo, rollTimeout)
 		evs = append(evs, rollEvent{time.Now(), "by hand: " + m.name + " reports " + rollTo})
 	}
 	end := time.Now()
 	l.halt()
-	r := l.verify(t, urls, start, end)
+	r := l.verify(t, urls, cfg, start, end)
 	r.secs = end.Sub(start).Seconds()
-	for _, m := range ms {
+	for _, m := range bare.ms {
 		m.kill() // not left idling through the managed roll that follows
 		log, _ := os.ReadFile(m.logPath)
 		evs = append(evs, logEvents(m.name, string(log))...)
@@ -1299,9 +1330,26 @@ func runBareRoll(t *testing.T) rollRun {
 	return r
 }
 
-// bareRollMember is one etcd started by hand for the by-hand roll, with
-// the flags harness.StartBareCluster uses, on a chosen binary.
-type bareRollMember struct {
+// Bare etcd started by hand, the baselines of bootstrap-3, replace-member,
+// rolling-upgrade and agent-idle. They run with TLS as the agents' etcd
+// does (internal/etcdproc): https client and peer URLs, each requiring a
+// certificate from one CA (--client-cert-auth, --peer-client-cert-auth),
+// from harness.NewTLSFiles, so that each ratio compares like with like.
+// The certificates are made before any clock starts, as an operator's
+// would be.
+
+// bareCluster is a cluster of bare etcd: its members, the TLS files they
+// serve with, and the client TLS to reach them.
+type bareCluster struct {
+	ms     []*bareMember
+	files  harness.TLSFiles
+	client *tls.Config
+}
+
+// bareMember is one etcd started by hand, with the flags
+// harness.StartBareCluster uses and the TLS flags the agents give their
+// etcd, on a chosen binary.
+type bareMember struct {
 	name, clientURL, peerURL string
 	logPath                  string
 	args                     []string
@@ -1309,41 +1357,90 @@ type bareRollMember struct {
 	done                     chan struct{}
 }
 
-// startBareRollCluster starts three etcd of binary etcd as one new
-// cluster, with their data on real disk. Each is killed by PID when the
-// test ends.
-func startBareRollCluster(t *testing.T, etcd string) []*bareRollMember {
+// newBareCluster prepares n etcd as one new cluster, with their data on
+// real disk: loopback addresses, certificates and flags. It starts none:
+// see start. Each member is killed by PID when the test ends.
+func newBareCluster(t *testing.T, n int) *bareCluster {
 	t.Helper()
 	root := t.TempDir()
-	var ms []*bareRollMember
+	var ips []string
+	for range n {
+		ips = append(ips, harness.AllocIP(t))
+	}
+	c := &bareCluster{files: harness.NewTLSFiles(t, filepath.Join(root, "tls"), ips...)}
+	c.client = tlsFromFiles(t, c.files.CA, c.files.ClientCert, c.files.ClientKey)
 	var initial []string
-	for i := range 3 {
-		ip := harness.AllocIP(t)
-		m := &bareRollMember{
+	for i, ip := range ips {
+		m := &bareMember{
 			name:      fmt.Sprintf("bare%d", i+1),
-			clientURL: fmt.Sprintf("http://%s:4001", ip),
-			peerURL:   fmt.Sprintf("http://%s:2380", ip),
+			clientURL: fmt.Sprintf("https://%s:4001", ip),
+			peerURL:   fmt.Sprintf("https://%s:2380", ip),
 		}
 		m.logPath = filepath.Join(root, m.name+".log")
-		ms = append(ms, m)
+		c.ms = append(c.ms, m)
 		initial = append(initial, m.name+"="+m.peerURL)
 	}
-	for _, m := range ms {
-		m.args = []string{
+	for _, m := range c.ms {
+		m.args = append([]string{
 			"--name=" + m.name, "--data-dir=" + filepath.Join(root, m.name),
 			"--listen-client-urls=" + m.clientURL, "--advertise-client-urls=" + m.clientURL,
 			"--listen-peer-urls=" + m.peerURL, "--initial-advertise-peer-urls=" + m.peerURL,
 			"--initial-cluster-state=new", "--initial-cluster-token=bare",
 			"--initial-cluster=" + strings.Join(initial, ","),
-		}
+		}, bareTLSArgs(c.files)...)
 		t.Cleanup(m.kill)
+	}
+	return c
+}
+
+// bareTLSArgs are the TLS flags of a bare etcd: those the agents give
+// their etcd, with the files of f.
+func bareTLSArgs(f harness.TLSFiles) []string {
+	return []string{
+		"--cert-file=" + f.ServerCert, "--key-file=" + f.ServerKey, "--trusted-ca-file=" + f.CA, "--client-cert-auth=true",
+		"--peer-cert-file=" + f.ServerCert, "--peer-key-file=" + f.ServerKey, "--peer-trusted-ca-file=" + f.CA, "--peer-client-cert-auth=true",
+	}
+}
+
+// tlsFromFiles is the client TLS of a client that presents the
+// certificate in certFile and keyFile and trusts the CA in caFile: the
+// same config as the agents' clients (pki.StaticClientConfig).
+func tlsFromFiles(t *testing.T, caFile, certFile, keyFile string) *tls.Config {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("%s holds no PEM certificate", caFile)
+	}
+	return pki.StaticClientConfig(pair, pool)
+}
+
+// start starts every member on binary etcd.
+func (c *bareCluster) start(t *testing.T, etcd string) {
+	t.Helper()
+	for _, m := range c.ms {
 		m.start(t, etcd)
 	}
-	return ms
+}
+
+// urls are the members' client URLs.
+func (c *bareCluster) urls() []string {
+	var out []string
+	for _, m := range c.ms {
+		out = append(out, m.clientURL)
+	}
+	return out
 }
 
 // start starts the member on binary etcd with its data and flags.
-func (m *bareRollMember) start(t *testing.T, etcd string) {
+func (m *bareMember) start(t *testing.T, etcd string) {
 	t.Helper()
 	logf, err := os.OpenFile(m.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -1361,8 +1458,11 @@ func (m *bareRollMember) start(t *testing.T, etcd string) {
 	m.cmd, m.done = cmd, done
 }
 
+// pid is the process ID of the member's etcd.
+func (m *bareMember) pid() int { return m.cmd.Process.Pid }
+
 // stop sends SIGTERM to the member's etcd and waits for it to exit.
-func (m *bareRollMember) stop(t *testing.T) {
+func (m *bareMember) stop(t *testing.T) {
 	t.Helper()
 	_ = syscall.Kill(m.cmd.Process.Pid, syscall.SIGTERM)
 	select {
@@ -1374,7 +1474,7 @@ func (m *bareRollMember) stop(t *testing.T) {
 }
 
 // kill SIGKILLs the member's etcd, if it runs, and waits for it.
-func (m *bareRollMember) kill() {
+func (m *bareMember) kill() {
 	if m.cmd == nil {
 		return
 	}
@@ -1390,17 +1490,18 @@ func (m *bareRollMember) kill() {
 	}
 }
 
-func bareRollLeader(t *testing.T, ms []*bareRollMember) *bareRollMember {
+// leader is the member that is raft leader.
+func (c *bareCluster) leader(t *testing.T) *bareMember {
 	t.Helper()
-	for _, m := range ms {
-		c, err := clientv3.New(clientv3.Config{Endpoints: []string{m.clientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	for _, m := range c.ms {
+		cl, err := clientv3.New(clientv3.Config{Endpoints: []string{m.clientURL}, TLS: c.client, DialTimeout: time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		st, err := c.Status(ctx, m.clientURL)
+		st, err := cl.Status(ctx, m.clientURL)
 		cancel()
-		c.Close()
+		cl.Close()
 		if err == nil && st.Leader == st.Header.MemberId {
 			return m
 		}
@@ -1411,17 +1512,17 @@ func bareRollLeader(t *testing.T, ms []*bareRollMember) *bareRollMember {
 
 // waitVersions polls each endpoint's Status until every one reports
 // server version v.
-func waitVersions(t *testing.T, endpoints []string, v string, timeout time.Duration) {
+func waitVersions(t *testing.T, endpoints []string, cfg *tls.Config, v string, timeout time.Duration) {
 	t.Helper()
-	if err := untilVersions(endpoints, v, timeout); err != nil {
+	if err := untilVersions(endpoints, cfg, v, timeout); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func untilVersions(endpoints []string, v string, timeout time.Duration) error {
+func untilVersions(endpoints []string, cfg *tls.Config, v string, timeout time.Duration) error {
 	var cs []*clientv3.Client
 	for _, ep := range endpoints {
-		c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, TLS: cfg, DialTimeout: time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			return err
 		}
@@ -1481,7 +1582,7 @@ type rollAck struct {
 
 const rollPrefix = "/bench/roll/"
 
-func startLoad(t *testing.T, endpoints []string) *rollLoad {
+func startLoad(t *testing.T, endpoints []string, cfg *tls.Config) *rollLoad {
 	t.Helper()
 	l := &rollLoad{stop: make(chan struct{}), done: make(chan struct{}), started: time.Now()}
 	ctx, cancel := context.WithTimeout(context.Background(), rollLoadMax)
@@ -1490,7 +1591,7 @@ func startLoad(t *testing.T, endpoints []string) *rollLoad {
 	var cs []*clientv3.Client
 	var wg sync.WaitGroup
 	for w := range rollWriters {
-		c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: cfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			cancel()
 			t.Fatal(err)
@@ -1556,10 +1657,10 @@ func (l *rollLoad) halt() {
 // verify checks, once the load is halted, that every acknowledged write
 // is present, and measures the longest gap between acknowledged writes
 // that overlaps the roll from start to end.
-func (l *rollLoad) verify(t *testing.T, endpoints []string, start, end time.Time) rollRun {
+func (l *rollLoad) verify(t *testing.T, endpoints []string, cfg *tls.Config, start, end time.Time) rollRun {
 	t.Helper()
 	l.halt()
-	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: cfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1770,7 +1871,7 @@ func stuckRoll(agents []*harness.Agent, err error) string {
 	}
 	var now []string
 	for _, a := range agents {
-		c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			continue
 		}
@@ -1886,7 +1987,7 @@ func benchIdle(t *testing.T, sc scale) []Result {
 		r = runIdle(t, sc)
 	})
 	n := len(r.agent.rssMiB)
-	setup := fmt.Sprintf("a managed 1-member cluster on etcd %s, default timings (loop interval 2s, --backup-interval 15m), idle: "+
+	setup := fmt.Sprintf("a managed 1-member cluster on etcd %s, default timings (loop interval 2s, --backup-interval 15m), TLS as shipped, idle: "+
 		"measured once writable, its first periodic backup taken (due as soon as the cluster exists) and %s more; "+
 		"the agent logged %d line(s) of its own and took %d backup(s) during the window; "+
 		"the bare etcd and the managed cluster ran side by side, measured over the same %.1fs window (scale %s)",
@@ -1897,7 +1998,7 @@ func benchIdle(t *testing.T, sc scale) []Result {
 	return []Result{
 		{Name: "agent-idle-rss", Value: rss, Unit: "MiB", Baseline: baseRSS, Ratio: ratio(rss, baseRSS),
 			Note: fmt.Sprintf("the agent process's VmRSS (not its etcd child), mean of %d samples %s apart (range %s); %s; "+
-				"baseline: a bare etcd %s started by hand as a 1-member cluster, its VmRSS at the same instants (mean, range %s); "+
+				"baseline: a bare etcd %s started by hand as a 1-member cluster with the agents' TLS (https client and peer URLs requiring client certificates from one CA), its VmRSS at the same instants (mean, range %s); "+
 				"the agent's etcd child averaged %.1f MiB (range %s), so agent and etcd together %.1f MiB, %.2f× the bare etcd",
 				n, idleSampleEvery, r.agent.rssRange(), setup,
 				harness.DefaultEtcdVersion, r.bare.rssRange(),
@@ -1905,7 +2006,7 @@ func benchIdle(t *testing.T, sc scale) []Result {
 		{Name: "agent-idle-cpu", Value: cpu, Unit: "% of a core", Baseline: baseCPU, Ratio: ratio(cpu, baseCPU),
 			Note: fmt.Sprintf("the agent process's CPU time (not its etcd child's) over the window as a percentage of one core (1%% = 0.6 CPU-seconds a minute): "+
 				"%.3f CPU-s in %.1fs, the run time of its threads from /proc/<pid>/task/*/schedstat (ns; the figure utime+stime in /proc/<pid>/stat rounds to 10ms ticks; cross-check: %s); %s; "+
-				"baseline: a bare etcd %s started by hand as a 1-member cluster, its CPU time over the same window: %.3f CPU-s (%s); "+
+				"baseline: a bare etcd %s started by hand as a 1-member cluster with the agents' TLS (https client and peer URLs requiring client certificates from one CA), its CPU time over the same window: %.3f CPU-s (%s); "+
 				"the agent's etcd child used %.3f CPU-s (%.2f%% of a core; %s), so agent and etcd together %.2f%%, %.2f× the bare etcd",
 				r.agent.cpuSecs(), r.window.Seconds(), r.agent.cpuCheck(), setup,
 				harness.DefaultEtcdVersion, r.bare.cpuSecs(), r.bare.cpuCheck(),
@@ -1919,11 +2020,13 @@ func benchIdle(t *testing.T, sc scale) []Result {
 func runIdle(t *testing.T, sc scale) idleRun {
 	env := harness.NewEnv(t)
 	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-	bare := env.StartBareCluster(1)[0]
+	bares := newBareCluster(t, 1)
+	bares.start(t, filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
+	bare := bares.ms[0]
 	agent := env.StartAgents(1, harness.AgentOptions{Defaults: true})[0]
-	untilWritable(t, []string{bare.ClientURL}, time.Minute)
+	untilWritable(t, bares.urls(), bares.client, time.Minute)
 	harness.WaitSettled(t, []*harness.Agent{agent}, 1, 2*time.Minute)
-	untilWritable(t, []string{agent.ClientURL}, time.Minute)
+	untilWritable(t, []string{agent.ClientURL}, agent.TLS(), time.Minute)
 	agent.WaitLog(`msg="backup taken"`, 1, time.Minute)
 	time.Sleep(idleSettle)
 
@@ -1931,7 +2034,7 @@ func runIdle(t *testing.T, sc scale) idleRun {
 	if childPID <= 0 {
 		t.Fatal("the agent's etcd has no pid file")
 	}
-	r := idleRun{agent: idleProc{pid: agent.PID()}, child: idleProc{pid: childPID}, bare: idleProc{pid: bare.PID()}}
+	r := idleRun{agent: idleProc{pid: agent.PID()}, child: idleProc{pid: childPID}, bare: idleProc{pid: bare.pid()}}
 	log := agent.Log()
 	lines, backups := ownLogLines(log), strings.Count(log, `msg="backup taken"`)
 	r.window = measureIdle(t, sc.idleWindow, &r.agent, &r.child, &r.bare)
