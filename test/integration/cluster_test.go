@@ -40,14 +40,35 @@ func clusterClient(t *testing.T, agents []*harness.Agent) *clientv3.Client {
 }
 
 func TestFormation(t *testing.T) {
-	for _, n := range []int{1, 3, 5} {
-		t.Run(fmt.Sprintf("members=%d", n), func(t *testing.T) {
-			_, agents, cs := startCluster(t, n, n, harness.AgentOptions{})
+	for _, tt := range []struct {
+		n        int
+		insecure bool
+	}{{1, false}, {3, false}, {5, false}, {3, true}} {
+		name := fmt.Sprintf("members=%d", tt.n)
+		if tt.insecure {
+			name += "-insecure"
+		}
+		t.Run(name, func(t *testing.T) {
+			env := harness.NewEnv(t)
+			env.Insecure = tt.insecure
+			env.MustCtl(fmt.Sprintf("--member-count=%d", tt.n), "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+			agents := env.StartAgents(tt.n, harness.AgentOptions{})
+			cs := harness.WaitSettled(t, agents, tt.n, settleTimeout)
 			t.Logf("formed: %+v", cs)
 			c := clusterClient(t, agents)
 			put(t, c, "/formed", "yes")
 			if got := get(t, c, "/formed"); got != "yes" {
 				t.Fatalf("got %q", got)
+			}
+			if out := env.MustCtl("status"); strings.Count(out, " healthy ") != tt.n {
+				t.Errorf("status:\n%s", out)
+			}
+			wantScheme := "https://"
+			if tt.insecure {
+				wantScheme = "http://"
+			}
+			if !strings.HasPrefix(agents[0].ClientURL, wantScheme) {
+				t.Errorf("client URL %s, want %s", agents[0].ClientURL, wantScheme)
 			}
 		})
 	}
