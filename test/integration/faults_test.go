@@ -74,6 +74,9 @@ func TestBackupStoreFailsMidUpload(t *testing.T) {
 	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 	agents := env.StartAgents(1, harness.AgentOptions{Metrics: true, ExtraArgs: []string{"--backup-retry-delay=2s"}})
 	harness.WaitSettled(t, agents, 1, settleTimeout)
+	// The first periodic backup, due at once, must be done before the
+	// fill: the upload cut below must be backup-now's.
+	agents[0].WaitLog(`msg="backup taken"`, 1, time.Minute)
 	c := clusterClient(t, agents)
 	fill(t, c, 64)
 	etcdPID := agents[0].EtcdPID()

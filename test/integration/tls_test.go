@@ -349,3 +349,46 @@ func TestInsecureToSecureSwitch(t *testing.T) {
 		plain.Close()
 	}
 }
+
+// A CA supplied as files (--pki-dir) instead of the generated one: the
+// agents use it, nothing is written under the store's pki/, and the ctl
+// works with the same --pki-dir.
+func TestSuppliedCA(t *testing.T) {
+	ca, err := pki.GenerateCA(time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	key, _ := ca.KeyPEM()
+	for name, data := range map[string][]byte{"ca.crt": ca.CertPEM, "ca.key": key} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{ExtraArgs: []string{"--pki-dir=" + dir}})
+	harness.WaitFor(t, settleTimeout, "the cluster to serve with the supplied CA's certificates", func() bool {
+		c, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), DialTimeout: time.Second, Logger: zap.NewNop(),
+			TLS: tlsFromDir(t, clientCertFiles(t, ca, ca, pki.RoleClient, time.Now(), time.Hour))})
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		_, err = c.Put(ctx, "/supplied", "ca")
+		return err == nil
+	})
+	if _, err := os.Stat(filepath.Join(env.StoreDir, "pki")); !os.IsNotExist(err) {
+		t.Errorf("the store's pki/ was written although the CA was supplied: %v", err)
+	}
+	harness.WaitFor(t, 20*time.Second, "status with --pki-dir to show 3 healthy members", func() bool {
+		out, _, err := env.Ctl("--pki-dir="+dir, "status")
+		return err == nil && strings.Count(out, " healthy ") == 3
+	})
+	// Without --pki-dir, the ctl finds no CA in the store and says so.
+	if _, stderr, err := env.Ctl("status"); err == nil || !strings.Contains(stderr, "no CA in the backup store") {
+		t.Errorf("status without the CA: %v, %q", err, stderr)
+	}
+}
