@@ -40,10 +40,13 @@ func (a *Agent) loadCA(ctx context.Context) (*pki.CA, error) {
 	if a.cfg.PKIDir != "" {
 		return pki.LoadCADir(a.cfg.PKIDir)
 	}
-	s, err := a.openStore(ctx)
+	// A store of its own: the renewal goroutine must not share the
+	// loop's.
+	s, err := store.Open(ctx, a.cfg.BackupStore, store.Options{Create: true})
 	if err != nil {
 		return nil, err
 	}
+	defer s.Close()
 	ca, created, err := pki.EnsureStoreCA(ctx, s, isNotFound, isExists, a.now())
 	if created {
 		a.log.Warn("generated the cluster's CA and stored it in the backup store; its pki/ prefix holds the CA key, so guard it",
