@@ -281,3 +281,62 @@ func TestServerConfigRefusals(t *testing.T) {
 		})
 	}
 }
+
+// An agent dialing another's peer API trusts any node certificate from
+// the CA, whatever name it dialed (discovery may go through proxies or
+// NAT), and nothing else.
+func TestNodeClientConfig(t *testing.T) {
+	now := time.Now()
+	ca := mustCAAt(t, now.Add(-time.Hour))
+	other := mustCAAt(t, now.Add(-time.Hour))
+	self := NodeFiles{Dir: t.TempDir()}
+	if _, _, err := EnsureNodeCert(ca, self, nodeReq(time.Hour), now); err != nil {
+		t.Fatal(err)
+	}
+	server := func(ca *CA, role string) NodeFiles {
+		f := NodeFiles{Dir: t.TempDir()}
+		req := nodeReq(time.Hour)
+		req.Role, req.IPs, req.DNSNames = role, nil, []string{"somewhere-else.example"}
+		if _, _, err := EnsureNodeCert(ca, f, req, now); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	tests := []struct {
+		name    string
+		files   NodeFiles
+		wantErr string
+	}{
+		{"a node of the CA, under another name", server(ca, RoleNode), ""},
+		{"a client certificate serving", server(ca, RoleClient), "is not a etcd-manager-node certificate"},
+		{"a node of another CA", server(other, RoleNode), "was not issued by this cluster's CA"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The server side accepts any client here: the client's check
+			// is under test.
+			srv := &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				c, err := tls.LoadX509KeyPair(tt.files.Cert(), tt.files.Key())
+				return &c, err
+			}}
+			l, err := tls.Listen("tcp", "127.0.0.1:0", srv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			go func() {
+				if c, err := l.Accept(); err == nil {
+					_ = c.(*tls.Conn).Handshake()
+					c.Close()
+				}
+			}()
+			c, err := tls.Dial("tcp", l.Addr().String(), NodeClientConfig(self, ca.Pool()))
+			if err == nil {
+				c.Close()
+			}
+			if (err == nil) != (tt.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Fatalf("dial: %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+}
