@@ -56,18 +56,12 @@ func (a *Agent) prepareDumpRestore(ctx context.Context, s *store.Store, obs Obse
 	if err != nil {
 		return err
 	}
-	nodes, err := findNodes(obs.Peers, act.Members)
+	progress, err := newRestoreProgress(obs, spec.RestoreQuarantining, act.Members, v)
 	if err != nil {
 		return err
 	}
-	token, err := newToken()
-	if err != nil {
-		return err
-	}
-	progress := &spec.RestoreProgress{
-		Phase: spec.RestoreQuarantining, Token: token, OldToken: act.OldToken, Members: act.Members,
-		InitialCluster: initialCluster(nodes), EtcdVersion: v.String(),
-	}
+	progress.OldToken = act.OldToken
+	token := progress.Token
 	st := spec.CommandStatus{State: spec.CommandRunning, Restore: progress,
 		Message: fmt.Sprintf("changing etcd to %s by dump and restore: cluster %s is replaced by cluster %s", v, act.OldToken, token)}
 	if err := s.SetCommandStatus(ctx, act.ID, st, a.now()); err != nil {

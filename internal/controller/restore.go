@@ -173,18 +173,11 @@ func (a *Agent) prepareRestore(ctx context.Context, s *store.Store, obs Observed
 	if err != nil {
 		return err
 	}
-	nodes, err := findNodes(obs.Peers, act.Members)
+	progress, err := newRestoreProgress(obs, spec.RestoreStopping, act.Members, v)
 	if err != nil {
 		return err
 	}
-	token, err := newToken()
-	if err != nil {
-		return err
-	}
-	progress := &spec.RestoreProgress{
-		Phase: spec.RestoreStopping, Token: token, Members: act.Members,
-		InitialCluster: initialCluster(nodes), EtcdVersion: v.String(),
-	}
+	token := progress.Token
 	st := spec.CommandStatus{State: spec.CommandRunning, Restore: progress,
 		Message: fmt.Sprintf("restoring backup %s (etcd %s, revision %d) as cluster %s", act.Backup, meta.EtcdVersion, meta.Revision, token)}
 	if err := s.SetCommandStatus(ctx, act.ID, st, a.now()); err != nil {
@@ -194,6 +187,21 @@ func (a *Agent) prepareRestore(ctx context.Context, s *store.Store, obs Observed
 		"cluster-token", token, "members", act.Members, "lock-term", a.lockTerm)
 	crashPoint(a.log, "restore-"+spec.RestoreStopping)
 	return nil
+}
+
+// newRestoreProgress is the plan of a new cluster of the members' nodes
+// and version v, under a new token, starting at phase.
+func newRestoreProgress(obs Observed, phase string, members []string, v spec.Version) (*spec.RestoreProgress, error) {
+	nodes, err := findNodes(obs.Peers, members)
+	if err != nil {
+		return nil, err
+	}
+	token, err := newToken()
+	if err != nil {
+		return nil, err
+	}
+	return &spec.RestoreProgress{Phase: phase, Token: token, Members: members,
+		InitialCluster: initialCluster(nodes), EtcdVersion: v.String()}, nil
 }
 
 func (a *Agent) setRestorePhase(ctx context.Context, s *store.Store, obs Observed, id, phase string) error {
