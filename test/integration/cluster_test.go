@@ -60,9 +60,11 @@ func TestFormation(t *testing.T) {
 			if got := get(t, c, "/formed"); got != "yes" {
 				t.Fatalf("got %q", got)
 			}
-			if out := env.MustCtl("status"); strings.Count(out, " healthy ") != tt.n {
-				t.Errorf("status:\n%s", out)
-			}
+			// status shows each agent as of its last cycle.
+			harness.WaitFor(t, 20*time.Second, "status to show every member healthy", func() bool {
+				out, _, err := env.Ctl("status")
+				return err == nil && strings.Count(out, " healthy ") == tt.n
+			})
 			wantScheme := "https://"
 			if tt.insecure {
 				wantScheme = "http://"
