@@ -145,8 +145,19 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 	})
 	if errors.Is(err, errWaitTimeout) {
 		why := "no leading agent has taken it up (is etcd running and healthy?)"
-		if last.State == spec.CommandRunning {
+		switch {
+		case last.State == spec.CommandRunning:
 			why = "it is still running: " + last.Message
+		default:
+			// Queued while the leader backs off after a failed backup:
+			// say what failed.
+			if cmds, err := s.ListCommands(ctx); err == nil {
+				for _, q := range cmds {
+					if q.ID != id && q.Command.BackupNow != nil && q.Status.State == spec.CommandRunning && q.Status.Message != "" {
+						why = "the leader waits to retry after a failed backup: " + q.Status.Message
+					}
+				}
+			}
 		}
 		return fmt.Errorf("backup-now: no backup after %s: %s; command %s stays queued (see list-commands, or delete-command %s)",
 			timeout, why, id, id)

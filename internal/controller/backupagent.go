@@ -266,7 +266,7 @@ func (b *BackupAgent) execute(ctx context.Context, s *store.Store, term int64, a
 			b.met.backupFailures.Inc()
 			return err
 		}
-		_, err = b.backups.take(ctx, s, req, act.Reason, act.CommandID)
+		_, err = b.backups.take(ctx, s, req, act.Reason, act.CommandIDs...)
 		return err
 	}
 	return fmt.Errorf("controller: backup agent cannot perform %s", act)

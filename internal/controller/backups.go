@@ -71,13 +71,12 @@ func (b *backups) due(interval time.Duration) bool {
 // command: the command's status says running, then done with the
 // backup's name; a failed attempt stays running with the error, and is
 // retried after the backoff.
-func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, reason, commandID string) (backup.Info, error) {
+func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, reason string, commandIDs ...string) (backup.Info, error) {
 	setStatus := func(st spec.CommandStatus) {
-		if commandID == "" {
-			return
-		}
-		if err := s.SetCommandStatus(ctx, commandID, st, b.now()); err != nil {
-			b.log.Warn("cannot record a command's status", "command", commandID, "error", err)
+		for _, id := range commandIDs {
+			if err := s.SetCommandStatus(ctx, id, st, b.now()); err != nil {
+				b.log.Warn("cannot record a command's status", "command", id, "error", err)
+			}
 		}
 	}
 	setStatus(spec.CommandStatus{State: spec.CommandRunning, Message: "taking a backup"})

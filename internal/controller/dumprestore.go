@@ -98,7 +98,7 @@ func (a *Agent) dumpBackup(ctx context.Context, s *store.Store, obs Observed, ac
 		EtcdVersion:  from.Member.EtcdVersion,
 		ClusterSpec:  obs.Spec,
 		ClusterToken: p.OldToken,
-	}, "dump for etcd "+p.EtcdVersion+" ("+act.ID+")", "")
+	}, "dump for etcd "+p.EtcdVersion+" ("+act.ID+")")
 	if err != nil {
 		return err
 	}

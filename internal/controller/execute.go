@@ -389,7 +389,7 @@ func (a *Agent) takeBackup(ctx context.Context, obs Observed, act TakeBackup) er
 		EtcdVersion:  obs.Self.Version,
 		ClusterSpec:  obs.Spec,
 		ClusterToken: obs.Cluster.Token,
-	}, act.Reason, act.CommandID)
+	}, act.Reason, act.CommandIDs...)
 	if err == nil && act.ForVersion != "" {
 		a.versionBackup = act.ForVersion
 	}

@@ -177,11 +177,13 @@ type EvictNode struct {
 	Reason string
 }
 
-// TakeBackup takes a full backup through the local etcd. With a
-// CommandID, it runs that backup-now command and records the outcome.
+// TakeBackup takes a full backup through the local etcd. With
+// CommandIDs, it runs those backup-now commands, every one queued so far,
+// and records the outcome in each: one backup started after they were
+// queued answers them all.
 type TakeBackup struct {
-	Reason    string
-	CommandID string
+	Reason     string
+	CommandIDs []string
 	// ForVersion marks the backup taken before moving to that version.
 	ForVersion string
 }
@@ -394,12 +396,12 @@ func planCluster(o Observed) []Action {
 const CommandKeep = time.Hour
 
 // planCommands works through the command queue: junk is marked failed
-// (once), the oldest unfinished backup-now runs, done commands are
+// (once), one backup answers every unfinished backup-now, done commands are
 // forgotten after CommandKeep. At most one mutating action is returned.
 // Restore commands are left for the restore flow.
 func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 	var actions []Action
-	ran := false
+	var backupNow []string
 	for _, c := range cmds {
 		switch {
 		case c.Status.State == spec.CommandFailed:
@@ -409,14 +411,16 @@ func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 			if c.Age >= CommandKeep {
 				actions = append(actions, ForgetCommand{ID: c.ID})
 			}
-		case c.Command.BackupNow != nil && !ran:
-			ran = true
-			if backupFailedRecently {
-				actions = append(actions, Report{Level: slog.LevelInfo, Msg: "backup-now waits: the last backup attempt failed moments ago", Attrs: []any{"command", c.ID}})
-				continue
-			}
-			actions = append(actions, TakeBackup{Reason: "backup-now " + c.ID, CommandID: c.ID})
+		case c.Command.BackupNow != nil:
+			backupNow = append(backupNow, c.ID)
 		}
+	}
+	switch {
+	case len(backupNow) == 0:
+	case backupFailedRecently:
+		actions = append(actions, Report{Level: slog.LevelInfo, Msg: "backup-now waits: the last backup attempt failed moments ago", Attrs: []any{"commands", backupNow}})
+	default:
+		actions = append(actions, TakeBackup{Reason: "backup-now " + strings.Join(backupNow, " "), CommandIDs: backupNow})
 	}
 	return actions
 }

@@ -88,7 +88,7 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 			EtcdVersion:  p.EtcdVersion,
 			ClusterSpec:  obs.Spec,
 			ClusterToken: p.Token,
-		}, "after restore "+act.ID, ""); err != nil {
+		}, "after restore "+act.ID); err != nil {
 			return err
 		}
 		return a.setRestorePhase(ctx, s, obs, act.ID, spec.RestoreLifting)
