@@ -8,7 +8,7 @@ DEBIAN_ETCD   ?= 3.4.23 3.4.23-4+b4
 GO            ?= go
 export GOTOOLCHAIN := local
 
-.PHONY: all tools build demo test unit integration bench lint clean
+.PHONY: all tools build demo test unit integration bench chaos lint clean
 
 all: build
 
@@ -44,6 +44,14 @@ integration: tools
 BENCH_SCALE ?= full
 bench: tools
 	BENCH_SCALE=$(BENCH_SCALE) $(GO) test -count=1 -timeout 60m -run TestBench -v ./bench/
+
+## chaos: ROUNDS rounds of faults under a linearizability-checked workload (test/chaos); the report goes to
+## chaos-report/, and the last line printed is the summary.
+ROUNDS ?= 20
+chaos: tools
+	@rm -rf chaos-report
+	@CHAOS_ROUNDS=$(ROUNDS) CHAOS_REPORT_DIR=$(CURDIR)/chaos-report $(GO) test -count=1 -timeout 12h -run TestChaos -v ./test/chaos/; \
+	  rc=$$?; tail -n 1 chaos-report/summary.txt 2>/dev/null || echo "chaos: no summary (see the output above)"; exit $$rc
 
 ## lint: go vet plus staticcheck.
 lint: tools
