@@ -15,7 +15,6 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -40,7 +39,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
@@ -239,10 +237,10 @@ func benchBootstrap(t *testing.T, sc scale) Result {
 	for range sc.iterations {
 		t.Run("bootstrap-3", func(t *testing.T) {
 			env := harness.NewEnv(t)
-			bare := newBareCluster(t, 3) // its certificates made before the clock starts
+			bare := env.NewBareCluster(3, true) // its certificates made before the clock starts
 			start := time.Now()
-			bare.start(t, filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
-			untilWritable(t, bare.urls(), bare.client, time.Minute)
+			bare.Start(env.DefaultEtcd())
+			untilWritable(t, bare.Endpoints(), bare.TLS, time.Minute)
 			base = append(base, time.Since(start).Seconds())
 
 			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
@@ -267,19 +265,19 @@ func benchReplaceMember(t *testing.T, sc scale) Result {
 	for range sc.iterations {
 		t.Run("replace-member", func(t *testing.T) {
 			env := harness.NewEnv(t)
-			bare := newBareCluster(t, 3)
-			bare.start(t, filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
-			untilWritable(t, bare.urls(), bare.client, time.Minute)
-			leader := bare.leader(t)
+			bare := env.NewBareCluster(3, true)
+			bare.Start(env.DefaultEtcd())
+			untilWritable(t, bare.Endpoints(), bare.TLS, time.Minute)
+			leader := bare.Leader()
 			start := time.Now()
-			leader.kill()
+			leader.Kill()
 			var rest []string
-			for _, m := range bare.ms {
+			for _, m := range bare.Members {
 				if m != leader {
-					rest = append(rest, m.clientURL)
+					rest = append(rest, m.ClientURL)
 				}
 			}
-			untilWritable(t, rest, bare.client, time.Minute)
+			untilWritable(t, rest, bare.TLS, time.Minute)
 			base = append(base, time.Since(start).Seconds())
 
 			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
@@ -872,7 +870,7 @@ func bareRestore(t *testing.T, binDir, db string) float64 {
 	peerURL, clientURL := fmt.Sprintf("https://%s:2380", ip), fmt.Sprintf("https://%s:4001", ip)
 	root := t.TempDir()
 	files := harness.NewTLSFiles(t, filepath.Join(root, "tls"), ip)
-	cfg := tlsFromFiles(t, files.CA, files.ClientCert, files.ClientKey)
+	cfg := harness.ClientTLSFromFiles(t, files.CA, files.ClientCert, files.ClientKey)
 	dir := filepath.Join(root, "bare")
 	bin := filepath.Join(binDir, "etcd-v"+harness.DefaultEtcdVersion)
 	logf, err := os.Create(filepath.Join(root, "bare.log"))
@@ -893,7 +891,7 @@ func bareRestore(t *testing.T, binDir, db string) float64 {
 	cmd := exec.Command(filepath.Join(bin, "etcd"), append([]string{"--name=bare", "--data-dir=" + dir,
 		"--listen-client-urls=" + clientURL, "--advertise-client-urls=" + clientURL,
 		"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
-		"--initial-cluster=bare=" + peerURL}, bareTLSArgs(files)...)...)
+		"--initial-cluster=bare=" + peerURL}, harness.BareTLSArgs(files)...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -1278,21 +1276,19 @@ func runManagedRoll(t *testing.T) rollRun {
 // runBareRoll starts three bare etcd rollFrom as one cluster, puts them
 // under load and times the roll to rollTo by hand.
 func runBareRoll(t *testing.T) rollRun {
-	binDir, err := harness.EtcdBinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bare := newBareCluster(t, 3)
-	bare.start(t, filepath.Join(binDir, "etcd-v"+rollFrom, "etcd"))
-	urls, cfg := bare.urls(), bare.client
+	env := harness.NewEnv(t)
+	binDir := env.BinDir
+	bare := env.NewBareCluster(3, true)
+	bare.Start(filepath.Join(binDir, "etcd-v"+rollFrom, "etcd"))
+	urls, cfg := bare.Endpoints(), bare.TLS
 	untilWritable(t, urls, cfg, time.Minute)
 	waitVersions(t, urls, cfg, rollFrom, time.Minute)
 
 	// Followers first, the leader last, as the agents do (etcd hands
 	// leadership on by itself when its leader is stopped gracefully).
-	leader := bare.leader(t)
-	var order []*bareMember
-	for _, m := range bare.ms {
+	leader := bare.Leader()
+	var order []*harness.BareEtcd
+	for _, m := range bare.Members {
 		if m != leader {
 			order = append(order, m)
 		}
@@ -1304,25 +1300,24 @@ func runBareRoll(t *testing.T) rollRun {
 	var evs []rollEvent
 	start := time.Now()
 	for _, m := range order {
-		what := m.name
+		what := m.Name
 		if m == leader {
 			what += " (the leader)"
 		}
 		evs = append(evs, rollEvent{time.Now(), "by hand: SIGTERM to " + what})
-		m.stop(t)
-		evs = append(evs, rollEvent{time.Now(), "by hand: " + m.name + " exited, starting it on " + rollTo})
-		m.start(t, filepath.Join(binDir, "etcd-v"+rollTo, "etcd"))
-		waitVersions(t, []string{m.clientURL}, cfg, rollTo, rollTimeout)
-		evs = append(evs, rollEvent{time.Now(), "by hand: " + m.name + " reports " + rollTo})
+		m.Stop()
+		evs = append(evs, rollEvent{time.Now(), "by hand: " + m.Name + " exited, starting it on " + rollTo})
+		m.Start(filepath.Join(binDir, "etcd-v"+rollTo, "etcd"))
+		waitVersions(t, []string{m.ClientURL}, cfg, rollTo, rollTimeout)
+		evs = append(evs, rollEvent{time.Now(), "by hand: " + m.Name + " reports " + rollTo})
 	}
 	end := time.Now()
 	l.halt()
 	r := l.verify(t, urls, cfg, start, end)
 	r.secs = end.Sub(start).Seconds()
-	for _, m := range bare.ms {
-		m.kill() // not left idling through the managed roll that follows
-		log, _ := os.ReadFile(m.logPath)
-		evs = append(evs, logEvents(m.name, string(log))...)
+	for _, m := range bare.Members {
+		m.Kill() // not left idling through the managed roll that follows
+		evs = append(evs, logEvents(m.Name, m.Log())...)
 	}
 	r.stallAround = describeStall(evs, l.stallFrom, l.stallTo)
 	r.failures = describeFailures(l.fails, evs, start)
@@ -1330,185 +1325,13 @@ func runBareRoll(t *testing.T) rollRun {
 	return r
 }
 
-// Bare etcd started by hand, the baselines of bootstrap-3, replace-member,
-// rolling-upgrade and agent-idle. They run with TLS as the agents' etcd
+// Bare etcd started by hand (harness.NewBareCluster), the baselines of
+// bootstrap-3, replace-member, rolling-upgrade and agent-idle. They run with TLS as the agents' etcd
 // does (internal/etcdproc): https client and peer URLs, each requiring a
 // certificate from one CA (--client-cert-auth, --peer-client-cert-auth),
 // from harness.NewTLSFiles, so that each ratio compares like with like.
 // The certificates are made before any clock starts, as an operator's
 // would be.
-
-// bareCluster is a cluster of bare etcd: its members, the TLS files they
-// serve with, and the client TLS to reach them.
-type bareCluster struct {
-	ms     []*bareMember
-	files  harness.TLSFiles
-	client *tls.Config
-}
-
-// bareMember is one etcd started by hand, with the flags
-// harness.StartBareCluster uses and the TLS flags the agents give their
-// etcd, on a chosen binary.
-type bareMember struct {
-	name, clientURL, peerURL string
-	logPath                  string
-	args                     []string
-	cmd                      *exec.Cmd
-	done                     chan struct{}
-}
-
-// newBareCluster prepares n etcd as one new cluster, with their data on
-// real disk: loopback addresses, certificates and flags. It starts none:
-// see start. Each member is killed by PID when the test ends.
-func newBareCluster(t *testing.T, n int) *bareCluster {
-	t.Helper()
-	root := t.TempDir()
-	var ips []string
-	for range n {
-		ips = append(ips, harness.AllocIP(t))
-	}
-	c := &bareCluster{files: harness.NewTLSFiles(t, filepath.Join(root, "tls"), ips...)}
-	c.client = tlsFromFiles(t, c.files.CA, c.files.ClientCert, c.files.ClientKey)
-	var initial []string
-	for i, ip := range ips {
-		m := &bareMember{
-			name:      fmt.Sprintf("bare%d", i+1),
-			clientURL: fmt.Sprintf("https://%s:4001", ip),
-			peerURL:   fmt.Sprintf("https://%s:2380", ip),
-		}
-		m.logPath = filepath.Join(root, m.name+".log")
-		c.ms = append(c.ms, m)
-		initial = append(initial, m.name+"="+m.peerURL)
-	}
-	for _, m := range c.ms {
-		m.args = append([]string{
-			"--name=" + m.name, "--data-dir=" + filepath.Join(root, m.name),
-			"--listen-client-urls=" + m.clientURL, "--advertise-client-urls=" + m.clientURL,
-			"--listen-peer-urls=" + m.peerURL, "--initial-advertise-peer-urls=" + m.peerURL,
-			"--initial-cluster-state=new", "--initial-cluster-token=bare",
-			"--initial-cluster=" + strings.Join(initial, ","),
-		}, bareTLSArgs(c.files)...)
-		t.Cleanup(m.kill)
-	}
-	return c
-}
-
-// bareTLSArgs are the TLS flags of a bare etcd: those the agents give
-// their etcd, with the files of f.
-func bareTLSArgs(f harness.TLSFiles) []string {
-	return []string{
-		"--cert-file=" + f.ServerCert, "--key-file=" + f.ServerKey, "--trusted-ca-file=" + f.CA, "--client-cert-auth=true",
-		"--peer-cert-file=" + f.ServerCert, "--peer-key-file=" + f.ServerKey, "--peer-trusted-ca-file=" + f.CA, "--peer-client-cert-auth=true",
-	}
-}
-
-// tlsFromFiles is the client TLS of a client that presents the
-// certificate in certFile and keyFile and trusts the CA in caFile: the
-// same config as the agents' clients (pki.StaticClientConfig).
-func tlsFromFiles(t *testing.T, caFile, certFile, keyFile string) *tls.Config {
-	t.Helper()
-	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		t.Fatalf("%s holds no PEM certificate", caFile)
-	}
-	return pki.StaticClientConfig(pair, pool)
-}
-
-// start starts every member on binary etcd.
-func (c *bareCluster) start(t *testing.T, etcd string) {
-	t.Helper()
-	for _, m := range c.ms {
-		m.start(t, etcd)
-	}
-}
-
-// urls are the members' client URLs.
-func (c *bareCluster) urls() []string {
-	var out []string
-	for _, m := range c.ms {
-		out = append(out, m.clientURL)
-	}
-	return out
-}
-
-// start starts the member on binary etcd with its data and flags.
-func (m *bareMember) start(t *testing.T, etcd string) {
-	t.Helper()
-	logf, err := os.OpenFile(m.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(etcd, m.args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
-	m.cmd, m.done = cmd, done
-}
-
-// pid is the process ID of the member's etcd.
-func (m *bareMember) pid() int { return m.cmd.Process.Pid }
-
-// stop sends SIGTERM to the member's etcd and waits for it to exit.
-func (m *bareMember) stop(t *testing.T) {
-	t.Helper()
-	_ = syscall.Kill(m.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-m.done:
-	case <-time.After(30 * time.Second):
-		m.kill()
-		t.Fatalf("%s did not exit within 30s of SIGTERM", m.name)
-	}
-}
-
-// kill SIGKILLs the member's etcd, if it runs, and waits for it.
-func (m *bareMember) kill() {
-	if m.cmd == nil {
-		return
-	}
-	select {
-	case <-m.done:
-		return
-	default:
-	}
-	_ = syscall.Kill(m.cmd.Process.Pid, syscall.SIGKILL)
-	select {
-	case <-m.done:
-	case <-time.After(10 * time.Second):
-	}
-}
-
-// leader is the member that is raft leader.
-func (c *bareCluster) leader(t *testing.T) *bareMember {
-	t.Helper()
-	for _, m := range c.ms {
-		cl, err := clientv3.New(clientv3.Config{Endpoints: []string{m.clientURL}, TLS: c.client, DialTimeout: time.Second, Logger: zap.NewNop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		st, err := cl.Status(ctx, m.clientURL)
-		cancel()
-		cl.Close()
-		if err == nil && st.Leader == st.Header.MemberId {
-			return m
-		}
-	}
-	t.Fatal(errors.New("no bare etcd leader"))
-	return nil
-}
 
 // waitVersions polls each endpoint's Status until every one reports
 // server version v.
@@ -2020,11 +1843,11 @@ func benchIdle(t *testing.T, sc scale) []Result {
 func runIdle(t *testing.T, sc scale) idleRun {
 	env := harness.NewEnv(t)
 	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-	bares := newBareCluster(t, 1)
-	bares.start(t, filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
-	bare := bares.ms[0]
+	bares := env.NewBareCluster(1, true)
+	bares.Start(env.DefaultEtcd())
+	bare := bares.Members[0]
 	agent := env.StartAgents(1, harness.AgentOptions{Defaults: true})[0]
-	untilWritable(t, bares.urls(), bares.client, time.Minute)
+	untilWritable(t, bares.Endpoints(), bares.TLS, time.Minute)
 	harness.WaitSettled(t, []*harness.Agent{agent}, 1, 2*time.Minute)
 	untilWritable(t, []string{agent.ClientURL}, agent.TLS(), time.Minute)
 	agent.WaitLog(`msg="backup taken"`, 1, time.Minute)
@@ -2034,7 +1857,7 @@ func runIdle(t *testing.T, sc scale) idleRun {
 	if childPID <= 0 {
 		t.Fatal("the agent's etcd has no pid file")
 	}
-	r := idleRun{agent: idleProc{pid: agent.PID()}, child: idleProc{pid: childPID}, bare: idleProc{pid: bare.pid()}}
+	r := idleRun{agent: idleProc{pid: agent.PID()}, child: idleProc{pid: childPID}, bare: idleProc{pid: bare.PID()}}
 	log := agent.Log()
 	lines, backups := ownLogLines(log), strings.Count(log, `msg="backup taken"`)
 	r.window = measureIdle(t, sc.idleWindow, &r.agent, &r.child, &r.bare)

@@ -42,6 +42,11 @@ func TestPlanVersion(t *testing.T) {
 		o.VersionBackup = backup
 		return o
 	}
+	// allowDump is o with dump-and-restore allowed in its spec.
+	allowDump := func(o Observed) Observed {
+		o.Spec.AllowDumpRestore = true
+		return o
+	}
 	tests := []struct {
 		name string
 		obs  Observed
@@ -117,32 +122,16 @@ func TestPlanVersion(t *testing.T) {
 			"report[ERROR] cannot change the etcd version: going from 3.5.35 down to 3.4.23 needs dump and restore (a new cluster of 3.4.23 made from a backup, " +
 				"with clients cut off until it serves); allow it with configure-cluster --etcd-version=3.4.23 --allow-dump-restore, or set the spec back to 3.5.35"},
 		{"3.5 -> 3.4 allowed: queue a dump-restore",
-			func() Observed {
-				o := obs("3.4.23", "", at("a", "3.5.35", 9), at("b", "3.5.35", 9))
-				o.Spec.AllowDumpRestore = true
-				return o
-			}(),
+			allowDump(obs("3.4.23", "", at("a", "3.5.35", 9), at("b", "3.5.35", 9))),
 			"queue-dump-restore 3.4.23"},
 		{"3.6 -> 3.4 allowed: one dump-restore, no stop at 3.5",
-			func() Observed {
-				o := obs("3.4.23", "", at("a", "3.6.16", 9), at("b", "3.6.16", 9))
-				o.Spec.AllowDumpRestore = true
-				return o
-			}(),
+			allowDump(obs("3.4.23", "", at("a", "3.6.16", 9), at("b", "3.6.16", 9))),
 			"queue-dump-restore 3.4.23"},
 		{"one minor down from 3.6 rolls even when dump-restore is allowed",
-			func() Observed {
-				o := obs("3.5.35", "", at("a", "3.6.16", 9), at("b", "3.6.16", 9))
-				o.Spec.AllowDumpRestore = true
-				return o
-			}(),
+			allowDump(obs("3.5.35", "", at("a", "3.6.16", 9), at("b", "3.6.16", 9))),
 			"take-backup (before changing etcd to 3.5.35)"},
 		{"dump-restore to a version a node has no binary for: refused before anything stops",
-			func() Observed {
-				o := obs("3.4.23", "", at("a", "3.5.35", 9), func() Node { n := at("b", "3.5.35", 9); n.Installed = []string{"3.5.35"}; return n }())
-				o.Spec.AllowDumpRestore = true
-				return o
-			}(),
+			allowDump(obs("3.4.23", "", at("a", "3.5.35", 9), func() Node { n := at("b", "3.5.35", 9); n.Installed = []string{"3.5.35"}; return n }())),
 			"report[ERROR] cannot change the etcd version: some nodes have no binary for it; nothing was stopped"},
 		{"a failed dump-restore is not queued again",
 			func() Observed {

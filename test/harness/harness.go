@@ -25,8 +25,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-
-	"github.com/etcd-manager/etcd-manager/internal/pki"
 )
 
 // DefaultEtcdVersion is the etcd the tests run unless they ask otherwise.
@@ -121,6 +119,7 @@ type Env struct {
 	// ctl with --insecure. By default everything is TLS, as shipped.
 	Insecure bool
 	agents   []*Agent
+	bares    []*BareEtcd
 
 	tlsMu     sync.Mutex
 	clientTLS *tls.Config
@@ -152,20 +151,7 @@ func (e *Env) ClientTLS() *tls.Config {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	caCert, err := pki.ParseCertPEM(caPEM)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ca := &pki.CA{Cert: caCert}
-	e.clientTLS = pki.StaticClientConfig(pair, ca.Pool())
+	e.clientTLS = ClientTLSFromFiles(e.t, filepath.Join(dir, "ca.crt"), filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"))
 	return e.clientTLS
 }
 

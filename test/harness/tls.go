@@ -1,18 +1,15 @@
 package harness
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 )
 
 // TLSFiles are PEM files for a test's etcd: a CA, a server certificate for
@@ -21,87 +18,60 @@ type TLSFiles struct {
 	CA, ServerCert, ServerKey, ClientCert, ClientKey string
 }
 
-// NewTLSFiles makes a fresh CA and certificates under dir. The server
-// certificate is valid for ips and localhost.
+// NewTLSFiles makes a fresh CA and certificates under dir, with package
+// pki. The server certificate is valid for ips and localhost, as server
+// and as client (etcd's peers dial each other with it).
 func NewTLSFiles(t testing.TB, dir string, ips ...string) TLSFiles {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	caKey, caCert := newCert(t, "test-ca", nil, nil, nil, nil)
+	now := time.Now()
+	ca, err := pki.GenerateCA(now.Add(-time.Hour), 25*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var addrs []net.IP
 	for _, ip := range ips {
 		addrs = append(addrs, net.ParseIP(ip))
 	}
-	srvKey, srvCert := newCert(t, "etcd-server", caKey, caCert, addrs, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth})
-	cliKey, cliCert := newCert(t, "backup-client", caKey, caCert, nil, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth})
+	srvCert, srvKey, err := ca.Issue(pki.CertRequest{CommonName: "etcd-server", Role: pki.RoleNode,
+		DNSNames: []string{"localhost"}, IPs: addrs, Validity: 24 * time.Hour}, nil, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliCert, cliKey, err := ca.Issue(pki.CertRequest{CommonName: "backup-client", Role: pki.RoleClient, Validity: 24 * time.Hour}, nil, now)
+	if err != nil {
+		t.Fatal(err)
+	}
 	f := TLSFiles{
 		CA:         filepath.Join(dir, "ca.crt"),
 		ServerCert: filepath.Join(dir, "server.crt"), ServerKey: filepath.Join(dir, "server.key"),
 		ClientCert: filepath.Join(dir, "client.crt"), ClientKey: filepath.Join(dir, "client.key"),
 	}
-	writePEM(t, f.CA, "CERTIFICATE", caCert.Raw)
-	writePEM(t, f.ServerCert, "CERTIFICATE", srvCert.Raw)
-	writeKey(t, f.ServerKey, srvKey)
-	writePEM(t, f.ClientCert, "CERTIFICATE", cliCert.Raw)
-	writeKey(t, f.ClientKey, cliKey)
+	for path, data := range map[string][]byte{f.CA: ca.CertPEM, f.ServerCert: srvCert, f.ServerKey: srvKey, f.ClientCert: cliCert, f.ClientKey: cliKey} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return f
 }
 
-// newCert makes a key and a certificate signed by parent (self-signed, as
-// a CA, when parent is nil).
-func newCert(t testing.TB, cn string, parentKey *ecdsa.PrivateKey, parent *x509.Certificate, ips []net.IP, usage []x509.ExtKeyUsage) (*ecdsa.PrivateKey, *x509.Certificate) {
+// ClientTLSFromFiles is the TLS of a client that presents the certificate
+// in certFile and keyFile and trusts the CA in caFile.
+func ClientTLSFromFiles(t testing.TB, caFile, certFile, keyFile string) *tls.Config {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	caPEM, err := os.ReadFile(caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		IPAddresses:  ips,
-		ExtKeyUsage:  usage,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("harness: %s holds no PEM certificate", caFile)
 	}
-	if ips != nil {
-		tmpl.DNSNames = []string{"localhost"}
-	}
-	signer, signerKey := tmpl, key
-	if parent == nil {
-		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
-		tmpl.KeyUsage |= x509.KeyUsageCertSign
-	} else {
-		signer, signerKey = parent, parentKey
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key, cert
-}
-
-func writePEM(t testing.TB, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func writeKey(t testing.TB, path string, key *ecdsa.PrivateKey) {
-	t.Helper()
-	der, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, path, "EC PRIVATE KEY", der)
+	return pki.StaticClientConfig(pair, pool)
 }

@@ -59,16 +59,7 @@ func clientCertFiles(t *testing.T, ca, trust *pki.CA, role string, issued time.T
 
 func tlsFromDir(t *testing.T, dir string) *tls.Config {
 	t.Helper()
-	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, _ := os.ReadFile(filepath.Join(dir, "ca.crt"))
-	ca, err := pki.ParseCertPEM(caPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pki.StaticClientConfig(pair, (&pki.CA{Cert: ca}).Pool())
+	return harness.ClientTLSFromFiles(t, filepath.Join(dir, "ca.crt"), filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"))
 }
 
 // By default everything is TLS from the cluster's CA: the peer API, etcd
