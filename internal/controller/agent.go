@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -507,6 +508,7 @@ func (a *Agent) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpr
 		QuarantineClientURLs: a.cfg.QuarantineClientURLs,
 		Quarantined:          m.Quarantined,
 		PeerURLs:             a.servedPeerURLs(m),
+		ListenPeerURLs:       a.listenPeerURLs(a.servedPeerURLs(m)),
 		InitialCluster:       m.InitialCluster,
 		NewCluster:           m.NewCluster,
 		ClusterToken:         m.ClusterToken,
@@ -539,6 +541,31 @@ func result(err error) string {
 	default:
 		return "error"
 	}
+}
+
+// listenPeerURLs are the addresses etcd binds while it advertises
+// served: --listen-peer-urls when given, in served's scheme (which
+// differs from the configured one only during an http to https switch);
+// nil binds served itself.
+func (a *Agent) listenPeerURLs(served []string) []string {
+	if len(a.cfg.ListenPeerURLs) == 0 || len(served) == 0 {
+		return nil
+	}
+	scheme := "https"
+	if u, err := url.Parse(served[0]); err == nil && u.Scheme != "" {
+		scheme = u.Scheme
+	}
+	out := make([]string, 0, len(a.cfg.ListenPeerURLs))
+	for _, raw := range a.cfg.ListenPeerURLs {
+		u, err := url.Parse(raw)
+		if err != nil {
+			out = append(out, raw)
+			continue
+		}
+		u.Scheme = scheme
+		out = append(out, u.String())
+	}
+	return out
 }
 
 // servedPeerURLs are the peer URLs etcd serves for member m: those it is

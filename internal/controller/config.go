@@ -35,6 +35,10 @@ type Config struct {
 	ClientURLs           []string
 	QuarantineClientURLs []string
 	PeerURLs             []string
+	// ListenPeerURLs are the addresses etcd binds for peer traffic when
+	// they differ from the PeerURLs it advertises (NAT, a proxy); empty
+	// means it binds PeerURLs.
+	ListenPeerURLs []string
 
 	Insecure     bool
 	EtcdInsecure bool
@@ -89,6 +93,7 @@ const (
 	flagClientURLs           = "client-urls"
 	flagQuarantineClientURLs = "quarantine-client-urls"
 	flagPeerURLs             = "peer-urls"
+	flagListenPeerURLs       = "listen-peer-urls"
 )
 
 // Default returns the configuration with defaults filled in.
@@ -119,6 +124,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.ClientURLs, flagClientURLs, c.ClientURLs, fmt.Sprintf("URLs etcd serves clients on (default http://<etcd-address>:%d)", DefaultClientPort))
 	fs.StringSliceVar(&c.QuarantineClientURLs, flagQuarantineClientURLs, c.QuarantineClientURLs, fmt.Sprintf("URLs etcd serves on while quarantined, so that ordinary clients cannot reach it (default http://<etcd-address>:%d)", DefaultQuarantinePort))
 	fs.StringSliceVar(&c.PeerURLs, flagPeerURLs, c.PeerURLs, fmt.Sprintf("URLs etcd uses for raft traffic with its peers (default http://<etcd-address>:%d)", DefaultEtcdPeerPort))
+	fs.StringSliceVar(&c.ListenPeerURLs, flagListenPeerURLs, c.ListenPeerURLs, "URLs etcd binds for raft traffic when they differ from the --peer-urls it advertises, as behind NAT or a proxy (default: the --peer-urls)")
 	fs.BoolVar(&c.Insecure, flagInsecure, c.Insecure, "run the agents' peer API without TLS; by default it uses mutual TLS with certificates from the cluster's CA")
 	fs.BoolVar(&c.EtcdInsecure, flagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http; by default they are https and require client certificates from the cluster's CA")
 	fs.StringVar(&c.PKIDir, "pki-dir", c.PKIDir, "directory holding the cluster's CA as ca.crt and ca.key; when empty, the CA is generated once and kept in the backup store under pki/ (guard that prefix as you would the key)")
@@ -177,7 +183,7 @@ func (c *Config) Validate() error {
 	if c.CertValidity < 30*time.Second {
 		errs = append(errs, errors.New("--cert-validity must be at least 30s"))
 	}
-	for name, urls := range map[string][]string{flagClientURLs: c.ClientURLs, flagQuarantineClientURLs: c.QuarantineClientURLs, flagPeerURLs: c.PeerURLs} {
+	for name, urls := range map[string][]string{flagClientURLs: c.ClientURLs, flagQuarantineClientURLs: c.QuarantineClientURLs, flagPeerURLs: c.PeerURLs, flagListenPeerURLs: c.ListenPeerURLs} {
 		for _, u := range urls {
 			if err := checkURL(u, c.EtcdInsecure); err != nil {
 				errs = append(errs, fmt.Errorf("--%s: %w", name, err))

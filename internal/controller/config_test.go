@@ -50,6 +50,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "a certificate validity too short to renew", mutate: func(c *Config) { c.CertValidity = 10 * time.Second }, wantErr: "--cert-validity must be at least 30s"},
 		{name: "https url while insecure", mutate: func(c *Config) { c.ClientURLs = []string{"https://127.0.0.1:4001"} }, wantErr: "scheme must be http"},
 		{name: "url without port", mutate: func(c *Config) { c.PeerURLs = []string{"http://127.0.0.1"} }, wantErr: "host and a port"},
+		{name: "listen peer url of the wrong scheme", mutate: func(c *Config) { c.ListenPeerURLs = []string{"https://127.0.0.1:2381"} }, wantErr: "--listen-peer-urls"},
 		{name: "quarantine equals client", mutate: func(c *Config) { c.QuarantineClientURLs = c.ClientURLs }, wantErr: "must differ"},
 		{name: "zero loop interval", mutate: func(c *Config) { c.LoopInterval = 0 }, wantErr: "--loop-interval"},
 		{name: "bad metrics address", mutate: func(c *Config) { c.MetricsAddress = "9100" }, wantErr: "--metrics-address"},
@@ -94,5 +95,26 @@ func TestConfigFlagsHaveHelp(t *testing.T) {
 	}
 	if got := fs.Lookup("etcd-bin-dir").DefValue; got != "/opt" {
 		t.Errorf("--etcd-bin-dir default = %q, want /opt", got)
+	}
+}
+
+func TestListenPeerURLs(t *testing.T) {
+	tests := []struct {
+		name   string
+		listen []string
+		served []string
+		want   []string
+	}{
+		{name: "not set binds the served URLs", served: []string{"https://10.0.0.1:2380"}},
+		{name: "set", listen: []string{"https://0.0.0.0:2380"}, served: []string{"https://10.0.0.1:2380"}, want: []string{"https://0.0.0.0:2380"}},
+		{name: "served over http during a switch to TLS", listen: []string{"https://0.0.0.0:2380"}, served: []string{"http://10.0.0.1:2380"}, want: []string{"http://0.0.0.0:2380"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := &Agent{cfg: Config{ListenPeerURLs: tt.listen}}
+			if got := a.listenPeerURLs(tt.served); strings.Join(got, ",") != strings.Join(tt.want, ",") {
+				t.Errorf("listenPeerURLs(%v) = %v, want %v", tt.served, got, tt.want)
+			}
+		})
 	}
 }

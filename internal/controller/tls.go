@@ -77,7 +77,7 @@ func (a *Agent) certRequest() pki.CertRequest {
 	}
 	add(a.cfg.Address)
 	add(a.cfg.EtcdAddress)
-	for _, list := range [][]string{a.cfg.ClientURLs, a.cfg.QuarantineClientURLs, a.cfg.PeerURLs} {
+	for _, list := range [][]string{a.cfg.ClientURLs, a.cfg.QuarantineClientURLs, a.cfg.PeerURLs, a.cfg.ListenPeerURLs} {
 		for _, raw := range list {
 			if u, err := url.Parse(raw); err == nil {
 				add(u.Hostname())

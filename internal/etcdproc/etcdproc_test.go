@@ -271,6 +271,14 @@ func TestSpecArgs(t *testing.T) {
 	if strings.Contains(args, ":4001") {
 		t.Errorf("quarantined etcd still serves the client URL: %q", args)
 	}
+	// Behind a proxy, etcd binds one address and advertises another.
+	sp.ListenPeerURLs = []string{"http://127.0.0.1:2381"}
+	args = strings.Join(sp.Args(), " ")
+	for _, want := range []string{"--listen-peer-urls=http://127.0.0.1:2381", "--initial-advertise-peer-urls=http://127.0.0.1:2380"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args with listen peer URLs %q lack %q", args, want)
+		}
+	}
 }
 
 func TestInstalledVersions(t *testing.T) {

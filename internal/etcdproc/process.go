@@ -30,9 +30,12 @@ type Spec struct {
 	QuarantineClientURLs []string
 	Quarantined          bool
 	PeerURLs             []string
-	InitialCluster       string
-	NewCluster           bool
-	ClusterToken         string
+	// ListenPeerURLs are bound instead of PeerURLs when set (etcd
+	// advertises PeerURLs either way).
+	ListenPeerURLs []string
+	InitialCluster string
+	NewCluster     bool
+	ClusterToken   string
 	// ForceNewCluster starts etcd with --force-new-cluster: it keeps its
 	// data and drops every other member (quorum recovery).
 	ForceNewCluster bool
@@ -61,6 +64,10 @@ func (s Spec) Args() []string {
 	if s.Quarantined {
 		client = s.QuarantineClientURLs
 	}
+	listenPeer := s.PeerURLs
+	if len(s.ListenPeerURLs) > 0 {
+		listenPeer = s.ListenPeerURLs
+	}
 	state := "existing"
 	if s.NewCluster {
 		state = "new"
@@ -70,7 +77,7 @@ func (s Spec) Args() []string {
 		"--data-dir=" + s.DataDir,
 		"--listen-client-urls=" + strings.Join(client, ","),
 		"--advertise-client-urls=" + strings.Join(client, ","),
-		"--listen-peer-urls=" + strings.Join(s.PeerURLs, ","),
+		"--listen-peer-urls=" + strings.Join(listenPeer, ","),
 		"--initial-advertise-peer-urls=" + strings.Join(s.PeerURLs, ","),
 		"--initial-cluster=" + s.InitialCluster,
 		"--initial-cluster-state=" + state,
