@@ -2,8 +2,10 @@
 // a steady workload, injects one fault per round, and checks after each
 // that the cluster is whole again, that its members agree (HashKV), that
 // no acknowledged write is lost, and that porcupine finds the history
-// linearizable. `make test` runs a few rounds; `make chaos ROUNDS=N` runs
-// N. CHAOS_SEED replays a run, CHAOS_FAULTS=name,... limits the faults
+// linearizable. Every member's etcd peer URL is fronted by a proxy of a
+// harness.PeerFirewall, which partitions, drops and delays peer traffic.
+// `make test` runs a few rounds; `make chaos ROUNDS=N` runs N.
+// CHAOS_SEED replays a run, CHAOS_FAULTS=name,... limits the faults
 // drawn, and CHAOS_REPORT_DIR is where the JSON report (and, on failure,
 // the history and every log) goes.
 package chaos
@@ -36,8 +38,9 @@ const (
 	recoveryBound = 2 * time.Minute
 	roundLoad     = 4 * time.Second // workload before and after each fault
 	rate          = 250             // operations per second, all clients
-	clientCount   = 8
-	checkTimeout  = time.Minute // porcupine's budget per round
+	clientCount   = 8               // connections
+	workerCount   = 64              // sequential workers over the connections: enough to keep the rate while a slow link makes requests take 0.4 s
+	checkTimeout  = time.Minute     // porcupine's budget per round
 )
 
 type roundReport struct {
@@ -105,11 +108,20 @@ func TestChaos(t *testing.T) {
 	env := harness.NewEnv(t)
 	env.UseStore(minio.StoreURL("chaos", "etcd/main"), minio.Env())
 	env.MustCtl(fmt.Sprintf("--member-count=%d", members), "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-	agents := env.StartAgents(members, harness.AgentOptions{ExtraArgs: []string{"--member-failure-grace=5s", "--backup-interval=1m", "--backup-retry-delay=2s"}})
+	fw := harness.NewPeerFirewall(t)
+	agents := env.StartAgents(members, harness.AgentOptions{PeerFirewall: fw, ExtraArgs: []string{"--member-failure-grace=5s", "--backup-interval=1m", "--backup-retry-delay=2s"}})
 	harness.WaitSettled(t, agents, members, recoveryBound)
-	c := &cluster{env: env, agents: agents, minio: minio}
+	c := &cluster{env: env, agents: agents, minio: minio, fw: fw}
+	// Every member's peer traffic crosses the proxies, tagged by source.
+	allTagged := func() bool {
+		tags := fw.Tagged()
+		return !slices.ContainsFunc(agents, func(a *harness.Agent) bool { return tags[a.Name] == 0 })
+	}
+	if err := waitUntil(10*time.Second, allTagged); err != nil {
+		t.Fatalf("peer connections tagged by source member: %v, want all %d members: %v", fw.Tagged(), members, err)
+	}
 
-	w, err := newWorkload(harness.Endpoints(agents), env.ClientTLS(), clientCount, rate, seed)
+	w, err := newWorkload(harness.Endpoints(agents), env.ClientTLS(), clientCount, workerCount, rate, seed)
 	if err != nil {
 		t.Fatal(err)
 	}

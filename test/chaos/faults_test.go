@@ -30,6 +30,7 @@ type cluster struct {
 	env    *harness.Env
 	agents []*harness.Agent
 	minio  *harness.MinIO
+	fw     *harness.PeerFirewall // in front of every member's peer URL
 }
 
 var faults = []fault{
@@ -65,6 +66,34 @@ var faults = []fault{
 		}
 		a.Start()
 		return "SIGKILL agent and etcd of " + a.Name + ", data dir wiped, agent restarted", nil
+	}},
+	{"partition-follower", func(c *cluster, rng *rand.Rand) (string, error) {
+		a, err := c.pick(rng, false)
+		if err != nil {
+			return "", err
+		}
+		return c.partition(rng, a, "follower")
+	}},
+	{"partition-leader", func(c *cluster, rng *rand.Rand) (string, error) {
+		a, err := c.pick(rng, true)
+		if err != nil {
+			return "", err
+		}
+		return c.partition(rng, a, "leader")
+	}},
+	{"slow-peer", func(c *cluster, rng *rand.Rand) (string, error) {
+		a := c.agents[rng.IntN(len(c.agents))]
+		delay := time.Duration(20+rng.IntN(81)) * time.Millisecond
+		d := time.Duration(5+rng.IntN(6)) * time.Second
+		start := time.Now()
+		c.fw.Set(a.Name, harness.LinkRule{Delay: delay})
+		defer c.fw.Heal()
+		// A write through a crosses its links at least once each way.
+		if took, err := putVia(a); err != nil || took < 2*delay {
+			return "", fmt.Errorf("a put through %s with its links delayed %s took %s (%v); want at least twice the delay", a.Name, delay, took, err)
+		}
+		time.Sleep(time.Until(start.Add(d)))
+		return fmt.Sprintf("every peer link of %s delayed %s each way for %s", a.Name, delay, d), nil
 	}},
 	{"restart-all", func(c *cluster, rng *rand.Rand) (string, error) {
 		for _, a := range c.agents {
@@ -105,6 +134,82 @@ var faults = []fault{
 		}
 		return "a 16 KiB temp disk under leader " + a.Name + " during a backup-now, which failed saying so", nil
 	}},
+}
+
+// partition cuts a off from its peers, by blackhole or by drop, for 4 to
+// 12 s. It checks that the partition took: a can no longer serve a
+// linearizable read, and the others elect a leader among themselves.
+func (c *cluster) partition(rng *rand.Rand, a *harness.Agent, role string) (string, error) {
+	rule := harness.LinkRule{Blackhole: true}
+	if rng.IntN(2) == 0 {
+		rule = harness.LinkRule{Drop: true}
+	}
+	d := time.Duration(4+rng.IntN(9)) * time.Second
+	start := time.Now()
+	c.fw.Set(a.Name, rule)
+	defer c.fw.Heal()
+	var rest []*harness.Agent
+	for _, o := range c.agents {
+		if o != a {
+			rest = append(rest, o)
+		}
+	}
+	if err := waitUntil(10*time.Second, func() bool { return !canRead(a) }); err != nil {
+		return "", fmt.Errorf("%s %s of %s: it still serves linearizable reads: %w", rule, role, a.Name, err)
+	}
+	if err := waitUntil(10*time.Second, func() bool { return leaderAmong(rest) }); err != nil {
+		return "", fmt.Errorf("%s %s of %s: the other members elect no leader among themselves: %w", rule, role, a.Name, err)
+	}
+	time.Sleep(time.Until(start.Add(d)))
+	return fmt.Sprintf("%s cut off from its peers (%s) for %s", role+" "+a.Name, rule, time.Since(start).Round(100*time.Millisecond)), nil
+}
+
+func waitUntil(bound time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(bound)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("not within %s", bound)
+}
+
+// canRead says whether a's etcd answers a linearizable read within 1 s.
+func canRead(a *harness.Agent) bool {
+	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return false
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = cl.Get(ctx, "chaos-probe")
+	return err == nil
+}
+
+// putVia times a put through a's etcd alone.
+func putVia(a *harness.Agent) (time.Duration, error) {
+	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = cl.Put(ctx, "chaos-probe", "x")
+	return time.Since(start), err
+}
+
+// leaderAmong says whether one of agents' etcds is the raft leader.
+func leaderAmong(agents []*harness.Agent) bool {
+	for _, a := range agents {
+		if ok, err := isRaftLeader(a); err == nil && ok {
+			return true
+		}
+	}
+	return false
 }
 
 func killEtcd(a *harness.Agent) error {

@@ -29,6 +29,7 @@ func contendedKey(i int) string { return fmt.Sprintf("/chaos/k%d", i) }
 
 type workload struct {
 	clients []*clientv3.Client
+	workers int
 	rate    int
 	start   time.Time
 	seed    uint64
@@ -43,8 +44,8 @@ type workload struct {
 	done sync.WaitGroup
 }
 
-func newWorkload(endpoints []string, tlsCfg *tls.Config, clients, rate int, seed uint64) (*workload, error) {
-	w := &workload{rate: rate, start: time.Now(), seed: seed}
+func newWorkload(endpoints []string, tlsCfg *tls.Config, clients, workers, rate int, seed uint64) (*workload, error) {
+	w := &workload{workers: workers, rate: rate, start: time.Now(), seed: seed}
 	for range clients {
 		c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: tlsCfg, DialTimeout: 2 * time.Second,
 			Logger: zap.NewNop(), AutoSyncInterval: 0})
@@ -65,7 +66,7 @@ func (w *workload) close() {
 
 func (w *workload) now() int64 { return int64(time.Since(w.start)) }
 
-// run starts the clients; halt stops them and waits for requests in
+// run starts the workers; halt stops them and waits for requests in
 // flight. maxOps bounds a round's operations.
 func (w *workload) run(round, maxOps int) {
 	w.stop = make(chan struct{})
@@ -86,11 +87,12 @@ func (w *workload) run(round, maxOps int) {
 			case tokens <- struct{}{}:
 			case <-w.stop:
 				return
-			default: // every client busy: the op is skipped, not queued
+			default: // every worker busy: the op is skipped, not queued
 			}
 		}
 	}()
-	for i, c := range w.clients {
+	for i := range w.workers {
+		c := w.clients[i%len(w.clients)]
 		w.done.Add(1)
 		go func() {
 			defer w.done.Done()
@@ -111,7 +113,10 @@ func (w *workload) halt() {
 
 // one sends one operation and records it.
 func (w *workload) one(c *clientv3.Client, client int, rng *rand.Rand, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	// A member that has lost its leader (partitioned, say) refuses at
+	// once instead of holding the request until it times out, as
+	// Kubernetes' clients ask too.
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(context.Background()), opTimeout)
 	defer cancel()
 	key := contendedKey(rng.IntN(contendedKeys))
 	p := rng.IntN(100)

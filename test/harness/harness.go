@@ -238,6 +238,10 @@ type AgentOptions struct {
 	IP string
 	// Metrics serves the agent's metrics at MetricsURL.
 	Metrics bool
+	// PeerFirewall, when set, fronts the agent's etcd peer URL with the
+	// firewall's proxy: etcd binds port 2381 and advertises the proxy on
+	// 2380.
+	PeerFirewall *PeerFirewall
 	// Defaults runs the agent with its default timings instead of the fast
 	// ones tests use (benchmarks measure the product as shipped).
 	Defaults bool
@@ -318,6 +322,12 @@ func (a *Agent) configure(secure bool) {
 		"--etcd-bin-dir=" + e.BinDir,
 		"--etcd-stop-timeout=10s",
 	}...)
+	if fw := opts.PeerFirewall; fw != nil {
+		if err := fw.front(a.Name, fmt.Sprintf("%s:%d", ip, 2380), fmt.Sprintf("%s:%d", ip, 2381), a.EtcdPID); err != nil {
+			e.t.Fatal(err)
+		}
+		a.args = append(a.args, fmt.Sprintf("--listen-peer-urls=%s://%s:%d", scheme, ip, 2381))
+	}
 	if opts.Metrics {
 		a.MetricsURL = fmt.Sprintf("http://%s:9100/metrics", ip)
 		a.args = append(a.args, fmt.Sprintf("--metrics-address=%s:9100", ip))
