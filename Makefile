@@ -53,8 +53,9 @@ chaos: tools
 	@CHAOS_ROUNDS=$(ROUNDS) CHAOS_REPORT_DIR=$(CURDIR)/chaos-report $(GO) test -count=1 -timeout 12h -run TestChaos -v ./test/chaos/; \
 	  rc=$$?; tail -n 1 chaos-report/summary.txt 2>/dev/null || echo "chaos: no summary (see the output above)"; exit $$rc
 
-## lint: go vet plus staticcheck.
+## lint: gofmt, go vet and staticcheck.
 lint: tools
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	bin/staticcheck ./...
 
