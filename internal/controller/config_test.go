@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +117,24 @@ func TestListenPeerURLs(t *testing.T) {
 				t.Errorf("listenPeerURLs(%v) = %v, want %v", tt.served, got, tt.want)
 			}
 		})
+	}
+}
+
+func TestCertRequestNames(t *testing.T) {
+	c := validConfig()
+	c.Address, c.EtcdAddress = "10.0.0.1", "10.0.0.1"
+	c.PeerURLs = []string{"http://node-1.example:2380"}
+	c.ListenPeerURLs = []string{"http://0.0.0.0:2380"}
+	a := &Agent{cfg: c}
+	req := a.certRequest()
+	var ips []string
+	for _, ip := range req.IPs {
+		ips = append(ips, ip.String())
+	}
+	if !slices.Contains(ips, "10.0.0.1") || !slices.Contains(ips, "127.0.0.1") || slices.Contains(ips, "0.0.0.0") {
+		t.Errorf("certificate IPs = %v, want 10.0.0.1 and 127.0.0.1, and no wildcard", ips)
+	}
+	if !slices.Contains(req.DNSNames, "node-1.example") || !slices.Contains(req.DNSNames, "localhost") {
+		t.Errorf("certificate names = %v, want node-1.example and localhost", req.DNSNames)
 	}
 }

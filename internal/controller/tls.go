@@ -68,7 +68,8 @@ func (a *Agent) certRequest() pki.CertRequest {
 			return
 		}
 		if ip := net.ParseIP(host); ip != nil {
-			if !slices.ContainsFunc(ips, ip.Equal) {
+			// A wildcard bind address (0.0.0.0) names no one.
+			if !ip.IsUnspecified() && !slices.ContainsFunc(ips, ip.Equal) {
 				ips = append(ips, ip)
 			}
 		} else if !slices.Contains(dns, host) {
