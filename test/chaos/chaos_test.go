@@ -39,7 +39,7 @@ const (
 	roundLoad     = 4 * time.Second // workload before and after each fault
 	rate          = 250             // operations per second, all clients
 	clientCount   = 8               // connections
-	workerCount   = 64              // sequential workers over the connections: enough to keep the rate while a slow link makes requests take 0.4 s
+	workerCount   = 96              // sequential workers over the connections: enough to keep the rate while a slow link makes requests take 0.4 s
 	checkTimeout  = time.Minute     // porcupine's budget per round
 )
 
@@ -64,6 +64,7 @@ type report struct {
 	OpsChecked    int            `json:"opsChecked"`
 	Violations    int            `json:"violations"`
 	WorstRecovery float64        `json:"worstRecoverySeconds"`
+	MinOpsPerSec  float64        `json:"minOpsPerSecond"` // the slowest round's rate
 	Summary       string         `json:"summary"`
 }
 
@@ -142,6 +143,9 @@ func TestChaos(t *testing.T) {
 		rep.OpsChecked += rr.Checked
 		rep.Violations += rr.Violations
 		rep.WorstRecovery = max(rep.WorstRecovery, rr.RecoveryS)
+		if r == 1 || rr.OpsPerSec < rep.MinOpsPerSec {
+			rep.MinOpsPerSec = rr.OpsPerSec
+		}
 		t.Logf("round %d: %s (%s): recovered in %.1fs; %d ops (%.0f/s), %d checked, %d failed, %d lost, %d violations %v",
 			r, f.name, rr.Detail, rr.RecoveryS, rr.Ops, rr.OpsPerSec, rr.Checked, rr.Failed, rr.Lost, rr.Violations, rr.Problems)
 		write()
@@ -162,6 +166,7 @@ func TestChaos(t *testing.T) {
 		t.Error(err)
 	}
 	fmt.Println("chaos: faults by kind:", strings.Join(kinds, " "))
+	fmt.Printf("chaos: the slowest round ran at %.0f ops/s (target %d)\n", rep.MinOpsPerSec, rate)
 	fmt.Println(rep.Summary)
 }
 
