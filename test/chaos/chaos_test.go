@@ -54,6 +54,7 @@ type roundReport struct {
 	OpsPerSec  float64  `json:"opsPerSecond"`
 	Lost       int      `json:"lostWrites"`
 	Violations int      `json:"violations"`
+	CheckS     float64  `json:"checkSeconds"` // porcupine's time
 	Problems   []string `json:"problems,omitempty"`
 }
 
@@ -65,6 +66,7 @@ type report struct {
 	Violations    int            `json:"violations"`
 	WorstRecovery float64        `json:"worstRecoverySeconds"`
 	MinOpsPerSec  float64        `json:"minOpsPerSecond"` // the slowest round's rate
+	WorstCheck    float64        `json:"worstCheckSeconds"`
 	Summary       string         `json:"summary"`
 }
 
@@ -143,11 +145,12 @@ func TestChaos(t *testing.T) {
 		rep.OpsChecked += rr.Checked
 		rep.Violations += rr.Violations
 		rep.WorstRecovery = max(rep.WorstRecovery, rr.RecoveryS)
+		rep.WorstCheck = max(rep.WorstCheck, rr.CheckS)
 		if r == 1 || rr.OpsPerSec < rep.MinOpsPerSec {
 			rep.MinOpsPerSec = rr.OpsPerSec
 		}
-		t.Logf("round %d: %s (%s): recovered in %.1fs; %d ops (%.0f/s), %d checked, %d failed, %d lost, %d violations %v",
-			r, f.name, rr.Detail, rr.RecoveryS, rr.Ops, rr.OpsPerSec, rr.Checked, rr.Failed, rr.Lost, rr.Violations, rr.Problems)
+		t.Logf("round %d: %s (%s): recovered in %.1fs; %d ops (%.0f/s), %d checked in %.1fs, %d failed, %d lost, %d violations %v",
+			r, f.name, rr.Detail, rr.RecoveryS, rr.Ops, rr.OpsPerSec, rr.Checked, rr.CheckS, rr.Failed, rr.Lost, rr.Violations, rr.Problems)
 		write()
 		if len(rr.Problems) > 0 {
 			t.Errorf("round %d (%s): %s", r, f.name, strings.Join(rr.Problems, "; "))
@@ -166,7 +169,7 @@ func TestChaos(t *testing.T) {
 		t.Error(err)
 	}
 	fmt.Println("chaos: faults by kind:", strings.Join(kinds, " "))
-	fmt.Printf("chaos: the slowest round ran at %.0f ops/s (target %d)\n", rep.MinOpsPerSec, rate)
+	fmt.Printf("chaos: the slowest round ran at %.0f ops/s (target %d); porcupine took at most %.1fs on a round\n", rep.MinOpsPerSec, rate, rep.WorstCheck)
 	fmt.Println(rep.Summary)
 }
 
@@ -213,7 +216,9 @@ func runRound(t *testing.T, c *cluster, w *workload, round int, f fault, rng *ra
 	if len(lost) > 0 {
 		rr.Problems = append(rr.Problems, fmt.Sprintf("%d acknowledged writes lost, first %s", len(lost), lost[0]))
 	}
+	checkStart := time.Now()
 	res, info := porcupine.CheckOperationsVerbose(kvModel(initial), history, checkTimeout)
+	rr.CheckS = time.Since(checkStart).Seconds()
 	switch res {
 	case porcupine.Illegal:
 		rr.Violations = 1

@@ -20,7 +20,11 @@ import (
 // history porcupine checks; every acknowledged log put must survive.
 
 const (
-	contendedKeys = 6
+	// contendedKeys spreads the workers so that, when a fault holds every
+	// request and they all return at once, no key has so many operations
+	// in flight that porcupine's search explodes (96 workers on 6 keys
+	// once took it 2 minutes).
+	contendedKeys = 16
 	logPrefix     = "/chaos/log/"
 	opTimeout     = 2 * time.Second
 )
