@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +14,7 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -156,7 +155,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	sort.Strings(st.Unreachable)
 	for _, a := range st.Agents {
 		if a.Healthy && a.ClientURL != "" {
-			if v, err := clusterVersion(ctx, a.ClientURL, tlsCfg); err == nil {
+			if v, err := etcdproc.ClusterVersion(ctx, a.ClientURL, tlsCfg); err == nil {
 				st.ClusterVersion = v
 				break
 			}
@@ -198,32 +197,6 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 		fmt.Fprintf(w, "\nunreachable: %s\n", strings.Join(st.Unreachable, ", "))
 	}
 	return nil
-}
-
-// clusterVersion reads etcd's /version endpoint for the cluster version.
-func clusterVersion(ctx context.Context, clientURL string, tlsCfg *tls.Config) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(clientURL, "/")+"/version", nil)
-	if err != nil {
-		return "", err
-	}
-	client := http.DefaultClient
-	if tlsCfg != nil {
-		client = &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	var v struct {
-		Cluster string `json:"etcdcluster"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-		return "", err
-	}
-	return v.Cluster, nil
 }
 
 func askInfo(ctx context.Context, addr, clusterName string, creds peer.TransportCredentials) (peer.NodeInfo, error) {

@@ -163,6 +163,13 @@ func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
 				self.Healthy, self.Version, local = true, ms.Version, ms
 				self.MemberID, self.RaftLeader, self.RaftIndex = ms.MemberID, ms.LeaderID, ms.RaftIndex
 				self.StorageVersion, self.DowngradeTarget = ms.StorageVersion, ms.DowngradeTarget
+				if ms.DowngradeTarget != "" {
+					// The downgrade's binaries may change only once etcd
+					// has lowered the cluster version.
+					if v, err := etcdproc.ClusterVersion(ctx, endpoint, a.etcdTLS); err == nil {
+						self.ClusterVersion = v
+					}
+				}
 			}
 		}
 	}

@@ -99,6 +99,9 @@ type Node struct {
 	// StorageVersion is its etcd's data schema version, and
 	// DowngradeTarget the cluster downgrade its etcd reports enabled.
 	StorageVersion, DowngradeTarget string
+	// ClusterVersion is the cluster version its etcd reports; it is read
+	// only while a downgrade is enabled.
+	ClusterVersion string
 	// Installed are the etcd versions installed on the node.
 	Installed []string
 }

@@ -186,6 +186,16 @@ func planVersion(o Observed) []Action {
 	if next == nil {
 		return nil // every member is at the step; the next cycle plans the next step
 	}
+	if downgrade && !strings.HasPrefix(o.Self.Version, minor+".") && !strings.HasPrefix(o.Self.ClusterVersion, minor+".") {
+		// etcd lowers the cluster version a few seconds after the
+		// downgrade is enabled; an older binary that joins before then
+		// leaves the downgrade stuck and never serves. (A leader already
+		// on the older minor shows it was lowered.) A fresh cluster's
+		// storage version reads as the older one at once, so that alone
+		// does not tell.
+		return []Action{Report{Level: slog.LevelInfo, Msg: "downgrade waits for etcd to lower the cluster version",
+			Attrs: []any{"cluster-version", o.Self.ClusterVersion, "wanted", minor}}}
+	}
 	if downgrade && !strings.HasPrefix(next.n.StorageVersion, minor+".") {
 		// An empty storage version is not yet known (etcd sets it a moment
 		// after the cluster version), not "already older".

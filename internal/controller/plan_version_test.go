@@ -29,7 +29,7 @@ func TestPlanVersion(t *testing.T) {
 	// enabled, with its data in storage version sv.
 	downgrading := func(id, sv string) Node {
 		n := at(id, "3.6.16", 9)
-		n.StorageVersion, n.DowngradeTarget = sv, "3.5.0"
+		n.StorageVersion, n.DowngradeTarget, n.ClusterVersion = sv, "3.5.0", "3.5.0"
 		return n
 	}
 	obs := func(target, backup string, peers ...Node) Observed {
@@ -105,6 +105,9 @@ func TestPlanVersion(t *testing.T) {
 		{"downgrade: a member whose storage version is not known yet waits",
 			obs("3.5.35", "3.5.35", downgrading("a", ""), downgrading("b", "")),
 			"report[INFO] downgrade waits for a member's data to be rewritten in the older schema"},
+		{"downgrade: a fresh cluster's data reads as 3.5 at once, but etcd has not lowered the cluster version yet",
+			obs("3.5.35", "3.5.35", func() Node { n := downgrading("a", "3.5.0"); n.ClusterVersion = "3.6.0"; return n }(), downgrading("b", "3.5.0")),
+			"report[INFO] downgrade waits for etcd to lower the cluster version"},
 		{"downgrade: then it restarts on the older binary",
 			obs("3.5.35", "3.5.35", downgrading("a", "3.5.0"), downgrading("b", "3.5.0")),
 			"set-member-version b 3.5.35"},

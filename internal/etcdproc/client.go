@@ -3,7 +3,10 @@ package etcdproc
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -66,4 +69,31 @@ func LocalStatus(ctx context.Context, c *clientv3.Client, endpoint string) (Memb
 			return ""
 		}(),
 	}, nil
+}
+
+// ClusterVersion reads the cluster version (etcd's "etcdcluster") from
+// the /version endpoint of the etcd at clientURL.
+func ClusterVersion(ctx context.Context, clientURL string, tlsCfg *tls.Config) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(clientURL, "/")+"/version", nil)
+	if err != nil {
+		return "", fmt.Errorf("etcdproc: cluster version: %w", err)
+	}
+	client := &http.Client{}
+	if tlsCfg != nil {
+		client.Transport = &http.Transport{TLSClientConfig: tlsCfg}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("etcdproc: cluster version from %s: %w", clientURL, err)
+	}
+	defer resp.Body.Close()
+	var v struct {
+		Cluster string `json:"etcdcluster"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return "", fmt.Errorf("etcdproc: cluster version from %s: %w", clientURL, err)
+	}
+	return v.Cluster, nil
 }
