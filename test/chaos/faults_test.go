@@ -177,7 +177,7 @@ func waitUntil(bound time.Duration, cond func() bool) error {
 
 // canRead says whether a's etcd answers a linearizable read within 1 s.
 func canRead(a *harness.Agent) bool {
-	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: time.Second, Logger: zap.NewNop()})
+	cl, err := memberClient(a)
 	if err != nil {
 		return false
 	}
@@ -190,7 +190,7 @@ func canRead(a *harness.Agent) bool {
 
 // putVia times a put through a's etcd alone.
 func putVia(a *harness.Agent) (time.Duration, error) {
-	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cl, err := memberClient(a)
 	if err != nil {
 		return 0, err
 	}
@@ -242,7 +242,7 @@ func (c *cluster) pick(rng *rand.Rand, leader bool) (*harness.Agent, error) {
 }
 
 func isRaftLeader(a *harness.Agent) (bool, error) {
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: time.Second, Logger: zap.NewNop()})
+	c, err := memberClient(a)
 	if err != nil {
 		return false, err
 	}
@@ -254,4 +254,9 @@ func isRaftLeader(a *harness.Agent) (bool, error) {
 		return false, err
 	}
 	return st.Leader == st.Header.MemberId, nil
+}
+
+// memberClient is a client of a's etcd alone.
+func memberClient(a *harness.Agent) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 }

@@ -3,9 +3,11 @@ package harness
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -110,19 +112,11 @@ func (f *PeerFirewall) Heal() {
 func (f *PeerFirewall) Tagged() map[string]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make(map[string]int, len(f.tagged))
-	for k, v := range f.tagged {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(f.tagged)
 }
 
 func (f *PeerFirewall) proxyList() []*peerProxy {
-	out := make([]*peerProxy, 0, len(f.proxies))
-	for _, p := range f.proxies {
-		out = append(out, p)
-	}
-	return out
+	return slices.Collect(maps.Values(f.proxies))
 }
 
 // rule is the rule for traffic between src and dst: a blackhole or drop on
@@ -148,10 +142,7 @@ func (f *PeerFirewall) identify(c net.Conn) string {
 		return ""
 	}
 	f.mu.Lock()
-	sources := make(map[string]func() int, len(f.sources))
-	for k, v := range f.sources {
-		sources[k] = v
-	}
+	sources := maps.Clone(f.sources)
 	f.mu.Unlock()
 	for name, pid := range sources {
 		if p := pid(); p > 0 && ownsSocket(p, inode) {
@@ -318,12 +309,7 @@ func (p *peerProxy) pipe(c *proxyConn, r, w net.Conn) {
 // reapply closes the connections the current rules end: dropped ones,
 // and broken ones whose blackhole has lifted.
 func (p *peerProxy) reapply() {
-	p.mu.Lock()
-	conns := make([]*proxyConn, 0, len(p.conns))
-	for c := range p.conns {
-		conns = append(conns, c)
-	}
-	p.mu.Unlock()
+	conns := p.live()
 	for _, c := range conns {
 		r := p.f.rule(c.src, p.dst)
 		c.mu.Lock()
@@ -335,14 +321,16 @@ func (p *peerProxy) reapply() {
 	}
 }
 
+// live returns the proxy's open connections.
+func (p *peerProxy) live() []*proxyConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Collect(maps.Keys(p.conns))
+}
+
 func (p *peerProxy) close() {
 	p.l.Close()
-	p.mu.Lock()
-	conns := make([]*proxyConn, 0, len(p.conns))
-	for c := range p.conns {
-		conns = append(conns, c)
-	}
-	p.mu.Unlock()
+	conns := p.live()
 	for _, c := range conns {
 		c.close()
 	}
