@@ -22,6 +22,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -243,11 +244,11 @@ var errWait = errors.New("controller: not ready yet")
 // error: problems are logged and retried next cycle.
 func (a *Agent) cycle(ctx context.Context) (changed bool) {
 	obs := a.observe(ctx)
-	for _, act := range Plan(obs) {
+	for _, act := range plan.Plan(obs) {
 		if ctx.Err() != nil {
 			return false
 		}
-		if r, ok := act.(Report); ok {
+		if r, ok := act.(plan.Report); ok {
 			a.report(ctx, r)
 			continue
 		}
@@ -270,7 +271,7 @@ func (a *Agent) cycle(ctx context.Context) (changed bool) {
 	return false
 }
 
-func (a *Agent) report(ctx context.Context, r Report) {
+func (a *Agent) report(ctx context.Context, r plan.Report) {
 	if r.Level <= slog.LevelInfo {
 		if r.Msg == a.lastInfo {
 			return
@@ -527,7 +528,7 @@ func newToken() (string, error) {
 }
 
 // actionKind is the action's name without its arguments, for metrics.
-func actionKind(act Action) string {
+func actionKind(act plan.Action) string {
 	kind, _, _ := strings.Cut(act.String(), " ")
 	return kind
 }

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -218,13 +219,10 @@ func (b *BackupAgent) cycle(ctx context.Context) {
 		b.log.Error("cannot read the command queue; will retry", "error", err)
 		return
 	}
-	actions := planCommands(cmds, b.backups.failedRecently())
-	if b.backups.due(b.cfg.Backup.Interval) && !hasBackup(actions) {
-		actions = append(actions, TakeBackup{Reason: "periodic"})
-	}
+	actions := plan.PlanBackupAgent(cmds, b.backups.failedRecently(), b.backups.due(b.cfg.Backup.Interval))
 	for _, act := range actions {
 		err := b.execute(ctx, s, term, act)
-		if _, ok := act.(Report); !ok {
+		if _, ok := act.(plan.Report); !ok {
 			b.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
 		}
 		if err != nil {
@@ -234,23 +232,14 @@ func (b *BackupAgent) cycle(ctx context.Context) {
 	}
 }
 
-func hasBackup(actions []Action) bool {
-	for _, a := range actions {
-		if _, ok := a.(TakeBackup); ok {
-			return true
-		}
-	}
-	return false
-}
-
-func (b *BackupAgent) execute(ctx context.Context, s *store.Store, term int64, act Action) error {
+func (b *BackupAgent) execute(ctx context.Context, s *store.Store, term int64, act plan.Action) error {
 	switch act := act.(type) {
-	case Report:
+	case plan.Report:
 		b.log.Log(ctx, act.Level, act.Msg, act.Attrs...)
 		return nil
-	case FailCommand, ForgetCommand:
+	case plan.FailCommand, plan.ForgetCommand:
 		return runCommandAction(ctx, s, b.now(), b.log, act)
-	case TakeBackup:
+	case plan.TakeBackup:
 		// Fencing: the lock may have passed to another agent while this
 		// one was busy.
 		held, err := b.lock.Holds(ctx, s, term)

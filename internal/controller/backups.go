@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -144,29 +145,29 @@ func (b *backups) prune(ctx context.Context, s *store.Store) {
 }
 
 // readCommands reads the queue for the planner.
-func readCommands(ctx context.Context, s *store.Store, now time.Time) ([]Command, error) {
+func readCommands(ctx context.Context, s *store.Store, now time.Time) ([]plan.Command, error) {
 	qs, err := s.ListCommands(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Command, 0, len(qs))
+	out := make([]plan.Command, 0, len(qs))
 	for _, q := range qs {
 		at := int64(q.Status.Updated)
 		if at == 0 {
 			at = int64(q.Command.Timestamp)
 		}
-		out = append(out, Command{QueuedCommand: q, Age: now.Sub(time.Unix(0, at))})
+		out = append(out, plan.Command{ID: q.ID, Command: q.Command, Err: q.Err, Status: q.Status, Age: now.Sub(time.Unix(0, at))})
 	}
 	return out, nil
 }
 
 // runCommandAction performs the queue's bookkeeping actions.
-func runCommandAction(ctx context.Context, s *store.Store, now time.Time, log *slog.Logger, act Action) error {
+func runCommandAction(ctx context.Context, s *store.Store, now time.Time, log *slog.Logger, act plan.Action) error {
 	switch act := act.(type) {
-	case FailCommand:
+	case plan.FailCommand:
 		log.Error("queued command failed", "command", act.ID, "reason", act.Reason)
 		return s.SetCommandStatus(ctx, act.ID, spec.CommandStatus{State: spec.CommandFailed, Message: act.Reason}, now)
-	case ForgetCommand:
+	case plan.ForgetCommand:
 		err := s.DeleteCommand(ctx, act.ID)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil

@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -28,7 +29,7 @@ import (
 // quarantine.
 
 // queueDumpRestore queues the command that runs a dump-restore.
-func (a *Agent) queueDumpRestore(ctx context.Context, act QueueDumpRestore) error {
+func (a *Agent) queueDumpRestore(ctx context.Context, act plan.QueueDumpRestore) error {
 	s, err := a.openStore(ctx)
 	if err != nil {
 		return err
@@ -47,7 +48,7 @@ func (a *Agent) queueDumpRestore(ctx context.Context, act QueueDumpRestore) erro
 
 // prepareDumpRestore records the plan of a dump-restore. Nothing has been
 // touched yet.
-func (a *Agent) prepareDumpRestore(ctx context.Context, s *store.Store, obs Observed, act PrepareDumpRestore) error {
+func (a *Agent) prepareDumpRestore(ctx context.Context, s *store.Store, obs plan.Observed, act plan.PrepareDumpRestore) error {
 	c := findCommand(obs.Commands, act.ID)
 	if c == nil || c.Command.DumpRestore == nil {
 		return fmt.Errorf("controller: no dump-restore %s", act.ID)
@@ -75,13 +76,13 @@ func (a *Agent) prepareDumpRestore(ctx context.Context, s *store.Store, obs Obse
 
 // dumpBackup backs up the quarantined cluster and records the backup as
 // the one to restore.
-func (a *Agent) dumpBackup(ctx context.Context, s *store.Store, obs Observed, act DumpBackup) error {
+func (a *Agent) dumpBackup(ctx context.Context, s *store.Store, obs plan.Observed, act plan.DumpBackup) error {
 	c := findCommand(obs.Commands, act.ID)
 	if c == nil || c.Status.Restore == nil {
 		return fmt.Errorf("controller: dump-restore %s has no progress", act.ID)
 	}
 	p := *c.Status.Restore
-	var from *Node
+	var from *plan.Node
 	for i, n := range obs.Peers {
 		if n.Member != nil && n.Member.ClusterToken == p.OldToken && n.Member.Quarantined && n.Healthy && len(n.QuarantineURLs) > 0 {
 			from = &obs.Peers[i]

@@ -14,6 +14,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -27,54 +28,54 @@ var ErrNotLeader = errors.New("controller: no longer the leader")
 
 // execute performs one action. Cluster-wide actions re-check leadership
 // right before they mutate anything.
-func (a *Agent) execute(ctx context.Context, obs Observed, act Action) error {
+func (a *Agent) execute(ctx context.Context, obs plan.Observed, act plan.Action) error {
 	switch act := act.(type) {
-	case StartEtcd:
+	case plan.StartEtcd:
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return a.startEtcdLocked(ctx)
-	case MarkBootstrapped:
+	case plan.MarkBootstrapped:
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return a.markBootstrappedLocked()
-	case ConfirmCreate:
+	case plan.ConfirmCreate:
 		return a.confirmCreate(ctx, act.Token)
-	case AbandonPending:
+	case plan.AbandonPending:
 		return a.abandonPending(ctx, act)
-	case CreateCluster:
+	case plan.CreateCluster:
 		return a.createCluster(ctx, obs, act)
-	case AddMember:
+	case plan.AddMember:
 		return a.changed(a.addMember(ctx, obs, act))
-	case PromoteMember:
+	case plan.PromoteMember:
 		return a.promoteMember(ctx, act)
-	case RemoveMember:
+	case plan.RemoveMember:
 		return a.changed(a.removeMember(ctx, obs, act))
-	case EvictNode:
+	case plan.EvictNode:
 		return a.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
-	case TakeBackup:
+	case plan.TakeBackup:
 		return a.takeBackup(ctx, obs, act)
-	case SetQuarantine:
+	case plan.SetQuarantine:
 		if act.ID == "" {
 			// A stray quarantine, lifted by the agent beside etcd's leader.
 			return a.setQuarantine(ctx, obs, act)
 		}
 		return a.executeRestore(ctx, obs, act)
-	case PrepareRestore, StopForRestore, SetRestorePhase, RestoreNodes, VerifyRestore, BackupRestored, FinishRestore,
-		PrepareDumpRestore, DumpBackup:
+	case plan.PrepareRestore, plan.StopForRestore, plan.SetRestorePhase, plan.RestoreNodes, plan.VerifyRestore, plan.BackupRestored, plan.FinishRestore,
+		plan.PrepareDumpRestore, plan.DumpBackup:
 		return a.executeRestore(ctx, obs, act)
-	case QueueDumpRestore:
+	case plan.QueueDumpRestore:
 		return a.queueDumpRestore(ctx, act)
-	case SetMemberVersion:
+	case plan.SetMemberVersion:
 		return a.changed(a.setMemberVersion(ctx, obs, act))
-	case SetPeerURLs:
+	case plan.SetPeerURLs:
 		return a.changed(a.setPeerURLs(ctx, obs, act))
-	case MoveLeader:
+	case plan.MoveLeader:
 		return a.moveLeader(ctx, act)
-	case EnableDowngrade:
+	case plan.EnableDowngrade:
 		return a.enableDowngrade(ctx, act)
-	case RecoverMember, FinishRecover:
+	case plan.RecoverMember, plan.FinishRecover:
 		return a.executeRecover(ctx, obs, act)
-	case FailCommand, ForgetCommand:
+	case plan.FailCommand, plan.ForgetCommand:
 		s, err := a.openStore(ctx)
 		if err != nil {
 			return err
@@ -103,7 +104,7 @@ func (a *Agent) confirmCreate(ctx context.Context, token string) error {
 	return a.startEtcdLocked(ctx)
 }
 
-func (a *Agent) abandonPending(ctx context.Context, act AbandonPending) error {
+func (a *Agent) abandonPending(ctx context.Context, act plan.AbandonPending) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	m := a.state.Member
@@ -118,7 +119,7 @@ func (a *Agent) abandonPending(ctx context.Context, act AbandonPending) error {
 // once-only creation marker names the token, and only then do the nodes
 // start etcd (each confirms against the marker itself). A creation that
 // loses the marker, or never writes it, is abandoned by its nodes.
-func (a *Agent) createCluster(ctx context.Context, obs Observed, act CreateCluster) error {
+func (a *Agent) createCluster(ctx context.Context, obs plan.Observed, act plan.CreateCluster) error {
 	v, err := spec.ParseSupportedVersion(act.Version)
 	if err != nil {
 		return err
@@ -139,7 +140,7 @@ func (a *Agent) createCluster(ctx context.Context, obs Observed, act CreateClust
 		Pending:        true,
 	}
 	a.log.Info("creating cluster", "cluster-token", token, "version", v.String(), "members", act.Members, "lock-term", a.lockTerm)
-	var prepared []Node
+	var prepared []plan.Node
 	rollback := func(cause error) error {
 		for _, n := range prepared {
 			if err := a.leaveNode(ctx, n, peer.LeaveRequest{Token: token, Reason: "creation rolled back"}); err != nil {
@@ -179,7 +180,7 @@ func (a *Agent) createCluster(ctx context.Context, obs Observed, act CreateClust
 }
 
 // initialCluster is etcd's --initial-cluster for nodes: name=peerURL,...
-func initialCluster(nodes []Node) string {
+func initialCluster(nodes []plan.Node) string {
 	var initial []string
 	for _, n := range nodes {
 		for _, u := range n.PeerURLs {
@@ -189,8 +190,8 @@ func initialCluster(nodes []Node) string {
 	return strings.Join(initial, ",")
 }
 
-func findNodes(peers []Node, ids []string) ([]Node, error) {
-	var out []Node
+func findNodes(peers []plan.Node, ids []string) ([]plan.Node, error) {
+	var out []plan.Node
 	for _, id := range ids {
 		found := false
 		for _, p := range peers {
@@ -229,7 +230,7 @@ func (a *Agent) confirmLeader(ctx context.Context) error {
 	return nil
 }
 
-func (a *Agent) addMember(ctx context.Context, obs Observed, act AddMember) error {
+func (a *Agent) addMember(ctx context.Context, obs plan.Observed, act plan.AddMember) error {
 	nodes, err := findNodes(obs.Peers, []string{act.NodeID})
 	if err != nil {
 		return err
@@ -247,7 +248,7 @@ func (a *Agent) addMember(ctx context.Context, obs Observed, act AddMember) erro
 	members := list.Members
 	exists := false
 	for _, m := range members {
-		exists = exists || sameURLs(m.PeerURLs, n.PeerURLs)
+		exists = exists || plan.SameURLs(m.PeerURLs, n.PeerURLs)
 	}
 	if !exists {
 		actx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
@@ -267,7 +268,7 @@ func (a *Agent) addMember(ctx context.Context, obs Observed, act AddMember) erro
 	var initial []string
 	for _, m := range members {
 		name := m.Name
-		if sameURLs(m.PeerURLs, n.PeerURLs) {
+		if plan.SameURLs(m.PeerURLs, n.PeerURLs) {
 			name = n.ID
 		}
 		if name == "" {
@@ -291,7 +292,7 @@ func (a *Agent) addMember(ctx context.Context, obs Observed, act AddMember) erro
 	}})
 }
 
-func (a *Agent) promoteMember(ctx context.Context, act PromoteMember) error {
+func (a *Agent) promoteMember(ctx context.Context, act plan.PromoteMember) error {
 	if err := a.confirmLeader(ctx); err != nil {
 		return err
 	}
@@ -308,7 +309,7 @@ func (a *Agent) promoteMember(ctx context.Context, act PromoteMember) error {
 	return nil
 }
 
-func (a *Agent) removeMember(ctx context.Context, obs Observed, act RemoveMember) error {
+func (a *Agent) removeMember(ctx context.Context, obs plan.Observed, act plan.RemoveMember) error {
 	if err := a.confirmLeader(ctx); err != nil {
 		return err
 	}
@@ -329,7 +330,7 @@ func (a *Agent) removeMember(ctx context.Context, obs Observed, act RemoveMember
 	return nil
 }
 
-func (a *Agent) tellLeave(ctx context.Context, obs Observed, nodeID, token, reason string) error {
+func (a *Agent) tellLeave(ctx context.Context, obs plan.Observed, nodeID, token, reason string) error {
 	nodes, err := findNodes(obs.Peers, []string{nodeID})
 	if err != nil {
 		return err
@@ -352,18 +353,18 @@ type nodeAPI interface {
 // peerCallTimeoutLong bounds a Join or Leave, which may stop or start etcd.
 const peerCallTimeoutLong = 30 * time.Second
 
-func (a *Agent) joinNode(ctx context.Context, n Node, req peer.JoinRequest) error {
+func (a *Agent) joinNode(ctx context.Context, n plan.Node, req peer.JoinRequest) error {
 	req.LeaderID = a.lock.NodeID
 	return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error { return api.Join(ctx, req) })
 }
 
-func (a *Agent) leaveNode(ctx context.Context, n Node, req peer.LeaveRequest) error {
+func (a *Agent) leaveNode(ctx context.Context, n plan.Node, req peer.LeaveRequest) error {
 	req.LeaderID = a.lock.NodeID
 	return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error { return api.Leave(ctx, req) })
 }
 
 // askNode makes one bounded call on a node, this agent or a peer.
-func (a *Agent) askNode(ctx context.Context, n Node, call func(context.Context, nodeAPI) error) error {
+func (a *Agent) askNode(ctx context.Context, n plan.Node, call func(context.Context, nodeAPI) error) error {
 	return a.askNodeFor(ctx, n, peerCallTimeoutLong, call)
 }
 
@@ -377,7 +378,7 @@ func (a *Agent) changed(err error) error {
 }
 
 // takeBackup takes a full backup through the local etcd, the leader.
-func (a *Agent) takeBackup(ctx context.Context, obs Observed, act TakeBackup) error {
+func (a *Agent) takeBackup(ctx context.Context, obs plan.Observed, act plan.TakeBackup) error {
 	s, err := a.openStore(ctx)
 	if err != nil {
 		return err

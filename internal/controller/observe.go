@@ -10,6 +10,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -23,17 +24,17 @@ const (
 
 // observe builds one cycle's view. It never fails: what it cannot see is
 // recorded as an error in the result.
-func (a *Agent) observe(ctx context.Context) Observed {
-	self, local := a.observeSelf(ctx)
-	obs := Observed{
+func (a *Agent) observe(ctx context.Context) plan.Observed {
+	self, member, local := a.observeSelf(ctx)
+	obs := plan.Observed{
 		Self:           self,
-		Peers:          []Node{self},
+		Peers:          []plan.Node{self},
 		Grace:          a.cfg.MemberFailureGrace,
 		PendingTimeout: pendingTimeoutMul * a.cfg.LeaderLease,
 	}
 	defer func() {
 		leading := obs.Cluster != nil || obs.LockHeld
-		a.setInfo(self, local, leading)
+		a.setInfo(self, member, local, leading)
 		boolGauge(a.met.leader, leading)
 		boolGauge(a.met.etcdHealthy, self.Healthy)
 	}()
@@ -71,7 +72,7 @@ func (a *Agent) observe(ctx context.Context) Observed {
 	// etcd leader, any agent while no etcd runs, and the lock holder.
 	// An agent whose etcd sees no raft leader reads it too: quorum may be
 	// lost, and only a queued recover-quorum can end that.
-	noCluster := obs.Cluster == nil && !anyLiveMember(obs.Peers) && lockWorthwhile(obs)
+	noCluster := plan.NoCluster(obs)
 	if obs.Cluster != nil || noCluster || a.lockTerm != 0 || (self.Member != nil && self.RaftLeader == 0) {
 		cmds, err := readCommands(ctx, s, a.now())
 		if err != nil {
@@ -82,7 +83,7 @@ func (a *Agent) observe(ctx context.Context) Observed {
 	}
 	// The store lock leads while there is no cluster, and throughout a
 	// restore, whose cluster comes and goes.
-	if noCluster || activeExclusive(obs.Commands) != nil {
+	if noCluster || plan.ActiveExclusive(obs.Commands) != nil {
 		term, err := a.lock.Acquire(ctx, s)
 		if err != nil {
 			obs.StoreErr = err
@@ -99,48 +100,20 @@ func (a *Agent) observe(ctx context.Context) Observed {
 	return obs
 }
 
-// lockWorthwhile reports whether the lock holder would have anything to
-// do: an agent that cannot see enough agents to create the cluster leaves
-// the lock to one that can, instead of holding it while it waits.
-func lockWorthwhile(o Observed) bool {
-	if o.Spec == nil {
-		return false
-	}
-	if o.Created != nil {
-		return true
-	}
-	free := 0
-	for _, p := range o.Peers {
-		if p.Member == nil {
-			free++
-		}
-	}
-	return free >= int(o.Spec.MemberCount)
-}
-
-// anyLiveMember reports whether any node holds, or is creating, cluster
-// data.
-func anyLiveMember(nodes []Node) bool {
-	for _, n := range nodes {
-		if m := n.Member; m != nil && (n.HasData || m.NewCluster || m.Pending || n.Healthy) {
-			return true
-		}
-	}
-	return false
-}
-
-func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
+// observeSelf reports this node as the planner sees it, with its
+// membership as recorded in its state and its etcd's status.
+func (a *Agent) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberState, etcdproc.MemberStatus) {
 	a.mu.Lock()
 	st := a.state
 	pendingSince := a.pendingSince
 	a.mu.Unlock()
-	self := Node{
+	self := plan.Node{
 		ID:             st.NodeID,
 		Address:        a.peerAddress(),
 		PeerURLs:       a.cfg.PeerURLs,
 		ClientURLs:     a.cfg.ClientURLs,
 		QuarantineURLs: a.cfg.QuarantineClientURLs,
-		Member:         st.Member,
+		Member:         membership(st.Member),
 		Installed:      etcdproc.InstalledVersions(a.cfg.EtcdBinDir),
 	}
 	if m := st.Member; m != nil {
@@ -173,10 +146,10 @@ func (a *Agent) observeSelf(ctx context.Context) (Node, etcdproc.MemberStatus) {
 			}
 		}
 	}
-	return self, local
+	return self, st.Member, local
 }
 
-func (a *Agent) observeStore(ctx context.Context, s *store.Store, obs *Observed) {
+func (a *Agent) observeStore(ctx context.Context, s *store.Store, obs *plan.Observed) {
 	cs, err := s.ReadSpec(ctx)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -225,7 +198,7 @@ func (a *Agent) publish(ctx context.Context, nodeID string) {
 
 // observePeers asks every discovered agent for its info, concurrently.
 // Unreachable agents are left out.
-func (a *Agent) observePeers(ctx context.Context, self Node) []Node {
+func (a *Agent) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 	recs, err := a.discovery.Poll(ctx)
 	if err != nil {
 		a.log.Warn("discovery failed", "error", err)
@@ -239,7 +212,7 @@ func (a *Agent) observePeers(ctx context.Context, self Node) []Node {
 	var (
 		mu    sync.Mutex
 		wg    sync.WaitGroup
-		nodes = map[string]Node{self.ID: self}
+		nodes = map[string]plan.Node{self.ID: self}
 	)
 	for addr := range addrs {
 		c, err := a.peerClient(addr)
@@ -261,7 +234,7 @@ func (a *Agent) observePeers(ctx context.Context, self Node) []Node {
 		}()
 	}
 	wg.Wait()
-	out := make([]Node, 0, len(nodes))
+	out := make([]plan.Node, 0, len(nodes))
 	for _, n := range nodes {
 		out = append(out, n)
 	}
@@ -269,10 +242,10 @@ func (a *Agent) observePeers(ctx context.Context, self Node) []Node {
 	return out
 }
 
-func nodeFromInfo(addr string, info peer.NodeInfo) Node {
-	return Node{
+func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
+	return plan.Node{
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
-		Member: info.Member, HasData: info.HasData, PendingFor: info.PendingFor,
+		Member: membership(info.Member), HasData: info.HasData, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
 		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Installed: info.Installed,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget,
@@ -293,7 +266,7 @@ func (a *Agent) peerClient(addr string) (*peer.Client, error) {
 
 // observeCluster reads the membership through the local etcd, which is
 // the raft leader. MemberList is linearizable, so success proves quorum.
-func (a *Agent) observeCluster(ctx context.Context) (*ClusterView, error) {
+func (a *Agent) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	a.mu.Lock()
 	m := a.state.Member
 	a.mu.Unlock()
@@ -306,11 +279,11 @@ func (a *Agent) observeCluster(ctx context.Context) (*ClusterView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controller: member list: %w", err)
 	}
-	view := &ClusterView{Token: m.ClusterToken}
+	view := &plan.ClusterView{Token: m.ClusterToken}
 	var wg sync.WaitGroup
-	members := make([]Member, len(resp.Members))
+	members := make([]plan.Member, len(resp.Members))
 	for i, pm := range resp.Members {
-		members[i] = Member{ID: pm.ID, Name: pm.Name, PeerURLs: pm.PeerURLs, ClientURLs: pm.ClientURLs, IsLearner: pm.IsLearner}
+		members[i] = plan.Member{ID: pm.ID, Name: pm.Name, PeerURLs: pm.PeerURLs, ClientURLs: pm.ClientURLs, IsLearner: pm.IsLearner}
 		if len(pm.ClientURLs) == 0 {
 			continue
 		}
@@ -352,7 +325,7 @@ func (a *Agent) observeCluster(ctx context.Context) (*ClusterView, error) {
 	return view, nil
 }
 
-func (a *Agent) setInfo(self Node, local etcdproc.MemberStatus, leader bool) {
+func (a *Agent) setInfo(self plan.Node, member *etcdproc.MemberState, local etcdproc.MemberStatus, leader bool) {
 	info := peer.NodeInfo{
 		NodeID:               self.ID,
 		ClusterName:          a.cfg.ClusterName,
@@ -360,7 +333,7 @@ func (a *Agent) setInfo(self Node, local etcdproc.MemberStatus, leader bool) {
 		ClientURLs:           a.cfg.ClientURLs,
 		QuarantineClientURLs: a.cfg.QuarantineClientURLs,
 		PeerURLs:             a.cfg.PeerURLs,
-		Member:               self.Member,
+		Member:               member,
 		HasData:              self.HasData,
 		PendingFor:           self.PendingFor,
 		EtcdWanted:           self.EtcdWanted,
@@ -385,7 +358,23 @@ func (a *Agent) setInfo(self Node, local etcdproc.MemberStatus, leader bool) {
 	a.infoMu.Lock()
 	a.info = info
 	a.infoMu.Unlock()
-	if a.state.Member != self.Member {
+	if a.state.Member != member {
 		a.refreshInfoMember()
+	}
+}
+
+// membership is a node's recorded membership as the planner sees it.
+func membership(m *etcdproc.MemberState) *plan.Membership {
+	if m == nil {
+		return nil
+	}
+	return &plan.Membership{
+		ClusterToken:    m.ClusterToken,
+		EtcdVersion:     m.EtcdVersion,
+		NewCluster:      m.NewCluster,
+		Pending:         m.Pending,
+		Quarantined:     m.Quarantined,
+		ForceNewCluster: m.ForceNewCluster,
+		V2Until:         m.V2Until,
 	}
 }

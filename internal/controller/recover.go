@@ -8,6 +8,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -17,13 +18,13 @@ import (
 const recoverWait = time.Minute
 
 // executeRecover performs a recover-quorum step, fenced by the store lock.
-func (a *Agent) executeRecover(ctx context.Context, obs Observed, act Action) error {
+func (a *Agent) executeRecover(ctx context.Context, obs plan.Observed, act plan.Action) error {
 	s, err := a.fencedStore(ctx)
 	if err != nil {
 		return err
 	}
 	switch act := act.(type) {
-	case RecoverMember:
+	case plan.RecoverMember:
 		c := findCommand(obs.Commands, act.ID)
 		if c == nil {
 			return fmt.Errorf("controller: command %s is gone", act.ID)
@@ -44,7 +45,7 @@ func (a *Agent) executeRecover(ctx context.Context, obs Observed, act Action) er
 		return a.askNodeFor(ctx, n, recoverWait+peerCallTimeoutLong, func(ctx context.Context, api nodeAPI) error {
 			return api.Recover(ctx, peer.RecoverRequest{LeaderID: a.lock.NodeID, Token: act.Token})
 		})
-	case FinishRecover:
+	case plan.FinishRecover:
 		if err := s.DeleteCommand(ctx, act.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
@@ -133,7 +134,7 @@ func (a *Agent) localStatus(ctx context.Context) (etcdproc.MemberStatus, error) 
 }
 
 // askNodeFor is askNode with its own timeout.
-func (a *Agent) askNodeFor(ctx context.Context, n Node, timeout time.Duration, call func(context.Context, nodeAPI) error) error {
+func (a *Agent) askNodeFor(ctx context.Context, n plan.Node, timeout time.Duration, call func(context.Context, nodeAPI) error) error {
 	var api nodeAPI = a
 	if n.ID != a.lock.NodeID {
 		c, err := a.peerClient(n.Address)

@@ -17,6 +17,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -42,27 +43,27 @@ const restoreCallTimeout = 30 * time.Minute
 
 // executeRestore performs a restore step. Every step first re-checks that
 // this agent still holds the store lock: the fencing token of a restore.
-func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) error {
+func (a *Agent) executeRestore(ctx context.Context, obs plan.Observed, act plan.Action) error {
 	s, err := a.fencedStore(ctx)
 	if err != nil {
 		return err
 	}
 	switch act := act.(type) {
-	case PrepareRestore:
+	case plan.PrepareRestore:
 		return a.prepareRestore(ctx, s, obs, act)
-	case StopForRestore:
+	case plan.StopForRestore:
 		var ids []string
 		for id := range act.Tokens {
 			ids = append(ids, id)
 		}
-		return a.onNodesLeaderLast(ctx, obs, ids, func(ctx context.Context, n Node) error {
+		return a.onNodesLeaderLast(ctx, obs, ids, func(ctx context.Context, n plan.Node) error {
 			return a.leaveNode(ctx, n, peer.LeaveRequest{Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster"})
 		})
-	case SetRestorePhase:
+	case plan.SetRestorePhase:
 		return a.setRestorePhase(ctx, s, obs, act.ID, act.Phase)
-	case RestoreNodes:
+	case plan.RestoreNodes:
 		return a.restoreNodes(ctx, obs, act)
-	case VerifyRestore:
+	case plan.VerifyRestore:
 		p, err := restoreProgress(obs, act.ID)
 		if err != nil {
 			return err
@@ -72,7 +73,7 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 		}
 		a.log.Info("restored cluster verified: every member is up and HashKV agrees", "command", act.ID, "members", p.Members)
 		return a.setRestorePhase(ctx, s, obs, act.ID, spec.RestoreBackingUp)
-	case BackupRestored:
+	case plan.BackupRestored:
 		p, err := restoreProgress(obs, act.ID)
 		if err != nil {
 			return err
@@ -92,13 +93,13 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 			return err
 		}
 		return a.setRestorePhase(ctx, s, obs, act.ID, spec.RestoreLifting)
-	case SetQuarantine:
+	case plan.SetQuarantine:
 		return a.setQuarantine(ctx, obs, act)
-	case PrepareDumpRestore:
+	case plan.PrepareDumpRestore:
 		return a.prepareDumpRestore(ctx, s, obs, act)
-	case DumpBackup:
+	case plan.DumpBackup:
 		return a.dumpBackup(ctx, s, obs, act)
-	case FinishRestore:
+	case plan.FinishRestore:
 		if err := s.DeleteCommand(ctx, act.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
@@ -111,11 +112,11 @@ func (a *Agent) executeRestore(ctx context.Context, obs Observed, act Action) er
 
 // setQuarantine has the nodes restart their members of act.Token in or out
 // of quarantine, in parallel.
-func (a *Agent) setQuarantine(ctx context.Context, obs Observed, act SetQuarantine) error {
+func (a *Agent) setQuarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine) error {
 	if act.ID == "" {
 		a.log.Warn("lifting a quarantine that no command explains", "cluster-token", act.Token, "nodes", act.NodeIDs)
 	}
-	return a.onNodesLeaderLast(ctx, obs, act.NodeIDs, func(ctx context.Context, n Node) error {
+	return a.onNodesLeaderLast(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error {
 		return a.askNode(ctx, n, func(ctx context.Context, api nodeAPI) error {
 			return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: a.lock.NodeID, Token: act.Token, Quarantined: act.On})
 		})
@@ -155,7 +156,7 @@ func (a *Agent) tempDir(prefix string) (string, error) {
 // prepareRestore fetches and verifies the backup, then records the
 // restore's plan: the new token and members. Until that record is
 // written, nothing of the cluster has been touched.
-func (a *Agent) prepareRestore(ctx context.Context, s *store.Store, obs Observed, act PrepareRestore) error {
+func (a *Agent) prepareRestore(ctx context.Context, s *store.Store, obs plan.Observed, act plan.PrepareRestore) error {
 	dir, err := a.tempDir("validate-")
 	if err != nil {
 		return err
@@ -164,7 +165,7 @@ func (a *Agent) prepareRestore(ctx context.Context, s *store.Store, obs Observed
 	_, meta, err := backup.Fetch(ctx, s, act.Backup, dir, a.backups.verify)
 	if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) {
 		reason := fmt.Sprintf("cannot restore: %v; the cluster was not touched", err)
-		return runCommandAction(ctx, s, a.now(), a.log, FailCommand{ID: act.ID, Reason: reason})
+		return runCommandAction(ctx, s, a.now(), a.log, plan.FailCommand{ID: act.ID, Reason: reason})
 	}
 	if err != nil {
 		return err
@@ -191,7 +192,7 @@ func (a *Agent) prepareRestore(ctx context.Context, s *store.Store, obs Observed
 
 // newRestoreProgress is the plan of a new cluster of the members' nodes
 // and version v, under a new token, starting at phase.
-func newRestoreProgress(obs Observed, phase string, members []string, v spec.Version) (*spec.RestoreProgress, error) {
+func newRestoreProgress(obs plan.Observed, phase string, members []string, v spec.Version) (*spec.RestoreProgress, error) {
 	nodes, err := findNodes(obs.Peers, members)
 	if err != nil {
 		return nil, err
@@ -204,7 +205,7 @@ func newRestoreProgress(obs Observed, phase string, members []string, v spec.Ver
 		InitialCluster: initialCluster(nodes), EtcdVersion: v.String()}, nil
 }
 
-func (a *Agent) setRestorePhase(ctx context.Context, s *store.Store, obs Observed, id, phase string) error {
+func (a *Agent) setRestorePhase(ctx context.Context, s *store.Store, obs plan.Observed, id, phase string) error {
 	c := findCommand(obs.Commands, id)
 	if c == nil || c.Status.Restore == nil {
 		return fmt.Errorf("controller: restore %s has no progress to move on", id)
@@ -223,7 +224,7 @@ func (a *Agent) setRestorePhase(ctx context.Context, s *store.Store, obs Observe
 
 // onNodes calls fn for each of the nodes, in parallel, and joins the
 // errors.
-func (a *Agent) onNodes(ctx context.Context, obs Observed, ids []string, fn func(context.Context, Node) error) error {
+func (a *Agent) onNodes(ctx context.Context, obs plan.Observed, ids []string, fn func(context.Context, plan.Node) error) error {
 	nodes, err := findNodes(obs.Peers, ids)
 	if err != nil {
 		return err
@@ -246,7 +247,7 @@ func (a *Agent) onNodes(ctx context.Context, obs Observed, ids []string, fn func
 // while its followers stop too spends etcd's whole request timeout (7 s
 // by default) trying to hand leadership to one of them; after them, it
 // either hands it to one already back or stops at once.
-func (a *Agent) onNodesLeaderLast(ctx context.Context, obs Observed, ids []string, fn func(context.Context, Node) error) error {
+func (a *Agent) onNodesLeaderLast(ctx context.Context, obs plan.Observed, ids []string, fn func(context.Context, plan.Node) error) error {
 	var first, last []string
 	for _, id := range ids {
 		n, err := findNode(obs.Peers, id)
@@ -263,7 +264,7 @@ func (a *Agent) onNodesLeaderLast(ctx context.Context, obs Observed, ids []strin
 }
 
 // restoreNodes has the chosen nodes restore the backup, in parallel.
-func (a *Agent) restoreNodes(ctx context.Context, obs Observed, act RestoreNodes) error {
+func (a *Agent) restoreNodes(ctx context.Context, obs plan.Observed, act plan.RestoreNodes) error {
 	c := findCommand(obs.Commands, act.ID)
 	if c == nil || c.Status.Restore == nil {
 		return fmt.Errorf("controller: restore %s has no progress", act.ID)
@@ -280,10 +281,10 @@ func (a *Agent) restoreNodes(ctx context.Context, obs Observed, act RestoreNodes
 			ClusterToken: p.Token, EtcdVersion: p.EtcdVersion, InitialCluster: p.InitialCluster, Quarantined: true,
 		},
 	}
-	return a.onNodes(ctx, obs, act.NodeIDs, func(ctx context.Context, n Node) error { return a.restoreNode(ctx, n, req) })
+	return a.onNodes(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error { return a.restoreNode(ctx, n, req) })
 }
 
-func (a *Agent) restoreNode(ctx context.Context, n Node, req peer.RestoreRequest) error {
+func (a *Agent) restoreNode(ctx context.Context, n plan.Node, req peer.RestoreRequest) error {
 	err := a.askNodeFor(ctx, n, restoreCallTimeout, func(ctx context.Context, api nodeAPI) error { return api.Restore(ctx, req) })
 	if err != nil {
 		return fmt.Errorf("controller: restore on %s: %w", n.ID, err)
@@ -293,7 +294,7 @@ func (a *Agent) restoreNode(ctx context.Context, n Node, req peer.RestoreRequest
 
 // verifyRestored checks that the restored cluster has exactly its members,
 // all voters and up, and that HashKV agrees across them at one revision.
-func verifyRestored(ctx context.Context, obs Observed, p *spec.RestoreProgress, tlsCfg *tls.Config) error {
+func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgress, tlsCfg *tls.Config) error {
 	nodes, err := findNodes(obs.Peers, p.Members)
 	if err != nil {
 		return err
@@ -339,7 +340,7 @@ func verifyRestored(ctx context.Context, obs Observed, p *spec.RestoreProgress, 
 	return nil
 }
 
-func restoreProgress(obs Observed, id string) (*spec.RestoreProgress, error) {
+func restoreProgress(obs plan.Observed, id string) (*spec.RestoreProgress, error) {
 	c := findCommand(obs.Commands, id)
 	if c == nil || c.Status.Restore == nil {
 		return nil, fmt.Errorf("controller: restore %s has no progress", id)
@@ -347,7 +348,7 @@ func restoreProgress(obs Observed, id string) (*spec.RestoreProgress, error) {
 	return c.Status.Restore, nil
 }
 
-func findCommand(cmds []Command, id string) *Command {
+func findCommand(cmds []plan.Command, id string) *plan.Command {
 	for i := range cmds {
 		if cmds[i].ID == id {
 			return &cmds[i]
@@ -356,10 +357,10 @@ func findCommand(cmds []Command, id string) *Command {
 	return nil
 }
 
-func findNode(peers []Node, id string) (Node, error) {
+func findNode(peers []plan.Node, id string) (plan.Node, error) {
 	nodes, err := findNodes(peers, []string{id})
 	if err != nil {
-		return Node{}, err
+		return plan.Node{}, err
 	}
 	return nodes[0], nil
 }

@@ -9,11 +9,12 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 // setMemberVersion has a member's node restart etcd on another version.
-func (a *Agent) setMemberVersion(ctx context.Context, obs Observed, act SetMemberVersion) error {
+func (a *Agent) setMemberVersion(ctx context.Context, obs plan.Observed, act plan.SetMemberVersion) error {
 	n, err := findNode(obs.Peers, act.NodeID)
 	if err != nil {
 		return err
@@ -30,7 +31,7 @@ func (a *Agent) setMemberVersion(ctx context.Context, obs Observed, act SetMembe
 }
 
 // moveLeader hands raft leadership from the local etcd to another member.
-func (a *Agent) moveLeader(ctx context.Context, act MoveLeader) error {
+func (a *Agent) moveLeader(ctx context.Context, act plan.MoveLeader) error {
 	if err := a.confirmLeader(ctx); err != nil {
 		return err
 	}
@@ -44,7 +45,7 @@ func (a *Agent) moveLeader(ctx context.Context, act MoveLeader) error {
 }
 
 // enableDowngrade validates, then enables, etcd's cluster downgrade.
-func (a *Agent) enableDowngrade(ctx context.Context, act EnableDowngrade) error {
+func (a *Agent) enableDowngrade(ctx context.Context, act plan.EnableDowngrade) error {
 	if err := a.confirmLeader(ctx); err != nil {
 		return err
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/controller"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -99,7 +99,7 @@ func TestTotalLossGuardMultiMember(t *testing.T) {
 		a.Start()
 	}
 	harness.WaitFor(t, settleTimeout, "the total-loss report", func() bool {
-		return strings.Contains(allLogs(agents), controller.MsgNoMembers)
+		return strings.Contains(allLogs(agents), plan.MsgNoMembers)
 	})
 	time.Sleep(2 * time.Second)
 	for _, a := range agents {

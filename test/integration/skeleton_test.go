@@ -11,7 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/etcd-manager/etcd-manager/internal/controller"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -300,7 +300,7 @@ func TestTotalLossGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Start()
-	a.WaitLog(controller.MsgNoMembers, 3, startTimeout)
+	a.WaitLog(plan.MsgNoMembers, 3, startTimeout)
 	if a.EtcdPID() != 0 {
 		t.Error("an etcd was started over lost data")
 	}

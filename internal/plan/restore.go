@@ -1,4 +1,4 @@
-package controller
+package plan
 
 import (
 	"fmt"
@@ -126,10 +126,10 @@ func (DumpBackup) Mutates() bool         { return true }
 func (a FinishRestore) String() string   { return "finish-restore " + a.ID }
 func (FinishRestore) Mutates() bool      { return true }
 
-// activeExclusive returns the oldest restore, dump-restore or
+// ActiveExclusive returns the oldest restore, dump-restore or
 // recover-quorum command that is neither done nor failed. Such a command
 // replaces the cluster, so the store lock's holder runs it alone.
-func activeExclusive(cmds []Command) *Command {
+func ActiveExclusive(cmds []Command) *Command {
 	for i, c := range cmds {
 		k := c.Command
 		if c.Err == nil && (k.RestoreBackup != nil || k.RecoverQuorum != nil || k.DumpRestore != nil) && !c.Status.Finished() {

@@ -1,4 +1,4 @@
-package controller
+package plan
 
 import (
 	"fmt"
@@ -327,7 +327,7 @@ func nodeOfMember(o Observed, m Member) (Node, bool) {
 		}
 	}
 	for _, p := range o.Peers {
-		if sameURLs(p.PeerURLs, m.PeerURLs) {
+		if SameURLs(p.PeerURLs, m.PeerURLs) {
 			return p, true
 		}
 	}

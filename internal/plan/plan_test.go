@@ -1,4 +1,4 @@
-package controller
+package plan
 
 import (
 	"errors"
@@ -8,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
-	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // describe renders actions compactly for comparison.
@@ -33,7 +31,7 @@ func urls(id string) []string { return []string{"http://" + id + ":2380"} }
 // without data), "pending" or "new" (bootstrapping).
 func node(id, kind string) Node {
 	n := Node{ID: id, Address: id + ":8000", PeerURLs: urls(id), ClientURLs: []string{"http://" + id + ":4001"}}
-	m := &etcdproc.MemberState{ClusterToken: "tok", EtcdVersion: "3.6.16"}
+	m := &Membership{ClusterToken: "tok", EtcdVersion: "3.6.16"}
 	switch kind {
 	case "standby":
 		return n
@@ -82,7 +80,7 @@ func cmd(id string, c spec.Command, state string) Command {
 	if state == "" {
 		state = spec.CommandPending
 	}
-	return Command{QueuedCommand: store.QueuedCommand{ID: id, Command: c, Status: spec.CommandStatus{State: state}}}
+	return Command{ID: id, Command: c, Status: spec.CommandStatus{State: state}}
 }
 
 func TestPlan(t *testing.T) {

@@ -1,7 +1,14 @@
-// Package controller is the agent's brain: each cycle it observes the
-// store, its peers and etcd, plans with a pure function, and performs the
-// planned actions one at a time.
-package controller
+// Package plan makes every decision of the control loop, and nothing
+// else: Plan takes what one cycle observed and returns the actions to take,
+// in order. It does no I/O, reads no clock and draws no random numbers, so
+// the same observation always gives the same plan, and its table tests
+// cover every rule.
+//
+// It imports only the standard library and package spec. What it sees
+// (Observed, Node, Member, Command) and what it asks for (the Action types)
+// are its own types; the controller fills the first from the store, the
+// peers and etcd, and carries out the second.
+package plan
 
 import (
 	"fmt"
@@ -11,9 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
-	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // MsgNoMembers is reported, word for word, when the store says a cluster
@@ -64,10 +69,36 @@ type Observed struct {
 
 // Command is a queued command as observed.
 type Command struct {
-	store.QueuedCommand
+	// ID is the command's ID in the queue (control/<ID>/).
+	ID      string
+	Command spec.Command
+	// Err is set when the command object is junk (unparsable or invalid),
+	// which the leader marks failed.
+	Err    error
+	Status spec.CommandStatus
 	// Age is how long ago its status was last written, or, without a
 	// status, how long ago it was queued.
 	Age time.Duration
+}
+
+// Membership is a node's etcd membership, from its local state.
+type Membership struct {
+	// ClusterToken names the cluster the member belongs to.
+	ClusterToken string
+	// EtcdVersion is the version the node is set to run.
+	EtcdVersion string
+	// NewCluster is set until etcd has bootstrapped the new cluster.
+	NewCluster bool
+	// Pending is set while a creation waits for the store's marker.
+	Pending bool
+	// Quarantined is set while etcd serves on the quarantine URLs only.
+	Quarantined bool
+	// ForceNewCluster is set while a recover-quorum restarts etcd with
+	// --force-new-cluster.
+	ForceNewCluster bool
+	// V2Until is the raft index up to which the member's log may hold the
+	// v2 entries etcd 3.5 writes.
+	V2Until uint64
 }
 
 // Node is one agent as observed.
@@ -79,7 +110,7 @@ type Node struct {
 	// QuarantineURLs are where its etcd serves while quarantined.
 	QuarantineURLs []string
 	// Member is the node's etcd membership from its local state.
-	Member *etcdproc.MemberState
+	Member *Membership
 	// HasData is true when the node's etcd data for Member's token is on
 	// disk.
 	HasData bool
@@ -256,7 +287,7 @@ func Plan(o Observed) []Action {
 		return append(actions, Report{Level: slog.LevelInfo, Msg: "waiting for a cluster spec; set one with etcd-manager-ctl configure-cluster"})
 	}
 
-	if r := activeExclusive(o.Commands); r != nil {
+	if r := ActiveExclusive(o.Commands); r != nil {
 		if !o.LockHeld {
 			return append(actions, Report{Level: slog.LevelInfo, Msg: "a " + r.Command.Kind() + " is in progress; the agent holding the store lock drives it",
 				Attrs: []any{"command", r.ID}})
@@ -283,6 +314,42 @@ func Plan(o Observed) []Action {
 		return append(actions, Report{Level: slog.LevelInfo, Msg: "standby: not an etcd member"})
 	}
 	return actions
+}
+
+// NoCluster reports whether the store lock leads: no node holds or is
+// creating cluster data, and the lock's holder would have something to do.
+func NoCluster(o Observed) bool {
+	return o.Cluster == nil && !anyLiveMember(o.Peers) && lockWorthwhile(o)
+}
+
+// lockWorthwhile reports whether the lock holder would have anything to
+// do: an agent that cannot see enough agents to create the cluster leaves
+// the lock to one that can, instead of holding it while it waits.
+func lockWorthwhile(o Observed) bool {
+	if o.Spec == nil {
+		return false
+	}
+	if o.Created != nil {
+		return true
+	}
+	free := 0
+	for _, p := range o.Peers {
+		if p.Member == nil {
+			free++
+		}
+	}
+	return free >= int(o.Spec.MemberCount)
+}
+
+// anyLiveMember reports whether any node holds, or is creating, cluster
+// data.
+func anyLiveMember(nodes []Node) bool {
+	for _, n := range nodes {
+		if m := n.Member; m != nil && (n.HasData || m.NewCluster || m.Pending || n.Healthy) {
+			return true
+		}
+	}
+	return false
 }
 
 // planLocal keeps this node's own etcd running from local state alone,
@@ -428,6 +495,26 @@ func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 	return actions
 }
 
+// PlanBackupAgent is the plan of the backup-only agent that holds the
+// store lock: the command queue's work, then the periodic backup when it
+// is due and no backup-now already takes one.
+func PlanBackupAgent(cmds []Command, backupFailedRecently, backupDue bool) []Action {
+	actions := planCommands(cmds, backupFailedRecently)
+	if backupDue && !hasBackup(actions) {
+		actions = append(actions, TakeBackup{Reason: "periodic"})
+	}
+	return actions
+}
+
+func hasBackup(actions []Action) bool {
+	for _, a := range actions {
+		if _, ok := a.(TakeBackup); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // planMembership returns at most one mutating action, the most urgent
 // first.
 func planMembership(o Observed) []Action {
@@ -441,7 +528,7 @@ func planMembership(o Observed) []Action {
 	}
 	memberForURLs := func(urls []string) (Member, bool) {
 		for _, m := range c.Members {
-			if sameURLs(m.PeerURLs, urls) {
+			if SameURLs(m.PeerURLs, urls) {
 				return m, true
 			}
 		}
@@ -456,7 +543,7 @@ func planMembership(o Observed) []Action {
 			return n, true
 		}
 		for _, p := range o.Peers {
-			if sameURLs(p.PeerURLs, m.PeerURLs) {
+			if SameURLs(p.PeerURLs, m.PeerURLs) {
 				return p, true
 			}
 		}
@@ -585,7 +672,7 @@ func standbyNodes(o Observed) []Node {
 		}
 		taken := false
 		for _, m := range o.Cluster.Members {
-			taken = taken || sameURLs(m.PeerURLs, p.PeerURLs)
+			taken = taken || SameURLs(m.PeerURLs, p.PeerURLs)
 		}
 		if !taken {
 			out = append(out, p)
@@ -628,7 +715,7 @@ func nodeIDOf(m Member, nodeOf func(Member) (Node, bool)) string {
 
 func quorum(voters int) int { return voters/2 + 1 }
 
-func sameURLs(a, b []string) bool {
+func SameURLs(a, b []string) bool {
 	if len(a) == 0 || len(a) != len(b) {
 		return false
 	}
