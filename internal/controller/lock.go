@@ -8,8 +8,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -160,3 +162,80 @@ func lockTerms(ctx context.Context, s lockStore) ([]int64, error) {
 }
 
 func lockKey(term int64) string { return fmt.Sprintf("%s%020d", lockPrefix, term) }
+
+// lease is this agent's hold on the store lock: the term it holds,
+// shared by the loop (which takes, renews and releases the lock once a
+// cycle) and the procedure runner (which renews it while a long step
+// runs, and checks it before every step). It implements procedure.Fence.
+type lease struct {
+	lock  *LeaderLock
+	store func() lockStore
+
+	mu   sync.Mutex
+	term int64
+}
+
+// Term is the term held, 0 for none.
+func (l *lease) Term() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.term
+}
+
+// Acquire takes or renews the lock, once a cycle; it returns the term
+// held, 0 when another agent holds it.
+func (l *lease) Acquire(ctx context.Context, s lockStore) (int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	term, err := l.lock.Acquire(ctx, s)
+	if err != nil {
+		return 0, err
+	}
+	l.term = term
+	return term, nil
+}
+
+// Release gives the lock up when its holder no longer needs it.
+func (l *lease) Release(ctx context.Context, s lockStore) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.term == 0 {
+		return nil
+	}
+	err := l.lock.Release(ctx, s, l.term)
+	l.term = 0
+	return err
+}
+
+// Hold checks that this agent still holds its term: the fencing check
+// before a step that must not be taken twice.
+func (l *lease) Hold(ctx context.Context) (int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	held, err := l.lock.Holds(ctx, l.store(), l.term)
+	if err != nil {
+		return 0, fmt.Errorf("controller: check the store lock: %w", err)
+	}
+	if !held {
+		return 0, fmt.Errorf("%w: %w: the store lock (term %d) has passed to another agent", procedure.ErrFenced, ErrNotLeader, l.term)
+	}
+	return l.term, nil
+}
+
+// Renew renews the lock while a procedure step runs.
+func (l *lease) Renew(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.term == 0 {
+		return fmt.Errorf("%w: this agent holds no store lock", procedure.ErrFenced)
+	}
+	term, err := l.lock.Acquire(ctx, l.store())
+	if err != nil {
+		return fmt.Errorf("controller: renew the store lock: %w", err)
+	}
+	if term == 0 {
+		return fmt.Errorf("%w: %w: the store lock (term %d) has passed to another agent", procedure.ErrFenced, ErrNotLeader, l.term)
+	}
+	l.term = term
+	return nil
+}

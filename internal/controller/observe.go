@@ -24,57 +24,57 @@ const (
 
 // observe builds one cycle's view. It never fails: what it cannot see is
 // recorded as an error in the result.
-func (a *Agent) observe(ctx context.Context) plan.Observed {
-	self, member, local := a.observeSelf(ctx)
+func (lp *loop) observe(ctx context.Context) plan.Observed {
+	self, member, local := lp.observeSelf(ctx)
 	obs := plan.Observed{
 		Self:           self,
 		Peers:          []plan.Node{self},
-		Grace:          a.cfg.MemberFailureGrace,
-		PendingTimeout: pendingTimeoutMul * a.cfg.LeaderLease,
+		Grace:          lp.cfg.MemberFailureGrace,
+		PendingTimeout: pendingTimeoutMul * lp.cfg.LeaderLease,
 	}
 	defer func() {
 		leading := obs.Cluster != nil || obs.LockHeld
-		a.setInfo(self, member, local, leading)
-		boolGauge(a.met.leader, leading)
-		boolGauge(a.met.etcdHealthy, self.Healthy)
+		lp.setInfo(self, member, local, leading)
+		boolGauge(lp.met.leader, leading)
+		boolGauge(lp.met.etcdHealthy, self.Healthy)
 	}()
 
-	s, err := a.openStore(ctx)
+	s, err := lp.openStore(ctx)
 	if err != nil {
 		obs.StoreErr = err
 		return obs
 	}
-	a.observeStore(ctx, s, &obs)
+	lp.observeStore(ctx, s, &obs)
 	if obs.StoreErr != nil {
 		return obs
 	}
-	a.publish(ctx, self.ID)
-	obs.Peers = a.observePeers(ctx, self)
+	lp.publish(ctx, self.ID)
+	obs.Peers = lp.observePeers(ctx, self)
 
 	// Leadership: through etcd while it has quorum, else the store lock
 	// when no node holds cluster data at all.
 	if self.Healthy && local.LeaderID != 0 && local.LeaderID == local.MemberID {
-		view, err := a.observeCluster(ctx)
+		view, err := lp.observeCluster(ctx)
 		if err != nil {
-			a.log.Warn("cannot read the etcd cluster as its leader", "error", err)
+			lp.log.Warn("cannot read the etcd cluster as its leader", "error", err)
 		} else {
 			obs.Cluster = view
 		}
 	}
 	if obs.Cluster != nil {
-		b := a.backups
-		obs.BackupDue = b.due(a.cfg.Backup.Interval)
-		obs.BackedUpSinceChange = !b.lastOK.IsZero() && !b.lastOK.Before(a.lastChange)
+		b := lp.backups
+		obs.BackupDue = b.due(lp.cfg.Backup.Interval)
+		obs.BackedUpSinceChange = !b.lastOK.IsZero() && !b.lastOK.Before(lp.lastChange)
 		obs.BackupFailedRecently = b.failedRecently()
-		obs.VersionBackup = a.versionBackup
+		obs.VersionBackup = lp.versionBackup
 	}
 	// The command queue matters to an agent that leads or may lead: the
 	// etcd leader, any agent while no etcd runs, and the lock holder.
 	// An agent whose etcd sees no raft leader reads it too: quorum may be
 	// lost, and only a queued recover-quorum can end that.
 	noCluster := plan.NoCluster(obs)
-	if obs.Cluster != nil || noCluster || a.lockTerm != 0 || (self.Member != nil && self.RaftLeader == 0) {
-		cmds, err := readCommands(ctx, s, a.now())
+	if obs.Cluster != nil || noCluster || lp.lease.Term() != 0 || (self.Member != nil && self.RaftLeader == 0) {
+		cmds, err := readCommands(ctx, s, lp.now())
 		if err != nil {
 			obs.StoreErr = err
 			return obs
@@ -84,51 +84,49 @@ func (a *Agent) observe(ctx context.Context) plan.Observed {
 	// The store lock leads while there is no cluster, and throughout a
 	// restore, whose cluster comes and goes.
 	if noCluster || plan.ActiveExclusive(obs.Commands) != nil {
-		term, err := a.lock.Acquire(ctx, s)
+		term, err := lp.lease.Acquire(ctx, s)
 		if err != nil {
 			obs.StoreErr = err
 			return obs
 		}
-		a.lockTerm = term
 		obs.LockHeld = term != 0
-	} else if a.lockTerm != 0 {
-		if err := a.lock.Release(ctx, s, a.lockTerm); err != nil {
-			a.log.Warn("cannot release the store lock; it expires with its lease", "error", err)
+	} else if lp.lease.Term() != 0 {
+		if err := lp.lease.Release(ctx, s); err != nil {
+			lp.log.Warn("cannot release the store lock; it expires with its lease", "error", err)
 		}
-		a.lockTerm = 0
+	}
+	if !obs.LockHeld {
+		lp.procedures.Runner.Idle()
 	}
 	return obs
 }
 
 // observeSelf reports this node as the planner sees it, with its
 // membership as recorded in its state and its etcd's status.
-func (a *Agent) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberState, etcdproc.MemberStatus) {
-	a.mu.Lock()
-	st := a.state
-	pendingSince := a.pendingSince
-	a.mu.Unlock()
+func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberState, etcdproc.MemberStatus) {
+	st, pendingSince := lp.node.State()
 	self := plan.Node{
 		ID:             st.NodeID,
-		Address:        a.peerAddress(),
-		PeerURLs:       a.cfg.PeerURLs,
-		ClientURLs:     a.cfg.ClientURLs,
-		QuarantineURLs: a.cfg.QuarantineClientURLs,
+		Address:        lp.peerAddress(),
+		PeerURLs:       lp.cfg.PeerURLs,
+		ClientURLs:     lp.cfg.ClientURLs,
+		QuarantineURLs: lp.cfg.QuarantineClientURLs,
 		Member:         membership(st.Member),
-		Installed:      etcdproc.InstalledVersions(a.cfg.EtcdBinDir),
+		Installed:      etcdproc.InstalledVersions(lp.cfg.EtcdBinDir),
 	}
 	if m := st.Member; m != nil {
-		self.HasData = a.layout.HasEtcdData(m.ClusterToken)
-		self.SnapIndex = a.layout.SnapIndex(m.ClusterToken)
+		self.HasData = lp.node.Layout().HasEtcdData(m.ClusterToken)
+		self.SnapIndex = lp.node.Layout().SnapIndex(m.ClusterToken)
 		if m.Pending && !pendingSince.IsZero() {
-			self.PendingFor = a.now().Sub(pendingSince)
+			self.PendingFor = lp.now().Sub(pendingSince)
 		}
 	}
 	var local etcdproc.MemberStatus
-	ps := a.proc.Status()
+	ps := lp.node.EtcdStatus()
 	self.EtcdWanted = ps.Wanted
 	if ps.Wanted && ps.PID != 0 {
 		endpoint := ps.Spec.ServedClientURL()
-		if c, err := a.localClient(endpoint); err == nil {
+		if c, err := lp.localClient(endpoint); err == nil {
 			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 			ms, err := etcdproc.LocalStatus(sctx, c, endpoint)
 			cancel()
@@ -139,7 +137,7 @@ func (a *Agent) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 				if ms.DowngradeTarget != "" {
 					// The downgrade's binaries may change only once etcd
 					// has lowered the cluster version.
-					if v, err := etcdproc.ClusterVersion(ctx, endpoint, a.etcdTLS); err == nil {
+					if v, err := etcdproc.ClusterVersion(ctx, endpoint, lp.etcdTLS); err == nil {
 						self.ClusterVersion = v
 					}
 				}
@@ -149,7 +147,7 @@ func (a *Agent) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 	return self, st.Member, local
 }
 
-func (a *Agent) observeStore(ctx context.Context, s *store.Store, obs *plan.Observed) {
+func (lp *loop) observeStore(ctx context.Context, s *store.Store, obs *plan.Observed) {
 	cs, err := s.ReadSpec(ctx)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -164,7 +162,7 @@ func (a *Agent) observeStore(ctx context.Context, s *store.Store, obs *plan.Obse
 		} else {
 			obs.Spec = &cs
 			v, _ := spec.ParseVersion(cs.EtcdVersion)
-			if _, berr := etcdproc.FindBinaries(a.cfg.EtcdBinDir, v); berr != nil {
+			if _, berr := etcdproc.FindBinaries(lp.cfg.EtcdBinDir, v); berr != nil {
 				obs.SpecBinaryErr = berr
 			}
 		}
@@ -177,35 +175,35 @@ func (a *Agent) observeStore(ctx context.Context, s *store.Store, obs *plan.Obse
 	case err != nil:
 		// A marker that exists but cannot be parsed still marks the cluster
 		// as created: refusing to create is the safe side.
-		a.log.Warn("cluster-created marker is unreadable; treating the cluster as created", "error", err)
+		lp.log.Warn("cluster-created marker is unreadable; treating the cluster as created", "error", err)
 		obs.Created = &created
 	default:
 		obs.Created = &created
 	}
 }
 
-func (a *Agent) publish(ctx context.Context, nodeID string) {
-	if a.now().Sub(a.lastPublish) < publishInterval {
+func (lp *loop) publish(ctx context.Context, nodeID string) {
+	if lp.now().Sub(lp.lastPublish) < publishInterval {
 		return
 	}
-	rec := peer.Record{NodeID: nodeID, ClusterName: a.cfg.ClusterName, Address: a.peerAddress()}
-	if err := a.discovery.Publish(ctx, rec); err != nil {
-		a.log.Warn("cannot publish this agent for discovery", "error", err)
+	rec := peer.Record{NodeID: nodeID, ClusterName: lp.cfg.ClusterName, Address: lp.peerAddress()}
+	if err := lp.discovery.Publish(ctx, rec); err != nil {
+		lp.log.Warn("cannot publish this agent for discovery", "error", err)
 		return
 	}
-	a.lastPublish = a.now()
+	lp.lastPublish = lp.now()
 }
 
 // observePeers asks every discovered agent for its info, concurrently.
 // Unreachable agents are left out.
-func (a *Agent) observePeers(ctx context.Context, self plan.Node) []plan.Node {
-	recs, err := a.discovery.Poll(ctx)
+func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
+	recs, err := lp.discovery.Poll(ctx)
 	if err != nil {
-		a.log.Warn("discovery failed", "error", err)
+		lp.log.Warn("discovery failed", "error", err)
 	}
 	addrs := map[string]bool{}
 	for _, r := range recs {
-		if r.Address != self.Address && (r.ClusterName == "" || r.ClusterName == a.cfg.ClusterName) {
+		if r.Address != self.Address && (r.ClusterName == "" || r.ClusterName == lp.cfg.ClusterName) {
 			addrs[r.Address] = true
 		}
 	}
@@ -215,7 +213,7 @@ func (a *Agent) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 		nodes = map[string]plan.Node{self.ID: self}
 	)
 	for addr := range addrs {
-		c, err := a.peerClient(addr)
+		c, err := lp.peerClient(addr)
 		if err != nil {
 			continue
 		}
@@ -225,7 +223,7 @@ func (a *Agent) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			cctx, cancel := context.WithTimeout(ctx, peerCallTimeout)
 			defer cancel()
 			info, err := c.Info(cctx)
-			if err != nil || info.NodeID == "" || info.NodeID == self.ID || info.ClusterName != a.cfg.ClusterName {
+			if err != nil || info.NodeID == "" || info.NodeID == self.ID || info.ClusterName != lp.cfg.ClusterName {
 				return
 			}
 			mu.Lock()
@@ -252,30 +250,28 @@ func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 	}
 }
 
-func (a *Agent) peerClient(addr string) (*peer.Client, error) {
-	if c, ok := a.peers[addr]; ok {
+func (lp *loop) peerClient(addr string) (*peer.Client, error) {
+	if c, ok := lp.peers[addr]; ok {
 		return c, nil
 	}
-	c, err := peer.Dial(addr, a.cfg.ClusterName, a.creds)
+	c, err := peer.Dial(addr, lp.cfg.ClusterName, lp.creds)
 	if err != nil {
 		return nil, err
 	}
-	a.peers[addr] = c
+	lp.peers[addr] = c
 	return c, nil
 }
 
 // observeCluster reads the membership through the local etcd, which is
 // the raft leader. MemberList is linearizable, so success proves quorum.
-func (a *Agent) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
-	a.mu.Lock()
-	m := a.state.Member
-	a.mu.Unlock()
-	if m == nil || a.client == nil {
+func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
+	m := lp.node.Member()
+	if m == nil || lp.client == nil {
 		return nil, errors.New("controller: no local member")
 	}
 	cctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	resp, err := a.client.MemberList(cctx)
+	resp, err := lp.client.MemberList(cctx)
 	if err != nil {
 		return nil, fmt.Errorf("controller: member list: %w", err)
 	}
@@ -292,7 +288,7 @@ func (a *Agent) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 			defer wg.Done()
 			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 			defer cancel()
-			st, err := a.client.Status(sctx, pm.ClientURLs[0])
+			st, err := lp.client.Status(sctx, pm.ClientURLs[0])
 			members[i].Healthy = err == nil
 			if err == nil {
 				members[i].RaftIndex = st.RaftIndex
@@ -300,39 +296,39 @@ func (a *Agent) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 		}()
 	}
 	wg.Wait()
-	now := a.now()
+	now := lp.now()
 	seen := map[uint64]bool{}
 	for i := range members {
 		id := members[i].ID
 		seen[id] = true
 		if members[i].Healthy {
-			delete(a.unhealthySince, id)
+			delete(lp.unhealthySince, id)
 			continue
 		}
-		since, ok := a.unhealthySince[id]
+		since, ok := lp.unhealthySince[id]
 		if !ok {
 			since = now
-			a.unhealthySince[id] = now
+			lp.unhealthySince[id] = now
 		}
 		members[i].UnhealthyFor = now.Sub(since)
 	}
-	for id := range a.unhealthySince {
+	for id := range lp.unhealthySince {
 		if !seen[id] {
-			delete(a.unhealthySince, id)
+			delete(lp.unhealthySince, id)
 		}
 	}
 	view.Members = members
 	return view, nil
 }
 
-func (a *Agent) setInfo(self plan.Node, member *etcdproc.MemberState, local etcdproc.MemberStatus, leader bool) {
+func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcdproc.MemberStatus, leader bool) {
 	info := peer.NodeInfo{
 		NodeID:               self.ID,
-		ClusterName:          a.cfg.ClusterName,
+		ClusterName:          lp.cfg.ClusterName,
 		PeerAddress:          self.Address,
-		ClientURLs:           a.cfg.ClientURLs,
-		QuarantineClientURLs: a.cfg.QuarantineClientURLs,
-		PeerURLs:             a.cfg.PeerURLs,
+		ClientURLs:           lp.cfg.ClientURLs,
+		QuarantineClientURLs: lp.cfg.QuarantineClientURLs,
+		PeerURLs:             lp.cfg.PeerURLs,
 		Member:               member,
 		HasData:              self.HasData,
 		PendingFor:           self.PendingFor,
@@ -351,16 +347,7 @@ func (a *Agent) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		Leader:               leader,
 		Installed:            self.Installed,
 	}
-	// A peer API call may have changed the membership while this cycle
-	// observed; serve the membership as it is now, not as it was.
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.infoMu.Lock()
-	a.info = info
-	a.infoMu.Unlock()
-	if a.state.Member != member {
-		a.refreshInfoMember()
-	}
+	lp.node.SetInfo(info, member)
 }
 
 // membership is a node's recorded membership as the planner sees it.

@@ -90,7 +90,7 @@ func (a *Agent) certRequest() pki.CertRequest {
 	if h, err := os.Hostname(); err == nil {
 		add(h)
 	}
-	return pki.CertRequest{CommonName: a.state.NodeID, Role: pki.RoleNode, DNSNames: dns, IPs: ips, Validity: a.cfg.CertValidity}
+	return pki.CertRequest{CommonName: a.nodeID, Role: pki.RoleNode, DNSNames: dns, IPs: ips, Validity: a.cfg.CertValidity}
 }
 
 // setupTLS makes sure the node has a current certificate before the peer

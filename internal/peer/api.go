@@ -127,6 +127,11 @@ type RecoverRequest struct {
 	Token       string `json:"token"`
 }
 
+// RecoverWait bounds how long a node's Recover waits for its etcd,
+// restarted with --force-new-cluster, to lead; a caller's timeout must
+// be longer.
+const RecoverWait = time.Minute
+
 // VersionRequest tells a member of the cluster with Token to run etcd of
 // Version on its data: it restarts etcd with that binary.
 type VersionRequest struct {

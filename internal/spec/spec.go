@@ -6,6 +6,8 @@ package spec
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -126,4 +128,15 @@ func DecodeClusterCreated(data []byte) (ClusterCreated, error) {
 		return c, fmt.Errorf("spec: cluster-created marker is not valid JSON: %w", err)
 	}
 	return c, nil
+}
+
+// NewClusterToken returns a fresh, random cluster token: etcd's
+// --initial-cluster-token, and the name of a cluster's data dir on every
+// node.
+func NewClusterToken() (string, error) {
+	b := make([]byte, 12)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("spec: cluster token: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
 }

@@ -13,7 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/controller"
+	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -331,7 +331,7 @@ func TestRestoreCrashSafety(t *testing.T) {
 	for _, phase := range points {
 		t.Run(phase, func(t *testing.T) {
 			env := harness.NewEnv(t)
-			env.ExtraEnv = append(env.ExtraEnv, controller.CrashAtEnv+"=restore-"+phase)
+			env.ExtraEnv = append(env.ExtraEnv, crashpoint.Env+"=restore-"+phase)
 			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 			agents := env.StartAgents(3, harness.AgentOptions{})
 			harness.WaitSettled(t, agents, 3, settleTimeout)

@@ -1,0 +1,383 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/node"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// loop is the control loop. Everything in it belongs to the loop's
+// goroutine, but for the lease, which the procedure runner renews while
+// a step runs.
+type loop struct {
+	*Agent
+	node *node.Node
+
+	store          *store.Store
+	discovery      peer.Discovery
+	client         *clientv3.Client
+	clientEndpoint string
+	peers          map[string]*peer.Client
+	lease          *lease
+	unhealthySince map[uint64]time.Time
+	lastPublish    time.Time
+	// backups are those this agent took while leading; lastChange is its
+	// last membership change.
+	backups    *backups
+	lastChange time.Time
+	// versionBackup is the version a backup was last taken for, before a
+	// version change moved members to it.
+	versionBackup string
+	// lastInfo is the last info-level report, logged again only when it
+	// changes; warnings and errors are logged every cycle.
+	lastInfo string
+
+	procedures *procedure.Executor
+	members    *members
+}
+
+func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
+	lp := &loop{
+		Agent:          a,
+		node:           n,
+		peers:          map[string]*peer.Client{},
+		unhealthySince: map[uint64]time.Time{},
+	}
+	lp.backups = a.cfg.Backup.newBackups(a.log, a.met, func() time.Time { return a.now() })
+	lp.backups.verify = verify
+	lp.lease = &lease{
+		lock:  &LeaderLock{NodeID: n.ID(), TTL: a.cfg.LeaderLease, Now: a.now},
+		store: func() lockStore { return lp.store },
+	}
+	var err error
+	lp.discovery, err = peer.ParseDiscovery(a.cfg.Discovery, peer.DiscoveryOptions{
+		Store: func(ctx context.Context) (peer.BlobStore, error) {
+			s, err := lp.openStore(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return s, nil
+		},
+		PeerPort: a.cfg.PeerPort,
+		MaxAge:   10 * time.Minute,
+		Now:      a.now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	lp.procedures = &procedure.Executor{
+		Runner: &procedure.Runner{
+			Fence:      lp.lease,
+			Records:    storeRecords{lp},
+			Log:        a.log,
+			Now:        a.now,
+			RenewEvery: max(a.cfg.LeaderLease/6, 100*time.Millisecond),
+			Metrics:    procedure.NewMetrics(a.met.reg),
+		},
+		Nodes:     lp,
+		Backups:   procedureBackups{lp},
+		SelfID:    n.ID(),
+		ClientTLS: a.etcdTLS,
+		Log:       a.log,
+		Now:       a.now,
+		Changed:   func() { lp.lastChange = a.now() },
+	}
+	lp.members = newMembers(lp)
+	return lp, nil
+}
+
+// run runs cycles until ctx is cancelled.
+func (lp *loop) run(ctx context.Context) {
+	ticker := time.NewTicker(lp.cfg.LoopInterval)
+	defer ticker.Stop()
+	quick := 0
+	for {
+		// After a change, look again at once to take the next step, but
+		// only a few times in a row, so that a change that does not
+		// converge cannot spin.
+		if lp.cycle(ctx) && quick < maxQuickCycles {
+			quick++
+			continue
+		}
+		quick = 0
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		case <-lp.wake:
+		}
+	}
+}
+
+// close releases what the loop holds open.
+func (lp *loop) close() {
+	for _, c := range lp.peers {
+		_ = c.Close()
+	}
+	if lp.client != nil {
+		_ = lp.client.Close()
+	}
+	if lp.store != nil {
+		_ = lp.store.Close()
+	}
+}
+
+// maxQuickCycles bounds back-to-back cycles after changes.
+const maxQuickCycles = 5
+
+// cycle runs one observe → plan → act round, and reports whether it
+// changed something. It never panics on bad data and never returns an
+// error: problems are logged and retried next cycle.
+func (lp *loop) cycle(ctx context.Context) (changed bool) {
+	obs := lp.observe(ctx)
+	for _, act := range plan.Plan(obs) {
+		if ctx.Err() != nil {
+			return false
+		}
+		if r, ok := act.(plan.Report); ok {
+			lp.report(ctx, r)
+			continue
+		}
+		lp.log.Info("performing action", "action", act.String())
+		err := lp.execute(ctx, obs, act)
+		lp.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
+		switch {
+		case errors.Is(err, errWait):
+			lp.log.Info("action must wait; will retry", "action", act.String(), "reason", err)
+			return false
+		case err != nil:
+			lp.log.Error("action failed; will retry", "action", act.String(), "error", err)
+			return false
+		}
+		if act.Mutates() {
+			// Re-observe before acting again.
+			return true
+		}
+	}
+	return false
+}
+
+func (lp *loop) report(ctx context.Context, r plan.Report) {
+	if r.Level <= slog.LevelInfo {
+		if r.Msg == lp.lastInfo {
+			return
+		}
+		lp.lastInfo = r.Msg
+	} else {
+		lp.lastInfo = ""
+	}
+	lp.log.Log(ctx, r.Level, r.Msg, r.Attrs...)
+}
+
+// execute performs one action: the node's own steps on the node,
+// procedure steps on the runner, the rest (membership, versions,
+// backups) here.
+func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action) error {
+	if ok, err := lp.procedures.Execute(ctx, obs, act); ok {
+		return err
+	}
+	switch act := act.(type) {
+	case plan.StartEtcd:
+		return lp.node.StartEtcd(ctx)
+	case plan.MarkBootstrapped:
+		return lp.node.MarkBootstrapped()
+	case plan.ConfirmCreate:
+		return lp.node.ConfirmCreate(ctx, act.Token)
+	case plan.AbandonPending:
+		return lp.node.AbandonPending(ctx, act.Token, act.Reason)
+	case plan.CreateCluster:
+		return lp.members.create(ctx, obs, act)
+	case plan.AddMember:
+		return lp.changed(lp.members.add(ctx, obs, act))
+	case plan.PromoteMember:
+		return lp.members.promote(ctx, act)
+	case plan.RemoveMember:
+		return lp.changed(lp.members.remove(ctx, obs, act))
+	case plan.EvictNode:
+		return lp.members.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
+	case plan.SetQuarantine:
+		return lp.procedures.LiftStrayQuarantine(ctx, obs, act)
+	case plan.SetMemberVersion:
+		return lp.changed(lp.members.setVersion(ctx, obs, act))
+	case plan.SetPeerURLs:
+		return lp.changed(lp.members.setPeerURLs(ctx, obs, act))
+	case plan.MoveLeader:
+		return lp.members.moveLeader(ctx, act)
+	case plan.EnableDowngrade:
+		return lp.members.enableDowngrade(ctx, act)
+	case plan.TakeBackup:
+		return lp.takeBackup(ctx, obs, act)
+	case plan.QueueDumpRestore:
+		return lp.queueDumpRestore(ctx, act)
+	case plan.FailCommand, plan.ForgetCommand:
+		s, err := lp.openStore(ctx)
+		if err != nil {
+			return err
+		}
+		return runCommandAction(ctx, s, lp.now(), lp.log, act)
+	default:
+		return fmt.Errorf("controller: unknown action %T", act)
+	}
+}
+
+// changed records a membership change, so the next one waits for a fresh
+// backup.
+func (lp *loop) changed(err error) error {
+	if err == nil {
+		lp.lastChange = lp.now()
+	}
+	return err
+}
+
+// openStore opens the backup store once, retrying on later cycles while
+// it is unreachable.
+func (lp *loop) openStore(ctx context.Context) (*store.Store, error) {
+	if lp.store != nil {
+		return lp.store, nil
+	}
+	s, err := store.Open(ctx, lp.cfg.BackupStore, store.Options{Create: true})
+	if err != nil {
+		return nil, err
+	}
+	lp.store = s
+	return s, nil
+}
+
+// localClient returns a client for the local etcd's endpoint.
+func (lp *loop) localClient(endpoint string) (*clientv3.Client, error) {
+	if lp.client != nil && lp.clientEndpoint == endpoint {
+		return lp.client, nil
+	}
+	if lp.client != nil {
+		_ = lp.client.Close()
+		lp.client = nil
+	}
+	c, err := etcdproc.NewClient([]string{endpoint}, lp.etcdTLS)
+	if err != nil {
+		return nil, err
+	}
+	lp.client, lp.clientEndpoint = c, endpoint
+	return c, nil
+}
+
+// takeBackup takes a full backup through the local etcd, the leader.
+func (lp *loop) takeBackup(ctx context.Context, obs plan.Observed, act plan.TakeBackup) error {
+	s, err := lp.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = lp.backups.take(ctx, s, backup.Request{
+		Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: lp.etcdTLS},
+		Endpoint:     lp.clientEndpoint,
+		TempDir:      filepath.Join(lp.cfg.DataDir, "tmp"),
+		EtcdVersion:  obs.Self.Version,
+		ClusterSpec:  obs.Spec,
+		ClusterToken: obs.Cluster.Token,
+	}, act.Reason, act.CommandIDs...)
+	if err == nil && act.ForVersion != "" {
+		lp.versionBackup = act.ForVersion
+	}
+	return err
+}
+
+// queueDumpRestore queues the command that runs a dump-restore.
+func (lp *loop) queueDumpRestore(ctx context.Context, act plan.QueueDumpRestore) error {
+	s, err := lp.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	id, err := s.AddCommand(ctx, spec.Command{
+		Timestamp:   spec.Int64(lp.now().UnixNano()),
+		DumpRestore: &spec.DumpRestoreCommand{EtcdVersion: act.Version},
+	}, lp.now())
+	if err != nil {
+		return err
+	}
+	lp.log.Warn("changing the etcd version by dump and restore: clients are cut off until the new cluster serves",
+		"command", id, "version", act.Version)
+	return nil
+}
+
+// Call makes one bounded call on a node for a procedure: this agent's
+// own node, or a peer over the peer API.
+func (lp *loop) Call(ctx context.Context, n plan.Node, timeout time.Duration, call func(context.Context, procedure.NodeAPI) error) error {
+	var api procedure.NodeAPI = lp.node
+	if n.ID != lp.node.ID() {
+		c, err := lp.peerClient(n.Address)
+		if err != nil {
+			return err
+		}
+		api = c
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return call(ctx, api)
+}
+
+// storeRecords are the procedure runner's records: command statuses in
+// the loop's store.
+type storeRecords struct{ lp *loop }
+
+func (r storeRecords) SetCommandStatus(ctx context.Context, id string, st spec.CommandStatus, now time.Time) error {
+	s, err := r.lp.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	return s.SetCommandStatus(ctx, id, st, now)
+}
+
+func (r storeRecords) DeleteCommand(ctx context.Context, id string) error {
+	s, err := r.lp.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	return s.DeleteCommand(ctx, id)
+}
+
+// procedureBackups are the backups procedures read and take, through the
+// loop's store and backup taker.
+type procedureBackups struct{ lp *loop }
+
+func (b procedureBackups) Validate(ctx context.Context, name string) (backup.Meta, error) {
+	s, err := b.lp.openStore(ctx)
+	if err != nil {
+		return backup.Meta{}, err
+	}
+	dir, err := node.TempDir(b.lp.cfg.DataDir, "validate-")
+	if err != nil {
+		return backup.Meta{}, err
+	}
+	defer os.RemoveAll(dir)
+	_, meta, err := backup.Fetch(ctx, s, name, dir, b.lp.backups.verify)
+	return meta, err
+}
+
+func (b procedureBackups) Take(ctx context.Context, from procedure.Source, reason string) (backup.Info, error) {
+	s, err := b.lp.openStore(ctx)
+	if err != nil {
+		return backup.Info{}, err
+	}
+	return b.lp.backups.take(ctx, s, backup.Request{
+		Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: b.lp.etcdTLS},
+		Endpoint:     from.Endpoint,
+		TempDir:      filepath.Join(b.lp.cfg.DataDir, "tmp"),
+		EtcdVersion:  from.EtcdVersion,
+		ClusterSpec:  from.Spec,
+		ClusterToken: from.ClusterToken,
+	}, reason)
+}

@@ -1,0 +1,280 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// The node's side of the leader's long operations. Each call is
+// idempotent: a leader that retries it, or a new leader that resumes, gets
+// the same result.
+
+// Restore serves the peer API: become a member of a new cluster restored
+// from a backup. It is idempotent: a node that already holds the new
+// cluster's data only makes sure its etcd runs.
+func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := req.Member
+	token := m.ClusterToken
+	if cur := n.state.Member; cur != nil && cur.ClusterToken == token && n.layout.HasEtcdData(token) {
+		if n.proc.Status().Wanted {
+			return nil
+		}
+		return n.startEtcdLocked(ctx)
+	}
+	v, err := spec.ParseSupportedVersion(m.EtcdVersion)
+	if err != nil {
+		return err
+	}
+	bins, err := etcdproc.FindBinaries(n.cfg.EtcdBinDir, v)
+	if err != nil {
+		return err
+	}
+	if cur := n.state.Member; cur != nil && cur.ClusterToken != token {
+		if err := n.leaveLocked(ctx, "restore of backup "+req.Backup+" replaces this cluster"); err != nil {
+			return err
+		}
+	}
+	dir, err := TempDir(n.cfg.DataDir, "restore-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	path, err := n.backups.Fetch(ctx, req.Backup, dir)
+	if err != nil {
+		return err
+	}
+	out := n.layout.EtcdDataDir(token)
+	if _, err := os.Stat(out); err == nil {
+		// Left by a restore that crashed before it was recorded.
+		trashed, err := n.layout.Trash(token, n.now())
+		if err != nil {
+			return err
+		}
+		n.log.Warn("moved an unfinished restore aside", "cluster-token", token, "data-moved-to", trashed)
+	}
+	staging := out + ".restoring"
+	if err := os.RemoveAll(staging); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o700); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	err = bins.RestoreSnapshot(ctx, etcdproc.RestoreOptions{
+		SnapshotPath:   path,
+		DataDir:        staging,
+		Name:           n.state.NodeID,
+		PeerURLs:       n.cfg.PeerURLs,
+		InitialCluster: m.InitialCluster,
+		Token:          token,
+	})
+	if err != nil {
+		os.RemoveAll(staging)
+		return fmt.Errorf("node: restore backup %s: %w", req.Backup, err)
+	}
+	if err := os.Rename(staging, out); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	crashpoint.Here(n.log, "restore-node-data") // restored data, not yet in the state
+	m.NewCluster, m.Pending, m.PeerURLs = false, false, n.cfg.PeerURLs
+	st := n.state
+	st.Member = &m
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	n.log.Warn("restored backup; starting etcd in quarantine", "backup", req.Backup, "cluster-token", token, "leader", req.LeaderID)
+	defer n.poke()
+	return n.startEtcdLocked(ctx)
+}
+
+// Quarantine serves the peer API: restart etcd serving clients on the
+// quarantine URLs only, or on the client URLs again.
+func (n *Node) Quarantine(ctx context.Context, req peer.QuarantineRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur := n.state.Member
+	if cur == nil || cur.ClusterToken != req.Token {
+		return fmt.Errorf("node: quarantine cluster %s: this node is not its member", req.Token)
+	}
+	if cur.Quarantined == req.Quarantined {
+		return nil
+	}
+	m := *cur
+	m.Quarantined = req.Quarantined
+	st := n.state
+	st.Member = &m
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	n.log.Warn("restarting etcd to change its quarantine", "quarantined", req.Quarantined, "leader", req.LeaderID)
+	defer n.poke()
+	return n.startEtcdLocked(ctx)
+}
+
+// Recover serves the peer API: restart this member's etcd with
+// --force-new-cluster, wait until it leads its one-member cluster, then
+// drop the flag so that later restarts are ordinary. It is idempotent: a
+// member already leading after a recovery does nothing.
+func (n *Node) Recover(ctx context.Context, req peer.RecoverRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur := n.state.Member
+	if cur == nil || cur.ClusterToken != req.Token || !n.layout.HasEtcdData(req.Token) {
+		return fmt.Errorf("node: recover cluster %s: this node holds none of its data", req.Token)
+	}
+	if !cur.ForceNewCluster {
+		if st, err := n.localStatus(ctx); err == nil && st.LeaderID != 0 {
+			return nil // recovered already, or never lost quorum
+		}
+		m := *cur
+		m.ForceNewCluster = true
+		st := n.state
+		st.Member = &m
+		if err := n.setState(st); err != nil {
+			return err
+		}
+		n.log.Warn("restarting etcd with --force-new-cluster to recover quorum", "cluster-token", req.Token, "leader", req.LeaderID)
+		if err := n.startEtcdLocked(ctx); err != nil {
+			return err
+		}
+	} else if !n.proc.Status().Wanted {
+		if err := n.startEtcdLocked(ctx); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(peer.RecoverWait)
+	for {
+		st, err := n.localStatus(ctx)
+		if err == nil && st.LeaderID == st.MemberID {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("node: etcd did not lead after --force-new-cluster within %s (last status error: %v)", peer.RecoverWait, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	m := *n.state.Member
+	m.ForceNewCluster = false
+	st := n.state
+	st.Member = &m
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	if cur := n.proc.Status().Spec; cur != nil {
+		n.proc.Update(n.etcdSpec(cur.Binaries, &m))
+	}
+	n.log.Warn("quorum recovered: this member now leads a one-member cluster with all its data", "cluster-token", req.Token)
+	crashpoint.Here(n.log, "recover-forced")
+	defer n.poke()
+	return nil
+}
+
+// SetVersion serves the peer API: run etcd of another version on this
+// member's data. The binary is checked before etcd stops.
+func (n *Node) SetVersion(ctx context.Context, req peer.VersionRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur := n.state.Member
+	if cur == nil || cur.ClusterToken != req.Token {
+		return fmt.Errorf("node: set version for cluster %s: this node is not its member", req.Token)
+	}
+	v, err := spec.ParseSupportedVersion(req.Version)
+	if err != nil {
+		return err
+	}
+	bins, err := etcdproc.FindBinaries(n.cfg.EtcdBinDir, v)
+	if err != nil {
+		return err
+	}
+	if err := bins.CheckVersion(ctx); err != nil {
+		return err
+	}
+	if cur.EtcdVersion == v.String() && n.proc.Status().Wanted {
+		return nil
+	}
+	m := *cur
+	from := m.EtcdVersion
+	m.EtcdVersion = v.String()
+	st := n.state
+	st.Member = &m
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	n.log.Warn("restarting etcd on another version", "from", from, "to", v.String(), "leader", req.LeaderID)
+	defer n.poke()
+	if err := n.startEtcdLocked(ctx); err != nil {
+		return err
+	}
+	if old, err := spec.ParseVersion(from); err == nil && old.Minor <= 5 && v.Minor >= 6 {
+		// Remember how far the log reached under 3.5: it may hold v2
+		// entries up to here, which etcd 3.7 cannot replay.
+		return n.recordV2UntilLocked(ctx)
+	}
+	return nil
+}
+
+// recordV2UntilLocked waits for the restarted etcd to report its raft
+// index and records it as the member's V2Until. Callers hold n.mu.
+func (n *Node) recordV2UntilLocked(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := n.localStatus(ctx)
+		if err == nil && st.RaftIndex > 0 {
+			m := *n.state.Member
+			m.V2Until = st.RaftIndex
+			s := n.state
+			s.Member = &m
+			return n.setState(s)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("node: etcd did not report its raft index after the upgrade: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// SetPeerURLs serves the peer API: the member is now registered with this
+// node's configured peer URLs; restart etcd serving them.
+func (n *Node) SetPeerURLs(ctx context.Context, req peer.PeerURLsRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur := n.state.Member
+	if cur == nil || cur.ClusterToken != req.Token {
+		return fmt.Errorf("node: set peer URLs for cluster %s: this node is not its member", req.Token)
+	}
+	if !plan.SameURLs(req.URLs, n.cfg.PeerURLs) {
+		return fmt.Errorf("node: set peer URLs %v: this node is configured with %v", req.URLs, n.cfg.PeerURLs)
+	}
+	if plan.SameURLs(cur.PeerURLs, req.URLs) && n.proc.Status().Wanted {
+		return nil
+	}
+	m := *cur
+	from := m.PeerURLs
+	m.PeerURLs = n.cfg.PeerURLs
+	st := n.state
+	st.Member = &m
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	n.log.Warn("restarting etcd to serve new peer URLs", "from", from, "to", m.PeerURLs, "leader", req.LeaderID)
+	defer n.poke()
+	return n.startEtcdLocked(ctx)
+}

@@ -1,0 +1,480 @@
+// Package node is this machine's side of the cluster: the node's state
+// under --data-dir, the etcd child it supervises, and what the node does
+// when the leader tells it to (the peer API's calls: join, leave, restore,
+// quarantine, recover, change version, serve new peer URLs).
+//
+// A Node never decides anything about the cluster; the leader's control
+// loop does (package plan) and asks. Every change to the node's state is
+// written durably before etcd is started on it, so a crash at any point
+// leaves a state the node resumes from.
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// Config is what the node needs of the agent's configuration.
+type Config struct {
+	DataDir              string
+	EtcdBinDir           string
+	ClientURLs           []string
+	QuarantineClientURLs []string
+	PeerURLs             []string
+	// ListenPeerURLs are the addresses etcd binds for peer traffic when
+	// they differ from the PeerURLs it advertises; empty binds PeerURLs.
+	ListenPeerURLs []string
+	// EtcdSnapshotCount is etcd's --snapshot-count; 0 keeps etcd's own.
+	EtcdSnapshotCount int
+	EtcdStopTimeout   time.Duration
+	// EtcdTLS are the files etcd serves with; nil runs it over plain http.
+	EtcdTLS *etcdproc.TLSFiles
+	// ClientTLS is the TLS of this node's own calls to its etcd; nil with
+	// plain http.
+	ClientTLS *tls.Config
+}
+
+// BackupFetcher fetches a backup from the store and verifies it,
+// returning the path of the snapshot it wrote under dir.
+type BackupFetcher interface {
+	Fetch(ctx context.Context, name, dir string) (string, error)
+}
+
+// Node is this machine's node. Peer API calls come on their own
+// goroutines, concurrently with the control loop; mu serializes every
+// change to the state and to the local etcd.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	layout  etcdproc.Layout
+	proc    *etcdproc.Supervisor
+	now     func() time.Time
+	backups BackupFetcher
+	// poke asks the control loop for a prompt cycle after a change.
+	poke func()
+
+	mu           sync.Mutex
+	state        etcdproc.State
+	pendingSince time.Time
+
+	// infoMu guards info, the NodeInfo served to peers.
+	infoMu sync.Mutex
+	info   peer.NodeInfo
+}
+
+// LoadState reads the node's state from layout, creating a node ID on
+// first use. State from before peer URLs were recorded gets peerURLs, the
+// URLs configured now: the member was registered with the URLs configured
+// then, taken to be these.
+func LoadState(layout etcdproc.Layout, peerURLs []string) (etcdproc.State, error) {
+	st, err := layout.LoadState()
+	if err != nil {
+		return st, err
+	}
+	if m := st.Member; m != nil && len(m.PeerURLs) == 0 {
+		mm := *m
+		mm.PeerURLs = peerURLs
+		st.Member = &mm
+		if err := layout.SaveState(st); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// New returns the node for state st, loaded with LoadState from the
+// locked layout. poke asks the control loop for a prompt cycle; it must
+// not block.
+func New(cfg Config, layout etcdproc.Layout, st etcdproc.State, backups BackupFetcher, log *slog.Logger, now func() time.Time, poke func()) *Node {
+	n := &Node{
+		cfg:    cfg,
+		log:    log,
+		layout: layout,
+		proc: etcdproc.NewSupervisor(etcdproc.SupervisorConfig{
+			PIDFile:     layout.PIDFile(),
+			StopTimeout: cfg.EtcdStopTimeout,
+		}, log.With("component", "etcd")),
+		now:     now,
+		backups: backups,
+		poke:    poke,
+		state:   st,
+	}
+	if st.Member != nil && st.Member.Pending {
+		n.pendingSince = now()
+	}
+	return n
+}
+
+// ID is the node's ID, also its etcd member name.
+func (n *Node) ID() string { return n.state.NodeID }
+
+// Layout is the node's folder structure under --data-dir.
+func (n *Node) Layout() etcdproc.Layout { return n.layout }
+
+// State returns the node's state and, for a pending creation, when it
+// began to wait.
+func (n *Node) State() (etcdproc.State, time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.state, n.pendingSince
+}
+
+// Member is the node's membership now, nil for a standby.
+func (n *Node) Member() *etcdproc.MemberState {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.state.Member
+}
+
+// EtcdStatus is the supervisor's view of the local etcd.
+func (n *Node) EtcdStatus() etcdproc.Status { return n.proc.Status() }
+
+// Stop stops etcd gracefully, as the agent exits.
+func (n *Node) Stop(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.proc.Stop(ctx)
+}
+
+// setState persists st durably, then makes it the node's state and shows
+// it to peers at once, so a leader never acts again on the old one.
+// Callers hold n.mu.
+func (n *Node) setState(st etcdproc.State) error {
+	if err := n.layout.SaveState(st); err != nil {
+		return err
+	}
+	n.state = st
+	n.refreshInfoMember()
+	return nil
+}
+
+// refreshInfoMember updates the served info from the node's state.
+// Callers hold n.mu.
+func (n *Node) refreshInfoMember() {
+	n.infoMu.Lock()
+	defer n.infoMu.Unlock()
+	n.info.Member = n.state.Member
+	n.info.HasData = n.state.Member != nil && n.layout.HasEtcdData(n.state.Member.ClusterToken)
+	n.info.EtcdWanted = n.proc.Status().Wanted
+	if !n.info.EtcdWanted {
+		n.info.EtcdHealthy = false
+	}
+}
+
+// SetInfo replaces the info served to peers with what the control loop
+// observed; member is the membership it observed with. A peer API call
+// may have changed the membership meanwhile; the info then serves the
+// membership as it is now, not as it was.
+func (n *Node) SetInfo(info peer.NodeInfo, member *etcdproc.MemberState) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.infoMu.Lock()
+	n.info = info
+	n.infoMu.Unlock()
+	if n.state.Member != member {
+		n.refreshInfoMember()
+	}
+}
+
+// Info serves the peer API: the node as last observed.
+func (n *Node) Info(context.Context) (peer.NodeInfo, error) {
+	n.infoMu.Lock()
+	defer n.infoMu.Unlock()
+	return n.info, nil
+}
+
+// StartEtcd starts (or re-adopts) the local etcd from the node's state.
+func (n *Node) StartEtcd(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.startEtcdLocked(ctx)
+}
+
+// MarkBootstrapped records that the local etcd has bootstrapped its new
+// cluster.
+func (n *Node) MarkBootstrapped() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.markBootstrappedLocked()
+}
+
+// ConfirmCreate starts the local member of a creation that the store's
+// marker confirms.
+func (n *Node) ConfirmCreate(ctx context.Context, token string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.state.Member
+	if m == nil || !m.Pending || m.ClusterToken != token {
+		return nil
+	}
+	st := n.state
+	mm := *m
+	mm.Pending = false
+	st.Member = &mm
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	n.log.Info("cluster creation confirmed; starting etcd", "cluster-token", token)
+	return n.startEtcdLocked(ctx)
+}
+
+// AbandonPending drops a pending creation that lost, or never completed.
+func (n *Node) AbandonPending(ctx context.Context, token, reason string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.state.Member
+	if m == nil || !m.Pending || m.ClusterToken != token {
+		return nil
+	}
+	return n.leaveLocked(ctx, "abandoned creation: "+reason)
+}
+
+// Join serves the peer API: become a member as the leader says. It is
+// idempotent for the same membership and refuses a different one.
+func (n *Node) Join(ctx context.Context, req peer.JoinRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := req.Member
+	if cur := n.state.Member; cur != nil {
+		if cur.ClusterToken == m.ClusterToken && cur.InitialCluster == m.InitialCluster {
+			return nil
+		}
+		return fmt.Errorf("%w (cluster token %s)", peer.ErrBusy, cur.ClusterToken)
+	}
+	v, err := spec.ParseSupportedVersion(m.EtcdVersion)
+	if err != nil {
+		return err
+	}
+	if _, err := etcdproc.FindBinaries(n.cfg.EtcdBinDir, v); err != nil {
+		return err
+	}
+	if !m.NewCluster && n.layout.HasEtcdData(m.ClusterToken) {
+		// Data left from an earlier membership under the same token would
+		// carry the old member's identity; joining needs a clean start.
+		trashed, err := n.layout.Trash(m.ClusterToken, n.now())
+		if err != nil {
+			return err
+		}
+		n.log.Warn("moved stale etcd data aside before joining", "cluster-token", m.ClusterToken, "data-moved-to", trashed)
+	}
+	m.PeerURLs = n.cfg.PeerURLs
+	st := n.state
+	st.Member = &m
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	n.log.Info("joining cluster", "leader", req.LeaderID, "cluster-token", m.ClusterToken, "pending", m.Pending, "new-cluster", m.NewCluster)
+	defer n.poke()
+	if m.Pending {
+		n.pendingSince = n.now()
+		return nil
+	}
+	return n.startEtcdLocked(ctx)
+}
+
+// Leave serves the peer API: stop being a member of the cluster with
+// req.Token. etcd is stopped and its data moved to the trash.
+func (n *Node) Leave(ctx context.Context, req peer.LeaveRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur := n.state.Member
+	if cur == nil {
+		return nil
+	}
+	if cur.ClusterToken != req.Token {
+		return fmt.Errorf("node: leave cluster %s: this node is in cluster %s", req.Token, cur.ClusterToken)
+	}
+	defer n.poke()
+	return n.leaveLocked(ctx, req.Reason)
+}
+
+// leaveLocked stops etcd, trashes its data and drops the membership.
+// Callers hold n.mu.
+func (n *Node) leaveLocked(ctx context.Context, reason string) error {
+	token := n.state.Member.ClusterToken
+	if err := n.proc.Stop(ctx); err != nil {
+		return err
+	}
+	trashed, err := n.layout.Trash(token, n.now())
+	if err != nil {
+		return err
+	}
+	st := n.state
+	st.Member = nil
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	n.log.Warn("left the cluster; this node is now a standby", "cluster-token", token, "reason", reason, "data-moved-to", trashed)
+	return nil
+}
+
+func (n *Node) startEtcdLocked(ctx context.Context) error {
+	m := n.state.Member
+	if m == nil {
+		return errors.New("node: this node is not a member")
+	}
+	v, err := spec.ParseSupportedVersion(m.EtcdVersion)
+	if err != nil {
+		return fmt.Errorf("node: local state: %w", err)
+	}
+	bins, err := etcdproc.FindBinaries(n.cfg.EtcdBinDir, v)
+	if err != nil {
+		return err
+	}
+	if err := bins.CheckVersion(ctx); err != nil {
+		return err
+	}
+	if m.NewCluster && n.layout.HasEtcdData(m.ClusterToken) {
+		if err := n.markBootstrappedLocked(); err != nil {
+			return err
+		}
+		m = n.state.Member
+	}
+	if err := n.proc.Start(ctx, n.etcdSpec(bins, m)); err != nil {
+		return err
+	}
+	n.refreshInfoMember()
+	if m.NewCluster {
+		go n.watchBootstrap(m.ClusterToken)
+	}
+	return nil
+}
+
+// watchBootstrap clears NewCluster the moment etcd writes its data dir,
+// before the new member can have taken part in raft. Should the data be
+// lost after that, the node must rejoin as a new member, never bootstrap
+// again under its old identity.
+func (n *Node) watchBootstrap(token string) {
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		if !n.layout.HasEtcdData(token) {
+			continue
+		}
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if m := n.state.Member; m != nil && m.ClusterToken == token {
+			if err := n.markBootstrappedLocked(); err != nil {
+				n.log.Error("cannot record that etcd has bootstrapped; will retry", "error", err)
+			}
+		}
+		return
+	}
+}
+
+// markBootstrappedLocked clears NewCluster once etcd has written its data:
+// from then on a missing data dir means lost data, never a cluster to
+// create again. The running etcd keeps running; later restarts use the
+// new state.
+func (n *Node) markBootstrappedLocked() error {
+	if n.state.Member == nil || !n.state.Member.NewCluster {
+		return nil
+	}
+	st := n.state
+	m := *st.Member
+	m.NewCluster = false
+	st.Member = &m
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	if cur := n.proc.Status().Spec; cur != nil {
+		n.proc.Update(n.etcdSpec(cur.Binaries, &m))
+	}
+	return nil
+}
+
+func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdproc.Spec {
+	return etcdproc.Spec{
+		Binaries:             bins,
+		Name:                 n.state.NodeID,
+		DataDir:              n.layout.EtcdDataDir(m.ClusterToken),
+		ClientURLs:           n.cfg.ClientURLs,
+		QuarantineClientURLs: n.cfg.QuarantineClientURLs,
+		Quarantined:          m.Quarantined,
+		PeerURLs:             n.servedPeerURLs(m),
+		ListenPeerURLs:       n.listenPeerURLs(n.servedPeerURLs(m)),
+		InitialCluster:       m.InitialCluster,
+		NewCluster:           m.NewCluster,
+		ClusterToken:         m.ClusterToken,
+		ForceNewCluster:      m.ForceNewCluster,
+		SnapshotCount:        n.cfg.EtcdSnapshotCount,
+		TLS:                  n.cfg.EtcdTLS,
+	}
+}
+
+// listenPeerURLs are the addresses etcd binds while it advertises
+// served: --listen-peer-urls when given, in served's scheme (which
+// differs from the configured one only during an http to https switch);
+// nil binds served itself.
+func (n *Node) listenPeerURLs(served []string) []string {
+	if len(n.cfg.ListenPeerURLs) == 0 || len(served) == 0 {
+		return nil
+	}
+	scheme := "https"
+	if u, err := url.Parse(served[0]); err == nil && u.Scheme != "" {
+		scheme = u.Scheme
+	}
+	out := make([]string, 0, len(n.cfg.ListenPeerURLs))
+	for _, raw := range n.cfg.ListenPeerURLs {
+		u, err := url.Parse(raw)
+		if err != nil {
+			out = append(out, raw)
+			continue
+		}
+		u.Scheme = scheme
+		out = append(out, u.String())
+	}
+	return out
+}
+
+// servedPeerURLs are the peer URLs etcd serves for member m: those it is
+// registered with. They differ from --peer-urls only while a switch (http
+// to https, say) waits for the leader to register the new ones.
+func (n *Node) servedPeerURLs(m *etcdproc.MemberState) []string {
+	if m != nil && len(m.PeerURLs) > 0 {
+		return m.PeerURLs
+	}
+	return n.cfg.PeerURLs
+}
+
+// localStatus asks the local etcd for its status, on whichever URLs it
+// serves.
+func (n *Node) localStatus(ctx context.Context) (etcdproc.MemberStatus, error) {
+	ps := n.proc.Status()
+	if !ps.Wanted || ps.Spec == nil {
+		return etcdproc.MemberStatus{}, errors.New("node: etcd is not running")
+	}
+	endpoint := ps.Spec.ServedClientURL()
+	c, err := etcdproc.NewClient([]string{endpoint}, n.cfg.ClientTLS)
+	if err != nil {
+		return etcdproc.MemberStatus{}, err
+	}
+	defer c.Close()
+	return etcdproc.LocalStatus(ctx, c, endpoint)
+}
+
+// TempDir makes a fresh folder under <data-dir>/tmp; the caller removes
+// it.
+func TempDir(dataDir, prefix string) (string, error) {
+	tmp := filepath.Join(dataDir, "tmp")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return "", fmt.Errorf("node: %w", err)
+	}
+	dir, err := os.MkdirTemp(tmp, prefix)
+	if err != nil {
+		return "", fmt.Errorf("node: %w", err)
+	}
+	return dir, nil
+}

@@ -1,0 +1,207 @@
+package procedure
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// NodeAPI is what a procedure asks of a node: this agent's own, or a peer
+// over the peer API.
+type NodeAPI interface {
+	Leave(ctx context.Context, req peer.LeaveRequest) error
+	Restore(ctx context.Context, req peer.RestoreRequest) error
+	Quarantine(ctx context.Context, req peer.QuarantineRequest) error
+	Recover(ctx context.Context, req peer.RecoverRequest) error
+}
+
+// Nodes reaches the nodes a procedure calls.
+type Nodes interface {
+	// Call makes one call on node n, bounded by timeout.
+	Call(ctx context.Context, n plan.Node, timeout time.Duration, call func(context.Context, NodeAPI) error) error
+}
+
+// Backups are the backups a procedure reads and takes.
+type Backups interface {
+	// Validate fetches the named backup and verifies it, returning its
+	// meta; a backup that is missing or damaged wraps backup.ErrNotFound
+	// or backup.ErrCorrupt.
+	Validate(ctx context.Context, name string) (backup.Meta, error)
+	// Take takes a full backup through the etcd member from.
+	Take(ctx context.Context, from Source, reason string) (backup.Info, error)
+}
+
+// Source is the etcd member a backup is taken from.
+type Source struct {
+	// Endpoint is the member's client URL (its quarantine URL while it is
+	// quarantined).
+	Endpoint     string
+	EtcdVersion  string
+	ClusterToken string
+	// Spec is the cluster spec the backup's meta records.
+	Spec *spec.ClusterSpec
+}
+
+// Executor carries out the planner's procedure actions on the runner.
+type Executor struct {
+	Runner  *Runner
+	Nodes   Nodes
+	Backups Backups
+	// SelfID names this agent in its calls to nodes.
+	SelfID string
+	// ClientTLS is the TLS of etcd clients, nil with plain http.
+	ClientTLS *tls.Config
+	Log       *slog.Logger
+	Now       func() time.Time
+	// Changed is told when a procedure changed the cluster's membership,
+	// so that the next membership change waits for a fresh backup.
+	Changed func()
+}
+
+// Call timeouts for the nodes' side of each step.
+const (
+	// callTimeout bounds a call that may stop or start etcd.
+	callTimeout = 30 * time.Second
+	// restoreCallTimeout bounds a node's restore: fetching, verifying and
+	// restoring the backup, and starting etcd.
+	restoreCallTimeout = 30 * time.Minute
+	// etcdCallTimeout bounds a call to etcd.
+	etcdCallTimeout = 10 * time.Second
+)
+
+// Execute carries out act if it is a procedure's, reporting whether it
+// was.
+func (e *Executor) Execute(ctx context.Context, obs plan.Observed, act plan.Action) (bool, error) {
+	switch act := act.(type) {
+	case plan.PrepareRestore:
+		return true, e.prepareRestore(ctx, obs, act)
+	case plan.PrepareDumpRestore:
+		return true, e.prepareDumpRestore(ctx, obs, act)
+	case plan.StopForRestore:
+		return true, e.stopForRestore(ctx, obs, act)
+	case plan.SetRestorePhase:
+		return true, e.setRestorePhase(ctx, obs, act.ID, act.Phase)
+	case plan.RestoreNodes:
+		return true, e.restoreNodes(ctx, obs, act)
+	case plan.VerifyRestore:
+		return true, e.verifyRestore(ctx, obs, act)
+	case plan.BackupRestored:
+		return true, e.backupRestored(ctx, obs, act)
+	case plan.DumpBackup:
+		return true, e.dumpBackup(ctx, obs, act)
+	case plan.SetQuarantine:
+		if act.ID == "" {
+			return false, nil // a stray quarantine: the etcd leader's, not a procedure's
+		}
+		return true, e.setQuarantine(ctx, obs, act)
+	case plan.FinishRestore:
+		return true, e.finishRestore(ctx, obs, act)
+	case plan.RecoverMember:
+		return true, e.recoverMember(ctx, obs, act)
+	case plan.FinishRecover:
+		return true, e.finishRecover(ctx, act)
+	}
+	return false, nil
+}
+
+// command returns the command of a procedure action and its
+// definition.
+func command(obs plan.Observed, id string) (*plan.Command, Definition, error) {
+	c := plan.FindCommand(obs.Commands, id)
+	if c == nil {
+		return nil, Definition{}, fmt.Errorf("procedure: command %s is gone", id)
+	}
+	switch {
+	case c.Command.DumpRestore != nil:
+		return c, DumpRestore, nil
+	case c.Command.RecoverQuorum != nil:
+		return c, RecoverQuorum, nil
+	default:
+		return c, Restore, nil
+	}
+}
+
+// phaseOf is the phase the command's status records, empty before the
+// first record.
+func phaseOf(c *plan.Command) string {
+	switch {
+	case c.Status.Restore != nil:
+		return c.Status.Restore.Phase
+	case c.Status.Node != "":
+		return PhaseForcing
+	}
+	return ""
+}
+
+// call makes one call on a node, naming this agent as the leader.
+func (e *Executor) call(ctx context.Context, n plan.Node, timeout time.Duration, fn func(context.Context, NodeAPI) error) error {
+	return e.Nodes.Call(ctx, n, timeout, fn)
+}
+
+// onNodes calls fn for each of the nodes, in parallel, and joins the
+// errors.
+func onNodes(ctx context.Context, obs plan.Observed, ids []string, fn func(context.Context, plan.Node) error) error {
+	nodes, err := plan.FindNodes(obs.Peers, ids)
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn(ctx, n)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// onNodesLeaderLast is onNodes for stopping or restarting every member of
+// a cluster: the raft leader goes after the others. A leader stopped
+// while its followers stop too spends etcd's whole request timeout (7 s
+// by default) trying to hand leadership to one of them; after them, it
+// either hands it to one already back or stops at once.
+func onNodesLeaderLast(ctx context.Context, obs plan.Observed, ids []string, fn func(context.Context, plan.Node) error) error {
+	var first, last []string
+	for _, id := range ids {
+		n, err := plan.FindNode(obs.Peers, id)
+		if err == nil && n.MemberID != 0 && n.RaftLeader == n.MemberID {
+			last = append(last, id)
+		} else {
+			first = append(first, id)
+		}
+	}
+	if err := onNodes(ctx, obs, first, fn); err != nil || len(last) == 0 {
+		return err
+	}
+	return onNodes(ctx, obs, last, fn)
+}
+
+// LiftStrayQuarantine lifts a quarantine that no command explains, such
+// as one a called-off dump-restore left. The agent beside etcd's leader
+// does it, outside any procedure.
+func (e *Executor) LiftStrayQuarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine) error {
+	e.Log.Warn("lifting a quarantine that no command explains", "cluster-token", act.Token, "nodes", act.NodeIDs)
+	return e.quarantine(ctx, obs, act)
+}
+
+// quarantine has the nodes restart their members of act.Token in or out
+// of quarantine, in parallel, the raft leader last.
+func (e *Executor) quarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine) error {
+	return onNodesLeaderLast(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error {
+		return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
+			return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: e.SelfID, Token: act.Token, Quarantined: act.On})
+		})
+	})
+}

@@ -1,0 +1,51 @@
+package procedure
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// The recover-quorum procedure rebuilds a cluster that lost a majority of
+// its members from one survivor's data, with etcd's --force-new-cluster:
+// nothing the survivor holds is lost, writes after the last backup
+// included. The survivor, once chosen, is recorded in the command's
+// status (phase "forcing") before it is told anything.
+
+// recoverMember records the survivor (the first time), then has it
+// restart etcd with --force-new-cluster and waits until it leads.
+func (e *Executor) recoverMember(ctx context.Context, obs plan.Observed, act plan.RecoverMember) error {
+	c, d, err := command(obs, act.ID)
+	if err != nil {
+		return err
+	}
+	return e.Runner.Do(ctx, d, phaseOf(c), func(ctx context.Context, _ int64) error {
+		if c.Status.Node == "" {
+			st := spec.CommandStatus{State: spec.CommandRunning, Node: act.NodeID,
+				Message: fmt.Sprintf("rebuilding cluster %s from the data of %s", act.Token, act.NodeID)}
+			e.Log.Warn("recovering quorum from one survivor's data", "command", act.ID, "node", act.NodeID, "cluster-token", act.Token)
+			if err := e.Runner.Record(ctx, d, act.ID, "", st, PhaseForcing, "recover-chosen"); err != nil {
+				return err
+			}
+		}
+		n, err := plan.FindNode(obs.Peers, act.NodeID)
+		if err != nil {
+			return err
+		}
+		return e.call(ctx, n, peer.RecoverWait+callTimeout, func(ctx context.Context, api NodeAPI) error {
+			return api.Recover(ctx, peer.RecoverRequest{LeaderID: e.SelfID, Token: act.Token})
+		})
+	})
+}
+
+// finishRecover removes the completed recover-quorum command.
+func (e *Executor) finishRecover(ctx context.Context, act plan.FinishRecover) error {
+	if err := e.Runner.Finish(ctx, RecoverQuorum, act.ID); err != nil {
+		return err
+	}
+	e.Log.Info("quorum recovered; the command is removed, and the other nodes rejoin as new members", "command", act.ID)
+	return nil
+}

@@ -1,0 +1,265 @@
+// Package procedure runs the operations that take longer than one cycle
+// of the control loop and must survive the crash, pause or replacement of
+// the agent that drives them: restore, dump-restore and recover-quorum
+// today; every new long operation is written as a procedure from the
+// start.
+//
+// A procedure is a named list of phases. The planner (package plan)
+// decides, each cycle and from what it observes, which idempotent step of
+// the current phase to take next, or that the phase is done. The Runner
+// carries the step out under the driver's fence:
+//
+//   - it checks, before acting, that the driver still holds its term, and
+//     refuses to act (ErrFenced) when it does not;
+//   - it renews the driver's lease while a step runs, and cancels the step
+//     the moment the lease cannot be renewed;
+//   - it bounds every step by its phase's deadline;
+//   - it records a phase in the store before anything of that phase acts,
+//     so whichever agent drives next resumes exactly there;
+//   - it reports the phase in progress to metrics.
+//
+// The steps themselves (restore.go, recover.go) take narrow interfaces:
+// the nodes they call and the backups they take.
+package procedure
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// ErrFenced means the driver no longer holds the term it acted under:
+// another agent drives now, and this one must stop acting.
+var ErrFenced = errors.New("procedure: no longer the driver")
+
+// Phase is one phase of a procedure.
+type Phase struct {
+	Name string
+	// Deadline bounds one attempt at one of the phase's steps.
+	Deadline time.Duration
+}
+
+// Definition is a procedure: its name and its phases, in order.
+type Definition struct {
+	Name   string
+	Phases []Phase
+}
+
+// phase returns the named phase, or a phase with the longest deadline of
+// the definition when the name is not one of them (the step before the
+// first record, say).
+func (d Definition) phase(name string) Phase {
+	if i := slices.IndexFunc(d.Phases, func(p Phase) bool { return p.Name == name }); i >= 0 {
+		return d.Phases[i]
+	}
+	longest := Phase{Name: name}
+	for _, p := range d.Phases {
+		longest.Deadline = max(longest.Deadline, p.Deadline)
+	}
+	return longest
+}
+
+// follows reports whether phase next may be recorded after phase cur: the
+// same phase again, or a later one.
+func (d Definition) follows(cur, next string) bool {
+	i := slices.IndexFunc(d.Phases, func(p Phase) bool { return p.Name == cur })
+	j := slices.IndexFunc(d.Phases, func(p Phase) bool { return p.Name == next })
+	return j >= 0 && (cur == "" || i <= j)
+}
+
+// The procedures, with deadlines longer than any one step needs when all
+// goes well.
+var (
+	// Restore replaces the cluster with one restored from a backup.
+	Restore = Definition{Name: "restore", Phases: []Phase{
+		{spec.RestoreStopping, 5 * time.Minute},
+		{spec.RestoreRestoring, 35 * time.Minute},
+		{spec.RestoreVerifying, 2 * time.Minute},
+		{spec.RestoreBackingUp, 60 * time.Minute},
+		{spec.RestoreLifting, 5 * time.Minute},
+	}}
+	// DumpRestore changes the etcd version where no roll can: it
+	// quarantines the cluster and backs it up, then restores that backup
+	// into the new version.
+	DumpRestore = Definition{Name: "dump-restore", Phases: append([]Phase{
+		{spec.RestoreQuarantining, 5 * time.Minute},
+		{spec.RestoreDumping, 60 * time.Minute},
+	}, Restore.Phases...)}
+	// RecoverQuorum rebuilds a cluster that lost quorum from one
+	// survivor's data.
+	RecoverQuorum = Definition{Name: "recover-quorum", Phases: []Phase{
+		{PhaseForcing, 2 * time.Minute},
+	}}
+)
+
+// PhaseForcing is recover-quorum's one phase: the survivor restarts etcd
+// with --force-new-cluster.
+const PhaseForcing = "forcing"
+
+// Fence is the driver's right to act, held under a term: the fencing
+// token that every record and every call it makes carries.
+type Fence interface {
+	// Hold returns the term the driver holds, or an error wrapping
+	// ErrFenced when it holds none.
+	Hold(ctx context.Context) (int64, error)
+	// Renew extends the driver's lease; it fails, wrapping ErrFenced,
+	// once another agent holds the fence.
+	Renew(ctx context.Context) error
+}
+
+// Records is where the runner records a procedure's progress: the
+// status of the command the procedure carries out.
+type Records interface {
+	SetCommandStatus(ctx context.Context, id string, st spec.CommandStatus, now time.Time) error
+	DeleteCommand(ctx context.Context, id string) error
+}
+
+// Runner carries out procedure steps for one driver. The control loop
+// calls it from its own goroutine, one step at a time.
+type Runner struct {
+	Fence   Fence
+	Records Records
+	Log     *slog.Logger
+	Now     func() time.Time
+	// RenewEvery is how often the lease is renewed while a step runs.
+	RenewEvery time.Duration
+	Metrics    *Metrics
+}
+
+// Do runs one step of phase of procedure d: it checks the fence, then runs
+// step, bounded by the phase's deadline, renewing the lease while it runs.
+// The step's context is cancelled the moment the lease cannot be renewed;
+// Do then returns an error wrapping ErrFenced.
+func (r *Runner) Do(ctx context.Context, d Definition, phase string, step func(ctx context.Context, term int64) error) error {
+	term, err := r.Fence.Hold(ctx)
+	if err != nil {
+		return err
+	}
+	r.Metrics.running(d.Name, phase)
+	ph := d.phase(phase)
+	ctx, cancel := context.WithTimeoutCause(ctx, ph.Deadline,
+		fmt.Errorf("procedure: %s phase %s: a step took longer than its deadline of %s", d.Name, phase, ph.Deadline))
+	defer cancel()
+	fenced := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		// Renew until the step ends; a lease that cannot be renewed
+		// stops the step.
+		t := time.NewTicker(r.RenewEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if err := r.Fence.Renew(ctx); err != nil && ctx.Err() == nil {
+				fenced <- err
+				cancel()
+				return
+			}
+		}
+	}()
+	err = step(ctx, term)
+	close(done)
+	select {
+	case ferr := <-fenced:
+		err = fmt.Errorf("%w: the lease was lost during %s phase %s: %v (step: %v)", ErrFenced, d.Name, phase, ferr, err)
+	default:
+		// Say why a step was cut short, unless it already does.
+		if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(err, cause) {
+			err = fmt.Errorf("%w (%v)", err, cause)
+		}
+	}
+	r.Metrics.step(d.Name, phase, err)
+	return err
+}
+
+// Record writes the command's status, which holds the procedure's phase,
+// under the fence and before anything of that phase acts. It refuses to
+// move the procedure backwards. After the write, the crash point named
+// crash (if any) lets the tests crash the driver there.
+func (r *Runner) Record(ctx context.Context, d Definition, id, from string, st spec.CommandStatus, phase, crash string) error {
+	if !d.follows(from, phase) {
+		return fmt.Errorf("procedure: %s %s: refusing to move from phase %q to %q", d.Name, id, from, phase)
+	}
+	if _, err := r.Fence.Hold(ctx); err != nil {
+		return err
+	}
+	if err := r.Records.SetCommandStatus(ctx, id, st, r.Now()); err != nil {
+		return err
+	}
+	r.Metrics.running(d.Name, phase)
+	r.Log.Info("procedure moves on", "procedure", d.Name, "command", id, "phase", phase)
+	if crash != "" {
+		crashpoint.Here(r.Log, crash)
+	}
+	return nil
+}
+
+// Finish removes the command of a completed procedure.
+func (r *Runner) Finish(ctx context.Context, d Definition, id string) error {
+	if _, err := r.Fence.Hold(ctx); err != nil {
+		return err
+	}
+	if err := r.Records.DeleteCommand(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	r.Metrics.idle()
+	return nil
+}
+
+// Idle reports that this agent drives no procedure.
+func (r *Runner) Idle() { r.Metrics.idle() }
+
+// Metrics report the procedure steps an agent drives.
+type Metrics struct {
+	phase *prometheus.GaugeVec
+	steps *prometheus.CounterVec
+}
+
+// NewMetrics registers the procedure metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_procedure_phase",
+			Help: "1 for the procedure and phase this agent drives now; no series while it drives none."}, []string{"procedure", "phase"}),
+		steps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_procedure_steps_total",
+			Help: "Procedure steps this agent took, by procedure, phase and result."}, []string{"procedure", "phase", "result"}),
+	}
+	reg.MustRegister(m.phase, m.steps)
+	return m
+}
+
+func (m *Metrics) running(proc, phase string) {
+	if m == nil {
+		return
+	}
+	m.phase.Reset()
+	m.phase.WithLabelValues(proc, phase).Set(1)
+}
+
+func (m *Metrics) idle() {
+	if m != nil {
+		m.phase.Reset()
+	}
+}
+
+func (m *Metrics) step(proc, phase string, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.steps.WithLabelValues(proc, phase, result).Inc()
+}
