@@ -213,6 +213,9 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 	for _, q := range cmds {
 		r := commandRow{ID: q.ID, Kind: q.Command.Kind(), State: q.Status.State, Detail: q.Status.Message, Queued: stamp(q.Command.Timestamp), Updated: stamp(q.Status.Updated)}
 		switch {
+		case q.Newer != nil:
+			// Written by a newer etcd-manager: say so, and trust nothing else.
+			r.Detail = q.Newer.Error()
 		case q.Err != nil && q.Status.State != spec.CommandFailed:
 			// Junk not yet seen by a leader: show why it will fail.
 			r.Detail = q.Err.Error()

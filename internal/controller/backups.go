@@ -156,7 +156,7 @@ func readCommands(ctx context.Context, s *store.Store, now time.Time) ([]plan.Co
 		if at == 0 {
 			at = int64(q.Command.Timestamp)
 		}
-		out = append(out, plan.Command{ID: q.ID, Command: q.Command, Err: q.Err, Status: q.Status, Age: now.Sub(time.Unix(0, at))})
+		out = append(out, plan.Command{ID: q.ID, Command: q.Command, Err: q.Err, Newer: q.Newer, Status: q.Status, Age: now.Sub(time.Unix(0, at))})
 	}
 	return out, nil
 }

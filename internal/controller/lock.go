@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -28,6 +29,8 @@ type lockStore interface {
 
 // lockRecord is one term of the lock.
 type lockRecord struct {
+	// Format is the record's format (see spec.FormatVersion).
+	Format   int           `json:"format,omitempty"`
 	NodeID   string        `json:"nodeId"`
 	Acquired time.Time     `json:"acquired"`
 	TTL      time.Duration `json:"ttl"`
@@ -64,7 +67,7 @@ func (l *LeaderLock) Acquire(ctx context.Context, s lockStore) (int64, error) {
 	}
 	// Free, expired, or ours and due for renewal: take the next term.
 	next := term + 1
-	data, err := json.Marshal(lockRecord{NodeID: l.NodeID, Acquired: now.UTC(), TTL: l.TTL})
+	data, err := json.Marshal(lockRecord{Format: spec.FormatVersion, NodeID: l.NodeID, Acquired: now.UTC(), TTL: l.TTL})
 	if err != nil {
 		return 0, fmt.Errorf("controller: encode lock: %w", err)
 	}
@@ -97,7 +100,7 @@ func (l *LeaderLock) Release(ctx context.Context, s lockStore, term int64) error
 	if err != nil || !held {
 		return err
 	}
-	data, err := json.Marshal(lockRecord{NodeID: l.NodeID, Acquired: l.Now().UTC(), TTL: 0})
+	data, err := json.Marshal(lockRecord{Format: spec.FormatVersion, NodeID: l.NodeID, Acquired: l.Now().UTC(), TTL: 0})
 	if err != nil {
 		return fmt.Errorf("controller: encode lock: %w", err)
 	}
@@ -128,6 +131,11 @@ func (l *LeaderLock) latest(ctx context.Context, s lockStore) (int64, *lockRecor
 		// Junk in the lock counts as an expired lease, so it cannot wedge
 		// leadership forever.
 		return term, nil, nil
+	}
+	if err := spec.CheckFormat("the store lock "+lockKey(term), rec.Format); err != nil {
+		// A newer etcd-manager holds it, or did: wait for an upgrade
+		// rather than misread its lease.
+		return 0, nil, err
 	}
 	return term, &rec, nil
 }

@@ -1,11 +1,13 @@
 package controller
 
 import (
+	"errors"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -139,5 +141,23 @@ func TestLeaderLockRelease(t *testing.T) {
 	clock.Add(time.Millisecond)
 	if tb, err := b.Acquire(ctx, s); err != nil || tb != 3 {
 		t.Fatalf("b right after the release: term %d, %v; want 3", tb, err)
+	}
+}
+
+// A lock written by a newer etcd-manager is never taken or misread.
+func TestLeaderLockNewerFormat(t *testing.T) {
+	s := openLockStore(t)
+	ctx := t.Context()
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	if err := s.Create(ctx, lockKey(4), []byte(`{"format":2,"nodeId":"new","acquired":"2020-01-01T00:00:00Z","ttl":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	a := &LeaderLock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now}
+	term, err := a.Acquire(ctx, s)
+	if !errors.Is(err, spec.ErrNewerFormat) || term != 0 {
+		t.Fatalf("Acquire over a newer lock = %d, %v; want 0 and ErrNewerFormat", term, err)
+	}
+	if _, err := s.Read(ctx, lockKey(5)); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a newer term was written over the newer lock: %v", err)
 	}
 }

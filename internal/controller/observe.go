@@ -85,7 +85,10 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	// restore, whose cluster comes and goes.
 	if noCluster || plan.ActiveExclusive(obs.Commands) != nil {
 		term, err := lp.lease.Acquire(ctx, s)
-		if err != nil {
+		switch {
+		case errors.Is(err, spec.ErrNewerFormat):
+			obs.NewerFormat = err
+		case err != nil:
 			obs.StoreErr = err
 			return obs
 		}

@@ -12,10 +12,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 // Record is one agent as discovery knows it.
 type Record struct {
+	// Format is the record's format (see spec.FormatVersion).
+	Format      int    `json:"format,omitempty"`
 	NodeID      string `json:"nodeId,omitempty"`
 	ClusterName string `json:"clusterName,omitempty"`
 	// Address is the peer API's host:port.
@@ -140,6 +144,7 @@ func (d *dirDiscovery) Publish(_ context.Context, self Record) error {
 		return fmt.Errorf("peer: discovery dir: %w", err)
 	}
 	self.Updated = d.now().UTC()
+	self.Format = spec.FormatVersion
 	data, err := json.Marshal(self)
 	if err != nil {
 		return fmt.Errorf("peer: encode record: %w", err)
@@ -171,6 +176,7 @@ func (d *dirDiscovery) Poll(context.Context) ([]Record, error) {
 		return nil, fmt.Errorf("peer: read discovery dir: %w", err)
 	}
 	var recs []Record
+	var errs []error
 	for _, e := range entries {
 		if e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
@@ -179,11 +185,15 @@ func (d *dirDiscovery) Poll(context.Context) ([]Record, error) {
 		if err != nil {
 			continue
 		}
-		if r, ok := decodeRecord(data, d.maxAge, d.now()); ok {
+		r, ok, err := decodeRecord(data, d.maxAge, d.now())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
+		}
+		if ok {
 			recs = append(recs, r)
 		}
 	}
-	return recs, nil
+	return recs, errors.Join(errs...)
 }
 
 // storeDiscovery keeps records under discovery/ in the backup store.
@@ -199,6 +209,7 @@ func (d *storeDiscovery) Publish(ctx context.Context, self Record) error {
 		return err
 	}
 	self.Updated = d.now().UTC()
+	self.Format = spec.FormatVersion
 	data, err := json.Marshal(self)
 	if err != nil {
 		return fmt.Errorf("peer: encode record: %w", err)
@@ -216,27 +227,38 @@ func (d *storeDiscovery) Poll(ctx context.Context) ([]Record, error) {
 		return nil, err
 	}
 	var recs []Record
+	var errs []error
 	for _, k := range keys {
 		data, err := s.Read(ctx, k)
 		if err != nil {
 			continue
 		}
-		if r, ok := decodeRecord(data, d.maxAge, d.now()); ok {
+		r, ok, err := decodeRecord(data, d.maxAge, d.now())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", k, err))
+		}
+		if ok {
 			recs = append(recs, r)
 		}
 	}
-	return recs, nil
+	return recs, errors.Join(errs...)
 }
 
-func decodeRecord(data []byte, maxAge time.Duration, now time.Time) (Record, bool) {
+// decodeRecord reads one record; it reports false for junk, a record not
+// refreshed within maxAge, or one of a newer format than this agent
+// understands (with an error that says so).
+func decodeRecord(data []byte, maxAge time.Duration, now time.Time) (Record, bool, error) {
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil || r.Address == "" {
-		return r, false
+		return r, false, nil
+	}
+	if err := spec.CheckFormat("the discovery record of "+r.NodeID, r.Format); err != nil {
+		return r, false, err
 	}
 	if maxAge > 0 && !r.Updated.IsZero() && now.Sub(r.Updated) > maxAge {
-		return r, false
+		return r, false, nil
 	}
-	return r, true
+	return r, true, nil
 }
 
 // dnsDiscovery resolves a name, as a Kubernetes headless Service publishes

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 // recorder is a Handler that records calls.
@@ -211,6 +212,14 @@ func TestPublishingProviders(t *testing.T) {
 	d, _ = ParseDiscovery("file://"+dir, DiscoveryOptions{Now: clock})
 	if recs, err := d.Poll(t.Context()); err != nil || len(recs) != 3 {
 		t.Errorf("poll with junk: %v, %v", recs, err)
+	}
+	// A record of a newer format is left out, and the poll says why.
+	if err := os.WriteFile(filepath.Join(dir, "z"), []byte(`{"format":9,"nodeId":"z","address":"127.0.0.9:8000"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := d.Poll(t.Context())
+	if len(recs) != 3 || !errors.Is(err, spec.ErrNewerFormat) {
+		t.Errorf("poll with a newer record: %v, %v; want 3 records and ErrNewerFormat", addrs(recs), err)
 	}
 }
 

@@ -65,6 +65,9 @@ type Observed struct {
 	// Commands is the store's command queue, oldest first, as read by an
 	// agent that leads or may lead (see observe).
 	Commands []Command
+	// NewerFormat is set when a record this agent needs (the store lock)
+	// was written by a newer etcd-manager.
+	NewerFormat error
 }
 
 // Command is a queued command as observed.
@@ -74,7 +77,10 @@ type Command struct {
 	Command spec.Command
 	// Err is set when the command object is junk (unparsable or invalid),
 	// which the leader marks failed.
-	Err    error
+	Err error
+	// Newer is set when the command or its status was written by a newer
+	// etcd-manager: no agent of this version acts on it.
+	Newer  error
 	Status spec.CommandStatus
 	// Age is how long ago its status was last written, or, without a
 	// status, how long ago it was queued.
@@ -287,6 +293,9 @@ func Plan(o Observed) []Action {
 		return append(actions, Report{Level: slog.LevelInfo, Msg: "waiting for a cluster spec; set one with etcd-manager-ctl configure-cluster"})
 	}
 
+	if waits := planNewerFormat(o); len(waits) > 0 {
+		return append(actions, waits...)
+	}
 	if r := ActiveExclusive(o.Commands); r != nil {
 		if !o.LockHeld {
 			return append(actions, Report{Level: slog.LevelInfo, Msg: "a " + r.Command.Kind() + " is in progress; the agent holding the store lock drives it",
@@ -305,7 +314,7 @@ func Plan(o Observed) []Action {
 		return append(actions, planCluster(o)...)
 	case o.LockHeld:
 		for _, c := range o.Commands {
-			if c.Err != nil && c.Status.State != spec.CommandFailed {
+			if c.Err != nil && c.Newer == nil && c.Status.State != spec.CommandFailed {
 				actions = append(actions, FailCommand{ID: c.ID, Reason: c.Err.Error()})
 			}
 		}
@@ -350,6 +359,30 @@ func anyLiveMember(nodes []Node) bool {
 		}
 	}
 	return false
+}
+
+// planNewerFormat waits, saying why, while a record that this agent
+// would act on was written by a newer etcd-manager: the store lock, or a
+// command that may replace the cluster (a restore-like command, or one of
+// a kind this version does not know). A newer backup-now is only left
+// alone; the rest of the plan goes on.
+func planNewerFormat(o Observed) []Action {
+	const msg = "a record in the store was written by a newer etcd-manager; this agent waits until it is upgraded"
+	var waits []Action
+	if o.NewerFormat != nil {
+		waits = append(waits, Report{Level: slog.LevelWarn, Msg: msg, Attrs: []any{"error", o.NewerFormat}})
+	}
+	for _, c := range o.Commands {
+		if c.Newer == nil {
+			continue
+		}
+		k := c.Command
+		if k.BackupNow != nil && k.RestoreBackup == nil && k.RecoverQuorum == nil && k.DumpRestore == nil {
+			continue
+		}
+		waits = append(waits, Report{Level: slog.LevelWarn, Msg: msg, Attrs: []any{"command", c.ID, "error", c.Newer}})
+	}
+	return waits
 }
 
 // planLocal keeps this node's own etcd running from local state alone,
@@ -474,6 +507,9 @@ func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 	var backupNow []string
 	for _, c := range cmds {
 		switch {
+		case c.Newer != nil:
+			actions = append(actions, Report{Level: slog.LevelWarn, Msg: "a command in the store was written by a newer etcd-manager; leaving it alone",
+				Attrs: []any{"command", c.ID, "error", c.Newer}})
 		case c.Status.State == spec.CommandFailed:
 		case c.Err != nil:
 			actions = append(actions, FailCommand{ID: c.ID, Reason: c.Err.Error()})

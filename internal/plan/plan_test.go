@@ -393,3 +393,62 @@ func TestPlanPeerURLSwitch(t *testing.T) {
 		})
 	}
 }
+
+func TestPlanNewerFormat(t *testing.T) {
+	newer := errors.New("spec: written by a newer etcd-manager")
+	settled := func() Observed {
+		return leaderObs(3, cluster(member("a", true), member("b", true), member("c", true)),
+			node("a", "member"), node("b", "member"), node("c", "member"))
+	}
+	with := func(o Observed, f func(*Observed)) Observed { f(&o); return o }
+	tests := []struct {
+		name string
+		obs  Observed
+		want []string
+	}{
+		{name: "a newer restore command: wait, do nothing else",
+			obs: with(settled(), func(o *Observed) {
+				c := cmd("r1", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}, spec.CommandRunning)
+				c.Newer = newer
+				o.Commands = []Command{c}
+				o.BackupDue = true
+			}),
+			want: []string{"report[WARN] a record in the store was written by a newer etcd-manager; this agent waits"}},
+		{name: "a newer command of an unknown kind: wait",
+			obs: with(settled(), func(o *Observed) {
+				c := cmd("x1", spec.Command{}, spec.CommandPending)
+				c.Newer = newer
+				o.Commands = []Command{c}
+			}),
+			want: []string{"report[WARN] a record in the store was written by a newer etcd-manager; this agent waits"}},
+		{name: "a newer backup-now is left alone; the periodic backup goes on",
+			obs: with(settled(), func(o *Observed) {
+				c := cmd("n1", backupNow, spec.CommandPending)
+				c.Newer = newer
+				o.Commands = []Command{c}
+				o.BackupDue = true
+			}),
+			want: []string{"report[WARN] a command in the store was written by a newer etcd-manager; leaving it alone", "take-backup (periodic)"}},
+		{name: "a newer store lock: wait",
+			obs: with(Observed{Spec: specN(1), Self: node("a", "standby"), Peers: []Node{node("a", "standby")}},
+				func(o *Observed) { o.NewerFormat = newer }),
+			want: []string{"report[WARN] a record in the store was written by a newer etcd-manager; this agent waits"}},
+		{name: "a newer lock still lets the local etcd start",
+			obs: with(Observed{Spec: specN(1), Self: node("a", "stopped"), Peers: []Node{node("a", "stopped")}},
+				func(o *Observed) { o.NewerFormat = newer }),
+			want: []string{"start-etcd", "report[WARN] a record in the store was written by a newer etcd-manager"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Plan(tt.obs)
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d actions (%s), want %d", len(got), describe(got), len(tt.want))
+			}
+			for i, w := range tt.want {
+				if d := describe(got[i : i+1]); !strings.HasPrefix(d, w) {
+					t.Errorf("action %d: %s, want %s", i, d, w)
+				}
+			}
+		})
+	}
+}

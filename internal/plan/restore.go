@@ -132,7 +132,7 @@ func (FinishRestore) Mutates() bool      { return true }
 func ActiveExclusive(cmds []Command) *Command {
 	for i, c := range cmds {
 		k := c.Command
-		if c.Err == nil && (k.RestoreBackup != nil || k.RecoverQuorum != nil || k.DumpRestore != nil) && !c.Status.Finished() {
+		if c.Err == nil && c.Newer == nil && (k.RestoreBackup != nil || k.RecoverQuorum != nil || k.DumpRestore != nil) && !c.Status.Finished() {
 			return &cmds[i]
 		}
 	}

@@ -11,6 +11,9 @@ import (
 // and restoreBackup fields are the etcd-manager format's; backupNow is
 // ours. Exactly one kind is set.
 type Command struct {
+	// Format is the record's format (see FormatVersion); kops's commands
+	// carry none.
+	Format int `json:"format,omitempty"`
 	// Timestamp is when the command was queued, in unix nanoseconds.
 	Timestamp     Int64                 `json:"timestamp"`
 	RestoreBackup *RestoreBackupCommand `json:"restoreBackup,omitempty"`
@@ -88,7 +91,9 @@ func (c Command) Validate() error {
 	}
 }
 
-// DecodeCommand parses and validates a _command.json.
+// DecodeCommand parses and validates a _command.json. A command of a
+// newer format than this etcd-manager understands is an error wrapping
+// ErrNewerFormat: it may be valid, just not to this version.
 func DecodeCommand(data []byte) (Command, error) {
 	var c Command
 	if len(bytes.TrimSpace(data)) == 0 {
@@ -96,6 +101,9 @@ func DecodeCommand(data []byte) (Command, error) {
 	}
 	if err := json.Unmarshal(data, &c); err != nil {
 		return c, fmt.Errorf("spec: command is not valid JSON: %w", err)
+	}
+	if err := CheckFormat("the command", c.Format); err != nil {
+		return c, err
 	}
 	return c, c.Validate()
 }
@@ -112,7 +120,9 @@ const (
 // progress on a command. The command object itself is only ever written
 // by whoever queued it.
 type CommandStatus struct {
-	State string `json:"state"`
+	// Format is the record's format (see FormatVersion).
+	Format int    `json:"format,omitempty"`
+	State  string `json:"state"`
 	// Message says why a command failed, or what it is doing.
 	Message string `json:"message,omitempty"`
 	// Backup is the backup a backup-now command took.
@@ -131,13 +141,14 @@ func (s CommandStatus) Finished() bool {
 	return s.State == CommandDone || s.State == CommandFailed
 }
 
-// DecodeCommandStatus parses a _status.json.
+// DecodeCommandStatus parses a _status.json. A status of a newer format
+// than this etcd-manager understands is an error wrapping ErrNewerFormat.
 func DecodeCommandStatus(data []byte) (CommandStatus, error) {
 	var s CommandStatus
 	if err := json.Unmarshal(data, &s); err != nil {
 		return s, fmt.Errorf("spec: command status is not valid JSON: %w", err)
 	}
-	return s, nil
+	return s, CheckFormat("the command's status", s.Format)
 }
 
 // Restore phases, in order. A dump-restore starts with the first two.

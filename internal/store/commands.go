@@ -29,7 +29,11 @@ type QueuedCommand struct {
 	Command spec.Command
 	// Err is set when _command.json cannot be parsed or is not a valid
 	// command: junk in the queue, which the leader marks failed.
-	Err    error
+	Err error
+	// Newer is set when the command or its status was written by a newer
+	// etcd-manager (it wraps spec.ErrNewerFormat): agents wait rather than
+	// act on it.
+	Newer  error
 	Status spec.CommandStatus
 }
 
@@ -43,6 +47,7 @@ func (s *Store) AddCommand(ctx context.Context, cmd spec.Command, now time.Time)
 		return "", fmt.Errorf("store: %w", err)
 	}
 	cmd.Timestamp = spec.Int64(now.UnixNano())
+	cmd.Format = spec.FormatVersion
 	data, err := jsonLine(cmd)
 	if err != nil {
 		return "", err
@@ -104,6 +109,9 @@ func (s *Store) ReadCommand(ctx context.Context, id string) (QueuedCommand, erro
 		return q, err
 	}
 	q.Command, q.Err = spec.DecodeCommand(data)
+	if errors.Is(q.Err, spec.ErrNewerFormat) {
+		q.Newer, q.Err = fmt.Errorf("%s: %w", q.Key(CommandObject), q.Err), nil
+	}
 	if q.Err != nil {
 		q.Err = fmt.Errorf("%s: %w", q.Key(CommandObject), q.Err)
 	}
@@ -114,6 +122,10 @@ func (s *Store) ReadCommand(ctx context.Context, id string) (QueuedCommand, erro
 		return q, err
 	default:
 		st, err := spec.DecodeCommandStatus(data)
+		if errors.Is(err, spec.ErrNewerFormat) {
+			q.Newer = fmt.Errorf("%s: %w", q.Key(StatusObject), err)
+			err = nil
+		}
 		if err != nil {
 			// Only the leader writes it; a bad one is rewritten on its
 			// next step. Show it rather than hide the command.
@@ -127,6 +139,7 @@ func (s *Store) ReadCommand(ctx context.Context, id string) (QueuedCommand, erro
 // SetCommandStatus records the leader's progress on a command.
 func (s *Store) SetCommandStatus(ctx context.Context, id string, st spec.CommandStatus, now time.Time) error {
 	st.Updated = spec.Int64(now.UnixNano())
+	st.Format = spec.FormatVersion
 	data, err := jsonLine(st)
 	if err != nil {
 		return err

@@ -125,3 +125,36 @@ func TestDecodeCommandFormats(t *testing.T) {
 		})
 	}
 }
+
+// A command or status of a newer format is kept apart from junk: it is
+// marked Newer, never failed.
+func TestReadCommandNewerFormat(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, "file://"+filepath.Join(t.TempDir(), "store"), Options{Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id, err := s.AddCommand(ctx, spec.Command{BackupNow: &spec.BackupNowCommand{}}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := s.ReadCommand(ctx, id)
+	if err != nil || q.Newer != nil || q.Err != nil || q.Command.Format != spec.FormatVersion {
+		t.Fatalf("own command: %+v, %v", q, err)
+	}
+	if err := s.Write(ctx, "control/"+id+"/_status.json", []byte(`{"format":2,"state":"running"}`)); err != nil {
+		t.Fatal(err)
+	}
+	q, err = s.ReadCommand(ctx, id)
+	if err != nil || !errors.Is(q.Newer, spec.ErrNewerFormat) || q.Err != nil {
+		t.Fatalf("newer status: Newer %v, Err %v, %v", q.Newer, q.Err, err)
+	}
+	if err := s.Write(ctx, "control/"+id+"/_command.json", []byte(`{"format":2,"rollCA":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	q, err = s.ReadCommand(ctx, id)
+	if err != nil || !errors.Is(q.Newer, spec.ErrNewerFormat) || q.Err != nil {
+		t.Fatalf("newer command: Newer %v, Err %v, %v", q.Newer, q.Err, err)
+	}
+}

@@ -1,0 +1,29 @@
+package spec
+
+import (
+	"errors"
+	"fmt"
+)
+
+// FormatVersion is the format of the records this etcd-manager writes to
+// the store that are its own (command statuses, lock terms, discovery
+// records, procedure choices, and commands queued by its ctl). A record
+// without a format field is format 0: written before formats existed, or
+// by kops's etcd-manager. A newer etcd-manager that changes the meaning of
+// a record raises the format; an older one never acts on such a record.
+const FormatVersion = 1
+
+// ErrNewerFormat means a record was written by a newer etcd-manager than
+// this one: it says so and waits to be upgraded, rather than act on
+// something it may misread.
+var ErrNewerFormat = errors.New("spec: written by a newer etcd-manager")
+
+// CheckFormat returns an error wrapping ErrNewerFormat when format is
+// newer than this etcd-manager understands. what names the record.
+func CheckFormat(what string, format int) error {
+	if format > FormatVersion {
+		return fmt.Errorf("%w: %s has format %d, this etcd-manager understands formats up to %d; upgrade this agent (or the ctl)",
+			ErrNewerFormat, what, format, FormatVersion)
+	}
+	return nil
+}

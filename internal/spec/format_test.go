@@ -1,0 +1,34 @@
+package spec
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestNewerFormats(t *testing.T) {
+	tests := []struct {
+		name   string
+		decode func() error
+		newer  bool
+	}{
+		{"kops command, no format", func() error { _, err := DecodeCommand([]byte(`{"timestamp":"1","backupNow":{}}`)); return err }, false},
+		{"command of this format", func() error { _, err := DecodeCommand([]byte(`{"format":1,"backupNow":{}}`)); return err }, false},
+		{"command of a newer format", func() error { _, err := DecodeCommand([]byte(`{"format":2,"backupNow":{}}`)); return err }, true},
+		{"newer command of an unknown kind is newer, not junk", func() error { _, err := DecodeCommand([]byte(`{"format":2,"restoreToPoint":{}}`)); return err }, true},
+		{"status of this format", func() error { _, err := DecodeCommandStatus([]byte(`{"format":1,"state":"running"}`)); return err }, false},
+		{"status without format", func() error { _, err := DecodeCommandStatus([]byte(`{"state":"running"}`)); return err }, false},
+		{"status of a newer format", func() error { _, err := DecodeCommandStatus([]byte(`{"format":7,"state":"running"}`)); return err }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.decode()
+			if got := errors.Is(err, ErrNewerFormat); got != tt.newer {
+				t.Fatalf("error %v: newer = %v, want %v", err, got, tt.newer)
+			}
+			if tt.newer && !strings.Contains(err.Error(), "understands formats up to 1") {
+				t.Errorf("error %q does not say which formats this version understands", err)
+			}
+		})
+	}
+}
