@@ -33,7 +33,13 @@ type DumpRestoreCommand struct {
 
 // RecoverQuorumCommand asks the leader to rebuild a cluster that lost
 // quorum from its surviving member's data.
-type RecoverQuorumCommand struct{}
+type RecoverQuorumCommand struct {
+	// Lost names the members (their node IDs) the operator knows to be
+	// gone for good. A survivor forces a new cluster only with evidence
+	// that the other members have no quorum; a member named lost whose
+	// agent has been silent for a lease counts as such.
+	Lost []string `json:"lost,omitempty"`
+}
 
 // RestoreBackupCommand asks the leader to restore the named backup.
 type RestoreBackupCommand struct {
@@ -121,8 +127,12 @@ const (
 // by whoever queued it.
 type CommandStatus struct {
 	// Format is the record's format (see FormatVersion).
-	Format int    `json:"format,omitempty"`
-	State  string `json:"state"`
+	Format int `json:"format,omitempty"`
+	// Term is the fencing term of the driver that wrote it, 0 for a status
+	// written outside a procedure. Readers take the status of the highest
+	// term, so a stale driver's late write changes nothing.
+	Term  int64  `json:"term,omitempty"`
+	State string `json:"state"`
 	// Message says why a command failed, or what it is doing.
 	Message string `json:"message,omitempty"`
 	// Backup is the backup a backup-now command took.
@@ -176,4 +186,50 @@ type RestoreProgress struct {
 	// Backup the backup it took of it.
 	OldToken string `json:"oldToken,omitempty"`
 	Backup   string `json:"backup,omitempty"`
+}
+
+// Choice is what a procedure decides once, before anything acts on it:
+// a restore's new cluster (token, members, version) or a recover-quorum's
+// survivor. It is written create-once (control/<id>/_choice.json), so
+// that every driver of the procedure, the first or a later one, acts on
+// the same choice.
+type Choice struct {
+	// Format is the record's format (see FormatVersion).
+	Format int `json:"format,omitempty"`
+	// Term is the fencing term of the driver that chose.
+	Term int64 `json:"term"`
+	// Restore is the new cluster of a restore or dump-restore; its Phase
+	// and Backup are not part of the choice.
+	Restore *RestoreProgress `json:"restore,omitempty"`
+	// Survivor is the node a recover-quorum rebuilds the cluster from.
+	Survivor string `json:"survivor,omitempty"`
+}
+
+// DecodeChoice parses a _choice.json. A choice of a newer format is an
+// error wrapping ErrNewerFormat.
+func DecodeChoice(data []byte) (Choice, error) {
+	var c Choice
+	if err := json.Unmarshal(data, &c); err != nil {
+		return c, fmt.Errorf("spec: procedure choice is not valid JSON: %w", err)
+	}
+	if err := CheckFormat("the procedure's choice", c.Format); err != nil {
+		return c, err
+	}
+	if c.Restore == nil && c.Survivor == "" {
+		return c, errors.New("spec: procedure choice holds nothing")
+	}
+	return c, nil
+}
+
+// Apply overlays the choice onto a status read beside it: what was
+// chosen once is what every driver acts on.
+func (c Choice) Apply(st *CommandStatus) {
+	if r := c.Restore; r != nil && st.Restore != nil {
+		p := *st.Restore
+		p.Token, p.Members, p.InitialCluster, p.EtcdVersion, p.OldToken = r.Token, r.Members, r.InitialCluster, r.EtcdVersion, r.OldToken
+		st.Restore = &p
+	}
+	if c.Survivor != "" {
+		st.Node = c.Survivor
+	}
 }

@@ -158,3 +158,122 @@ func TestReadCommandNewerFormat(t *testing.T) {
 		t.Fatalf("newer command: Newer %v, Err %v, %v", q.Newer, q.Err, err)
 	}
 }
+
+// One object under control/ that cannot be used makes its command fail;
+// the queue stays readable.
+func TestListCommandsUnreadableObject(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, "file://"+filepath.Join(t.TempDir(), "store"), Options{Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	var ids []string
+	for range 3 {
+		id, err := s.AddCommand(ctx, spec.Command{BackupNow: &spec.BackupNowCommand{}}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	huge := make([]byte, MaxCommandSize+1)
+	if err := s.Write(ctx, "control/"+ids[0]+"/_command.json", huge); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(ctx, "control/"+ids[1]+"/_status.json", []byte(`{"state":"runn`)); err != nil {
+		t.Fatal(err)
+	}
+	cmds, err := s.ListCommands(ctx)
+	if err != nil {
+		t.Fatalf("one bad object made the whole queue unreadable: %v", err)
+	}
+	if len(cmds) != 3 {
+		t.Fatalf("%d commands listed, want 3", len(cmds))
+	}
+	if !errors.Is(cmds[0].Err, ErrTooLarge) || !strings.Contains(cmds[0].Err.Error(), ids[0]+"/_command.json") {
+		t.Errorf("oversized command: Err %v, want ErrTooLarge naming the object", cmds[0].Err)
+	}
+	if cmds[1].Err == nil || !strings.Contains(cmds[1].Err.Error(), ids[1]+"/_status.json") {
+		t.Errorf("truncated status: Err %v, want an error naming the object", cmds[1].Err)
+	}
+	if cmds[2].Err != nil {
+		t.Errorf("a good command has Err %v", cmds[2].Err)
+	}
+	if err := s.Write(ctx, KeySpec, make([]byte, MaxSpecSize+1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReadSpec(ctx); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("oversized spec: %v, want ErrTooLarge", err)
+	}
+}
+
+// A status of an older term, written late by a stale driver, changes
+// nothing; the choice is made once; deleting a command removes it all.
+func TestCommandStatusTermsAndChoice(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, "file://"+filepath.Join(t.TempDir(), "store"), Options{Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	id, err := s.AddCommand(ctx, spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b1"}}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(phase, token string) spec.CommandStatus {
+		return spec.CommandStatus{State: spec.CommandRunning, Restore: &spec.RestoreProgress{Phase: phase, Token: token, Members: []string{"a"}}}
+	}
+	if err := s.SetCommandStatusAt(ctx, id, 7, status("restoring", "t7"), now); err != nil {
+		t.Fatal(err)
+	}
+	// Late writes of older terms, and of no term.
+	if err := s.SetCommandStatusAt(ctx, id, 6, status("stopping", "t6"), now); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetCommandStatus(ctx, id, status("stopping", "t0"), now); err != nil {
+		t.Fatal(err)
+	}
+	q, err := s.ReadCommand(ctx, id)
+	if err != nil || q.Err != nil {
+		t.Fatalf("ReadCommand: %v, %v", err, q.Err)
+	}
+	if q.Status.Term != 7 || q.Status.Restore.Phase != "restoring" || q.Status.Restore.Token != "t7" {
+		t.Fatalf("status %+v (%+v), want term 7's", q.Status, q.Status.Restore)
+	}
+
+	first := spec.Choice{Term: 7, Restore: &spec.RestoreProgress{Token: "chosen", Members: []string{"a", "b"}, EtcdVersion: "3.6.16"}}
+	got, err := s.CreateChoice(ctx, id, first)
+	if err != nil || got.Restore.Token != "chosen" {
+		t.Fatalf("first choice: %+v, %v", got, err)
+	}
+	second := spec.Choice{Term: 8, Restore: &spec.RestoreProgress{Token: "other", Members: []string{"c"}}}
+	got, err = s.CreateChoice(ctx, id, second)
+	if err != nil || got.Restore.Token != "chosen" || got.Term != 7 {
+		t.Fatalf("second choice: %+v, %v; want the first one back", got, err)
+	}
+	q, err = s.ReadCommand(ctx, id)
+	if err != nil || q.Choice == nil {
+		t.Fatalf("ReadCommand with a choice: %+v, %v", q, err)
+	}
+	if p := q.Status.Restore; p.Token != "chosen" || strings.Join(p.Members, ",") != "a,b" || p.Phase != "restoring" {
+		t.Errorf("status with the choice applied: %+v, want token chosen, members a,b, phase restoring", p)
+	}
+
+	// A status that claims another term than its name is damaged.
+	if err := s.Write(ctx, "control/"+id+"/_status-00000000000000000009.json", []byte(`{"format":1,"term":3,"state":"running"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if q, err := s.ReadCommand(ctx, id); err != nil || q.Err == nil {
+		t.Errorf("a status whose term does not match its name: Err %v, %v", q.Err, err)
+	}
+
+	if err := s.DeleteCommand(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	left, err := s.List(ctx, "control/"+id+"/", "")
+	if err != nil || len(left) != 0 {
+		t.Errorf("left after delete-command: %v, %v", left, err)
+	}
+}

@@ -40,6 +40,19 @@ var (
 	ErrExists      = errors.New("store: object already exists")
 	ErrUnreachable = errors.New("store: backup store unreachable")
 	ErrBadURL      = errors.New("store: invalid backup store URL")
+	// ErrTooLarge means an object is larger than any valid one of its
+	// kind: it is refused unread, and named.
+	ErrTooLarge = errors.New("store: object is too large")
+)
+
+// Size limits of the small objects the agents and the ctl read, far above
+// any valid one: whatever is read from the store is bounded.
+const (
+	MaxSpecSize    = 64 << 10
+	MaxMarkerSize  = 4 << 10
+	MaxCommandSize = 64 << 10
+	MaxStatusSize  = 256 << 10
+	MaxRecordSize  = 16 << 10
 )
 
 // Options control how a store is opened.
@@ -171,6 +184,28 @@ func (s *Store) Read(ctx context.Context, key string) ([]byte, error) {
 	data, err := s.bucket.ReadAll(ctx, key)
 	if err != nil {
 		return nil, s.wrap("read", key, err)
+	}
+	return data, nil
+}
+
+// ReadMax returns the object at key, refusing one larger than max bytes
+// with an error wrapping ErrTooLarge that names it; a missing object wraps
+// ErrNotFound.
+func (s *Store) ReadMax(ctx context.Context, key string, max int64) ([]byte, error) {
+	r, err := s.bucket.NewReader(ctx, key, nil)
+	if err != nil {
+		return nil, s.wrap("read", key, err)
+	}
+	defer r.Close()
+	if size := r.Size(); size > max {
+		return nil, fmt.Errorf("%w: %s in %s is %d bytes; no valid one is over %d", ErrTooLarge, key, s.url, size, max)
+	}
+	data, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, s.wrap("read", key, err)
+	}
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("%w: %s in %s is over %d bytes", ErrTooLarge, key, s.url, max)
 	}
 	return data, nil
 }
@@ -341,7 +376,7 @@ func (s *Store) list(ctx context.Context, prefix, delimiter string) ([]string, e
 // ReadSpec reads the desired cluster spec. A missing spec wraps
 // ErrNotFound; an unparsable one names the object.
 func (s *Store) ReadSpec(ctx context.Context) (spec.ClusterSpec, error) {
-	data, err := s.Read(ctx, KeySpec)
+	data, err := s.ReadMax(ctx, KeySpec, MaxSpecSize)
 	if err != nil {
 		return spec.ClusterSpec{}, err
 	}
@@ -364,7 +399,7 @@ func (s *Store) WriteSpec(ctx context.Context, cs spec.ClusterSpec) error {
 // ReadCreated reads the creation marker; a missing marker wraps
 // ErrNotFound.
 func (s *Store) ReadCreated(ctx context.Context) (spec.ClusterCreated, error) {
-	data, err := s.Read(ctx, KeyCreated)
+	data, err := s.ReadMax(ctx, KeyCreated, MaxMarkerSize)
 	if err != nil {
 		return spec.ClusterCreated{}, err
 	}
