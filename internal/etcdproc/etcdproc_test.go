@@ -302,3 +302,154 @@ func TestInstalledVersions(t *testing.T) {
 		t.Fatalf("missing dir: %v", v)
 	}
 }
+
+// A member whose data is gone is never started again on its spec: not at
+// the first start, and not by the restart loop after the data vanished
+// under a running etcd.
+func TestSupervisorRequiresData(t *testing.T) {
+	dir := t.TempDir()
+	starts := filepath.Join(dir, "starts")
+	etcd := filepath.Join(dir, "etcd-v3.6.16", "etcd")
+	writeScript(t, etcd, "echo started >> "+starts+"\nexec sleep 60")
+	dataDir := filepath.Join(dir, "data", "tok")
+	newSup := func() *Supervisor {
+		return NewSupervisor(SupervisorConfig{Output: io.Discard, StopTimeout: 2 * time.Second,
+			MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}
+	sp := Spec{Binaries: Binaries{Etcd: etcd}, Name: "n", DataDir: dataDir, RequireData: true}
+
+	sup := newSup()
+	if err := sup.Start(t.Context(), sp); !errors.Is(err, ErrDataLost) {
+		t.Fatalf("start on an empty data dir: %v, want ErrDataLost", err)
+	}
+	waitFor(t, "the supervisor to give up", func() bool { return !sup.Status().Wanted })
+	if st := sup.Status(); !st.DataLost {
+		t.Errorf("status %+v: DataLost not set", st)
+	}
+	if _, err := os.Stat(starts); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("etcd was started on an empty data dir")
+	}
+
+	if err := os.MkdirAll(filepath.Join(dataDir, "member"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sup = newSup()
+	if err := sup.Start(t.Context(), sp); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "etcd to run", func() bool {
+		b, _ := os.ReadFile(starts)
+		return sup.Status().PID != 0 && strings.Count(string(b), "started") == 1
+	})
+	pid := sup.Status().PID
+	if err := os.RemoveAll(dataDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the supervisor to give up after the data vanished", func() bool { st := sup.Status(); return !st.Wanted && st.DataLost })
+	time.Sleep(100 * time.Millisecond)
+	b, _ := os.ReadFile(starts)
+	if n := strings.Count(string(b), "started"); n != 1 {
+		t.Errorf("etcd started %d times, want 1 (never again once its data was gone)", n)
+	}
+	if err := sup.Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A state file from before HasRun was recorded counts members past their
+// creation as having run.
+func TestLoadStateMigratesHasRun(t *testing.T) {
+	l := Layout{Root: t.TempDir()}
+	if err := os.WriteFile(filepath.Join(l.Root, "state.json"),
+		[]byte(`{"nodeId":"n1","member":{"clusterToken":"tok","etcdVersion":"3.6.16","initialCluster":"n1=http://a:2380","newCluster":false}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.LoadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Format != StateFormat || st.Member == nil || !st.Member.HasRun {
+		t.Fatalf("migrated state %+v (member %+v): want format %d and HasRun", st, st.Member, StateFormat)
+	}
+	again, err := l.LoadState()
+	if err != nil || !again.Member.HasRun {
+		t.Fatalf("the migration was not saved: %+v, %v", again.Member, err)
+	}
+}
+
+func TestTrashPolicy(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	day := 24 * time.Hour
+	entry := func(name string, age time.Duration, size int64) TrashEntry {
+		return TrashEntry{Name: name, Moved: t0.Add(30*day - age), Size: size}
+	}
+	now := t0.Add(30 * day)
+	since := now.Add(-time.Hour) // the live membership began an hour ago
+	three := []TrashEntry{entry("a", 20*day, 100), entry("b", 10*day, 100), entry("c", 2*day, 100)}
+	tests := []struct {
+		name    string
+		policy  TrashPolicy
+		entries []TrashEntry
+		since   time.Time
+		want    string
+	}{
+		{"older than the age go, the newest stays", TrashPolicy{MaxAge: 7 * day}, three, since, "a,b"},
+		{"the newest stays even when old", TrashPolicy{MaxAge: day}, []TrashEntry{entry("a", 20*day, 100)}, since, ""},
+		{"past the size, oldest first", TrashPolicy{MaxBytes: 150}, three, since, "a,b"},
+		{"under the size", TrashPolicy{MaxBytes: 300}, three, since, ""},
+		{"not superseded by live data: kept", TrashPolicy{MaxAge: 7 * day}, three, now.Add(-15 * day), "a"},
+		{"no live membership: nothing goes", TrashPolicy{MaxAge: 7 * day}, three, time.Time{}, ""},
+		{"no policy: nothing goes", TrashPolicy{}, three, since, ""},
+	}
+	for _, tt := range tests {
+		var names []string
+		for _, e := range tt.policy.Expired(tt.entries, now, tt.since) {
+			names = append(names, e.Name)
+		}
+		if got := strings.Join(names, ","); got != tt.want {
+			t.Errorf("%s: expired %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestTrashEntriesAndTidy(t *testing.T) {
+	l := Layout{Root: t.TempDir()}
+	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	for i, token := range []string{"old", "new"} {
+		if err := os.MkdirAll(filepath.Join(l.EtcdDataDir(token), "member"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(l.EtcdDataDir(token), "member", "db"), make([]byte, 10*(i+1)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Trash(token, now.Add(time.Duration(i)*time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entries, err := l.TrashEntries()
+	if err != nil || len(entries) != 2 || !strings.HasPrefix(entries[0].Name, "old-") || entries[1].Size != 20 {
+		t.Fatalf("entries %+v, %v", entries, err)
+	}
+	if err := l.RemoveTrash("../state.json"); err == nil {
+		t.Error("a path outside the trash was accepted")
+	}
+	if err := l.RemoveTrash(entries[0].Name); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := l.TrashEntries(); len(entries) != 1 {
+		t.Errorf("after removing one: %+v", entries)
+	}
+	tmp := filepath.Join(l.Root, "tmp", "restore-123")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := l.TidyTmp(time.Now(), time.Hour); err != nil || len(removed) != 0 {
+		t.Errorf("a fresh tmp entry was removed: %v, %v", removed, err)
+	}
+	if removed, err := l.TidyTmp(time.Now(), 0); err != nil || len(removed) != 1 {
+		t.Errorf("tidy at start: %v, %v", removed, err)
+	}
+}

@@ -44,6 +44,20 @@ type Spec struct {
 	// TLS, when set, is the node certificate etcd serves clients and
 	// peers with, and requires of them (https URLs).
 	TLS *TLSFiles
+	// RequireData refuses every start, the supervisor's restarts included,
+	// unless DataDir holds etcd's data: set once etcd has run on it, so
+	// that lost data is never met by a member with an empty log.
+	RequireData bool
+}
+
+// ErrDataLost means etcd was not started because the data it has run on
+// is gone.
+var ErrDataLost = errors.New("etcdproc: etcd's data is gone")
+
+// HasData reports whether dir holds etcd's member data.
+func HasData(dir string) bool {
+	st, err := os.Stat(filepath.Join(dir, "member"))
+	return err == nil && st.IsDir()
 }
 
 // TLSFiles are PEM files: the CA to trust, and a certificate and key.
@@ -140,13 +154,14 @@ type Supervisor struct {
 	cfg SupervisorConfig
 	log *slog.Logger
 
-	mu      sync.Mutex
-	spec    *Spec
-	pid     int
-	starts  int
-	stop    chan struct{} // closed to stop the current run loop
-	done    chan struct{} // closed when the run loop has exited
-	lastErr error
+	mu       sync.Mutex
+	spec     *Spec
+	pid      int
+	starts   int
+	stop     chan struct{} // closed to stop the current run loop
+	done     chan struct{} // closed when the run loop has exited
+	lastErr  error
+	dataLost bool
 }
 
 // NewSupervisor returns an idle supervisor.
@@ -165,13 +180,16 @@ type Status struct {
 	// Starts counts how often etcd was started under this spec.
 	Starts  int
 	LastErr error
+	// DataLost is set when the supervisor stopped restarting etcd because
+	// the data it had run on is gone (see Spec.RequireData).
+	DataLost bool
 }
 
 // Status returns a snapshot of the supervisor's state.
 func (s *Supervisor) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Status{Wanted: s.spec != nil, Spec: s.spec, PID: s.pid, Starts: s.starts, LastErr: s.lastErr}
+	return Status{Wanted: s.spec != nil, Spec: s.spec, PID: s.pid, Starts: s.starts, LastErr: s.lastErr, DataLost: s.dataLost}
 }
 
 // Start begins supervising etcd with spec. It stops any etcd already
@@ -186,6 +204,7 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) error {
 	s.spec = &spec
 	s.starts = 0
 	s.lastErr = nil
+	s.dataLost = false
 	s.stop = make(chan struct{})
 	s.done = make(chan struct{})
 	stop, done := s.stop, s.done
@@ -254,6 +273,15 @@ func (s *Supervisor) loop(stop, done chan struct{}, started chan<- error) {
 			return
 		default:
 		}
+		if errors.Is(err, ErrDataLost) {
+			// Never again on this spec: the node is told what to do.
+			s.log.Error("etcd's data is gone; not starting etcd as the old member (the leader replaces it with a new one)",
+				"data-dir", spec.DataDir)
+			s.mu.Lock()
+			s.spec, s.dataLost = nil, true
+			s.mu.Unlock()
+			return
+		}
 		if time.Since(begin) >= s.cfg.StableAfter {
 			backoff = s.cfg.MinBackoff
 		}
@@ -275,6 +303,12 @@ func (s *Supervisor) runOnce(spec Spec, stop <-chan struct{}, onStart func(error
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 
+	if spec.RequireData && !HasData(spec.DataDir) {
+		err := fmt.Errorf("%w: %s has no member data", ErrDataLost, spec.DataDir)
+		s.setErr(err)
+		onStart(err)
+		return err
+	}
 	cmd := exec.Command(spec.Binaries.Etcd, spec.Args()...)
 	cmd.Stdout = s.cfg.Output
 	cmd.Stderr = s.cfg.Output

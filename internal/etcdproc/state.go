@@ -20,10 +20,16 @@ var ErrDataDirLocked = errors.New("etcdproc: data dir is in use by another etcd-
 // State is what a node keeps under --data-dir across restarts. It is
 // written atomically (temp file, fsync, rename).
 type State struct {
+	// Format is the state file's format: 0 before HasRun was recorded, 1
+	// since.
+	Format int `json:"format,omitempty"`
 	// NodeID names this node; it is also the etcd member name.
 	NodeID string `json:"nodeId"`
 	// Member is set while this node is (or is becoming) an etcd member.
 	Member *MemberState `json:"member,omitempty"`
+	// ObeyedTerm is the highest fencing term of a procedure call this
+	// node has obeyed; calls of older terms are refused.
+	ObeyedTerm int64 `json:"obeyedTerm,omitempty"`
 }
 
 // MemberState describes the etcd member this node runs.
@@ -34,6 +40,10 @@ type MemberState struct {
 	InitialCluster string `json:"initialCluster"`
 	// NewCluster selects --initial-cluster-state=new; otherwise existing.
 	NewCluster bool `json:"newCluster"`
+	// HasRun is set once etcd has written this member's data: from then on
+	// etcd is never started as this member on an empty data dir (it would
+	// rejoin with an empty log, or panic); lost data means a new member.
+	HasRun bool `json:"hasRun,omitempty"`
 	// Quarantined makes etcd serve clients on the quarantine URLs only.
 	Quarantined bool `json:"quarantined,omitempty"`
 	// V2Until is a raft index up to which this member's log may hold the
@@ -50,6 +60,9 @@ type MemberState struct {
 	// Pending is set from the moment this node decides to create a cluster
 	// until the store's creation marker confirms it was the one to do so.
 	Pending bool `json:"pending,omitempty"`
+	// Since is when this membership began (a join, a creation, a
+	// restore): data in the trash from before it is superseded.
+	Since time.Time `json:"since,omitzero"`
 }
 
 // Layout is the folder structure under --data-dir:
@@ -70,10 +83,7 @@ func (l Layout) EtcdDataDir(token string) string { return filepath.Join(l.Root, 
 
 // HasEtcdData reports whether etcd has written its member folder for the
 // cluster with this token.
-func (l Layout) HasEtcdData(token string) bool {
-	st, err := os.Stat(filepath.Join(l.EtcdDataDir(token), "member"))
-	return err == nil && st.IsDir()
-}
+func (l Layout) HasEtcdData(token string) bool { return HasData(l.EtcdDataDir(token)) }
 
 // SnapIndex is the raft index of etcd's newest raft snapshot file
 // (member/snap/<term>-<index>.snap), or 0 when it has none.
@@ -119,7 +129,13 @@ func (l Layout) Lock() (unlock func(), err error) {
 	return func() { f.Close() }, nil
 }
 
-// LoadState reads the node's state, creating a node ID on first use.
+// StateFormat is the format of the state file this version writes.
+const StateFormat = 1
+
+// LoadState reads the node's state, creating a node ID on first use. A
+// state from before HasRun was recorded counts every member that is past
+// its creation as having run: the safe side, since a member that never
+// ran is only removed and added again.
 func (l Layout) LoadState() (State, error) {
 	data, err := os.ReadFile(l.statePath())
 	if errors.Is(err, os.ErrNotExist) {
@@ -127,7 +143,7 @@ func (l Layout) LoadState() (State, error) {
 		if err != nil {
 			return State{}, err
 		}
-		st := State{NodeID: id}
+		st := State{Format: StateFormat, NodeID: id}
 		return st, l.SaveState(st)
 	}
 	if err != nil {
@@ -139,6 +155,21 @@ func (l Layout) LoadState() (State, error) {
 	}
 	if st.NodeID == "" {
 		return State{}, fmt.Errorf("etcdproc: state file %s has no node ID", l.statePath())
+	}
+	if st.Format < StateFormat {
+		if m := st.Member; m != nil && !m.NewCluster && !m.Pending {
+			mm := *m
+			mm.HasRun = true
+			if mm.Since.IsZero() {
+				// Whatever is in the trash was moved there before now.
+				mm.Since = time.Now().UTC()
+			}
+			st.Member = &mm
+		}
+		st.Format = StateFormat
+		if err := l.SaveState(st); err != nil {
+			return State{}, err
+		}
 	}
 	return st, nil
 }
@@ -160,7 +191,7 @@ func (l Layout) Trash(token string, now time.Time) (string, error) {
 	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
 		return "", nil
 	}
-	dst := filepath.Join(l.Root, "trash", fmt.Sprintf("%s-%s", token, now.UTC().Format("20060102T150405.000000000Z")))
+	dst := filepath.Join(l.Root, "trash", fmt.Sprintf("%s-%s", token, now.UTC().Format(trashTimeLayout)))
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return "", fmt.Errorf("etcdproc: create trash: %w", err)
 	}

@@ -16,7 +16,26 @@ import (
 
 // The node's side of the leader's long operations. Each call is
 // idempotent: a leader that retries it, or a new leader that resumes, gets
-// the same result.
+// the same result. A call made by a procedure's driver carries its fencing
+// term; the node refuses a term older than one it has obeyed, so a driver
+// that was paused and resumes after another took over changes nothing.
+
+// obeyLocked checks a call's fencing term and records it before the node
+// acts on the call. Callers hold n.mu.
+func (n *Node) obeyLocked(term int64, what string) error {
+	switch {
+	case term == 0:
+		return nil // not a procedure's call
+	case term < n.state.ObeyedTerm:
+		n.log.Warn("refused a call from a driver whose term has passed", "call", what, "term", term, "obeyed-term", n.state.ObeyedTerm)
+		return fmt.Errorf("%w: %s under term %d, but this node has obeyed term %d", peer.ErrStaleTerm, what, term, n.state.ObeyedTerm)
+	case term > n.state.ObeyedTerm:
+		st := n.state
+		st.ObeyedTerm = term
+		return n.setState(st)
+	}
+	return nil
+}
 
 // Restore serves the peer API: become a member of a new cluster restored
 // from a backup. It is idempotent: a node that already holds the new
@@ -24,6 +43,9 @@ import (
 func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if err := n.obeyLocked(req.Term, "restore"); err != nil {
+		return err
+	}
 	m := req.Member
 	token := m.ClusterToken
 	if cur := n.state.Member; cur != nil && cur.ClusterToken == token && n.layout.HasEtcdData(token) {
@@ -86,7 +108,7 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 		return fmt.Errorf("node: %w", err)
 	}
 	crashpoint.Here(n.log, "restore-node-data") // restored data, not yet in the state
-	m.NewCluster, m.Pending, m.PeerURLs = false, false, n.cfg.PeerURLs
+	m.NewCluster, m.Pending, m.PeerURLs, m.HasRun, m.Since = false, false, n.cfg.PeerURLs, true, n.now().UTC()
 	st := n.state
 	st.Member = &m
 	if err := n.setState(st); err != nil {
@@ -102,6 +124,9 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 func (n *Node) Quarantine(ctx context.Context, req peer.QuarantineRequest) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if err := n.obeyLocked(req.Term, "quarantine"); err != nil {
+		return err
+	}
 	cur := n.state.Member
 	if cur == nil || cur.ClusterToken != req.Token {
 		return fmt.Errorf("node: quarantine cluster %s: this node is not its member", req.Token)
@@ -122,35 +147,39 @@ func (n *Node) Quarantine(ctx context.Context, req peer.QuarantineRequest) error
 }
 
 // Recover serves the peer API: restart this member's etcd with
-// --force-new-cluster, wait until it leads its one-member cluster, then
-// drop the flag so that later restarts are ordinary. It is idempotent: a
-// member already leading after a recovery does nothing.
+// --force-new-cluster, then wait until it leads its one-member cluster.
+// The flag is used for that one start only: it is dropped from the state
+// and from the supervisor's spec as soon as etcd has started with it, so
+// that no later restart forces a new cluster again, whatever becomes of
+// the command (done, failed, deleted). Should etcd fail before it
+// rewrote its membership, the command, while it stands, asks again. It
+// is idempotent: a member already leading does nothing.
 func (n *Node) Recover(ctx context.Context, req peer.RecoverRequest) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if err := n.obeyLocked(req.Term, "recover"); err != nil {
+		return err
+	}
 	cur := n.state.Member
 	if cur == nil || cur.ClusterToken != req.Token || !n.layout.HasEtcdData(req.Token) {
 		return fmt.Errorf("node: recover cluster %s: this node holds none of its data", req.Token)
 	}
-	if !cur.ForceNewCluster {
-		if st, err := n.localStatus(ctx); err == nil && st.LeaderID != 0 {
-			return nil // recovered already, or never lost quorum
-		}
-		m := *cur
-		m.ForceNewCluster = true
-		st := n.state
-		st.Member = &m
-		if err := n.setState(st); err != nil {
-			return err
-		}
-		n.log.Warn("restarting etcd with --force-new-cluster to recover quorum", "cluster-token", req.Token, "leader", req.LeaderID)
-		if err := n.startEtcdLocked(ctx); err != nil {
-			return err
-		}
-	} else if !n.proc.Status().Wanted {
-		if err := n.startEtcdLocked(ctx); err != nil {
-			return err
-		}
+	if st, err := n.localStatus(ctx); err == nil && st.LeaderID != 0 {
+		return nil // recovered already, or never lost quorum
+	}
+	if err := n.setForceNewClusterLocked(true); err != nil {
+		return err
+	}
+	n.log.Warn("restarting etcd with --force-new-cluster to recover quorum", "cluster-token", req.Token, "leader", req.LeaderID)
+	startErr := n.startEtcdLocked(ctx)
+	if err := n.setForceNewClusterLocked(false); err != nil {
+		return err
+	}
+	if cur := n.proc.Status().Spec; cur != nil {
+		n.proc.Update(n.etcdSpec(cur.Binaries, n.state.Member))
+	}
+	if startErr != nil {
+		return startErr
 	}
 	deadline := time.Now().Add(peer.RecoverWait)
 	for {
@@ -167,20 +196,23 @@ func (n *Node) Recover(ctx context.Context, req peer.RecoverRequest) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	m := *n.state.Member
-	m.ForceNewCluster = false
-	st := n.state
-	st.Member = &m
-	if err := n.setState(st); err != nil {
-		return err
-	}
-	if cur := n.proc.Status().Spec; cur != nil {
-		n.proc.Update(n.etcdSpec(cur.Binaries, &m))
-	}
 	n.log.Warn("quorum recovered: this member now leads a one-member cluster with all its data", "cluster-token", req.Token)
 	crashpoint.Here(n.log, "recover-forced")
 	defer n.poke()
 	return nil
+}
+
+// setForceNewClusterLocked records whether etcd's next start forces a new
+// cluster. Callers hold n.mu.
+func (n *Node) setForceNewClusterLocked(on bool) error {
+	if n.state.Member.ForceNewCluster == on {
+		return nil
+	}
+	m := *n.state.Member
+	m.ForceNewCluster = on
+	st := n.state
+	st.Member = &m
+	return n.setState(st)
 }
 
 // SetVersion serves the peer API: run etcd of another version on this

@@ -78,14 +78,21 @@ type Node struct {
 // first use. State from before peer URLs were recorded gets peerURLs, the
 // URLs configured now: the member was registered with the URLs configured
 // then, taken to be these.
+//
+// A --force-new-cluster left in the state by a crash mid-recovery is
+// dropped: it is used for one start only, and a recover-quorum that
+// still stands asks again.
 func LoadState(layout etcdproc.Layout, peerURLs []string) (etcdproc.State, error) {
 	st, err := layout.LoadState()
 	if err != nil {
 		return st, err
 	}
-	if m := st.Member; m != nil && len(m.PeerURLs) == 0 {
+	if m := st.Member; m != nil && (len(m.PeerURLs) == 0 || m.ForceNewCluster) {
 		mm := *m
-		mm.PeerURLs = peerURLs
+		if len(mm.PeerURLs) == 0 {
+			mm.PeerURLs = peerURLs
+		}
+		mm.ForceNewCluster = false
 		st.Member = &mm
 		if err := layout.SaveState(st); err != nil {
 			return st, err
@@ -167,6 +174,7 @@ func (n *Node) refreshInfoMember() {
 	defer n.infoMu.Unlock()
 	n.info.Member = n.state.Member
 	n.info.HasData = n.state.Member != nil && n.layout.HasEtcdData(n.state.Member.ClusterToken)
+	n.info.DataLost = n.state.Member != nil && n.state.Member.HasRun && !n.info.HasData
 	n.info.EtcdWanted = n.proc.Status().Wanted
 	if !n.info.EtcdWanted {
 		n.info.EtcdHealthy = false
@@ -188,11 +196,13 @@ func (n *Node) SetInfo(info peer.NodeInfo, member *etcdproc.MemberState) {
 	}
 }
 
-// Info serves the peer API: the node as last observed.
+// Info serves the peer API: the node as last observed, and its clock now.
 func (n *Node) Info(context.Context) (peer.NodeInfo, error) {
 	n.infoMu.Lock()
 	defer n.infoMu.Unlock()
-	return n.info, nil
+	info := n.info
+	info.Now = n.now().UTC()
+	return info, nil
 }
 
 // StartEtcd starts (or re-adopts) the local etcd from the node's state.
@@ -269,7 +279,7 @@ func (n *Node) Join(ctx context.Context, req peer.JoinRequest) error {
 		}
 		n.log.Warn("moved stale etcd data aside before joining", "cluster-token", m.ClusterToken, "data-moved-to", trashed)
 	}
-	m.PeerURLs = n.cfg.PeerURLs
+	m.PeerURLs, m.Since = n.cfg.PeerURLs, n.now().UTC()
 	st := n.state
 	st.Member = &m
 	if err := n.setState(st); err != nil {
@@ -289,6 +299,9 @@ func (n *Node) Join(ctx context.Context, req peer.JoinRequest) error {
 func (n *Node) Leave(ctx context.Context, req peer.LeaveRequest) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if err := n.obeyLocked(req.Term, "leave"); err != nil {
+		return err
+	}
 	cur := n.state.Member
 	if cur == nil {
 		return nil
@@ -336,7 +349,12 @@ func (n *Node) startEtcdLocked(ctx context.Context) error {
 	if err := bins.CheckVersion(ctx); err != nil {
 		return err
 	}
-	if m.NewCluster && n.layout.HasEtcdData(m.ClusterToken) {
+	hasData := n.layout.HasEtcdData(m.ClusterToken)
+	if m.HasRun && !hasData {
+		return fmt.Errorf("node: %w: this member's data dir %s is empty; not starting etcd as the old member (the leader removes it and adds this node back with fresh data)",
+			etcdproc.ErrDataLost, n.layout.EtcdDataDir(m.ClusterToken))
+	}
+	if !m.HasRun && hasData {
 		if err := n.markBootstrappedLocked(); err != nil {
 			return err
 		}
@@ -346,16 +364,17 @@ func (n *Node) startEtcdLocked(ctx context.Context) error {
 		return err
 	}
 	n.refreshInfoMember()
-	if m.NewCluster {
+	if !m.HasRun {
 		go n.watchBootstrap(m.ClusterToken)
 	}
 	return nil
 }
 
-// watchBootstrap clears NewCluster the moment etcd writes its data dir,
-// before the new member can have taken part in raft. Should the data be
-// lost after that, the node must rejoin as a new member, never bootstrap
-// again under its old identity.
+// watchBootstrap records that etcd has run (HasRun, and no longer
+// NewCluster) the moment etcd writes its data dir, before the member can
+// have taken part in raft. Should the data be lost after that, the node
+// must rejoin as a new member, never start again under its old identity
+// with an empty log.
 func (n *Node) watchBootstrap(token string) {
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
@@ -374,17 +393,17 @@ func (n *Node) watchBootstrap(token string) {
 	}
 }
 
-// markBootstrappedLocked clears NewCluster once etcd has written its data:
-// from then on a missing data dir means lost data, never a cluster to
-// create again. The running etcd keeps running; later restarts use the
-// new state.
+// markBootstrappedLocked records that etcd has written its data: from
+// then on a missing data dir means lost data, never a cluster to create
+// again nor a member to start afresh. The running etcd keeps running;
+// later restarts use the new state.
 func (n *Node) markBootstrappedLocked() error {
-	if n.state.Member == nil || !n.state.Member.NewCluster {
+	if n.state.Member == nil || (!n.state.Member.NewCluster && n.state.Member.HasRun) {
 		return nil
 	}
 	st := n.state
 	m := *st.Member
-	m.NewCluster = false
+	m.NewCluster, m.HasRun = false, true
 	st.Member = &m
 	if err := n.setState(st); err != nil {
 		return err
@@ -411,6 +430,7 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpro
 		ForceNewCluster:      m.ForceNewCluster,
 		SnapshotCount:        n.cfg.EtcdSnapshotCount,
 		TLS:                  n.cfg.EtcdTLS,
+		RequireData:          m.HasRun,
 	}
 }
 
@@ -477,4 +497,29 @@ func TempDir(dataDir, prefix string) (string, error) {
 		return "", fmt.Errorf("node: %w", err)
 	}
 	return dir, nil
+}
+
+// Tidy applies the trash policy, while this node is a healthy member
+// (healthy, as the loop just saw it): copies moved aside before its
+// membership began are superseded by its live data. The newest copy is
+// always kept.
+func (n *Node) Tidy(policy etcdproc.TrashPolicy, healthy bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.state.Member
+	if !healthy || m == nil || !m.HasRun || !n.layout.HasEtcdData(m.ClusterToken) {
+		return
+	}
+	entries, err := n.layout.TrashEntries()
+	if err != nil {
+		n.log.Warn("cannot read the trash", "error", err)
+		return
+	}
+	for _, e := range policy.Expired(entries, n.now(), m.Since) {
+		if err := n.layout.RemoveTrash(e.Name); err != nil {
+			n.log.Warn("cannot remove an expired copy from the trash", "entry", e.Name, "error", err)
+			continue
+		}
+		n.log.Info("removed an expired copy from the trash", "entry", e.Name, "moved", e.Moved, "bytes", e.Size)
+	}
 }

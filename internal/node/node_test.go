@@ -1,8 +1,15 @@
 package node
 
 import (
+	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 )
 
 func TestListenPeerURLs(t *testing.T) {
@@ -23,5 +30,42 @@ func TestListenPeerURLs(t *testing.T) {
 				t.Errorf("listenPeerURLs(%v) = %v, want %v", tt.served, got, tt.want)
 			}
 		})
+	}
+}
+
+// A node refuses a procedure's call of a term older than one it obeyed,
+// and remembers the term across restarts; calls outside a procedure
+// (term 0) are not fenced.
+func TestNodeRefusesOlderTerms(t *testing.T) {
+	layout := etcdproc.Layout{Root: t.TempDir()}
+	st, err := LoadState(layout, []string{"http://127.0.0.1:2380"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	n := New(Config{DataDir: layout.Root}, layout, st, nil, log, time.Now, func() {})
+	ctx := t.Context()
+	calls := []struct {
+		term  int64
+		stale bool
+	}{{5, false}, {5, false}, {3, true}, {0, false}, {7, false}, {6, true}}
+	for _, c := range calls {
+		err := n.Leave(ctx, peer.LeaveRequest{Term: c.term, Token: "tok"})
+		if got := errors.Is(err, peer.ErrStaleTerm); got != c.stale {
+			t.Fatalf("Leave under term %d: %v; stale = %v, want %v", c.term, err, got, c.stale)
+		}
+	}
+	for _, call := range []func() error{
+		func() error { return n.Quarantine(ctx, peer.QuarantineRequest{Term: 6, Token: "tok"}) },
+		func() error { return n.Restore(ctx, peer.RestoreRequest{Term: 6, Backup: "b"}) },
+		func() error { return n.Recover(ctx, peer.RecoverRequest{Term: 6, Token: "tok"}) },
+	} {
+		if err := call(); !errors.Is(err, peer.ErrStaleTerm) {
+			t.Errorf("a call under term 6 after term 7: %v, want ErrStaleTerm", err)
+		}
+	}
+	again, err := LoadState(layout, nil)
+	if err != nil || again.ObeyedTerm != 7 {
+		t.Fatalf("obeyed term on disk: %d, %v; want 7", again.ObeyedTerm, err)
 	}
 }

@@ -33,6 +33,9 @@ import (
 var (
 	ErrWrongCluster = errors.New("peer: request is for another cluster")
 	ErrBusy         = errors.New("peer: node already belongs to another cluster")
+	// ErrStaleTerm means a procedure's call came under a fencing term
+	// older than one the node already obeyed: another driver took over.
+	ErrStaleTerm = errors.New("peer: call from a driver whose term has passed")
 )
 
 // NodeInfo is what an agent reports about itself.
@@ -48,6 +51,9 @@ type NodeInfo struct {
 	Member *etcdproc.MemberState `json:"member,omitempty"`
 	// HasData is true when etcd's data for Member's token is on disk.
 	HasData bool `json:"hasData"`
+	// DataLost is true when etcd has run on Member's data and the data is
+	// gone: the member must be replaced by a new one.
+	DataLost bool `json:"dataLost,omitempty"`
 	// PendingFor is how long a pending creation has waited for the store's
 	// creation marker.
 	PendingFor time.Duration `json:"pendingFor,omitempty"`
@@ -73,6 +79,30 @@ type NodeInfo struct {
 	Leader bool `json:"leader"`
 	// Installed are the etcd versions installed on this node.
 	Installed []string `json:"installed,omitempty"`
+	// Failing are the leader's cluster changes that keep failing, each as
+	// "action: last error"; they back off while the rest goes on.
+	Failing []string `json:"failing,omitempty"`
+	// LocalMembers are the members its etcd knows, from its own copy of
+	// the membership (a read that needs no quorum).
+	LocalMembers []MemberRef `json:"localMembers,omitempty"`
+	// Now is the agent's clock when it answered: the caller estimates the
+	// offset between their clocks from it.
+	Now time.Time `json:"now,omitzero"`
+	// MaxClockOffset is the largest clock offset the agent measured to a
+	// peer in its last cycle.
+	MaxClockOffset time.Duration `json:"maxClockOffset,omitempty"`
+	// LockRefused says why the agent will not take the store lock, if it
+	// will not (the store or the clocks cannot be trusted).
+	LockRefused string `json:"lockRefused,omitempty"`
+	// Procedure is the procedure this agent drives, as the store lock's
+	// holder, and its phase: "restore-backup restoring", say.
+	Procedure string `json:"procedure,omitempty"`
+}
+
+// MemberRef names an etcd member: its name (the node ID) and peer URLs.
+type MemberRef struct {
+	Name     string   `json:"name"`
+	PeerURLs []string `json:"peerURLs,omitempty"`
 }
 
 // InfoRequest asks an agent for its NodeInfo.
@@ -96,6 +126,10 @@ type LeaveRequest struct {
 	LeaderID    string `json:"leaderId"`
 	Token       string `json:"token"`
 	Reason      string `json:"reason"`
+	// Term is the fencing term of the procedure's driver (the store
+	// lock's), 0 outside a procedure. A node refuses a term older than one
+	// it has obeyed.
+	Term int64 `json:"term,omitempty"`
 }
 
 // RestoreRequest tells a node to become a member of a new cluster made
@@ -107,6 +141,10 @@ type RestoreRequest struct {
 	LeaderID    string               `json:"leaderId"`
 	Backup      string               `json:"backup"`
 	Member      etcdproc.MemberState `json:"member"`
+	// Term is the fencing term of the procedure's driver (the store
+	// lock's), 0 outside a procedure. A node refuses a term older than one
+	// it has obeyed.
+	Term int64 `json:"term,omitempty"`
 }
 
 // QuarantineRequest sets whether the node's etcd, a member of the cluster
@@ -116,6 +154,10 @@ type QuarantineRequest struct {
 	LeaderID    string `json:"leaderId"`
 	Token       string `json:"token"`
 	Quarantined bool   `json:"quarantined"`
+	// Term is the fencing term of the procedure's driver (the store
+	// lock's), 0 outside a procedure. A node refuses a term older than one
+	// it has obeyed.
+	Term int64 `json:"term,omitempty"`
 }
 
 // RecoverRequest tells a member of the cluster with Token that lost
@@ -125,6 +167,10 @@ type RecoverRequest struct {
 	ClusterName string `json:"clusterName"`
 	LeaderID    string `json:"leaderId"`
 	Token       string `json:"token"`
+	// Term is the fencing term of the procedure's driver (the store
+	// lock's), 0 outside a procedure. A node refuses a term older than one
+	// it has obeyed.
+	Term int64 `json:"term,omitempty"`
 }
 
 // RecoverWait bounds how long a node's Recover waits for its etcd,
