@@ -96,7 +96,9 @@ func TestLayering(t *testing.T) {
 		{
 			name:    "internal/node carries out what it is told, and never decides or drives",
 			applies: func(p pkg) bool { return p.ImportPath == module+"/internal/node" },
-			allowed: func(imp string) bool { return imp != module+"/internal/controller" && imp != module+"/internal/procedure" },
+			allowed: func(imp string) bool {
+				return imp != module+"/internal/controller" && imp != module+"/internal/procedure"
+			},
 		},
 		{
 			name:    "nothing imports a cmd/ package",

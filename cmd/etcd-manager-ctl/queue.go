@@ -63,6 +63,7 @@ prints each phase and returns when the restore is complete or has failed.`,
 	restore.Flags().DurationVar(&restoreTimeout, "timeout", 30*time.Minute, "how long --wait waits; the restore goes on after it")
 
 	var recoverTimeout time.Duration
+	var lost []string
 	recoverQuorum := &cobra.Command{
 		Use:   "recover-quorum",
 		Short: "Rebuild a cluster that lost quorum from its surviving member's data",
@@ -75,14 +76,23 @@ included. The other nodes then rejoin as new members.
 
 It is refused, and nothing changes, while any member still sees a raft leader
 or a quorum of members with data is up. When no member has data left, use
-restore-backup instead.`,
+restore-backup instead.
+
+Not reaching the other members is no proof that they lost quorum: the
+survivor may be cut off from a cluster that still serves. The agent forces a
+new cluster only with evidence for each other member: its agent answers and
+its etcd has no leader, or its agent's record in the store is fresh and shows
+no leader, or you name it with --lost and its agent has been silent for a
+lease. While evidence is missing, the command waits and says which members
+are silent; name them with --lost only if their nodes are gone for good.`,
 		Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test recover-quorum",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return o.recoverQuorum(cmd.Context(), stdout, cmd.ErrOrStderr(), recoverTimeout)
+			return o.recoverQuorum(cmd.Context(), stdout, cmd.ErrOrStderr(), lost, recoverTimeout)
 		},
 	}
-	recoverQuorum.Flags().DurationVar(&recoverTimeout, "timeout", 5*time.Minute, "how long to wait for the recovery")
+	recoverQuorum.Flags().DurationVar(&recoverTimeout, "timeout", 5*time.Minute, "how long to wait for the recovery; the command stays queued after it")
+	recoverQuorum.Flags().StringSliceVar(&lost, "lost", nil, "node IDs of members whose nodes are gone for good (as status lists them); with their agents silent for a lease, they count as having no quorum")
 
 	return []*cobra.Command{
 		backupNow,
@@ -318,18 +328,18 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 	return err
 }
 
-func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, timeout time.Duration) error {
+func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost []string, timeout time.Duration) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	id, err := s.AddCommand(ctx, spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{}}, time.Now())
+	id, err := s.AddCommand(ctx, spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{Lost: lost}}, time.Now())
 	if err != nil {
 		return fmt.Errorf("recover-quorum: queue the command: %w", err)
 	}
 	fmt.Fprintf(progress, "queued recover-quorum as command %s\n", id)
-	node := ""
+	node, note := "", ""
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
@@ -340,11 +350,18 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, time
 		case err == nil && q.Status.Node != "" && q.Status.Node != node:
 			node = q.Status.Node
 			fmt.Fprintf(progress, "recover-quorum %s: rebuilding from %s\n", id, node)
+		case err == nil && q.Status.State == spec.CommandPending && q.Status.Message != "" && q.Status.Message != note:
+			note = q.Status.Message
+			fmt.Fprintf(progress, "recover-quorum %s: %s\n", id, note)
 		}
 		return false, nil
 	})
 	if errors.Is(err, errWaitTimeout) {
-		return fmt.Errorf("recover-quorum: not finished after %s; command %s stays queued (see list-commands, or delete-command %s)", timeout, id, id)
+		why := ""
+		if note != "" {
+			why = " (" + note + ")"
+		}
+		return fmt.Errorf("recover-quorum: not finished after %s%s; command %s stays queued (see list-commands, or delete-command %s)", timeout, why, id, id)
 	}
 	return err
 }

@@ -31,6 +31,13 @@ type agentStatus struct {
 	ClientURL   string `json:"clientURL,omitempty"`
 	MemberID    string `json:"memberId,omitempty"`
 	ClusterID   string `json:"clusterId,omitempty"`
+	// ClockOffset is the largest offset the agent measured between its
+	// clock and a peer's.
+	ClockOffset time.Duration `json:"clockOffsetNanos"`
+	// LockRefused says why the agent will not take the store lock.
+	LockRefused string `json:"lockRefused,omitempty"`
+	// Procedure is the procedure the agent drives, and its phase.
+	Procedure string `json:"procedure,omitempty"`
 }
 
 type clusterStatus struct {
@@ -42,6 +49,8 @@ type clusterStatus struct {
 	Agents         []agentStatus `json:"agents"`
 	// Unreachable lists discovered addresses that did not answer.
 	Unreachable []string `json:"unreachable,omitempty"`
+	// Failing are the leader's cluster changes that keep failing.
+	Failing []string `json:"failing,omitempty"`
 }
 
 func role(info peer.NodeInfo) string {
@@ -127,7 +136,8 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 				return
 			}
 			a := agentStatus{ID: info.NodeID, Address: r.Address, Role: role(info), EtcdVersion: info.EtcdVersion,
-				Healthy: info.EtcdHealthy, DBSize: info.DBSize}
+				Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
+				Procedure: info.Procedure}
 			if len(info.ClientURLs) > 0 && info.Member != nil {
 				a.ClientURL = info.ClientURLs[0]
 			}
@@ -137,6 +147,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 			}
 			if info.Leader {
 				st.Leader = info.NodeID
+				st.Failing = info.Failing
 			}
 			st.Agents = append(st.Agents, a)
 		}()
@@ -153,9 +164,10 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	}
 	sort.Slice(st.Agents, func(i, j int) bool { return st.Agents[i].ID < st.Agents[j].ID })
 	sort.Strings(st.Unreachable)
+	httpc := etcdproc.NewHTTPClient(tlsCfg)
 	for _, a := range st.Agents {
 		if a.Healthy && a.ClientURL != "" {
-			if v, err := etcdproc.ClusterVersion(ctx, a.ClientURL, tlsCfg); err == nil {
+			if v, err := etcdproc.ClusterVersion(ctx, httpc, a.ClientURL); err == nil {
 				st.ClusterVersion = v
 				break
 			}
@@ -179,7 +191,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	fmt.Fprintf(w, "leader: %s\n", leader)
 	fmt.Fprintf(w, "cluster version: %s\n\n", dash(st.ClusterVersion))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tADDRESS\tROLE\tETCD\tHEALTH\tDB SIZE\tCLIENT URL")
+	fmt.Fprintln(tw, "ID\tADDRESS\tROLE\tETCD\tHEALTH\tDB SIZE\tCLOCK OFFSET\tCLIENT URL")
 	for _, a := range st.Agents {
 		health := "-"
 		if a.Role != "standby" {
@@ -188,13 +200,28 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 				health = "healthy"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Address, a.Role, dash(a.EtcdVersion), health, size(a.DBSize), dash(a.ClientURL))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Address, a.Role, dash(a.EtcdVersion), health, size(a.DBSize),
+			a.ClockOffset.Round(time.Millisecond), dash(a.ClientURL))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if len(st.Unreachable) > 0 {
 		fmt.Fprintf(w, "\nunreachable: %s\n", strings.Join(st.Unreachable, ", "))
+	}
+	for _, a := range st.Agents {
+		if a.Procedure != "" {
+			fmt.Fprintf(w, "\nagent %s drives %s\n", a.ID, a.Procedure)
+		}
+		if a.LockRefused != "" {
+			fmt.Fprintf(w, "\nagent %s will not take the store lock: %s\n", a.ID, a.LockRefused)
+		}
+	}
+	if len(st.Failing) > 0 {
+		fmt.Fprintf(w, "\nfailing on the leader (retried after a backoff; the rest goes on):\n")
+		for _, f := range st.Failing {
+			fmt.Fprintf(w, "  %s\n", f)
+		}
 	}
 	return nil
 }

@@ -87,6 +87,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Nothing can use tmp/ before the agent runs: what is there, a crash
+	// left behind.
+	if removed, err := layout.TidyTmp(a.now(), 0); err != nil {
+		a.log.Warn("cannot tidy the tmp folder", "error", err)
+	} else if len(removed) > 0 {
+		a.log.Info("removed scratch space a crash left in tmp", "entries", removed)
+	}
 	a.nodeID = st.NodeID
 	if err := a.setupTLS(ctx); err != nil {
 		return err
@@ -111,7 +118,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l, err := net.Listen("tcp", a.peerAddress())
+	listen := a.peerAddress()
+	if a.cfg.PeerAPIListenAddress != "" {
+		listen = a.cfg.PeerAPIListenAddress
+	}
+	l, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("controller: peer API: %w", err)
 	}

@@ -151,6 +151,8 @@ type BackupAgent struct {
 	lock    LeaderLock
 	store   *store.Store
 	tls     *tls.Config
+	// storeChecked is set once the store honoured create-if-absent.
+	storeChecked bool
 }
 
 // NewBackupAgent returns a backup agent for a validated, completed
@@ -205,6 +207,19 @@ func (b *BackupAgent) cycle(ctx context.Context) {
 		b.store = s
 	}
 	s := b.store
+	if !b.storeChecked {
+		// Of several backup agents, one backs up: the store lock decides,
+		// which needs create-if-absent.
+		switch err := checkCreateOnce(ctx, s, b.cfg.NodeID); {
+		case errors.Is(err, ErrUntrustedStore):
+			b.log.Error("not backing up: this store cannot elect one backup agent", "error", err)
+			return
+		case err != nil:
+			b.log.Error("backup store unreachable; will retry", "error", err)
+			return
+		}
+		b.storeChecked = true
+	}
 	term, err := b.lock.Acquire(ctx, s)
 	if err != nil {
 		b.log.Error("backup store unreachable; will retry", "error", err)

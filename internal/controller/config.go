@@ -29,6 +29,9 @@ type Config struct {
 	// Address is where the agent's peer API listens; PeerPort its port.
 	Address  string
 	PeerPort int
+	// PeerAPIListenAddress is the host:port the peer API binds when it
+	// differs from the Address:PeerPort it advertises (NAT, a proxy).
+	PeerAPIListenAddress string
 	// EtcdAddress is the address etcd binds; it fills in URLs not given.
 	EtcdAddress string
 
@@ -56,6 +59,9 @@ type Config struct {
 	// MemberFailureGrace is how long a member may be unhealthy before a
 	// standby replaces it.
 	MemberFailureGrace time.Duration
+	// LearnerTimeout is how long a new member may take to start and catch
+	// up as a learner before it is removed again.
+	LearnerTimeout time.Duration
 	// LeaderLease is the store lock's lease, used while etcd has no quorum.
 	LeaderLease time.Duration
 	// Backup says when backups are taken and how long they are kept.
@@ -69,6 +75,8 @@ type Config struct {
 	EtcdStopTimeout time.Duration
 	// EtcdSnapshotCount is etcd's --snapshot-count; 0 keeps etcd's own.
 	EtcdSnapshotCount int
+	// Trash bounds the copies of etcd data moved to <data-dir>/trash.
+	Trash etcdproc.TrashPolicy
 }
 
 // Defaults. The ports fill in URLs that are not given.
@@ -79,6 +87,8 @@ const (
 	DefaultEtcdPeerPort       = 2380
 	DefaultLoopInterval       = 2 * time.Second
 	DefaultMemberFailureGrace = time.Minute
+	DefaultLearnerTimeout     = 15 * time.Minute
+	DefaultTrashMaxAge        = 7 * 24 * time.Hour
 	DefaultLeaderLease        = 20 * time.Second
 	DefaultBackupInterval     = 15 * time.Minute
 	DefaultEtcdStopTimeout    = 15 * time.Second
@@ -105,11 +115,13 @@ func Default() Config {
 		EtcdBinDir:         etcdproc.DefaultBinDir,
 		Discovery:          "store",
 		MemberFailureGrace: DefaultMemberFailureGrace,
+		LearnerTimeout:     DefaultLearnerTimeout,
 		LeaderLease:        DefaultLeaderLease,
 		Backup:             DefaultBackupConfig(),
 		LoopInterval:       DefaultLoopInterval,
 		EtcdStopTimeout:    DefaultEtcdStopTimeout,
 		CertValidity:       pki.DefaultCertValidity,
+		Trash:              etcdproc.TrashPolicy{MaxAge: DefaultTrashMaxAge},
 	}
 }
 
@@ -120,6 +132,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for this node's state and etcd data; it must survive restarts")
 	fs.StringVar(&c.Address, "address", c.Address, "IP address the agent's peer API listens on and advertises")
 	fs.IntVar(&c.PeerPort, "peer-port", c.PeerPort, "port of the agent's peer API")
+	fs.StringVar(&c.PeerAPIListenAddress, "peer-api-listen-address", c.PeerAPIListenAddress, "host:port the agent's peer API binds when it differs from the --address and --peer-port it advertises, as behind NAT or a proxy (default: those)")
 	fs.StringVar(&c.EtcdAddress, "etcd-address", c.EtcdAddress, "IP address etcd listens on; used to fill in --client-urls, --quarantine-client-urls and --peer-urls when they are not given")
 	fs.StringSliceVar(&c.ClientURLs, flagClientURLs, c.ClientURLs, fmt.Sprintf("URLs etcd serves clients on (default http://<etcd-address>:%d)", DefaultClientPort))
 	fs.StringSliceVar(&c.QuarantineClientURLs, flagQuarantineClientURLs, c.QuarantineClientURLs, fmt.Sprintf("URLs etcd serves on while quarantined, so that ordinary clients cannot reach it (default http://<etcd-address>:%d)", DefaultQuarantinePort))
@@ -132,11 +145,14 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.EtcdBinDir, "etcd-bin-dir", c.EtcdBinDir, "directory holding etcd installs as etcd-v<version>/etcd (or etcd-v<version>-linux-amd64/etcd), with etcdctl and etcdutl beside it")
 	fs.StringVar(&c.Discovery, "discovery", c.Discovery, "how agents find each other: store (records in the backup store), file:///DIR (a shared directory), static:HOST:PORT,... (a seed list of peer API addresses) or dns:NAME (SRV, or A records with --peer-port)")
 	fs.DurationVar(&c.MemberFailureGrace, "member-failure-grace", c.MemberFailureGrace, "how long a member may be unhealthy before a standby agent replaces it")
+	fs.DurationVar(&c.LearnerTimeout, "learner-timeout", c.LearnerTimeout, "how long a new member may take to start and catch up as a learner before it is removed again (its node waits before it is added again); allow for copying the whole database")
 	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
 	c.Backup.AddFlags(fs)
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
+	fs.DurationVar(&c.Trash.MaxAge, "trash-max-age", c.Trash.MaxAge, "copies of etcd data moved to <data-dir>/trash are deleted after this long, once this node is a healthy member whose live data supersedes them; the newest copy is always kept (0 keeps them for ever)")
+	fs.Int64Var(&c.Trash.MaxBytes, "trash-max-bytes", c.Trash.MaxBytes, "older copies in <data-dir>/trash are also deleted, oldest first, while the trash holds more than this many bytes, under the same conditions (0: no bound on size)")
 	fs.IntVar(&c.EtcdSnapshotCount, "etcd-snapshot-count", c.EtcdSnapshotCount, "etcd's --snapshot-count: committed entries between raft snapshots (0 keeps etcd's default); an upgrade from 3.5 past 3.6 waits for a snapshot on every member")
 }
 
@@ -180,6 +196,11 @@ func (c *Config) Validate() error {
 	if c.PeerPort < 1 || c.PeerPort > 65535 {
 		errs = append(errs, fmt.Errorf("--peer-port %d is out of range", c.PeerPort))
 	}
+	if c.PeerAPIListenAddress != "" {
+		if _, port, err := net.SplitHostPort(c.PeerAPIListenAddress); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("--peer-api-listen-address %q: want host:port", c.PeerAPIListenAddress))
+		}
+	}
 	if c.CertValidity < 30*time.Second {
 		errs = append(errs, errors.New("--cert-validity must be at least 30s"))
 	}
@@ -199,6 +220,9 @@ func (c *Config) Validate() error {
 	if c.MemberFailureGrace < 0 {
 		errs = append(errs, errors.New("--member-failure-grace must not be negative"))
 	}
+	if c.LearnerTimeout < 10*time.Second {
+		errs = append(errs, errors.New("--learner-timeout must be at least 10s"))
+	}
 	if c.LeaderLease < time.Second {
 		errs = append(errs, errors.New("--leader-lease must be at least 1s"))
 	}
@@ -207,6 +231,9 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-address %q: want host:port", c.MetricsAddress))
 		}
+	}
+	if c.Trash.MaxAge < 0 || c.Trash.MaxBytes < 0 {
+		errs = append(errs, errors.New("--trash-max-age and --trash-max-bytes must not be negative"))
 	}
 	if c.LoopInterval <= 0 {
 		errs = append(errs, errors.New("--loop-interval must be positive"))

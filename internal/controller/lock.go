@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,32 +23,66 @@ const lockPrefix = "control/leader/"
 // lockStore is the part of the backup store the lock needs.
 type lockStore interface {
 	Create(ctx context.Context, key string, data []byte) error
-	Read(ctx context.Context, key string) ([]byte, error)
+	Write(ctx context.Context, key string, data []byte) error
+	ReadMax(ctx context.Context, key string, max int64) ([]byte, error)
 	List(ctx context.Context, prefix, delimiter string) ([]string, error)
 	Delete(ctx context.Context, key string) error
 }
 
-// lockRecord is one term of the lock.
+// lockRecord is one term of the lock, written by its holder only: created
+// once when the term is taken, rewritten on each renewal and on release.
 type lockRecord struct {
 	// Format is the record's format (see spec.FormatVersion).
-	Format   int           `json:"format,omitempty"`
-	NodeID   string        `json:"nodeId"`
-	Acquired time.Time     `json:"acquired"`
-	TTL      time.Duration `json:"ttl"`
+	Format int    `json:"format,omitempty"`
+	NodeID string `json:"nodeId"`
+	// Term is the term this record is for, the fencing token.
+	Term int64 `json:"term,omitempty"`
+	// Since is when the holder took the term.
+	Since time.Time `json:"since,omitzero"`
+	// Acquired is when the holder last renewed its lease, by its clock.
+	Acquired time.Time `json:"acquired"`
+	// TTL is the holder's lease, for agents before format 1 to read;
+	// readers of format 1 use their own configured lease instead.
+	TTL time.Duration `json:"ttl"`
+	// Released is set when the holder gave the lock up.
+	Released bool `json:"released,omitempty"`
 }
 
+// maxTerm is the largest term; a store whose lock reached it is refused
+// rather than wrapped around.
+const maxTerm = math.MaxInt64 - 1
+
 // LeaderLock decides which agent leads while etcd has no quorum (first
-// boot, total loss). Each term is an object created only if absent, so at
-// most one agent wins a term; the term number is the fencing token. A
-// holder renews by creating the next term before its lease runs out.
+// boot, total loss, a restore). Each term is an object created only if
+// absent, so at most one agent ever takes a term; the term number is the
+// fencing token that every record and every call of the holder carries.
+// The term changes only when the holder does: a holder renews its lease
+// by rewriting its own term's record.
 //
-// Leases compare the holder's clock with the reader's, so clocks must
-// agree to well within the TTL. Safety does not rest on the lock alone:
-// cluster creation is also fenced by the once-only creation marker.
+// A lease lasts TTL after its last renewal, as each agent reads it with
+// its own TTL, never the record's, so that a record cannot claim the lock
+// for longer than the cluster's agents allow. Leases compare the holder's
+// clock with the reader's, so clocks must agree to well within the TTL;
+// agents measure their offsets over the peer API and stop taking the
+// lock when they do not. Safety does not rest on the lock alone: the
+// choices of a procedure are created once in the store, records of an
+// older term are ignored, and nodes refuse calls of an older term.
 type LeaderLock struct {
 	NodeID string
 	TTL    time.Duration
 	Now    func() time.Time
+}
+
+// expired reports whether rec's lease has run out for this reader.
+func (l *LeaderLock) expired(rec *lockRecord, now time.Time) bool {
+	switch {
+	case rec == nil || rec.Released:
+		return true
+	case rec.Format == 0 && rec.TTL == 0:
+		// An agent before format 1 released it so.
+		return true
+	}
+	return !now.Before(rec.Acquired.Add(l.TTL))
 }
 
 // Acquire takes or renews the lock. It returns the term held, or 0 when
@@ -58,56 +93,84 @@ func (l *LeaderLock) Acquire(ctx context.Context, s lockStore) (int64, error) {
 		return 0, err
 	}
 	now := l.Now()
-	expired := rec == nil || now.After(rec.Acquired.Add(rec.TTL))
+	expired := l.expired(rec, now)
 	switch {
-	case rec != nil && rec.NodeID == l.NodeID && !expired && now.Before(rec.Acquired.Add(rec.TTL/3)):
+	case rec != nil && rec.NodeID == l.NodeID && !expired:
+		if now.Before(rec.Acquired.Add(l.TTL / 3)) {
+			return term, nil
+		}
+		// Ours and due: renew in place; the term stays.
+		renewed := *rec
+		renewed.Acquired, renewed.TTL = now.UTC(), l.TTL
+		if err := l.write(ctx, s, term, renewed, false); err != nil {
+			return 0, err
+		}
 		return term, nil
-	case rec != nil && rec.NodeID != l.NodeID && !expired:
+	case rec != nil && !expired:
 		return 0, nil
 	}
-	// Free, expired, or ours and due for renewal: take the next term.
-	next := term + 1
-	data, err := json.Marshal(lockRecord{Format: spec.FormatVersion, NodeID: l.NodeID, Acquired: now.UTC(), TTL: l.TTL})
-	if err != nil {
-		return 0, fmt.Errorf("controller: encode lock: %w", err)
+	// Free, released or expired: take the next term.
+	if term >= maxTerm {
+		return 0, fmt.Errorf("controller: the store lock's term %d is at its maximum; remove %s by hand", term, lockPrefix)
 	}
-	if err := s.Create(ctx, lockKey(next), data); err != nil {
+	next := term + 1
+	rec = &lockRecord{NodeID: l.NodeID, Term: next, Since: now.UTC(), Acquired: now.UTC(), TTL: l.TTL}
+	if err := l.write(ctx, s, next, *rec, true); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return 0, nil
 		}
-		return 0, fmt.Errorf("controller: take leader lock: %w", err)
+		return 0, err
 	}
 	l.gc(ctx, s, next)
 	return next, nil
 }
 
-// Holds reports whether term is still the newest term and unexpired: the
-// fencing check before a step that must not be taken twice.
+// write stores rec as term's record: created once for a new term,
+// rewritten by its holder after.
+func (l *LeaderLock) write(ctx context.Context, s lockStore, term int64, rec lockRecord, create bool) error {
+	rec.Format = spec.FormatVersion
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("controller: encode lock: %w", err)
+	}
+	if create {
+		err = s.Create(ctx, lockKey(term), data)
+	} else {
+		err = s.Write(ctx, lockKey(term), data)
+	}
+	if err != nil && !errors.Is(err, store.ErrExists) {
+		return fmt.Errorf("controller: leader lock term %d: %w", term, err)
+	}
+	return err
+}
+
+// Holds reports whether term is still the newest term, this agent's,
+// and unexpired: the fencing check before a step that must not be taken
+// twice.
 func (l *LeaderLock) Holds(ctx context.Context, s lockStore, term int64) (bool, error) {
 	latest, rec, err := l.latest(ctx, s)
 	if err != nil {
 		return false, err
 	}
-	return latest == term && rec != nil && rec.NodeID == l.NodeID && l.Now().Before(rec.Acquired.Add(rec.TTL)), nil
+	return term != 0 && latest == term && rec != nil && rec.NodeID == l.NodeID && !l.expired(rec, l.Now()), nil
 }
 
 // Release gives the lock up early, when its holder no longer needs it
-// (the cluster it was creating or restoring is up): it ends term with a
-// newer term whose lease has already run out, so the next agent to need
-// the lock takes it at once instead of waiting for the lease.
+// (the cluster it was creating or restoring is up): it marks its term
+// released, so the next agent to need the lock takes the next term at
+// once instead of waiting for the lease.
 func (l *LeaderLock) Release(ctx context.Context, s lockStore, term int64) error {
-	held, err := l.Holds(ctx, s, term)
-	if err != nil || !held {
+	latest, rec, err := l.latest(ctx, s)
+	if err != nil {
 		return err
 	}
-	data, err := json.Marshal(lockRecord{Format: spec.FormatVersion, NodeID: l.NodeID, Acquired: l.Now().UTC(), TTL: 0})
-	if err != nil {
-		return fmt.Errorf("controller: encode lock: %w", err)
+	if term == 0 || latest != term || rec == nil || rec.NodeID != l.NodeID || l.expired(rec, l.Now()) {
+		return nil // not ours to release
 	}
-	if err := s.Create(ctx, lockKey(term+1), data); err != nil && !errors.Is(err, store.ErrExists) {
-		return fmt.Errorf("controller: release leader lock: %w", err)
-	}
-	return nil
+	released := *rec
+	// TTL 0 is how agents before format 1 read a release.
+	released.Acquired, released.TTL, released.Released = l.Now().UTC(), 0, true
+	return l.write(ctx, s, term, released, false)
 }
 
 func (l *LeaderLock) latest(ctx context.Context, s lockStore) (int64, *lockRecord, error) {
@@ -119,11 +182,14 @@ func (l *LeaderLock) latest(ctx context.Context, s lockStore) (int64, *lockRecor
 		return 0, nil, nil
 	}
 	term := terms[len(terms)-1]
-	data, err := s.Read(ctx, lockKey(term))
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return term, nil, nil
-		}
+	data, err := s.ReadMax(ctx, lockKey(term), store.MaxRecordSize)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return term, nil, nil
+	case errors.Is(err, store.ErrTooLarge):
+		// Junk, like below: an expired lease.
+		return term, nil, nil
+	case err != nil:
 		return 0, nil, fmt.Errorf("controller: read leader lock: %w", err)
 	}
 	var rec lockRecord
@@ -175,12 +241,20 @@ func lockKey(term int64) string { return fmt.Sprintf("%s%020d", lockPrefix, term
 // shared by the loop (which takes, renews and releases the lock once a
 // cycle) and the procedure runner (which renews it while a long step
 // runs, and checks it before every step). It implements procedure.Fence.
+//
+// Besides the store's record, the lease keeps its own deadline on this
+// process's monotonic clock: half the lease after the start of the last
+// successful take or renewal. Others may take over only once a whole
+// lease has passed since that renewal, by their clocks, so the holder
+// stops first, with room for clock offsets, even if it was paused (a
+// paused process finds its deadline past when it resumes).
 type lease struct {
 	lock  *LeaderLock
 	store func() lockStore
 
-	mu   sync.Mutex
-	term int64
+	mu         sync.Mutex
+	term       int64
+	validUntil time.Time
 }
 
 // Term is the term held, 0 for none.
@@ -190,17 +264,29 @@ func (l *lease) Term() int64 {
 	return l.term
 }
 
+// acquireLocked takes or renews the lock and moves the local deadline.
+func (l *lease) acquireLocked(ctx context.Context, s lockStore) (int64, error) {
+	start := time.Now()
+	term, err := l.lock.Acquire(ctx, s)
+	if err != nil {
+		return 0, err
+	}
+	if term != 0 && term != l.term {
+		l.validUntil = time.Time{}
+	}
+	l.term = term
+	if term != 0 {
+		l.validUntil = start.Add(l.lock.TTL / 2)
+	}
+	return term, nil
+}
+
 // Acquire takes or renews the lock, once a cycle; it returns the term
 // held, 0 when another agent holds it.
 func (l *lease) Acquire(ctx context.Context, s lockStore) (int64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	term, err := l.lock.Acquire(ctx, s)
-	if err != nil {
-		return 0, err
-	}
-	l.term = term
-	return term, nil
+	return l.acquireLocked(ctx, s)
 }
 
 // Release gives the lock up when its holder no longer needs it.
@@ -211,15 +297,22 @@ func (l *lease) Release(ctx context.Context, s lockStore) error {
 		return nil
 	}
 	err := l.lock.Release(ctx, s, l.term)
-	l.term = 0
+	l.term, l.validUntil = 0, time.Time{}
 	return err
 }
 
-// Hold checks that this agent still holds its term: the fencing check
-// before a step that must not be taken twice.
+// Hold checks that this agent still holds its term: within its own
+// deadline, and still the store's newest, unexpired term. It is the
+// fencing check before a step that must not be taken twice.
 func (l *lease) Hold(ctx context.Context) (int64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.term == 0 {
+		return 0, fmt.Errorf("%w: %w: this agent holds no store lock", procedure.ErrFenced, ErrNotLeader)
+	}
+	if !time.Now().Before(l.validUntil) {
+		return 0, fmt.Errorf("%w: %w: the lease of store lock term %d ran out before it was renewed", procedure.ErrFenced, ErrNotLeader, l.term)
+	}
 	held, err := l.lock.Holds(ctx, l.store(), l.term)
 	if err != nil {
 		return 0, fmt.Errorf("controller: check the store lock: %w", err)
@@ -230,20 +323,27 @@ func (l *lease) Hold(ctx context.Context) (int64, error) {
 	return l.term, nil
 }
 
-// Renew renews the lock while a procedure step runs.
+// Renew renews the lock while a procedure step runs. The term never
+// changes on renewal: a different one means the lock was lost.
 func (l *lease) Renew(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.term == 0 {
+	held := l.term
+	if held == 0 {
 		return fmt.Errorf("%w: this agent holds no store lock", procedure.ErrFenced)
 	}
-	term, err := l.lock.Acquire(ctx, l.store())
+	if !time.Now().Before(l.validUntil) {
+		// Paused past the lease, or the store was too slow: whatever the
+		// store says now, another agent may have acted.
+		return fmt.Errorf("%w: %w: the lease of store lock term %d ran out before it was renewed", procedure.ErrFenced, ErrNotLeader, held)
+	}
+	term, err := l.acquireLocked(ctx, l.store())
 	if err != nil {
 		return fmt.Errorf("controller: renew the store lock: %w", err)
 	}
-	if term == 0 {
-		return fmt.Errorf("%w: %w: the store lock (term %d) has passed to another agent", procedure.ErrFenced, ErrNotLeader, l.term)
+	if term != held {
+		l.term, l.validUntil = 0, time.Time{}
+		return fmt.Errorf("%w: %w: the store lock (term %d) has passed to another agent", procedure.ErrFenced, ErrNotLeader, held)
 	}
-	l.term = term
 	return nil
 }

@@ -2,11 +2,14 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -47,34 +50,69 @@ func TestLeaderLock(t *testing.T) {
 	if tb, err := b.Acquire(ctx, s); err != nil || tb != 0 {
 		t.Fatalf("b while a holds: term %d, %v", tb, err)
 	}
-	// Within a third of the lease a keeps its term; later it renews into
-	// the next one.
+	// Renewals keep the term: it changes only when the holder does.
 	clock.Add(5 * time.Second)
 	if got, _ := a.Acquire(ctx, s); got != 1 {
 		t.Errorf("a early re-acquire: term %d, want 1", got)
 	}
-	clock.Add(10 * time.Second)
-	if got, _ := a.Acquire(ctx, s); got != 2 {
-		t.Errorf("a renewal: term %d, want 2", got)
+	for range 3 {
+		clock.Add(20 * time.Second) // each renewal extends the lease
+		if got, _ := a.Acquire(ctx, s); got != 1 {
+			t.Fatalf("a renewal: term %d, want 1", got)
+		}
+		if tb, _ := b.Acquire(ctx, s); tb != 0 {
+			t.Fatalf("b took a renewed lock: term %d", tb)
+		}
 	}
-	if held, _ := a.Holds(ctx, s, 1); held {
-		t.Error("an old term still counts as held")
-	}
-	if held, _ := a.Holds(ctx, s, 2); !held {
+	if held, _ := a.Holds(ctx, s, 1); !held {
 		t.Error("the current term is not held")
 	}
 	// a stops renewing; once the lease runs out, b takes the next term and
 	// a's fencing check fails.
 	clock.Add(31 * time.Second)
 	tb, err := b.Acquire(ctx, s)
-	if err != nil || tb != 3 {
+	if err != nil || tb != 2 {
 		t.Fatalf("b after expiry: term %d, %v", tb, err)
 	}
-	if held, _ := a.Holds(ctx, s, 2); held {
+	if held, _ := a.Holds(ctx, s, 1); held {
 		t.Error("a still holds after b took over")
 	}
 	if got, _ := a.Acquire(ctx, s); got != 0 {
 		t.Errorf("a while b holds: term %d", got)
+	}
+}
+
+// The lease is each reader's own: a record that claims a 100-year TTL
+// does not hold the lock longer than the reader's lease.
+func TestLeaderLockTTLIsTheReaders(t *testing.T) {
+	s := openLockStore(t)
+	ctx := t.Context()
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	rec := fmt.Sprintf(`{"format":1,"nodeId":"squatter","term":5,"acquired":%q,"ttl":%d}`,
+		clock.Now().Format(time.RFC3339Nano), int64(100*365*24*time.Hour))
+	if err := s.Create(ctx, lockKey(5), []byte(rec)); err != nil {
+		t.Fatal(err)
+	}
+	b := &LeaderLock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
+	if tb, _ := b.Acquire(ctx, s); tb != 0 {
+		t.Fatalf("b took a fresh lock: term %d", tb)
+	}
+	clock.Add(31 * time.Second)
+	if tb, err := b.Acquire(ctx, s); err != nil || tb != 6 {
+		t.Fatalf("b after its own lease ran out: term %d, %v; want 6", tb, err)
+	}
+}
+
+// The term cannot overflow: a lock at the largest term is refused, with
+// an error that says what to do.
+func TestLeaderLockTermLimit(t *testing.T) {
+	s := openLockStore(t)
+	if err := s.Create(t.Context(), lockKey(maxTerm), []byte(`{"nodeId":"x","released":true,"format":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	l := &LeaderLock{NodeID: "a", TTL: time.Minute, Now: time.Now}
+	if term, err := l.Acquire(t.Context(), s); err == nil || term != 0 || !strings.Contains(err.Error(), "remove control/leader/") {
+		t.Fatalf("Acquire at the largest term: %d, %v", term, err)
 	}
 }
 
@@ -139,8 +177,22 @@ func TestLeaderLockRelease(t *testing.T) {
 		t.Error("a still holds a released term")
 	}
 	clock.Add(time.Millisecond)
-	if tb, err := b.Acquire(ctx, s); err != nil || tb != 3 {
-		t.Fatalf("b right after the release: term %d, %v; want 3", tb, err)
+	if tb, err := b.Acquire(ctx, s); err != nil || tb != 2 {
+		t.Fatalf("b right after the release: term %d, %v; want 2", tb, err)
+	}
+}
+
+// An agent before format 1 released the lock by a record with TTL 0;
+// that still frees it.
+func TestLeaderLockOldRelease(t *testing.T) {
+	s := openLockStore(t)
+	if err := s.Create(t.Context(), lockKey(3), []byte(`{"nodeId":"old","acquired":"2026-01-01T00:00:00Z","ttl":0}`)); err != nil {
+		t.Fatal(err)
+	}
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC)}
+	l := &LeaderLock{NodeID: "a", TTL: time.Minute, Now: clock.Now}
+	if term, err := l.Acquire(t.Context(), s); err != nil || term != 4 {
+		t.Fatalf("Acquire after an old release: %d, %v; want 4", term, err)
 	}
 }
 
@@ -159,5 +211,53 @@ func TestLeaderLockNewerFormat(t *testing.T) {
 	}
 	if _, err := s.Read(ctx, lockKey(5)); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a newer term was written over the newer lock: %v", err)
+	}
+}
+
+// A holder stops acting half a lease after its last renewal, by its own
+// clock, whatever the store still says: a paused holder finds its lease
+// over when it resumes. A renewal never changes the term.
+func TestLeaseFencesAPausedHolder(t *testing.T) {
+	s := openLockStore(t)
+	ctx := t.Context()
+	const ttl = 400 * time.Millisecond
+	l := &lease{lock: &LeaderLock{NodeID: "a", TTL: ttl, Now: time.Now}, store: func() lockStore { return s }}
+	term, err := l.Acquire(ctx, s)
+	if err != nil || term != 1 {
+		t.Fatalf("Acquire: %d, %v", term, err)
+	}
+	if got, err := l.Hold(ctx); err != nil || got != 1 {
+		t.Fatalf("Hold right after taking the lock: %d, %v", got, err)
+	}
+	for range 4 {
+		time.Sleep(ttl / 6)
+		if err := l.Renew(ctx); err != nil {
+			t.Fatalf("Renew: %v", err)
+		}
+		if l.Term() != 1 {
+			t.Fatalf("a renewal changed the term to %d", l.Term())
+		}
+	}
+	// "Paused": no renewal for more than half the lease. The store still
+	// names a as the holder, but a must not act.
+	time.Sleep(ttl/2 + 50*time.Millisecond)
+	if _, err := l.Hold(ctx); !errors.Is(err, procedure.ErrFenced) {
+		t.Fatalf("Hold after the local lease ran out: %v, want ErrFenced", err)
+	}
+	if err := l.Renew(ctx); !errors.Is(err, procedure.ErrFenced) {
+		t.Fatalf("Renew after the local lease ran out: %v, want ErrFenced", err)
+	}
+	// Another agent takes the lock once it has expired; a's next cycle
+	// sees that and holds nothing.
+	time.Sleep(ttl)
+	b := &LeaderLock{NodeID: "b", TTL: ttl, Now: time.Now}
+	if tb, err := b.Acquire(ctx, s); err != nil || tb != 2 {
+		t.Fatalf("b: %d, %v", tb, err)
+	}
+	if got, err := l.Acquire(ctx, s); err != nil || got != 0 {
+		t.Fatalf("a while b holds: %d, %v", got, err)
+	}
+	if _, err := l.Hold(ctx); !errors.Is(err, procedure.ErrFenced) {
+		t.Fatalf("Hold while b holds: %v, want ErrFenced", err)
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -34,8 +36,28 @@ type loop struct {
 	clientEndpoint string
 	peers          map[string]*peer.Client
 	lease          *lease
-	unhealthySince map[uint64]time.Time
-	lastPublish    time.Time
+	// unhealthySince and learnerSince track, per etcd member, since when
+	// it has been unhealthy, or a learner.
+	unhealthySince, learnerSince since
+	// lastRecord is what the agent last published about its etcd, and
+	// lastQueueRead when it last read the command queue.
+	lastRecord    *peer.EtcdReport
+	lastQueueRead time.Time
+	// failures are the leader's actions that failed, backing off.
+	failures *failures
+	// storeChecked is set once the store's create-if-absent was checked,
+	// and untrusted then when it failed.
+	storeChecked bool
+	untrusted    error
+	// offsets are the clock offsets measured to each peer in the last
+	// cycle, by node ID.
+	offsets map[string]time.Duration
+	// http reads etcd's /version, reused across cycles.
+	http *http.Client
+	// lastHousekeeping is when the local trash and tmp, and the store's
+	// old records, were last tidied.
+	lastHousekeeping time.Time
+	lastPublish      time.Time
 	// backups are those this agent took while leading; lastChange is its
 	// last membership change.
 	backups    *backups
@@ -56,7 +78,10 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 		Agent:          a,
 		node:           n,
 		peers:          map[string]*peer.Client{},
-		unhealthySince: map[uint64]time.Time{},
+		unhealthySince: since{},
+		learnerSince:   since{},
+		failures:       newFailures(),
+		offsets:        map[string]time.Duration{},
 	}
 	lp.backups = a.cfg.Backup.newBackups(a.log, a.met, func() time.Time { return a.now() })
 	lp.backups.verify = verify
@@ -124,6 +149,14 @@ func (lp *loop) run(ctx context.Context) {
 	}
 }
 
+// httpClient is the loop's client for etcd's HTTP endpoints.
+func (lp *loop) httpClient() *http.Client {
+	if lp.http == nil {
+		lp.http = etcdproc.NewHTTPClient(lp.etcdTLS)
+	}
+	return lp.http
+}
+
 // close releases what the loop holds open.
 func (lp *loop) close() {
 	for _, c := range lp.peers {
@@ -144,7 +177,17 @@ const maxQuickCycles = 5
 // changed something. It never panics on bad data and never returns an
 // error: problems are logged and retried next cycle.
 func (lp *loop) cycle(ctx context.Context) (changed bool) {
+	defer func() {
+		// A bug met on bad data must not crash-loop the agent: its etcd
+		// keeps running, and the next cycle tries again.
+		if r := recover(); r != nil {
+			lp.met.panics.Inc()
+			lp.log.Error("a control-loop cycle panicked; recovered, and will try again", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			changed = false
+		}
+	}()
 	obs := lp.observe(ctx)
+	lp.housekeeping(ctx, lp.store, obs)
 	for _, act := range plan.Plan(obs) {
 		if ctx.Err() != nil {
 			return false
@@ -156,12 +199,14 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		lp.log.Info("performing action", "action", act.String())
 		err := lp.execute(ctx, obs, act)
 		lp.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
+		lp.noteOutcome(act, err)
 		switch {
 		case errors.Is(err, errWait):
 			lp.log.Info("action must wait; will retry", "action", act.String(), "reason", err)
 			return false
 		case err != nil:
-			lp.log.Error("action failed; will retry", "action", act.String(), "error", err)
+			lp.log.Error("action failed; will retry", "action", act.String(), "error", err,
+				"failures", lp.failures.count(plan.ActionKey(act)))
 			return false
 		}
 		if act.Mutates() {
@@ -209,8 +254,13 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 	case plan.RemoveMember:
 		return lp.changed(lp.members.remove(ctx, obs, act))
 	case plan.EvictNode:
-		return lp.members.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
+		return lp.members.evict(ctx, obs, act)
 	case plan.SetQuarantine:
+		// A stray quarantine is lifted by etcd's leader, which re-checks
+		// that it still leads first.
+		if _, err := lp.members.leader(ctx); err != nil {
+			return err
+		}
 		return lp.procedures.LiftStrayQuarantine(ctx, obs, act)
 	case plan.SetMemberVersion:
 		return lp.changed(lp.members.setVersion(ctx, obs, act))
@@ -233,6 +283,36 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 	default:
 		return fmt.Errorf("controller: unknown action %T", act)
 	}
+}
+
+// noteOutcome counts the failures of the leader's own cluster changes, so
+// that one that keeps failing backs off and the planner passes it over;
+// a success forgets them. Backups (which back off on their own) and
+// procedure steps (which a restore needs, in order) are not counted.
+func (lp *loop) noteOutcome(act plan.Action, err error) {
+	switch act := act.(type) {
+	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion,
+		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade:
+	case plan.SetQuarantine:
+		if act.ID != "" {
+			return
+		}
+	case plan.RemoveMember:
+		if err == nil && act.StuckLearner && act.NodeID != "" {
+			// Its node failed to join in time; do not add it again at once.
+			lp.failures.failed(plan.ActionKey(plan.AddMember{NodeID: act.NodeID}), errors.New(act.Reason), lp.now())
+		}
+	default:
+		return
+	}
+	key := plan.ActionKey(act)
+	switch {
+	case err == nil:
+		lp.failures.succeeded(key)
+	case !errors.Is(err, errWait) && !errors.Is(err, ErrNotLeader):
+		lp.failures.failed(key, err, lp.now())
+	}
+	lp.met.backingOff.Set(float64(len(lp.failures.backingOff(lp.now()))))
 }
 
 // changed records a membership change, so the next one waits for a fresh
@@ -333,12 +413,20 @@ func (lp *loop) Call(ctx context.Context, n plan.Node, timeout time.Duration, ca
 // the loop's store.
 type storeRecords struct{ lp *loop }
 
-func (r storeRecords) SetCommandStatus(ctx context.Context, id string, st spec.CommandStatus, now time.Time) error {
+func (r storeRecords) SetCommandStatus(ctx context.Context, id string, term int64, st spec.CommandStatus, now time.Time) error {
 	s, err := r.lp.openStore(ctx)
 	if err != nil {
 		return err
 	}
-	return s.SetCommandStatus(ctx, id, st, now)
+	return s.SetCommandStatusAt(ctx, id, term, st, now)
+}
+
+func (r storeRecords) CreateChoice(ctx context.Context, id string, c spec.Choice) (spec.Choice, error) {
+	s, err := r.lp.openStore(ctx)
+	if err != nil {
+		return c, err
+	}
+	return s.CreateChoice(ctx, id, c)
 }
 
 func (r storeRecords) DeleteCommand(ctx context.Context, id string) error {

@@ -55,6 +55,8 @@ type creationMarker interface {
 	Hold(ctx context.Context) (int64, error)
 	// CreateCreated writes the marker unless it exists (store.ErrExists).
 	CreateCreated(ctx context.Context, c spec.ClusterCreated) error
+	// ReadCreated reads the marker.
+	ReadCreated(ctx context.Context) (spec.ClusterCreated, error)
 }
 
 // members carries out the leader's membership and version steps. Each
@@ -117,6 +119,14 @@ func (c loopCreation) CreateCreated(ctx context.Context, m spec.ClusterCreated) 
 	return s.CreateCreated(ctx, m)
 }
 
+func (c loopCreation) ReadCreated(ctx context.Context) (spec.ClusterCreated, error) {
+	s, err := c.lp.openStore(ctx)
+	if err != nil {
+		return spec.ClusterCreated{}, err
+	}
+	return s.ReadCreated(ctx)
+}
+
 // create creates a new cluster. Crash safety comes from the order: every
 // chosen node first records the membership as pending, then the once-only
 // creation marker names the token, and only then do the nodes start etcd
@@ -163,7 +173,12 @@ func (m *members) create(ctx context.Context, obs plan.Observed, act plan.Create
 	}
 	err = m.creation.CreateCreated(ctx, spec.ClusterCreated{Timestamp: spec.Int64(m.now().UnixNano()), ClusterToken: token})
 	if errors.Is(err, store.ErrExists) {
-		return rollback(fmt.Errorf("controller: another agent created the cluster first"))
+		// A retry of a write that did succeed finds our own marker: that
+		// is success, not another creator's win.
+		if got, rerr := m.creation.ReadCreated(ctx); rerr != nil || got.ClusterToken != token {
+			return rollback(fmt.Errorf("controller: another agent created the cluster first"))
+		}
+		err = nil
 	}
 	if err != nil {
 		// The marker may or may not be written; the prepared nodes settle it
@@ -297,6 +312,15 @@ func (m *members) remove(ctx context.Context, obs plan.Observed, act plan.Remove
 		m.log.Warn("cannot tell the removed node to leave; will retry when it is seen", "node", act.NodeID, "error", err)
 	}
 	return nil
+}
+
+// evict tells a node that is not a member to drop its stale membership,
+// after re-checking leadership like every other membership change.
+func (m *members) evict(ctx context.Context, obs plan.Observed, act plan.EvictNode) error {
+	if _, err := m.leader(ctx); err != nil {
+		return err
+	}
+	return m.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
 }
 
 // tellLeave tells a node to drop its membership of the cluster token.

@@ -21,6 +21,8 @@ type metrics struct {
 	leader           prometheus.Gauge
 	etcdHealthy      prometheus.Gauge
 	actionsPerformed *prometheus.CounterVec
+	backingOff       prometheus.Gauge
+	panics           prometheus.Counter
 	certExpiry       prometheus.Gauge
 	certRenewals     prometheus.Counter
 }
@@ -42,13 +44,17 @@ func newMetrics() *metrics {
 			Help: "1 while the local etcd answers."}),
 		actionsPerformed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_actions_total",
 			Help: "Actions performed, by kind and result."}, []string{"action", "result"}),
+		backingOff: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_actions_backing_off",
+			Help: "Cluster changes of the leader that keep failing and wait out a backoff while the rest of its work goes on."}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_panics_total",
+			Help: "Control-loop cycles that panicked and were recovered; each is a bug to report."}),
 		certExpiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_node_certificate_expiry_timestamp_seconds",
 			Help: "Unix time the node certificate in use expires; it is renewed two thirds into its life."}),
 		certRenewals: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_node_certificate_issued_total",
 			Help: "Node certificates this agent issued itself (at start and on renewal)."}),
 	}
 	m.reg.MustRegister(m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
-		m.actionsPerformed, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

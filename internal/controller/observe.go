@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
@@ -30,11 +34,19 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		Self:           self,
 		Peers:          []plan.Node{self},
 		Grace:          lp.cfg.MemberFailureGrace,
+		LearnerTimeout: lp.cfg.LearnerTimeout,
 		PendingTimeout: pendingTimeoutMul * lp.cfg.LeaderLease,
 	}
 	defer func() {
 		leading := obs.Cluster != nil || obs.LockHeld
-		lp.setInfo(self, member, local, leading)
+		procedure := ""
+		if c := plan.ActiveExclusive(obs.Commands); c != nil && obs.LockHeld {
+			procedure = c.Command.Kind()
+			if p := c.Status.Restore; p != nil {
+				procedure += " " + p.Phase
+			}
+		}
+		lp.setInfo(self, member, local, leading, procedure)
 		boolGauge(lp.met.leader, leading)
 		boolGauge(lp.met.etcdHealthy, self.Healthy)
 	}()
@@ -48,7 +60,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	if obs.StoreErr != nil {
 		return obs
 	}
-	lp.publish(ctx, self.ID)
+	lp.publish(ctx, s, self)
 	obs.Peers = lp.observePeers(ctx, self)
 
 	// Leadership: through etcd while it has quorum, else the store lock
@@ -67,23 +79,41 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		obs.BackedUpSinceChange = !b.lastOK.IsZero() && !b.lastOK.Before(lp.lastChange)
 		obs.BackupFailedRecently = b.failedRecently()
 		obs.VersionBackup = lp.versionBackup
+		obs.Backoff = lp.failures.backingOff(lp.now())
 	}
 	// The command queue matters to an agent that leads or may lead: the
 	// etcd leader, any agent while no etcd runs, and the lock holder.
 	// An agent whose etcd sees no raft leader reads it too: quorum may be
-	// lost, and only a queued recover-quorum can end that.
+	// lost, and only a queued recover-quorum can end that. Every other
+	// agent reads it every half lease, so that a restore goes on even
+	// when the etcd leader's agent is stuck.
 	noCluster := plan.NoCluster(obs)
-	if obs.Cluster != nil || noCluster || lp.lease.Term() != 0 || (self.Member != nil && self.RaftLeader == 0) {
+	if obs.Cluster != nil || noCluster || lp.lease.Term() != 0 || (self.Member != nil && self.RaftLeader == 0) ||
+		lp.now().Sub(lp.lastQueueRead) >= lp.cfg.LeaderLease/2 {
 		cmds, err := readCommands(ctx, s, lp.now())
 		if err != nil {
 			obs.StoreErr = err
 			return obs
 		}
 		obs.Commands = cmds
+		lp.lastQueueRead = lp.now()
+	}
+	// Evidence about agents this one cannot reach: what they last
+	// published, for a recover-quorum and for the total-loss report.
+	if c := plan.ActiveExclusive(obs.Commands); (c != nil && c.Command.RecoverQuorum != nil) || (noCluster && obs.Created != nil) {
+		obs.Records, obs.RecordFresh = lp.records(ctx, s), lp.cfg.LeaderLease+lp.publishEvery()
 	}
 	// The store lock leads while there is no cluster, and throughout a
-	// restore, whose cluster comes and goes.
-	if noCluster || plan.ActiveExclusive(obs.Commands) != nil {
+	// restore, whose cluster comes and goes; but never on a store or with
+	// clocks it cannot trust.
+	obs.LockRefused = lp.lockRefused(ctx, s)
+	if obs.LockRefused != nil {
+		if lp.lease.Term() != 0 {
+			if err := lp.lease.Release(ctx, s); err != nil {
+				lp.log.Warn("cannot release the store lock; it expires with its lease", "error", err)
+			}
+		}
+	} else if noCluster || plan.ActiveExclusive(obs.Commands) != nil {
 		term, err := lp.lease.Acquire(ctx, s)
 		switch {
 		case errors.Is(err, spec.ErrNewerFormat):
@@ -119,6 +149,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 	}
 	if m := st.Member; m != nil {
 		self.HasData = lp.node.Layout().HasEtcdData(m.ClusterToken)
+		self.DataLost = m.HasRun && !self.HasData
 		self.SnapIndex = lp.node.Layout().SnapIndex(m.ClusterToken)
 		if m.Pending && !pendingSince.IsZero() {
 			self.PendingFor = lp.now().Sub(pendingSince)
@@ -137,10 +168,14 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 				self.Healthy, self.Version, local = true, ms.Version, ms
 				self.MemberID, self.RaftLeader, self.RaftIndex = ms.MemberID, ms.LeaderID, ms.RaftIndex
 				self.StorageVersion, self.DowngradeTarget = ms.StorageVersion, ms.DowngradeTarget
+				// The members its own copy lists: the evidence a
+				// recover-quorum needs, and the members a dump-restore
+				// must quarantine.
+				self.LocalMembers = localMembers(ctx, c)
 				if ms.DowngradeTarget != "" {
 					// The downgrade's binaries may change only once etcd
 					// has lowered the cluster version.
-					if v, err := etcdproc.ClusterVersion(ctx, endpoint, lp.etcdTLS); err == nil {
+					if v, err := etcdproc.ClusterVersion(ctx, lp.httpClient(), endpoint); err == nil {
 						self.ClusterVersion = v
 					}
 				}
@@ -185,16 +220,85 @@ func (lp *loop) observeStore(ctx context.Context, s *store.Store, obs *plan.Obse
 	}
 }
 
-func (lp *loop) publish(ctx context.Context, nodeID string) {
-	if lp.now().Sub(lp.lastPublish) < publishInterval {
+// lockRefused says why this agent may not take the store lock now, or
+// nil. The store's create-if-absent is checked once (and again while the
+// store cannot be reached); the clock offsets to the peers are those of
+// this cycle.
+func (lp *loop) lockRefused(ctx context.Context, s *store.Store) error {
+	if !lp.storeChecked {
+		err := checkCreateOnce(ctx, s, lp.node.ID())
+		switch {
+		case err == nil:
+			lp.storeChecked = true
+		case errors.Is(err, ErrUntrustedStore):
+			lp.storeChecked, lp.untrusted = true, err
+		default:
+			return fmt.Errorf("the store's create-if-absent is not checked yet: %w", err)
+		}
+	}
+	if lp.untrusted != nil {
+		return lp.untrusted
+	}
+	limit := maxClockOffset(lp.cfg.LeaderLease)
+	for id, off := range lp.offsets {
+		if off > limit || off < -limit {
+			return fmt.Errorf("controller: the clock of %s is %s off this agent's, more than %s (a fifth of --leader-lease); leases compare clocks, so fix the clocks (NTP)",
+				id, off.Round(time.Millisecond), limit)
+		}
+	}
+	return nil
+}
+
+// publishEvery is how often the agent publishes its record: often
+// enough that a record older than a lease and this means a silent agent.
+func (lp *loop) publishEvery() time.Duration {
+	return min(publishInterval, lp.cfg.LeaderLease/2)
+}
+
+// publish writes this agent's record to the store, where other agents
+// read what it last saw, and announces it to the discovery provider. It
+// does so every publishEvery, and at once when what it reports changes.
+func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
+	rec := peer.Record{NodeID: self.ID, ClusterName: lp.cfg.ClusterName, Address: lp.peerAddress(),
+		Etcd: &peer.EtcdReport{HasData: self.HasData, Healthy: self.Healthy, RaftLeader: self.RaftLeader}}
+	if m := self.Member; m != nil {
+		rec.Etcd.ClusterToken = m.ClusterToken
+	}
+	if lp.now().Sub(lp.lastPublish) < lp.publishEvery() && lp.lastRecord != nil && *lp.lastRecord == *rec.Etcd {
 		return
 	}
-	rec := peer.Record{NodeID: nodeID, ClusterName: lp.cfg.ClusterName, Address: lp.peerAddress()}
-	if err := lp.discovery.Publish(ctx, rec); err != nil {
-		lp.log.Warn("cannot publish this agent for discovery", "error", err)
+	if err := peer.PublishToStore(ctx, s, rec, lp.now()); err != nil {
+		lp.log.Warn("cannot publish this agent's record to the store", "error", err)
 		return
 	}
-	lp.lastPublish = lp.now()
+	if lp.cfg.Discovery != "store" {
+		if err := lp.discovery.Publish(ctx, rec); err != nil {
+			lp.log.Warn("cannot publish this agent for discovery", "error", err)
+			return
+		}
+	}
+	lp.lastPublish, lp.lastRecord = lp.now(), rec.Etcd
+}
+
+// records reads what every agent last published, for evidence.
+func (lp *loop) records(ctx context.Context, s *store.Store) []plan.Record {
+	recs, err := peer.StoreRecords(ctx, s)
+	if err != nil {
+		lp.log.Warn("some agents' records cannot be read", "error", err)
+	}
+	now := lp.now()
+	out := make([]plan.Record, 0, len(recs))
+	for _, r := range recs {
+		pr := plan.Record{NodeID: r.NodeID, Age: now.Sub(r.Updated)}
+		if r.Updated.IsZero() {
+			pr.Age = time.Duration(math.MaxInt64)
+		}
+		if e := r.Etcd; e != nil {
+			pr.ClusterToken, pr.HasData, pr.Healthy, pr.RaftLeader = e.ClusterToken, e.HasData, e.Healthy, e.RaftLeader
+		}
+		out = append(out, pr)
+	}
+	return out
 }
 
 // observePeers asks every discovered agent for its info, concurrently.
@@ -211,10 +315,20 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 		}
 	}
 	var (
-		mu    sync.Mutex
-		wg    sync.WaitGroup
-		nodes = map[string]plan.Node{self.ID: self}
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		nodes   = map[string]plan.Node{self.ID: self}
+		offsets = map[string]time.Duration{}
 	)
+	defer func() { lp.offsets = offsets }()
+	// Agents that left: close their clients (not when discovery failed,
+	// which says nothing about who left).
+	for addr, c := range lp.peers {
+		if len(recs) > 0 && !addrs[addr] {
+			_ = c.Close()
+			delete(lp.peers, addr)
+		}
+	}
 	for addr := range addrs {
 		c, err := lp.peerClient(addr)
 		if err != nil {
@@ -225,13 +339,16 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			defer wg.Done()
 			cctx, cancel := context.WithTimeout(ctx, peerCallTimeout)
 			defer cancel()
+			sent := time.Now()
 			info, err := c.Info(cctx)
+			received := time.Now()
 			if err != nil || info.NodeID == "" || info.NodeID == self.ID || info.ClusterName != lp.cfg.ClusterName {
 				return
 			}
 			mu.Lock()
 			defer mu.Unlock()
 			nodes[info.NodeID] = nodeFromInfo(addr, info)
+			offsets[info.NodeID] = clockOffset(info.Now, sent, received)
 		}()
 	}
 	wg.Wait()
@@ -246,10 +363,10 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 	return plan.Node{
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
-		Member: membership(info.Member), HasData: info.HasData, PendingFor: info.PendingFor,
+		Member: membership(info.Member), HasData: info.HasData, DataLost: info.DataLost, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
 		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Installed: info.Installed,
-		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget,
+		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
 	}
 }
 
@@ -300,31 +417,46 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	}
 	wg.Wait()
 	now := lp.now()
-	seen := map[uint64]bool{}
 	for i := range members {
-		id := members[i].ID
-		seen[id] = true
-		if members[i].Healthy {
-			delete(lp.unhealthySince, id)
-			continue
-		}
-		since, ok := lp.unhealthySince[id]
-		if !ok {
-			since = now
-			lp.unhealthySince[id] = now
-		}
-		members[i].UnhealthyFor = now.Sub(since)
+		m := &members[i]
+		m.UnhealthyFor = lp.unhealthySince.track(m.ID, !m.Healthy, now)
+		m.LearnerFor = lp.learnerSince.track(m.ID, m.IsLearner || m.Name == "", now)
 	}
-	for id := range lp.unhealthySince {
-		if !seen[id] {
-			delete(lp.unhealthySince, id)
-		}
-	}
+	lp.unhealthySince.keep(members)
+	lp.learnerSince.keep(members)
 	view.Members = members
 	return view, nil
 }
 
-func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcdproc.MemberStatus, leader bool) {
+// since remembers, per etcd member, when a condition was first seen to
+// hold, as long as it goes on holding.
+type since map[uint64]time.Time
+
+// track returns how long the condition has held for member id, 0 when it
+// does not hold now.
+func (s since) track(id uint64, holds bool, now time.Time) time.Duration {
+	if !holds {
+		delete(s, id)
+		return 0
+	}
+	t, ok := s[id]
+	if !ok {
+		t = now
+		s[id] = now
+	}
+	return now.Sub(t)
+}
+
+// keep forgets members that are gone.
+func (s since) keep(members []plan.Member) {
+	for id := range s {
+		if !slices.ContainsFunc(members, func(m plan.Member) bool { return m.ID == id }) {
+			delete(s, id)
+		}
+	}
+}
+
+func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcdproc.MemberStatus, leader bool, procedure string) {
 	info := peer.NodeInfo{
 		NodeID:               self.ID,
 		ClusterName:          lp.cfg.ClusterName,
@@ -334,6 +466,7 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		PeerURLs:             lp.cfg.PeerURLs,
 		Member:               member,
 		HasData:              self.HasData,
+		DataLost:             self.DataLost,
 		PendingFor:           self.PendingFor,
 		EtcdWanted:           self.EtcdWanted,
 		EtcdHealthy:          self.Healthy,
@@ -349,6 +482,18 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		DBSize:               local.DBSize,
 		Leader:               leader,
 		Installed:            self.Installed,
+		LocalMembers:         toRefs(self.LocalMembers),
+		Procedure:            procedure,
+	}
+	if leader {
+		info.Failing = lp.failures.report()
+		sort.Strings(info.Failing)
+	}
+	for _, off := range lp.offsets {
+		info.MaxClockOffset = max(info.MaxClockOffset, off, -off)
+	}
+	if lp.untrusted != nil {
+		info.LockRefused = lp.untrusted.Error()
 	}
 	lp.node.SetInfo(info, member)
 }
@@ -362,9 +507,45 @@ func membership(m *etcdproc.MemberState) *plan.Membership {
 		ClusterToken:    m.ClusterToken,
 		EtcdVersion:     m.EtcdVersion,
 		NewCluster:      m.NewCluster,
+		HasRun:          m.HasRun,
 		Pending:         m.Pending,
 		Quarantined:     m.Quarantined,
 		ForceNewCluster: m.ForceNewCluster,
 		V2Until:         m.V2Until,
 	}
+}
+
+// localMembers are the started members that etcd's own copy of the
+// membership lists (a serializable read, which needs no quorum).
+func localMembers(ctx context.Context, c *clientv3.Client) []plan.Member {
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	resp, err := c.MemberList(ctx, clientv3.WithSerializable())
+	if err != nil {
+		return nil
+	}
+	var out []plan.Member
+	for _, m := range resp.Members {
+		if m.Name != "" {
+			out = append(out, plan.Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func toRefs(ms []plan.Member) []peer.MemberRef {
+	var out []peer.MemberRef
+	for _, m := range ms {
+		out = append(out, peer.MemberRef{Name: m.Name, PeerURLs: m.PeerURLs})
+	}
+	return out
+}
+
+func fromRefs(refs []peer.MemberRef) []plan.Member {
+	var out []plan.Member
+	for _, r := range refs {
+		out = append(out, plan.Member{Name: r.Name, PeerURLs: r.PeerURLs})
+	}
+	return out
 }

@@ -5,8 +5,11 @@
 package crashpoint
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
+	"strings"
 	"syscall"
 )
 
@@ -24,4 +27,40 @@ func Here(log *slog.Logger, name string) {
 	log.Error("test hook: crashing here", "point", name)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // the signal is on its way
+}
+
+// PauseEnv names points at which the agent stops itself with SIGSTOP, as
+// a long GC pause or a frozen VM would, for the tests of fencing: a
+// comma-separated list of point@claim. With a claim file, only the first
+// process to create it pauses (once across all agents of a test); without
+// one, every process pauses every time it passes the point. The test
+// resumes the agent with SIGCONT.
+const PauseEnv = "ETCD_MANAGER_TEST_PAUSE_AT"
+
+// Pause stops the agent when PauseEnv names this point, and returns once
+// it is resumed.
+func Pause(log *slog.Logger, name string) {
+	for _, entry := range strings.Split(os.Getenv(PauseEnv), ",") {
+		point, claim, _ := strings.Cut(entry, "@")
+		if point != name {
+			continue
+		}
+		if claim != "" {
+			f, err := os.OpenFile(claim, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+			if err != nil {
+				return // another process paused here already
+			}
+			fmt.Fprintf(f, "%d\n", os.Getpid())
+			f.Close()
+		}
+		log.Error("test hook: pausing here", "point", name, "pid", os.Getpid())
+		// Signal this very thread: a process-directed SIGSTOP may let it
+		// run on for a moment; one directed at the thread stops it before
+		// it returns to this code, and the whole process with it.
+		runtime.LockOSThread()
+		_ = syscall.Tgkill(os.Getpid(), syscall.Gettid(), syscall.SIGSTOP)
+		runtime.UnlockOSThread()
+		log.Warn("test hook: resumed", "point", name)
+		return
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -71,18 +72,23 @@ func LocalStatus(ctx context.Context, c *clientv3.Client, endpoint string) (Memb
 	}, nil
 }
 
+// NewHTTPClient returns an HTTP client for etcd's HTTP endpoints (such as
+// /version), over TLS when tlsCfg is set. Callers keep one and reuse it.
+func NewHTTPClient(tlsCfg *tls.Config) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = tlsCfg
+	t.MaxIdleConnsPerHost = 2
+	return &http.Client{Transport: t, Timeout: 5 * time.Second}
+}
+
 // ClusterVersion reads the cluster version (etcd's "etcdcluster") from
 // the /version endpoint of the etcd at clientURL.
-func ClusterVersion(ctx context.Context, clientURL string, tlsCfg *tls.Config) (string, error) {
+func ClusterVersion(ctx context.Context, client *http.Client, clientURL string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(clientURL, "/")+"/version", nil)
 	if err != nil {
 		return "", fmt.Errorf("etcdproc: cluster version: %w", err)
-	}
-	client := &http.Client{}
-	if tlsCfg != nil {
-		client.Transport = &http.Transport{TLSClientConfig: tlsCfg}
 	}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -92,7 +98,7 @@ func ClusterVersion(ctx context.Context, clientURL string, tlsCfg *tls.Config) (
 	var v struct {
 		Cluster string `json:"etcdcluster"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&v); err != nil {
 		return "", fmt.Errorf("etcdproc: cluster version from %s: %w", clientURL, err)
 	}
 	return v.Cluster, nil

@@ -26,6 +26,20 @@ type Record struct {
 	Address string `json:"address"`
 	// Updated is when the agent last published the record.
 	Updated time.Time `json:"updated,omitzero"`
+	// Etcd is what the agent's etcd looked like when it published: the
+	// evidence a recover-quorum weighs about agents it cannot reach.
+	Etcd *EtcdReport `json:"etcd,omitempty"`
+}
+
+// EtcdReport is an agent's membership and its etcd's view, as published
+// in its record.
+type EtcdReport struct {
+	// ClusterToken is the agent's membership, empty for a standby.
+	ClusterToken string `json:"clusterToken,omitempty"`
+	HasData      bool   `json:"hasData,omitempty"`
+	// Healthy is whether its etcd answered; RaftLeader the leader it knew.
+	Healthy    bool   `json:"healthy,omitempty"`
+	RaftLeader uint64 `json:"raftLeader,omitempty"`
 }
 
 // Discovery finds the agents of a cluster. Publish announces this agent
@@ -208,13 +222,46 @@ func (d *storeDiscovery) Publish(ctx context.Context, self Record) error {
 	if err != nil {
 		return err
 	}
-	self.Updated = d.now().UTC()
+	return PublishToStore(ctx, s, self, d.now())
+}
+
+// PublishToStore writes the agent's record to the store's discovery/
+// prefix, whatever discovery the agents use: it is also the evidence of
+// what the agent saw.
+func PublishToStore(ctx context.Context, s BlobStore, self Record, now time.Time) error {
+	self.Updated = now.UTC()
 	self.Format = spec.FormatVersion
 	data, err := json.Marshal(self)
 	if err != nil {
 		return fmt.Errorf("peer: encode record: %w", err)
 	}
 	return s.Write(ctx, DiscoveryPrefix+self.NodeID, data)
+}
+
+// StoreRecords reads every agent's record from the store, however old;
+// junk is left out, and a record of a newer format is left out with an
+// error that says so.
+func StoreRecords(ctx context.Context, s BlobStore) ([]Record, error) {
+	keys, err := s.List(ctx, DiscoveryPrefix, "")
+	if err != nil {
+		return nil, err
+	}
+	var recs []Record
+	var errs []error
+	for _, k := range keys {
+		data, err := s.Read(ctx, k)
+		if err != nil {
+			continue
+		}
+		r, ok, err := decodeRecord(data, 0, time.Time{})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", k, err))
+		}
+		if ok {
+			recs = append(recs, r)
+		}
+	}
+	return recs, errors.Join(errs...)
 }
 
 func (d *storeDiscovery) Poll(ctx context.Context) ([]Record, error) {
@@ -290,4 +337,32 @@ func (d *dnsDiscovery) Poll(ctx context.Context) ([]Record, error) {
 	}
 	sort.Slice(recs, func(i, j int) bool { return recs[i].Address < recs[j].Address })
 	return recs, nil
+}
+
+// Deleter is the part of the store PruneRecords needs besides reading.
+type Deleter interface {
+	Delete(ctx context.Context, key string) error
+}
+
+// PruneRecords deletes the records of agents not heard from for longer
+// than maxAge, and returns their node IDs.
+func PruneRecords(ctx context.Context, s interface {
+	BlobStore
+	Deleter
+}, now time.Time, maxAge time.Duration) ([]string, error) {
+	recs, err := StoreRecords(ctx, s)
+	if err != nil && len(recs) == 0 {
+		return nil, err
+	}
+	var gone []string
+	for _, r := range recs {
+		if r.NodeID == "" || r.Updated.IsZero() || now.Sub(r.Updated) <= maxAge {
+			continue
+		}
+		if err := s.Delete(ctx, DiscoveryPrefix+r.NodeID); err != nil {
+			return gone, err
+		}
+		gone = append(gone, r.NodeID)
+	}
+	return gone, nil
 }

@@ -294,3 +294,34 @@ func TestParseDiscoveryErrors(t *testing.T) {
 		}
 	}
 }
+
+func (m *memStore) Delete(_ context.Context, k string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.objs, k)
+	return nil
+}
+
+// Records of agents not heard from for longer than the bound are removed;
+// the others, and what each reported, are kept.
+func TestStoreRecordsAndPrune(t *testing.T) {
+	mem := &memStore{objs: map[string][]byte{}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i, age := range []time.Duration{time.Minute, 48 * time.Hour} {
+		rec := Record{NodeID: string(rune('a' + i)), Address: "127.0.0.1:8000", Etcd: &EtcdReport{ClusterToken: "tok", HasData: true, RaftLeader: 7}}
+		if err := PublishToStore(t.Context(), mem, rec, t0.Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := StoreRecords(t.Context(), mem)
+	if err != nil || len(recs) != 2 || recs[0].Etcd == nil || recs[0].Etcd.RaftLeader != 7 {
+		t.Fatalf("records: %+v, %v", recs, err)
+	}
+	gone, err := PruneRecords(t.Context(), mem, t0, 24*time.Hour)
+	if err != nil || len(gone) != 1 || gone[0] != "b" {
+		t.Fatalf("pruned %v, %v; want b", gone, err)
+	}
+	if recs, _ := StoreRecords(t.Context(), mem); len(recs) != 1 || recs[0].NodeID != "a" {
+		t.Errorf("left: %+v", recs)
+	}
+}

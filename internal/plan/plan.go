@@ -49,6 +49,13 @@ type Observed struct {
 	LockHeld bool
 	// Grace is how long a member may be unhealthy before it is replaced.
 	Grace time.Duration
+	// LearnerTimeout is how long a member may stay a learner (or added but
+	// not started) before it is removed again; 0 waits forever.
+	LearnerTimeout time.Duration
+	// Backoff holds the actions (by ActionKey) that failed and wait before
+	// they are tried again, with the last error: the planner passes them
+	// over for other work.
+	Backoff map[string]string
 	// PendingTimeout is how long a node waits for the creation marker of a
 	// creation it was told about before it gives up.
 	PendingTimeout time.Duration
@@ -68,6 +75,29 @@ type Observed struct {
 	// NewerFormat is set when a record this agent needs (the store lock)
 	// was written by a newer etcd-manager.
 	NewerFormat error
+	// LockRefused is set when this agent may not take the store lock: the
+	// store does not honour create-if-absent, or the clocks disagree.
+	LockRefused error
+	// Records are the agents' own records in the store, reachable or not,
+	// read when the plan needs evidence about agents it cannot reach; a
+	// record is fresh while its Age is at most RecordFresh.
+	Records     []Record
+	RecordFresh time.Duration
+}
+
+// Record is what an agent last published about itself in the store.
+type Record struct {
+	NodeID string
+	// Age is how long ago it was published, by this agent's clock.
+	Age time.Duration
+	// ClusterToken is its membership, empty for a standby; HasData, whether
+	// it held the member's data.
+	ClusterToken string
+	HasData      bool
+	// Healthy is whether its etcd answered, and RaftLeader the leader its
+	// etcd knew (0: none).
+	Healthy    bool
+	RaftLeader uint64
 }
 
 // Command is a queued command as observed.
@@ -95,6 +125,9 @@ type Membership struct {
 	EtcdVersion string
 	// NewCluster is set until etcd has bootstrapped the new cluster.
 	NewCluster bool
+	// HasRun is set once etcd has written the member's data: lost data
+	// then means a new member, never a restart with an empty log.
+	HasRun bool
 	// Pending is set while a creation waits for the store's marker.
 	Pending bool
 	// Quarantined is set while etcd serves on the quarantine URLs only.
@@ -120,6 +153,9 @@ type Node struct {
 	// HasData is true when the node's etcd data for Member's token is on
 	// disk.
 	HasData bool
+	// DataLost is true when etcd has run on the member's data and the
+	// data is gone.
+	DataLost bool
 	// PendingFor is how long a pending creation has waited.
 	PendingFor time.Duration
 	// EtcdWanted is true while the node's supervisor keeps etcd running.
@@ -141,6 +177,9 @@ type Node struct {
 	ClusterVersion string
 	// Installed are the etcd versions installed on the node.
 	Installed []string
+	// LocalMembers are the members its etcd knows, from its own copy of
+	// the membership (a read that needs no quorum): names and peer URLs.
+	LocalMembers []Member
 }
 
 // ClusterView is the etcd cluster as its raft leader sees it.
@@ -159,6 +198,9 @@ type Member struct {
 	Healthy    bool
 	// UnhealthyFor is how long the member has been seen unhealthy.
 	UnhealthyFor time.Duration
+	// LearnerFor is how long the member has been seen a learner, or added
+	// but not started.
+	LearnerFor time.Duration
 	// RaftIndex is its log's index, read by the leader in the same pass
 	// as every other member's, so the figures compare.
 	RaftIndex uint64
@@ -207,6 +249,9 @@ type RemoveMember struct {
 	MemberID uint64
 	NodeID   string
 	Reason   string
+	// StuckLearner marks the removal of a learner that did not start or
+	// catch up in time: its node is not added again at once.
+	StuckLearner bool
 }
 
 // EvictNode tells a node that is not a member to drop its stale
@@ -237,6 +282,10 @@ type FailCommand struct {
 
 // ForgetCommand removes a command that finished long ago.
 type ForgetCommand struct{ ID string }
+
+// NoteCommand writes why a procedure's command waits into its status,
+// for the operator's ctl to show; it stays pending.
+type NoteCommand struct{ ID, Message string }
 
 // Report logs a state that needs no action from this node, or one that a
 // person must act on (at error level).
@@ -276,8 +325,12 @@ func (a ForgetCommand) String() string {
 	return "forget-command " + a.ID
 }
 func (ForgetCommand) Mutates() bool { return false }
-func (a Report) String() string     { return "report " + a.Msg }
-func (Report) Mutates() bool        { return false }
+func (a NoteCommand) String() string {
+	return "note-command " + a.ID
+}
+func (NoteCommand) Mutates() bool { return false }
+func (a Report) String() string   { return "report " + a.Msg }
+func (Report) Mutates() bool      { return false }
 
 // Plan decides what to do next from the desired spec and what was
 // observed. It is pure: no I/O, no clock, no randomness.
@@ -295,6 +348,10 @@ func Plan(o Observed) []Action {
 
 	if waits := planNewerFormat(o); len(waits) > 0 {
 		return append(actions, waits...)
+	}
+	if o.LockRefused != nil {
+		actions = append(actions, Report{Level: slog.LevelError, Msg: "this agent does not take the store lock; it leads only through etcd while etcd has quorum",
+			Attrs: []any{"error", o.LockRefused}})
 	}
 	if r := ActiveExclusive(o.Commands); r != nil {
 		if !o.LockHeld {
@@ -393,9 +450,10 @@ func planLocal(o Observed) []Action {
 	m := o.Self.Member
 	switch {
 	case m == nil || m.Pending || o.Self.EtcdWanted:
-	case !o.Self.HasData && !m.NewCluster:
-		// Starting etcd on an empty data dir of an existing cluster would
-		// fail over and over at best. The leader removes and re-adds us.
+	case !o.Self.HasData && m.HasRun:
+		// Starting etcd as the old member on an empty data dir would
+		// rejoin with an empty log, or panic. The leader removes this
+		// member and adds the node back with fresh data.
 		actions = append(actions, Report{Level: slog.LevelError, Msg: "this node's etcd data is missing; not starting etcd",
 			Attrs: []any{"cluster-token", m.ClusterToken}})
 	default:
@@ -403,7 +461,7 @@ func planLocal(o Observed) []Action {
 	}
 	// etcd itself ignores --initial-cluster-state once it has data, so
 	// record that as soon as the data is there.
-	if m != nil && m.NewCluster && o.Self.HasData {
+	if m != nil && (m.NewCluster || !m.HasRun) && o.Self.HasData {
 		actions = append(actions, MarkBootstrapped{})
 	}
 	return actions
@@ -436,6 +494,15 @@ func planNoCluster(o Observed) []Action {
 	}
 	switch {
 	case o.Created != nil:
+		// Only a cluster that truly has no members needs a restore; an
+		// agent cut off from members that still publish their data must
+		// not say so.
+		for _, r := range o.Records {
+			if r.NodeID != o.Self.ID && r.Age <= o.RecordFresh && r.HasData && r.ClusterToken != "" {
+				return []Action{Report{Level: slog.LevelWarn, Msg: "cannot reach any member of the cluster, though their agents publish their data in the store; is this agent cut off from them?",
+					Attrs: []any{"member", r.NodeID, "record-age", r.Age.Round(time.Second)}}}
+			}
+		}
 		return []Action{Report{Level: slog.LevelError, Msg: MsgNoMembers}}
 	case o.SpecBinaryErr != nil:
 		return []Action{Report{Level: slog.LevelError, Msg: "cannot create the cluster: no etcd binary for the spec's version", Attrs: []any{"error", o.SpecBinaryErr}}}
@@ -552,7 +619,9 @@ func hasBackup(actions []Action) bool {
 }
 
 // planMembership returns at most one mutating action, the most urgent
-// first.
+// first. An action that keeps failing (o.Backoff) is passed over for the
+// next candidate, so that one stuck change never blocks the others, nor
+// the backups and commands planned after it.
 func planMembership(o Observed) []Action {
 	c := o.Cluster
 	want := int(o.Spec.MemberCount)
@@ -585,6 +654,17 @@ func planMembership(o Observed) []Action {
 		}
 		return Node{}, false
 	}
+	// pick says whether a may be taken now; one backing off after
+	// failures is reported and passed over.
+	var actions []Action
+	pick := func(a Action) bool {
+		if why, ok := o.Backoff[ActionKey(a)]; ok {
+			actions = append(actions, backingOff(a, why))
+			return false
+		}
+		return true
+	}
+	take := func(a Action) []Action { return append(actions, a) }
 
 	// 1. Members whose node lost its data: remove now, re-add fresh later.
 	for _, m := range c.Members {
@@ -592,14 +672,27 @@ func planMembership(o Observed) []Action {
 		if !ok || n.ID == o.Self.ID {
 			continue
 		}
+		var rm Action
 		switch {
 		case n.Member == nil && m.Name != "" && m.Name != n.ID:
-			return []Action{RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its node came back without its data"}}
+			rm = RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its node came back without its data"}
 		case n.Member != nil && n.Member.ClusterToken == c.Token && !n.HasData && !m.Healthy && m.Name == n.ID:
 			// The member has run (it has a name) but its node has no data.
 			// A member that just joined may show no data in a stale report,
 			// but it is healthy; one whose data is gone never is.
-			return []Action{RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its data dir was wiped"}}
+			rm = RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its data dir was wiped"}
+		case n.Member != nil && n.Member.ClusterToken == c.Token && n.DataLost && m.Name == n.ID && keepsQuorum(c.Members, m):
+			// Its data vanished under a running etcd, which serves on
+			// from open files until it restarts, and will not restart.
+			rm = RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its data dir vanished while etcd ran"}
+		case n.Member == nil && m.Name == n.ID && !m.Healthy:
+			// The node came back under its own name but without its
+			// membership record; it cannot be a standby while the member
+			// holds its URLs. Remove the member; the node joins again.
+			rm = RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its node lost its membership record"}
+		}
+		if rm != nil && pick(rm) {
+			return take(rm)
 		}
 	}
 
@@ -611,30 +704,51 @@ func planMembership(o Observed) []Action {
 		_, named := byName[p.ID]
 		_, urls := memberForURLs(p.PeerURLs)
 		if p.Member.ClusterToken != c.Token || (!named && !urls) {
-			return []Action{EvictNode{NodeID: p.ID, Token: p.Member.ClusterToken, Reason: "not a member of the running cluster"}}
+			if a := (EvictNode{NodeID: p.ID, Token: p.Member.ClusterToken, Reason: "not a member of the running cluster"}); pick(a) {
+				return take(a)
+			}
 		}
 	}
 
-	// 3. A member added but never started because its node missed the
+	// 3. Learners that did not start, or did not catch up, in time: remove
+	// them again; their nodes become standbys.
+	if o.LearnerTimeout > 0 {
+		for _, m := range sortedMembers(c.Members) {
+			if (!m.IsLearner && m.Name != "") || m.LearnerFor < o.LearnerTimeout {
+				continue
+			}
+			a := RemoveMember{MemberID: m.ID, NodeID: nodeIDOf(m, nodeOf), StuckLearner: true,
+				Reason: fmt.Sprintf("the learner did not start and catch up within %s", o.LearnerTimeout)}
+			if pick(a) {
+				return take(a)
+			}
+		}
+	}
+
+	// 4. A member added but never started because its node missed the
 	// join: send the join again.
 	for _, m := range c.Members {
 		if m.Name != "" {
 			continue
 		}
 		if n, ok := nodeOf(m); ok && n.Member == nil {
-			return []Action{AddMember{NodeID: n.ID}}
+			if a := (AddMember{NodeID: n.ID}); pick(a) {
+				return take(a)
+			}
 		}
 	}
 
-	// 4. Promote learners once they are healthy (etcd refuses until the
+	// 5. Promote learners once they are healthy (etcd refuses until the
 	// learner has caught up; we retry).
 	for _, m := range c.Members {
 		if m.IsLearner && m.Healthy {
-			return []Action{PromoteMember{MemberID: m.ID}}
+			if a := (PromoteMember{MemberID: m.ID}); pick(a) {
+				return take(a)
+			}
 		}
 	}
 
-	standbys := standbyNodes(o)
+	standbys, unfit := standbyNodes(o)
 	voters, healthyVoters := 0, 0
 	for _, m := range c.Members {
 		if !m.IsLearner {
@@ -645,21 +759,25 @@ func planMembership(o Observed) []Action {
 		}
 	}
 
-	// 5. Replace members unhealthy past the grace period, when a standby
-	// can take the place or the cluster is too big anyway.
+	// 6. Replace members unhealthy past the grace period, when a standby
+	// that can run the cluster's etcd can take the place, or the cluster is
+	// too big anyway.
 	for _, m := range sortedMembers(c.Members) {
 		if m.Healthy || m.UnhealthyFor < o.Grace || m.Name == o.Self.ID {
 			continue
 		}
 		if len(standbys) > 0 || len(c.Members) > want {
-			return []Action{RemoveMember{MemberID: m.ID, NodeID: nodeIDOf(m, nodeOf), Reason: fmt.Sprintf("unhealthy for %s", m.UnhealthyFor.Round(time.Second))}}
+			a := RemoveMember{MemberID: m.ID, NodeID: nodeIDOf(m, nodeOf), Reason: fmt.Sprintf("unhealthy for %s", m.UnhealthyFor.Round(time.Second))}
+			if pick(a) {
+				return take(a)
+			}
 		}
 	}
 
-	// 6. Too many members: remove one, unhealthy or a learner first, then
+	// 7. Too many members: remove one, unhealthy or a learner first, then
 	// the highest name; never this node and never below quorum.
 	if len(c.Members) > want {
-		if victim, ok := pickRemoval(c.Members, o.Self.ID); ok {
+		for _, victim := range removalOrder(c.Members, o.Self.ID) {
 			after := healthyVoters
 			if victim.Healthy && !victim.IsLearner {
 				after--
@@ -668,15 +786,17 @@ func planMembership(o Observed) []Action {
 			if !victim.IsLearner {
 				newVoters--
 			}
-			if after >= quorum(newVoters) {
-				return []Action{RemoveMember{MemberID: victim.ID, NodeID: nodeIDOf(victim, nodeOf), Reason: fmt.Sprintf("the spec asks for %d members", want)}}
+			if after < quorum(newVoters) {
+				return append(actions, Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: removing a member now would lose quorum", Attrs: []any{"members", len(c.Members), "wanted", want}})
 			}
-			return []Action{Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: removing a member now would lose quorum", Attrs: []any{"members", len(c.Members), "wanted", want}}}
+			a := RemoveMember{MemberID: victim.ID, NodeID: nodeIDOf(victim, nodeOf), Reason: fmt.Sprintf("the spec asks for %d members", want)}
+			if pick(a) {
+				return take(a)
+			}
 		}
 	}
 
-	// 7. Too few members: add a standby once every member is healthy.
-	var actions []Action
+	// 8. Too few members: add a standby once every member is healthy.
 	if len(c.Members) < want {
 		allHealthy := true
 		for _, m := range c.Members {
@@ -685,23 +805,71 @@ func planMembership(o Observed) []Action {
 		switch {
 		case !allHealthy:
 			actions = append(actions, Report{Level: slog.LevelInfo, Msg: "waiting for every member to be healthy before adding one", Attrs: []any{"members", len(c.Members), "wanted", want}})
+		case len(standbys) == 0 && len(unfit) > 0:
+			actions = append(actions, Report{Level: slog.LevelWarn, Msg: "the spec asks for more members, but no standby agent has the etcd binaries to join",
+				Attrs: []any{"members", len(c.Members), "wanted", want, "standbys", unfit}})
 		case len(standbys) == 0:
 			actions = append(actions, Report{Level: slog.LevelWarn, Msg: "the spec asks for more members, but no standby agent is available", Attrs: []any{"members", len(c.Members), "wanted", want}})
 		default:
-			return []Action{AddMember{NodeID: standbys[0].ID}}
+			for _, sb := range standbys {
+				if a := (AddMember{NodeID: sb.ID}); pick(a) {
+					return take(a)
+				}
+			}
 		}
 	}
 
-	if switchURLs := planPeerURLs(o); len(switchURLs) > 0 {
-		return append(actions, switchURLs...)
+	steps := planPeerURLs(o)
+	if len(steps) == 0 {
+		steps = planVersion(o)
 	}
-	return append(actions, planVersion(o)...)
+	for _, a := range steps {
+		if !a.Mutates() || pick(a) {
+			actions = append(actions, a)
+		}
+	}
+	return actions
+}
+
+// ActionKey names an action for its failure count: its kind and target,
+// without the reason, so that a retry is the same action.
+func ActionKey(a Action) string {
+	switch a := a.(type) {
+	case AddMember:
+		return "add-member " + a.NodeID
+	case RemoveMember:
+		return fmt.Sprintf("remove-member %x", a.MemberID)
+	case PromoteMember:
+		return fmt.Sprintf("promote-member %x", a.MemberID)
+	case EvictNode:
+		return "evict-node " + a.NodeID
+	case SetMemberVersion:
+		return "set-member-version " + a.NodeID + " " + a.Version
+	case SetPeerURLs:
+		return "set-peer-urls " + a.NodeID
+	case MoveLeader:
+		return fmt.Sprintf("move-leader %x", a.To)
+	case SetQuarantine:
+		return "set-quarantine " + a.Token
+	}
+	return a.String()
+}
+
+// backingOff reports an action passed over while it backs off.
+func backingOff(a Action, why string) Report {
+	return Report{Level: slog.LevelInfo, Msg: "an action keeps failing; it is retried after a backoff, and everything else goes on",
+		Attrs: []any{"action", a.String(), "last-error", why}}
 }
 
 // standbyNodes are reachable agents with no membership whose peer URLs no
-// member uses, sorted by ID.
-func standbyNodes(o Observed) []Node {
-	var out []Node
+// member uses, sorted by ID: those that have the etcd binaries to join
+// (the version the members run, and the spec's) and, apart, the IDs of
+// those that lack them.
+func standbyNodes(o Observed) (fit []Node, unfit []string) {
+	need := []string{o.Spec.EtcdVersion}
+	if m := o.Self.Member; m != nil && m.EtcdVersion != o.Spec.EtcdVersion {
+		need = append(need, m.EtcdVersion)
+	}
 	for _, p := range o.Peers {
 		if p.Member != nil {
 			continue
@@ -710,19 +878,25 @@ func standbyNodes(o Observed) []Node {
 		for _, m := range o.Cluster.Members {
 			taken = taken || SameURLs(m.PeerURLs, p.PeerURLs)
 		}
-		if !taken {
-			out = append(out, p)
+		if taken {
+			continue
 		}
+		if slices.ContainsFunc(need, func(v string) bool { return !slices.Contains(p.Installed, v) }) {
+			unfit = append(unfit, p.ID)
+			continue
+		}
+		fit = append(fit, p)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
+	sort.Slice(fit, func(i, j int) bool { return fit[i].ID < fit[j].ID })
+	sort.Strings(unfit)
+	return fit, unfit
 }
 
-func pickRemoval(members []Member, self string) (Member, bool) {
+// removalOrder is the order in which members are removed to shrink the
+// cluster: unhealthy first, then learners, then the highest name; never
+// the member named self.
+func removalOrder(members []Member, self string) []Member {
 	cands := slices.DeleteFunc(sortedMembers(members), func(m Member) bool { return m.Name == self })
-	if len(cands) == 0 {
-		return Member{}, false
-	}
 	sort.SliceStable(cands, func(i, j int) bool {
 		a, b := cands[i], cands[j]
 		if a.Healthy != b.Healthy {
@@ -733,7 +907,7 @@ func pickRemoval(members []Member, self string) (Member, bool) {
 		}
 		return a.Name > b.Name
 	})
-	return cands[0], true
+	return cands
 }
 
 func sortedMembers(members []Member) []Member {
@@ -750,6 +924,22 @@ func nodeIDOf(m Member, nodeOf func(Member) (Node, bool)) string {
 }
 
 func quorum(voters int) int { return voters/2 + 1 }
+
+// keepsQuorum reports whether removing member victim leaves a quorum of
+// healthy voters.
+func keepsQuorum(members []Member, victim Member) bool {
+	voters, healthy := 0, 0
+	for _, m := range members {
+		if m.IsLearner || m.ID == victim.ID {
+			continue
+		}
+		voters++
+		if m.Healthy {
+			healthy++
+		}
+	}
+	return healthy >= quorum(voters)
+}
 
 func SameURLs(a, b []string) bool {
 	if len(a) == 0 || len(a) != len(b) {

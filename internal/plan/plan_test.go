@@ -30,16 +30,19 @@ func urls(id string) []string { return []string{"http://" + id + ":2380"} }
 // "stopped" (member with data, etcd not running), "wiped" (member state
 // without data), "pending" or "new" (bootstrapping).
 func node(id, kind string) Node {
-	n := Node{ID: id, Address: id + ":8000", PeerURLs: urls(id), ClientURLs: []string{"http://" + id + ":4001"}}
+	n := Node{ID: id, Address: id + ":8000", PeerURLs: urls(id), ClientURLs: []string{"http://" + id + ":4001"}, Installed: []string{"3.6.16"}}
 	m := &Membership{ClusterToken: "tok", EtcdVersion: "3.6.16"}
 	switch kind {
 	case "standby":
 		return n
 	case "member":
+		m.HasRun = true
 		n.Member, n.HasData, n.EtcdWanted, n.Healthy, n.Version = m, true, true, true, "3.6.16"
 	case "stopped":
+		m.HasRun = true
 		n.Member, n.HasData = m, true
 	case "wiped":
+		m.HasRun = true
 		n.Member = m
 	case "pending":
 		m.Pending, m.NewCluster = true, true
@@ -448,6 +451,179 @@ func TestPlanNewerFormat(t *testing.T) {
 				if d := describe(got[i : i+1]); !strings.HasPrefix(d, w) {
 					t.Errorf("action %d: %s, want %s", i, d, w)
 				}
+			}
+		})
+	}
+}
+
+// One failing step must not starve the loop: a change that keeps failing
+// is passed over for the next candidate, and backups and commands go on.
+func TestPlanKeepsGoingPastFailures(t *testing.T) {
+	dead := func(id string) Member { m := member(id, false); m.UnhealthyFor = 2 * time.Minute; return m }
+	learner := func(id string, healthy bool, for_ time.Duration) Member {
+		m := member(id, healthy)
+		m.IsLearner, m.LearnerFor = true, for_
+		return m
+	}
+	noBinary := func(id string) Node { n := node(id, "standby"); n.Installed = nil; return n }
+	with := func(o Observed, f func(*Observed)) Observed { f(&o); return o }
+	tests := []struct {
+		name string
+		obs  Observed
+		want []string
+	}{
+		{name: "a dead member and the only standby lacks the binary: keep the member, back up",
+			obs: with(leaderObs(3, cluster(member("a", true), dead("b"), member("c", true)),
+				node("a", "member"), node("c", "member"), noBinary("d")),
+				func(o *Observed) { o.BackupDue = true; o.Commands = []Command{cmd("c1", backupNow, "")} }),
+			want: []string{"take-backup (backup-now c1)"}},
+		{name: "too few members and the only standby lacks the binary: say so",
+			obs:  leaderObs(3, cluster(member("a", true), member("c", true)), node("a", "member"), node("c", "member"), noBinary("d")),
+			want: []string{"report[WARN] the spec asks for more members, but no standby agent has the etcd binaries to join"}},
+		{name: "a standby with the spec's binary but not the members' running version is unfit",
+			obs: with(leaderObs(3, cluster(member("a", true), member("c", true)), node("a", "member"), node("c", "member"),
+				func() Node { n := node("d", "standby"); n.Installed = []string{"3.7.3"}; return n }()),
+				func(o *Observed) { o.Spec.EtcdVersion = "3.7.3" }),
+			want: []string{"report[WARN] the spec asks for more members, but no standby agent has the etcd binaries to join",
+				"report[ERROR] cannot change the etcd version: some nodes have no binary for it"}},
+		{name: "an add that keeps failing is passed over; backup-now is served",
+			obs: with(leaderObs(3, cluster(member("a", true), member("c", true)), node("a", "member"), node("c", "member"), node("d", "standby")),
+				func(o *Observed) {
+					o.Backoff = map[string]string{"add-member d": "no etcd binary for etcd 3.6.16"}
+					o.Commands = []Command{cmd("c1", backupNow, "")}
+				}),
+			want: []string{"report[INFO] an action keeps failing", "take-backup (backup-now c1)"}},
+		{name: "the next standby is tried when one keeps failing",
+			obs: with(leaderObs(3, cluster(member("a", true), member("c", true)), node("a", "member"), node("c", "member"), node("d", "standby"), node("e", "standby")),
+				func(o *Observed) { o.Backoff = map[string]string{"add-member d": "join refused"} }),
+			want: []string{"report[INFO] an action keeps failing", "add-member e"}},
+		{name: "etcd refuses to remove one unhealthy member: the next is tried",
+			obs: with(leaderObs(3, cluster(member("a", true), dead("b"), dead("c")), node("a", "member"), node("d", "standby"), node("e", "standby")),
+				func(o *Observed) {
+					o.Backoff = map[string]string{fmt.Sprintf("remove-member %x", member("b", true).ID): "etcdserver: re-configuration failed due to not enough started members"}
+				}),
+			want: []string{"report[INFO] an action keeps failing", fmt.Sprintf("remove-member %x node=c", member("c", true).ID)}},
+		{name: "a shrink candidate that keeps failing: the next one",
+			obs: with(leaderObs(1, cluster(member("a", true), member("b", true), member("c", true)), node("a", "member"), node("b", "member"), node("c", "member")),
+				func(o *Observed) {
+					o.Backoff = map[string]string{fmt.Sprintf("remove-member %x", member("c", true).ID): "refused"}
+				}),
+			want: []string{"report[INFO] an action keeps failing", fmt.Sprintf("remove-member %x node=b", member("b", true).ID)}},
+		{name: "a learner that never caught up is removed again",
+			obs: with(leaderObs(3, cluster(member("a", true), member("c", true), learner("b", false, 11*time.Minute)), node("a", "member"), node("b", "member"), node("c", "member")),
+				func(o *Observed) { o.LearnerTimeout = 10 * time.Minute }),
+			want: []string{fmt.Sprintf("remove-member %x node=b (the learner did not start and catch up within 10m0s)", member("b", true).ID)}},
+		{name: "a member added but never started is removed again",
+			obs: with(leaderObs(3, cluster(member("a", true), member("c", true), func() Member {
+				m := member("b", false)
+				m.Name, m.IsLearner, m.LearnerFor = "", true, time.Hour
+				return m
+			}()),
+				node("a", "member"), node("c", "member")),
+				func(o *Observed) { o.LearnerTimeout = 10 * time.Minute }),
+			want: []string{fmt.Sprintf("remove-member %x node= (the learner did not start and catch up", member("b", true).ID)}},
+		{name: "a learner within its bound is left to catch up",
+			obs: with(leaderObs(3, cluster(member("a", true), member("c", true), learner("b", false, time.Minute)), node("a", "member"), node("b", "member"), node("c", "member")),
+				func(o *Observed) { o.LearnerTimeout = 10 * time.Minute }),
+			want: nil},
+		{name: "a version step that keeps failing: backups go on",
+			obs: with(leaderObs(2, cluster(member("a", true), member("b", true)),
+				func() Node { n := node("a", "member"); n.Installed = []string{"3.6.16", "3.7.3"}; return n }(),
+				func() Node { n := node("b", "member"); n.Installed = []string{"3.6.16", "3.7.3"}; return n }()),
+				func(o *Observed) {
+					o.Spec.EtcdVersion, o.VersionBackup = "3.7.3", "3.7.3"
+					o.Backoff = map[string]string{"set-member-version b 3.7.3": "etcd exited"}
+					o.BackupDue = true
+				}),
+			want: []string{"report[INFO] an action keeps failing", "take-backup (periodic)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Plan(tt.obs)
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d actions (%s), want %d (%s)", len(got), describe(got), len(tt.want), strings.Join(tt.want, "; "))
+			}
+			for i, w := range tt.want {
+				if d := describe(got[i : i+1]); !strings.HasPrefix(d, w) {
+					t.Errorf("action %d: %s, want %s", i, d, w)
+				}
+			}
+		})
+	}
+}
+
+// No amnesia: etcd never starts as an existing member on an empty data
+// dir, and a node whose data is gone is replaced by a new member.
+func TestPlanLostData(t *testing.T) {
+	with := func(o Observed, f func(*Observed)) Observed { f(&o); return o }
+	lost := func(id string) Node { n := node(id, "member"); n.HasData, n.DataLost = false, true; return n }
+	tests := []struct {
+		name string
+		obs  Observed
+		want []string
+	}{
+		{name: "a member whose data is gone is not started",
+			obs:  Observed{Spec: specN(3), Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: node("a", "wiped")},
+			want: []string{"report[ERROR] this node's etcd data is missing; not starting etcd"}},
+		{name: "a joiner that never ran starts on its empty data dir",
+			obs: with(Observed{Spec: specN(3), Created: &spec.ClusterCreated{ClusterToken: "tok"}}, func(o *Observed) {
+				n := node("a", "wiped")
+				n.Member.HasRun = false
+				o.Self = n
+			}),
+			want: []string{"start-etcd"}},
+		{name: "data that vanished under a running etcd: the member is replaced",
+			obs: leaderObs(3, cluster(member("a", true), member("b", true), member("c", true)),
+				node("a", "member"), lost("b"), node("c", "member")),
+			want: []string{fmt.Sprintf("remove-member %x node=b (its data dir vanished while etcd ran)", member("b", true).ID)}},
+		{name: "not while removing it would lose quorum",
+			obs: leaderObs(3, cluster(member("a", true), member("b", true), member("c", false)),
+				node("a", "member"), lost("b")),
+			want: nil},
+		{name: "a node back under its own name without its membership record: the member is replaced",
+			obs: leaderObs(3, cluster(member("a", true), member("b", false), member("c", true)),
+				node("a", "member"), node("b", "standby"), node("c", "member")),
+			want: []string{fmt.Sprintf("remove-member %x node=b (its node lost its membership record)", member("b", true).ID)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Plan(tt.obs)
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d actions (%s), want %d (%s)", len(got), describe(got), len(tt.want), strings.Join(tt.want, "; "))
+			}
+			for i, w := range tt.want {
+				if d := describe(got[i : i+1]); !strings.HasPrefix(d, w) {
+					t.Errorf("action %d: %s, want %s", i, d, w)
+				}
+			}
+		})
+	}
+}
+
+// An isolated standby does not ask for a restore while the cluster's
+// members still publish their data; only a cluster with no member does.
+func TestPlanNoMembersNeedsEvidence(t *testing.T) {
+	created := &spec.ClusterCreated{ClusterToken: "tok"}
+	obs := func(recs ...Record) Observed {
+		return Observed{Spec: specN(3), Created: created, Self: node("z", "standby"), Peers: []Node{node("z", "standby")},
+			LockHeld: true, Records: recs, RecordFresh: 10 * time.Second}
+	}
+	tests := []struct {
+		name string
+		obs  Observed
+		want string
+	}{
+		{"members publish their data: cut off, not lost", obs(Record{NodeID: "a", Age: time.Second, ClusterToken: "tok", HasData: true, Healthy: true, RaftLeader: 7}),
+			"report[WARN] cannot reach any member of the cluster"},
+		{"their records are old: the cluster is lost", obs(Record{NodeID: "a", Age: time.Hour, ClusterToken: "tok", HasData: true}),
+			"report[ERROR] " + MsgNoMembers},
+		{"no records at all", obs(), "report[ERROR] " + MsgNoMembers},
+		{"only standbys publish", obs(Record{NodeID: "b", Age: time.Second}), "report[ERROR] " + MsgNoMembers},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := describe(Plan(tt.obs)); !strings.HasPrefix(got, tt.want) {
+				t.Fatalf("got %s, want %s", got, tt.want)
 			}
 		})
 	}

@@ -156,6 +156,12 @@ func planRestore(o Observed, c Command) []Action {
 		// The old cluster is whole: the change can still be called off.
 		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("called off before the old cluster was stopped: the spec now asks for etcd %s; the quarantine is lifted", o.Spec.EtcdVersion)}}
 	}
+	if p != nil {
+		if why := damagedProgress(p, dump != nil); why != "" {
+			return []Action{FailCommand{ID: c.ID, Reason: "the restore's recorded progress is damaged (" + why +
+				"); the old cluster may already be stopped: see etcd-manager-ctl status, then queue the restore again"}}
+		}
+	}
 	if p == nil {
 		want := int(o.Spec.MemberCount)
 		if len(peers) < want {
@@ -187,6 +193,12 @@ func planRestore(o Observed, c Command) []Action {
 		if len(starting) > 0 {
 			return []Action{Report{Level: slog.LevelInfo, Msg: "dump-restore waits for the quarantined members to start",
 				Attrs: []any{"command", c.ID, "nodes", starting}}}
+		}
+		// A member whose agent cannot be reached may still serve clients:
+		// a write it acknowledges after the dump would be lost.
+		if unseen := unquarantined(peers, p.OldToken); len(unseen) > 0 {
+			return []Action{Report{Level: slog.LevelWarn, Msg: "dump-restore waits: a member of the cluster is not known to be quarantined, and may still serve clients",
+				Attrs: []any{"command", c.ID, "members", unseen}}}
 		}
 		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreDumping}}
 
@@ -316,4 +328,60 @@ func planStrayQuarantine(o Observed) []Action {
 	}
 	sort.Strings(lift)
 	return []Action{SetQuarantine{Token: o.Cluster.Token, NodeIDs: lift}}
+}
+
+// damagedProgress says what is wrong with a restore's recorded progress,
+// or "" when nothing is: it comes from the store, and the planner trusts
+// nothing it reads there.
+func damagedProgress(p *spec.RestoreProgress, dump bool) string {
+	switch {
+	case p.Token == "":
+		return "no cluster token"
+	case len(p.Members) == 0:
+		return "no members"
+	case dump && p.OldToken == "":
+		return "no old cluster token"
+	case dump && p.Backup == "" && p.Phase == spec.RestoreRestoring:
+		return "no dump backup recorded to restore"
+	}
+	if _, err := spec.ParseSupportedVersion(p.EtcdVersion); err != nil {
+		return err.Error()
+	}
+	seen := map[string]bool{}
+	for _, m := range p.Members {
+		if m == "" || seen[m] {
+			return fmt.Sprintf("member list %q is invalid", p.Members)
+		}
+		seen[m] = true
+	}
+	return ""
+}
+
+// unquarantined lists the members of the cluster token, as its members'
+// own copies of the membership list them, whose agents are not reached
+// or not yet quarantined.
+func unquarantined(peers []Node, token string) []string {
+	members := map[string][]string{}
+	for _, n := range peers {
+		if n.Member != nil && n.Member.ClusterToken == token {
+			for _, m := range n.LocalMembers {
+				members[m.Name] = m.PeerURLs
+			}
+		}
+	}
+	var out []string
+	for name, urls := range members {
+		found := false
+		for _, n := range peers {
+			if n.ID == name || SameURLs(n.PeerURLs, urls) {
+				found = n.Member != nil && n.Member.ClusterToken == token && n.Member.Quarantined && n.Healthy
+				break
+			}
+		}
+		if !found {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -113,15 +114,17 @@ func TestPlanRestore(t *testing.T) {
 func TestPlanRecoverQuorum(t *testing.T) {
 	recoverCmd := func(survivor string) Command {
 		c := cmd("q1", spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{}}, "")
+		c.Age = time.Minute // long enough that a view of quorum is settled
 		if survivor != "" {
 			c.Status = spec.CommandStatus{State: spec.CommandRunning, Node: survivor}
 		}
 		return c
 	}
-	// noQuorum is a member whose etcd runs without a leader.
+	// noQuorum is a member whose etcd runs without a leader; its etcd
+	// lists the members a, b and c.
 	noQuorum := func(id string, index uint64) Node {
 		n := node(id, "member")
-		n.RaftIndex = index
+		n.RaftIndex, n.LocalMembers = index, []Member{member("a", false), member("b", true), member("c", false)}
 		return n
 	}
 	leading := func(id string) Node {
@@ -131,8 +134,17 @@ func TestPlanRecoverQuorum(t *testing.T) {
 	}
 	lockObs := func(c Command, peers ...Node) Observed {
 		return Observed{Spec: specN(3), Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: peers[0], Peers: peers,
-			LockHeld: true, Commands: []Command{c}}
+			LockHeld: true, Commands: []Command{c}, RecordFresh: 10 * time.Second}
 	}
+	recoverLost := func(lost ...string) Command {
+		c := cmd("q1", spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{Lost: lost}}, "")
+		c.Age = time.Minute
+		return c
+	}
+	record := func(id string, age time.Duration, token string, healthy bool, leader uint64) Record {
+		return Record{NodeID: id, Age: age, ClusterToken: token, HasData: token != "", Healthy: healthy, RaftLeader: leader}
+	}
+	withRecords := func(o Observed, recs ...Record) Observed { o.Records = recs; return o }
 	tests := []struct {
 		name string
 		obs  Observed
@@ -144,6 +156,9 @@ func TestPlanRecoverQuorum(t *testing.T) {
 			"fail-command q1 (quorum is not lost: 2 members with data are up"},
 		{"refused while a leader is seen", lockObs(recoverCmd(""), leading("a"), node("b", "standby")),
 			"fail-command q1 (quorum is not lost: the etcd of a follows raft leader 7"},
+		{"a command newer than the views of quorum waits before refusing",
+			lockObs(func() Command { c := recoverCmd(""); c.Age = time.Second; return c }(), leading("a"), node("b", "standby")),
+			"report[INFO] recover-quorum waits a moment: quorum looks held"},
 		{"no data anywhere", lockObs(recoverCmd(""), node("a", "standby"), node("b", "wiped")),
 			"fail-command q1 (no reachable node holds etcd data; use restore-backup instead)"},
 		{"stopped survivor: longest log wins", lockObs(recoverCmd(""), node("c", "standby"), node("a", "stopped"), noQuorum("b", 9)),
@@ -154,6 +169,33 @@ func TestPlanRecoverQuorum(t *testing.T) {
 			"finish-recover q1"},
 		{"the survivor is unreachable", lockObs(recoverCmd("b"), node("a", "standby")),
 			"report[WARN] recover-quorum waits for the survivor's agent"},
+
+		// Positive evidence that the others have no quorum.
+		{"a member's agent is silent: wait, and say how to name it lost", lockObs(recoverCmd(""), node("a", "standby"), noQuorum("b", 9)),
+			"report[WARN] recover-quorum waits for evidence that the other members have no quorum: their agents are silent"},
+		{"the silent member is named lost: recover",
+			withRecords(lockObs(recoverLost("c"), node("a", "standby"), noQuorum("b", 9)), record("c", time.Minute, "tok", true, 7)),
+			"recover-member q1 node=b token=tok"},
+		{"named lost, but its record is fresh and shows a leader: wait",
+			withRecords(lockObs(recoverLost("c"), node("a", "standby"), noQuorum("b", 9)), record("c", time.Second, "tok", true, 7)),
+			"report[WARN] recover-quorum waits: agents this one cannot reach report a raft leader"},
+		{"cut off from peers, not from the store: the others' fresh records show a leader; never fork",
+			withRecords(lockObs(recoverCmd(""), noQuorum("b", 9)), record("a", time.Second, "tok", true, 7), record("c", 2*time.Second, "tok", true, 7)),
+			"report[WARN] recover-quorum waits: agents this one cannot reach report a raft leader"},
+		{"fresh records of the others show no leader: recover",
+			withRecords(lockObs(recoverCmd(""), noQuorum("b", 9)), record("a", time.Second, "tok", true, 0), record("c", time.Second, "", false, 0)),
+			"recover-member q1 node=b token=tok"},
+		{"--lost names a node that is no member", lockObs(recoverLost("z"), node("a", "standby"), noQuorum("b", 9), node("c", "standby")),
+			"fail-command q1 (--lost names z, which is not a member of the cluster"},
+		{"a wiped node back under a new ID, on the member's peer URLs: evidence",
+			lockObs(recoverCmd(""), func() Node { n := node("a2", "standby"); n.PeerURLs = urls("a"); return n }(), noQuorum("b", 9),
+				func() Node { n := node("c2", "standby"); n.PeerURLs = urls("c"); return n }()),
+			"recover-member q1 node=b token=tok"},
+		{"the survivor has not listed its members yet", lockObs(recoverCmd(""), node("a", "standby"), node("b", "member"), node("c", "standby")),
+			"report[INFO] recover-quorum waits for the survivor's etcd to report its members"},
+		{"no reachable data, but a fresh record shows an agent with data: wait",
+			withRecords(lockObs(recoverCmd(""), node("a", "standby"), node("c", "standby")), record("b", time.Second, "tok", true, 0)),
+			"report[WARN] recover-quorum waits: an agent with etcd data cannot be reached"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -211,6 +253,15 @@ func TestPlanDumpRestore(t *testing.T) {
 		{name: "quarantined: dump",
 			obs:  lockObs(dumpCmd(progress(spec.RestoreQuarantining), running), old("a", true, true), old("b", true, true), old("c", true, true)),
 			want: "set-restore-phase d1 dumping"},
+		{name: "a member whose agent is not reached may still serve clients: wait",
+			obs: lockObs(dumpCmd(progress(spec.RestoreQuarantining), running),
+				func() Node {
+					n := old("a", true, true)
+					n.LocalMembers = []Member{member("a", true), member("b", true), member("c", true)}
+					return n
+				}(),
+				old("b", true, true)),
+			want: "report[WARN] dump-restore waits: a member of the cluster is not known to be quarantined"},
 		{name: "dumping", obs: lockObs(dumpCmd(progress(spec.RestoreDumping), running), old("a", true, true)), want: "dump-backup d1"},
 		{name: "then it stops the old cluster, as a restore does",
 			obs:  lockObs(dumpCmd(progress(spec.RestoreStopping), running), old("a", true, true), old("b", true, true), old("c", true, true)),
@@ -241,6 +292,38 @@ func TestPlanDumpRestore(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := describe(Plan(tt.obs)); !strings.HasPrefix(got, tt.want) {
 				t.Fatalf("got  %q\nwant %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// A restore whose recorded progress is damaged fails, naming what is
+// wrong, instead of acting on it (or panicking).
+func TestPlanRestoreDamagedProgress(t *testing.T) {
+	base := func() *spec.RestoreProgress {
+		return &spec.RestoreProgress{Phase: spec.RestoreRestoring, Token: "new", Members: []string{"a", "b"}, InitialCluster: "a=http://a:2380,b=http://b:2380", EtcdVersion: "3.6.16"}
+	}
+	tests := []struct {
+		name   string
+		damage func(*spec.RestoreProgress)
+		want   string
+	}{
+		{"no members", func(p *spec.RestoreProgress) { p.Members = nil }, "no members"},
+		{"no token", func(p *spec.RestoreProgress) { p.Token = "" }, "no cluster token"},
+		{"a member twice", func(p *spec.RestoreProgress) { p.Members = []string{"a", "a"} }, "member list"},
+		{"an unsupported version", func(p *spec.RestoreProgress) { p.EtcdVersion = "2.3.8" }, "etcd v2 is not supported"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := base()
+			tt.damage(p)
+			c := cmd("r1", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b1"}}, spec.CommandRunning)
+			c.Status.Restore = p
+			o := Observed{Spec: specN(2), Self: node("a", "standby"), Peers: []Node{node("a", "standby"), node("b", "standby")},
+				LockHeld: true, Commands: []Command{c}}
+			got := describe(Plan(o))
+			if !strings.HasPrefix(got, "fail-command r1 (the restore's recorded progress is damaged (") || !strings.Contains(got, tt.want) {
+				t.Fatalf("got %s, want a failed command naming %q", got, tt.want)
 			}
 		})
 	}

@@ -86,6 +86,9 @@ func planVersion(o Observed) []Action {
 		return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits: a member's agent is unreachable"}}
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
+	if back := callOff(ms, target); back != nil {
+		return back
+	}
 
 	// Where the members stand: the oldest when going up, the newest when
 	// some are above the target (going down), so that a change half done
@@ -332,4 +335,32 @@ func nodeOfMember(o Observed, m Member) (Node, bool) {
 		}
 	}
 	return Node{}, false
+}
+
+// callOff calls off a version step that failed: a member set to run
+// another version than the target, whose etcd does not run, while every
+// member that runs runs the target (the spec was set back after the step
+// failed). It goes back to the target at once, without the health gate
+// (it serves nothing, and would never pass it), a backup or a leadership
+// move: the others never left the target, so neither did the cluster
+// version or the data's schema.
+func callOff(ms []memberNode, target spec.Version) []Action {
+	var failed *memberNode
+	for i, x := range ms {
+		running := x.m.Healthy && x.n.Healthy
+		switch {
+		case running && (x.n.Version != target.String() || x.configured.Compare(target) != 0):
+			return nil // a roll in progress, not one called off
+		case !running && x.configured.Compare(target) != 0 && failed == nil:
+			failed = &ms[i]
+		}
+	}
+	if failed == nil || !slices.Contains(failed.n.Installed, target.String()) {
+		return nil
+	}
+	return []Action{
+		Report{Level: slog.LevelWarn, Msg: "calling off a version step that failed: the member goes back to the spec's version",
+			Attrs: []any{"node", failed.n.ID, "from", failed.configured.String(), "to", target.String()}},
+		SetMemberVersion{NodeID: failed.n.ID, Version: target.String()},
+	}
 }

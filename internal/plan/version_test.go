@@ -144,6 +144,20 @@ func TestPlanVersion(t *testing.T) {
 				return o
 			}(),
 			"report[ERROR] cannot change the etcd version: its dump-restore failed; read why with list-commands, then delete the command to try again"},
+		{"a step that failed is called off by setting the spec back: no health gate for the failed member",
+			func() Observed {
+				o := obs("3.6.16", "3.7.3", at("a", "3.6.16", 9), func() Node { n := at("b", "3.7.3", 9); n.Healthy, n.Version = false, ""; return n }(), at("c", "3.6.16", 9))
+				o.Cluster.Members[1].Healthy = false
+				return o
+			}(),
+			"report[WARN] calling off a version step that failed: the member goes back to the spec's version; set-member-version b 3.6.16"},
+		{"not while a member runs another version: the roll back goes its usual way",
+			func() Observed {
+				o := obs("3.6.16", "3.7.3", at("a", "3.6.16", 9), at("b", "3.7.3", 9), func() Node { n := at("c", "3.7.3", 9); n.Healthy = false; return n }())
+				o.Cluster.Members[2].Healthy = false
+				return o
+			}(),
+			"take-backup (before changing etcd to 3.6.16)"},
 		{"into 3.7, once every member snapshotted past them",
 			obs("3.7.3", "", v2("a", 50, 60), v2("b", 40, 55), v2("c", 45, 70)),
 			"take-backup (before changing etcd to 3.7.3)"},

@@ -109,8 +109,24 @@ func (e *Executor) Execute(ctx context.Context, obs plan.Observed, act plan.Acti
 		return true, e.recoverMember(ctx, obs, act)
 	case plan.FinishRecover:
 		return true, e.finishRecover(ctx, act)
+	case plan.NoteCommand:
+		return true, e.Runner.Note(ctx, act.ID, act.Message)
+	case plan.FailCommand:
+		// A procedure's command is failed by its driver, under its term,
+		// so that the failure outranks the statuses it wrote before.
+		c := plan.FindCommand(obs.Commands, act.ID)
+		if c == nil || !obs.LockHeld || !isProcedure(c) {
+			return false, nil
+		}
+		return true, e.Runner.Fail(ctx, act.ID, act.Reason)
 	}
 	return false, nil
+}
+
+// isProcedure reports whether c is carried out by a procedure.
+func isProcedure(c *plan.Command) bool {
+	k := c.Command
+	return k.RestoreBackup != nil || k.DumpRestore != nil || k.RecoverQuorum != nil
 }
 
 // command returns the command of a procedure action and its
@@ -190,18 +206,18 @@ func onNodesLeaderLast(ctx context.Context, obs plan.Observed, ids []string, fn 
 
 // LiftStrayQuarantine lifts a quarantine that no command explains, such
 // as one a called-off dump-restore left. The agent beside etcd's leader
-// does it, outside any procedure.
+// does it, outside any procedure (term 0).
 func (e *Executor) LiftStrayQuarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine) error {
 	e.Log.Warn("lifting a quarantine that no command explains", "cluster-token", act.Token, "nodes", act.NodeIDs)
-	return e.quarantine(ctx, obs, act)
+	return e.quarantine(ctx, obs, act, 0)
 }
 
 // quarantine has the nodes restart their members of act.Token in or out
 // of quarantine, in parallel, the raft leader last.
-func (e *Executor) quarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine) error {
+func (e *Executor) quarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine, term int64) error {
 	return onNodesLeaderLast(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error {
 		return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
-			return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: e.SelfID, Token: act.Token, Quarantined: act.On})
+			return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: e.SelfID, Term: term, Token: act.Token, Quarantined: act.On})
 		})
 	})
 }

@@ -15,18 +15,28 @@ import (
 // included. The survivor, once chosen, is recorded in the command's
 // status (phase "forcing") before it is told anything.
 
-// recoverMember records the survivor (the first time), then has it
-// restart etcd with --force-new-cluster and waits until it leads.
+// recoverMember chooses the survivor (once: an earlier driver's choice
+// wins), records it, then has it restart etcd with --force-new-cluster
+// and waits until it leads.
 func (e *Executor) recoverMember(ctx context.Context, obs plan.Observed, act plan.RecoverMember) error {
 	c, d, err := command(obs, act.ID)
 	if err != nil {
 		return err
 	}
-	return e.Runner.Do(ctx, d, phaseOf(c), func(ctx context.Context, _ int64) error {
+	return e.Runner.Do(ctx, d, c, phaseOf(c), func(ctx context.Context, term int64) error {
 		if c.Status.Node == "" {
+			got, err := e.Runner.Choose(ctx, act.ID, spec.Choice{Survivor: act.NodeID})
+			if err != nil {
+				return err
+			}
+			if got.Survivor != act.NodeID {
+				// Another driver chose first; its choice is the one. The
+				// next cycle plans from it.
+				return fmt.Errorf("procedure: recover-quorum %s: %s was chosen as the survivor already, not %s", act.ID, got.Survivor, act.NodeID)
+			}
 			st := spec.CommandStatus{State: spec.CommandRunning, Node: act.NodeID,
 				Message: fmt.Sprintf("rebuilding cluster %s from the data of %s", act.Token, act.NodeID)}
-			e.Log.Warn("recovering quorum from one survivor's data", "command", act.ID, "node", act.NodeID, "cluster-token", act.Token)
+			e.Log.Warn("recovering quorum from one survivor's data", "command", act.ID, "node", act.NodeID, "cluster-token", act.Token, "lock-term", term)
 			if err := e.Runner.Record(ctx, d, act.ID, "", st, PhaseForcing, "recover-chosen"); err != nil {
 				return err
 			}
@@ -36,7 +46,7 @@ func (e *Executor) recoverMember(ctx context.Context, obs plan.Observed, act pla
 			return err
 		}
 		return e.call(ctx, n, peer.RecoverWait+callTimeout, func(ctx context.Context, api NodeAPI) error {
-			return api.Recover(ctx, peer.RecoverRequest{LeaderID: e.SelfID, Token: act.Token})
+			return api.Recover(ctx, peer.RecoverRequest{LeaderID: e.SelfID, Term: term, Token: act.Token})
 		})
 	})
 }

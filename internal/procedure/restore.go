@@ -21,15 +21,18 @@ import (
 // are spec.RestoreQuarantining through spec.RestoreLifting; package plan
 // documents what each does and when it is done.
 
-// prepareRestore fetches and verifies the backup, then records the
-// restore's plan: the new token and members. Until that record is
-// written, nothing of the cluster has been touched.
+// prepareRestore fetches and verifies the backup, then chooses the
+// restore's new cluster (token and members, created once), and records
+// the first phase. Until then, nothing of the cluster has been touched.
 func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act plan.PrepareRestore) error {
-	return e.Runner.Do(ctx, Restore, "", func(ctx context.Context, term int64) error {
+	c, _, err := command(obs, act.ID)
+	if err != nil {
+		return err
+	}
+	return e.Runner.Do(ctx, Restore, c, "", func(ctx context.Context, term int64) error {
 		meta, err := e.Backups.Validate(ctx, act.Backup)
 		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) {
-			reason := fmt.Sprintf("cannot restore: %v; the cluster was not touched", err)
-			return e.fail(ctx, act.ID, reason)
+			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore: %v; the cluster was not touched", err))
 		}
 		if err != nil {
 			return err
@@ -38,24 +41,39 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		if err != nil {
 			return err
 		}
-		progress, err := newRestoreProgress(obs, spec.RestoreStopping, act.Members, v)
+		progress, err := e.choose(ctx, obs, act.ID, spec.RestoreStopping, act.Members, v, "")
 		if err != nil {
 			return err
 		}
-		token := progress.Token
 		st := spec.CommandStatus{State: spec.CommandRunning, Restore: progress,
-			Message: fmt.Sprintf("restoring backup %s (etcd %s, revision %d) as cluster %s", act.Backup, meta.EtcdVersion, meta.Revision, token)}
+			Message: fmt.Sprintf("restoring backup %s (etcd %s, revision %d) as cluster %s", act.Backup, meta.EtcdVersion, meta.Revision, progress.Token)}
 		e.Log.Warn("restore started: stopping the current cluster", "command", act.ID, "backup", act.Backup,
-			"cluster-token", token, "members", act.Members, "lock-term", term)
+			"cluster-token", progress.Token, "members", progress.Members, "lock-term", term)
 		return e.Runner.Record(ctx, Restore, act.ID, "", st, spec.RestoreStopping, "restore-"+spec.RestoreStopping)
 	})
 }
 
-// fail marks a command failed, keeping it for the operator to read in
-// list-commands.
-func (e *Executor) fail(ctx context.Context, id, reason string) error {
-	e.Log.Error("queued command failed", "command", id, "reason", reason)
-	return e.Runner.Records.SetCommandStatus(ctx, id, spec.CommandStatus{State: spec.CommandFailed, Message: reason}, e.Now())
+// choose makes the choice of a restore or dump-restore: a new cluster of
+// the members' nodes and version v, under a new token, starting at
+// phase. It is created once; a choice an earlier driver made wins.
+func (e *Executor) choose(ctx context.Context, obs plan.Observed, id, phase string, members []string, v spec.Version, oldToken string) (*spec.RestoreProgress, error) {
+	progress, err := newRestoreProgress(obs, phase, members, v)
+	if err != nil {
+		return nil, err
+	}
+	progress.OldToken = oldToken
+	choice := *progress
+	choice.Phase = ""
+	got, err := e.Runner.Choose(ctx, id, spec.Choice{Restore: &choice})
+	if err != nil {
+		return nil, err
+	}
+	if got.Restore == nil {
+		return nil, fmt.Errorf("procedure: command %s: the recorded choice has no new cluster", id)
+	}
+	chosen := *got.Restore
+	chosen.Phase = phase
+	return &chosen, nil
 }
 
 // newRestoreProgress is the plan of a new cluster of the members' nodes
@@ -74,8 +92,8 @@ func newRestoreProgress(obs plan.Observed, phase string, members []string, v spe
 }
 
 // step runs one step of the current phase of the restore or dump-restore
-// id.
-func (e *Executor) step(ctx context.Context, obs plan.Observed, id string, fn func(context.Context, *plan.Command, *spec.RestoreProgress) error) error {
+// id; fn gets the fencing term to put on its calls.
+func (e *Executor) step(ctx context.Context, obs plan.Observed, id string, fn func(context.Context, *plan.Command, *spec.RestoreProgress, int64) error) error {
 	c, d, err := command(obs, id)
 	if err != nil {
 		return err
@@ -84,7 +102,7 @@ func (e *Executor) step(ctx context.Context, obs plan.Observed, id string, fn fu
 	if p == nil {
 		return fmt.Errorf("procedure: restore %s has no progress", id)
 	}
-	return e.Runner.Do(ctx, d, p.Phase, func(ctx context.Context, _ int64) error { return fn(ctx, c, p) })
+	return e.Runner.Do(ctx, d, c, p.Phase, func(ctx context.Context, term int64) error { return fn(ctx, c, p, term) })
 }
 
 // setRestorePhase moves a restore to its next phase.
@@ -107,14 +125,14 @@ func (e *Executor) setRestorePhase(ctx context.Context, obs plan.Observed, id, p
 // stopForRestore tells nodes to stop their old etcd and trash its data,
 // the raft leader last.
 func (e *Executor) stopForRestore(ctx context.Context, obs plan.Observed, act plan.StopForRestore) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, _ *spec.RestoreProgress) error {
+	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, _ *spec.RestoreProgress, term int64) error {
 		var ids []string
 		for id := range act.Tokens {
 			ids = append(ids, id)
 		}
 		return onNodesLeaderLast(ctx, obs, ids, func(ctx context.Context, n plan.Node) error {
 			return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
-				return api.Leave(ctx, peer.LeaveRequest{LeaderID: e.SelfID, Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster"})
+				return api.Leave(ctx, peer.LeaveRequest{LeaderID: e.SelfID, Term: term, Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster"})
 			})
 		})
 	})
@@ -122,13 +140,14 @@ func (e *Executor) stopForRestore(ctx context.Context, obs plan.Observed, act pl
 
 // restoreNodes has the chosen nodes restore the backup, in parallel.
 func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan.RestoreNodes) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress) error {
+	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, term int64) error {
 		name := p.Backup // a dump-restore's own backup
 		if c.Command.RestoreBackup != nil {
 			name = c.Command.RestoreBackup.Backup
 		}
 		req := peer.RestoreRequest{
 			LeaderID: e.SelfID,
+			Term:     term,
 			Backup:   name,
 			Member: etcdproc.MemberState{
 				ClusterToken: p.Token, EtcdVersion: p.EtcdVersion, InitialCluster: p.InitialCluster, Quarantined: true,
@@ -147,7 +166,7 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 // verifyRestore checks the restored cluster, then moves on to backing it
 // up.
 func (e *Executor) verifyRestore(ctx context.Context, obs plan.Observed, act plan.VerifyRestore) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, p *spec.RestoreProgress) error {
+	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, p *spec.RestoreProgress, _ int64) error {
 		if err := verifyRestored(ctx, obs, p, e.ClientTLS); err != nil {
 			return err
 		}
@@ -159,12 +178,16 @@ func (e *Executor) verifyRestore(ctx context.Context, obs plan.Observed, act pla
 // backupRestored takes the fresh backup of the restored cluster, then
 // moves on to lifting the quarantine.
 func (e *Executor) backupRestored(ctx context.Context, obs plan.Observed, act plan.BackupRestored) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, p *spec.RestoreProgress) error {
+	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, p *spec.RestoreProgress, _ int64) error {
 		n, err := plan.FindNode(obs.Peers, p.Members[0])
 		if err != nil {
 			return err
 		}
-		if _, err := e.Backups.Take(ctx, Source{Endpoint: n.QuarantineURLs[0], EtcdVersion: p.EtcdVersion, ClusterToken: p.Token, Spec: obs.Spec}, "after restore "+act.ID); err != nil {
+		endpoint, err := quarantineURL(n)
+		if err != nil {
+			return err
+		}
+		if _, err := e.Backups.Take(ctx, Source{Endpoint: endpoint, EtcdVersion: p.EtcdVersion, ClusterToken: p.Token, Spec: obs.Spec}, "after restore "+act.ID); err != nil {
 			return err
 		}
 		return e.setRestorePhase(ctx, obs, act.ID, spec.RestoreLifting)
@@ -174,8 +197,8 @@ func (e *Executor) backupRestored(ctx context.Context, obs plan.Observed, act pl
 // setQuarantine quarantines the old cluster (dump-restore) or lifts the
 // new one's quarantine (the end of a restore).
 func (e *Executor) setQuarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, _ *spec.RestoreProgress) error {
-		return e.quarantine(ctx, obs, act)
+	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, _ *spec.RestoreProgress, term int64) error {
+		return e.quarantine(ctx, obs, act, term)
 	})
 }
 
@@ -193,28 +216,26 @@ func (e *Executor) finishRestore(ctx context.Context, obs plan.Observed, act pla
 	return nil
 }
 
-// prepareDumpRestore records the plan of a dump-restore. Nothing has been
-// touched yet.
+// prepareDumpRestore chooses the new cluster of a dump-restore (created
+// once) and records its first phase. Nothing has been touched yet.
 func (e *Executor) prepareDumpRestore(ctx context.Context, obs plan.Observed, act plan.PrepareDumpRestore) error {
 	c := plan.FindCommand(obs.Commands, act.ID)
 	if c == nil || c.Command.DumpRestore == nil {
 		return fmt.Errorf("procedure: no dump-restore %s", act.ID)
 	}
-	return e.Runner.Do(ctx, DumpRestore, "", func(ctx context.Context, term int64) error {
+	return e.Runner.Do(ctx, DumpRestore, c, "", func(ctx context.Context, term int64) error {
 		v, err := spec.ParseSupportedVersion(c.Command.DumpRestore.EtcdVersion)
 		if err != nil {
 			return err
 		}
-		progress, err := newRestoreProgress(obs, spec.RestoreQuarantining, act.Members, v)
+		progress, err := e.choose(ctx, obs, act.ID, spec.RestoreQuarantining, act.Members, v, act.OldToken)
 		if err != nil {
 			return err
 		}
-		progress.OldToken = act.OldToken
-		token := progress.Token
 		st := spec.CommandStatus{State: spec.CommandRunning, Restore: progress,
-			Message: fmt.Sprintf("changing etcd to %s by dump and restore: cluster %s is replaced by cluster %s", v, act.OldToken, token)}
+			Message: fmt.Sprintf("changing etcd to %s by dump and restore: cluster %s is replaced by cluster %s", v, progress.OldToken, progress.Token)}
 		e.Log.Warn("dump-restore started: quarantining the cluster", "command", act.ID, "version", v.String(),
-			"old-cluster-token", act.OldToken, "cluster-token", token, "members", act.Members, "lock-term", term)
+			"old-cluster-token", progress.OldToken, "cluster-token", progress.Token, "members", progress.Members, "lock-term", term)
 		return e.Runner.Record(ctx, DumpRestore, act.ID, "", st, spec.RestoreQuarantining, "restore-"+spec.RestoreQuarantining)
 	})
 }
@@ -222,19 +243,13 @@ func (e *Executor) prepareDumpRestore(ctx context.Context, obs plan.Observed, ac
 // dumpBackup backs up the quarantined cluster and records the backup as
 // the one to restore.
 func (e *Executor) dumpBackup(ctx context.Context, obs plan.Observed, act plan.DumpBackup) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, cur *spec.RestoreProgress) error {
+	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, cur *spec.RestoreProgress, _ int64) error {
 		p := *cur
-		var from *plan.Node
-		for i, n := range obs.Peers {
-			if n.Member != nil && n.Member.ClusterToken == p.OldToken && n.Member.Quarantined && n.Healthy && len(n.QuarantineURLs) > 0 {
-				from = &obs.Peers[i]
-				break
-			}
+		from, endpoint, err := e.dumpSource(ctx, obs, p.OldToken)
+		if err != nil {
+			return fmt.Errorf("procedure: dump-restore %s: %w", act.ID, err)
 		}
-		if from == nil {
-			return fmt.Errorf("procedure: dump-restore %s: no quarantined member of cluster %s is healthy to back up", act.ID, p.OldToken)
-		}
-		info, err := e.Backups.Take(ctx, Source{Endpoint: from.QuarantineURLs[0], EtcdVersion: from.Member.EtcdVersion, ClusterToken: p.OldToken, Spec: obs.Spec},
+		info, err := e.Backups.Take(ctx, Source{Endpoint: endpoint, EtcdVersion: from.Member.EtcdVersion, ClusterToken: p.OldToken, Spec: obs.Spec},
 			"dump for etcd "+p.EtcdVersion+" ("+act.ID+")")
 		if err != nil {
 			return err
@@ -249,6 +264,51 @@ func (e *Executor) dumpBackup(ctx context.Context, obs plan.Observed, act plan.D
 	})
 }
 
+// dumpSource is where the dump of the quarantined cluster token is
+// taken: its raft leader, after a linearizable read through it, so that
+// the leader has applied every write the cluster acknowledged before the
+// quarantine (nothing can be written since).
+func (e *Executor) dumpSource(ctx context.Context, obs plan.Observed, token string) (plan.Node, string, error) {
+	var nodes []plan.Node
+	var endpoints []string
+	for _, n := range obs.Peers {
+		if n.Member != nil && n.Member.ClusterToken == token && n.Member.Quarantined && n.Healthy {
+			if u, err := quarantineURL(n); err == nil {
+				nodes, endpoints = append(nodes, n), append(endpoints, u)
+			}
+		}
+	}
+	if len(nodes) == 0 {
+		return plan.Node{}, "", fmt.Errorf("no quarantined member of cluster %s is healthy to back up", token)
+	}
+	c, err := etcdproc.NewClient(endpoints, e.ClientTLS)
+	if err != nil {
+		return plan.Node{}, "", err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	defer cancel()
+	for i, ep := range endpoints {
+		st, err := c.Status(ctx, ep)
+		if err != nil || st.Leader == 0 || st.Leader != st.Header.MemberId {
+			continue
+		}
+		// A linearizable read through the leader: it has applied all that
+		// was committed before the read.
+		lc, err := etcdproc.NewClient([]string{ep}, e.ClientTLS)
+		if err != nil {
+			return plan.Node{}, "", err
+		}
+		_, err = lc.Get(ctx, "/etcd-manager/dump-check")
+		lc.Close()
+		if err != nil {
+			return plan.Node{}, "", fmt.Errorf("linearizable read on the quarantined leader %s: %w", nodes[i].ID, err)
+		}
+		return nodes[i], ep, nil
+	}
+	return plan.Node{}, "", fmt.Errorf("the quarantined cluster %s has no leader among its reachable members yet", token)
+}
+
 // verifyRestored checks that the restored cluster has exactly its members,
 // all voters and up, and that HashKV agrees across them at one revision.
 func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgress, tlsCfg *tls.Config) error {
@@ -258,7 +318,11 @@ func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgr
 	}
 	var endpoints []string
 	for _, n := range nodes {
-		endpoints = append(endpoints, n.QuarantineURLs[0])
+		u, err := quarantineURL(n)
+		if err != nil {
+			return err
+		}
+		endpoints = append(endpoints, u)
 	}
 	c, err := etcdproc.NewClient(endpoints, tlsCfg)
 	if err != nil {
@@ -295,4 +359,13 @@ func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgr
 		}
 	}
 	return nil
+}
+
+// quarantineURL is where node n's etcd serves while quarantined; a peer
+// that reports none is an error, never a panic.
+func quarantineURL(n plan.Node) (string, error) {
+	if len(n.QuarantineURLs) == 0 || n.QuarantineURLs[0] == "" {
+		return "", fmt.Errorf("procedure: node %s reports no quarantine URL", n.ID)
+	}
+	return n.QuarantineURLs[0], nil
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -117,9 +118,15 @@ type Fence interface {
 }
 
 // Records is where the runner records a procedure's progress: the
-// status of the command the procedure carries out.
+// status of the command the procedure carries out, one object per
+// fencing term, and the choice it makes once.
 type Records interface {
-	SetCommandStatus(ctx context.Context, id string, st spec.CommandStatus, now time.Time) error
+	// SetCommandStatus writes the status under term; readers take the
+	// highest term's.
+	SetCommandStatus(ctx context.Context, id string, term int64, st spec.CommandStatus, now time.Time) error
+	// CreateChoice writes the choice unless one exists, and returns the
+	// one that does.
+	CreateChoice(ctx context.Context, id string, c spec.Choice) (spec.Choice, error)
 	DeleteCommand(ctx context.Context, id string) error
 }
 
@@ -135,16 +142,29 @@ type Runner struct {
 	Metrics    *Metrics
 }
 
-// Do runs one step of phase of procedure d: it checks the fence, then runs
-// step, bounded by the phase's deadline, renewing the lease while it runs.
-// The step's context is cancelled the moment the lease cannot be renewed;
-// Do then returns an error wrapping ErrFenced.
-func (r *Runner) Do(ctx context.Context, d Definition, phase string, step func(ctx context.Context, term int64) error) error {
+// Do runs one step of phase of procedure d for command c: it checks the
+// fence; the first time this driver acts on c, it adopts c's status by
+// writing it again under its own term; then it runs step, bounded by the
+// phase's deadline, renewing the lease while it runs. The step's context
+// is cancelled the moment the lease cannot be renewed; Do then returns an
+// error wrapping ErrFenced. The step gets the term to put on every call
+// it makes.
+func (r *Runner) Do(ctx context.Context, d Definition, c *plan.Command, phase string, step func(ctx context.Context, term int64) error) error {
 	term, err := r.Fence.Hold(ctx)
 	if err != nil {
 		return err
 	}
+	if st := c.Status; st.State == spec.CommandRunning && st.Term < term {
+		// A new driver first makes the state it adopts its own, so that
+		// the old driver's late writes (of an older term) change nothing.
+		if err := r.Records.SetCommandStatus(ctx, c.ID, term, st, r.Now()); err != nil {
+			return err
+		}
+		r.Log.Warn("took over a procedure from an earlier driver", "procedure", d.Name, "command", c.ID, "phase", phase,
+			"term", term, "earlier-term", st.Term)
+	}
 	r.Metrics.running(d.Name, phase)
+	crashpoint.Pause(r.Log, pausePoint(d, phase))
 	ph := d.phase(phase)
 	ctx, cancel := context.WithTimeoutCause(ctx, ph.Deadline,
 		fmt.Errorf("procedure: %s phase %s: a step took longer than its deadline of %s", d.Name, phase, ph.Deadline))
@@ -184,6 +204,56 @@ func (r *Runner) Do(ctx context.Context, d Definition, phase string, step func(c
 	return err
 }
 
+// pausePoint names the test hook inside a step of phase (see
+// crashpoint.Pause): after the fence check, before the step acts.
+func pausePoint(d Definition, phase string) string {
+	if phase == "" {
+		phase = "prepare"
+	}
+	return "procedure-" + d.Name + "-" + phase
+}
+
+// Choose records the procedure's choice once, under the fence, and
+// returns the choice to act on: c, or the one an earlier driver made.
+func (r *Runner) Choose(ctx context.Context, id string, c spec.Choice) (spec.Choice, error) {
+	term, err := r.Fence.Hold(ctx)
+	if err != nil {
+		return c, err
+	}
+	c.Term = term
+	got, err := r.Records.CreateChoice(ctx, id, c)
+	if err != nil {
+		return c, err
+	}
+	if got.Term != term {
+		r.Log.Info("acting on the choice an earlier driver made", "command", id, "term", term, "choice-term", got.Term)
+	}
+	return got, nil
+}
+
+// Note writes why the procedure's command waits into its status, under
+// the fence; the command stays pending.
+func (r *Runner) Note(ctx context.Context, id, message string) error {
+	term, err := r.Fence.Hold(ctx)
+	if err != nil {
+		return err
+	}
+	return r.Records.SetCommandStatus(ctx, id, term, spec.CommandStatus{State: spec.CommandPending, Message: message}, r.Now())
+}
+
+// Fail marks the procedure's command failed, under the fence, keeping it
+// for the operator to read in list-commands.
+func (r *Runner) Fail(ctx context.Context, id, reason string) error {
+	term, err := r.Fence.Hold(ctx)
+	if err != nil {
+		return err
+	}
+	r.Log.Error("queued command failed", "command", id, "reason", reason)
+	err = r.Records.SetCommandStatus(ctx, id, term, spec.CommandStatus{State: spec.CommandFailed, Message: reason}, r.Now())
+	r.Metrics.idle()
+	return err
+}
+
 // Record writes the command's status, which holds the procedure's phase,
 // under the fence and before anything of that phase acts. It refuses to
 // move the procedure backwards. After the write, the crash point named
@@ -192,10 +262,11 @@ func (r *Runner) Record(ctx context.Context, d Definition, id, from string, st s
 	if !d.follows(from, phase) {
 		return fmt.Errorf("procedure: %s %s: refusing to move from phase %q to %q", d.Name, id, from, phase)
 	}
-	if _, err := r.Fence.Hold(ctx); err != nil {
+	term, err := r.Fence.Hold(ctx)
+	if err != nil {
 		return err
 	}
-	if err := r.Records.SetCommandStatus(ctx, id, st, r.Now()); err != nil {
+	if err := r.Records.SetCommandStatus(ctx, id, term, st, r.Now()); err != nil {
 		return err
 	}
 	r.Metrics.running(d.Name, phase)
@@ -203,6 +274,7 @@ func (r *Runner) Record(ctx context.Context, d Definition, id, from string, st s
 	if crash != "" {
 		crashpoint.Here(r.Log, crash)
 	}
+	crashpoint.Pause(r.Log, "procedure-"+d.Name+"-recorded-"+phase)
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -62,16 +63,26 @@ type fenceSetup struct {
 
 // fakeRecords records the statuses written.
 type fakeRecords struct {
-	calls []string
+	calls  []string
+	choice *spec.Choice
 }
 
-func (r *fakeRecords) SetCommandStatus(_ context.Context, id string, st spec.CommandStatus, _ time.Time) error {
+func (r *fakeRecords) SetCommandStatus(_ context.Context, id string, term int64, st spec.CommandStatus, _ time.Time) error {
 	phase := ""
 	if st.Restore != nil {
 		phase = st.Restore.Phase
 	}
-	r.calls = append(r.calls, fmt.Sprintf("SetCommandStatus(%s, %s, %s)", id, st.State, phase))
+	r.calls = append(r.calls, fmt.Sprintf("SetCommandStatus(%s, %d, %s, %s)", id, term, st.State, phase))
 	return nil
+}
+
+func (r *fakeRecords) CreateChoice(_ context.Context, id string, c spec.Choice) (spec.Choice, error) {
+	r.calls = append(r.calls, fmt.Sprintf("CreateChoice(%s, %d, %s)", id, c.Term, c.Survivor))
+	if r.choice != nil {
+		return *r.choice, nil
+	}
+	r.choice = &c
+	return c, nil
 }
 
 func (r *fakeRecords) DeleteCommand(_ context.Context, id string) error {
@@ -134,7 +145,7 @@ func TestRunnerDo(t *testing.T) {
 			r := newRunner(f, &fakeRecords{})
 			ran := false
 			var gotTerm int64
-			err := r.Do(t.Context(), testProc, tt.phase, func(ctx context.Context, term int64) error {
+			err := r.Do(t.Context(), testProc, &plan.Command{ID: "c1"}, tt.phase, func(ctx context.Context, term int64) error {
 				ran, gotTerm = true, term
 				return tt.step(ctx)
 			})
@@ -171,9 +182,9 @@ func TestRunnerRecord(t *testing.T) {
 		wantErr   string
 		wantCalls []string
 	}{
-		{name: "the first phase", from: "", to: "one", wantCalls: []string{"SetCommandStatus(c1, running, one)"}},
-		{name: "forward", from: "one", to: "three", wantCalls: []string{"SetCommandStatus(c1, running, three)"}},
-		{name: "the same phase again", from: "two", to: "two", wantCalls: []string{"SetCommandStatus(c1, running, two)"}},
+		{name: "the first phase", from: "", to: "one", wantCalls: []string{"SetCommandStatus(c1, 3, running, one)"}},
+		{name: "forward", from: "one", to: "three", wantCalls: []string{"SetCommandStatus(c1, 3, running, three)"}},
+		{name: "the same phase again", from: "two", to: "two", wantCalls: []string{"SetCommandStatus(c1, 3, running, two)"}},
 		{name: "never backwards", from: "three", to: "one", wantErr: `refusing to move from phase "three" to "one"`},
 		{name: "never to an unknown phase", from: "one", to: "four", wantErr: `refusing to move from phase "one" to "four"`},
 		{name: "a fenced driver records nothing", lost: true, from: "one", to: "two", wantErr: "no longer the driver"},
@@ -226,5 +237,60 @@ func TestDefinitions(t *testing.T) {
 				t.Errorf("%s: phase %s has no deadline", d.Name, p.Name)
 			}
 		}
+	}
+}
+
+// A new driver first writes the status it adopts under its own term, then
+// acts; one that already wrote under its term does not write it again.
+func TestRunnerAdopts(t *testing.T) {
+	running := func(term int64) *plan.Command {
+		return &plan.Command{ID: "c1", Status: spec.CommandStatus{State: spec.CommandRunning, Term: term,
+			Restore: &spec.RestoreProgress{Phase: "two"}}}
+	}
+	tests := []struct {
+		name string
+		c    *plan.Command
+		want []string
+	}{
+		{"an earlier driver's status is adopted", running(4), []string{"SetCommandStatus(c1, 9, running, two)", "step"}},
+		{"its own status is not written again", running(9), []string{"step"}},
+		{"nothing to adopt before the first record", &plan.Command{ID: "c1", Status: spec.CommandStatus{State: spec.CommandPending}}, []string{"step"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &fakeRecords{}
+			r := newRunner(&fakeFence{term: 9}, rec)
+			if err := r.Do(t.Context(), testProc, tt.c, "two", func(context.Context, int64) error {
+				rec.calls = append(rec.calls, "step")
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(rec.calls, tt.want) {
+				t.Errorf("calls = %q, want %q", rec.calls, tt.want)
+			}
+		})
+	}
+}
+
+// The first choice stands: a later driver acts on it, not on its own.
+func TestRunnerChoose(t *testing.T) {
+	rec := &fakeRecords{}
+	r := newRunner(&fakeFence{term: 5}, rec)
+	got, err := r.Choose(t.Context(), "c1", spec.Choice{Survivor: "x"})
+	if err != nil || got.Survivor != "x" || got.Term != 5 {
+		t.Fatalf("first choice: %+v, %v", got, err)
+	}
+	r = newRunner(&fakeFence{term: 6}, rec)
+	got, err = r.Choose(t.Context(), "c1", spec.Choice{Survivor: "y"})
+	if err != nil || got.Survivor != "x" || got.Term != 5 {
+		t.Fatalf("second choice: %+v, %v; want x of term 5", got, err)
+	}
+	r = newRunner(&fakeFence{term: 7, lost: true}, rec)
+	if _, err := r.Choose(t.Context(), "c1", spec.Choice{Survivor: "z"}); !errors.Is(err, ErrFenced) {
+		t.Fatalf("a fenced driver chose: %v", err)
+	}
+	if want := []string{"CreateChoice(c1, 5, x)", "CreateChoice(c1, 6, y)"}; !slices.Equal(rec.calls, want) {
+		t.Errorf("calls = %q, want %q", rec.calls, want)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -323,10 +324,14 @@ func (a *Agent) configure(secure bool) {
 		"--etcd-stop-timeout=10s",
 	}...)
 	if fw := opts.PeerFirewall; fw != nil {
-		if err := fw.front(a.Name, fmt.Sprintf("%s:%d", ip, 2380), fmt.Sprintf("%s:%d", ip, 2381), a.EtcdPID); err != nil {
+		if err := fw.front(a.Name, fmt.Sprintf("%s:%d", ip, 2380), fmt.Sprintf("%s:%d", ip, 2381), false, a.EtcdPID); err != nil {
 			e.t.Fatal(err)
 		}
-		a.args = append(a.args, fmt.Sprintf("--listen-peer-urls=%s://%s:%d", scheme, ip, 2381))
+		if err := fw.front(a.Name, fmt.Sprintf("%s:%d", ip, 8000), fmt.Sprintf("%s:%d", ip, 8002), true, a.pidOrZero); err != nil {
+			e.t.Fatal(err)
+		}
+		a.args = append(a.args, fmt.Sprintf("--listen-peer-urls=%s://%s:%d", scheme, ip, 2381),
+			fmt.Sprintf("--peer-api-listen-address=%s:%d", ip, 8002))
 	}
 	if opts.Metrics {
 		a.MetricsURL = fmt.Sprintf("http://%s:9100/metrics", ip)
@@ -394,6 +399,14 @@ func (a *Agent) Running() bool {
 // PID is the agent's process ID.
 func (a *Agent) PID() int { return a.cmd.Process.Pid }
 
+// pidOrZero is the running agent's process ID, 0 when it is not running.
+func (a *Agent) pidOrZero() int {
+	if !a.Running() {
+		return 0
+	}
+	return a.PID()
+}
+
 // Signal sends sig to the agent and waits up to timeout for it to exit.
 func (a *Agent) Signal(sig syscall.Signal, timeout time.Duration) error {
 	if !a.Running() {
@@ -423,6 +436,55 @@ func (a *Agent) Kill() {
 	if err := a.Signal(syscall.SIGKILL, 10*time.Second); err != nil {
 		a.env.t.Fatal(err)
 	}
+}
+
+// NodeID is the agent's node ID, from its state file ("" before it wrote
+// one).
+func (a *Agent) NodeID() string {
+	b, err := os.ReadFile(filepath.Join(a.DataDir, "state.json"))
+	if err != nil {
+		return ""
+	}
+	var st struct {
+		NodeID string `json:"nodeId"`
+	}
+	if json.Unmarshal(b, &st) != nil {
+		return ""
+	}
+	return st.NodeID
+}
+
+// Paused reports whether the agent process is stopped (SIGSTOP), as the
+// pause test hooks leave it.
+func (a *Agent) Paused() bool {
+	if !a.Running() {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", a.PID()))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && (s[i+2] == 'T' || s[i+2] == 't')
+}
+
+// Pause stops the agent process with SIGSTOP; its etcd child runs on.
+func (a *Agent) Pause() {
+	a.env.t.Helper()
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		a.env.t.Fatal(err)
+	}
+	WaitFor(a.env.t, 10*time.Second, "agent "+a.Name+" to stop", a.Paused)
+}
+
+// Continue resumes a paused agent with SIGCONT.
+func (a *Agent) Continue() {
+	a.env.t.Helper()
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		a.env.t.Fatal(err)
+	}
+	WaitFor(a.env.t, 10*time.Second, "agent "+a.Name+" to run again", func() bool { return !a.Paused() })
 }
 
 // ExitErr is the agent's exit status once it has exited.
@@ -534,7 +596,7 @@ func processAlive(pid int) bool {
 // AgentPorts are the ports every agent uses on its own loopback address:
 // client, quarantine, etcd peer and peer API, as in the walkthrough, and
 // metrics.
-var AgentPorts = []int{4001, 8001, 2380, 8000, 9100}
+var AgentPorts = []int{4001, 8001, 2380, 2381, 8000, 8002, 9100}
 
 var ipCounter atomic.Int32
 

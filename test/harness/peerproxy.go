@@ -14,22 +14,25 @@ import (
 	"time"
 )
 
-// PeerFirewall puts a TCP proxy in front of each agent's etcd peer URL:
-// etcd advertises the proxy's address (--peer-urls) and binds another
-// (--listen-peer-urls), so every raft message between members crosses a
-// proxy. Each connection is tagged with the member whose etcd opened it,
+// PeerFirewall puts a TCP proxy in front of each agent's etcd peer URL,
+// and one in front of its peer API: etcd advertises the proxy's address
+// (--peer-urls) and binds another (--listen-peer-urls), and so does the
+// agent (--peer-api-listen-address), so every raft message between
+// members, and every call between agents, crosses a proxy. Each
+// connection is tagged with the member whose etcd or agent opened it,
 // found through /proc (every source address on loopback is 127.0.0.1),
 // so a rule on one member covers its traffic both ways: connections to
-// it, at its own proxy, and connections from it, at the others'.
-// Proxies listen on loopback only.
+// it, at its own proxies, and connections from it, at the others'.
+// Proxies listen on loopback only. The backup store is never behind
+// them.
 type PeerFirewall struct {
 	t testing.TB
 
 	mu      sync.Mutex
 	rules   map[string]LinkRule
-	sources map[string]func() int // member -> pid of its etcd
-	proxies map[string]*peerProxy // member -> proxy in front of its etcd
-	tagged  map[string]int        // connections seen, by source member
+	sources map[string][]func() int // member -> pids of its etcd and its agent
+	proxies map[string]*peerProxy   // listen address -> proxy
+	tagged  map[string]int          // connections seen, by source member
 }
 
 // LinkRule is what happens to the traffic to and from one member.
@@ -41,42 +44,51 @@ type LinkRule struct {
 	Drop bool
 	// Delay holds every chunk of bytes this long before passing it on.
 	Delay time.Duration
+	// Agents applies the rule to the member's agent as well (its peer
+	// API, both ways); without it only etcd's raft links are touched.
+	Agents bool
 }
 
 func (r LinkRule) String() string {
+	s := "pass"
 	switch {
 	case r.Blackhole:
-		return "blackhole"
+		s = "blackhole"
 	case r.Drop:
-		return "drop"
+		s = "drop"
 	case r.Delay > 0:
-		return "delay " + r.Delay.String()
+		s = "delay " + r.Delay.String()
 	}
-	return "pass"
+	if r.Agents {
+		s += " (etcd and agent)"
+	}
+	return s
 }
 
 // NewPeerFirewall returns a firewall with every link passing; give it to
 // agents through AgentOptions.PeerFirewall.
 func NewPeerFirewall(t testing.TB) *PeerFirewall {
-	return &PeerFirewall{t: t, rules: map[string]LinkRule{}, sources: map[string]func() int{},
+	return &PeerFirewall{t: t, rules: map[string]LinkRule{}, sources: map[string][]func() int{},
 		proxies: map[string]*peerProxy{}, tagged: map[string]int{}}
 }
 
-// front starts the proxy for member name, listening on listen and
-// forwarding to etcd's bind address target; it is idempotent.
-func (f *PeerFirewall) front(name, listen, target string, pid func() int) error {
+// front starts a proxy for member name, listening on listen and
+// forwarding to the bind address target of its etcd (agent false) or its
+// agent's peer API (agent true); pid finds the process that dials out
+// from it. It is idempotent.
+func (f *PeerFirewall) front(name, listen, target string, agent bool, pid func() int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.sources[name] = pid
-	if _, ok := f.proxies[name]; ok {
+	if _, ok := f.proxies[listen]; ok {
 		return nil
 	}
+	f.sources[name] = append(f.sources[name], pid)
 	l, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("harness: peer proxy for %s: %w", name, err)
 	}
-	p := &peerProxy{f: f, dst: name, target: target, l: l, conns: map[*proxyConn]bool{}}
-	f.proxies[name] = p
+	p := &peerProxy{f: f, dst: name, agent: agent, target: target, l: l, conns: map[*proxyConn]bool{}}
+	f.proxies[listen] = p
 	go p.serve()
 	f.t.Cleanup(p.close)
 	return nil
@@ -120,11 +132,20 @@ func (f *PeerFirewall) proxyList() []*peerProxy {
 }
 
 // rule is the rule for traffic between src and dst: a blackhole or drop on
-// either end wins, and the longer delay applies.
-func (f *PeerFirewall) rule(src, dst string) LinkRule {
+// either end wins, and the longer delay applies. Traffic between agents
+// (agent) follows only the rules that say so.
+func (f *PeerFirewall) rule(src, dst string, agent bool) LinkRule {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	a, b := f.rules[src], f.rules[dst]
+	if agent {
+		if !a.Agents {
+			a = LinkRule{}
+		}
+		if !b.Agents {
+			b = LinkRule{}
+		}
+	}
 	return LinkRule{Blackhole: a.Blackhole || b.Blackhole, Drop: a.Drop || b.Drop, Delay: max(a.Delay, b.Delay)}
 }
 
@@ -144,9 +165,11 @@ func (f *PeerFirewall) identify(c net.Conn) string {
 	f.mu.Lock()
 	sources := maps.Clone(f.sources)
 	f.mu.Unlock()
-	for name, pid := range sources {
-		if p := pid(); p > 0 && ownsSocket(p, inode) {
-			return name
+	for name, pids := range sources {
+		for _, pid := range pids {
+			if p := pid(); p > 0 && ownsSocket(p, inode) {
+				return name
+			}
 		}
 	}
 	return ""
@@ -198,10 +221,11 @@ func ownsSocket(pid int, inode string) bool {
 	return false
 }
 
-// peerProxy is the proxy in front of one member's etcd.
+// peerProxy is the proxy in front of one member's etcd, or its agent.
 type peerProxy struct {
 	f      *PeerFirewall
 	dst    string
+	agent  bool
 	target string
 	l      net.Listener
 
@@ -243,7 +267,7 @@ func (p *peerProxy) handle(down net.Conn) {
 	p.f.mu.Lock()
 	p.f.tagged[src]++
 	p.f.mu.Unlock()
-	if p.f.rule(src, p.dst).Drop {
+	if p.f.rule(src, p.dst, p.agent).Drop {
 		down.Close()
 		return
 	}
@@ -281,7 +305,7 @@ func (p *peerProxy) pipe(c *proxyConn, r, w net.Conn) {
 			buf := make([]byte, 32<<10)
 			n, err := r.Read(buf)
 			if n > 0 {
-				ch <- chunk{b: buf[:n], due: time.Now().Add(p.f.rule(c.src, p.dst).Delay)}
+				ch <- chunk{b: buf[:n], due: time.Now().Add(p.f.rule(c.src, p.dst, p.agent).Delay)}
 			}
 			if err != nil {
 				return
@@ -290,7 +314,7 @@ func (p *peerProxy) pipe(c *proxyConn, r, w net.Conn) {
 	}()
 	for k := range ch {
 		time.Sleep(time.Until(k.due))
-		if p.f.rule(c.src, p.dst).Blackhole {
+		if p.f.rule(c.src, p.dst, p.agent).Blackhole {
 			c.mu.Lock()
 			c.lost = true
 			c.mu.Unlock()
@@ -311,7 +335,7 @@ func (p *peerProxy) pipe(c *proxyConn, r, w net.Conn) {
 func (p *peerProxy) reapply() {
 	conns := p.live()
 	for _, c := range conns {
-		r := p.f.rule(c.src, p.dst)
+		r := p.f.rule(c.src, p.dst, p.agent)
 		c.mu.Lock()
 		broken := c.lost && !r.Blackhole
 		c.mu.Unlock()

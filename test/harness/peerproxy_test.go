@@ -66,12 +66,18 @@ func TestPeerFirewall(t *testing.T) {
 	target := echoServer(t)
 	f := NewPeerFirewall(t)
 	self := func() int { return os.Getpid() }
-	if err := f.front("dst", "127.0.0.1:0", target, func() int { return 0 }); err != nil {
+	if err := f.front("dst", "127.0.0.1:0", target, false, func() int { return 0 }); err != nil {
 		t.Fatal(err)
 	}
-	f.sources["src"] = self
-	addr := f.proxies["dst"].l.Addr().String()
-	dial := func() net.Conn {
+	if err := f.front("dst", "127.0.0.3:0", target, true, func() int { return 0 }); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.sources["src"] = []func() int{self}
+	f.mu.Unlock()
+	addr := f.proxies["127.0.0.1:0"].l.Addr().String()
+	agentAddr := f.proxies["127.0.0.3:0"].l.Addr().String()
+	dialTo := func(addr string) net.Conn {
 		t.Helper()
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -80,6 +86,7 @@ func TestPeerFirewall(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
+	dial := func() net.Conn { return dialTo(addr) }
 
 	c := dial()
 	if _, err := roundTrip(c, 5*time.Second); err != nil {
@@ -127,6 +134,21 @@ func TestPeerFirewall(t *testing.T) {
 	f.Set("other", LinkRule{Blackhole: true})
 	if _, err := roundTrip(dial(), 5*time.Second); err != nil {
 		t.Fatalf("rule on another member: %v", err)
+	}
+	f.Heal()
+
+	// Agents' links follow only the rules that say so.
+	f.Set("src", LinkRule{Drop: true})
+	if _, err := roundTrip(dialTo(agentAddr), 5*time.Second); err != nil {
+		t.Fatalf("an etcd-only rule on an agent's link: %v", err)
+	}
+	f.Set("src", LinkRule{Drop: true, Agents: true})
+	if _, err := roundTrip(dialTo(agentAddr), 5*time.Second); err == nil || isTimeout(err) {
+		t.Fatalf("a rule for agents on an agent's link: got %v, want the connection closed", err)
+	}
+	f.Heal()
+	if _, err := roundTrip(dialTo(agentAddr), 5*time.Second); err != nil {
+		t.Fatalf("agent link after heal: %v", err)
 	}
 }
 

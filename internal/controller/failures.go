@@ -1,0 +1,80 @@
+package controller
+
+import (
+	"time"
+)
+
+// Backoff of the leader's failing actions: the first retry after
+// failureBackoff, doubling with each failure up to maxFailureBackoff.
+const (
+	failureBackoff    = 5 * time.Second
+	maxFailureBackoff = 5 * time.Minute
+)
+
+// failures counts the leader's actions that failed in a row, by
+// plan.ActionKey. It belongs to the loop's goroutine.
+type failures struct {
+	m map[string]*failure
+}
+
+type failure struct {
+	count int
+	last  time.Time
+	err   string
+}
+
+func newFailures() *failures { return &failures{m: map[string]*failure{}} }
+
+// failed records one more failure of the action key.
+func (f *failures) failed(key string, err error, now time.Time) {
+	x := f.m[key]
+	if x == nil {
+		x = &failure{}
+		f.m[key] = x
+	}
+	x.count++
+	x.last = now
+	x.err = err.Error()
+}
+
+// succeeded forgets the action's failures.
+func (f *failures) succeeded(key string) { delete(f.m, key) }
+
+// count is how many times in a row the action failed.
+func (f *failures) count(key string) int {
+	if x := f.m[key]; x != nil {
+		return x.count
+	}
+	return 0
+}
+
+// retryAt is when the action may be tried again.
+func (x *failure) retryAt() time.Time {
+	d := failureBackoff
+	for i := 1; i < x.count && d < maxFailureBackoff; i++ {
+		d *= 2
+	}
+	return x.last.Add(min(d, maxFailureBackoff))
+}
+
+// backingOff returns the actions waiting out their backoff now, with
+// their last error; for the planner, which passes them over.
+func (f *failures) backingOff(now time.Time) map[string]string {
+	out := map[string]string{}
+	for key, x := range f.m {
+		if now.Before(x.retryAt()) {
+			out[key] = x.err
+		}
+	}
+	return out
+}
+
+// report lists every action that failed and not yet succeeded since, for
+// the node's status.
+func (f *failures) report() []string {
+	var out []string
+	for key, x := range f.m {
+		out = append(out, key+": "+x.err)
+	}
+	return out
+}

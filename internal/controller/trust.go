@@ -1,0 +1,69 @@
+package controller
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// Leader election rests on two things no agent can see for itself: that
+// the store honours create-if-absent (one object created twice fails the
+// second time), and that the agents' clocks agree to well within the
+// lease. An agent checks the first once, and measures the second every
+// cycle; it does not take the store lock while either fails.
+
+// ErrUntrustedStore means the store did not honour create-if-absent.
+var ErrUntrustedStore = errors.New("controller: the backup store does not honour create-if-absent; leader election by the store lock is unsafe on it, so this agent never takes the lock")
+
+// createOnceStore is the part of the store the check needs.
+type createOnceStore interface {
+	Create(ctx context.Context, key string, data []byte) error
+	Delete(ctx context.Context, key string) error
+}
+
+// probePrefix holds the objects of the create-if-absent check.
+const probePrefix = "control/probe/"
+
+// checkCreateOnce creates one object twice: the second create must fail
+// with store.ErrExists. It returns ErrUntrustedStore when it does not,
+// and other errors (an unreachable store) to be retried.
+func checkCreateOnce(ctx context.Context, s createOnceStore, nodeID string) error {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	key := probePrefix + nodeID + "-" + hex.EncodeToString(b)
+	if err := s.Create(ctx, key, []byte("create-if-absent check\n")); err != nil {
+		return fmt.Errorf("controller: check create-if-absent: %w", err)
+	}
+	defer func() { _ = s.Delete(context.WithoutCancel(ctx), key) }()
+	err := s.Create(ctx, key, []byte("second create\n"))
+	switch {
+	case errors.Is(err, store.ErrExists):
+		return nil
+	case err == nil:
+		return fmt.Errorf("%w (a second create of %s succeeded)", ErrUntrustedStore, key)
+	default:
+		return fmt.Errorf("controller: check create-if-absent: %w", err)
+	}
+}
+
+// maxClockOffset is the largest clock offset between agents at which the
+// store lock may still be taken: a fifth of the lease, well inside the
+// margin the lease keeps (see lease).
+func maxClockOffset(leaseTTL time.Duration) time.Duration { return leaseTTL / 5 }
+
+// clockOffset estimates a peer's clock offset from one call: its clock
+// read in the middle of the round trip [sent, received], against ours.
+func clockOffset(peerNow, sent, received time.Time) time.Duration {
+	if peerNow.IsZero() {
+		return 0
+	}
+	mid := sent.Add(received.Sub(sent) / 2)
+	return peerNow.Sub(mid)
+}

@@ -1,0 +1,71 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// lenientStore is a store that does not honour create-if-absent, as some
+// S3-compatible stores do not.
+type lenientStore struct{ objects map[string]bool }
+
+func (s *lenientStore) Create(_ context.Context, key string, _ []byte) error {
+	s.objects[key] = true
+	return nil
+}
+func (s *lenientStore) Delete(_ context.Context, key string) error {
+	delete(s.objects, key)
+	return nil
+}
+
+// downStore cannot be reached.
+type downStore struct{}
+
+func (downStore) Create(context.Context, string, []byte) error {
+	return fmt.Errorf("%w: connection refused", store.ErrUnreachable)
+}
+func (downStore) Delete(context.Context, string) error { return nil }
+
+func TestCheckCreateOnce(t *testing.T) {
+	real := openLockStore(t)
+	if err := checkCreateOnce(t.Context(), real, "n1"); err != nil {
+		t.Errorf("a file store: %v", err)
+	}
+	if keys, _ := real.List(t.Context(), probePrefix, ""); len(keys) != 0 {
+		t.Errorf("the probe left %v", keys)
+	}
+	lenient := &lenientStore{objects: map[string]bool{}}
+	if err := checkCreateOnce(t.Context(), lenient, "n1"); !errors.Is(err, ErrUntrustedStore) {
+		t.Errorf("a store that does not honour create-if-absent: %v, want ErrUntrustedStore", err)
+	}
+	if len(lenient.objects) != 0 {
+		t.Errorf("the probe left %v", lenient.objects)
+	}
+	if err := checkCreateOnce(t.Context(), downStore{}, "n1"); err == nil || errors.Is(err, ErrUntrustedStore) {
+		t.Errorf("an unreachable store: %v, want an error to retry, not a verdict", err)
+	}
+}
+
+func TestClockOffset(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name            string
+		peer, sent, got time.Time
+		want            time.Duration
+	}{
+		{"in step", t0.Add(50 * time.Millisecond), t0, t0.Add(100 * time.Millisecond), 0},
+		{"peer ahead", t0.Add(3 * time.Second), t0, t0.Add(2 * time.Second), 2 * time.Second},
+		{"peer behind", t0.Add(-time.Second), t0, t0, -time.Second},
+		{"no clock reported", time.Time{}, t0, t0.Add(time.Second), 0},
+	}
+	for _, tt := range tests {
+		if got := clockOffset(tt.peer, tt.sent, tt.got); got != tt.want {
+			t.Errorf("%s: offset %s, want %s", tt.name, got, tt.want)
+		}
+	}
+}
