@@ -2,8 +2,9 @@
 // a steady workload, injects one fault per round, and checks after each
 // that the cluster is whole again, that its members agree (HashKV), that
 // no acknowledged write is lost, and that porcupine finds the history
-// linearizable. Every member's etcd peer URL is fronted by a proxy of a
-// harness.PeerFirewall, which partitions, drops and delays peer traffic.
+// linearizable. Every member's etcd peer URL and agent peer API is fronted
+// by a proxy of a harness.PeerFirewall, which partitions, drops and
+// delays peer traffic; the backup store is never behind it.
 // `make test` runs a few rounds; `make chaos ROUNDS=N` runs N.
 // CHAOS_SEED replays a run, CHAOS_FAULTS=name,... limits the faults
 // drawn, and CHAOS_REPORT_DIR is where the JSON report (and, on failure,
@@ -94,15 +95,16 @@ func TestChaos(t *testing.T) {
 	t.Setenv("ETCD_MANAGER_TEST_LOGS", filepath.Join(dir, "logs"))
 	fmt.Printf("chaos: seed %d (replay with CHAOS_SEED=%d), %d rounds, report in %s\n", seed, seed, rounds, dir)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	drawn := faults
+	all := slices.Concat(faults, faultsOnAgents)
+	drawn := all
 	if only := os.Getenv("CHAOS_FAULTS"); only != "" {
 		drawn = nil
 		for _, name := range strings.Split(only, ",") {
-			i := slices.IndexFunc(faults, func(f fault) bool { return f.name == name })
+			i := slices.IndexFunc(all, func(f fault) bool { return f.name == name })
 			if i < 0 {
 				t.Fatalf("CHAOS_FAULTS: no fault %q", name)
 			}
-			drawn = append(drawn, faults[i])
+			drawn = append(drawn, all[i])
 		}
 	}
 
@@ -129,6 +131,7 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.close()
+	c.w = w
 
 	rep := report{Seed: seed, FaultsByKind: map[string]int{}}
 	write := func() {
@@ -178,8 +181,8 @@ func TestChaos(t *testing.T) {
 // and the round is checked.
 func runRound(t *testing.T, c *cluster, w *workload, round int, f fault, rng *rand.Rand, dir string) roundReport {
 	rr := roundReport{Round: round, Fault: f.name}
-	initial := fmt.Sprintf("init-%d", round)
-	if err := resetKeys(c.agents, initial); err != nil {
+	c.round, c.initial, c.pre = round, fmt.Sprintf("init-%d", round), nil
+	if err := resetKeys(c.agents, c.initial); err != nil {
 		rr.Problems = append(rr.Problems, "cannot set the round's initial values: "+err.Error())
 		return rr
 	}
@@ -203,7 +206,15 @@ func runRound(t *testing.T, c *cluster, w *workload, round int, f fault, rng *ra
 	elapsed := time.Since(began)
 
 	history, acked, ops, failed := w.take()
-	rr.Ops, rr.Failed, rr.Checked = ops, failed, len(history)
+	if p := c.pre; p != nil {
+		// The history before the restore, checked on its own; its
+		// acknowledged writes were all in the backup, so none is lost.
+		rr.Problems = append(rr.Problems, check(p.history, p.initial, dir, round, "before-restore", &rr)...)
+		acked = append(acked, p.acked...)
+		ops, failed = ops+p.ops, failed+p.failed
+		rr.Checked += len(p.history)
+	}
+	rr.Ops, rr.Failed, rr.Checked = ops, failed, rr.Checked+len(history)
 	rr.OpsPerSec = float64(ops) / elapsed.Seconds()
 	if err := hashKVAgree(c.agents); err != nil {
 		rr.Problems = append(rr.Problems, err.Error())
@@ -216,22 +227,31 @@ func runRound(t *testing.T, c *cluster, w *workload, round int, f fault, rng *ra
 	if len(lost) > 0 {
 		rr.Problems = append(rr.Problems, fmt.Sprintf("%d acknowledged writes lost, first %s", len(lost), lost[0]))
 	}
+	rr.Problems = append(rr.Problems, check(history, c.initial, dir, round, "history", &rr)...)
+	return rr
+}
+
+// check runs porcupine on a history whose contended keys started at
+// initial, and keeps the history (and its picture, if illegal) in dir
+// when it fails.
+func check(history []porcupine.Operation, initial, dir string, round int, name string, rr *roundReport) []string {
+	var problems []string
 	checkStart := time.Now()
 	res, info := porcupine.CheckOperationsVerbose(kvModel(initial), history, checkTimeout)
-	rr.CheckS = time.Since(checkStart).Seconds()
+	rr.CheckS += time.Since(checkStart).Seconds()
 	switch res {
 	case porcupine.Illegal:
-		rr.Violations = 1
-		rr.Problems = append(rr.Problems, "porcupine: the history is not linearizable")
-		_ = porcupine.VisualizePath(kvModel(initial), info, filepath.Join(dir, fmt.Sprintf("round-%d-history.html", round)))
+		rr.Violations++
+		problems = append(problems, "porcupine: the "+name+" is not linearizable")
+		_ = porcupine.VisualizePath(kvModel(initial), info, filepath.Join(dir, fmt.Sprintf("round-%d-%s.html", round, name)))
 	case porcupine.Unknown:
-		rr.Problems = append(rr.Problems, fmt.Sprintf("porcupine could not decide within %s", checkTimeout))
+		problems = append(problems, fmt.Sprintf("porcupine could not decide on the %s within %s", name, checkTimeout))
 	}
-	if len(rr.Problems) > 0 {
+	if len(problems) > 0 {
 		data, _ := json.Marshal(history)
-		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("round-%d-history.json", round)), data, 0o644)
+		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("round-%d-%s.json", round, name)), data, 0o644)
 	}
-	return rr
+	return problems
 }
 
 func client(agents []*harness.Agent) (*clientv3.Client, error) {

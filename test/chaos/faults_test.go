@@ -2,17 +2,22 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/anishathalye/porcupine"
 
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
@@ -30,7 +35,23 @@ type cluster struct {
 	env    *harness.Env
 	agents []*harness.Agent
 	minio  *harness.MinIO
-	fw     *harness.PeerFirewall // in front of every member's peer URL
+	fw     *harness.PeerFirewall // in front of every member's etcd peer URL and peer API
+	w      *workload
+	// round is the round under way, and initial the value its contended
+	// keys started from (a restore starts them afresh).
+	round   int
+	initial string
+	// pre is the history before a restore in the round, checked on its
+	// own.
+	pre *preRestore
+}
+
+// preRestore is a round's history up to a restore.
+type preRestore struct {
+	history     []porcupine.Operation
+	acked       []string
+	ops, failed int
+	initial     string
 }
 
 var faults = []fault{
@@ -134,6 +155,160 @@ var faults = []fault{
 		}
 		return "a 16 KiB temp disk under leader " + a.Name + " during a backup-now, which failed saying so", nil
 	}},
+}
+
+// pauseAgent freezes a's agent with SIGSTOP for longer than the lease (its
+// etcd runs on), then resumes it.
+func pauseAgent(a *harness.Agent, d time.Duration) error {
+	if err := syscall.Kill(a.PID(), syscall.SIGSTOP); err != nil {
+		return err
+	}
+	if err := waitUntil(5*time.Second, a.Paused); err != nil {
+		_ = syscall.Kill(a.PID(), syscall.SIGCONT)
+		return fmt.Errorf("agent %s did not stop: %w", a.Name, err)
+	}
+	time.Sleep(d)
+	return syscall.Kill(a.PID(), syscall.SIGCONT)
+}
+
+// lease is the agents' --leader-lease in the chaos suite (the harness's).
+const lease = 2 * time.Second
+
+// faultsOnAgents are the data-safety faults: stalled agents, agents cut
+// off from their peers but not from the store, lost disks.
+var faultsOnAgents = []fault{
+	{"pause-agent", func(c *cluster, rng *rand.Rand) (string, error) {
+		a, err := c.pick(rng, true)
+		if err != nil {
+			return "", err
+		}
+		d := lease*2 + time.Duration(rng.IntN(4000))*time.Millisecond
+		what := "a backup"
+		if rng.IntN(2) == 0 {
+			// During a membership change: a wiped follower is removed and
+			// added again by the leader's agent, which freezes meanwhile.
+			f, err := c.pick(rng, false)
+			if err != nil {
+				return "", err
+			}
+			f.Kill()
+			if err := os.RemoveAll(f.DataDir); err != nil {
+				return "", err
+			}
+			f.Start()
+			time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
+			what = "the replacement of wiped follower " + f.Name
+		} else if _, stderr, err := c.env.Ctl("backup-now", "--wait=false"); err != nil {
+			return "", fmt.Errorf("backup-now: %v: %s", err, stderr)
+		}
+		if err := pauseAgent(a, d); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("SIGSTOP of leader %s's agent for %s during %s", a.Name, d.Round(100*time.Millisecond), what), nil
+	}},
+	{"pause-agent-restore", func(c *cluster, rng *rand.Rand) (string, error) {
+		return c.pausedRestore(rng)
+	}},
+	{"partition-agent", func(c *cluster, rng *rand.Rand) (string, error) {
+		a := c.agents[rng.IntN(len(c.agents))]
+		rule := harness.LinkRule{Blackhole: true, Agents: true}
+		if rng.IntN(2) == 0 {
+			rule = harness.LinkRule{Drop: true, Agents: true}
+		}
+		d := time.Duration(5+rng.IntN(8)) * time.Second
+		start := time.Now()
+		c.fw.Set(a.Name, rule)
+		healed := false
+		defer func() {
+			if !healed {
+				c.fw.Heal()
+			}
+		}()
+		var rest []*harness.Agent
+		for _, o := range c.agents {
+			if o != a {
+				rest = append(rest, o)
+			}
+		}
+		if err := waitUntil(10*time.Second, func() bool { return !canRead(a) }); err != nil {
+			return "", fmt.Errorf("agent %s cut off (%s): its etcd still serves linearizable reads: %w", a.Name, rule, err)
+		}
+		if err := waitUntil(10*time.Second, func() bool { return leaderAmong(rest) }); err != nil {
+			return "", fmt.Errorf("agent %s cut off (%s): the others elect no leader: %w", a.Name, rule, err)
+		}
+		// Half the time, someone asks for a quorum recovery while the
+		// cut-off agent sees no leader: it must never fork the cluster.
+		recovery := ""
+		if rng.IntN(2) == 0 {
+			_, _, _ = c.env.Ctl("recover-quorum", "--timeout=1s") // only queues it
+			recovery = ", with a recover-quorum queued"
+		}
+		time.Sleep(time.Until(start.Add(d)))
+		c.fw.Heal()
+		healed = true
+		if recovery != "" {
+			// It ends refused (the cluster never lost quorum); clear it.
+			if err := waitUntil(time.Minute, func() bool {
+				out, _, err := c.env.Ctl("list-commands")
+				return err == nil && !strings.Contains(out, "recover-quorum  pending") && !strings.Contains(out, "recover-quorum  running")
+			}); err != nil {
+				return "", fmt.Errorf("the recover-quorum queued during the partition did not end: %w", err)
+			}
+			out, _, _ := c.env.Ctl("list-commands")
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, "recover-quorum") {
+					if !strings.Contains(line, "quorum is not lost") {
+						return "", fmt.Errorf("the recover-quorum queued during the partition ended otherwise than refused: %s", line)
+					}
+					c.env.MustCtl("delete-command", strings.Fields(line)[0])
+				}
+			}
+		}
+		return fmt.Sprintf("agent %s (etcd and peer API, not the store) cut off from its peers (%s) for %s%s", a.Name, rule, d, recovery), nil
+	}},
+	{"lose-disk", func(c *cluster, rng *rand.Rand) (string, error) {
+		a, err := c.pick(rng, rng.IntN(2) == 0)
+		if err != nil {
+			return "", err
+		}
+		before, err := memberID(a)
+		if err != nil {
+			return "", err
+		}
+		if err := os.RemoveAll(filepath.Join(a.DataDir, "data")); err != nil {
+			return "", err
+		}
+		if err := killEtcd(a); err != nil {
+			return "", err
+		}
+		killed := time.Now()
+		// The node must come back as a new member, never as the old one
+		// on an empty data dir.
+		if err := waitUntil(recoveryBound, func() bool {
+			id, err := memberID(a)
+			return err == nil && id != before
+		}); err != nil {
+			return "", fmt.Errorf("member %s did not come back as a new member: %w", a.Name, err)
+		}
+		return fmt.Sprintf("data dir of %s deleted under its running agent, then its etcd killed; back as a new member after %s",
+			a.Name, time.Since(killed).Round(100*time.Millisecond)), nil
+	}},
+}
+
+// memberID is a's etcd's member ID.
+func memberID(a *harness.Agent) (uint64, error) {
+	c, err := memberClient(a)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	st, err := c.Status(ctx, a.ClientURL)
+	if err != nil {
+		return 0, err
+	}
+	return st.Header.MemberId, nil
 }
 
 // partition cuts a off from its peers, by blackhole or by drop, for 4 to
@@ -259,4 +434,128 @@ func isRaftLeader(a *harness.Agent) (bool, error) {
 // memberClient is a client of a's etcd alone.
 func memberClient(a *harness.Agent) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+}
+
+// commandRow is one line of list-commands -o json.
+type commandRow struct {
+	ID     string `json:"id"`
+	Kind   string `json:"kind"`
+	State  string `json:"state"`
+	Detail string `json:"detail"`
+}
+
+func (c *cluster) commands() ([]commandRow, error) {
+	out, stderr, err := c.env.Ctl("list-commands", "--output=json")
+	if err != nil {
+		return nil, fmt.Errorf("list-commands: %v: %s", err, stderr)
+	}
+	var rows []commandRow
+	return rows, json.Unmarshal([]byte(out), &rows)
+}
+
+// pausedRestore: the workload stops, a backup is taken, and its restore
+// runs while the agent driving it freezes for longer than the lease. The
+// restored state must equal the backup's exactly. The history before the
+// restore is checked on its own; the round's history starts afresh after
+// it, from the restored values (a restore rolls back by design).
+func (c *cluster) pausedRestore(rng *rand.Rand) (string, error) {
+	c.w.halt()
+	history, acked, ops, failed := c.w.take()
+	c.pre = &preRestore{history: history, acked: acked, ops: ops, failed: failed, initial: c.initial}
+	out, stderr, err := c.env.Ctl("backup-now", "--timeout=1m")
+	if err != nil {
+		return "", fmt.Errorf("backup-now: %v: %s", err, stderr)
+	}
+	backupName := strings.TrimSpace(out)
+	want, err := chaosKeys(c.agents)
+	if err != nil {
+		return "", err
+	}
+	if _, stderr, err := c.env.Ctl("restore-backup", backupName, "--wait=false"); err != nil {
+		return "", fmt.Errorf("restore-backup: %v: %s", err, stderr)
+	}
+	// The driver is the store lock's holder once the restore has begun.
+	var driver *harness.Agent
+	if err := waitUntil(time.Minute, func() bool {
+		holder := lockHolder(c.env)
+		for _, a := range c.agents {
+			if holder != "" && a.NodeID() == holder {
+				driver = a
+				return true
+			}
+		}
+		return false
+	}); err != nil {
+		return "", fmt.Errorf("no agent took the store lock for the restore: %w", err)
+	}
+	time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond)
+	d := lease*2 + time.Duration(rng.IntN(3000))*time.Millisecond
+	if err := pauseAgent(driver, d); err != nil {
+		return "", err
+	}
+	if err := waitUntil(recoveryBound, func() bool {
+		rows, err := c.commands()
+		return err == nil && !slices.ContainsFunc(rows, func(r commandRow) bool { return r.Kind == "restore-backup" })
+	}); err != nil {
+		rows, _ := c.commands()
+		return "", fmt.Errorf("the restore did not complete: %w (queue %+v)", err, rows)
+	}
+	if err := waitWhole(c.agents, recoveryBound); err != nil {
+		return "", fmt.Errorf("not whole after the restore: %w", err)
+	}
+	got, err := chaosKeys(c.agents)
+	if err != nil {
+		return "", err
+	}
+	if !maps.Equal(got, want) {
+		return "", fmt.Errorf("the restored state differs from the backup's: %d keys restored, %d backed up", len(got), len(want))
+	}
+	c.initial = fmt.Sprintf("%s-restored", c.initial)
+	if err := resetKeys(c.agents, c.initial); err != nil {
+		return "", fmt.Errorf("after the restore: %w", err)
+	}
+	c.w.run(c.round, int((roundLoad+recoveryBound).Seconds())*rate)
+	return fmt.Sprintf("restore of %s (%d keys) with its driver %s frozen for %s; restored exactly", backupName, len(want), driver.Name, d.Round(100*time.Millisecond)), nil
+}
+
+// chaosKeys reads every key the workload writes, linearizably.
+func chaosKeys(agents []*harness.Agent) (map[string]string, error) {
+	cl, err := client(agents)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := cl.Get(ctx, "/chaos/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read the workload's keys: %w", err)
+	}
+	out := make(map[string]string, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)] = string(kv.Value)
+	}
+	return out, nil
+}
+
+// lockHolder is the node ID of the agent that says (in status) it drives
+// a procedure, "" if none does.
+func lockHolder(env *harness.Env) string {
+	out, _, err := env.Ctl("status", "--output=json")
+	if err != nil {
+		return ""
+	}
+	var st struct {
+		Agents []struct {
+			ID        string `json:"id"`
+			Procedure string `json:"procedure"`
+		} `json:"agents"`
+	}
+	_ = json.Unmarshal([]byte(out), &st)
+	for _, a := range st.Agents {
+		if a.Procedure != "" {
+			return a.ID
+		}
+	}
+	return ""
 }

@@ -110,8 +110,14 @@ func (w *workload) run(round, maxOps int) {
 	}
 }
 
+// halt stops the workers and waits for them; halting a stopped workload
+// does nothing.
 func (w *workload) halt() {
-	close(w.stop)
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
 	w.done.Wait()
 }
 
