@@ -109,50 +109,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs []error
-	)
-	seen := map[string]bool{}
-	for _, r := range recs {
-		name := o.clusterName
-		if name == "" {
-			name = r.ClusterName
-		}
-		if seen[r.Address] {
-			continue
-		}
-		seen[r.Address] = true
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			info, err := askInfo(ctx, r.Address, name, creds)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				st.Unreachable = append(st.Unreachable, r.Address)
-				errs = append(errs, err)
-				return
-			}
-			a := agentStatus{ID: info.NodeID, Address: r.Address, Role: role(info), EtcdVersion: info.EtcdVersion,
-				Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
-				Procedure: info.Procedure}
-			if len(info.ClientURLs) > 0 && info.Member != nil {
-				a.ClientURL = info.ClientURLs[0]
-			}
-			if info.MemberID != 0 {
-				a.MemberID = fmt.Sprintf("%x", info.MemberID)
-				a.ClusterID = fmt.Sprintf("%x", info.ClusterID)
-			}
-			if info.Leader {
-				st.Leader = info.NodeID
-				st.Failing = info.Failing
-			}
-			st.Agents = append(st.Agents, a)
-		}()
-	}
-	wg.Wait()
+	errs := askAgents(ctx, recs, o.clusterName, creds, &st)
 	if len(st.Agents) == 0 {
 		for _, err := range errs {
 			if msg := err.Error(); strings.Contains(msg, "tls:") || strings.Contains(msg, "handshake") || strings.Contains(msg, "server preface") {
@@ -178,9 +135,14 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	case "json":
 		return writeJSON(w, st)
 	case "text":
+		return printStatus(w, st)
 	default:
 		return fmt.Errorf("--output %q: use text or json", o.output)
 	}
+}
+
+// printStatus renders the status as text.
+func printStatus(w io.Writer, st clusterStatus) error {
 	if st.Spec != nil {
 		fmt.Fprintf(w, "spec:   %s\n", st.Spec)
 	}
@@ -224,6 +186,62 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// askAgents asks every discovered agent for its info, in parallel, and
+// fills st with what they answer; it returns the errors of those that did
+// not.
+func askAgents(ctx context.Context, recs []peer.Record, clusterName string, creds peer.TransportCredentials, st *clusterStatus) []error {
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs []error
+	)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		name := clusterName
+		if name == "" {
+			name = r.ClusterName
+		}
+		if seen[r.Address] {
+			continue
+		}
+		seen[r.Address] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			info, err := askInfo(ctx, r.Address, name, creds)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				st.Unreachable = append(st.Unreachable, r.Address)
+				errs = append(errs, err)
+				return
+			}
+			st.Agents = append(st.Agents, agentFromInfo(r.Address, info))
+			if info.Leader {
+				st.Leader = info.NodeID
+				st.Failing = info.Failing
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// agentFromInfo is one agent's line of the status.
+func agentFromInfo(addr string, info peer.NodeInfo) agentStatus {
+	a := agentStatus{ID: info.NodeID, Address: addr, Role: role(info), EtcdVersion: info.EtcdVersion,
+		Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
+		Procedure: info.Procedure}
+	if len(info.ClientURLs) > 0 && info.Member != nil {
+		a.ClientURL = info.ClientURLs[0]
+	}
+	if info.MemberID != 0 {
+		a.MemberID = fmt.Sprintf("%x", info.MemberID)
+		a.ClusterID = fmt.Sprintf("%x", info.ClusterID)
+	}
+	return a
 }
 
 func askInfo(ctx context.Context, addr, clusterName string, creds peer.TransportCredentials) (peer.NodeInfo, error) {

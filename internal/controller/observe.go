@@ -103,30 +103,9 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	if c := plan.ActiveExclusive(obs.Commands); (c != nil && c.Command.RecoverQuorum != nil) || (noCluster && obs.Created != nil) {
 		obs.Records, obs.RecordFresh = lp.records(ctx, s), lp.cfg.LeaderLease+lp.publishEvery()
 	}
-	// The store lock leads while there is no cluster, and throughout a
-	// restore, whose cluster comes and goes; but never on a store or with
-	// clocks it cannot trust.
-	obs.LockRefused = lp.lockRefused(ctx, s)
-	if obs.LockRefused != nil {
-		if lp.lease.Term() != 0 {
-			if err := lp.lease.Release(ctx, s); err != nil {
-				lp.log.Warn("cannot release the store lock; it expires with its lease", "error", err)
-			}
-		}
-	} else if noCluster || plan.ActiveExclusive(obs.Commands) != nil {
-		term, err := lp.lease.Acquire(ctx, s)
-		switch {
-		case errors.Is(err, spec.ErrNewerFormat):
-			obs.NewerFormat = err
-		case err != nil:
-			obs.StoreErr = err
-			return obs
-		}
-		obs.LockHeld = term != 0
-	} else if lp.lease.Term() != 0 {
-		if err := lp.lease.Release(ctx, s); err != nil {
-			lp.log.Warn("cannot release the store lock; it expires with its lease", "error", err)
-		}
+	if err := lp.takeLock(ctx, s, &obs, noCluster); err != nil {
+		obs.StoreErr = err
+		return obs
 	}
 	if !obs.LockHeld {
 		lp.procedures.Runner.Idle()
@@ -218,6 +197,32 @@ func (lp *loop) observeStore(ctx context.Context, s *store.Store, obs *plan.Obse
 	default:
 		obs.Created = &created
 	}
+}
+
+// takeLock takes (or renews) the store lock while there is no cluster,
+// and throughout a procedure, whose cluster comes and goes; it releases
+// it otherwise. It never takes it on a store or with clocks it cannot
+// trust. An error means the store cannot be read.
+func (lp *loop) takeLock(ctx context.Context, s *store.Store, obs *plan.Observed, noCluster bool) error {
+	obs.LockRefused = lp.lockRefused(ctx, s)
+	want := obs.LockRefused == nil && (noCluster || plan.ActiveExclusive(obs.Commands) != nil)
+	if !want {
+		if lp.lease.Term() != 0 {
+			if err := lp.lease.Release(ctx, s); err != nil {
+				lp.log.Warn("cannot release the store lock; it expires with its lease", "error", err)
+			}
+		}
+		return nil
+	}
+	term, err := lp.lease.Acquire(ctx, s)
+	switch {
+	case errors.Is(err, spec.ErrNewerFormat):
+		obs.NewerFormat = err
+	case err != nil:
+		return err
+	}
+	obs.LockHeld = term != 0
+	return nil
 }
 
 // lockRefused says why this agent may not take the store lock now, or

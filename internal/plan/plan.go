@@ -623,134 +623,222 @@ func hasBackup(actions []Action) bool {
 // next candidate, so that one stuck change never blocks the others, nor
 // the backups and commands planned after it.
 func planMembership(o Observed) []Action {
-	c := o.Cluster
-	want := int(o.Spec.MemberCount)
-	byName := map[string]Member{}
-	for _, m := range c.Members {
+	p := newMembershipPlan(o)
+	for _, rule := range []func() Action{
+		p.lostData,      // 1. members whose node lost its data
+		p.strays,        // 2. nodes that think they are members but are not
+		p.stuckLearners, // 3. learners that did not start or catch up in time
+		p.missedJoins,   // 4. members added whose node missed the join
+		p.promotions,    // 5. learners ready to vote
+		p.replacements,  // 6. members unhealthy past the grace period
+		p.shrink,        // 7. too many members
+		p.grow,          // 8. too few members
+	} {
+		if a := rule(); a != nil {
+			return append(p.actions, a)
+		}
+	}
+	steps := planPeerURLs(o)
+	if len(steps) == 0 {
+		steps = planVersion(o)
+	}
+	for _, a := range steps {
+		if !a.Mutates() || p.pick(a) {
+			p.actions = append(p.actions, a)
+		}
+	}
+	return p.actions
+}
+
+// membershipPlan is the state of one planMembership: the observation,
+// lookups over it, and the reports made on the way (actions passed over,
+// waits).
+type membershipPlan struct {
+	o        Observed
+	c        *ClusterView
+	want     int
+	byName   map[string]Member
+	peerByID map[string]Node
+	// standbys can join; unfit are the IDs of those without the etcd
+	// binaries to.
+	standbys []Node
+	unfit    []string
+	actions  []Action
+}
+
+func newMembershipPlan(o Observed) *membershipPlan {
+	p := &membershipPlan{o: o, c: o.Cluster, want: int(o.Spec.MemberCount), byName: map[string]Member{}, peerByID: map[string]Node{}}
+	for _, m := range p.c.Members {
 		if m.Name != "" {
-			byName[m.Name] = m
+			p.byName[m.Name] = m
 		}
 	}
-	memberForURLs := func(urls []string) (Member, bool) {
-		for _, m := range c.Members {
-			if SameURLs(m.PeerURLs, urls) {
-				return m, true
-			}
-		}
-		return Member{}, false
+	for _, n := range o.Peers {
+		p.peerByID[n.ID] = n
 	}
-	peerByID := map[string]Node{}
-	for _, p := range o.Peers {
-		peerByID[p.ID] = p
+	p.standbys, p.unfit = standbyNodes(o)
+	return p
+}
+
+// nodeOf finds a member's agent: by name, else by peer URLs.
+func (p *membershipPlan) nodeOf(m Member) (Node, bool) {
+	if n, ok := p.peerByID[m.Name]; ok {
+		return n, true
 	}
-	nodeOf := func(m Member) (Node, bool) {
-		if n, ok := peerByID[m.Name]; ok {
+	for _, n := range p.o.Peers {
+		if SameURLs(n.PeerURLs, m.PeerURLs) {
 			return n, true
 		}
-		for _, p := range o.Peers {
-			if SameURLs(p.PeerURLs, m.PeerURLs) {
-				return p, true
-			}
-		}
-		return Node{}, false
 	}
-	// pick says whether a may be taken now; one backing off after
-	// failures is reported and passed over.
-	var actions []Action
-	pick := func(a Action) bool {
-		if why, ok := o.Backoff[ActionKey(a)]; ok {
-			actions = append(actions, backingOff(a, why))
-			return false
-		}
-		return true
-	}
-	take := func(a Action) []Action { return append(actions, a) }
+	return Node{}, false
+}
 
-	// 1. Members whose node lost its data: remove now, re-add fresh later.
-	for _, m := range c.Members {
-		n, ok := nodeOf(m)
-		if !ok || n.ID == o.Self.ID {
+// nodeIDOf is the ID of a member's agent, or its name when none is seen.
+func (p *membershipPlan) nodeIDOf(m Member) string {
+	if n, ok := p.nodeOf(m); ok {
+		return n.ID
+	}
+	return m.Name
+}
+
+// pick says whether a may be taken now; one backing off after failures
+// is reported and passed over.
+func (p *membershipPlan) pick(a Action) bool {
+	if why, ok := p.o.Backoff[ActionKey(a)]; ok {
+		p.actions = append(p.actions, backingOff(a, why))
+		return false
+	}
+	return true
+}
+
+// first returns the first of the candidates that may be taken now.
+func (p *membershipPlan) first(cands ...Action) Action {
+	for _, a := range cands {
+		if p.pick(a) {
+			return a
+		}
+	}
+	return nil
+}
+
+// lostData removes members whose node lost its data: they are re-added
+// fresh later.
+func (p *membershipPlan) lostData() Action {
+	var cands []Action
+	for _, m := range p.c.Members {
+		n, ok := p.nodeOf(m)
+		if !ok || n.ID == p.o.Self.ID {
 			continue
 		}
-		var rm Action
+		ours := n.Member != nil && n.Member.ClusterToken == p.c.Token && m.Name == n.ID
 		switch {
 		case n.Member == nil && m.Name != "" && m.Name != n.ID:
-			rm = RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its node came back without its data"}
-		case n.Member != nil && n.Member.ClusterToken == c.Token && !n.HasData && !m.Healthy && m.Name == n.ID:
+			cands = append(cands, RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its node came back without its data"})
+		case ours && !n.HasData && !m.Healthy:
 			// The member has run (it has a name) but its node has no data.
 			// A member that just joined may show no data in a stale report,
 			// but it is healthy; one whose data is gone never is.
-			rm = RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its data dir was wiped"}
-		case n.Member != nil && n.Member.ClusterToken == c.Token && n.DataLost && m.Name == n.ID && keepsQuorum(c.Members, m):
+			cands = append(cands, RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its data dir was wiped"})
+		case ours && n.DataLost && keepsQuorum(p.c.Members, m):
 			// Its data vanished under a running etcd, which serves on
 			// from open files until it restarts, and will not restart.
-			rm = RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its data dir vanished while etcd ran"}
+			cands = append(cands, RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its data dir vanished while etcd ran"})
 		case n.Member == nil && m.Name == n.ID && !m.Healthy:
 			// The node came back under its own name but without its
 			// membership record; it cannot be a standby while the member
 			// holds its URLs. Remove the member; the node joins again.
-			rm = RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its node lost its membership record"}
-		}
-		if rm != nil && pick(rm) {
-			return take(rm)
+			cands = append(cands, RemoveMember{MemberID: m.ID, NodeID: n.ID, Reason: "its node lost its membership record"})
 		}
 	}
+	return p.first(cands...)
+}
 
-	// 2. Nodes that think they are members but are not: tell them to leave.
-	for _, p := range o.Peers {
-		if p.Member == nil || p.Member.Pending || p.ID == o.Self.ID {
+// strays tells nodes that think they are members, but are not, to leave.
+func (p *membershipPlan) strays() Action {
+	var cands []Action
+	for _, n := range p.o.Peers {
+		if n.Member == nil || n.Member.Pending || n.ID == p.o.Self.ID {
 			continue
 		}
-		_, named := byName[p.ID]
-		_, urls := memberForURLs(p.PeerURLs)
-		if p.Member.ClusterToken != c.Token || (!named && !urls) {
-			if a := (EvictNode{NodeID: p.ID, Token: p.Member.ClusterToken, Reason: "not a member of the running cluster"}); pick(a) {
-				return take(a)
-			}
+		_, named := p.byName[n.ID]
+		urls := slices.ContainsFunc(p.c.Members, func(m Member) bool { return SameURLs(m.PeerURLs, n.PeerURLs) })
+		if n.Member.ClusterToken != p.c.Token || (!named && !urls) {
+			cands = append(cands, EvictNode{NodeID: n.ID, Token: n.Member.ClusterToken, Reason: "not a member of the running cluster"})
 		}
 	}
+	return p.first(cands...)
+}
 
-	// 3. Learners that did not start, or did not catch up, in time: remove
-	// them again; their nodes become standbys.
-	if o.LearnerTimeout > 0 {
-		for _, m := range sortedMembers(c.Members) {
-			if (!m.IsLearner && m.Name != "") || m.LearnerFor < o.LearnerTimeout {
-				continue
-			}
-			a := RemoveMember{MemberID: m.ID, NodeID: nodeIDOf(m, nodeOf), StuckLearner: true,
-				Reason: fmt.Sprintf("the learner did not start and catch up within %s", o.LearnerTimeout)}
-			if pick(a) {
-				return take(a)
-			}
-		}
+// stuckLearners removes learners that did not start, or did not catch up,
+// in time; their nodes become standbys.
+func (p *membershipPlan) stuckLearners() Action {
+	if p.o.LearnerTimeout <= 0 {
+		return nil
 	}
+	var cands []Action
+	for _, m := range sortedMembers(p.c.Members) {
+		if (!m.IsLearner && m.Name != "") || m.LearnerFor < p.o.LearnerTimeout {
+			continue
+		}
+		cands = append(cands, RemoveMember{MemberID: m.ID, NodeID: p.nodeIDOf(m), StuckLearner: true,
+			Reason: fmt.Sprintf("the learner did not start and catch up within %s", p.o.LearnerTimeout)})
+	}
+	return p.first(cands...)
+}
 
-	// 4. A member added but never started because its node missed the
-	// join: send the join again.
-	for _, m := range c.Members {
+// missedJoins sends the join again to the node of a member added but
+// never started.
+func (p *membershipPlan) missedJoins() Action {
+	var cands []Action
+	for _, m := range p.c.Members {
 		if m.Name != "" {
 			continue
 		}
-		if n, ok := nodeOf(m); ok && n.Member == nil {
-			if a := (AddMember{NodeID: n.ID}); pick(a) {
-				return take(a)
-			}
+		if n, ok := p.nodeOf(m); ok && n.Member == nil {
+			cands = append(cands, AddMember{NodeID: n.ID})
 		}
 	}
+	return p.first(cands...)
+}
 
-	// 5. Promote learners once they are healthy (etcd refuses until the
-	// learner has caught up; we retry).
-	for _, m := range c.Members {
+// promotions promotes learners once they are healthy (etcd refuses until
+// the learner has caught up; the loop retries).
+func (p *membershipPlan) promotions() Action {
+	var cands []Action
+	for _, m := range p.c.Members {
 		if m.IsLearner && m.Healthy {
-			if a := (PromoteMember{MemberID: m.ID}); pick(a) {
-				return take(a)
-			}
+			cands = append(cands, PromoteMember{MemberID: m.ID})
 		}
 	}
+	return p.first(cands...)
+}
 
-	standbys, unfit := standbyNodes(o)
+// replacements removes members unhealthy past the grace period, when a
+// standby that can run the cluster's etcd can take the place, or the
+// cluster is too big anyway.
+func (p *membershipPlan) replacements() Action {
+	if len(p.standbys) == 0 && len(p.c.Members) <= p.want {
+		return nil
+	}
+	var cands []Action
+	for _, m := range sortedMembers(p.c.Members) {
+		if m.Healthy || m.UnhealthyFor < p.o.Grace || m.Name == p.o.Self.ID {
+			continue
+		}
+		cands = append(cands, RemoveMember{MemberID: m.ID, NodeID: p.nodeIDOf(m), Reason: fmt.Sprintf("unhealthy for %s", m.UnhealthyFor.Round(time.Second))})
+	}
+	return p.first(cands...)
+}
+
+// shrink removes a member of a cluster bigger than the spec asks:
+// unhealthy or a learner first, then the highest name; never this node
+// and never below quorum.
+func (p *membershipPlan) shrink() Action {
+	if len(p.c.Members) <= p.want {
+		return nil
+	}
 	voters, healthyVoters := 0, 0
-	for _, m := range c.Members {
+	for _, m := range p.c.Members {
 		if !m.IsLearner {
 			voters++
 			if m.Healthy {
@@ -758,77 +846,47 @@ func planMembership(o Observed) []Action {
 			}
 		}
 	}
-
-	// 6. Replace members unhealthy past the grace period, when a standby
-	// that can run the cluster's etcd can take the place, or the cluster is
-	// too big anyway.
-	for _, m := range sortedMembers(c.Members) {
-		if m.Healthy || m.UnhealthyFor < o.Grace || m.Name == o.Self.ID {
-			continue
-		}
-		if len(standbys) > 0 || len(c.Members) > want {
-			a := RemoveMember{MemberID: m.ID, NodeID: nodeIDOf(m, nodeOf), Reason: fmt.Sprintf("unhealthy for %s", m.UnhealthyFor.Round(time.Second))}
-			if pick(a) {
-				return take(a)
-			}
-		}
-	}
-
-	// 7. Too many members: remove one, unhealthy or a learner first, then
-	// the highest name; never this node and never below quorum.
-	if len(c.Members) > want {
-		for _, victim := range removalOrder(c.Members, o.Self.ID) {
-			after := healthyVoters
-			if victim.Healthy && !victim.IsLearner {
+	for _, victim := range removalOrder(p.c.Members, p.o.Self.ID) {
+		after, newVoters := healthyVoters, voters
+		if !victim.IsLearner {
+			newVoters--
+			if victim.Healthy {
 				after--
 			}
-			newVoters := voters
-			if !victim.IsLearner {
-				newVoters--
-			}
-			if after < quorum(newVoters) {
-				return append(actions, Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: removing a member now would lose quorum", Attrs: []any{"members", len(c.Members), "wanted", want}})
-			}
-			a := RemoveMember{MemberID: victim.ID, NodeID: nodeIDOf(victim, nodeOf), Reason: fmt.Sprintf("the spec asks for %d members", want)}
-			if pick(a) {
-				return take(a)
-			}
+		}
+		if after < quorum(newVoters) {
+			return Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: removing a member now would lose quorum", Attrs: []any{"members", len(p.c.Members), "wanted", p.want}}
+		}
+		if a := (RemoveMember{MemberID: victim.ID, NodeID: p.nodeIDOf(victim), Reason: fmt.Sprintf("the spec asks for %d members", p.want)}); p.pick(a) {
+			return a
 		}
 	}
+	return nil
+}
 
-	// 8. Too few members: add a standby once every member is healthy.
-	if len(c.Members) < want {
-		allHealthy := true
-		for _, m := range c.Members {
-			allHealthy = allHealthy && m.Healthy && !m.IsLearner
-		}
-		switch {
-		case !allHealthy:
-			actions = append(actions, Report{Level: slog.LevelInfo, Msg: "waiting for every member to be healthy before adding one", Attrs: []any{"members", len(c.Members), "wanted", want}})
-		case len(standbys) == 0 && len(unfit) > 0:
-			actions = append(actions, Report{Level: slog.LevelWarn, Msg: "the spec asks for more members, but no standby agent has the etcd binaries to join",
-				Attrs: []any{"members", len(c.Members), "wanted", want, "standbys", unfit}})
-		case len(standbys) == 0:
-			actions = append(actions, Report{Level: slog.LevelWarn, Msg: "the spec asks for more members, but no standby agent is available", Attrs: []any{"members", len(c.Members), "wanted", want}})
-		default:
-			for _, sb := range standbys {
-				if a := (AddMember{NodeID: sb.ID}); pick(a) {
-					return take(a)
-				}
-			}
-		}
+// grow adds a standby once every member is healthy, or says why it
+// cannot; the report does not end the plan.
+func (p *membershipPlan) grow() Action {
+	if len(p.c.Members) >= p.want {
+		return nil
 	}
-
-	steps := planPeerURLs(o)
-	if len(steps) == 0 {
-		steps = planVersion(o)
-	}
-	for _, a := range steps {
-		if !a.Mutates() || pick(a) {
-			actions = append(actions, a)
+	attrs := []any{"members", len(p.c.Members), "wanted", p.want}
+	switch {
+	case slices.ContainsFunc(p.c.Members, func(m Member) bool { return !m.Healthy || m.IsLearner }):
+		p.actions = append(p.actions, Report{Level: slog.LevelInfo, Msg: "waiting for every member to be healthy before adding one", Attrs: attrs})
+	case len(p.standbys) == 0 && len(p.unfit) > 0:
+		p.actions = append(p.actions, Report{Level: slog.LevelWarn, Msg: "the spec asks for more members, but no standby agent has the etcd binaries to join",
+			Attrs: append(attrs, "standbys", p.unfit)})
+	case len(p.standbys) == 0:
+		p.actions = append(p.actions, Report{Level: slog.LevelWarn, Msg: "the spec asks for more members, but no standby agent is available", Attrs: attrs})
+	default:
+		var cands []Action
+		for _, sb := range p.standbys {
+			cands = append(cands, AddMember{NodeID: sb.ID})
 		}
+		return p.first(cands...)
 	}
-	return actions
+	return nil
 }
 
 // ActionKey names an action for its failure count: its kind and target,
@@ -914,13 +972,6 @@ func sortedMembers(members []Member) []Member {
 	out := slices.Clone(members)
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
-}
-
-func nodeIDOf(m Member, nodeOf func(Member) (Node, bool)) string {
-	if n, ok := nodeOf(m); ok {
-		return n.ID
-	}
-	return m.Name
 }
 
 func quorum(voters int) int { return voters/2 + 1 }

@@ -143,68 +143,26 @@ func ActiveExclusive(cmds []Command) *Command {
 func planRestore(o Observed, c Command) []Action {
 	peers := append([]Node(nil), o.Peers...)
 	sort.Slice(peers, func(i, j int) bool { return peers[i].ID < peers[j].ID })
-	byID := map[string]Node{}
-	for _, p := range peers {
-		byID[p.ID] = p
-	}
 	p := c.Status.Restore
 	dump := c.Command.DumpRestore
 	switch {
 	case p == nil && dump != nil:
 		return planPrepareDump(o, c, peers)
+	case p == nil:
+		return planPrepareRestore(o, c, peers)
 	case dump != nil && (p.Phase == spec.RestoreQuarantining || p.Phase == spec.RestoreDumping) && o.Spec.EtcdVersion != dump.EtcdVersion:
 		// The old cluster is whole: the change can still be called off.
 		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("called off before the old cluster was stopped: the spec now asks for etcd %s; the quarantine is lifted", o.Spec.EtcdVersion)}}
 	}
-	if p != nil {
-		if why := damagedProgress(p, dump != nil); why != "" {
-			return []Action{FailCommand{ID: c.ID, Reason: "the restore's recorded progress is damaged (" + why +
-				"); the old cluster may already be stopped: see etcd-manager-ctl status, then queue the restore again"}}
-		}
+	if why := damagedProgress(p, dump != nil); why != "" {
+		return []Action{FailCommand{ID: c.ID, Reason: "the restore's recorded progress is damaged (" + why +
+			"); the old cluster may already be stopped: see etcd-manager-ctl status, then queue the restore again"}}
 	}
-	if p == nil {
-		want := int(o.Spec.MemberCount)
-		if len(peers) < want {
-			return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for enough agents",
-				Attrs: []any{"command", c.ID, "have", len(peers), "want", want}}}
-		}
-		ids := make([]string, 0, want)
-		for _, n := range peers[:want] {
-			ids = append(ids, n.ID)
-		}
-		return []Action{PrepareRestore{ID: c.ID, Backup: c.Command.RestoreBackup.Backup, Members: ids}}
-	}
-
 	switch p.Phase {
 	case spec.RestoreQuarantining:
-		var todo, starting []string
-		for _, n := range peers {
-			switch {
-			case n.Member == nil || n.Member.ClusterToken != p.OldToken:
-			case !n.Member.Quarantined:
-				todo = append(todo, n.ID)
-			case !n.Healthy:
-				starting = append(starting, n.ID)
-			}
-		}
-		if len(todo) > 0 {
-			return []Action{SetQuarantine{ID: c.ID, Token: p.OldToken, NodeIDs: todo, On: true}}
-		}
-		if len(starting) > 0 {
-			return []Action{Report{Level: slog.LevelInfo, Msg: "dump-restore waits for the quarantined members to start",
-				Attrs: []any{"command", c.ID, "nodes", starting}}}
-		}
-		// A member whose agent cannot be reached may still serve clients:
-		// a write it acknowledges after the dump would be lost.
-		if unseen := unquarantined(peers, p.OldToken); len(unseen) > 0 {
-			return []Action{Report{Level: slog.LevelWarn, Msg: "dump-restore waits: a member of the cluster is not known to be quarantined, and may still serve clients",
-				Attrs: []any{"command", c.ID, "members", unseen}}}
-		}
-		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreDumping}}
-
+		return planQuarantining(c, p, peers)
 	case spec.RestoreDumping:
 		return []Action{DumpBackup{ID: c.ID}}
-
 	case spec.RestoreStopping:
 		stop := map[string]string{}
 		for _, n := range peers {
@@ -216,55 +174,106 @@ func planRestore(o Observed, c Command) []Action {
 			return []Action{StopForRestore{ID: c.ID, Tokens: stop}}
 		}
 		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreRestoring}}
-
 	case spec.RestoreRestoring:
-		var todo, starting []string
-		for _, id := range p.Members {
-			n, ok := byID[id]
-			switch {
-			case !ok:
-				return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for a chosen member's agent to be reachable",
-					Attrs: []any{"command", c.ID, "node", id}}}
-			case n.Member == nil || n.Member.ClusterToken != p.Token || !n.HasData:
-				todo = append(todo, id)
-			case !n.Healthy:
-				starting = append(starting, id)
-			}
-		}
-		if len(todo) > 0 {
-			return []Action{RestoreNodes{ID: c.ID, NodeIDs: todo}}
-		}
-		if len(starting) > 0 {
-			return []Action{Report{Level: slog.LevelInfo, Msg: "restore waits for the restored members to start",
-				Attrs: []any{"command", c.ID, "nodes", starting}}}
-		}
-		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreVerifying}}
-
+		return planRestoring(c, p, peers)
 	case spec.RestoreVerifying:
 		return []Action{VerifyRestore{ID: c.ID}}
-
 	case spec.RestoreBackingUp:
 		return []Action{BackupRestored{ID: c.ID}}
-
 	case spec.RestoreLifting:
-		var lift []string
-		for _, id := range p.Members {
-			n, ok := byID[id]
-			if !ok {
-				return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for a chosen member's agent to be reachable",
-					Attrs: []any{"command", c.ID, "node", id}}}
-			}
-			if n.Member != nil && n.Member.ClusterToken == p.Token && n.Member.Quarantined {
-				lift = append(lift, id)
-			}
-		}
-		if len(lift) > 0 {
-			return []Action{SetQuarantine{ID: c.ID, Token: p.Token, NodeIDs: lift}}
-		}
-		return []Action{FinishRestore{ID: c.ID}}
+		return planLifting(c, p, peers)
 	}
 	return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("restore is in an unknown phase %q (known: %s)", p.Phase,
 		strings.Join([]string{spec.RestoreQuarantining, spec.RestoreDumping, spec.RestoreStopping, spec.RestoreRestoring, spec.RestoreVerifying, spec.RestoreBackingUp, spec.RestoreLifting}, ", "))}}
+}
+
+// planPrepareRestore picks the members of the restored cluster: the
+// spec's member count of agents, by node ID.
+func planPrepareRestore(o Observed, c Command, peers []Node) []Action {
+	want := int(o.Spec.MemberCount)
+	if len(peers) < want {
+		return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for enough agents",
+			Attrs: []any{"command", c.ID, "have", len(peers), "want", want}}}
+	}
+	ids := make([]string, 0, want)
+	for _, n := range peers[:want] {
+		ids = append(ids, n.ID)
+	}
+	return []Action{PrepareRestore{ID: c.ID, Backup: c.Command.RestoreBackup.Backup, Members: ids}}
+}
+
+// planQuarantining quarantines every member of the cluster a dump-restore
+// replaces, and moves on to the dump once all are, and none is unseen.
+func planQuarantining(c Command, p *spec.RestoreProgress, peers []Node) []Action {
+	var todo, starting []string
+	for _, n := range peers {
+		switch {
+		case n.Member == nil || n.Member.ClusterToken != p.OldToken:
+		case !n.Member.Quarantined:
+			todo = append(todo, n.ID)
+		case !n.Healthy:
+			starting = append(starting, n.ID)
+		}
+	}
+	if len(todo) > 0 {
+		return []Action{SetQuarantine{ID: c.ID, Token: p.OldToken, NodeIDs: todo, On: true}}
+	}
+	if len(starting) > 0 {
+		return []Action{Report{Level: slog.LevelInfo, Msg: "dump-restore waits for the quarantined members to start",
+			Attrs: []any{"command", c.ID, "nodes", starting}}}
+	}
+	// A member whose agent cannot be reached may still serve clients: a
+	// write it acknowledges after the dump would be lost.
+	if unseen := unquarantined(peers, p.OldToken); len(unseen) > 0 {
+		return []Action{Report{Level: slog.LevelWarn, Msg: "dump-restore waits: a member of the cluster is not known to be quarantined, and may still serve clients",
+			Attrs: []any{"command", c.ID, "members", unseen}}}
+	}
+	return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreDumping}}
+}
+
+// planRestoring has the chosen nodes restore the backup, and moves on once
+// every one of them runs it.
+func planRestoring(c Command, p *spec.RestoreProgress, peers []Node) []Action {
+	var todo, starting []string
+	for _, id := range p.Members {
+		n, err := FindNode(peers, id)
+		switch {
+		case err != nil:
+			return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for a chosen member's agent to be reachable",
+				Attrs: []any{"command", c.ID, "node", id}}}
+		case n.Member == nil || n.Member.ClusterToken != p.Token || !n.HasData:
+			todo = append(todo, id)
+		case !n.Healthy:
+			starting = append(starting, id)
+		}
+	}
+	if len(todo) > 0 {
+		return []Action{RestoreNodes{ID: c.ID, NodeIDs: todo}}
+	}
+	if len(starting) > 0 {
+		return []Action{Report{Level: slog.LevelInfo, Msg: "restore waits for the restored members to start",
+			Attrs: []any{"command", c.ID, "nodes", starting}}}
+	}
+	return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreVerifying}}
+}
+
+// planLifting lifts the restored cluster's quarantine, then finishes.
+func planLifting(c Command, p *spec.RestoreProgress, peers []Node) []Action {
+	var lift []string
+	for _, id := range p.Members {
+		n, err := FindNode(peers, id)
+		if err != nil {
+			return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for a chosen member's agent to be reachable",
+				Attrs: []any{"command", c.ID, "node", id}}}
+		}
+		if n.Member != nil && n.Member.ClusterToken == p.Token && n.Member.Quarantined {
+			lift = append(lift, id)
+		}
+	}
+	if len(lift) > 0 {
+		return []Action{SetQuarantine{ID: c.ID, Token: p.Token, NodeIDs: lift}}
+	}
+	return []Action{FinishRestore{ID: c.ID}}
 }
 
 // planPrepareDump picks the members of the cluster a dump-restore makes:

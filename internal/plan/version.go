@@ -63,51 +63,18 @@ func planVersion(o Observed) []Action {
 	if err != nil {
 		return nil // the spec was validated when read
 	}
-	var ms []memberNode
-	needed := false
-	for _, m := range o.Cluster.Members {
-		n, ok := nodeOfMember(o, m)
-		if !ok || n.Member == nil {
-			continue // an unreachable member holds the change up, if there is one
-		}
-		v, err := spec.ParseVersion(n.Member.EtcdVersion)
-		if err != nil {
-			return []Action{Report{Level: slog.LevelError, Msg: "a member's recorded etcd version is unreadable", Attrs: []any{"node", n.ID, "error", err}}}
-		}
-		ms = append(ms, memberNode{m, n, v})
-		if v.Compare(target) != 0 || (n.Version != "" && n.Version != target.String()) {
-			needed = true
-		}
+	ms, wait := versionMembers(o, target)
+	if wait != nil || ms == nil {
+		return wait
 	}
-	if !needed {
-		return nil
-	}
-	if len(ms) != len(o.Cluster.Members) {
-		return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits: a member's agent is unreachable"}}
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
 	if back := callOff(ms, target); back != nil {
 		return back
-	}
-
-	// Where the members stand: the oldest when going up, the newest when
-	// some are above the target (going down), so that a change half done
-	// is seen as the same change.
-	cur := ms[0].configured
-	for _, x := range ms[1:] {
-		if x.configured.Compare(cur) < 0 {
-			cur = x.configured
-		}
-	}
-	for _, x := range ms {
-		if x.configured.Compare(target) > 0 && x.configured.Compare(cur) > 0 {
-			cur = x.configured
-		}
 	}
 	var nodes []Node
 	for _, x := range ms {
 		nodes = append(nodes, x.n)
 	}
+	cur := standing(ms, target)
 	step, mode, why := nextVersionStep(cur, target, installedOnAll(nodes), o.Spec.AllowDumpRestore)
 	if why != "" {
 		return []Action{Report{Level: slog.LevelError, Msg: "cannot change the etcd version: " + why,
@@ -126,84 +93,30 @@ func planVersion(o Observed) []Action {
 	if mode == stepDumpRestore {
 		return planDumpRestore(o, step)
 	}
-	downgrade := mode == stepDowngrade
-	if step.Minor >= 7 {
-		// etcd 3.7 cannot replay the v2 entries 3.5 wrote; each member's
-		// log must have been snapshotted past them.
-		var until uint64
-		for _, x := range ms {
-			until = max(until, x.n.Member.V2Until)
-		}
-		for _, x := range ms {
-			if x.n.SnapIndex < until {
-				return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits until every member has taken a raft snapshot past the v2 entries etcd 3.5 left in its log (every --etcd-snapshot-count entries)",
-					Attrs: []any{"node", x.n.ID, "snapshot-index", x.n.SnapIndex, "needed", until}}}
-			}
-		}
+	if wait := v2Gate(ms, step); wait != nil {
+		return wait
 	}
 	if o.VersionBackup != step.String() {
 		return []Action{TakeBackup{Reason: "before changing etcd to " + step.String(), ForVersion: step.String()}}
 	}
-
 	minor := fmt.Sprintf("%d.%d", step.Major, step.Minor)
-	if downgrade {
+	downgrade := mode == stepDowngrade
+	if downgrade && !strings.HasPrefix(o.Self.DowngradeTarget, minor+".") && !anyConfiguredAt(ms, step) {
 		// etcd's downgrade: enable it once, then a member moves to the older
 		// binary only after its data is back in the older schema.
-		if !strings.HasPrefix(o.Self.DowngradeTarget, minor+".") && !anyConfiguredAt(ms, step) {
-			return []Action{EnableDowngrade{Version: minor}}
-		}
+		return []Action{EnableDowngrade{Version: minor}}
 	}
-
-	// Health gate: everyone up, on the version it should run, caught up.
-	// The indexes compared were read by the leader in one pass; an agent's
-	// own figure can be a cycle old, which under load never catches up.
-	var leaderIndex uint64
-	for _, x := range ms {
-		leaderIndex = max(leaderIndex, x.m.RaftIndex)
+	if wait := healthGate(ms); wait != nil {
+		return wait
 	}
-	for _, x := range ms {
-		switch {
-		case !x.m.Healthy || !x.n.Healthy || x.m.IsLearner:
-			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for every member to be healthy", Attrs: []any{"node", x.n.ID}}}
-		case x.n.Version != x.configured.String():
-			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to run its new version", Attrs: []any{"node", x.n.ID, "running", x.n.Version, "wanted", x.configured.String()}}}
-		case leaderIndex > x.m.RaftIndex+caughtUpSlack:
-			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to catch up", Attrs: []any{"node", x.n.ID, "behind", leaderIndex - x.m.RaftIndex}}}
-		}
-	}
-
-	var next *memberNode
-	for i, x := range ms {
-		if x.configured.Compare(step) != 0 && x.n.ID != o.Self.ID {
-			next = &ms[i]
-			break
-		}
-	}
-	if next == nil {
-		for i, x := range ms {
-			if x.configured.Compare(step) != 0 {
-				next = &ms[i]
-			}
-		}
-	}
+	next := nextMember(ms, step, o.Self.ID)
 	if next == nil {
 		return nil // every member is at the step; the next cycle plans the next step
 	}
-	if downgrade && !strings.HasPrefix(o.Self.Version, minor+".") && !strings.HasPrefix(o.Self.ClusterVersion, minor+".") {
-		// etcd lowers the cluster version a few seconds after the
-		// downgrade is enabled; an older binary that joins before then
-		// leaves the downgrade stuck and never serves. (A leader already
-		// on the older minor shows it was lowered.) A fresh cluster's
-		// storage version reads as the older one at once, so that alone
-		// does not tell.
-		return []Action{Report{Level: slog.LevelInfo, Msg: "downgrade waits for etcd to lower the cluster version",
-			Attrs: []any{"cluster-version", o.Self.ClusterVersion, "wanted", minor}}}
-	}
-	if downgrade && !strings.HasPrefix(next.n.StorageVersion, minor+".") {
-		// An empty storage version is not yet known (etcd sets it a moment
-		// after the cluster version), not "already older".
-		return []Action{Report{Level: slog.LevelInfo, Msg: "downgrade waits for a member's data to be rewritten in the older schema",
-			Attrs: []any{"node", next.n.ID, "storage-version", next.n.StorageVersion, "wanted", minor}}}
+	if downgrade {
+		if wait := downgradeGate(o, next, minor); wait != nil {
+			return wait
+		}
 	}
 	if next.n.ID == o.Self.ID && len(ms) > 1 {
 		// Hand leadership on first, to a member already on the step if any.
@@ -220,6 +133,136 @@ func planVersion(o Observed) []Action {
 		return []Action{MoveLeader{To: to.m.ID, Reason: "before restarting the leader on etcd " + step.String()}}
 	}
 	return []Action{SetMemberVersion{NodeID: next.n.ID, Version: step.String()}}
+}
+
+// versionMembers pairs every member with its agent and the version it is
+// set to run, sorted by name; nil when no member needs to change, and a
+// wait when one's agent is unreachable or its record unreadable.
+func versionMembers(o Observed, target spec.Version) ([]memberNode, []Action) {
+	var ms []memberNode
+	needed := false
+	for _, m := range o.Cluster.Members {
+		n, ok := nodeOfMember(o, m)
+		if !ok || n.Member == nil {
+			continue // an unreachable member holds the change up, if there is one
+		}
+		v, err := spec.ParseVersion(n.Member.EtcdVersion)
+		if err != nil {
+			return nil, []Action{Report{Level: slog.LevelError, Msg: "a member's recorded etcd version is unreadable", Attrs: []any{"node", n.ID, "error", err}}}
+		}
+		ms = append(ms, memberNode{m, n, v})
+		if v.Compare(target) != 0 || (n.Version != "" && n.Version != target.String()) {
+			needed = true
+		}
+	}
+	if !needed {
+		return nil, nil
+	}
+	if len(ms) != len(o.Cluster.Members) {
+		return nil, []Action{Report{Level: slog.LevelInfo, Msg: "version change waits: a member's agent is unreachable"}}
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
+	return ms, nil
+}
+
+// standing is where the members stand: the oldest when going up, the
+// newest when some are above the target (going down), so that a change
+// half done is seen as the same change.
+func standing(ms []memberNode, target spec.Version) spec.Version {
+	cur := ms[0].configured
+	for _, x := range ms[1:] {
+		if x.configured.Compare(cur) < 0 {
+			cur = x.configured
+		}
+	}
+	for _, x := range ms {
+		if x.configured.Compare(target) > 0 && x.configured.Compare(cur) > 0 {
+			cur = x.configured
+		}
+	}
+	return cur
+}
+
+// v2Gate holds a step into 3.7 until every member's log has been
+// snapshotted past the v2 entries etcd 3.5 left in it, which 3.7 cannot
+// replay.
+func v2Gate(ms []memberNode, step spec.Version) []Action {
+	if step.Minor < 7 {
+		return nil
+	}
+	var until uint64
+	for _, x := range ms {
+		until = max(until, x.n.Member.V2Until)
+	}
+	for _, x := range ms {
+		if x.n.SnapIndex < until {
+			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits until every member has taken a raft snapshot past the v2 entries etcd 3.5 left in its log (every --etcd-snapshot-count entries)",
+				Attrs: []any{"node", x.n.ID, "snapshot-index", x.n.SnapIndex, "needed", until}}}
+		}
+	}
+	return nil
+}
+
+// healthGate holds the roll until every member is up, on the version it
+// should run, and caught up. The indexes compared were read by the
+// leader in one pass; an agent's own figure can be a cycle old, which
+// under load never catches up.
+func healthGate(ms []memberNode) []Action {
+	var leaderIndex uint64
+	for _, x := range ms {
+		leaderIndex = max(leaderIndex, x.m.RaftIndex)
+	}
+	for _, x := range ms {
+		switch {
+		case !x.m.Healthy || !x.n.Healthy || x.m.IsLearner:
+			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for every member to be healthy", Attrs: []any{"node", x.n.ID}}}
+		case x.n.Version != x.configured.String():
+			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to run its new version", Attrs: []any{"node", x.n.ID, "running", x.n.Version, "wanted", x.configured.String()}}}
+		case leaderIndex > x.m.RaftIndex+caughtUpSlack:
+			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to catch up", Attrs: []any{"node", x.n.ID, "behind", leaderIndex - x.m.RaftIndex}}}
+		}
+	}
+	return nil
+}
+
+// nextMember is the next member to move to step: a follower first, the
+// leader (self) last; nil when all are there.
+func nextMember(ms []memberNode, step spec.Version, self string) *memberNode {
+	var next *memberNode
+	for i, x := range ms {
+		if x.configured.Compare(step) != 0 && x.n.ID != self {
+			return &ms[i]
+		}
+	}
+	for i, x := range ms {
+		if x.configured.Compare(step) != 0 {
+			next = &ms[i]
+		}
+	}
+	return next
+}
+
+// downgradeGate holds a member's move to the older minor until etcd has
+// lowered the cluster version and rewritten the member's data in the
+// older schema.
+func downgradeGate(o Observed, next *memberNode, minor string) []Action {
+	if !strings.HasPrefix(o.Self.Version, minor+".") && !strings.HasPrefix(o.Self.ClusterVersion, minor+".") {
+		// etcd lowers the cluster version a few seconds after the
+		// downgrade is enabled; an older binary that joins before then
+		// leaves the downgrade stuck and never serves. (A leader already
+		// on the older minor shows it was lowered.) A fresh cluster's
+		// storage version reads as the older one at once, so that alone
+		// does not tell.
+		return []Action{Report{Level: slog.LevelInfo, Msg: "downgrade waits for etcd to lower the cluster version",
+			Attrs: []any{"cluster-version", o.Self.ClusterVersion, "wanted", minor}}}
+	}
+	if !strings.HasPrefix(next.n.StorageVersion, minor+".") {
+		// An empty storage version is not yet known (etcd sets it a moment
+		// after the cluster version), not "already older".
+		return []Action{Report{Level: slog.LevelInfo, Msg: "downgrade waits for a member's data to be rewritten in the older schema",
+			Attrs: []any{"node", next.n.ID, "storage-version", next.n.StorageVersion, "wanted", minor}}}
+	}
+	return nil
 }
 
 // How the members move to a version step.
