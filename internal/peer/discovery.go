@@ -269,26 +269,15 @@ func (d *storeDiscovery) Poll(ctx context.Context) ([]Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys, err := s.List(ctx, DiscoveryPrefix, "")
-	if err != nil {
-		return nil, err
-	}
-	var recs []Record
-	var errs []error
-	for _, k := range keys {
-		data, err := s.Read(ctx, k)
-		if err != nil {
-			continue
-		}
-		r, ok, err := decodeRecord(data, d.maxAge, d.now())
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", k, err))
-		}
-		if ok {
-			recs = append(recs, r)
+	recs, err := StoreRecords(ctx, s)
+	now := d.now()
+	fresh := recs[:0]
+	for _, r := range recs {
+		if d.maxAge <= 0 || r.Updated.IsZero() || now.Sub(r.Updated) <= d.maxAge {
+			fresh = append(fresh, r)
 		}
 	}
-	return recs, errors.Join(errs...)
+	return fresh, err
 }
 
 // decodeRecord reads one record; it reports false for junk, a record not

@@ -442,17 +442,7 @@ func TestPlanNewerFormat(t *testing.T) {
 			want: []string{"start-etcd", "report[WARN] a record in the store was written by a newer etcd-manager"}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := Plan(tt.obs)
-			if len(got) != len(tt.want) {
-				t.Fatalf("got %d actions (%s), want %d", len(got), describe(got), len(tt.want))
-			}
-			for i, w := range tt.want {
-				if d := describe(got[i : i+1]); !strings.HasPrefix(d, w) {
-					t.Errorf("action %d: %s, want %s", i, d, w)
-				}
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { assertPlan(t, tt.obs, tt.want) })
 	}
 }
 
@@ -538,17 +528,7 @@ func TestPlanKeepsGoingPastFailures(t *testing.T) {
 			want: []string{"report[INFO] an action keeps failing", "take-backup (periodic)"}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := Plan(tt.obs)
-			if len(got) != len(tt.want) {
-				t.Fatalf("got %d actions (%s), want %d (%s)", len(got), describe(got), len(tt.want), strings.Join(tt.want, "; "))
-			}
-			for i, w := range tt.want {
-				if d := describe(got[i : i+1]); !strings.HasPrefix(d, w) {
-					t.Errorf("action %d: %s, want %s", i, d, w)
-				}
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { assertPlan(t, tt.obs, tt.want) })
 	}
 }
 
@@ -586,17 +566,7 @@ func TestPlanLostData(t *testing.T) {
 			want: []string{fmt.Sprintf("remove-member %x node=b (its node lost its membership record)", member("b", true).ID)}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := Plan(tt.obs)
-			if len(got) != len(tt.want) {
-				t.Fatalf("got %d actions (%s), want %d (%s)", len(got), describe(got), len(tt.want), strings.Join(tt.want, "; "))
-			}
-			for i, w := range tt.want {
-				if d := describe(got[i : i+1]); !strings.HasPrefix(d, w) {
-					t.Errorf("action %d: %s, want %s", i, d, w)
-				}
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { assertPlan(t, tt.obs, tt.want) })
 	}
 }
 
@@ -626,5 +596,20 @@ func TestPlanNoMembersNeedsEvidence(t *testing.T) {
 				t.Fatalf("got %s, want %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// assertPlan checks that the plan for obs is the actions want, one
+// prefix of each action's description apiece, in order.
+func assertPlan(t *testing.T, obs Observed, want []string) {
+	t.Helper()
+	got := Plan(obs)
+	if len(got) != len(want) {
+		t.Fatalf("got %d actions (%s), want %d (%s)", len(got), describe(got), len(want), strings.Join(want, "; "))
+	}
+	for i, w := range want {
+		if d := describe(got[i : i+1]); !strings.HasPrefix(d, w) {
+			t.Errorf("action %d: %s, want %s", i, d, w)
+		}
 	}
 }
