@@ -156,7 +156,8 @@ func readCommands(ctx context.Context, s *store.Store, now time.Time) ([]plan.Co
 		if at == 0 {
 			at = int64(q.Command.Timestamp)
 		}
-		out = append(out, plan.Command{ID: q.ID, Command: q.Command, Err: q.Err, Newer: q.Newer, Status: q.Status, Age: now.Sub(time.Unix(0, at))})
+		out = append(out, plan.Command{ID: q.ID, Command: q.Command, Err: q.Err, Newer: q.Newer, Status: q.Status, StatusTerm: q.StatusTerm,
+			Age: now.Sub(time.Unix(0, at))})
 	}
 	return out, nil
 }
@@ -166,7 +167,9 @@ func runCommandAction(ctx context.Context, s *store.Store, now time.Time, log *s
 	switch act := act.(type) {
 	case plan.FailCommand:
 		log.Error("queued command failed", "command", act.ID, "reason", act.Reason)
-		return s.SetCommandStatus(ctx, act.ID, spec.CommandStatus{State: spec.CommandFailed, Message: act.Reason}, now)
+		// Under the term of the status it replaces: a failure below it
+		// would go unseen, and be planned again every cycle.
+		return s.SetCommandStatusAt(ctx, act.ID, act.Term, spec.CommandStatus{State: spec.CommandFailed, Message: act.Reason}, now)
 	case plan.ForgetCommand:
 		err := s.DeleteCommand(ctx, act.ID)
 		if errors.Is(err, store.ErrNotFound) {

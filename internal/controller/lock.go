@@ -71,6 +71,12 @@ type LeaderLock struct {
 	NodeID string
 	TTL    time.Duration
 	Now    func() time.Time
+	// Floor, when set, is a term the next one must exceed: the highest
+	// term the nodes report having obeyed, or a status was written under.
+	// If control/leader/ is ever lost (a new bucket, an expiry rule, an
+	// operator), terms start above the old ones again instead of at 1,
+	// which every node would refuse.
+	Floor func() int64
 }
 
 // expired reports whether rec's lease has run out for this reader.
@@ -88,41 +94,54 @@ func (l *LeaderLock) expired(rec *lockRecord, now time.Time) bool {
 // Acquire takes or renews the lock. It returns the term held, or 0 when
 // another agent holds an unexpired lease.
 func (l *LeaderLock) Acquire(ctx context.Context, s lockStore) (int64, error) {
+	term, _, err := l.acquire(ctx, s, false)
+	return term, err
+}
+
+// acquire is Acquire, and says whether it wrote the record (took the
+// term, or renewed the lease); renew forces a renewal of a term held.
+func (l *LeaderLock) acquire(ctx context.Context, s lockStore, renew bool) (int64, bool, error) {
 	term, rec, err := l.latest(ctx, s)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	now := l.Now()
 	expired := l.expired(rec, now)
+	var floor int64
+	if l.Floor != nil {
+		floor = l.Floor()
+	}
 	switch {
-	case rec != nil && rec.NodeID == l.NodeID && !expired:
-		if now.Before(rec.Acquired.Add(l.TTL / 3)) {
-			return term, nil
+	case rec != nil && rec.NodeID == l.NodeID && !expired && term > floor:
+		if !renew && now.Before(rec.Acquired.Add(l.TTL/3)) {
+			return term, false, nil
 		}
 		// Ours and due: renew in place; the term stays.
 		renewed := *rec
 		renewed.Acquired, renewed.TTL = now.UTC(), l.TTL
 		if err := l.write(ctx, s, term, renewed, false); err != nil {
-			return 0, err
+			return 0, false, err
 		}
-		return term, nil
-	case rec != nil && !expired:
-		return 0, nil
+		return term, true, nil
+	case rec != nil && rec.NodeID != l.NodeID && !expired:
+		return 0, false, nil
 	}
-	// Free, released or expired: take the next term.
-	if term >= maxTerm {
-		return 0, fmt.Errorf("controller: the store lock's term %d is at its maximum; remove %s by hand", term, lockPrefix)
+	// Free, released, expired, or ours but not above the floor: take the
+	// next term.
+	next := max(term, floor)
+	if next >= maxTerm {
+		return 0, false, fmt.Errorf("controller: the store lock's term %d is at its maximum; remove %s by hand", next, lockPrefix)
 	}
-	next := term + 1
+	next++
 	rec = &lockRecord{NodeID: l.NodeID, Term: next, Since: now.UTC(), Acquired: now.UTC(), TTL: l.TTL}
 	if err := l.write(ctx, s, next, *rec, true); err != nil {
 		if errors.Is(err, store.ErrExists) {
-			return 0, nil
+			return 0, false, nil
 		}
-		return 0, err
+		return 0, false, err
 	}
 	l.gc(ctx, s, next)
-	return next, nil
+	return next, true, nil
 }
 
 // write stores rec as term's record: created once for a new term,
@@ -243,10 +262,11 @@ func lockKey(term int64) string { return fmt.Sprintf("%s%020d", lockPrefix, term
 // runs, and checks it before every step). It implements procedure.Fence.
 //
 // Besides the store's record, the lease keeps its own deadline on this
-// process's monotonic clock: half the lease after the start of the last
-// successful take or renewal. Others may take over only once a whole
-// lease has passed since that renewal, by their clocks, so the holder
-// stops first, with room for clock offsets, even if it was paused (a
+// process's monotonic clock: half the lease after the start of the call
+// that last wrote the record (took the term or renewed it). Others may
+// take over only once a whole lease has passed since that write, by their
+// clocks, so the holder stops first, with half a lease to spare for clock
+// offsets (which the agents keep under a fifth), even if it was paused (a
 // paused process finds its deadline past when it resumes).
 type lease struct {
 	lock  *LeaderLock
@@ -264,18 +284,21 @@ func (l *lease) Term() int64 {
 	return l.term
 }
 
-// acquireLocked takes or renews the lock and moves the local deadline.
+// acquireLocked takes or renews the lock and moves the local deadline:
+// half a lease after the start of the call that last wrote the record.
+// With no deadline yet (a term just adopted after a restart), it renews
+// at once.
 func (l *lease) acquireLocked(ctx context.Context, s lockStore) (int64, error) {
 	start := time.Now()
-	term, err := l.lock.Acquire(ctx, s)
+	term, wrote, err := l.lock.acquire(ctx, s, l.validUntil.IsZero())
 	if err != nil {
 		return 0, err
 	}
-	if term != 0 && term != l.term {
+	if term != l.term {
 		l.validUntil = time.Time{}
 	}
 	l.term = term
-	if term != 0 {
+	if term != 0 && wrote {
 		l.validUntil = start.Add(l.lock.TTL / 2)
 	}
 	return term, nil

@@ -261,3 +261,23 @@ func TestLeaseFencesAPausedHolder(t *testing.T) {
 		t.Fatalf("Hold while b holds: %v, want ErrFenced", err)
 	}
 }
+
+// Terms start above what the nodes obeyed and the statuses were written
+// under, even when control/leader/ was lost: nodes would refuse a lower
+// term, and readers would ignore its statuses.
+func TestLeaderLockFloor(t *testing.T) {
+	s := openLockStore(t)
+	ctx := t.Context()
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	floor := int64(7)
+	a := &LeaderLock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now, Floor: func() int64 { return floor }}
+	if term, err := a.Acquire(ctx, s); err != nil || term != 8 {
+		t.Fatalf("a fresh lock over nodes that obeyed term 7: term %d, %v; want 8", term, err)
+	}
+	// A holder whose term falls behind the floor takes a new term above it.
+	floor = 12
+	clock.Add(time.Second)
+	if term, err := a.Acquire(ctx, s); err != nil || term != 13 {
+		t.Fatalf("a holder under a floor of 12: term %d, %v; want 13", term, err)
+	}
+}

@@ -50,8 +50,15 @@ type loop struct {
 	storeChecked bool
 	untrusted    error
 	// offsets are the clock offsets measured to each peer in the last
-	// cycle, by node ID.
-	offsets map[string]time.Duration
+	// cycle, by node ID; storeOffset the one to the store's clock.
+	offsets     map[string]time.Duration
+	storeOffset time.Duration
+	// noLeaderSince is when this node's etcd was first seen without a
+	// raft leader, zero while it has one.
+	noLeaderSince time.Time
+	// termFloor is the highest fencing term seen: obeyed by a node, or of
+	// a command's status. The store lock's next term goes above it.
+	termFloor int64
 	// http reads etcd's /version, reused across cycles.
 	http *http.Client
 	// lastHousekeeping is when the local trash and tmp, and the store's
@@ -86,7 +93,7 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 	lp.backups = a.cfg.Backup.newBackups(a.log, a.met, func() time.Time { return a.now() })
 	lp.backups.verify = verify
 	lp.lease = &lease{
-		lock:  &LeaderLock{NodeID: n.ID(), TTL: a.cfg.LeaderLease, Now: a.now},
+		lock:  &LeaderLock{NodeID: n.ID(), TTL: a.cfg.LeaderLease, Now: a.now, Floor: func() int64 { return lp.termFloor }},
 		store: func() lockStore { return lp.store },
 	}
 	var err error

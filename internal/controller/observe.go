@@ -97,11 +97,15 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		}
 		obs.Commands = cmds
 		lp.lastQueueRead = lp.now()
+		for _, c := range cmds {
+			lp.termFloor = max(lp.termFloor, c.StatusTerm)
+		}
 	}
 	// Evidence about agents this one cannot reach: what they last
-	// published, for a recover-quorum and for the total-loss report.
-	if c := plan.ActiveExclusive(obs.Commands); (c != nil && c.Command.RecoverQuorum != nil) || (noCluster && obs.Created != nil) {
+	// published, for a procedure and for the total-loss report.
+	if plan.ActiveExclusive(obs.Commands) != nil || (noCluster && obs.Created != nil) {
 		obs.Records, obs.RecordFresh = lp.records(ctx, s), lp.cfg.LeaderLease+lp.publishEvery()
+		obs.NoLeaderSettle = noLeaderSettle(lp.cfg.LeaderLease)
 	}
 	if err := lp.takeLock(ctx, s, &obs, noCluster); err != nil {
 		obs.StoreErr = err
@@ -145,6 +149,14 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 			cancel()
 			if err == nil {
 				self.Healthy, self.Version, local = true, ms.Version, ms
+				if ms.LeaderID == 0 && st.Member != nil {
+					if lp.noLeaderSince.IsZero() {
+						lp.noLeaderSince = lp.now()
+					}
+					self.NoLeaderFor = lp.now().Sub(lp.noLeaderSince)
+				} else {
+					lp.noLeaderSince = time.Time{}
+				}
 				self.MemberID, self.RaftLeader, self.RaftIndex = ms.MemberID, ms.LeaderID, ms.RaftIndex
 				self.StorageVersion, self.DowngradeTarget = ms.StorageVersion, ms.DowngradeTarget
 				// The members its own copy lists: the evidence a
@@ -245,6 +257,11 @@ func (lp *loop) lockRefused(ctx context.Context, s *store.Store) error {
 		return lp.untrusted
 	}
 	limit := maxClockOffset(lp.cfg.LeaderLease)
+	// Stores keep modification times to the second.
+	if off, storeLimit := lp.storeOffset, limit+time.Second; off > storeLimit || off < -storeLimit {
+		return fmt.Errorf("controller: the backup store's clock is %s off this agent's, more than %s; leases compare clocks, so fix the clocks (NTP)",
+			off.Round(time.Millisecond), storeLimit)
+	}
 	for id, off := range lp.offsets {
 		if off > limit || off < -limit {
 			return fmt.Errorf("controller: the clock of %s is %s off this agent's, more than %s (a fifth of --leader-lease); leases compare clocks, so fix the clocks (NTP)",
@@ -265,16 +282,26 @@ func (lp *loop) publishEvery() time.Duration {
 // does so every publishEvery, and at once when what it reports changes.
 func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
 	rec := peer.Record{NodeID: self.ID, ClusterName: lp.cfg.ClusterName, Address: lp.peerAddress(),
-		Etcd: &peer.EtcdReport{HasData: self.HasData, Healthy: self.Healthy, RaftLeader: self.RaftLeader}}
+		Etcd: &peer.EtcdReport{HasData: self.HasData, Healthy: self.Healthy, RaftLeader: self.RaftLeader, NoLeaderFor: self.NoLeaderFor}}
 	if m := self.Member; m != nil {
 		rec.Etcd.ClusterToken = m.ClusterToken
 	}
-	if lp.now().Sub(lp.lastPublish) < lp.publishEvery() && lp.lastRecord != nil && *lp.lastRecord == *rec.Etcd {
+	changed := lp.lastRecord == nil || func(a, b peer.EtcdReport) bool {
+		a.NoLeaderFor, b.NoLeaderFor = 0, 0 // it grows every cycle; the periodic publish carries it
+		return a != b
+	}(*lp.lastRecord, *rec.Etcd)
+	if lp.now().Sub(lp.lastPublish) < lp.publishEvery() && !changed {
 		return
 	}
+	sent := time.Now()
 	if err := peer.PublishToStore(ctx, s, rec, lp.now()); err != nil {
 		lp.log.Warn("cannot publish this agent's record to the store", "error", err)
 		return
+	}
+	// The store's clock, from the record just written: an agent that
+	// reaches no peer still measures its clock against a common one.
+	if mt, err := s.ModTime(ctx, peer.DiscoveryPrefix+self.ID); err == nil {
+		lp.storeOffset = clockOffset(mt, sent, time.Now())
 	}
 	if lp.cfg.Discovery != "store" {
 		if err := lp.discovery.Publish(ctx, rec); err != nil {
@@ -299,7 +326,7 @@ func (lp *loop) records(ctx context.Context, s *store.Store) []plan.Record {
 			pr.Age = time.Duration(math.MaxInt64)
 		}
 		if e := r.Etcd; e != nil {
-			pr.ClusterToken, pr.HasData, pr.Healthy, pr.RaftLeader = e.ClusterToken, e.HasData, e.Healthy, e.RaftLeader
+			pr.ClusterToken, pr.HasData, pr.Healthy, pr.RaftLeader, pr.NoLeaderFor = e.ClusterToken, e.HasData, e.Healthy, e.RaftLeader, e.NoLeaderFor
 		}
 		out = append(out, pr)
 	}
@@ -324,8 +351,9 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 		wg      sync.WaitGroup
 		nodes   = map[string]plan.Node{self.ID: self}
 		offsets = map[string]time.Duration{}
+		obeyed  = lp.node.ObeyedTerm()
 	)
-	defer func() { lp.offsets = offsets }()
+	defer func() { lp.offsets, lp.termFloor = offsets, max(lp.termFloor, obeyed) }()
 	// Agents that left: close their clients (not when discovery failed,
 	// which says nothing about who left).
 	for addr, c := range lp.peers {
@@ -354,6 +382,7 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			defer mu.Unlock()
 			nodes[info.NodeID] = nodeFromInfo(addr, info)
 			offsets[info.NodeID] = clockOffset(info.Now, sent, received)
+			obeyed = max(obeyed, info.ObeyedTerm)
 		}()
 	}
 	wg.Wait()
@@ -372,6 +401,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
 		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Installed: info.Installed,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
+		NoLeaderFor: info.NoLeaderFor,
 	}
 }
 
@@ -489,6 +519,7 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		Installed:            self.Installed,
 		LocalMembers:         toRefs(self.LocalMembers),
 		Procedure:            procedure,
+		NoLeaderFor:          self.NoLeaderFor,
 	}
 	if leader {
 		info.Failing = lp.failures.report()

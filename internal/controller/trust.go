@@ -67,3 +67,8 @@ func clockOffset(peerNow, sent, received time.Time) time.Duration {
 	mid := sent.Add(received.Sub(sent) / 2)
 	return peerNow.Sub(mid)
 }
+
+// noLeaderSettle is how long a member must have seen no raft leader for
+// that to count as lost quorum, not an election (which takes etcd about a
+// second): a quarter of the lease, at least 3 s.
+func noLeaderSettle(lease time.Duration) time.Duration { return max(3*time.Second, lease/4) }

@@ -278,7 +278,9 @@ func (s *Supervisor) loop(stop, done chan struct{}, started chan<- error) {
 			s.log.Error("etcd's data is gone; not starting etcd as the old member (the leader replaces it with a new one)",
 				"data-dir", spec.DataDir)
 			s.mu.Lock()
-			s.spec, s.dataLost = nil, true
+			if s.stop == stop { // not a newer run's spec
+				s.spec, s.dataLost = nil, true
+			}
 			s.mu.Unlock()
 			return
 		}

@@ -37,6 +37,14 @@ func (n *Node) obeyLocked(term int64, what string) error {
 	return nil
 }
 
+// Fence serves the peer API: a procedure's driver of req.Term took over;
+// from now on the node refuses calls of older terms.
+func (n *Node) Fence(_ context.Context, req peer.FenceRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.obeyLocked(req.Term, "fence")
+}
+
 // Restore serves the peer API: become a member of a new cluster restored
 // from a backup. It is idempotent: a node that already holds the new
 // cluster's data only makes sure its etcd runs.

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
@@ -72,6 +73,11 @@ type Node struct {
 	// infoMu guards info, the NodeInfo served to peers.
 	infoMu sync.Mutex
 	info   peer.NodeInfo
+
+	// id is the node's ID, fixed at start; obeyedTerm mirrors the state's,
+	// for readers that do not take mu.
+	id         string
+	obeyedTerm atomic.Int64
 }
 
 // LoadState reads the node's state from layout, creating a node ID on
@@ -121,11 +127,16 @@ func New(cfg Config, layout etcdproc.Layout, st etcdproc.State, backups BackupFe
 	if st.Member != nil && st.Member.Pending {
 		n.pendingSince = now()
 	}
+	n.id = st.NodeID
+	n.obeyedTerm.Store(st.ObeyedTerm)
 	return n
 }
 
 // ID is the node's ID, also its etcd member name.
-func (n *Node) ID() string { return n.state.NodeID }
+func (n *Node) ID() string { return n.id }
+
+// ObeyedTerm is the highest fencing term the node has obeyed.
+func (n *Node) ObeyedTerm() int64 { return n.obeyedTerm.Load() }
 
 // Layout is the node's folder structure under --data-dir.
 func (n *Node) Layout() etcdproc.Layout { return n.layout }
@@ -163,6 +174,7 @@ func (n *Node) setState(st etcdproc.State) error {
 		return err
 	}
 	n.state = st
+	n.obeyedTerm.Store(st.ObeyedTerm)
 	n.refreshInfoMember()
 	return nil
 }
@@ -202,6 +214,7 @@ func (n *Node) Info(context.Context) (peer.NodeInfo, error) {
 	defer n.infoMu.Unlock()
 	info := n.info
 	info.Now = n.now().UTC()
+	info.ObeyedTerm = n.obeyedTerm.Load()
 	return info, nil
 }
 
@@ -386,7 +399,7 @@ func (n *Node) watchBootstrap(token string) {
 		defer n.mu.Unlock()
 		if m := n.state.Member; m != nil && m.ClusterToken == token {
 			if err := n.markBootstrappedLocked(); err != nil {
-				n.log.Error("cannot record that etcd has bootstrapped; will retry", "error", err)
+				n.log.Error("cannot record that etcd has bootstrapped; the control loop records it on a later cycle", "error", err)
 			}
 		}
 		return

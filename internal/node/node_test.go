@@ -64,8 +64,18 @@ func TestNodeRefusesOlderTerms(t *testing.T) {
 			t.Errorf("a call under term 6 after term 7: %v, want ErrStaleTerm", err)
 		}
 	}
+	// A new driver fences the node before it calls it.
+	if err := n.Fence(ctx, peer.FenceRequest{Term: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Leave(ctx, peer.LeaveRequest{Term: 9, Token: "tok"}); !errors.Is(err, peer.ErrStaleTerm) {
+		t.Errorf("a call under term 9 after a fence of 10: %v, want ErrStaleTerm", err)
+	}
+	if n.ObeyedTerm() != 10 {
+		t.Errorf("ObeyedTerm = %d, want 10", n.ObeyedTerm())
+	}
 	again, err := LoadState(layout, nil)
-	if err != nil || again.ObeyedTerm != 7 {
-		t.Fatalf("obeyed term on disk: %d, %v; want 7", again.ObeyedTerm, err)
+	if err != nil || again.ObeyedTerm != 10 {
+		t.Fatalf("obeyed term on disk: %d, %v; want 10", again.ObeyedTerm, err)
 	}
 }

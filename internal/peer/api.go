@@ -97,6 +97,12 @@ type NodeInfo struct {
 	// Procedure is the procedure this agent drives, as the store lock's
 	// holder, and its phase: "restore-backup restoring", say.
 	Procedure string `json:"procedure,omitempty"`
+	// ObeyedTerm is the highest fencing term the node has obeyed: the
+	// store lock takes its terms above it.
+	ObeyedTerm int64 `json:"obeyedTerm,omitempty"`
+	// NoLeaderFor is how long the node's etcd, a member, has seen no raft
+	// leader without a break; 0 while it sees one.
+	NoLeaderFor time.Duration `json:"noLeaderFor,omitempty"`
 }
 
 // MemberRef names an etcd member: its name (the node ID) and peer URLs.
@@ -196,6 +202,15 @@ type PeerURLsRequest struct {
 	URLs        []string `json:"urls"`
 }
 
+// FenceRequest tells a node that a procedure's driver of Term has taken
+// over: from now on it refuses calls of older terms. It changes nothing
+// else.
+type FenceRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Term        int64  `json:"term"`
+}
+
 // Empty is an empty reply.
 type Empty struct{}
 
@@ -210,6 +225,7 @@ type Handler interface {
 	Recover(ctx context.Context, req RecoverRequest) error
 	SetVersion(ctx context.Context, req VersionRequest) error
 	SetPeerURLs(ctx context.Context, req PeerURLsRequest) error
+	Fence(ctx context.Context, req FenceRequest) error
 }
 
 const serviceName = "etcdmanager.peer.v1.Peer"
@@ -292,6 +308,12 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 					return nil, err
 				}
 				return &Empty{}, s.h.SetPeerURLs(ctx, *r)
+			})},
+			{MethodName: "Fence", Handler: unary(func(ctx context.Context, r *FenceRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.Fence(ctx, *r)
 			})},
 		},
 	}, s)
@@ -451,6 +473,15 @@ func (c *Client) SetPeerURLs(ctx context.Context, req PeerURLsRequest) error {
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetPeerURLs", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: set peer URLs on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// Fence tells the agent that a driver of req.Term has taken over.
+func (c *Client) Fence(ctx context.Context, req FenceRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Fence", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: fence %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

@@ -40,6 +40,9 @@ type EtcdReport struct {
 	// Healthy is whether its etcd answered; RaftLeader the leader it knew.
 	Healthy    bool   `json:"healthy,omitempty"`
 	RaftLeader uint64 `json:"raftLeader,omitempty"`
+	// NoLeaderFor is how long its etcd, a member, had seen no leader
+	// without a break.
+	NoLeaderFor time.Duration `json:"noLeaderFor,omitempty"`
 }
 
 // Discovery finds the agents of a cluster. Publish announces this agent
@@ -57,9 +60,14 @@ var ErrBadDiscovery = errors.New("peer: invalid --discovery")
 // BlobStore is the part of the backup store the store provider needs.
 type BlobStore interface {
 	Write(ctx context.Context, key string, data []byte) error
-	Read(ctx context.Context, key string) ([]byte, error)
+	// ReadMax reads an object, refusing one larger than max bytes.
+	ReadMax(ctx context.Context, key string, max int64) ([]byte, error)
 	List(ctx context.Context, prefix, delimiter string) ([]string, error)
 }
+
+// maxRecordSize bounds a record read from the store: far above any valid
+// one.
+const maxRecordSize = 16 << 10
 
 // Resolver is the part of net.Resolver the DNS provider needs.
 type Resolver interface {
@@ -249,7 +257,7 @@ func StoreRecords(ctx context.Context, s BlobStore) ([]Record, error) {
 	var recs []Record
 	var errs []error
 	for _, k := range keys {
-		data, err := s.Read(ctx, k)
+		data, err := s.ReadMax(ctx, k, maxRecordSize)
 		if err != nil {
 			continue
 		}

@@ -58,6 +58,10 @@ func (r *recorder) SetPeerURLs(_ context.Context, req PeerURLsRequest) error {
 	r.add("SetPeerURLs(" + req.Token + ")")
 	return nil
 }
+func (r *recorder) Fence(_ context.Context, req FenceRequest) error {
+	r.add(fmt.Sprintf("Fence(%d)", req.Term))
+	return nil
+}
 
 func (r *recorder) SetVersion(_ context.Context, req VersionRequest) error {
 	r.add("SetVersion(" + req.Token + "," + req.Version + ")")
@@ -110,7 +114,10 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if err := c.SetVersion(ctx, VersionRequest{Token: "tok", Version: "3.7.3"}); err != nil {
 		t.Fatal(err)
 	}
-	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok) SetVersion(tok,3.7.3)"
+	if err := c.Fence(ctx, FenceRequest{Term: 9}); err != nil {
+		t.Fatal(err)
+	}
+	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok) SetVersion(tok,3.7.3) Fence(9)"
 	if got := strings.Join(rec.calls, " "); got != want {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
@@ -121,7 +128,7 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if _, err := other.Info(ctx); err == nil || !strings.Contains(err.Error(), "another cluster") {
 		t.Errorf("cross-cluster info: %v", err)
 	}
-	if len(rec.calls) != 8 {
+	if len(rec.calls) != 9 {
 		t.Errorf("handler ran for another cluster: %v", rec.calls)
 	}
 }
@@ -137,6 +144,10 @@ func (m *memStore) Write(_ context.Context, k string, d []byte) error {
 	m.objs[k] = d
 	return nil
 }
+func (m *memStore) ReadMax(ctx context.Context, k string, _ int64) ([]byte, error) {
+	return m.Read(ctx, k)
+}
+
 func (m *memStore) Read(_ context.Context, k string) ([]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

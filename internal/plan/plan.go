@@ -83,6 +83,9 @@ type Observed struct {
 	// record is fresh while its Age is at most RecordFresh.
 	Records     []Record
 	RecordFresh time.Duration
+	// NoLeaderSettle is how long a member must have seen no raft leader
+	// for that to count as lost quorum rather than an election.
+	NoLeaderSettle time.Duration
 }
 
 // Record is what an agent last published about itself in the store.
@@ -95,9 +98,10 @@ type Record struct {
 	ClusterToken string
 	HasData      bool
 	// Healthy is whether its etcd answered, and RaftLeader the leader its
-	// etcd knew (0: none).
-	Healthy    bool
-	RaftLeader uint64
+	// etcd knew (0: none), and NoLeaderFor for how long it had known none.
+	Healthy     bool
+	RaftLeader  uint64
+	NoLeaderFor time.Duration
 }
 
 // Command is a queued command as observed.
@@ -112,6 +116,9 @@ type Command struct {
 	// etcd-manager: no agent of this version acts on it.
 	Newer  error
 	Status spec.CommandStatus
+	// StatusTerm is the fencing term the status was written under (0
+	// outside procedures), known even when the status is damaged.
+	StatusTerm int64
 	// Age is how long ago its status was last written, or, without a
 	// status, how long ago it was queued.
 	Age time.Duration
@@ -180,6 +187,9 @@ type Node struct {
 	// LocalMembers are the members its etcd knows, from its own copy of
 	// the membership (a read that needs no quorum): names and peer URLs.
 	LocalMembers []Member
+	// NoLeaderFor is how long its etcd, a member, has seen no raft leader
+	// without a break.
+	NoLeaderFor time.Duration
 }
 
 // ClusterView is the etcd cluster as its raft leader sees it.
@@ -274,10 +284,12 @@ type TakeBackup struct {
 }
 
 // FailCommand marks a queued command failed, keeping it for the operator
-// to read in list-commands and delete.
+// to read in list-commands and delete. Term is the term of its status, so
+// that the failure is the status readers see.
 type FailCommand struct {
 	ID     string
 	Reason string
+	Term   int64
 }
 
 // ForgetCommand removes a command that finished long ago.
@@ -372,7 +384,7 @@ func Plan(o Observed) []Action {
 	case o.LockHeld:
 		for _, c := range o.Commands {
 			if c.Err != nil && c.Newer == nil && c.Status.State != spec.CommandFailed {
-				actions = append(actions, FailCommand{ID: c.ID, Reason: c.Err.Error()})
+				actions = append(actions, FailCommand{ID: c.ID, Reason: c.Err.Error(), Term: c.StatusTerm})
 			}
 		}
 		return append(actions, planNoCluster(o)...)
@@ -525,10 +537,16 @@ func planNoCluster(o Observed) []Action {
 // change is preceded by a backup; the periodic backup runs when nothing
 // else is to be done.
 func planCluster(o Observed) []Action {
-	if lift := planStrayQuarantine(o); len(lift) > 0 {
-		return lift
+	var actions []Action
+	for _, a := range planStrayQuarantine(o) {
+		// A lift that keeps failing backs off; the rest goes on.
+		if why, ok := o.Backoff[ActionKey(a)]; ok {
+			actions = append(actions, backingOff(a, why))
+			continue
+		}
+		return []Action{a}
 	}
-	actions := planMembership(o)
+	actions = append(actions, planMembership(o)...)
 	mutating := -1
 	for i, a := range actions {
 		if a.Mutates() {
@@ -579,7 +597,7 @@ func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 				Attrs: []any{"command", c.ID, "error", c.Newer}})
 		case c.Status.State == spec.CommandFailed:
 		case c.Err != nil:
-			actions = append(actions, FailCommand{ID: c.ID, Reason: c.Err.Error()})
+			actions = append(actions, FailCommand{ID: c.ID, Reason: c.Err.Error(), Term: c.StatusTerm})
 		case c.Status.State == spec.CommandDone:
 			if c.Age >= CommandKeep {
 				actions = append(actions, ForgetCommand{ID: c.ID})

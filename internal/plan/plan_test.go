@@ -613,3 +613,28 @@ func assertPlan(t *testing.T, obs Observed, want []string) {
 		}
 	}
 }
+
+// A command whose status is damaged is failed under that status's term,
+// so that the failure is what readers see, once.
+func TestPlanFailsUnderTheStatusTerm(t *testing.T) {
+	c := cmd("r1", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}, spec.CommandPending)
+	c.Err, c.StatusTerm = errors.New("control/r1/_status-00000000000000000005.json: truncated"), 5
+	for _, o := range []Observed{
+		{Spec: specN(1), Self: node("a", "standby"), Peers: []Node{node("a", "standby")}, LockHeld: true, Commands: []Command{c}},
+		func() Observed {
+			o := leaderObs(1, cluster(member("a", true)), node("a", "member"))
+			o.Commands = []Command{c}
+			return o
+		}(),
+	} {
+		var fail *FailCommand
+		for _, a := range Plan(o) {
+			if f, ok := a.(FailCommand); ok {
+				fail = &f
+			}
+		}
+		if fail == nil || fail.ID != "r1" || fail.Term != 5 {
+			t.Errorf("plan %s: want fail-command r1 under term 5, got %+v", describe(Plan(o)), fail)
+		}
+	}
+}

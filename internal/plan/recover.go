@@ -31,24 +31,8 @@ func (FinishRecover) Mutates() bool    { return true }
 // planRecoverQuorum is the lock holder's next step of recover-quorum c.
 func planRecoverQuorum(o Observed, c Command) []Action {
 	if id := c.Status.Node; id != "" {
-		var n *Node
-		for i := range o.Peers {
-			if o.Peers[i].ID == id {
-				n = &o.Peers[i]
-			}
-		}
-		switch {
-		case n == nil:
-			return []Action{Report{Level: slog.LevelWarn, Msg: "recover-quorum waits for the survivor's agent to be reachable",
-				Attrs: []any{"command", c.ID, "node", id}}}
-		case n.Member == nil:
-			return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("the survivor %s no longer holds any etcd membership", id)}}
-		case n.Member.ForceNewCluster || !n.Healthy || n.RaftLeader == 0:
-			return []Action{RecoverMember{ID: c.ID, NodeID: id, Token: n.Member.ClusterToken}}
-		}
-		return []Action{FinishRecover{ID: c.ID}}
+		return planRecovering(o, c, id)
 	}
-
 	// A view of quorum may be a cycle old, from just before it was lost:
 	// refuse only once the command has waited out a record's freshness.
 	refuse := func(reason string) []Action {
@@ -58,21 +42,17 @@ func planRecoverQuorum(o Observed, c Command) []Action {
 		}
 		return []Action{FailCommand{ID: c.ID, Reason: reason}}
 	}
-	var survivors []Node
-	healthy := 0
 	for _, n := range o.Peers {
 		if n.Healthy && n.RaftLeader != 0 {
 			return refuse(fmt.Sprintf(
 				"quorum is not lost: the etcd of %s follows raft leader %x; recover-quorum is only for a cluster that has lost a majority of its members", n.ID, n.RaftLeader))
 		}
-		if m := n.Member; m != nil && n.HasData && !m.Pending {
-			survivors = append(survivors, n)
-			if n.Healthy {
-				healthy++
-			}
-		}
 	}
-	if len(survivors) == 0 {
+	survivors, why := survivorsOf(o)
+	switch {
+	case why != "":
+		return []Action{FailCommand{ID: c.ID, Reason: why}}
+	case len(survivors) == 0:
 		for _, r := range o.Records {
 			if r.Age <= o.RecordFresh && r.HasData {
 				return []Action{Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: an agent with etcd data cannot be reached",
@@ -81,36 +61,120 @@ func planRecoverQuorum(o Observed, c Command) []Action {
 		}
 		return []Action{FailCommand{ID: c.ID, Reason: "no reachable node holds etcd data; use restore-backup instead"}}
 	}
-	if quorum := int(o.Spec.MemberCount)/2 + 1; healthy >= quorum {
-		return refuse(fmt.Sprintf(
-			"quorum is not lost: %d members with data are up, a quorum of the spec's %d; they may still be electing a leader", healthy, o.Spec.MemberCount))
-	}
-	// The survivor that has seen the most of the log.
-	sort.Slice(survivors, func(i, j int) bool {
-		if survivors[i].RaftIndex != survivors[j].RaftIndex {
-			return survivors[i].RaftIndex > survivors[j].RaftIndex
-		}
-		return survivors[i].ID < survivors[j].ID
-	})
 	s := survivors[0]
+	healthy := 0
+	for _, n := range survivors {
+		if n.Healthy {
+			healthy++
+		}
+	}
+	// Quorum of the cluster as its members list it, else as the spec says.
+	voters := int(o.Spec.MemberCount)
+	if n := len(voterNames(s.LocalMembers)); n > 0 {
+		voters = n
+	}
+	if healthy >= voters/2+1 {
+		return refuse(fmt.Sprintf(
+			"quorum is not lost: %d members with data are up, a quorum of the cluster's %d; they may still be electing a leader", healthy, voters))
+	}
 	if why := noQuorumEvidence(o, c, s); len(why) > 0 {
 		return why
 	}
 	return []Action{RecoverMember{ID: c.ID, NodeID: s.ID, Token: s.Member.ClusterToken}}
 }
 
+// planRecovering goes on with a recovery whose survivor id was chosen.
+func planRecovering(o Observed, c Command, id string) []Action {
+	n, err := FindNode(o.Peers, id)
+	switch {
+	case err != nil:
+		return []Action{Report{Level: slog.LevelWarn, Msg: "recover-quorum waits for the survivor's agent to be reachable",
+			Attrs: []any{"command", c.ID, "node", id}}}
+	case n.Member == nil:
+		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("the survivor %s no longer holds any etcd membership", id)}}
+	case c.Status.NodeToken != "" && n.Member.ClusterToken != c.Status.NodeToken:
+		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("the survivor %s now runs cluster %s, not %s, which it was chosen from", id, n.Member.ClusterToken, c.Status.NodeToken)}}
+	case n.Healthy && n.RaftLeader != 0 && !n.Member.ForceNewCluster:
+		return []Action{FinishRecover{ID: c.ID}}
+	}
+	// Not forced yet, or not leading yet: the evidence must still hold
+	// (once forced, the survivor lists only itself).
+	if why := noQuorumEvidence(o, c, n); len(why) > 0 {
+		return why
+	}
+	return []Action{RecoverMember{ID: c.ID, NodeID: id, Token: n.Member.ClusterToken}}
+}
+
+// survivorsOf returns the reachable nodes that hold data of one cluster,
+// the one most of them hold, that of the longest raft log first; or why
+// there is no telling which cluster to recover.
+func survivorsOf(o Observed) ([]Node, string) {
+	byToken := map[string][]Node{}
+	for _, n := range o.Peers {
+		if m := n.Member; m != nil && n.HasData && !m.Pending {
+			byToken[m.ClusterToken] = append(byToken[m.ClusterToken], n)
+		}
+	}
+	var best string
+	tie := false
+	for token, ns := range byToken {
+		switch {
+		case best == "" || len(ns) > len(byToken[best]):
+			best, tie = token, false
+		case len(ns) == len(byToken[best]):
+			tie = true
+		}
+	}
+	if tie {
+		var held []string
+		for token, ns := range byToken {
+			for _, n := range ns {
+				held = append(held, n.ID+"="+token)
+			}
+		}
+		sort.Strings(held)
+		return nil, fmt.Sprintf("the reachable nodes hold data of different clusters, as many of each (%s); there is no telling which to recover: stop the stale ones, or use restore-backup",
+			strings.Join(held, ", "))
+	}
+	survivors := byToken[best]
+	sort.Slice(survivors, func(i, j int) bool {
+		if survivors[i].RaftIndex != survivors[j].RaftIndex {
+			return survivors[i].RaftIndex > survivors[j].RaftIndex
+		}
+		return survivors[i].ID < survivors[j].ID
+	})
+	return survivors, ""
+}
+
+func voterNames(ms []Member) []string {
+	var out []string
+	for _, m := range ms {
+		if !m.IsLearner {
+			out = append(out, m.Name)
+		}
+	}
+	return out
+}
+
 // noQuorumEvidence returns what to do instead of forcing a new cluster
 // from survivor s while there is no positive evidence that the other
 // members have no quorum; nothing when there is. Not reaching a member is
 // no evidence: an agent cut off from its peers, but not from the store,
-// must never fork a cluster that still serves. Each other member (as the
-// survivor's etcd lists them) must be reachable and outside any quorum,
-// or have a fresh record in the store that shows no raft leader, or be
-// named lost by the operator and silent (no fresh record).
+// must never fork a cluster that still serves. And a member that sees no
+// leader only for a moment may be in an election. So the survivor must
+// have seen no leader for o.NoLeaderSettle, and each other member (as the
+// survivor's etcd lists them) must be reachable and either outside the
+// cluster (a wiped node back on the member's peer URLs) or without a
+// leader for as long; or have a fresh record in the store showing that;
+// or be named lost by the operator and silent (no fresh record).
 func noQuorumEvidence(o Observed, c Command, s Node) []Action {
 	if len(s.LocalMembers) == 0 {
 		return []Action{Report{Level: slog.LevelInfo, Msg: "recover-quorum waits for the survivor's etcd to report its members",
 			Attrs: []any{"command", c.ID, "node", s.ID}}}
+	}
+	if s.NoLeaderFor < o.NoLeaderSettle && len(s.LocalMembers) > 1 {
+		return []Action{Report{Level: slog.LevelInfo, Msg: "recover-quorum waits: the survivor must see no leader for a while, or it may be an election",
+			Attrs: []any{"command", c.ID, "node", s.ID, "no-leader-for", s.NoLeaderFor.Round(time.Millisecond), "needed", o.NoLeaderSettle}}}
 	}
 	var lost []string
 	if rq := c.Command.RecoverQuorum; rq != nil {
@@ -127,7 +191,7 @@ func noQuorumEvidence(o Observed, c Command, s Node) []Action {
 		}
 	}
 	token := s.Member.ClusterToken
-	var silent, inQuorum []string
+	var silent, inQuorum, settling []string
 	for _, m := range s.LocalMembers {
 		name := m.Name
 		if name == s.ID {
@@ -143,18 +207,27 @@ func noQuorumEvidence(o Observed, c Command, s Node) []Action {
 				}
 			}
 		}
+		ours := func(t string, healthy bool) bool { return t == token && healthy }
 		if err == nil {
-			if n.Member != nil && n.Member.ClusterToken == token && n.Healthy && n.RaftLeader != 0 {
-				inQuorum = append(inQuorum, name) // caught above; kept for safety
+			switch {
+			case n.Member == nil || !ours(n.Member.ClusterToken, n.Healthy):
+				// Reachable and outside the cluster, or its etcd down:
+				// evidence.
+			case n.RaftLeader != 0:
+				inQuorum = append(inQuorum, name) // caught earlier; kept for safety
+			case n.NoLeaderFor < o.NoLeaderSettle:
+				settling = append(settling, name)
 			}
-			continue // reachable, and in no quorum: evidence
+			continue
 		}
 		r, ok := findRecord(o.Records, name)
 		switch {
-		case ok && r.Age <= o.RecordFresh && r.ClusterToken == token && r.Healthy && r.RaftLeader != 0:
+		case ok && r.Age <= o.RecordFresh && ours(r.ClusterToken, r.Healthy) && r.RaftLeader != 0:
 			inQuorum = append(inQuorum, fmt.Sprintf("%s (reported leader %x %s ago)", name, r.RaftLeader, r.Age.Round(time.Second)))
+		case ok && r.Age <= o.RecordFresh && ours(r.ClusterToken, r.Healthy) && r.NoLeaderFor < o.NoLeaderSettle:
+			settling = append(settling, name)
 		case ok && r.Age <= o.RecordFresh:
-			// It reports no leader, or no membership: evidence.
+			// It reports no leader for long, or no membership: evidence.
 		case slices.Contains(lost, name):
 			// Named lost, and silent: evidence.
 		default:
@@ -166,6 +239,9 @@ func noQuorumEvidence(o Observed, c Command, s Node) []Action {
 		return waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: agents this one cannot reach report a raft leader; this agent may be cut off from a cluster that still has quorum, which must not be forked",
 			Attrs: []any{"command", c.ID, "members", inQuorum}},
 			fmt.Sprintf("waiting: members %s report a raft leader but cannot be reached; the survivor %s may be cut off from a cluster that still has quorum", strings.Join(inQuorum, ", "), s.ID))
+	case len(settling) > 0:
+		return []Action{Report{Level: slog.LevelInfo, Msg: "recover-quorum waits: members lost their leader only moments ago, which may be an election",
+			Attrs: []any{"command", c.ID, "members", settling}}}
 	case len(silent) > 0:
 		return waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum waits for evidence that the other members have no quorum: their agents are silent; if their nodes are gone for good, delete this command and queue recover-quorum --lost with their names",
 			Attrs: []any{"command", c.ID, "silent", silent}},
@@ -175,15 +251,6 @@ func noQuorumEvidence(o Observed, c Command, s Node) []Action {
 	return nil
 }
 
-// waitNoted reports a wait, and notes it in the command's status (once)
-// for the operator's ctl to show.
-func waitNoted(c Command, r Report, note string) []Action {
-	if c.Status.Message == note {
-		return []Action{r}
-	}
-	return []Action{r, NoteCommand{ID: c.ID, Message: note}}
-}
-
 func findRecord(recs []Record, id string) (Record, bool) {
 	for _, r := range recs {
 		if r.NodeID == id {
@@ -191,4 +258,13 @@ func findRecord(recs []Record, id string) (Record, bool) {
 		}
 	}
 	return Record{}, false
+}
+
+// waitNoted reports a wait, and notes it in the command's status (once)
+// for the operator's ctl to show.
+func waitNoted(c Command, r Report, note string) []Action {
+	if c.Status.Message == note {
+		return []Action{r}
+	}
+	return []Action{r, NoteCommand{ID: c.ID, Message: note}}
 }

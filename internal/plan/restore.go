@@ -173,6 +173,13 @@ func planRestore(o Observed, c Command) []Action {
 		if len(stop) > 0 {
 			return []Action{StopForRestore{ID: c.ID, Tokens: stop}}
 		}
+		// A member of the old cluster this agent cannot reach, but whose
+		// fresh record says it serves with a leader, would go on serving
+		// beside the restored cluster.
+		if serving := servingElsewhere(o, p.Token); len(serving) > 0 {
+			return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits: members of the old cluster cannot be reached, but report that they still serve; stop them, or let this agent reach them",
+				Attrs: []any{"command", c.ID, "members", serving}}}
+		}
 		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreRestoring}}
 	case spec.RestoreRestoring:
 		return planRestoring(c, p, peers)
@@ -389,6 +396,22 @@ func unquarantined(peers []Node, token string) []string {
 		}
 		if !found {
 			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// servingElsewhere lists the agents not reached whose fresh records show
+// a member of another cluster than token serving with a raft leader.
+func servingElsewhere(o Observed, token string) []string {
+	var out []string
+	for _, r := range o.Records {
+		if r.Age > o.RecordFresh || r.ClusterToken == "" || r.ClusterToken == token || !r.Healthy || r.RaftLeader == 0 {
+			continue
+		}
+		if _, err := FindNode(o.Peers, r.NodeID); err != nil {
+			out = append(out, r.NodeID)
 		}
 	}
 	sort.Strings(out)

@@ -163,8 +163,43 @@ func TestPlanRecoverQuorum(t *testing.T) {
 			"fail-command q1 (no reachable node holds etcd data; use restore-backup instead)"},
 		{"stopped survivor: longest log wins", lockObs(recoverCmd(""), node("c", "standby"), node("a", "stopped"), noQuorum("b", 9)),
 			"recover-member q1 node=b token=tok"},
-		{"in progress: the survivor does not lead yet", lockObs(recoverCmd("b"), node("a", "standby"), noQuorum("b", 50)),
+		{"in progress: the survivor does not lead yet", lockObs(recoverCmd("b"), node("a", "standby"), noQuorum("b", 50), node("c", "standby")),
 			"recover-member q1 node=b token=tok"},
+		{"in progress, but the evidence is gone: wait",
+			withRecords(lockObs(recoverCmd("b"), node("a", "standby"), noQuorum("b", 50)), record("c", time.Second, "tok", true, 7)),
+			"report[WARN] recover-quorum waits: agents this one cannot reach report a raft leader"},
+		{"in progress, but the survivor runs another cluster now",
+			lockObs(func() Command { c := recoverCmd("b"); c.Status.NodeToken = "old"; return c }(), node("a", "standby"), noQuorum("b", 50)),
+			"fail-command q1 (the survivor b now runs cluster tok, not old"},
+		{"survivors of two clusters, as many of each: no telling which",
+			lockObs(recoverCmd(""), node("a", "standby"), noQuorum("b", 9), func() Node { n := noQuorum("c", 90); n.Member.ClusterToken = "stale"; return n }()),
+			"fail-command q1 (the reachable nodes hold data of different clusters"},
+		{"a leftover of an older cluster with a longer log is not the survivor",
+			lockObs(recoverCmd(""), func() Node { n := noQuorum("x", 900); n.Member.ClusterToken = "stale"; return n }(),
+				noQuorum("a", 9), func() Node { n := noQuorum("b", 8); n.Healthy = false; return n }(), node("c", "standby")),
+			"recover-member q1 node=a token=tok"},
+		{"quorum counts the members etcd lists, not the spec's count",
+			func() Observed {
+				o := lockObs(recoverCmd(""), noQuorum("a", 9), noQuorum("b", 8), node("c", "standby"))
+				o.Spec.MemberCount = 5 // the spec asks for more than the cluster has
+				return o
+			}(),
+			"fail-command q1 (quorum is not lost: 2 members with data are up, a quorum of the cluster's 3"},
+		{"a survivor that lost its leader a moment ago may be in an election",
+			func() Observed {
+				o := lockObs(recoverCmd(""), node("a", "standby"), noQuorum("b", 9), node("c", "standby"))
+				o.NoLeaderSettle = 3 * time.Second
+				return o
+			}(),
+			"report[INFO] recover-quorum waits: the survivor must see no leader for a while"},
+		{"a member's fresh record shows it lost its leader a moment ago",
+			func() Observed {
+				o := withRecords(lockObs(recoverCmd(""), node("a", "standby"), func() Node { n := noQuorum("b", 9); n.NoLeaderFor = time.Minute; return n }()),
+					Record{NodeID: "c", Age: time.Second, ClusterToken: "tok", HasData: true, Healthy: true, NoLeaderFor: time.Second})
+				o.NoLeaderSettle = 3 * time.Second
+				return o
+			}(),
+			"report[INFO] recover-quorum waits: members lost their leader only moments ago"},
 		{"done once the survivor leads", lockObs(recoverCmd("b"), node("a", "standby"), leading("b")),
 			"finish-recover q1"},
 		{"the survivor is unreachable", lockObs(recoverCmd("b"), node("a", "standby")),
@@ -327,4 +362,28 @@ func TestPlanRestoreDamagedProgress(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A restore does not move on from stopping while a member of the old
+// cluster it cannot reach reports that it still serves.
+func TestPlanRestoreWaitsForUnreachableServers(t *testing.T) {
+	p := &spec.RestoreProgress{Phase: spec.RestoreStopping, Token: "new", Members: []string{"a", "b"}, EtcdVersion: "3.6.16"}
+	c := cmd("r1", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b1"}}, spec.CommandRunning)
+	c.Status.Restore = p
+	o := Observed{Spec: specN(2), Self: node("a", "standby"), Peers: []Node{node("a", "standby"), node("b", "standby")},
+		LockHeld: true, Commands: []Command{c}, RecordFresh: 10 * time.Second,
+		Records: []Record{{NodeID: "z", Age: time.Second, ClusterToken: "tok", HasData: true, Healthy: true, RaftLeader: 7}}}
+	assertPlan(t, o, []string{"report[WARN] restore waits: members of the old cluster cannot be reached, but report that they still serve"})
+	o.Records[0].Age = time.Minute // silent: a dead machine does not block
+	assertPlan(t, o, []string{"set-restore-phase r1 restoring"})
+}
+
+// A stray quarantine whose lift keeps failing backs off; backups go on.
+func TestPlanStrayQuarantineBacksOff(t *testing.T) {
+	o := leaderObs(3, cluster(member("a", true), member("b", true), member("c", true)),
+		func() Node { n := node("a", "member"); n.Member.Quarantined = true; return n }(), node("b", "member"), node("c", "member"))
+	assertPlan(t, o, []string{"lift-quarantine nodes=[a]"})
+	o.Backoff = map[string]string{"set-quarantine tok": "peer unreachable"}
+	o.BackupDue = true
+	assertPlan(t, o, []string{"report[INFO] an action keeps failing", "take-backup (periodic)"})
 }

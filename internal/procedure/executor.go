@@ -22,6 +22,7 @@ type NodeAPI interface {
 	Restore(ctx context.Context, req peer.RestoreRequest) error
 	Quarantine(ctx context.Context, req peer.QuarantineRequest) error
 	Recover(ctx context.Context, req peer.RecoverRequest) error
+	Fence(ctx context.Context, req peer.FenceRequest) error
 }
 
 // Nodes reaches the nodes a procedure calls.
@@ -81,6 +82,7 @@ const (
 // Execute carries out act if it is a procedure's, reporting whether it
 // was.
 func (e *Executor) Execute(ctx context.Context, obs plan.Observed, act plan.Action) (bool, error) {
+	e.Runner.OnTakeOver = func(ctx context.Context, term int64) { e.fenceNodes(ctx, obs, term) }
 	switch act := act.(type) {
 	case plan.PrepareRestore:
 		return true, e.prepareRestore(ctx, obs, act)
@@ -220,4 +222,23 @@ func (e *Executor) quarantine(ctx context.Context, obs plan.Observed, act plan.S
 			return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: e.SelfID, Term: term, Token: act.Token, Quarantined: act.On})
 		})
 	})
+}
+
+// fenceNodes tells every reachable node that the driver of term took over,
+// before it acts: a driver that stalled before it and resumes is refused
+// by all of them, not only by those the new driver has called since.
+// Nodes not reached learn of it from the new driver's first call.
+func (e *Executor) fenceNodes(ctx context.Context, obs plan.Observed, term int64) {
+	var ids []string
+	for _, n := range obs.Peers {
+		ids = append(ids, n.ID)
+	}
+	err := onNodes(ctx, obs, ids, func(ctx context.Context, n plan.Node) error {
+		return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
+			return api.Fence(ctx, peer.FenceRequest{LeaderID: e.SelfID, Term: term})
+		})
+	})
+	if err != nil {
+		e.Log.Warn("not every node was told of the new driver's term; they learn it from its first call", "term", term, "error", err)
+	}
 }

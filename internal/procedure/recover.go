@@ -25,7 +25,7 @@ func (e *Executor) recoverMember(ctx context.Context, obs plan.Observed, act pla
 	}
 	return e.Runner.Do(ctx, d, c, phaseOf(c), func(ctx context.Context, term int64) error {
 		if c.Status.Node == "" {
-			got, err := e.Runner.Choose(ctx, act.ID, spec.Choice{Survivor: act.NodeID})
+			got, err := e.Runner.Choose(ctx, act.ID, spec.Choice{Survivor: act.NodeID, SurvivorToken: act.Token})
 			if err != nil {
 				return err
 			}
@@ -34,7 +34,7 @@ func (e *Executor) recoverMember(ctx context.Context, obs plan.Observed, act pla
 				// next cycle plans from it.
 				return fmt.Errorf("procedure: recover-quorum %s: %s was chosen as the survivor already, not %s", act.ID, got.Survivor, act.NodeID)
 			}
-			st := spec.CommandStatus{State: spec.CommandRunning, Node: act.NodeID,
+			st := spec.CommandStatus{State: spec.CommandRunning, Node: act.NodeID, NodeToken: act.Token,
 				Message: fmt.Sprintf("rebuilding cluster %s from the data of %s", act.Token, act.NodeID)}
 			e.Log.Warn("recovering quorum from one survivor's data", "command", act.ID, "node", act.NodeID, "cluster-token", act.Token, "lock-term", term)
 			if err := e.Runner.Record(ctx, d, act.ID, "", st, PhaseForcing, "recover-chosen"); err != nil {

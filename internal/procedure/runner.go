@@ -140,6 +140,9 @@ type Runner struct {
 	// RenewEvery is how often the lease is renewed while a step runs.
 	RenewEvery time.Duration
 	Metrics    *Metrics
+	// OnTakeOver, when set, is told when this driver adopts a procedure
+	// from an earlier one, before it acts.
+	OnTakeOver func(ctx context.Context, term int64)
 }
 
 // Do runs one step of phase of procedure d for command c: it checks the
@@ -162,6 +165,9 @@ func (r *Runner) Do(ctx context.Context, d Definition, c *plan.Command, phase st
 		}
 		r.Log.Warn("took over a procedure from an earlier driver", "procedure", d.Name, "command", c.ID, "phase", phase,
 			"term", term, "earlier-term", st.Term)
+		if r.OnTakeOver != nil {
+			r.OnTakeOver(ctx, term)
+		}
 	}
 	r.Metrics.running(d.Name, phase)
 	crashpoint.Pause(r.Log, pausePoint(d, phase))
@@ -182,10 +188,19 @@ func (r *Runner) Do(ctx context.Context, d Definition, c *plan.Command, phase st
 				return
 			case <-t.C:
 			}
-			if err := r.Fence.Renew(ctx); err != nil && ctx.Err() == nil {
+			err := r.Fence.Renew(ctx)
+			switch {
+			case err == nil || ctx.Err() != nil:
+			case errors.Is(err, ErrFenced):
+				// The lease is lost (or ran out locally): stop at once.
 				fenced <- err
 				cancel()
 				return
+			default:
+				// The store did not answer this time; the lease holds
+				// until its local deadline, which the next renewals
+				// check.
+				r.Log.Warn("cannot renew the store lock; retrying", "error", err)
 			}
 		}
 	}()

@@ -24,6 +24,7 @@ type fakeFence struct {
 	lost      bool
 	loseAfter int // renewals that succeed before the fence is lost (0: never lost by renewal)
 	renewals  int
+	flaky     bool // renewals fail, but not for a lost lease
 }
 
 func (f *fakeFence) Hold(context.Context) (int64, error) {
@@ -45,6 +46,9 @@ func (f *fakeFence) Renew(context.Context) error {
 	if f.lost {
 		return fmt.Errorf("%w: fake", ErrFenced)
 	}
+	if f.flaky {
+		return errors.New("store: backup store unreachable: 503")
+	}
 	return nil
 }
 
@@ -59,6 +63,7 @@ type fenceSetup struct {
 	term      int64
 	lost      bool
 	loseAfter int
+	flaky     bool
 }
 
 // fakeRecords records the statuses written.
@@ -126,6 +131,8 @@ func TestRunnerDo(t *testing.T) {
 				}
 			},
 			wantErr: "the lease was lost during test phase one", wantFenced: true, wantRan: true, minRenew: 3},
+		{name: "a renewal the store does not answer leaves the step running", fence: fenceSetup{term: 7, flaky: true}, phase: "one",
+			step: func(context.Context) error { time.Sleep(80 * time.Millisecond); return nil }, wantRan: true, minRenew: 3},
 		{name: "a step is bounded by its phase's deadline", fence: fenceSetup{term: 7}, phase: "two",
 			step: func(ctx context.Context) error {
 				select {
@@ -141,7 +148,7 @@ func TestRunnerDo(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := &fakeFence{term: tt.fence.term, lost: tt.fence.lost, loseAfter: tt.fence.loseAfter}
+			f := &fakeFence{term: tt.fence.term, lost: tt.fence.lost, loseAfter: tt.fence.loseAfter, flaky: tt.fence.flaky}
 			r := newRunner(f, &fakeRecords{})
 			ran := false
 			var gotTerm int64

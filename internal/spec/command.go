@@ -140,8 +140,10 @@ type CommandStatus struct {
 	// Restore is a restore's progress, fixed once it starts stopping the
 	// old cluster, so that a new leader resumes it exactly.
 	Restore *RestoreProgress `json:"restore,omitempty"`
-	// Node is the member a recover-quorum rebuilds the cluster from.
-	Node string `json:"node,omitempty"`
+	// Node is the member a recover-quorum rebuilds the cluster from, and
+	// NodeToken the cluster it was chosen from.
+	Node      string `json:"node,omitempty"`
+	NodeToken string `json:"nodeToken,omitempty"`
 	// Updated is when the status was written, in unix nanoseconds.
 	Updated Int64 `json:"updated"`
 }
@@ -201,8 +203,10 @@ type Choice struct {
 	// Restore is the new cluster of a restore or dump-restore; its Phase
 	// and Backup are not part of the choice.
 	Restore *RestoreProgress `json:"restore,omitempty"`
-	// Survivor is the node a recover-quorum rebuilds the cluster from.
-	Survivor string `json:"survivor,omitempty"`
+	// Survivor is the node a recover-quorum rebuilds the cluster from,
+	// and SurvivorToken the cluster it was chosen from.
+	Survivor      string `json:"survivor,omitempty"`
+	SurvivorToken string `json:"survivorToken,omitempty"`
 }
 
 // DecodeChoice parses a _choice.json. A choice of a newer format is an
@@ -230,6 +234,6 @@ func (c Choice) Apply(st *CommandStatus) {
 		st.Restore = &p
 	}
 	if c.Survivor != "" {
-		st.Node = c.Survivor
+		st.Node, st.NodeToken = c.Survivor, c.SurvivorToken
 	}
 }

@@ -69,8 +69,11 @@ type QueuedCommand struct {
 	// etcd-manager (it wraps spec.ErrNewerFormat): agents wait rather than
 	// act on it.
 	Newer error
-	// Status is the status of the highest term, with the choice applied.
-	Status spec.CommandStatus
+	// Status is the status of the highest term, with the choice applied;
+	// StatusTerm is that term, from the object's name (so it is known
+	// even when the status is damaged).
+	Status     spec.CommandStatus
+	StatusTerm int64
 	// Choice is the procedure's choice, nil before one was made.
 	Choice *spec.Choice
 }
@@ -171,6 +174,7 @@ func (s *Store) ReadCommand(ctx context.Context, id string) (QueuedCommand, erro
 		hasChoice = hasChoice || name == ChoiceObject
 	}
 	if statusKey != "" {
+		q.StatusTerm = best
 		if err := s.readStatus(ctx, &q, statusKey, best); err != nil {
 			return q, err
 		}

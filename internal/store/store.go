@@ -210,6 +210,16 @@ func (s *Store) ReadMax(ctx context.Context, key string, max int64) ([]byte, err
 	return data, nil
 }
 
+// ModTime is when the object at key was last written, by the store's
+// clock: HTTP stores keep it to the second.
+func (s *Store) ModTime(ctx context.Context, key string) (time.Time, error) {
+	a, err := s.bucket.Attributes(ctx, key)
+	if err != nil {
+		return time.Time{}, s.wrap("stat", key, err)
+	}
+	return a.ModTime, nil
+}
+
 // Reader streams the object at key; a missing object wraps ErrNotFound.
 // The caller closes it.
 func (s *Store) Reader(ctx context.Context, key string) (io.ReadCloser, error) {
