@@ -58,14 +58,21 @@ func checkCreateOnce(ctx context.Context, s createOnceStore, nodeID string) erro
 // margin the lease keeps (see lease).
 func maxClockOffset(leaseTTL time.Duration) time.Duration { return leaseTTL / 5 }
 
-// clockOffset estimates a peer's clock offset from one call: its clock
-// read in the middle of the round trip [sent, received], against ours.
+// clockOffset is the least clock offset of a peer that one call proves:
+// the peer read its clock somewhere in the round trip [sent, received],
+// so only how far its reading lies outside that window counts. A slow
+// round trip (a peer paused, then resumed) proves little, and must not
+// read as a skewed clock.
 func clockOffset(peerNow, sent, received time.Time) time.Duration {
-	if peerNow.IsZero() {
+	switch {
+	case peerNow.IsZero():
 		return 0
+	case peerNow.Before(sent):
+		return peerNow.Sub(sent)
+	case peerNow.After(received):
+		return peerNow.Sub(received)
 	}
-	mid := sent.Add(received.Sub(sent) / 2)
-	return peerNow.Sub(mid)
+	return 0
 }
 
 // noLeaderSettle is how long a member must have seen no raft leader for

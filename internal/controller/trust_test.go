@@ -59,8 +59,12 @@ func TestClockOffset(t *testing.T) {
 		want            time.Duration
 	}{
 		{"in step", t0.Add(50 * time.Millisecond), t0, t0.Add(100 * time.Millisecond), 0},
-		{"peer ahead", t0.Add(3 * time.Second), t0, t0.Add(2 * time.Second), 2 * time.Second},
+		{"peer ahead", t0.Add(3 * time.Second), t0, t0.Add(time.Second), 2 * time.Second},
 		{"peer behind", t0.Add(-time.Second), t0, t0, -time.Second},
+		{"peer behind, slow call", t0.Add(-time.Second), t0, t0.Add(5 * time.Second), -time.Second},
+		// A peer paused through the call answers late, with its clock
+		// read at the end: that is no offset.
+		{"paused peer", t0.Add(5 * time.Second), t0, t0.Add(5*time.Second + time.Millisecond), 0},
 		{"no clock reported", time.Time{}, t0, t0.Add(time.Second), 0},
 	}
 	for _, tt := range tests {

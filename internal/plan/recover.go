@@ -53,13 +53,7 @@ func planRecoverQuorum(o Observed, c Command) []Action {
 	case why != "":
 		return []Action{FailCommand{ID: c.ID, Reason: why}}
 	case len(survivors) == 0:
-		for _, r := range o.Records {
-			if r.Age <= o.RecordFresh && r.HasData {
-				return []Action{Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: an agent with etcd data cannot be reached",
-					Attrs: []any{"command", c.ID, "node", r.NodeID, "record-age", r.Age.Round(time.Second)}}}
-			}
-		}
-		return []Action{FailCommand{ID: c.ID, Reason: "no reachable node holds etcd data; use restore-backup instead"}}
+		return planNoSurvivor(o, c)
 	}
 	s := survivors[0]
 	healthy := 0
@@ -81,6 +75,36 @@ func planRecoverQuorum(o Observed, c Command) []Action {
 		return why
 	}
 	return []Action{RecoverMember{ID: c.ID, NodeID: s.ID, Token: s.Member.ClusterToken}}
+}
+
+// silentHolderPatience is how long recover-quorum waits for an agent
+// with etcd data that went silent (paused, restarting, cut off from its
+// peers) before it gives up: about as long as a machine takes to reboot.
+const silentHolderPatience = 2 * time.Minute
+
+// planNoSurvivor is the step of recover-quorum c when no reachable node
+// holds etcd data: wait while an agent whose record says it has data
+// may only be paused or restarting; fail once none is.
+func planNoSurvivor(o Observed, c Command) []Action {
+	var gone []string
+	for _, r := range o.Records {
+		if !r.HasData {
+			continue
+		}
+		if r.Age <= o.RecordFresh+silentHolderPatience {
+			return []Action{Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: an agent with etcd data cannot be reached",
+				Attrs: []any{"command", c.ID, "node", r.NodeID, "record-age", r.Age.Round(time.Second),
+					"gives-up-in", (o.RecordFresh + silentHolderPatience - r.Age).Round(time.Second)}}}
+		}
+		gone = append(gone, fmt.Sprintf("%s, silent for %s", r.NodeID, r.Age.Round(time.Second)))
+	}
+	if len(gone) > 0 {
+		sort.Strings(gone)
+		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf(
+			"no reachable node holds etcd data; the agents that had some are gone (%s): queue recover-quorum again once one is back, or use restore-backup",
+			strings.Join(gone, "; "))}}
+	}
+	return []Action{FailCommand{ID: c.ID, Reason: "no reachable node holds etcd data; use restore-backup instead"}}
 }
 
 // planRecovering goes on with a recovery whose survivor id was chosen.

@@ -231,6 +231,14 @@ func TestPlanRecoverQuorum(t *testing.T) {
 		{"no reachable data, but a fresh record shows an agent with data: wait",
 			withRecords(lockObs(recoverCmd(""), node("a", "standby"), node("c", "standby")), record("b", time.Second, "tok", true, 0)),
 			"report[WARN] recover-quorum waits: an agent with etcd data cannot be reached"},
+		// Paused or rebooting, not gone: failing would make the operator
+		// queue the command again for nothing.
+		{"the only agent with data is silent for a minute: wait",
+			withRecords(lockObs(recoverCmd(""), node("a", "standby"), node("c", "standby")), record("b", time.Minute, "tok", true, 0)),
+			"report[WARN] recover-quorum waits: an agent with etcd data cannot be reached"},
+		{"the only agent with data is silent for longer than a reboot: fail, naming it",
+			withRecords(lockObs(recoverCmd(""), node("a", "standby"), node("c", "standby")), record("b", 10*time.Minute, "tok", true, 0)),
+			"fail-command q1 (no reachable node holds etcd data; the agents that had some are gone (b, silent for 10m0s)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

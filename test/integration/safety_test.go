@@ -184,15 +184,17 @@ func lockHolder(t *testing.T, env *harness.Env) (string, int64) {
 }
 
 // takeOver waits until an agent other than p holds the store lock, lets
-// it work for a moment, then resumes p, whose late steps must change
-// nothing.
+// it work for a while, then resumes p, whose late steps must change
+// nothing. The while is longer than a record stays fresh (a lease and
+// half of one: 3 s in these tests), so the new driver sees p's record go
+// stale: p is then neither reachable nor fresh, only paused.
 func takeOver(t *testing.T, env *harness.Env, p *harness.Agent) {
 	t.Helper()
 	harness.WaitFor(t, 2*time.Minute, "another agent to take the store lock from the paused one", func() bool {
 		holder, _ := lockHolder(t, env)
 		return holder != "" && holder != p.NodeID()
 	})
-	time.Sleep(3 * time.Second)
+	time.Sleep(6 * time.Second)
 	p.Continue()
 }
 
@@ -260,49 +262,81 @@ func TestPausedRestoreDriver(t *testing.T) {
 // The agent driving a recover-quorum pauses before it chooses the
 // survivor, and after it recorded the choice; another agent takes over;
 // then the paused one resumes. One cluster results, holding every write
-// the survivor had.
+// the survivor had. The driver is the survivor itself (then the new
+// driver reaches no node with data while the survivor is paused, and must
+// wait for it rather than fail the command), or a standby.
 func TestPausedRecoverDriver(t *testing.T) {
-	for _, point := range []string{"prepare", "recorded-forcing"} {
-		t.Run(point, func(t *testing.T) {
-			env := harness.NewEnv(t)
-			claim := filepath.Join(env.Root, "paused")
-			env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"=procedure-recover-quorum-"+point+"@"+claim)
-			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-			agents := env.StartAgents(3, harness.AgentOptions{})
-			harness.WaitSettled(t, agents, 3, settleTimeout)
-			c := clusterClient(t, agents)
-			put(t, c, "/q/before-backup", "v")
-			env.MustCtl("backup-now")
-			put(t, c, "/q/after-backup", "survives")
+	for _, driver := range []string{"survivor", "standby"} {
+		for _, point := range []string{"prepare", "recorded-forcing"} {
+			t.Run(driver+"/"+point, func(t *testing.T) {
+				env := harness.NewEnv(t)
+				claim := filepath.Join(env.Root, "paused")
+				env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"=procedure-recover-quorum-"+point+"@"+claim)
+				env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+				agents := env.StartAgents(3, harness.AgentOptions{})
+				harness.WaitSettled(t, agents, 3, settleTimeout)
+				c := clusterClient(t, agents)
+				put(t, c, "/q/before-backup", "v")
+				env.MustCtl("backup-now")
+				put(t, c, "/q/after-backup", "survives")
 
-			survivor, lost := agents[0], agents[1:]
-			for _, a := range lost {
-				a.Kill()
-				if err := os.RemoveAll(a.DataDir); err != nil {
-					t.Fatal(err)
+				survivor, lost := agents[0], agents[1:]
+				for _, a := range lost {
+					a.Kill()
+					if err := os.RemoveAll(a.DataDir); err != nil {
+						t.Fatal(err)
+					}
 				}
-			}
-			harness.WaitFor(t, 30*time.Second, "the survivor's etcd to see no leader", func() bool {
-				st, ok := memberStatus(survivor)
-				return ok && st.Leader == 0
+				harness.WaitFor(t, 30*time.Second, "the survivor's etcd to see no leader", func() bool {
+					st, ok := memberStatus(survivor)
+					return ok && st.Leader == 0
+				})
+				waitHolder := func(what string, ok func(holder string) bool) {
+					harness.WaitFor(t, time.Minute, what, func() bool {
+						holder, _ := lockHolder(t, env)
+						return ok(holder)
+					})
+				}
+				// The command only gets queued (the driver pauses); the
+				// store lock goes to an agent once it is. The wiped nodes
+				// come back as standbys: the evidence that they serve no
+				// cluster, and the other drivers.
+				switch driver {
+				case "survivor":
+					_, _, _ = env.Ctl("recover-quorum", "--timeout=1s")
+					waitHolder("the survivor to hold the store lock", func(h string) bool { return h == survivor.NodeID() })
+					for _, a := range lost {
+						a.Start()
+					}
+				case "standby":
+					survivor.Pause()
+					for _, a := range lost {
+						a.Start()
+					}
+					_, _, _ = env.Ctl("recover-quorum", "--timeout=1s")
+					waitHolder("a standby to hold the store lock", func(h string) bool { return h != "" && h != survivor.NodeID() })
+					survivor.Continue()
+				}
+				p := pausedAgent(t, agents, claim)
+				if (p == survivor) != (driver == "survivor") {
+					t.Fatalf("agent %s paused as the driver, not the %s: the test did not exercise its case", p.Name, driver)
+				}
+				takeOver(t, env, p)
+				waitCommandsDone(t, env, "recover-quorum")
+				stableOneCluster(t, agents, 3)
+				c2 := clusterClient(t, agents)
+				for k, want := range map[string]string{"/q/before-backup": "v", "/q/after-backup": "survives"} {
+					if got := get(t, c2, k); got != want {
+						t.Errorf("%s = %q after the recovery, want %q", k, got, want)
+					}
+				}
+				for _, a := range agents {
+					if strings.Contains(a.Log(), "off this agent's") {
+						t.Errorf("agent %s took the pause for a skewed clock", a.Name)
+					}
+				}
 			})
-			// The wiped nodes come back as standbys: the evidence that they
-			// serve no cluster, and the other drivers.
-			for _, a := range lost {
-				a.Start()
-			}
-			_, _, _ = env.Ctl("recover-quorum", "--timeout=1s") // only queues it: the driver pauses
-			p := pausedAgent(t, agents, claim)
-			takeOver(t, env, p)
-			waitCommandsDone(t, env, "recover-quorum")
-			stableOneCluster(t, agents, 3)
-			c2 := clusterClient(t, agents)
-			for k, want := range map[string]string{"/q/before-backup": "v", "/q/after-backup": "survives"} {
-				if got := get(t, c2, k); got != want {
-					t.Errorf("%s = %q after the recovery, want %q", k, got, want)
-				}
-			}
-		})
+		}
 	}
 }
 
