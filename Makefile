@@ -8,15 +8,14 @@ DEBIAN_ETCD   ?= 3.4.23 3.4.23-4+b4
 GO            ?= go
 export GOTOOLCHAIN := local
 
-.PHONY: all tools build demo test unit integration bench chaos lint clean
+.PHONY: all tools etcd build image demo test unit integration bench chaos lint clean
 
 all: build
 
 ## tools: real etcd/etcdctl/etcdutl per version into bin/etcd-v<version>/ (3.4 from Debian's package), staticcheck,
 ## MinIO (bin/minio) and the Azure blob emulator (bin/azurite-blob), each pinned under hack/tools/.
 ## Built once into ~/.cache/etcd-manager/tools and linked; a changed pin rebuilds.
-tools:
-	@for v in $(ETCD_VERSIONS); do hack/build-etcd.sh $$v || exit 1; done
+tools: etcd
 	@hack/fetch-debian-etcd.sh $(DEBIAN_ETCD)
 	@hack/build-go-tool.sh staticcheck honnef.co/go/tools/cmd/staticcheck
 	@hack/build-go-tool.sh minio github.com/minio/minio
@@ -25,6 +24,17 @@ tools:
 ## build: bin/etcd-manager and bin/etcd-manager-ctl.
 build:
 	$(GO) build -o bin/ ./cmd/etcd-manager ./cmd/etcd-manager-ctl
+
+## image: the container image as a tarball, bin/etcd-manager-image.tar, tagged $(IMAGE_TAG); built without a
+## Docker engine, reproducibly; docker load, podman load and ctr images import accept it.
+IMAGE_TAG ?= etcd-manager:dev
+image: etcd
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/image/ ./cmd/etcd-manager ./cmd/etcd-manager-ctl
+	IMAGE_TAG='$(IMAGE_TAG)' $(GO) run ./hack/image -bin-dir=bin/image -etcd-dir=bin -output=bin/etcd-manager-image.tar
+
+## etcd: the etcd builds only ($(ETCD_VERSIONS)), cached like the other tools.
+etcd:
+	@for v in $(ETCD_VERSIONS); do hack/build-etcd.sh $$v || exit 1; done
 
 ## demo: a real local cluster on loopback with a file:// store under .demo/.
 demo: tools build
