@@ -104,7 +104,8 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	// Evidence about agents this one cannot reach: what they last
 	// published, for a procedure and for the total-loss report.
 	if plan.ActiveExclusive(obs.Commands) != nil || (noCluster && obs.Created != nil) {
-		obs.Records, obs.RecordFresh = lp.records(ctx, s), lp.cfg.LeaderLease+lp.publishEvery()
+		obs.Records, obs.RecordsErr = lp.records(ctx, s)
+		obs.RecordFresh = lp.cfg.LeaderLease + lp.publishEvery()
 		obs.NoLeaderSettle = noLeaderSettle(lp.cfg.LeaderLease)
 	}
 	if err := lp.takeLock(ctx, s, &obs, noCluster); err != nil {
@@ -301,7 +302,9 @@ func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
 	// The store's clock, from the record just written: an agent that
 	// reaches no peer still measures its clock against a common one.
 	if mt, err := s.ModTime(ctx, peer.DiscoveryPrefix+self.ID); err == nil {
-		lp.storeOffset = clockOffset(mt, sent, time.Now())
+		if off, ok := clockOffset(mt, sent, time.Now(), maxClockOffset(lp.cfg.LeaderLease)); ok {
+			lp.storeOffset = off
+		}
 	}
 	if lp.cfg.Discovery != "store" {
 		if err := lp.discovery.Publish(ctx, rec); err != nil {
@@ -312,16 +315,22 @@ func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
 	lp.lastPublish, lp.lastRecord = lp.now(), rec.Etcd
 }
 
-// records reads what every agent last published, for evidence.
-func (lp *loop) records(ctx context.Context, s *store.Store) []plan.Record {
+// records reads what every agent last published, for evidence; the error
+// is set when the store did not answer for some of them, so that the
+// records may be incomplete.
+func (lp *loop) records(ctx context.Context, s *store.Store) ([]plan.Record, error) {
 	recs, err := peer.StoreRecords(ctx, s)
+	var unreachable error
 	if err != nil {
 		lp.log.Warn("some agents' records cannot be read", "error", err)
+		if errors.Is(err, store.ErrUnreachable) {
+			unreachable = err
+		}
 	}
 	now := lp.now()
 	out := make([]plan.Record, 0, len(recs))
 	for _, r := range recs {
-		pr := plan.Record{NodeID: r.NodeID, Age: now.Sub(r.Updated)}
+		pr := plan.Record{NodeID: r.NodeID, Address: r.Address, Age: now.Sub(r.Updated)}
 		if r.Updated.IsZero() {
 			pr.Age = time.Duration(math.MaxInt64)
 		}
@@ -330,7 +339,7 @@ func (lp *loop) records(ctx context.Context, s *store.Store) []plan.Record {
 		}
 		out = append(out, pr)
 	}
-	return out
+	return out, unreachable
 }
 
 // observePeers asks every discovered agent for its info, concurrently.
@@ -381,7 +390,11 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			mu.Lock()
 			defer mu.Unlock()
 			nodes[info.NodeID] = nodeFromInfo(addr, info)
-			offsets[info.NodeID] = clockOffset(info.Now, sent, received)
+			if off, ok := clockOffset(info.Now, sent, received, maxClockOffset(lp.cfg.LeaderLease)/2); ok {
+				offsets[info.NodeID] = off
+			} else if prev, had := lp.offsets[info.NodeID]; had {
+				offsets[info.NodeID] = prev // a slow call: keep the last good sample
+			}
 			obeyed = max(obeyed, info.ObeyedTerm)
 		}()
 	}

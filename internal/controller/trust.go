@@ -58,21 +58,21 @@ func checkCreateOnce(ctx context.Context, s createOnceStore, nodeID string) erro
 // margin the lease keeps (see lease).
 func maxClockOffset(leaseTTL time.Duration) time.Duration { return leaseTTL / 5 }
 
-// clockOffset is the least clock offset of a peer that one call proves:
-// the peer read its clock somewhere in the round trip [sent, received],
-// so only how far its reading lies outside that window counts. A slow
-// round trip (a peer paused, then resumed) proves little, and must not
-// read as a skewed clock.
-func clockOffset(peerNow, sent, received time.Time) time.Duration {
+// clockOffset estimates a peer's clock offset from one call: its clock
+// read in the middle of the round trip [sent, received], against ours,
+// which is off by at most half the round trip. A round trip longer than
+// maxRTT (a peer paused, then resumed; a slow link) bounds the offset too
+// loosely either way, so it is no sample: ok is false, and the caller
+// keeps its last good one. A peer that reports no clock has no offset.
+func clockOffset(peerNow, sent, received time.Time, maxRTT time.Duration) (off time.Duration, ok bool) {
+	rtt := received.Sub(sent)
 	switch {
 	case peerNow.IsZero():
-		return 0
-	case peerNow.Before(sent):
-		return peerNow.Sub(sent)
-	case peerNow.After(received):
-		return peerNow.Sub(received)
+		return 0, true
+	case rtt > maxRTT:
+		return 0, false
 	}
-	return 0
+	return peerNow.Sub(sent.Add(rtt / 2)), true
 }
 
 // noLeaderSettle is how long a member must have seen no raft leader for

@@ -57,19 +57,20 @@ func TestClockOffset(t *testing.T) {
 		name            string
 		peer, sent, got time.Time
 		want            time.Duration
+		wantOK          bool
 	}{
-		{"in step", t0.Add(50 * time.Millisecond), t0, t0.Add(100 * time.Millisecond), 0},
-		{"peer ahead", t0.Add(3 * time.Second), t0, t0.Add(time.Second), 2 * time.Second},
-		{"peer behind", t0.Add(-time.Second), t0, t0, -time.Second},
-		{"peer behind, slow call", t0.Add(-time.Second), t0, t0.Add(5 * time.Second), -time.Second},
-		// A peer paused through the call answers late, with its clock
-		// read at the end: that is no offset.
-		{"paused peer", t0.Add(5 * time.Second), t0, t0.Add(5*time.Second + time.Millisecond), 0},
-		{"no clock reported", time.Time{}, t0, t0.Add(time.Second), 0},
+		{"in step", t0.Add(50 * time.Millisecond), t0, t0.Add(100 * time.Millisecond), 0, true},
+		{"peer ahead", t0.Add(3 * time.Second), t0, t0.Add(200 * time.Millisecond), 2900 * time.Millisecond, true},
+		{"peer behind", t0.Add(-time.Second), t0, t0, -time.Second, true},
+		// A slow call bounds the offset too loosely: no sample, whether
+		// it would hide a skew or invent one.
+		{"peer behind, slow call", t0.Add(-time.Second), t0, t0.Add(5 * time.Second), 0, false},
+		{"paused peer", t0.Add(5 * time.Second), t0, t0.Add(5*time.Second + time.Millisecond), 0, false},
+		{"no clock reported", time.Time{}, t0, t0.Add(time.Second), 0, true},
 	}
 	for _, tt := range tests {
-		if got := clockOffset(tt.peer, tt.sent, tt.got); got != tt.want {
-			t.Errorf("%s: offset %s, want %s", tt.name, got, tt.want)
+		if got, ok := clockOffset(tt.peer, tt.sent, tt.got, 400*time.Millisecond); got != tt.want || ok != tt.wantOK {
+			t.Errorf("%s: offset %s (a sample: %t), want %s (%t)", tt.name, got, ok, tt.want, tt.wantOK)
 		}
 	}
 }

@@ -259,6 +259,9 @@ func StoreRecords(ctx context.Context, s BlobStore) ([]Record, error) {
 	for _, k := range keys {
 		data, err := s.ReadMax(ctx, k, maxRecordSize)
 		if err != nil {
+			// Gone since the listing, or unreadable: the caller tells
+			// which from the error.
+			errs = append(errs, fmt.Errorf("%s: %w", k, err))
 			continue
 		}
 		r, ok, err := decodeRecord(data, 0, time.Time{})

@@ -83,6 +83,9 @@ type Observed struct {
 	// record is fresh while its Age is at most RecordFresh.
 	Records     []Record
 	RecordFresh time.Duration
+	// RecordsErr is set when the store did not answer for some records:
+	// Records may be incomplete, so their absence proves nothing.
+	RecordsErr error
 	// NoLeaderSettle is how long a member must have seen no raft leader
 	// for that to count as lost quorum rather than an election.
 	NoLeaderSettle time.Duration
@@ -91,6 +94,8 @@ type Observed struct {
 // Record is what an agent last published about itself in the store.
 type Record struct {
 	NodeID string
+	// Address is its peer API's host:port.
+	Address string
 	// Age is how long ago it was published, by this agent's clock.
 	Age time.Duration
 	// ClusterToken is its membership, empty for a standby; HasData, whether

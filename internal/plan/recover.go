@@ -84,17 +84,27 @@ const silentHolderPatience = 2 * time.Minute
 
 // planNoSurvivor is the step of recover-quorum c when no reachable node
 // holds etcd data: wait while an agent whose record says it has data
-// may only be paused or restarting; fail once none is.
+// may only be paused, restarting or cut off from its peers (for as long
+// as it keeps its record fresh, and silentHolderPatience after), or while
+// the records cannot all be read; fail once neither holds. Failing points
+// the operator at restore-backup, which loses the writes since the last
+// backup: so only on evidence.
 func planNoSurvivor(o Observed, c Command) []Action {
+	if o.RecordsErr != nil {
+		return waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: no reachable node holds etcd data, and the agents' records cannot all be read",
+			Attrs: []any{"command", c.ID, "error", o.RecordsErr}},
+			"waiting: no reachable node holds etcd data, and the agents' records in the store cannot all be read")
+	}
 	var gone []string
 	for _, r := range o.Records {
-		if !r.HasData {
+		if !r.HasData || replacedAt(o.Peers, r) {
 			continue
 		}
 		if r.Age <= o.RecordFresh+silentHolderPatience {
-			return []Action{Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: an agent with etcd data cannot be reached",
-				Attrs: []any{"command", c.ID, "node", r.NodeID, "record-age", r.Age.Round(time.Second),
-					"gives-up-in", (o.RecordFresh + silentHolderPatience - r.Age).Round(time.Second)}}}
+			return waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: an agent with etcd data cannot be reached",
+				Attrs: []any{"command", c.ID, "node", r.NodeID, "record-age", r.Age.Round(time.Second)}},
+				fmt.Sprintf("waiting for %s, whose agent has etcd data but cannot be reached (paused, restarting or cut off from its peers); "+
+					"given up %s after its record goes silent", r.NodeID, silentHolderPatience))
 		}
 		gone = append(gone, fmt.Sprintf("%s, silent for %s", r.NodeID, r.Age.Round(time.Second)))
 	}
@@ -105,6 +115,18 @@ func planNoSurvivor(o Observed, c Command) []Action {
 			strings.Join(gone, "; "))}}
 	}
 	return []Action{FailCommand{ID: c.ID, Reason: "no reachable node holds etcd data; use restore-backup instead"}}
+}
+
+// replacedAt says whether another node now answers at the address of
+// record r: a node that came back wiped, under a new ID, whose old
+// record's data is gone.
+func replacedAt(peers []Node, r Record) bool {
+	for _, n := range peers {
+		if r.Address != "" && n.Address == r.Address && n.ID != r.NodeID {
+			return true
+		}
+	}
+	return false
 }
 
 // planRecovering goes on with a recovery whose survivor id was chosen.

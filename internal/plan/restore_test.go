@@ -236,6 +236,17 @@ func TestPlanRecoverQuorum(t *testing.T) {
 		{"the only agent with data is silent for a minute: wait",
 			withRecords(lockObs(recoverCmd(""), node("a", "standby"), node("c", "standby")), record("b", time.Minute, "tok", true, 0)),
 			"report[WARN] recover-quorum waits: an agent with etcd data cannot be reached"},
+		{"no reachable data, and the records cannot all be read: wait",
+			func() Observed {
+				o := lockObs(recoverCmd(""), node("a", "standby"), node("c", "standby"))
+				o.RecordsErr = errors.New("store: unreachable")
+				return o
+			}(),
+			"report[WARN] recover-quorum waits: no reachable node holds etcd data, and the agents' records cannot all be read"},
+		{"the record with data is of a node that came back wiped under a new ID: fail",
+			withRecords(lockObs(recoverCmd(""), node("a", "standby"), func() Node { n := node("b2", "standby"); n.Address = "b:8000"; return n }()),
+				func() Record { r := record("b", time.Second, "tok", true, 0); r.Address = "b:8000"; return r }()),
+			"fail-command q1 (no reachable node holds etcd data; use restore-backup instead)"},
 		{"the only agent with data is silent for longer than a reboot: fail, naming it",
 			withRecords(lockObs(recoverCmd(""), node("a", "standby"), node("c", "standby")), record("b", 10*time.Minute, "tok", true, 0)),
 			"fail-command q1 (no reachable node holds etcd data; the agents that had some are gone (b, silent for 10m0s)"},

@@ -314,7 +314,11 @@ func TestPausedRecoverDriver(t *testing.T) {
 						a.Start()
 					}
 					_, _, _ = env.Ctl("recover-quorum", "--timeout=1s")
-					waitHolder("a standby to hold the store lock", func(h string) bool { return h != "" && h != survivor.NodeID() })
+					// One of the restarted standbys, by its new ID: the
+					// newest term may still be the creator's, from before.
+					waitHolder("a standby to hold the store lock", func(h string) bool {
+						return h != "" && (h == lost[0].NodeID() || h == lost[1].NodeID())
+					})
 					survivor.Continue()
 				}
 				p := pausedAgent(t, agents, claim)
