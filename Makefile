@@ -30,7 +30,7 @@ build:
 IMAGE_TAG ?= etcd-manager:dev
 image: etcd
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/image/ ./cmd/etcd-manager ./cmd/etcd-manager-ctl
-	IMAGE_TAG='$(IMAGE_TAG)' $(GO) run ./hack/image -bin-dir=bin/image -etcd-dir=bin -output=bin/etcd-manager-image.tar
+	IMAGE_TAG='$(IMAGE_TAG)' $(GO) run ./hack/image -bin-dir=bin/image -etcd-dir=bin -etcd-versions='$(ETCD_VERSIONS)' -output=bin/etcd-manager-image.tar
 
 ## etcd: the etcd builds only ($(ETCD_VERSIONS)), cached like the other tools.
 etcd:

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,7 @@ func run() error {
 	binDir := flag.String("bin-dir", "bin/image", "where the statically linked etcd-manager binaries are")
 	binaries := flag.String("binaries", "etcd-manager,etcd-manager-ctl", "the binaries of -bin-dir to put in "+image.BinDir)
 	etcdDir := flag.String("etcd-dir", "bin", "where make tools put the etcd builds (etcd-v<version>/)")
+	etcdVersions := flag.String("etcd-versions", "", "the etcd versions to put in, comma or space separated, each of which must be built statically (default: every static build in -etcd-dir)")
 	caCerts := flag.String("ca-certs", image.CACertsPath, "the CA bundle to copy in, for https:// stores")
 	defEpoch, err := envEpoch()
 	if err != nil {
@@ -39,9 +41,26 @@ func run() error {
 	flag.Parse()
 	start := time.Now()
 
-	files, versions, skipped, err := image.FindEtcds(*etcdDir)
+	found, versions, skipped, err := image.FindEtcds(*etcdDir)
 	if err != nil {
 		return err
+	}
+	var files []image.File
+	if want := strings.FieldsFunc(*etcdVersions, func(r rune) bool { return r == ',' || r == ' ' }); len(want) > 0 {
+		for _, v := range want {
+			if !slices.Contains(versions, v) {
+				return fmt.Errorf("image: etcd %s is not built statically under %s (found %s; run make etcd)", v, *etcdDir, strings.Join(versions, ", "))
+			}
+		}
+		for _, f := range found {
+			if slices.ContainsFunc(want, func(v string) bool { return strings.HasPrefix(f.Path, image.EtcdDir(v)+"/") }) {
+				files = append(files, f)
+			}
+		}
+		slices.Sort(want)
+		versions = want
+	} else {
+		files = found
 	}
 	for _, b := range strings.Split(*binaries, ",") {
 		src := filepath.Join(*binDir, b)

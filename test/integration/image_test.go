@@ -48,7 +48,7 @@ func TestImage(t *testing.T) {
 			t.Fatalf("go build: %v\n%s", err, b)
 		}
 		tarPath = filepath.Join(dir, "image.tar")
-		run := exec.Command("go", "run", "./hack/image", "-bin-dir="+bin, "-etcd-dir="+etcdDir, "-output="+tarPath)
+		run := exec.Command("go", "run", "./hack/image", "-bin-dir="+bin, "-etcd-dir="+etcdDir, "-etcd-versions=3.6.16,3.5.35,3.7.3", "-output="+tarPath)
 		run.Dir, run.Env = root, append(os.Environ(), "IMAGE_TAG=etcd-manager:test")
 		b, err := run.CombinedOutput()
 		if err != nil {
@@ -159,16 +159,18 @@ func containerdRun(t *testing.T, tarPath, ref string, cmds ...[]string) []string
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) }) // runs last
 	ns := fmt.Sprintf("etcd-manager-test-%d", os.Getpid())
-	_, runExisted := os.Stat("/run/containerd")
+	_, err = os.Stat("/run/containerd")
+	hadRunDir := err == nil
 	sock := filepath.Join(dir, "containerd.sock")
+	// No CRI (it would watch /etc/cni), and every directory of its own.
 	config := fmt.Sprintf(`version = 2
 root = %q
 state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [grpc]
   address = %q
-[plugins."io.containerd.grpc.v1.cri"]
-  disable = true
 [plugins."io.containerd.internal.v1.opt"]
   path = %q
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, filepath.Join(dir, "opt"))
@@ -181,10 +183,25 @@ state = %q
 	}
 	cd := exec.Command("containerd", "--config", filepath.Join(dir, "config.toml"))
 	cd.Stdout, cd.Stderr = logf, logf
+	cd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // even if the test binary dies
 	if err := cd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	ctr := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		b, err := exec.CommandContext(ctx, "ctr", append([]string{"--address", sock, "--namespace", ns}, args...)...).CombinedOutput()
+		return string(b), err
+	}
 	t.Cleanup(func() {
+		// Containers left by a failed or timed-out run go first, with
+		// their shims, while containerd still serves.
+		for i := range cmds {
+			id := fmt.Sprintf("c%d", i)
+			_, _ = ctr("tasks", "kill", "--signal", "SIGKILL", id)
+			_, _ = ctr("tasks", "rm", "--force", id)
+			_, _ = ctr("containers", "rm", id)
+		}
 		_ = cd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
 		go func() { _ = cd.Wait(); close(done) }()
@@ -208,26 +225,22 @@ state = %q
 				}
 			}
 		}
-		_ = os.RemoveAll(dir)
 		cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + ns)
 		if d := "/sys/fs/cgroup/" + ns; dirExists(d) {
 			cgroups = append(cgroups, d)
 		}
 		for _, cg := range cgroups {
 			removeEmptyTree(cg)
+			if dirExists(cg) {
+				t.Errorf("cgroup %s is left behind", cg)
+			}
 		}
-		if runExisted != nil {
-			_ = os.RemoveAll("/run/containerd")
-		} else {
+		if hadRunDir {
 			_ = os.RemoveAll(filepath.Join("/run/containerd/runc", ns))
+		} else {
+			_ = os.RemoveAll("/run/containerd")
 		}
 	})
-	ctr := func(args ...string) (string, error) {
-		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-		defer cancel()
-		b, err := exec.CommandContext(ctx, "ctr", append([]string{"--address", sock, "--namespace", ns}, args...)...).CombinedOutput()
-		return string(b), err
-	}
 	harness.WaitFor(t, 30*time.Second, "containerd to serve", func() bool {
 		_, err := ctr("version")
 		return err == nil
