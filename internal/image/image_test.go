@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -95,12 +94,8 @@ func TestTarballContents(t *testing.T) {
 	epoch := int64(1700000000)
 	_, p, _ := build(t, fixture(t, map[string]string{"/usr/local/bin/etcd-manager": "agent", "/opt/etcd-v3.6.16/etcd": "etcd"}), epoch)
 
-	var manifest []struct {
-		Config   string
-		RepoTags []string
-		Layers   []string
-	}
-	if err := json.Unmarshal(readEntry(t, p, "manifest.json"), &manifest); err != nil {
+	manifest, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(p) })
+	if err != nil {
 		t.Fatal(err)
 	}
 	if len(manifest) != 1 || len(manifest[0].RepoTags) != 1 || manifest[0].RepoTags[0] != "etcd-manager:dev" || len(manifest[0].Layers) != 1 {
@@ -322,29 +317,5 @@ func TestFindEtcds(t *testing.T) {
 	}
 	if _, err := Static(filepath.Join(bin, "script")); err == nil {
 		t.Error("a shell script passed for an ELF executable")
-	}
-}
-
-// readEntry returns one file of a tar archive.
-func readEntry(t *testing.T, archive, name string) []byte {
-	t.Helper()
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err != nil {
-			t.Fatalf("%s has no %s: %v", archive, name, err)
-		}
-		if h.Name == name {
-			b, err := io.ReadAll(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -74,8 +73,8 @@ func TestImage(t *testing.T) {
 		t.Errorf("make image did not say it left out Debian's etcd 3.4:\n%s", out)
 	}
 
-	var manifest []struct{ RepoTags []string }
-	if err := json.Unmarshal(tarEntry(t, tarPath, "manifest.json"), &manifest); err != nil {
+	manifest, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(tarPath) })
+	if err != nil {
 		t.Fatal(err)
 	}
 	if len(manifest) != 1 || strings.Join(manifest[0].RepoTags, ",") != "etcd-manager:test" {
@@ -276,29 +275,5 @@ func removeEmptyTree(root string) {
 	})
 	for i := len(dirs) - 1; i >= 0; i-- {
 		_ = syscall.Rmdir(dirs[i])
-	}
-}
-
-// tarEntry returns one file of a tar archive.
-func tarEntry(t *testing.T, archive, name string) []byte {
-	t.Helper()
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err != nil {
-			t.Fatalf("%s has no %s: %v", archive, name, err)
-		}
-		if h.Name == name {
-			b, err := io.ReadAll(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		}
 	}
 }
