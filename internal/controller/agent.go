@@ -83,7 +83,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
-	st, err := node.LoadState(layout, a.cfg.PeerURLs)
+	st, err := node.LoadState(layout, a.cfg.NodeName, a.cfg.PeerURLs)
 	if err != nil {
 		return err
 	}
@@ -106,6 +106,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		DataDir:              a.cfg.DataDir,
 		EtcdBinDir:           a.cfg.EtcdBinDir,
 		ClientURLs:           a.cfg.ClientURLs,
+		ListenClientURLs:     a.cfg.ListenClientURLs,
 		QuarantineClientURLs: a.cfg.QuarantineClientURLs,
 		PeerURLs:             a.cfg.PeerURLs,
 		ListenPeerURLs:       a.cfg.ListenPeerURLs,

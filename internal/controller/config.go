@@ -23,6 +23,9 @@ import (
 // etcd-manager walkthrough that users already know.
 type Config struct {
 	ClusterName string
+	// NodeName is the node ID a fresh data dir takes, and so the etcd
+	// member's name (a StatefulSet pod's name); empty gives a random one.
+	NodeName    string
 	BackupStore string
 	DataDir     string
 
@@ -35,7 +38,11 @@ type Config struct {
 	// EtcdAddress is the address etcd binds; it fills in URLs not given.
 	EtcdAddress string
 
-	ClientURLs           []string
+	ClientURLs []string
+	// ListenClientURLs are the addresses etcd binds for clients, when
+	// they differ from the ClientURLs it advertises (a pod's loopback as
+	// well as its IP, say); never while quarantined.
+	ListenClientURLs     []string
 	QuarantineClientURLs []string
 	PeerURLs             []string
 	// ListenPeerURLs are the addresses etcd binds for peer traffic when
@@ -104,6 +111,7 @@ const (
 	flagQuarantineClientURLs = "quarantine-client-urls"
 	flagPeerURLs             = "peer-urls"
 	flagListenPeerURLs       = "listen-peer-urls"
+	flagListenClientURLs     = "listen-client-urls"
 )
 
 // Default returns the configuration with defaults filled in.
@@ -129,12 +137,14 @@ func Default() Config {
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ClusterName, "cluster-name", c.ClusterName, "name of the etcd cluster (for example main or events); agents of other clusters are ignored")
 	fs.StringVar(&c.BackupStore, flagBackupStore, c.BackupStore, "URL of the backup store, the source of truth when etcd is down: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix")
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's ID and etcd member name when its data dir is new, such as a StatefulSet pod's name (default: a random ID); a data dir keeps the ID it was created with")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for this node's state and etcd data; it must survive restarts")
 	fs.StringVar(&c.Address, "address", c.Address, "IP address the agent's peer API listens on and advertises")
 	fs.IntVar(&c.PeerPort, "peer-port", c.PeerPort, "port of the agent's peer API")
 	fs.StringVar(&c.PeerAPIListenAddress, "peer-api-listen-address", c.PeerAPIListenAddress, "host:port the agent's peer API binds when it differs from the --address and --peer-port it advertises, as behind NAT or a proxy (default: those)")
 	fs.StringVar(&c.EtcdAddress, "etcd-address", c.EtcdAddress, "IP address etcd listens on; used to fill in --client-urls, --quarantine-client-urls and --peer-urls when they are not given")
 	fs.StringSliceVar(&c.ClientURLs, flagClientURLs, c.ClientURLs, fmt.Sprintf("URLs etcd serves clients on (default http://<etcd-address>:%d)", DefaultClientPort))
+	fs.StringSliceVar(&c.ListenClientURLs, flagListenClientURLs, c.ListenClientURLs, "URLs etcd binds for clients when they differ from the --client-urls it advertises, such as https://0.0.0.0:4001 to serve a pod's loopback too (default: the --client-urls); while quarantined etcd binds only the --quarantine-client-urls")
 	fs.StringSliceVar(&c.QuarantineClientURLs, flagQuarantineClientURLs, c.QuarantineClientURLs, fmt.Sprintf("URLs etcd serves on while quarantined, so that ordinary clients cannot reach it (default http://<etcd-address>:%d)", DefaultQuarantinePort))
 	fs.StringSliceVar(&c.PeerURLs, flagPeerURLs, c.PeerURLs, fmt.Sprintf("URLs etcd uses for raft traffic with its peers (default http://<etcd-address>:%d)", DefaultEtcdPeerPort))
 	fs.StringSliceVar(&c.ListenPeerURLs, flagListenPeerURLs, c.ListenPeerURLs, "URLs etcd binds for raft traffic when they differ from the --peer-urls it advertises, as behind NAT or a proxy (default: the --peer-urls)")
@@ -176,7 +186,10 @@ func (c *Config) Complete() {
 	}
 }
 
-var clusterNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+var (
+	clusterNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	nodeNameRE    = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
+)
 
 // Validate checks the configuration and returns every problem found.
 func (c *Config) Validate() error {
@@ -204,14 +217,17 @@ func (c *Config) Validate() error {
 	if c.CertValidity < 30*time.Second {
 		errs = append(errs, errors.New("--cert-validity must be at least 30s"))
 	}
-	for name, urls := range map[string][]string{flagClientURLs: c.ClientURLs, flagQuarantineClientURLs: c.QuarantineClientURLs, flagPeerURLs: c.PeerURLs, flagListenPeerURLs: c.ListenPeerURLs} {
+	for name, urls := range map[string][]string{flagClientURLs: c.ClientURLs, flagQuarantineClientURLs: c.QuarantineClientURLs, flagPeerURLs: c.PeerURLs, flagListenPeerURLs: c.ListenPeerURLs, flagListenClientURLs: c.ListenClientURLs} {
 		for _, u := range urls {
 			if err := checkURL(u, c.EtcdInsecure); err != nil {
 				errs = append(errs, fmt.Errorf("--%s: %w", name, err))
 			}
 		}
 	}
-	if overlap(c.ClientURLs, c.QuarantineClientURLs) {
+	if c.NodeName != "" && !nodeNameRE.MatchString(c.NodeName) {
+		errs = append(errs, fmt.Errorf("--node-name %q: use 1 to 63 lowercase letters, digits, dots and dashes, such as etcd-0", c.NodeName))
+	}
+	if overlap(c.ClientURLs, c.QuarantineClientURLs) || overlap(c.ListenClientURLs, c.QuarantineClientURLs) {
 		errs = append(errs, fmt.Errorf("--%s and --%s must differ, or quarantine would not keep clients out", flagClientURLs, flagQuarantineClientURLs))
 	}
 	if _, err := peer.ParseDiscovery(c.Discovery, peer.DiscoveryOptions{Store: func(context.Context) (peer.BlobStore, error) { return nil, nil }}); err != nil {

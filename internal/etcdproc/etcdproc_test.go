@@ -114,7 +114,7 @@ func TestStatePersistsAndLocks(t *testing.T) {
 	if _, err := l.Lock(); !errors.Is(err, ErrDataDirLocked) {
 		t.Errorf("second Lock: %v, want ErrDataDirLocked", err)
 	}
-	st, err := l.LoadState()
+	st, err := l.LoadState("")
 	if err != nil || st.NodeID == "" {
 		t.Fatalf("LoadState = %+v, %v", st, err)
 	}
@@ -122,9 +122,15 @@ func TestStatePersistsAndLocks(t *testing.T) {
 	if err := l.SaveState(st); err != nil {
 		t.Fatal(err)
 	}
-	again, err := l.LoadState()
+	// A name given later does not rename a node: its data dir keeps the
+	// ID it was created with.
+	again, err := l.LoadState("etcd-0")
 	if err != nil || again.NodeID != st.NodeID || !reflect.DeepEqual(*again.Member, *st.Member) {
 		t.Fatalf("reloaded %+v, %v", again, err)
+	}
+	named, err := Layout{Root: t.TempDir()}.LoadState("etcd-0")
+	if err != nil || named.NodeID != "etcd-0" {
+		t.Fatalf("a fresh data dir with a name: %+v, %v", named, err)
 	}
 	unlock()
 	unlock2, err := l.Lock()
@@ -136,7 +142,7 @@ func TestStatePersistsAndLocks(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(l.Root, "state.json"), []byte("{bad"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.LoadState(); err == nil || !strings.Contains(err.Error(), "corrupt") {
+	if _, err := l.LoadState(""); err == nil || !strings.Contains(err.Error(), "corrupt") {
 		t.Errorf("corrupt state: %v", err)
 	}
 }
@@ -271,6 +277,20 @@ func TestSpecArgs(t *testing.T) {
 	if strings.Contains(args, ":4001") {
 		t.Errorf("quarantined etcd still serves the client URL: %q", args)
 	}
+	// With listen client URLs, etcd binds them and advertises the client
+	// URLs, except in quarantine, where it binds the quarantine URLs only.
+	sp.Quarantined = false
+	sp.ListenClientURLs = []string{"http://0.0.0.0:4001"}
+	args = strings.Join(sp.Args(), " ")
+	for _, want := range []string{"--listen-client-urls=http://0.0.0.0:4001", "--advertise-client-urls=http://127.0.0.1:4001"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args with listen client URLs %q lack %q", args, want)
+		}
+	}
+	sp.Quarantined = true
+	if args = strings.Join(sp.Args(), " "); strings.Contains(args, ":4001") {
+		t.Errorf("quarantined etcd with listen client URLs still serves the client port: %q", args)
+	}
 	// Behind a proxy, etcd binds one address and advertises another.
 	sp.ListenPeerURLs = []string{"http://127.0.0.1:2381"}
 	args = strings.Join(sp.Args(), " ")
@@ -367,14 +387,14 @@ func TestLoadStateMigratesHasRun(t *testing.T) {
 		[]byte(`{"nodeId":"n1","member":{"clusterToken":"tok","etcdVersion":"3.6.16","initialCluster":"n1=http://a:2380","newCluster":false}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	st, err := l.LoadState()
+	st, err := l.LoadState("")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Format != StateFormat || st.Member == nil || !st.Member.HasRun {
 		t.Fatalf("migrated state %+v (member %+v): want format %d and HasRun", st, st.Member, StateFormat)
 	}
-	again, err := l.LoadState()
+	again, err := l.LoadState("")
 	if err != nil || !again.Member.HasRun {
 		t.Fatalf("the migration was not saved: %+v, %v", again.Member, err)
 	}

@@ -29,7 +29,10 @@ type Spec struct {
 	ClientURLs           []string
 	QuarantineClientURLs []string
 	Quarantined          bool
-	PeerURLs             []string
+	// ListenClientURLs are bound instead of ClientURLs when set and not
+	// Quarantined: a quarantined etcd binds its quarantine URLs only.
+	ListenClientURLs []string
+	PeerURLs         []string
 	// ListenPeerURLs are bound instead of PeerURLs when set (etcd
 	// advertises PeerURLs either way).
 	ListenPeerURLs []string
@@ -74,9 +77,12 @@ func (s Spec) ServedClientURL() string {
 
 // Args renders etcd's command line (without the binary).
 func (s Spec) Args() []string {
-	client := s.ClientURLs
+	client, listenClient := s.ClientURLs, s.ClientURLs
+	if len(s.ListenClientURLs) > 0 {
+		listenClient = s.ListenClientURLs
+	}
 	if s.Quarantined {
-		client = s.QuarantineClientURLs
+		client, listenClient = s.QuarantineClientURLs, s.QuarantineClientURLs
 	}
 	listenPeer := s.PeerURLs
 	if len(s.ListenPeerURLs) > 0 {
@@ -89,7 +95,7 @@ func (s Spec) Args() []string {
 	args := []string{
 		"--name=" + s.Name,
 		"--data-dir=" + s.DataDir,
-		"--listen-client-urls=" + strings.Join(client, ","),
+		"--listen-client-urls=" + strings.Join(listenClient, ","),
 		"--advertise-client-urls=" + strings.Join(client, ","),
 		"--listen-peer-urls=" + strings.Join(listenPeer, ","),
 		"--initial-advertise-peer-urls=" + strings.Join(s.PeerURLs, ","),

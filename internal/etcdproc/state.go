@@ -132,16 +132,19 @@ func (l Layout) Lock() (unlock func(), err error) {
 // StateFormat is the format of the state file this version writes.
 const StateFormat = 1
 
-// LoadState reads the node's state, creating a node ID on first use. A
+// LoadState reads the node's state, creating a node ID on first use:
+// name when it is set (a StatefulSet pod's name), else a random one. A
 // state from before HasRun was recorded counts every member that is past
 // its creation as having run: the safe side, since a member that never
 // ran is only removed and added again.
-func (l Layout) LoadState() (State, error) {
+func (l Layout) LoadState(name string) (State, error) {
 	data, err := os.ReadFile(l.statePath())
 	if errors.Is(err, os.ErrNotExist) {
-		id, err := newNodeID()
-		if err != nil {
-			return State{}, err
+		id := name
+		if id == "" {
+			if id, err = newNodeID(); err != nil {
+				return State{}, err
+			}
 		}
 		st := State{Format: StateFormat, NodeID: id}
 		return st, l.SaveState(st)

@@ -33,7 +33,10 @@ type Config struct {
 	EtcdBinDir           string
 	ClientURLs           []string
 	QuarantineClientURLs []string
-	PeerURLs             []string
+	// ListenClientURLs are bound instead of ClientURLs outside
+	// quarantine, when set.
+	ListenClientURLs []string
+	PeerURLs         []string
 	// ListenPeerURLs are the addresses etcd binds for peer traffic when
 	// they differ from the PeerURLs it advertises; empty binds PeerURLs.
 	ListenPeerURLs []string
@@ -88,8 +91,8 @@ type Node struct {
 // A --force-new-cluster left in the state by a crash mid-recovery is
 // dropped: it is used for one start only, and a recover-quorum that
 // still stands asks again.
-func LoadState(layout etcdproc.Layout, peerURLs []string) (etcdproc.State, error) {
-	st, err := layout.LoadState()
+func LoadState(layout etcdproc.Layout, name string, peerURLs []string) (etcdproc.State, error) {
+	st, err := layout.LoadState(name)
 	if err != nil {
 		return st, err
 	}
@@ -433,6 +436,7 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpro
 		Name:                 n.state.NodeID,
 		DataDir:              n.layout.EtcdDataDir(m.ClusterToken),
 		ClientURLs:           n.cfg.ClientURLs,
+		ListenClientURLs:     n.cfg.ListenClientURLs,
 		QuarantineClientURLs: n.cfg.QuarantineClientURLs,
 		Quarantined:          m.Quarantined,
 		PeerURLs:             n.servedPeerURLs(m),

@@ -38,7 +38,7 @@ func TestListenPeerURLs(t *testing.T) {
 // (term 0) are not fenced.
 func TestNodeRefusesOlderTerms(t *testing.T) {
 	layout := etcdproc.Layout{Root: t.TempDir()}
-	st, err := LoadState(layout, []string{"http://127.0.0.1:2380"})
+	st, err := LoadState(layout, "", []string{"http://127.0.0.1:2380"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestNodeRefusesOlderTerms(t *testing.T) {
 	if n.ObeyedTerm() != 10 {
 		t.Errorf("ObeyedTerm = %d, want 10", n.ObeyedTerm())
 	}
-	again, err := LoadState(layout, nil)
+	again, err := LoadState(layout, "", nil)
 	if err != nil || again.ObeyedTerm != 10 {
 		t.Fatalf("obeyed term on disk: %d, %v; want 10", again.ObeyedTerm, err)
 	}
