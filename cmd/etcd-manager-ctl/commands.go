@@ -26,6 +26,7 @@ type options struct {
 	etcdBinDir       string
 	skipBinaryCheck  bool
 	allowDumpRestore bool
+	ordinalMembers   bool
 	output           string
 	storeAttempts    int
 	discovery        string
@@ -56,6 +57,7 @@ commands work even then.`,
 	fs.Int32Var(&o.memberCount, "member-count", 0, "number of etcd members (configure-cluster)")
 	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16 (configure-cluster)")
 	fs.StringVar(&o.etcdBinDir, "etcd-bin-dir", o.etcdBinDir, "directory where the agents' etcd installs live (etcd-v<version>/etcd); configure-cluster refuses a version that has none")
+	fs.BoolVar(&o.ordinalMembers, "ordinal-members", false, "the agents are a StatefulSet's pods, named <set>-<ordinal> with --node-name: only ordinals below --member-count are members, and shrinking removes the highest ordinal first (configure-cluster; set by the Kubernetes operator)")
 	fs.BoolVar(&o.allowDumpRestore, "allow-dump-restore", false, "with --etcd-version: allow a version change no rolling change can make (such as 3.5 to 3.4) by dump and restore, which cuts clients off until the new cluster serves (configure-cluster)")
 	fs.BoolVar(&o.skipBinaryCheck, "skip-binary-check", false, "let configure-cluster accept a version without looking for its binary here (when this machine is not an etcd node)")
 	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
@@ -169,6 +171,9 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 		if err == nil && cs.AllowDumpRestore {
 			_, err = fmt.Fprintln(w, "allowDumpRestore: true")
 		}
+		if err == nil && cs.OrdinalMembers {
+			_, err = fmt.Fprintln(w, "ordinalMembers: true")
+		}
 		return err
 	default:
 		return fmt.Errorf("--output %q: use text or json", o.output)
@@ -217,6 +222,9 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	if versionSet {
 		// The permission goes with the version it was given for.
 		cs.EtcdVersion, cs.AllowDumpRestore = o.etcdVersion, o.allowDumpRestore
+	}
+	if fs.Changed("ordinal-members") {
+		cs.OrdinalMembers = o.ordinalMembers
 	}
 	warnings, err := cs.Validate()
 	if err != nil {

@@ -199,6 +199,10 @@ func TestAllowDumpRestore(t *testing.T) {
 		{[]string{"--etcd-version=3.5.35", "--allow-dump-restore"}, "memberCount: 3\netcdVersion: 3.5.35\nallowDumpRestore: true\n"},
 		{[]string{"--member-count=5"}, "memberCount: 5\netcdVersion: 3.5.35\nallowDumpRestore: true\n"},
 		{[]string{"--etcd-version=3.6.16"}, "memberCount: 5\netcdVersion: 3.6.16\n"},
+		// The operator's flag is kept until it is given again.
+		{[]string{"--member-count=3", "--ordinal-members"}, "memberCount: 3\netcdVersion: 3.6.16\nordinalMembers: true\n"},
+		{[]string{"--member-count=5"}, "memberCount: 5\netcdVersion: 3.6.16\nordinalMembers: true\n"},
+		{[]string{"--member-count=5", "--ordinal-members=false"}, "memberCount: 5\netcdVersion: 3.6.16\n"},
 	}
 	for _, s := range steps {
 		if _, _, err := e.run(t, append(s.args, "configure-cluster")...); err != nil {

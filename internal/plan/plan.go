@@ -527,7 +527,7 @@ func planNoCluster(o Observed) []Action {
 	want := int(o.Spec.MemberCount)
 	ids := make([]string, 0, len(o.Peers))
 	for _, p := range o.Peers {
-		if p.Member == nil {
+		if p.Member == nil && ordinalFits(o.Spec, p.ID) {
 			ids = append(ids, p.ID)
 		}
 	}
@@ -869,6 +869,9 @@ func (p *membershipPlan) shrink() Action {
 			}
 		}
 	}
+	if p.o.Spec.OrdinalMembers {
+		return p.shrinkOrdinal(healthyVoters, voters)
+	}
 	for _, victim := range removalOrder(p.c.Members, p.o.Self.ID) {
 		after, newVoters := healthyVoters, voters
 		if !victim.IsLearner {
@@ -883,6 +886,53 @@ func (p *membershipPlan) shrink() Action {
 		if a := (RemoveMember{MemberID: victim.ID, NodeID: p.nodeIDOf(victim), Reason: fmt.Sprintf("the spec asks for %d members", p.want)}); p.pick(a) {
 			return a
 		}
+	}
+	return nil
+}
+
+// shrinkOrdinal removes the member of the highest ordinal at or above the
+// wanted count, whatever its health, so that the StatefulSet can then
+// drop exactly that pod. Leadership is moved off it first: the leader's
+// agent never removes its own member.
+func (p *membershipPlan) shrinkOrdinal(healthyVoters, voters int) Action {
+	var victim *Member
+	best := -1
+	for i, m := range p.c.Members {
+		name := m.Name
+		if name == "" {
+			name = p.nodeIDOf(m)
+		}
+		if n, ok := spec.Ordinal(name); ok && n >= p.want && n > best {
+			victim, best = &p.c.Members[i], n
+		}
+	}
+	if victim == nil {
+		return Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: no member has an ordinal at or above the wanted count",
+			Attrs: []any{"members", len(p.c.Members), "wanted", p.want}}
+	}
+	after, newVoters := healthyVoters, voters
+	if !victim.IsLearner {
+		newVoters--
+		if victim.Healthy {
+			after--
+		}
+	}
+	if after < quorum(newVoters) {
+		return Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: removing a member now would lose quorum", Attrs: []any{"member", victim.Name, "wanted", p.want}}
+	}
+	if victim.Name == p.o.Self.ID {
+		for _, m := range sortedMembers(p.c.Members) {
+			if n, ok := spec.Ordinal(m.Name); ok && n < p.want && m.Healthy && !m.IsLearner {
+				if a := (MoveLeader{To: m.ID, Reason: "before removing the leader's own member"}); p.pick(a) {
+					return a
+				}
+				return nil
+			}
+		}
+		return Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: no healthy member to hand leadership to", Attrs: []any{"member", victim.Name}}
+	}
+	if a := (RemoveMember{MemberID: victim.ID, NodeID: p.nodeIDOf(*victim), Reason: fmt.Sprintf("the spec asks for %d members, the lowest ordinals", p.want)}); p.pick(a) {
+		return a
 	}
 	return nil
 }
@@ -952,7 +1002,7 @@ func standbyNodes(o Observed) (fit []Node, unfit []string) {
 		need = append(need, m.EtcdVersion)
 	}
 	for _, p := range o.Peers {
-		if p.Member != nil {
+		if p.Member != nil || !ordinalFits(o.Spec, p.ID) {
 			continue
 		}
 		taken := false
@@ -971,6 +1021,17 @@ func standbyNodes(o Observed) (fit []Node, unfit []string) {
 	sort.Slice(fit, func(i, j int) bool { return fit[i].ID < fit[j].ID })
 	sort.Strings(unfit)
 	return fit, unfit
+}
+
+// ordinalFits says whether node id may be a member: always, unless the
+// spec's members are a StatefulSet's ordinals, which must be below the
+// member count.
+func ordinalFits(s *spec.ClusterSpec, id string) bool {
+	if s == nil || !s.OrdinalMembers {
+		return true
+	}
+	n, ok := spec.Ordinal(id)
+	return ok && n < int(s.MemberCount)
 }
 
 // removalOrder is the order in which members are removed to shrink the

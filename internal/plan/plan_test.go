@@ -77,6 +77,51 @@ func leaderObs(want int32, c *ClusterView, peers ...Node) Observed {
 		Cluster: c, Grace: time.Minute, PendingTimeout: time.Minute, BackedUpSinceChange: true}
 }
 
+// ordinal marks the spec's members as a StatefulSet's ordinals.
+func ordinal(o Observed) Observed {
+	s := *o.Spec
+	s.OrdinalMembers = true
+	o.Spec = &s
+	return o
+}
+
+// ordMembers are members etcd-0 … etcd-(n-1), the unhealthy ones named.
+func ordMembers(n int, unhealthy ...string) []Member {
+	var out []Member
+	for i := range n {
+		id := fmt.Sprintf("etcd-%d", i)
+		out = append(out, member(id, !slices.Contains(unhealthy, id)))
+	}
+	return out
+}
+
+// ordNodes are the member agents etcd-0 … etcd-(n-1), etcd-0 first.
+func ordNodes(n int) []Node {
+	var out []Node
+	for i := range n {
+		out = append(out, node(fmt.Sprintf("etcd-%d", i), "member"))
+	}
+	return out
+}
+
+func standbys(ids ...string) []Node {
+	var out []Node
+	for _, id := range ids {
+		out = append(out, node(id, "standby"))
+	}
+	return out
+}
+
+// withSelf makes node id the observer, the raft leader's agent.
+func withSelf(o Observed, id string) Observed {
+	for _, n := range o.Peers {
+		if n.ID == id {
+			o.Self = n
+		}
+	}
+	return o
+}
+
 var backupNow = spec.Command{BackupNow: &spec.BackupNowCommand{}}
 
 func cmd(id string, c spec.Command, state string) Command {
@@ -192,6 +237,26 @@ func TestPlan(t *testing.T) {
 			obs: leaderObs(3, cluster(member("a", true), member("b", false), member("c", true), member("d", true)),
 				node("a", "member"), node("c", "member"), node("d", "member")),
 			want: []string{fmt.Sprintf("remove-member %x node=b", member("b", true).ID)}},
+		// On Kubernetes the members are a StatefulSet's ordinals: the
+		// highest goes, as a number, whatever its health.
+		{name: "ordinal shrink: etcd-10 goes before etcd-9, healthy or not",
+			obs:  ordinal(leaderObs(9, cluster(ordMembers(11, "etcd-3")...), ordNodes(11)...)),
+			want: []string{fmt.Sprintf("remove-member %x node=etcd-10", member("etcd-10", true).ID)}},
+		{name: "ordinal shrink: the leader's own member hands leadership over first",
+			obs:  ordinal(withSelf(leaderObs(2, cluster(ordMembers(3)...), ordNodes(3)...), "etcd-2")),
+			want: []string{fmt.Sprintf("move-leader to=%x", member("etcd-0", true).ID)}},
+		{name: "ordinal shrink: never below quorum",
+			obs:  ordinal(leaderObs(2, cluster(ordMembers(3, "etcd-0", "etcd-1")...), ordNodes(3)...)),
+			want: []string{"report[WARN] not shrinking the cluster: removing a member now would lose quorum"}},
+		{name: "ordinal grow: a pod above the count is no standby",
+			obs:  ordinal(leaderObs(3, cluster(ordMembers(2)...), append(ordNodes(2), node("etcd-3", "standby"))...)),
+			want: []string{"report[WARN] the spec asks for more members, but no standby agent is available"}},
+		{name: "ordinal grow: the pod of the next ordinal joins",
+			obs:  ordinal(leaderObs(3, cluster(ordMembers(2)...), append(ordNodes(2), node("etcd-3", "standby"), node("etcd-2", "standby"))...)),
+			want: []string{"add-member etcd-2"}},
+		{name: "ordinal create: the lowest ordinals, as numbers",
+			obs:  ordinal(lockObs(3, standbys("etcd-10", "etcd-2", "etcd-1", "etcd-0", "x")...)),
+			want: []string{"create-cluster [etcd-0 etcd-1 etcd-2]"}},
 		{name: "wiped member is removed at once",
 			obs: leaderObs(3, cluster(member("a", true), member("b", false), member("c", true)),
 				node("a", "member"), node("b", "wiped"), node("c", "member")),

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Errors returned by validation. Each carries the "spec:" prefix.
@@ -31,6 +32,12 @@ type ClusterSpec struct {
 	// 3.5 to 3.4. configure-cluster sets it only with the version it was
 	// given for.
 	AllowDumpRestore bool `json:"allowDumpRestore,omitempty"`
+	// OrdinalMembers is our addition, set by the Kubernetes operator: the
+	// nodes are a StatefulSet's pods, named <set>-<ordinal>. Only the
+	// nodes of ordinals below MemberCount are members, and shrinking
+	// removes the highest ordinal first, whatever its health, after
+	// moving leadership off it. The StatefulSet shrinks only after.
+	OrdinalMembers bool `json:"ordinalMembers,omitempty"`
 }
 
 // String renders the spec for logs and the CLI.
@@ -38,6 +45,9 @@ func (s ClusterSpec) String() string {
 	out := fmt.Sprintf("memberCount=%d etcdVersion=%s", s.MemberCount, s.EtcdVersion)
 	if s.AllowDumpRestore {
 		out += " allowDumpRestore=true"
+	}
+	if s.OrdinalMembers {
+		out += " ordinalMembers=true"
 	}
 	return out
 }
@@ -61,6 +71,20 @@ func (s ClusterSpec) Validate() (warnings []string, err error) {
 			s.MemberCount, s.MemberCount-1))
 	}
 	return warnings, nil
+}
+
+// Ordinal is the StatefulSet ordinal at the end of a node name such as
+// etcd-10 (10), compared as a number; ok is false for other names.
+func Ordinal(name string) (n int, ok bool) {
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 || i == len(name)-1 || len(name)-i > 7 {
+		return 0, false
+	}
+	n, err := strconv.Atoi(name[i+1:])
+	if err != nil || n < 0 || (name[i+1] == '0' && i+2 != len(name)) {
+		return 0, false
+	}
+	return n, true
 }
 
 // ClusterCreated is the marker kept at control/etcd-cluster-created. Once it

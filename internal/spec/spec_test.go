@@ -174,3 +174,29 @@ func TestClusterSpecValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestOrdinal(t *testing.T) {
+	tests := []struct {
+		name string
+		want int
+		ok   bool
+	}{
+		{"etcd-0", 0, true},
+		{"etcd-9", 9, true},
+		{"etcd-10", 10, true},
+		{"my-etcd-cluster-123", 123, true},
+		{"etcd", 0, false},
+		{"etcd-", 0, false},
+		{"etcd-01", 0, false},
+		{"etcd--1", 1, true},
+		{"etcd-1a", 0, false},
+		{"etcd-99999999", 0, false},
+		{"Zk3mQ9vL2xP0aB7c", 0, false},
+	}
+	for _, tc := range tests {
+		got, ok := Ordinal(tc.name)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("Ordinal(%q) = %d, %v; want %d, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
