@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -273,17 +274,9 @@ func (o *options) listBackups(ctx context.Context, w io.Writer) error {
 	now := time.Now()
 	switch o.output {
 	case "json":
-		type row struct {
-			Name           string  `json:"name"`
-			EtcdVersion    string  `json:"etcdVersion"`
-			Size           int64   `json:"size"`
-			CompressedSize int64   `json:"compressedSize"`
-			Revision       int64   `json:"revision"`
-			AgeSeconds     float64 `json:"ageSeconds"`
-		}
-		rows := []row{}
+		rows := []cli.BackupRow{}
 		for _, i := range infos {
-			rows = append(rows, row{Name: i.Name, EtcdVersion: i.Meta.EtcdVersion, Size: i.Meta.Size, CompressedSize: i.Meta.CompressedSize,
+			rows = append(rows, cli.BackupRow{Name: i.Name, EtcdVersion: i.Meta.EtcdVersion, Size: i.Meta.Size, CompressedSize: i.Meta.CompressedSize,
 				Revision: i.Meta.Revision, AgeSeconds: now.Sub(time.Unix(int64(i.Meta.Timestamp), 0)).Seconds()})
 		}
 		return writeJSON(w, rows)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -198,17 +199,6 @@ func watchCommand(ctx context.Context, s *store.Store, id string, timeout time.D
 	}
 }
 
-type commandRow struct {
-	ID      string `json:"id"`
-	Kind    string `json:"kind"`
-	State   string `json:"state"`
-	Detail  string `json:"detail,omitempty"`
-	Backup  string `json:"backup,omitempty"`
-	Phase   string `json:"phase,omitempty"`
-	Queued  string `json:"queued,omitempty"`
-	Updated string `json:"updated,omitempty"`
-}
-
 func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
@@ -219,9 +209,9 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rows := []commandRow{}
+	rows := []cli.CommandRow{}
 	for _, q := range cmds {
-		r := commandRow{ID: q.ID, Kind: q.Command.Kind(), State: q.Status.State, Detail: q.Status.Message, Queued: stamp(q.Command.Timestamp), Updated: stamp(q.Status.Updated)}
+		r := cli.CommandRow{ID: q.ID, Kind: q.Command.Kind(), State: q.Status.State, Detail: q.Status.Message, Queued: stamp(q.Command.Timestamp), Updated: stamp(q.Status.Updated)}
 		switch {
 		case q.Newer != nil:
 			// Written by a newer etcd-manager: say so, and trust nothing else.

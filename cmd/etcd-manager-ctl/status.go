@@ -14,57 +14,24 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
-	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
-
-// agentStatus is one row of `status`.
-type agentStatus struct {
-	ID          string `json:"id"`
-	Address     string `json:"address"`
-	Role        string `json:"role"`
-	EtcdVersion string `json:"etcdVersion,omitempty"`
-	Healthy     bool   `json:"healthy"`
-	DBSize      int64  `json:"dbSize,omitempty"`
-	ClientURL   string `json:"clientURL,omitempty"`
-	MemberID    string `json:"memberId,omitempty"`
-	ClusterID   string `json:"clusterId,omitempty"`
-	// ClockOffset is the largest offset the agent measured between its
-	// clock and a peer's.
-	ClockOffset time.Duration `json:"clockOffsetNanos"`
-	// LockRefused says why the agent will not take the store lock.
-	LockRefused string `json:"lockRefused,omitempty"`
-	// Procedure is the procedure the agent drives, and its phase.
-	Procedure string `json:"procedure,omitempty"`
-}
-
-type clusterStatus struct {
-	Spec   *spec.ClusterSpec `json:"spec,omitempty"`
-	Leader string            `json:"leader,omitempty"`
-	// ClusterVersion is the version the members agree to speak, which lags
-	// behind the members' own during a version change.
-	ClusterVersion string        `json:"clusterVersion,omitempty"`
-	Agents         []agentStatus `json:"agents"`
-	// Unreachable lists discovered addresses that did not answer.
-	Unreachable []string `json:"unreachable,omitempty"`
-	// Failing are the leader's cluster changes that keep failing.
-	Failing []string `json:"failing,omitempty"`
-}
 
 func role(info peer.NodeInfo) string {
 	switch {
 	case info.Member == nil:
-		return "standby"
+		return cli.RoleStandby
 	case info.Member.Pending:
-		return "pending"
+		return cli.RolePending
 	case info.Leader:
-		return "leader"
+		return cli.RoleLeader
 	case info.IsLearner:
-		return "learner"
+		return cli.RoleLearner
 	default:
-		return "member"
+		return cli.RoleMember
 	}
 }
 
@@ -81,7 +48,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var st clusterStatus
+	var st cli.ClusterStatus
 	var s *store.Store
 	if o.backupStore != "" {
 		if s, err = o.openStore(ctx, false); err != nil {
@@ -142,7 +109,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 }
 
 // printStatus renders the status as text.
-func printStatus(w io.Writer, st clusterStatus) error {
+func printStatus(w io.Writer, st cli.ClusterStatus) error {
 	if st.Spec != nil {
 		fmt.Fprintf(w, "spec:   %s\n", st.Spec)
 	}
@@ -191,7 +158,7 @@ func printStatus(w io.Writer, st clusterStatus) error {
 // askAgents asks every discovered agent for its info, in parallel, and
 // fills st with what they answer; it returns the errors of those that did
 // not.
-func askAgents(ctx context.Context, recs []peer.Record, clusterName string, creds peer.TransportCredentials, st *clusterStatus) []error {
+func askAgents(ctx context.Context, recs []peer.Record, clusterName string, creds peer.TransportCredentials, st *cli.ClusterStatus) []error {
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup
@@ -230,8 +197,8 @@ func askAgents(ctx context.Context, recs []peer.Record, clusterName string, cred
 }
 
 // agentFromInfo is one agent's line of the status.
-func agentFromInfo(addr string, info peer.NodeInfo) agentStatus {
-	a := agentStatus{ID: info.NodeID, Address: addr, Role: role(info), EtcdVersion: info.EtcdVersion,
+func agentFromInfo(addr string, info peer.NodeInfo) cli.AgentStatus {
+	a := cli.AgentStatus{ID: info.NodeID, Address: addr, Role: role(info), EtcdVersion: info.EtcdVersion,
 		Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
 		Procedure: info.Procedure}
 	if len(info.ClientURLs) > 0 && info.Member != nil {

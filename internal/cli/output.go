@@ -1,0 +1,75 @@
+package cli
+
+import (
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// The JSON the ctl prints with --output=json. The Kubernetes operator reads
+// it too, so a field's name and meaning never change; new ones may be added.
+
+// AgentStatus is one agent in `status`.
+type AgentStatus struct {
+	ID          string `json:"id"`
+	Address     string `json:"address"`
+	Role        string `json:"role"`
+	EtcdVersion string `json:"etcdVersion,omitempty"`
+	Healthy     bool   `json:"healthy"`
+	DBSize      int64  `json:"dbSize,omitempty"`
+	ClientURL   string `json:"clientURL,omitempty"`
+	MemberID    string `json:"memberId,omitempty"`
+	ClusterID   string `json:"clusterId,omitempty"`
+	// ClockOffset is the largest offset the agent measured between its
+	// clock and a peer's.
+	ClockOffset time.Duration `json:"clockOffsetNanos"`
+	// LockRefused says why the agent will not take the store lock.
+	LockRefused string `json:"lockRefused,omitempty"`
+	// Procedure is the procedure the agent drives, and its phase.
+	Procedure string `json:"procedure,omitempty"`
+}
+
+// Agent roles in AgentStatus.Role.
+const (
+	RoleStandby = "standby"
+	RolePending = "pending"
+	RoleLeader  = "leader"
+	RoleLearner = "learner"
+	RoleMember  = "member"
+)
+
+// ClusterStatus is the output of `status`.
+type ClusterStatus struct {
+	Spec   *spec.ClusterSpec `json:"spec,omitempty"`
+	Leader string            `json:"leader,omitempty"`
+	// ClusterVersion is the version the members agree to speak, which lags
+	// behind the members' own during a version change.
+	ClusterVersion string        `json:"clusterVersion,omitempty"`
+	Agents         []AgentStatus `json:"agents"`
+	// Unreachable lists discovered addresses that did not answer.
+	Unreachable []string `json:"unreachable,omitempty"`
+	// Failing are the leader's cluster changes that keep failing.
+	Failing []string `json:"failing,omitempty"`
+}
+
+// CommandRow is one queued command in `list-commands`.
+type CommandRow struct {
+	ID      string `json:"id"`
+	Kind    string `json:"kind"`
+	State   string `json:"state"`
+	Detail  string `json:"detail,omitempty"`
+	Backup  string `json:"backup,omitempty"`
+	Phase   string `json:"phase,omitempty"`
+	Queued  string `json:"queued,omitempty"`
+	Updated string `json:"updated,omitempty"`
+}
+
+// BackupRow is one backup in `list-backups`, oldest first.
+type BackupRow struct {
+	Name           string  `json:"name"`
+	EtcdVersion    string  `json:"etcdVersion"`
+	Size           int64   `json:"size"`
+	CompressedSize int64   `json:"compressedSize"`
+	Revision       int64   `json:"revision"`
+	AgeSeconds     float64 `json:"ageSeconds"`
+}
