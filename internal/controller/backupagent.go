@@ -174,7 +174,7 @@ func (b *BackupAgent) Run(ctx context.Context) error {
 		return err
 	}
 	if b.cfg.MetricsAddress != "" {
-		stop, err := b.met.serve(b.cfg.MetricsAddress)
+		stop, err := b.met.serve(b.cfg.MetricsAddress, func() (bool, string) { return true, "backup agent running" })
 		if err != nil {
 			return fmt.Errorf("controller: metrics: %w", err)
 		}

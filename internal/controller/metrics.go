@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -66,14 +67,26 @@ func boolGauge(g prometheus.Gauge, v bool) {
 	}
 }
 
-// serve serves /metrics on addr until the returned stop is called.
-func (m *metrics) serve(addr string) (stop func(), err error) {
+// serve serves /metrics on addr until the returned stop is called, with
+// /healthz (the agent runs) and /readyz (ready reports ok) beside it.
+func (m *metrics) serve(addr string, ready func() (bool, string)) (stop func(), err error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		ok, why := false, "starting"
+		if ready != nil {
+			ok, why = ready()
+		}
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		fmt.Fprintln(w, why)
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }() // returns when stop shuts it down
 	return func() {

@@ -152,6 +152,24 @@ func (n *Node) State() (etcdproc.State, time.Time) {
 	return n.state, n.pendingSince
 }
 
+// Ready says whether the node is ready as a Kubernetes pod is: a standby,
+// or a member whose etcd runs. Whether the cluster is healthy plays no
+// part, or a cluster could never be created or grown. why says what it
+// waits for.
+func (n *Node) Ready() (ok bool, why string) {
+	m := n.Member()
+	switch {
+	case m == nil:
+		return true, "standby"
+	case m.Pending:
+		return false, "waiting for the cluster's creation"
+	}
+	if st := n.proc.Status(); st.PID == 0 {
+		return false, "etcd is not running"
+	}
+	return true, "etcd is running"
+}
+
 // Member is the node's membership now, nil for a standby.
 func (n *Node) Member() *etcdproc.MemberState {
 	n.mu.Lock()

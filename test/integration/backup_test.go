@@ -168,6 +168,18 @@ func TestBackupMetrics(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return string(body)
 	}
+	// A member whose etcd runs is ready, as a Kubernetes probe sees it.
+	for _, a := range agents {
+		resp, err := http.Get(strings.TrimSuffix(a.MetricsURL, "/metrics") + "/readyz")
+		if err != nil {
+			t.Fatalf("readyz: %v", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(body)) != "etcd is running" {
+			t.Errorf("readyz of a settled member: %d %q", resp.StatusCode, body)
+		}
+	}
 	// The agent that took the backup before the member was added reports it
 	// (leadership may have moved since).
 	var backupMetrics string
