@@ -1,0 +1,76 @@
+package operator
+
+import (
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// Observed is what the cluster reconcile saw of one EtcdCluster.
+type Observed struct {
+	// Desired is spec.replicas.
+	Desired int32
+	// StatefulSet is the StatefulSet's replicas; 0 before it exists.
+	StatefulSet int32
+	// Store is the cluster spec in the store; nil when none is known,
+	// either because none was written or because no pod could read it.
+	Store *spec.ClusterSpec
+	// StoreKnown says the store was read (Store nil then means empty).
+	StoreKnown bool
+	// Members are etcd's member names, as the agents report them; nil
+	// when unknown.
+	Members []string
+	// Version is spec.version.
+	Version string
+}
+
+// Steps is what the reconcile does next. The order matters, and is the
+// point: growing, the StatefulSet first, so that new pods are standbys
+// when the store asks for them; shrinking, the store first, so that the
+// engine removes the highest ordinals, and the StatefulSet only once their
+// members are gone.
+type Steps struct {
+	// StatefulSet is the replicas to set.
+	StatefulSet int32
+	// WriteSpec is the spec to write to the store, nil for none.
+	WriteSpec *spec.ClusterSpec
+	// Waiting says what a shrink waits for, empty when nothing.
+	Waiting string
+}
+
+// PlanSteps decides the next steps from what was observed; it is pure.
+func PlanSteps(o Observed) Steps {
+	st := Steps{StatefulSet: max(o.StatefulSet, o.Desired)}
+	want := spec.ClusterSpec{MemberCount: o.Desired, EtcdVersion: o.Version, OrdinalMembers: true}
+	if o.StoreKnown {
+		if o.Store == nil || o.Store.MemberCount != want.MemberCount || o.Store.EtcdVersion != want.EtcdVersion || !o.Store.OrdinalMembers {
+			if o.Store != nil {
+				// Keep what the operator does not own.
+				want.AllowDumpRestore = o.Store.AllowDumpRestore && o.Store.EtcdVersion == want.EtcdVersion
+			}
+			st.WriteSpec = &want
+		}
+	}
+	if o.StatefulSet <= o.Desired {
+		return st
+	}
+	// Shrinking: only once the store asks for the smaller count, and every
+	// member above it is gone.
+	switch {
+	case !o.StoreKnown || o.Store == nil || o.Store.MemberCount != o.Desired:
+		st.Waiting = "the store to ask for fewer members"
+	case o.Members == nil:
+		st.Waiting = "the members to be known"
+	default:
+		highest := int32(-1)
+		for _, m := range o.Members {
+			if n, ok := spec.Ordinal(m); ok {
+				highest = max(highest, int32(n))
+			}
+		}
+		if highest >= o.Desired || int32(len(o.Members)) > o.Desired {
+			st.Waiting = "the engine to remove the members of the highest ordinals"
+			return st
+		}
+		st.StatefulSet = o.Desired
+	}
+	return st
+}

@@ -1,0 +1,547 @@
+// Package envtest runs the operator against a real kube-apiserver (and its
+// etcd), both built by make tools: the CRDs install, their CEL rules refuse
+// bad specs, and the reconciles write the objects, status and Events. No
+// kubelet runs here, so member pods are stand-ins whose status the test
+// sets, and the store is reached through a recording StoreCtl; the real
+// store and agents are tested end to end on a real Kubernetes.
+package envtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
+	"github.com/etcd-manager/etcd-manager/internal/cli"
+	"github.com/etcd-manager/etcd-manager/internal/operator"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/test/harness"
+)
+
+var (
+	k8s     client.Client
+	fakeCtl = &recordingCtl{}
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	root, err := harness.RepoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// envtest wants kube-apiserver and etcd side by side.
+	assets, err := os.MkdirTemp("", "envtest-assets")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(assets)
+	for name, src := range map[string]string{
+		"kube-apiserver": filepath.Join(root, "bin", "kubernetes", "kube-apiserver"),
+		"etcd":           filepath.Join(root, "bin", "etcd-v3.6.16", "etcd"),
+	} {
+		if _, err := os.Stat(src); err != nil {
+			fmt.Fprintf(os.Stderr, "envtest: %s is missing (%v): run make tools\n", src, err)
+			return 1
+		}
+		if err := os.Symlink(src, filepath.Join(assets, name)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     []string{filepath.Join(root, "deploy", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "envtest: start the API server:", err)
+		return 1
+	}
+	defer env.Stop()
+	scheme, err := operator.Scheme()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	rec := mgr.GetEventRecorder("etcd-manager-operator")
+	for _, r := range []interface{ SetupWithManager(ctrl.Manager) error }{
+		&operator.ClusterReconciler{Client: mgr.GetClient(), Ctl: fakeCtl, Events: rec, Image: "etcd-manager:test"},
+		&operator.BackupReconciler{Client: mgr.GetClient(), Ctl: fakeCtl, Events: rec},
+		&operator.RestoreReconciler{Client: mgr.GetClient(), Ctl: fakeCtl, Events: rec},
+		&operator.ScheduleReconciler{Client: mgr.GetClient()},
+	} {
+		if err := r.SetupWithManager(mgr); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	code := m.Run()
+	cancel()
+	if err := <-done; err != nil {
+		fmt.Fprintln(os.Stderr, "manager:", err)
+		code = 1
+	}
+	return code
+}
+
+// recordingCtl stands in for etcd-manager-ctl in a member pod: it keeps a
+// store spec, reports the members the test sets, and records every call.
+type recordingCtl struct {
+	mu       sync.Mutex
+	calls    []string
+	spec     map[string]*spec.ClusterSpec
+	members  map[string][]string
+	commands map[string][]cli.CommandRow
+}
+
+func (f *recordingCtl) record(c *v1alpha1.EtcdCluster, pod, call string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, c.Name+"@"+pod+": "+call)
+}
+
+func (f *recordingCtl) Calls(cluster string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, c := range f.calls {
+		if strings.HasPrefix(c, cluster+"@") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (f *recordingCtl) setMembers(cluster string, names ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.members == nil {
+		f.members = map[string][]string{}
+	}
+	f.members[cluster] = names
+}
+
+func (f *recordingCtl) storeSpec(cluster string) *spec.ClusterSpec {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.spec[cluster]
+}
+
+func (f *recordingCtl) Spec(_ context.Context, c *v1alpha1.EtcdCluster, pod string) (*spec.ClusterSpec, error) {
+	f.record(c, pod, "get")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s := f.spec[c.Name]; s != nil {
+		cp := *s
+		return &cp, nil
+	}
+	return nil, operator.ErrNoSpec
+}
+
+func (f *recordingCtl) WriteSpec(_ context.Context, c *v1alpha1.EtcdCluster, pod string, cs spec.ClusterSpec) error {
+	f.record(c, pod, "configure-cluster "+cs.String())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.spec == nil {
+		f.spec = map[string]*spec.ClusterSpec{}
+	}
+	f.spec[c.Name] = &cs
+	return nil
+}
+
+func (f *recordingCtl) Status(_ context.Context, c *v1alpha1.EtcdCluster, pod string) (cli.ClusterStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := cli.ClusterStatus{Spec: f.spec[c.Name]}
+	for i, name := range f.members[c.Name] {
+		role := cli.RoleMember
+		if i == 0 {
+			role, st.Leader = cli.RoleLeader, name
+		}
+		st.Agents = append(st.Agents, cli.AgentStatus{ID: name, Role: role, Healthy: true, EtcdVersion: c.Spec.Version, MemberID: fmt.Sprintf("%x", i+1)})
+	}
+	return st, nil
+}
+
+func (f *recordingCtl) Backups(_ context.Context, c *v1alpha1.EtcdCluster, pod string) ([]cli.BackupRow, error) {
+	return []cli.BackupRow{{Name: "2026-11-22T10:00:00Z-000001", EtcdVersion: c.Spec.Version, Size: 4096, Revision: 42, AgeSeconds: 30}}, nil
+}
+
+func (f *recordingCtl) Commands(_ context.Context, c *v1alpha1.EtcdCluster, pod string) ([]cli.CommandRow, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.commands[c.Name], nil
+}
+
+func (f *recordingCtl) BackupNow(_ context.Context, c *v1alpha1.EtcdCluster, pod string) (string, error) {
+	f.record(c, pod, "backup-now")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.commands == nil {
+		f.commands = map[string][]cli.CommandRow{}
+	}
+	f.commands[c.Name] = append(f.commands[c.Name], cli.CommandRow{ID: "cmd-backup", Kind: "backup-now", State: spec.CommandDone, Backup: "2026-11-22T10:00:00Z-000001"})
+	return "cmd-backup", nil
+}
+
+func (f *recordingCtl) RestoreBackup(_ context.Context, c *v1alpha1.EtcdCluster, pod, backup string) (string, error) {
+	f.record(c, pod, "restore-backup "+backup)
+	return "cmd-restore", nil
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, detail := cond()
+		if ok {
+			return
+		}
+		last = detail
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s; last: %s", timeout, what, last)
+}
+
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "t-"}}
+	if err := k8s.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+func validCluster(ns, name string) *v1alpha1.EtcdCluster {
+	return &v1alpha1.EtcdCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: v1alpha1.EtcdClusterSpec{
+			Version:     "3.6.16",
+			BackupStore: v1alpha1.BackupStore{URL: "s3://bucket/" + name, CredentialsSecret: "store-creds"},
+		},
+	}
+}
+
+func TestCELRulesRejectBadSpecs(t *testing.T) {
+	ns := newNamespace(t)
+	ctx := t.Context()
+	i32 := func(v int32) *int32 { return &v }
+	hostPath := &corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/srv/backups"}}
+	tests := []struct {
+		name   string
+		mutate func(c *v1alpha1.EtcdCluster)
+		want   string // in the API server's refusal
+	}{
+		{"no replicas below 1", func(c *v1alpha1.EtcdCluster) { c.Spec.Replicas = i32(0) }, "spec.replicas"},
+		{"a version that is not 3.x.y", func(c *v1alpha1.EtcdCluster) { c.Spec.Version = "v3.6" }, "spec.version"},
+		{"an unknown store scheme", func(c *v1alpha1.EtcdCluster) { c.Spec.BackupStore.URL = "ftp://x/y" }, "url must start with file:///, s3://, gs:// or azblob://"},
+		{"a file store without a volume", func(c *v1alpha1.EtcdCluster) { c.Spec.BackupStore.URL = "file:///srv/backups" }, "a file:// store needs a volume"},
+		{"a volume on a cloud store", func(c *v1alpha1.EtcdCluster) { c.Spec.BackupStore.Volume = hostPath }, "a file:// store needs a volume"},
+		{"a bad retention", func(c *v1alpha1.EtcdCluster) { c.Spec.Backup = &v1alpha1.BackupPolicy{Retention: "forever"} }, "spec.backup.retention"},
+		{"a bad deletion policy", func(c *v1alpha1.EtcdCluster) { c.Spec.DeletionPolicy = "Shred" }, "spec.deletionPolicy"},
+		{"a name too long for its pods", func(c *v1alpha1.EtcdCluster) { c.Name = strings.Repeat("a", 53) }, "the name must be 1 to 52"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validCluster(ns, "bad")
+			tc.mutate(c)
+			err := k8s.Create(ctx, c)
+			if err == nil {
+				_ = k8s.Delete(ctx, c)
+				t.Fatal("the API server accepted it")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("refused with %q, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+	// A good file store, and the fields that cannot change on a live cluster.
+	good := validCluster(ns, "fixed")
+	good.Spec.BackupStore = v1alpha1.BackupStore{URL: "file:///srv/backups/fixed", Volume: hostPath}
+	if err := k8s.Create(ctx, good); err != nil {
+		t.Fatalf("a valid file store was refused: %v", err)
+	}
+	changes := []struct {
+		name   string
+		mutate func(c *v1alpha1.EtcdCluster)
+		want   string
+	}{
+		{"the store", func(c *v1alpha1.EtcdCluster) { c.Spec.BackupStore.URL = "file:///srv/backups/other" }, "backupStore.url cannot change"},
+		{"TLS", func(c *v1alpha1.EtcdCluster) { c.Spec.TLS = &v1alpha1.TLSSpec{Enabled: new(bool)} }, "tls.enabled cannot change"},
+	}
+	for _, tc := range changes {
+		t.Run("change "+tc.name, func(t *testing.T) {
+			var c v1alpha1.EtcdCluster
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(good), &c); err != nil {
+				t.Fatal(err)
+			}
+			orig := c.DeepCopy()
+			tc.mutate(&c)
+			if err := k8s.Patch(ctx, &c, client.MergeFrom(orig)); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("update: %v, want a refusal mentioning %q", err, tc.want)
+			}
+		})
+	}
+	// Backups and restores are requests: their specs are fixed, and a
+	// restore names exactly one target.
+	b := &v1alpha1.EtcdBackup{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: ns}, Spec: v1alpha1.EtcdBackupSpec{ClusterName: "nonexistent"}}
+	if err := k8s.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	// A merge patch, so that the reconcile's status writes cannot race it.
+	orig := b.DeepCopy()
+	b.Spec.ClusterName = "other"
+	if err := k8s.Patch(ctx, b, client.MergeFrom(orig)); err == nil || !strings.Contains(err.Error(), "spec cannot change") {
+		t.Errorf("changing a backup's cluster: %v", err)
+	}
+	for _, rs := range []v1alpha1.EtcdRestoreSpec{
+		{BackupName: "x"},
+		{BackupName: "x", ClusterName: "a", ClusterTemplate: &v1alpha1.ClusterTemplate{Name: "n", Spec: validCluster(ns, "n").Spec}},
+	} {
+		r := &v1alpha1.EtcdRestore{ObjectMeta: metav1.ObjectMeta{GenerateName: "r-", Namespace: ns}, Spec: rs}
+		if err := k8s.Create(ctx, r); err == nil || !strings.Contains(err.Error(), "set exactly one of clusterName") {
+			t.Errorf("restore %+v: %v", rs, err)
+		}
+	}
+}
+
+// memberPod stands in for a pod the StatefulSet controller and the kubelet
+// would make: created, then marked running.
+func memberPod(t *testing.T, c *v1alpha1.EtcdCluster, ordinal int) {
+	t.Helper()
+	ctx := t.Context()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", c.Name, ordinal), Namespace: c.Namespace, Labels: map[string]string{operator.LabelCluster: c.Name}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "etcd-manager", Image: "etcd-manager:test"}}},
+	}
+	if err := k8s.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{
+		Name: "etcd-manager", Ready: true, Image: "etcd-manager:test", ImageID: "x",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}},
+	}}}
+	if err := k8s.Status().Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClusterReconcile(t *testing.T) {
+	ns := newNamespace(t)
+	ctx := t.Context()
+	c := validCluster(ns, "etcd")
+	if err := k8s.Create(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(c)
+
+	// The objects: a StatefulSet of agents, two Services, a PDB, a CA.
+	var sts appsv1.StatefulSet
+	waitFor(t, "the StatefulSet", 30*time.Second, func() (bool, string) {
+		err := k8s.Get(ctx, key, &sts)
+		return err == nil, fmt.Sprint(err)
+	})
+	if r := *sts.Spec.Replicas; r != 3 {
+		t.Errorf("replicas %d, want the default 3", r)
+	}
+	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement || sts.Spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType {
+		t.Errorf("pod management %s, update strategy %s", sts.Spec.PodManagementPolicy, sts.Spec.UpdateStrategy.Type)
+	}
+	ctr := sts.Spec.Template.Spec.Containers[0]
+	args := strings.Join(ctr.Args, " ")
+	for _, want := range []string{"--node-name=$(POD_NAME)", "--cluster-name=etcd", "--backup-store=s3://bucket/etcd", "--pki-dir=", "--listen-client-urls=https://0.0.0.0:4001"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("agent args %q lack %q", args, want)
+		}
+	}
+	if ctr.Image != "etcd-manager:test" || ctr.EnvFrom[0].SecretRef.Name != "store-creds" || sts.Spec.Template.Spec.HostNetwork {
+		t.Errorf("container image %q, envFrom %+v, host network %v", ctr.Image, ctr.EnvFrom, sts.Spec.Template.Spec.HostNetwork)
+	}
+	if len(sts.OwnerReferences) != 1 || sts.OwnerReferences[0].Name != "etcd" {
+		t.Errorf("owner references %+v", sts.OwnerReferences)
+	}
+	var peers, clients corev1.Service
+	if err := k8s.Get(ctx, key, &peers); err != nil || peers.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Errorf("headless service: %v %q", err, peers.Spec.ClusterIP)
+	}
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "etcd-client"}, &clients); err != nil || clients.Spec.Ports[0].Port != 4001 {
+		t.Errorf("client service: %v %+v", err, clients.Spec.Ports)
+	}
+	var pdb policyv1.PodDisruptionBudget
+	if err := k8s.Get(ctx, key, &pdb); err != nil || pdb.Spec.MinAvailable.IntValue() != 2 {
+		t.Errorf("PDB: %v, minAvailable %v, want a quorum of 2", err, pdb.Spec.MinAvailable)
+	}
+	var ca corev1.Secret
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "etcd-ca"}, &ca); err != nil || len(ca.Data["tls.key"]) == 0 {
+		t.Errorf("generated CA: %v", err)
+	}
+
+	// With no pod running, the status says what it waits for.
+	waitFor(t, "a status that waits for a pod", 30*time.Second, func() (bool, string) {
+		var got v1alpha1.EtcdCluster
+		if err := k8s.Get(ctx, key, &got); err != nil {
+			return false, err.Error()
+		}
+		cond := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionProgressing)
+		return cond != nil && cond.Status == metav1.ConditionTrue && strings.Contains(cond.Message, "no member pod is running") &&
+			got.Status.Selector == "etcd-manager.dev/cluster=etcd", fmt.Sprintf("%+v", got.Status)
+	})
+
+	// Pods run: the spec goes to the store, and the members to the status.
+	for i := range 3 {
+		memberPod(t, c, i)
+	}
+	waitFor(t, "the spec in the store", 30*time.Second, func() (bool, string) {
+		s := fakeCtl.storeSpec("etcd")
+		return s != nil && *s == spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16", OrdinalMembers: true}, fmt.Sprint(s)
+	})
+	if calls := fakeCtl.Calls("etcd"); !strings.HasPrefix(calls[0], "etcd@etcd-0:") {
+		t.Errorf("the ctl ran in %q, want the lowest ordinal, etcd-0", calls[0])
+	}
+	fakeCtl.setMembers("etcd", "etcd-0", "etcd-1", "etcd-2")
+	waitFor(t, "Available", 30*time.Second, func() (bool, string) {
+		var got v1alpha1.EtcdCluster
+		if err := k8s.Get(ctx, key, &got); err != nil {
+			return false, err.Error()
+		}
+		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionAvailable) && got.Status.ReadyReplicas == 3 &&
+			got.Status.Leader == "etcd-0" && got.Status.CurrentVersion == "3.6.16" && got.Status.LastBackup != nil &&
+			meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionBackupReady), fmt.Sprintf("%+v", got.Status)
+	})
+
+	// kubectl scale --replicas=5: the StatefulSet grows, then the store.
+	scale(t, c, 5)
+	waitFor(t, "5 pods and a spec of 5", 30*time.Second, func() (bool, string) {
+		s := fakeCtl.storeSpec("etcd")
+		_ = k8s.Get(ctx, key, &sts)
+		return *sts.Spec.Replicas == 5 && s.MemberCount == 5, fmt.Sprintf("sts %d, store %v", *sts.Spec.Replicas, s)
+	})
+	fakeCtl.setMembers("etcd", "etcd-0", "etcd-1", "etcd-2", "etcd-3", "etcd-4")
+
+	// Back to 3: the store first; the StatefulSet waits for the engine.
+	scale(t, c, 3)
+	waitFor(t, "a spec of 3", 30*time.Second, func() (bool, string) {
+		s := fakeCtl.storeSpec("etcd")
+		return s.MemberCount == 3, fmt.Sprint(s)
+	})
+	time.Sleep(4 * time.Second) // a reconcile or more
+	if err := k8s.Get(ctx, key, &sts); err != nil || *sts.Spec.Replicas != 5 {
+		t.Fatalf("the StatefulSet shrank to %d before the members of ordinals 3 and 4 were removed (%v)", *sts.Spec.Replicas, err)
+	}
+	fakeCtl.setMembers("etcd", "etcd-0", "etcd-1", "etcd-2", "etcd-3")
+	time.Sleep(4 * time.Second)
+	if err := k8s.Get(ctx, key, &sts); err != nil || *sts.Spec.Replicas != 5 {
+		t.Fatalf("the StatefulSet shrank to %d while etcd-3 was a member (%v)", *sts.Spec.Replicas, err)
+	}
+	fakeCtl.setMembers("etcd", "etcd-0", "etcd-1", "etcd-2")
+	waitFor(t, "the StatefulSet back to 3", 30*time.Second, func() (bool, string) {
+		_ = k8s.Get(ctx, key, &sts)
+		return *sts.Spec.Replicas == 3, fmt.Sprint(*sts.Spec.Replicas)
+	})
+
+	// Events were recorded for what was done.
+	waitFor(t, "events", 30*time.Second, func() (bool, string) {
+		var evs eventsv1.EventList
+		if err := k8s.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		var reasons []string
+		for _, e := range evs.Items {
+			reasons = append(reasons, e.Reason)
+		}
+		return slices.Contains(reasons, "CAGenerated") && slices.Contains(reasons, "SpecWritten") && slices.Contains(reasons, "Scaled") &&
+			slices.Contains(reasons, "MemberAdded") && slices.Contains(reasons, "MemberRemoved"), strings.Join(reasons, ",")
+	})
+}
+
+func scale(t *testing.T, c *v1alpha1.EtcdCluster, n int32) {
+	t.Helper()
+	var cur v1alpha1.EtcdCluster
+	if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(c), &cur); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, n))
+	if err := k8s.SubResource("scale").Patch(t.Context(), &cur, patch); err != nil {
+		t.Fatalf("scale to %d: %v", n, err)
+	}
+}
+
+func TestBackupAndRestore(t *testing.T) {
+	ns := newNamespace(t)
+	ctx := t.Context()
+	c := validCluster(ns, "bk")
+	if err := k8s.Create(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	memberPod(t, c, 0)
+	b := &v1alpha1.EtcdBackup{ObjectMeta: metav1.ObjectMeta{Name: "now", Namespace: ns}, Spec: v1alpha1.EtcdBackupSpec{ClusterName: "bk"}}
+	if err := k8s.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the backup to succeed", 30*time.Second, func() (bool, string) {
+		var got v1alpha1.EtcdBackup
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(b), &got); err != nil {
+			return false, err.Error()
+		}
+		s := got.Status
+		return s.Phase == v1alpha1.BackupSucceeded && s.BackupName == "2026-11-22T10:00:00Z-000001" && s.Revision == 42 && s.Size == 4096 && s.CompletionTime != nil,
+			fmt.Sprintf("%+v", s)
+	})
+	if n := len(slices.DeleteFunc(fakeCtl.Calls("bk"), func(s string) bool { return !strings.HasSuffix(s, "backup-now") })); n != 1 {
+		t.Errorf("backup-now queued %d times, want once", n)
+	}
+	r := &v1alpha1.EtcdRestore{ObjectMeta: metav1.ObjectMeta{Name: "back", Namespace: ns}, Spec: v1alpha1.EtcdRestoreSpec{ClusterName: "bk", BackupName: "2026-11-22T10:00:00Z-000001"}}
+	if err := k8s.Create(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	// The engine removes a restore command once it is complete, which the
+	// recording ctl does at once.
+	waitFor(t, "the restore to succeed", 30*time.Second, func() (bool, string) {
+		var got v1alpha1.EtcdRestore
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(r), &got); err != nil {
+			return false, err.Error()
+		}
+		return got.Status.Phase == v1alpha1.RestoreSucceeded && got.Status.CommandID == "cmd-restore", fmt.Sprintf("%+v", got.Status)
+	})
+	if !slices.Contains(fakeCtl.Calls("bk"), "bk@bk-0: restore-backup 2026-11-22T10:00:00Z-000001") {
+		t.Errorf("calls %q lack the restore", fakeCtl.Calls("bk"))
+	}
+}
