@@ -873,14 +873,7 @@ func (p *membershipPlan) shrink() Action {
 		return p.shrinkOrdinal(healthyVoters, voters)
 	}
 	for _, victim := range removalOrder(p.c.Members, p.o.Self.ID) {
-		after, newVoters := healthyVoters, voters
-		if !victim.IsLearner {
-			newVoters--
-			if victim.Healthy {
-				after--
-			}
-		}
-		if after < quorum(newVoters) {
+		if !keepsQuorumOf(victim, healthyVoters, voters) {
 			return Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: removing a member now would lose quorum", Attrs: []any{"members", len(p.c.Members), "wanted", p.want}}
 		}
 		if a := (RemoveMember{MemberID: victim.ID, NodeID: p.nodeIDOf(victim), Reason: fmt.Sprintf("the spec asks for %d members", p.want)}); p.pick(a) {
@@ -888,6 +881,18 @@ func (p *membershipPlan) shrink() Action {
 		}
 	}
 	return nil
+}
+
+// keepsQuorumOf says whether removing victim from voters members, of which
+// healthyVoters are healthy, leaves a quorum of healthy voters.
+func keepsQuorumOf(victim Member, healthyVoters, voters int) bool {
+	if !victim.IsLearner {
+		voters--
+		if victim.Healthy {
+			healthyVoters--
+		}
+	}
+	return healthyVoters >= quorum(voters)
 }
 
 // shrinkOrdinal removes the member of the highest ordinal at or above the
@@ -910,14 +915,7 @@ func (p *membershipPlan) shrinkOrdinal(healthyVoters, voters int) Action {
 		return Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: no member has an ordinal at or above the wanted count",
 			Attrs: []any{"members", len(p.c.Members), "wanted", p.want}}
 	}
-	after, newVoters := healthyVoters, voters
-	if !victim.IsLearner {
-		newVoters--
-		if victim.Healthy {
-			after--
-		}
-	}
-	if after < quorum(newVoters) {
+	if !keepsQuorumOf(*victim, healthyVoters, voters) {
 		return Report{Level: slog.LevelWarn, Msg: "not shrinking the cluster: removing a member now would lose quorum", Attrs: []any{"member", victim.Name, "wanted", p.want}}
 	}
 	if victim.Name == p.o.Self.ID {
