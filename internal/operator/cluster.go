@@ -2,6 +2,9 @@ package operator
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -37,6 +40,7 @@ type StoreCtl interface {
 	Commands(ctx context.Context, c *v1alpha1.EtcdCluster, pod string) ([]cli.CommandRow, error)
 	BackupNow(ctx context.Context, c *v1alpha1.EtcdCluster, pod string) (string, error)
 	RestoreBackup(ctx context.Context, c *v1alpha1.EtcdCluster, pod, backup string) (string, error)
+	MoveLeader(ctx context.Context, c *v1alpha1.EtcdCluster, pod, version, to string) error
 }
 
 // Event reasons.
@@ -52,6 +56,7 @@ const (
 	reasonRestoreStarted = "RestoreStarted"
 	reasonRestoreDone    = "RestoreSucceeded"
 	reasonRestoreFailed  = "RestoreFailed"
+	reasonRollStep       = "RollStep"
 )
 
 // Requeue intervals: status is polled, since the engine does not call back.
@@ -162,13 +167,11 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 
 	steps := PlanSteps(o)
-	if steps.StatefulSet != o.StatefulSet || o.StatefulSet == 0 {
-		if err := r.applyStatefulSet(ctx, &c, steps.StatefulSet); err != nil {
-			return r.finish(ctx, &c, st, pollSteady, err)
-		}
-		if o.StatefulSet != 0 {
-			r.Events.Eventf(&c, nil, corev1.EventTypeNormal, reasonScaled, "Scale", "StatefulSet scaled from %d to %d pods", o.StatefulSet, steps.StatefulSet)
-		}
+	if err := r.applyStatefulSet(ctx, &c, steps.StatefulSet); err != nil {
+		return r.finish(ctx, &c, st, pollSteady, err)
+	}
+	if o.StatefulSet != 0 && steps.StatefulSet != o.StatefulSet {
+		r.Events.Eventf(&c, nil, corev1.EventTypeNormal, reasonScaled, "Scale", "StatefulSet scaled from %d to %d pods", o.StatefulSet, steps.StatefulSet)
 	}
 	if steps.WriteSpec != nil && podErr == nil {
 		if err := r.Ctl.WriteSpec(ctx, &c, pod, *steps.WriteSpec); err != nil {
@@ -180,11 +183,21 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 
 	r.observeStatus(ctx, &c, st, status, pod, podErr)
-	progressing := steps.Waiting != "" || steps.WriteSpec != nil || st.ReadyReplicas != o.Desired || st.CurrentVersion != c.Spec.Version
+	rolling := ""
+	if status != nil && podErr == nil && steps.Waiting == "" && steps.StatefulSet == o.Desired {
+		var err error
+		if rolling, err = r.roll(ctx, &c, st, pod); err != nil {
+			lg.Info("image roll step failed", "error", err)
+			rolling = "the image roll: " + err.Error()
+		}
+	}
+	progressing := steps.Waiting != "" || steps.WriteSpec != nil || st.ReadyReplicas != o.Desired || st.CurrentVersion != c.Spec.Version || rolling != ""
 	msg := "the cluster matches its spec"
 	switch {
 	case steps.Waiting != "":
 		msg = "waiting for " + steps.Waiting
+	case rolling != "":
+		msg = "rolling the pods to a new template: " + rolling
 	case podErr != nil:
 		msg = "waiting for a running member pod to reach the store: " + podErr.Error()
 	case progressing:
@@ -365,29 +378,114 @@ func (r *ClusterReconciler) apply(ctx context.Context, c *v1alpha1.EtcdCluster, 
 	return nil
 }
 
+// annotationTemplateHash is the hash of the pod template the operator
+// rendered last, so that it updates the template only when it changed (the
+// API server's defaults make the stored template differ from the rendered).
+const annotationTemplateHash = "etcd-manager.dev/template-hash"
+
 func (r *ClusterReconciler) applyStatefulSet(ctx context.Context, c *v1alpha1.EtcdCluster, replicas int32) error {
 	want, err := RenderStatefulSet(c, r.Image, replicas)
 	if err != nil {
 		return err
 	}
+	hash, err := templateHash(want.Spec.Template)
+	if err != nil {
+		return err
+	}
 	sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: want.Name, Namespace: want.Namespace}}
 	_, err = controllerutil.CreateOrUpdate(ctx, r.Client, sts, func() error {
-		if sts.CreationTimestamp.IsZero() {
+		switch {
+		case sts.CreationTimestamp.IsZero():
 			sts.Spec = want.Spec
-		} else {
-			// The selector and claim templates are fixed; the template
-			// changes only reach pods the operator replaces.
-			sts.Spec.Replicas = want.Spec.Replicas
+		case sts.Annotations[annotationTemplateHash] != hash:
+			// The selector and claim templates are fixed; a new template
+			// reaches the pods as the operator replaces them (OnDelete).
 			sts.Spec.Template = want.Spec.Template
 			sts.Spec.PersistentVolumeClaimRetentionPolicy = want.Spec.PersistentVolumeClaimRetentionPolicy
 		}
+		sts.Spec.Replicas = want.Spec.Replicas
 		sts.Labels = want.Labels
+		if sts.Annotations == nil {
+			sts.Annotations = map[string]string{}
+		}
+		sts.Annotations[annotationTemplateHash] = hash
 		return controllerutil.SetControllerReference(c, sts, r.Client.Scheme())
 	})
 	if err != nil {
 		return fmt.Errorf("operator: apply StatefulSet %s: %w", want.Name, err)
 	}
 	return nil
+}
+
+func templateHash(t corev1.PodTemplateSpec) (string, error) {
+	b, err := json.Marshal(t)
+	if err != nil {
+		return "", fmt.Errorf("operator: hash the pod template: %w", err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+// roll replaces one outdated pod when it is safe to: see PlanRoll. It
+// returns what the roll waits for or did, empty when no pod is outdated.
+func (r *ClusterReconciler) roll(ctx context.Context, c *v1alpha1.EtcdCluster, st *v1alpha1.EtcdClusterStatus, ctlPod string) (string, error) {
+	var sts appsv1.StatefulSet
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, &sts); err != nil {
+		return "", err
+	}
+	if sts.Status.UpdateRevision == "" || sts.Status.ObservedGeneration < sts.Generation {
+		return "", nil
+	}
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(c.Namespace), client.MatchingLabels(selectorLabels(c))); err != nil {
+		return "", err
+	}
+	members := map[string]v1alpha1.MemberStatus{}
+	for _, m := range st.Members {
+		members[m.Name] = m
+	}
+	var rp []RollPod
+	for _, p := range pods.Items {
+		ready := p.DeletionTimestamp == nil
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady {
+				ready = ready && cond.Status == corev1.ConditionTrue
+			}
+		}
+		m := members[p.Name]
+		rp = append(rp, RollPod{Name: p.Name, Current: p.Labels[appsv1.ControllerRevisionHashLabelKey] == sts.Status.UpdateRevision,
+			Ready: ready, Healthy: m.Healthy && !m.Learner, Leader: st.Leader == p.Name})
+	}
+	step := PlanRoll(rp, Replicas(c))
+	switch {
+	case step.Delete != "":
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: step.Delete}}
+		if err := r.Client.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
+			return "", err
+		}
+		r.Events.Eventf(c, nil, corev1.EventTypeNormal, reasonRollStep, "Roll", "replaced pod %s for the new pod template", step.Delete)
+		return "replaced pod " + step.Delete, nil
+	case step.MoveLeaderFrom != "":
+		to := ""
+		for _, p := range rp {
+			if p.Name != step.MoveLeaderFrom && p.Healthy && (to == "" || p.Current) {
+				to = members[p.Name].ID
+			}
+		}
+		if to == "" {
+			return "a member to hand leadership to", nil
+		}
+		version := st.CurrentVersion
+		if version == "" {
+			version = c.Spec.Version
+		}
+		if err := r.Ctl.MoveLeader(ctx, c, step.MoveLeaderFrom, version, to); err != nil {
+			return "", err
+		}
+		r.Events.Eventf(c, nil, corev1.EventTypeNormal, reasonRollStep, "MoveLeader", "moved leadership off %s before replacing its pod", step.MoveLeaderFrom)
+		return "moved leadership off " + step.MoveLeaderFrom, nil
+	}
+	return step.Waiting, nil
 }
 
 // ensureCA makes sure the CA Secret exists: the named one must; <name>-ca

@@ -96,6 +96,20 @@ func (c Ctl) RestoreBackup(ctx context.Context, cl *v1alpha1.EtcdCluster, pod, b
 	return c.queue(ctx, cl, pod, "restore-backup", "--wait=false", "--", backup)
 }
 
+// MoveLeader hands raft leadership from the member in pod to the member
+// of ID to (hex), with the etcdctl of the version the cluster runs.
+func (c Ctl) MoveLeader(ctx context.Context, cl *v1alpha1.EtcdCluster, pod, version, to string) error {
+	if _, err := spec.ParseVersion(version); err != nil {
+		return fmt.Errorf("operator: move leader: %w", err)
+	}
+	args := []string{etcdBinDir + "/etcd-v" + version + "/etcdctl", fmt.Sprintf("--endpoints=%s://127.0.0.1:%d", urlScheme(cl), ClientPort)}
+	if TLSEnabled(cl) {
+		args = append(args, "--cacert="+dataDir+"/pki/ca.crt", "--cert="+dataDir+"/pki/node.crt", "--key="+dataDir+"/pki/node.key")
+	}
+	_, err := c.Exec.Exec(ctx, cl.Namespace, pod, container, append(args, "move-leader", to))
+	return err
+}
+
 func (c Ctl) queue(ctx context.Context, cl *v1alpha1.EtcdCluster, pod string, args ...string) (string, error) {
 	out, err := c.run(ctx, cl, pod, args...)
 	if err != nil {

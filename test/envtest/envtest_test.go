@@ -226,6 +226,11 @@ func (f *recordingCtl) RestoreBackup(_ context.Context, c *v1alpha1.EtcdCluster,
 	return "cmd-restore", nil
 }
 
+func (f *recordingCtl) MoveLeader(_ context.Context, c *v1alpha1.EtcdCluster, pod, version, to string) error {
+	f.record(c, pod, "move-leader "+to)
+	return nil
+}
+
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
