@@ -1,5 +1,5 @@
 // Command image builds the project's container image tarball (make
-// image): the agent and the ctl in /usr/local/bin, every statically
+// image): the agent, the ctl and the operator in /usr/local/bin, every statically
 // linked etcd the tools built in /opt/etcd-v<version>, and the machine's
 // CA bundle, tagged etcd-manager:dev unless IMAGE_TAG says otherwise.
 package main
@@ -29,7 +29,7 @@ func run() error {
 	tag := flag.String("tag", envOr("IMAGE_TAG", "etcd-manager:dev"), "the image's tag (default from IMAGE_TAG)")
 	output := flag.String("output", "bin/etcd-manager-image.tar", "the image tarball to write")
 	binDir := flag.String("bin-dir", "bin/image", "where the statically linked etcd-manager binaries are")
-	binaries := flag.String("binaries", "etcd-manager,etcd-manager-ctl", "the binaries of -bin-dir to put in "+image.BinDir)
+	binaries := flag.String("binaries", "etcd-manager,etcd-manager-ctl,etcd-manager-operator", "the binaries of -bin-dir to put in "+image.BinDir)
 	etcdDir := flag.String("etcd-dir", "bin", "where make tools put the etcd builds (etcd-v<version>/)")
 	etcdVersions := flag.String("etcd-versions", "", "the etcd versions to put in, comma or space separated, each of which must be built statically (default: every static build in -etcd-dir)")
 	caCerts := flag.String("ca-certs", image.CACertsPath, "the CA bundle to copy in, for https:// stores")

@@ -41,7 +41,7 @@ func TestImage(t *testing.T) {
 	for i := range 2 {
 		dir := t.TempDir()
 		bin := filepath.Join(dir, "bin")
-		build := exec.Command("go", "build", "-trimpath", "-o", bin+"/", "./cmd/etcd-manager", "./cmd/etcd-manager-ctl")
+		build := exec.Command("go", "build", "-trimpath", "-o", bin+"/", "./cmd/etcd-manager", "./cmd/etcd-manager-ctl", "./cmd/etcd-manager-operator")
 		build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
 		if b, err := build.CombinedOutput(); err != nil {
 			t.Fatalf("go build: %v\n%s", err, b)
@@ -95,7 +95,7 @@ func TestImage(t *testing.T) {
 		t.Errorf("label %s = %q, want 3.5.35,3.6.16,3.7.3", image.LabelEtcdVersions, got)
 	}
 	want := map[string]bool{"tmp/": true, "etc/ssl/certs/ca-certificates.crt": true,
-		"usr/local/bin/etcd-manager": true, "usr/local/bin/etcd-manager-ctl": true}
+		"usr/local/bin/etcd-manager": true, "usr/local/bin/etcd-manager-ctl": true, "usr/local/bin/etcd-manager-operator": true}
 	for _, v := range []string{"3.5.35", "3.6.16", "3.7.3"} { // the Makefile's ETCD_VERSIONS
 		for _, b := range []string{"etcd", "etcdctl", "etcdutl"} {
 			want["opt/etcd-v"+v+"/"+b] = true
