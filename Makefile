@@ -8,7 +8,7 @@ DEBIAN_ETCD   ?= 3.4.23 3.4.23-4+b4
 GO            ?= go
 export GOTOOLCHAIN := local
 
-.PHONY: all tools etcd kube build image generate demo test unit integration bench chaos lint clean
+.PHONY: all tools etcd kube build image generate demo test unit integration e2e-kube bench chaos lint clean
 
 all: build
 
@@ -33,11 +33,14 @@ build:
 	$(GO) build -o bin/ ./cmd/etcd-manager ./cmd/etcd-manager-ctl ./cmd/etcd-manager-operator
 
 ## generate: the API's deep copies, the CRDs (deploy/crds/) and the operator's RBAC (deploy/operator/rbac/), with
-## controller-gen; make lint fails when they are stale.
+## controller-gen, and their copies in the Helm chart; make lint fails when they are stale.
 generate:
 	@hack/build-go-tool.sh controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
 	bin/controller-gen object paths=./api/... crd:crdVersions=v1 output:crd:artifacts:config=deploy/crds \
 	  rbac:roleName=etcd-manager-operator paths=./internal/operator/... output:rbac:artifacts:config=deploy/operator/rbac
+	@# The Helm chart carries the same CRDs and ClusterRole.
+	cp deploy/crds/*.yaml deploy/helm/etcd-manager-operator/crds/
+	cp deploy/operator/rbac/role.yaml deploy/helm/etcd-manager-operator/templates/clusterrole.yaml
 
 ## image: the container image as a tarball, bin/etcd-manager-image.tar, tagged $(IMAGE_TAG); built without a
 ## Docker engine, reproducibly; docker load, podman load and ctr images import accept it.
@@ -63,6 +66,12 @@ unit:
 
 integration: tools
 	$(GO) test -count=1 -timeout 30m ./test/...
+
+## e2e-kube: the operator end to end on a real single-node Kubernetes v1.37.0 (hack/kube.sh) with the shipped CRDs,
+## RBAC and image: create, scale, pod loss, a wiped member, a version roll under a writer, backup and restore,
+## deletion. Prints its figures last. Needs root, and Debian's containerd, runc and containernetworking-plugins.
+e2e-kube: tools build image
+	$(GO) test -count=1 -tags e2ekube -timeout 60m -v ./test/kube/
 
 ## bench: figures against baselines measured in the same run; writes bench/results/latest.json.
 BENCH_SCALE ?= full

@@ -1,0 +1,624 @@
+//go:build e2ekube
+
+// Package kube runs the operator end to end on a real single-node Kubernetes
+// v1.37.0 (hack/kube.sh), with the shipped CRDs, RBAC and image: make
+// e2e-kube. Pods live on a bridge of this machine with no route out; the test
+// reaches etcd at their addresses on it.
+package kube
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
+	"github.com/etcd-manager/etcd-manager/internal/image"
+	"github.com/etcd-manager/etcd-manager/internal/operator"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/test/harness"
+)
+
+const (
+	ns          = "e2e"
+	clusterName = "e2e"
+	fromVersion = "3.5.35"
+	toVersion   = "3.6.16"
+)
+
+var (
+	root       string
+	kubeDir    string
+	kubeconfig string
+	k8s        client.Client
+	figures    = map[string]string{}
+	figuresMu  sync.Mutex
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func fatal(err error) int {
+	fmt.Fprintln(os.Stderr, "e2e-kube:", err)
+	return 1
+}
+
+func run(m *testing.M) int {
+	var err error
+	if root, err = harness.RepoRoot(); err != nil {
+		return fatal(err)
+	}
+	img := filepath.Join(root, "bin", "etcd-manager-image.tar")
+	if _, err := os.Stat(img); err != nil {
+		return fatal(fmt.Errorf("%w: run make image (make e2e-kube does)", err))
+	}
+	kubeDir = envOr("KUBE_DIR", "/tmp/etcd-manager-kube")
+	tmp, err := os.MkdirTemp("", "e2e-kube")
+	if err != nil {
+		return fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	pause, err := buildPause(tmp)
+	if err != nil {
+		return fatal(err)
+	}
+	start := time.Now()
+	if err := kubeScript("up", pause, img); err != nil {
+		kubeScript("down")
+		return fatal(err)
+	}
+	defer kubeScript("down")
+	record("cluster up", time.Since(start).Round(time.Second).String())
+	kubeconfig = filepath.Join(kubeDir, "pki", "admin.kubeconfig")
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return fatal(err)
+	}
+	scheme, err := operator.Scheme()
+	if err != nil {
+		return fatal(err)
+	}
+	if k8s, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		return fatal(err)
+	}
+	stop, err := startOperator(tmp)
+	if err != nil {
+		return fatal(err)
+	}
+	code := m.Run()
+	stop()
+	figuresMu.Lock()
+	for _, k := range slices.Sorted(maps.Keys(figures)) {
+		fmt.Printf("e2e-kube figure: %s: %s\n", k, figures[k])
+	}
+	figuresMu.Unlock()
+	return code
+}
+
+func record(name, value string) {
+	figuresMu.Lock()
+	defer figuresMu.Unlock()
+	figures[name] = value
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func kubeScript(args ...string) error {
+	cmd := exec.Command(filepath.Join(root, "hack", "kube.sh"), args...)
+	cmd.Env = append(os.Environ(), "KUBE_DIR="+kubeDir)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("hack/kube.sh %s: %w", args[0], err)
+	}
+	return nil
+}
+
+// buildPause builds the sandbox image: a static Go binary in one layer.
+func buildPause(dir string) (string, error) {
+	bin := filepath.Join(dir, "pause")
+	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "./test/kube/pause")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build pause: %w: %s", err, out)
+	}
+	img, err := image.Build(image.Image{Files: []image.File{{Path: "/pause", Source: bin, Mode: 0o755}}, Entrypoint: []string{"/pause"}}, dir)
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "pause.tar")
+	return out, image.Write(out, "localhost/pause:e2e", img)
+}
+
+func kubectl(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(root, "bin", "kubernetes", "kubectl"), append([]string{"--kubeconfig=" + kubeconfig}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, errb.String())
+	}
+	return out.String(), nil
+}
+
+// startOperator installs the shipped kustomization (CRDs, RBAC, the
+// Deployment scaled to none: this cluster has no Service routing for an
+// in-cluster operator to reach the API), then runs the operator out of
+// cluster as the shipped ServiceAccount, so that its RBAC is what is tested.
+func startOperator(dir string) (stop func(), err error) {
+	if out, err := kubectl("apply", "--server-side", "-k", filepath.Join(root, "deploy", "operator")); err != nil {
+		return nil, fmt.Errorf("%w: %s", err, out)
+	}
+	if _, err := kubectl("-n", "etcd-manager-system", "scale", "deployment/etcd-manager-operator", "--replicas=0"); err != nil {
+		return nil, err
+	}
+	token, err := kubectl("-n", "etcd-manager-system", "create", "token", "etcd-manager-operator", "--duration=2h")
+	if err != nil {
+		return nil, err
+	}
+	kc := filepath.Join(dir, "operator.kubeconfig")
+	conf := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: e2e, cluster: {server: "https://127.0.0.1:6443", certificate-authority: %s}}]
+users: [{name: operator, user: {token: %q}}]
+contexts: [{name: e2e, context: {cluster: e2e, user: operator}}]
+current-context: e2e
+`, filepath.Join(kubeDir, "pki", "ca.crt"), strings.TrimSpace(token))
+	if err := os.WriteFile(kc, []byte(conf), 0o600); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(kubeDir, "logs", "operator.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(root, "bin", "etcd-manager-operator"), "--leader-elect", "--leader-election-namespace=etcd-manager-system",
+		"--metrics-address=0", "--health-address=0", "--image=etcd-manager:dev")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kc)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		logf.Close()
+	}, nil
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	last := ""
+	for time.Since(start) < timeout {
+		ok, detail := cond()
+		if ok {
+			return time.Since(start)
+		}
+		if detail != last {
+			t.Logf("waiting for %s: %s", what, detail)
+			last = detail
+		}
+		time.Sleep(time.Second)
+	}
+	dumpState(t)
+	t.Fatalf("timed out after %s waiting for %s; last: %s", timeout, what, last)
+	return 0
+}
+
+func dumpState(t *testing.T) {
+	out, _ := kubectl("-n", ns, "get", "etcdclusters,statefulsets,pods,pvc", "-o", "wide")
+	t.Log(out)
+	out, _ = kubectl("-n", ns, "get", "etcdcluster", clusterName, "-o", "jsonpath={.status}")
+	t.Log(out)
+	if b, err := os.ReadFile(filepath.Join(kubeDir, "logs", "operator.log")); err == nil {
+		if len(b) > 8000 {
+			b = b[len(b)-8000:]
+		}
+		t.Logf("operator log (end):\n%s", b)
+	}
+	for i := range 5 {
+		out, _ := kubectl("-n", ns, "logs", fmt.Sprintf("%s-%d", clusterName, i), "--tail=30")
+		t.Logf("pod %d log (end):\n%s", i, out)
+	}
+}
+
+func getCluster(t *testing.T) *v1alpha1.EtcdCluster {
+	t.Helper()
+	var c v1alpha1.EtcdCluster
+	if err := k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: clusterName}, &c); err != nil {
+		t.Fatal(err)
+	}
+	return &c
+}
+
+// settled says whether the cluster is Available with exactly the members
+// etcd-0 … etcd-(n-1), all healthy, on version.
+func settled(t *testing.T, n int, version string) (bool, string) {
+	var c v1alpha1.EtcdCluster
+	if err := k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: clusterName}, &c); err != nil {
+		return false, err.Error()
+	}
+	var names []string
+	for _, m := range c.Status.Members {
+		if m.Healthy && !m.Learner && m.Version == version {
+			names = append(names, m.Name)
+		}
+	}
+	want := make([]string, n)
+	for i := range n {
+		want[i] = fmt.Sprintf("%s-%d", clusterName, i)
+	}
+	var sts appsv1.StatefulSet
+	_ = k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: clusterName}, &sts)
+	ok := meta.IsStatusConditionTrue(c.Status.Conditions, v1alpha1.ConditionAvailable) && slices.Equal(names, want) &&
+		sts.Spec.Replicas != nil && *sts.Spec.Replicas == int32(n) && sts.Status.ReadyReplicas == int32(n)
+	cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionProgressing)
+	msg := ""
+	if cond != nil {
+		msg = cond.Message
+	}
+	return ok, fmt.Sprintf("healthy %v on %s; sts ready %d; %s", names, version, sts.Status.ReadyReplicas, msg)
+}
+
+// etcdClient reaches the members at their pod addresses with a client
+// certificate from the cluster's CA.
+func etcdClient(t *testing.T) *clientv3.Client {
+	t.Helper()
+	var sec corev1.Secret
+	if err := k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: clusterName + "-ca"}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := pki.ParseCA(sec.Data["tls.crt"], sec.Data["tls.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue(pki.CertRequest{CommonName: "e2e", Role: pki.RoleClient, Validity: time.Hour}, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods corev1.PodList
+	if err := k8s.List(t.Context(), &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
+		t.Fatal(err)
+	}
+	var eps []string
+	for _, p := range pods.Items {
+		if p.Status.PodIP != "" {
+			eps = append(eps, fmt.Sprintf("https://%s:%d", p.Status.PodIP, operator.ClientPort))
+		}
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, TLS: pki.StaticClientConfig(pair, ca.Pool()), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func put(t *testing.T, cli *clientv3.Client, k, v string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, k, v); err != nil {
+		t.Fatalf("put %s: %v", k, err)
+	}
+}
+
+func count(t *testing.T, cli *clientv3.Client, prefix string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatalf("count %s: %v", prefix, err)
+	}
+	return resp.Count
+}
+
+// The scenarios run in order on one cluster, as a user would.
+func TestOperator(t *testing.T) {
+	ctx := t.Context()
+	if _, err := kubectl("create", "namespace", ns); err != nil {
+		t.Fatal(err)
+	}
+	replicas := int32(3)
+	storeDir := filepath.Join(kubeDir, "store")
+	dirOrCreate := corev1.HostPathDirectoryOrCreate
+	storageClass := "local"
+	c := &v1alpha1.EtcdCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: clusterName, Namespace: ns},
+		Spec: v1alpha1.EtcdClusterSpec{
+			Replicas: &replicas,
+			Version:  fromVersion,
+			BackupStore: v1alpha1.BackupStore{
+				URL:    "file:///var/lib/etcd-manager-store/" + clusterName,
+				Volume: &corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: filepath.Join(storeDir, clusterName), Type: &dirOrCreate}},
+			},
+			Storage: &corev1.PersistentVolumeClaimSpec{
+				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				StorageClassName: &storageClass,
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}},
+			},
+			MemberFailureGrace: &metav1.Duration{Duration: 20 * time.Second},
+		},
+	}
+
+	t.Run("1 create a 3-member cluster and write to it", func(t *testing.T) {
+		if err := k8s.Create(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "3 healthy members", 5*time.Minute, func() (bool, string) { return settled(t, 3, fromVersion) })
+		record("apply to Available (3 members)", took.Round(time.Second).String())
+		cli := etcdClient(t)
+		for i := range 100 {
+			put(t, cli, fmt.Sprintf("/e2e/create/%03d", i), "v")
+		}
+		if n := count(t, cli, "/e2e/create/"); n != 100 {
+			t.Fatalf("read back %d keys, want 100", n)
+		}
+		// etcd serves the pod's loopback too, for kubectl exec.
+		out, err := kubectl("-n", ns, "exec", clusterName+"-0", "--", "/opt/etcd-v"+fromVersion+"/etcdctl", "--endpoints=https://127.0.0.1:4001",
+			"--cacert=/var/lib/etcd-manager/pki/ca.crt", "--cert=/var/lib/etcd-manager/pki/node.crt", "--key=/var/lib/etcd-manager/pki/node.key",
+			"get", "--prefix", "--count-only", "--write-out=fields", "/e2e/create/")
+		if err != nil || !strings.Contains(out, `"Count" : 100`) {
+			t.Errorf("etcdctl in the pod over its loopback: %v: %s", err, out)
+		}
+	})
+
+	t.Run("2 kubectl scale to 5 and back to 3", func(t *testing.T) {
+		if _, err := kubectl("-n", ns, "scale", "etcdcluster/"+clusterName, "--replicas=5"); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "5 healthy members", 5*time.Minute, func() (bool, string) { return settled(t, 5, fromVersion) })
+		record("scale 3 to 5", took.Round(time.Second).String())
+		if _, err := kubectl("-n", ns, "scale", "etcdcluster/"+clusterName, "--replicas=3"); err != nil {
+			t.Fatal(err)
+		}
+		took = waitFor(t, "back to 3 members, the lowest ordinals", 5*time.Minute, func() (bool, string) { return settled(t, 3, fromVersion) })
+		record("scale 5 to 3", took.Round(time.Second).String())
+		if n := count(t, etcdClient(t), "/e2e/create/"); n != 100 {
+			t.Fatalf("after scaling, %d keys, want 100", n)
+		}
+	})
+
+	t.Run("3 delete a pod", func(t *testing.T) {
+		if _, err := kubectl("-n", ns, "delete", "pod", clusterName+"-1", "--wait=true"); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "the pod back as a healthy member", 5*time.Minute, func() (bool, string) { return settled(t, 3, fromVersion) })
+		record("deleted pod back", took.Round(time.Second).String())
+		if n := count(t, etcdClient(t), "/e2e/create/"); n != 100 {
+			t.Fatalf("%d keys, want 100", n)
+		}
+	})
+
+	t.Run("4 delete a pod with its PVC", func(t *testing.T) {
+		start := time.Now()
+		if _, err := kubectl("-n", ns, "delete", "pvc", "data-"+clusterName+"-2", "--wait=false"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kubectl("-n", ns, "delete", "pod", clusterName+"-2", "--wait=true"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "a wiped member replaced", 8*time.Minute, func() (bool, string) {
+			var pvc corev1.PersistentVolumeClaim
+			if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "data-" + clusterName + "-2"}, &pvc); err != nil {
+				return false, err.Error()
+			}
+			if pvc.CreationTimestamp.Time.Before(start) {
+				return false, "the old PVC is still there"
+			}
+			return settled(t, 3, fromVersion)
+		})
+		record("replace a pod and its PVC", time.Since(start).Round(time.Second).String())
+		if n := count(t, etcdClient(t), "/e2e/create/"); n != 100 {
+			t.Fatalf("%d keys, want 100", n)
+		}
+	})
+
+	t.Run("5 roll 3.5 to 3.6 under a writer", func(t *testing.T) {
+		cli := etcdClient(t)
+		var acked atomic.Int64
+		var longest atomic.Int64
+		stopW := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			last := time.Now()
+			for i := 0; i < 200000; i++ {
+				select {
+				case <-stopW:
+					done <- nil
+					return
+				default:
+				}
+				wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := cli.Put(wctx, fmt.Sprintf("/e2e/roll/%06d", i), "v")
+				cancel()
+				if err != nil {
+					i-- // the same key again: an unacknowledged write may or may not be there
+					time.Sleep(50 * time.Millisecond)
+					continue
+				}
+				acked.Store(int64(i + 1))
+				if gap := time.Since(last); gap.Nanoseconds() > longest.Load() {
+					longest.Store(gap.Nanoseconds())
+				}
+				last = time.Now()
+				time.Sleep(10 * time.Millisecond)
+			}
+			done <- errors.New("the writer ran out of keys")
+		}()
+		time.Sleep(3 * time.Second)
+		if _, err := kubectl("-n", ns, "patch", "etcdcluster", clusterName, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"version":%q}}`, toVersion)); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "every member on "+toVersion, 10*time.Minute, func() (bool, string) { return settled(t, 3, toVersion) })
+		time.Sleep(3 * time.Second)
+		close(stopW)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		n := acked.Load()
+		if got := count(t, cli, "/e2e/roll/"); got < n {
+			t.Fatalf("%d of %d acknowledged writes survived the roll", got, n)
+		}
+		record("roll 3.5 to 3.6", took.Round(time.Second).String())
+		record("longest write stall during the roll", time.Duration(longest.Load()).Round(time.Millisecond).String())
+		record("acknowledged writes during the roll", fmt.Sprint(n))
+		// No pod was restarted: the agents rolled etcd inside them.
+		var pods corev1.PodList
+		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods.Items {
+			if p.Status.ContainerStatuses[0].RestartCount != 0 {
+				t.Errorf("pod %s restarted %d times during the roll", p.Name, p.Status.ContainerStatuses[0].RestartCount)
+			}
+		}
+	})
+
+	t.Run("5b a new image rolls the pods one at a time", func(t *testing.T) {
+		// The same image under another tag: a new pod template all the same.
+		ctr := exec.Command("ctr", "-a", filepath.Join(kubeDir, "containerd", "containerd.sock"), "-n", "k8s.io", "images", "tag", "docker.io/library/etcd-manager:dev", "docker.io/library/etcd-manager:e2e-roll")
+		if out, err := ctr.CombinedOutput(); err != nil {
+			t.Fatalf("ctr images tag: %v: %s", err, out)
+		}
+		if _, err := kubectl("-n", ns, "patch", "etcdcluster", clusterName, "--type=merge", "-p", `{"spec":{"image":"etcd-manager:e2e-roll"}}`); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "every pod on the new image", 10*time.Minute, func() (bool, string) {
+			var pods corev1.PodList
+			if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
+				return false, err.Error()
+			}
+			var old []string
+			for _, p := range pods.Items {
+				if p.Spec.Containers[0].Image != "etcd-manager:e2e-roll" {
+					old = append(old, p.Name)
+				}
+			}
+			if len(old) > 0 {
+				return false, fmt.Sprintf("pods on the old image: %v", old)
+			}
+			return settled(t, 3, toVersion)
+		})
+		record("image roll of 3 pods", took.Round(time.Second).String())
+		if n := count(t, etcdClient(t), "/e2e/create/"); n != 100 {
+			t.Fatalf("%d keys, want 100", n)
+		}
+	})
+
+	t.Run("6 EtcdBackup then an in-place EtcdRestore", func(t *testing.T) {
+		cli := etcdClient(t)
+		put(t, cli, "/e2e/before-backup", "kept")
+		b := &v1alpha1.EtcdBackup{ObjectMeta: metav1.ObjectMeta{Name: "before-restore", Namespace: ns}, Spec: v1alpha1.EtcdBackupSpec{ClusterName: clusterName}}
+		if err := k8s.Create(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		var backupName string
+		waitFor(t, "the backup", 5*time.Minute, func() (bool, string) {
+			var got v1alpha1.EtcdBackup
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(b), &got); err != nil {
+				return false, err.Error()
+			}
+			backupName = got.Status.BackupName
+			return got.Status.Phase == v1alpha1.BackupSucceeded && got.Status.Revision > 0, fmt.Sprintf("%+v", got.Status)
+		})
+		put(t, cli, "/e2e/after-backup", "lost by the restore")
+		r := &v1alpha1.EtcdRestore{ObjectMeta: metav1.ObjectMeta{Name: "back", Namespace: ns}, Spec: v1alpha1.EtcdRestoreSpec{ClusterName: clusterName, BackupName: backupName}}
+		if err := k8s.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "the restore", 10*time.Minute, func() (bool, string) {
+			var got v1alpha1.EtcdRestore
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(r), &got); err != nil {
+				return false, err.Error()
+			}
+			if got.Status.Phase == v1alpha1.RestoreFailed {
+				t.Fatalf("restore failed: %s", got.Status.Message)
+			}
+			return got.Status.Phase == v1alpha1.RestoreSucceeded, fmt.Sprintf("%+v", got.Status)
+		})
+		record("in-place restore", took.Round(time.Second).String())
+		waitFor(t, "3 healthy members after the restore", 5*time.Minute, func() (bool, string) { return settled(t, 3, toVersion) })
+		cli = etcdClient(t)
+		if n := count(t, cli, "/e2e/before-backup"); n != 1 {
+			t.Errorf("the key written before the backup: %d, want 1", n)
+		}
+		if n := count(t, cli, "/e2e/after-backup"); n != 0 {
+			t.Errorf("the key written after the backup survived the restore")
+		}
+		if n := count(t, cli, "/e2e/create/"); n != 100 {
+			t.Errorf("%d keys of the first scenario, want 100", n)
+		}
+	})
+
+	t.Run("7 delete the cluster: the PVCs are kept", func(t *testing.T) {
+		if err := k8s.Delete(ctx, getCluster(t)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the pods to go", 3*time.Minute, func() (bool, string) {
+			var pods corev1.PodList
+			if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
+				return false, err.Error()
+			}
+			return len(pods.Items) == 0, fmt.Sprintf("%d pods", len(pods.Items))
+		})
+		var pvcs corev1.PersistentVolumeClaimList
+		if err := k8s.List(ctx, &pvcs, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, p := range pvcs.Items {
+			names = append(names, p.Name)
+		}
+		slices.Sort(names)
+		if want := []string{"data-e2e-0", "data-e2e-1", "data-e2e-2"}; !slices.Equal(names, want) {
+			t.Errorf("PVCs left: %v, want %v", names, want)
+		}
+		if entries, err := os.ReadDir(filepath.Join(storeDir, clusterName)); err != nil || len(entries) == 0 {
+			t.Errorf("the store was touched: %v, %d entries", err, len(entries))
+		}
+	})
+	out, _ := json.Marshal(figures)
+	t.Logf("figures: %s", out)
+}
