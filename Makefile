@@ -39,7 +39,7 @@ generate:
 	bin/controller-gen object paths=./api/... crd:crdVersions=v1 output:crd:artifacts:config=deploy/crds \
 	  rbac:roleName=etcd-manager-operator paths=./internal/operator/... output:rbac:artifacts:config=deploy/operator/rbac
 	@# The Helm chart carries the same CRDs and ClusterRole.
-	cp deploy/crds/*.yaml deploy/helm/etcd-manager-operator/crds/
+	cp deploy/crds/etcd-manager.dev_*.yaml deploy/helm/etcd-manager-operator/crds/
 	cp deploy/operator/rbac/role.yaml deploy/helm/etcd-manager-operator/templates/clusterrole.yaml
 
 ## image: the container image as a tarball, bin/etcd-manager-image.tar, tagged $(IMAGE_TAG); built without a

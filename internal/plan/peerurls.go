@@ -17,7 +17,9 @@ import (
 // have TLS files dial https peers and serve http ones alike, so a cluster
 // part way through keeps its quorum; each member is away only for its own
 // restart, and the leader's own member goes last, after it hands
-// leadership on.
+// leadership on. A member that is down, its node back at another address
+// (a Kubernetes pod recreated with a new IP), is switched while it is down,
+// the others healthy: its etcd cannot serve the old address at all.
 
 // SetPeerURLs registers a member's new peer URLs and has its node serve
 // them.
@@ -51,15 +53,25 @@ func planPeerURLs(o Observed) []Action {
 	if len(todo) == 0 {
 		return nil
 	}
-	for _, m := range o.Cluster.Members {
-		if !m.Healthy {
-			return []Action{Report{Level: slog.LevelInfo, Msg: "peer URL switch waits for every member to be healthy", Attrs: []any{"member", m.Name}}}
+	// A member that is down with other URLs than its registered ones goes
+	// first: its node may be unable to serve the old ones at all (a pod
+	// back with a new address), and the switch is what brings it back.
+	sort.Slice(todo, func(i, j int) bool {
+		if todo[i].m.Healthy != todo[j].m.Healthy {
+			return !todo[i].m.Healthy
 		}
-	}
-	sort.Slice(todo, func(i, j int) bool { return todo[i].n.ID < todo[j].n.ID })
+		return todo[i].n.ID < todo[j].n.ID
+	})
 	next := todo[0]
 	if i := slices.IndexFunc(todo, func(c cand) bool { return c.n.ID != o.Self.ID }); i >= 0 {
 		next = todo[i]
+	}
+	// Every other member must be healthy: the switch restarts the member's
+	// etcd, and must not cost the quorum.
+	for _, m := range o.Cluster.Members {
+		if !m.Healthy && m.ID != next.m.ID {
+			return []Action{Report{Level: slog.LevelInfo, Msg: "peer URL switch waits for every member to be healthy", Attrs: []any{"member", m.Name}}}
+		}
 	}
 	if next.n.ID == o.Self.ID && len(o.Cluster.Members) > 1 {
 		for _, m := range o.Cluster.Members {

@@ -445,6 +445,12 @@ func TestPlanPeerURLSwitch(t *testing.T) {
 		{"an unhealthy member holds the switch",
 			obs([]Member{member("a", true), member("b", true), member("c", false)}, secure("a"), secure("b"), node("c", "member")),
 			"report[INFO] peer URL switch waits for every member to be healthy"},
+		{"a member down with new URLs goes first, the others healthy (a pod back at a new IP)",
+			obs([]Member{member("a", true), member("b", true), member("c", false)}, secure("a"), secure("b"), secure("c")),
+			"set-peer-urls c https://c:2380"},
+		{"a member down with new URLs waits while another is down too",
+			obs([]Member{member("a", true), member("b", false), member("c", false)}, node("a", "member"), node("b", "member"), secure("c")),
+			"report[INFO] peer URL switch waits for every member to be healthy"},
 		{"the leader's own member last, after handing leadership on",
 			func() Observed {
 				ms := slices.Clone(healthy)

@@ -354,6 +354,16 @@ func count(t *testing.T, cli *clientv3.Client, prefix string) int64 {
 	return resp.Count
 }
 
+// step runs one scenario; the next ones build on it, so a failure ends the
+// test there.
+func step(t *testing.T, name string, f func(t *testing.T)) {
+	t.Helper()
+	if !t.Run(name, f) {
+		dumpState(t)
+		t.FailNow()
+	}
+}
+
 // The scenarios run in order on one cluster, as a user would.
 func TestOperator(t *testing.T) {
 	ctx := t.Context()
@@ -382,7 +392,7 @@ func TestOperator(t *testing.T) {
 		},
 	}
 
-	t.Run("1 create a 3-member cluster and write to it", func(t *testing.T) {
+	step(t, "1 create a 3-member cluster and write to it", func(t *testing.T) {
 		if err := k8s.Create(ctx, c); err != nil {
 			t.Fatal(err)
 		}
@@ -404,7 +414,7 @@ func TestOperator(t *testing.T) {
 		}
 	})
 
-	t.Run("2 kubectl scale to 5 and back to 3", func(t *testing.T) {
+	step(t, "2 kubectl scale to 5 and back to 3", func(t *testing.T) {
 		if _, err := kubectl("-n", ns, "scale", "etcdcluster/"+clusterName, "--replicas=5"); err != nil {
 			t.Fatal(err)
 		}
@@ -420,7 +430,7 @@ func TestOperator(t *testing.T) {
 		}
 	})
 
-	t.Run("3 delete a pod", func(t *testing.T) {
+	step(t, "3 delete a pod", func(t *testing.T) {
 		if _, err := kubectl("-n", ns, "delete", "pod", clusterName+"-1", "--wait=true"); err != nil {
 			t.Fatal(err)
 		}
@@ -431,7 +441,7 @@ func TestOperator(t *testing.T) {
 		}
 	})
 
-	t.Run("4 delete a pod with its PVC", func(t *testing.T) {
+	step(t, "4 delete a pod with its PVC", func(t *testing.T) {
 		start := time.Now()
 		if _, err := kubectl("-n", ns, "delete", "pvc", "data-"+clusterName+"-2", "--wait=false"); err != nil {
 			t.Fatal(err)
@@ -455,7 +465,7 @@ func TestOperator(t *testing.T) {
 		}
 	})
 
-	t.Run("5 roll 3.5 to 3.6 under a writer", func(t *testing.T) {
+	step(t, "5 roll 3.5 to 3.6 under a writer", func(t *testing.T) {
 		cli := etcdClient(t)
 		var acked atomic.Int64
 		var longest atomic.Int64
@@ -516,7 +526,7 @@ func TestOperator(t *testing.T) {
 		}
 	})
 
-	t.Run("5b a new image rolls the pods one at a time", func(t *testing.T) {
+	step(t, "5b a new image rolls the pods one at a time", func(t *testing.T) {
 		// The same image under another tag: a new pod template all the same.
 		ctr := exec.Command("ctr", "-a", filepath.Join(kubeDir, "containerd", "containerd.sock"), "-n", "k8s.io", "images", "tag", "docker.io/library/etcd-manager:dev", "docker.io/library/etcd-manager:e2e-roll")
 		if out, err := ctr.CombinedOutput(); err != nil {
@@ -547,7 +557,7 @@ func TestOperator(t *testing.T) {
 		}
 	})
 
-	t.Run("6 EtcdBackup then an in-place EtcdRestore", func(t *testing.T) {
+	step(t, "6 EtcdBackup then an in-place EtcdRestore", func(t *testing.T) {
 		cli := etcdClient(t)
 		put(t, cli, "/e2e/before-backup", "kept")
 		b := &v1alpha1.EtcdBackup{ObjectMeta: metav1.ObjectMeta{Name: "before-restore", Namespace: ns}, Spec: v1alpha1.EtcdBackupSpec{ClusterName: clusterName}}
@@ -592,7 +602,7 @@ func TestOperator(t *testing.T) {
 		}
 	})
 
-	t.Run("7 delete the cluster: the PVCs are kept", func(t *testing.T) {
+	step(t, "7 delete the cluster: the PVCs are kept", func(t *testing.T) {
 		if err := k8s.Delete(ctx, getCluster(t)); err != nil {
 			t.Fatal(err)
 		}
