@@ -291,20 +291,49 @@ func (n *Node) recordV2UntilLocked(ctx context.Context) error {
 	}
 }
 
+// PeerURLSettle is how long a down member waits, once its new peer URLs
+// are registered, before its etcd starts on them: longer than etcd's peer
+// dial timeout (1 s plus the election timeout).
+var PeerURLSettle = 5 * time.Second
+
 // SetPeerURLs serves the peer API: the member is now registered with this
 // node's configured peer URLs; restart etcd serving them.
 func (n *Node) SetPeerURLs(ctx context.Context, req peer.PeerURLsRequest) error {
+	check := func() (*etcdproc.MemberState, bool, error) {
+		cur := n.state.Member
+		if cur == nil || cur.ClusterToken != req.Token {
+			return nil, false, fmt.Errorf("node: set peer URLs for cluster %s: this node is not its member", req.Token)
+		}
+		if !plan.SameURLs(req.URLs, n.cfg.PeerURLs) {
+			return nil, false, fmt.Errorf("node: set peer URLs %v: this node is configured with %v", req.URLs, n.cfg.PeerURLs)
+		}
+		return cur, plan.SameURLs(cur.PeerURLs, req.URLs) && n.proc.Status().Wanted, nil
+	}
+	n.mu.Lock()
+	_, done, err := check()
+	running := n.proc.Status().PID != 0
+	n.mu.Unlock()
+	if err != nil || done {
+		return err
+	}
+	if !running {
+		// The member is down, its node back at a new address. The leader's
+		// sends to the old address, begun before the new one was
+		// registered, must fail before this etcd is up: one that fails
+		// after its streams connect marks it inactive in the leader's etcd
+		// until they reconnect, and etcd refuses membership changes
+		// meanwhile ("unhealthy cluster").
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(PeerURLSettle):
+		}
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	cur := n.state.Member
-	if cur == nil || cur.ClusterToken != req.Token {
-		return fmt.Errorf("node: set peer URLs for cluster %s: this node is not its member", req.Token)
-	}
-	if !plan.SameURLs(req.URLs, n.cfg.PeerURLs) {
-		return fmt.Errorf("node: set peer URLs %v: this node is configured with %v", req.URLs, n.cfg.PeerURLs)
-	}
-	if plan.SameURLs(cur.PeerURLs, req.URLs) && n.proc.Status().Wanted {
-		return nil
+	cur, done, err := check()
+	if err != nil || done {
+		return err
 	}
 	m := *cur
 	from := m.PeerURLs
