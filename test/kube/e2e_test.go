@@ -392,6 +392,68 @@ func TestOperator(t *testing.T) {
 		},
 	}
 
+	// The baseline, by hand on the same Kubernetes: a StatefulSet of three
+	// single-member etcds of the same image, on the same storage. It is the
+	// floor under the operator's figures: pods scheduled, volumes bound,
+	// containers started and etcd serving, with no cluster to form.
+	step(t, "0 by hand: a plain StatefulSet of etcd", func(t *testing.T) {
+		manifest := fmt.Sprintf(`apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: plain, namespace: %s}
+spec:
+  serviceName: plain
+  replicas: 3
+  podManagementPolicy: Parallel
+  selector: {matchLabels: {app: plain}}
+  template:
+    metadata: {labels: {app: plain}}
+    spec:
+      containers:
+      - name: etcd
+        image: etcd-manager:dev
+        command: [/opt/etcd-v%s/etcd, --data-dir=/data/etcd, --listen-client-urls=http://0.0.0.0:2379, --advertise-client-urls=http://127.0.0.1:2379]
+        readinessProbe: {httpGet: {path: /health, port: 2379}, periodSeconds: 2}
+        volumeMounts: [{name: data, mountPath: /data}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec: {accessModes: [ReadWriteOnce], storageClassName: local, resources: {requests: {storage: 256Mi}}}
+`, ns, fromVersion)
+		path := filepath.Join(t.TempDir(), "plain.yaml")
+		if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ready := func(n int32) func() (bool, string) {
+			return func() (bool, string) {
+				var sts appsv1.StatefulSet
+				if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "plain"}, &sts); err != nil {
+					return false, err.Error()
+				}
+				return sts.Status.ReadyReplicas == n && sts.Status.Replicas == n, fmt.Sprintf("%d ready", sts.Status.ReadyReplicas)
+			}
+		}
+		start := time.Now()
+		if _, err := kubectl("apply", "-f", path); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "3 plain etcd pods ready", 3*time.Minute, ready(3))
+		record("by hand: apply to 3 plain etcd pods ready", time.Since(start).Round(time.Second).String())
+		start = time.Now()
+		if _, err := kubectl("-n", ns, "delete", "pvc", "data-plain-2", "--wait=false"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kubectl("-n", ns, "delete", "pod", "plain-2", "--wait=true"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the plain pod back with a new PVC", 3*time.Minute, ready(3))
+		record("by hand: a plain etcd pod and its PVC back", time.Since(start).Round(time.Second).String())
+		if _, err := kubectl("-n", ns, "delete", "statefulset", "plain", "--wait=true"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kubectl("-n", ns, "delete", "pvc", "-l", "app=plain", "--wait=true"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	step(t, "1 create a 3-member cluster and write to it", func(t *testing.T) {
 		if err := k8s.Create(ctx, c); err != nil {
 			t.Fatal(err)
