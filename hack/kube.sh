@@ -204,6 +204,13 @@ up() {
   rm -rf "$W"
   mkdir -p "$W" "$L"
   sysctl vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward >"$W/sysctl.orig"
+  # Fixed paths outside $W that containerd 1.6 and the kubelet write: down
+  # removes only those that did not exist before.
+  local p
+  : >"$W/host-created"
+  for p in /run/containerd /run/netns /var/lib/kubelet /var/log/containers /var/log/pods $(ls -d /sys/fs/cgroup/*/ 2>/dev/null | sed 's|/$|/kubepods|'); do
+    [ -e "$p" ] || echo "$p" >>"$W/host-created"
+  done
   pki
   configs
   start containerd containerd --config "$W/containerd/config.toml"
@@ -248,6 +255,7 @@ up() {
 }
 
 down() {
+  local p
   if [ -f "$W/kubelet.pid" ] && kill -0 "$(cat "$W/kubelet.pid")" 2>/dev/null; then
     kc delete pods --all --all-namespaces --grace-period=1 --wait=false >/dev/null 2>&1 || true
   fi
@@ -264,12 +272,19 @@ down() {
   fi
   stop containerd
   stop etcd
-  # Mounts the kubelet and containerd made, deepest first.
-  awk -v w="$W" 'index($2, w) == 1 || index($2, "/run/containerd") == 1 || index($2, "/run/netns") == 1 {print $2}' /proc/mounts | sort -r |
-    while read -r m; do umount -l "$m" 2>/dev/null || true; done
-  local h
-  for h in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
-    if [ -d "$h" ]; then find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
+  created() { [ -f "$W/host-created" ] && grep -qxF "$1" "$W/host-created"; }
+  # Mounts the kubelet and containerd made, deepest first: under $W, and
+  # under the fixed paths only when this script created them.
+  local roots=("$W") h
+  created /run/containerd && roots+=(/run/containerd)
+  created /run/netns && roots+=(/run/netns)
+  awk '{print $2}' /proc/mounts | sort -r | while read -r m; do
+    for r in "${roots[@]}"; do
+      if [ "${m#"$r"}" != "$m" ]; then umount -l "$m" 2>/dev/null || true; fi
+    done
+  done
+  for h in /sys/fs/cgroup/*/kubepods; do
+    if [ -d "$h" ] && created "$h"; then find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
   done
   ip link del "$BRIDGE" 2>/dev/null || true
   local tbl ch
@@ -279,13 +294,12 @@ down() {
     done
   done
   if [ -f "$W/sysctl.orig" ]; then sysctl -q -p "$W/sysctl.orig" || true; fi
-  # Fixed paths outside $W that containerd 1.6 and the kubelet write.
-  rm -rf /run/containerd
-  rm -f /var/lib/kubelet/device-plugins/kubelet.sock
-  rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true
-  find /var/log/containers /var/log/pods -maxdepth 1 -type l -delete 2>/dev/null || true
-  rmdir /var/log/containers /var/log/pods 2>/dev/null || true
-  rmdir /run/netns 2>/dev/null || true
+  # Fixed paths outside $W, each only if this script's run created it.
+  if created /run/containerd; then rm -rf /run/containerd; fi
+  if created /var/lib/kubelet; then rm -rf /var/lib/kubelet; fi
+  for p in /var/log/containers /var/log/pods /run/netns; do
+    if created "$p"; then rm -rf "$p"; fi
+  done
   if [ -z "${KUBE_KEEP:-}" ]; then rm -rf "$W"; fi
   log "down"
 }

@@ -12,7 +12,7 @@ import (
 // +kubebuilder:resource:shortName=etcd,categories=etcd-manager
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
-// +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$')",message="the name must be 1 to 52 lowercase letters, digits and dashes: it names the StatefulSet, its pods and the agents' cluster"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]{0,50}[a-z0-9])?$')",message="the name must be 1 to 52 lowercase letters, digits and dashes, starting with a letter: it names the StatefulSet, its Services, its pods and the agents' cluster"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.readyMembers`
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.status.currentVersion`
 // +kubebuilder:printcolumn:name="Last backup",type=date,JSONPath=`.status.lastBackup.time`
@@ -52,6 +52,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.backupStore.url == oldSelf.backupStore.url",message="backupStore.url cannot change: a different store is a different cluster"
 // +kubebuilder:validation:XValidation:rule="(has(self.tls) && has(self.tls.enabled) ? self.tls.enabled : true) == (has(oldSelf.tls) && has(oldSelf.tls.enabled) ? oldSelf.tls.enabled : true)",message="tls.enabled cannot change on a running cluster"
 // +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage) && (!has(self.storage) || self.storage == oldSelf.storage)",message="storage cannot change: a StatefulSet's volume claim template is fixed"
+// +kubebuilder:validation:XValidation:rule="has(self.tls) && has(self.tls.caSecret) ? (has(oldSelf.tls) && has(oldSelf.tls.caSecret) && self.tls.caSecret == oldSelf.tls.caSecret) : !(has(oldSelf.tls) && has(oldSelf.tls.caSecret))",message="tls.caSecret cannot change on a running cluster: its members trust one CA"
 type EtcdClusterSpec struct {
 	// Replicas is the number of etcd members. An odd number is
 	// recommended: 3 tolerates one failure, 5 two.
@@ -105,6 +106,7 @@ type EtcdClusterSpec struct {
 	// MemberFailureGrace is how long a member may be unhealthy before it
 	// is replaced (default 1m).
 	//
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="memberFailureGrace must not be negative"
 	// +optional
 	MemberFailureGrace *metav1.Duration `json:"memberFailureGrace,omitempty"`
 
@@ -179,8 +181,9 @@ type PodTemplate struct {
 
 // BackupPolicy says when backups are taken and which are kept.
 type BackupPolicy struct {
-	// Interval between periodic full backups (default 15m).
+	// Interval between periodic full backups (default 15m, at least 1m).
 	//
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m')",message="backup.interval must be at least 1m"
 	// +optional
 	Interval *metav1.Duration `json:"interval,omitempty"`
 

@@ -74,7 +74,19 @@ func (r *BackupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	row, found := findCommand(rows, st.CommandID)
 	switch {
 	case !found:
-		st.Phase, st.Message = v1alpha1.BackupFailed, fmt.Sprintf("command %s left the queue before it was done", st.CommandID)
+		// Finished commands leave the queue after a while: a backup taken
+		// since this object was made is the one it asked for.
+		st.Phase, st.Message = v1alpha1.BackupFailed, fmt.Sprintf("command %s left the queue before it was seen done", st.CommandID)
+		if backups, err := r.Ctl.Backups(ctx, &c, pod); err == nil {
+			for _, bk := range backups {
+				at := time.Now().Add(-time.Duration(bk.AgeSeconds * float64(time.Second)))
+				if !at.Before(b.CreationTimestamp.Time) {
+					st.Phase, st.BackupName, st.Size, st.Revision, st.Message = v1alpha1.BackupSucceeded, bk.Name, bk.Size, bk.Revision, ""
+					st.CompletionTime = &metav1.Time{Time: at.Truncate(time.Second)}
+					break
+				}
+			}
+		}
 	case row.State == spec.CommandDone && row.Backup != "":
 		st.Phase, st.BackupName, st.Message = v1alpha1.BackupSucceeded, row.Backup, ""
 		now := metav1.Now()
@@ -107,6 +119,20 @@ func (r *BackupReconciler) update(ctx context.Context, b *v1alpha1.EtcdBackup, s
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{RequeueAfter: poll}, nil
+}
+
+// queuedSince is the ID of a command of kind for backup, queued at or
+// after since and not finished, or "".
+func queuedSince(rows []cli.CommandRow, kind, backup string, since time.Time) string {
+	for _, r := range rows {
+		if r.Kind != kind || r.Backup != backup || r.State == spec.CommandDone || r.State == spec.CommandFailed {
+			continue
+		}
+		if at, err := time.Parse(time.RFC3339, r.Queued); err == nil && !at.Before(since.Truncate(time.Second)) {
+			return r.ID
+		}
+	}
+	return ""
 }
 
 func findCommand(rows []cli.CommandRow, id string) (cli.CommandRow, bool) {
@@ -162,6 +188,18 @@ func (r *RestoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return r.update(ctx, &rs, st, pollProgress)
 	}
 	if st.CommandID == "" {
+		// A restore queued before its ID reached the status (a failed
+		// status write) is adopted, never queued again: each run would
+		// erase the writes made since the one before.
+		rows, err := r.Ctl.Commands(ctx, &c, pod)
+		if err != nil {
+			st.Message = "cannot read the command queue: " + err.Error()
+			return r.update(ctx, &rs, st, pollProgress)
+		}
+		if id := queuedSince(rows, "restore-backup", rs.Spec.BackupName, rs.CreationTimestamp.Time); id != "" {
+			st.Phase, st.CommandID, st.Message = v1alpha1.RestoreRunning, id, "adopted queued command "+id
+			return r.update(ctx, &rs, st, pollProgress)
+		}
 		id, err := r.Ctl.RestoreBackup(ctx, &c, pod, rs.Spec.BackupName)
 		if err != nil {
 			st.Message = "cannot queue the restore: " + err.Error()

@@ -82,12 +82,11 @@ type ClusterReconciler struct {
 // +kubebuilder:rbac:groups=etcd-manager.dev,resources=etcdclusters/status;etcdbackups/status;etcdbackupschedules/status;etcdrestores/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
-// +kubebuilder:rbac:groups="",resources=pods/exec,verbs=create
+// +kubebuilder:rbac:groups="",resources=pods/exec,verbs=get;create
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 
 // SetupWithManager registers the reconciler.
 func (r *ClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -161,6 +160,11 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		if s, err := r.Ctl.Status(ctx, &c, pod); err == nil {
 			status = &s
 			o.Members = memberNames(s)
+			if len(s.Unreachable) > 0 || slices.ContainsFunc(s.Agents, func(a cli.AgentStatus) bool { return a.Role == cli.RolePending }) {
+				// An agent that did not answer may be a member still: the
+				// StatefulSet must not shrink on a partial view.
+				o.Members = nil
+			}
 		} else {
 			lg.Info("no live status from the agents", "pod", pod, "error", err)
 		}
@@ -184,9 +188,9 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 
 	r.observeStatus(ctx, &c, st, status, pod, podErr)
 	rolling := ""
-	if status != nil && podErr == nil && steps.Waiting == "" && steps.StatefulSet == o.Desired {
+	if status != nil && podErr == nil && steps.Waiting == "" && steps.WriteSpec == nil && steps.StatefulSet == o.Desired {
 		var err error
-		if rolling, err = r.roll(ctx, &c, st, pod); err != nil {
+		if rolling, err = r.roll(ctx, &c, st, status); err != nil {
 			lg.Info("image roll step failed", "error", err)
 			rolling = "the image roll: " + err.Error()
 		}
@@ -259,16 +263,17 @@ func (r *ClusterReconciler) observeStatus(ctx context.Context, c *v1alpha1.EtcdC
 		setCondition(st, c.Generation, v1alpha1.ConditionAvailable, metav1.ConditionFalse, "NoStatus", "no agent reported the cluster's status yet")
 	case st.ReadyReplicas >= want && st.Replicas == want:
 		setCondition(st, c.Generation, v1alpha1.ConditionAvailable, metav1.ConditionTrue, "AllMembersReady", fmt.Sprintf("%d of %d members healthy", st.ReadyReplicas, want))
-	case st.ReadyReplicas > st.Replicas/2:
+	case st.ReadyReplicas > max(st.Replicas, want)/2:
 		setCondition(st, c.Generation, v1alpha1.ConditionAvailable, metav1.ConditionTrue, "QuorumReady", fmt.Sprintf("%d of %d members healthy: etcd serves", st.ReadyReplicas, want))
 	default:
-		setCondition(st, c.Generation, v1alpha1.ConditionAvailable, metav1.ConditionFalse, "NoQuorum", fmt.Sprintf("%d of %d members healthy", st.ReadyReplicas, st.Replicas))
+		setCondition(st, c.Generation, v1alpha1.ConditionAvailable, metav1.ConditionFalse, "NoQuorum", fmt.Sprintf("%d of %d members healthy", st.ReadyReplicas, want))
 	}
 	switch {
 	case podErr != nil:
 		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "StoreUnreachable", podErr.Error())
-	case status != nil && st.ReadyReplicas < st.Replicas:
-		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "MemberUnhealthy", fmt.Sprintf("%d of %d members healthy", st.ReadyReplicas, st.Replicas))
+	case status != nil && (st.ReadyReplicas < want || len(status.Unreachable) > 0):
+		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "MemberUnhealthy",
+			fmt.Sprintf("%d of %d members healthy; agents not answering: %d", st.ReadyReplicas, want, len(status.Unreachable)))
 	case status != nil && len(status.Failing) > 0:
 		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "ChangeFailing", strings.Join(status.Failing, "; "))
 	default:
@@ -401,8 +406,8 @@ func (r *ClusterReconciler) applyStatefulSet(ctx context.Context, c *v1alpha1.Et
 			// The selector and claim templates are fixed; a new template
 			// reaches the pods as the operator replaces them (OnDelete).
 			sts.Spec.Template = want.Spec.Template
-			sts.Spec.PersistentVolumeClaimRetentionPolicy = want.Spec.PersistentVolumeClaimRetentionPolicy
 		}
+		sts.Spec.PersistentVolumeClaimRetentionPolicy = want.Spec.PersistentVolumeClaimRetentionPolicy
 		sts.Spec.Replicas = want.Spec.Replicas
 		sts.Labels = want.Labels
 		if sts.Annotations == nil {
@@ -428,7 +433,7 @@ func templateHash(t corev1.PodTemplateSpec) (string, error) {
 
 // roll replaces one outdated pod when it is safe to: see PlanRoll. It
 // returns what the roll waits for or did, empty when no pod is outdated.
-func (r *ClusterReconciler) roll(ctx context.Context, c *v1alpha1.EtcdCluster, st *v1alpha1.EtcdClusterStatus, ctlPod string) (string, error) {
+func (r *ClusterReconciler) roll(ctx context.Context, c *v1alpha1.EtcdCluster, st *v1alpha1.EtcdClusterStatus, status *cli.ClusterStatus) (string, error) {
 	var sts appsv1.StatefulSet
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, &sts); err != nil {
 		return "", err
@@ -457,6 +462,25 @@ func (r *ClusterReconciler) roll(ctx context.Context, c *v1alpha1.EtcdCluster, s
 			Ready: ready, Healthy: m.Healthy && !m.Learner, Leader: st.Leader == p.Name})
 	}
 	step := PlanRoll(rp, Replicas(c))
+	if step.Delete != "" || step.MoveLeaderFrom != "" {
+		// The engine must be idle: no version change, procedure or failing
+		// change under way, and a known leader.
+		switch {
+		case st.CurrentVersion != c.Spec.Version:
+			return "the agents to finish the version change", nil
+		case st.Leader == "":
+			return "a known leader", nil
+		case len(status.Failing) > 0:
+			return "the engine's failing changes to clear: " + strings.Join(status.Failing, "; "), nil
+		case c.Spec.Storage == nil && Replicas(c) == 1:
+			return "nothing: a single member on an emptyDir would lose its data; give it storage or more replicas", nil
+		}
+		for _, a := range status.Agents {
+			if a.Procedure != "" {
+				return "the engine's " + a.Procedure + " to finish", nil
+			}
+		}
+	}
 	switch {
 	case step.Delete != "":
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: step.Delete}}
@@ -500,6 +524,23 @@ func (r *ClusterReconciler) ensureCA(ctx context.Context, c *v1alpha1.EtcdCluste
 	case err == nil:
 		if len(sec.Data[corev1.TLSCertKey]) == 0 || len(sec.Data[corev1.TLSPrivateKeyKey]) == 0 {
 			return fmt.Errorf("operator: Secret %s lacks %s or %s", sec.Name, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
+		}
+		// A generated CA goes with the cluster only under Delete, as the
+		// policy says now.
+		if sec.Labels[labelManagedBy] == managerName {
+			owned := metav1.IsControlledBy(&sec, c)
+			if want := c.Spec.DeletionPolicy == v1alpha1.DeletionDelete; want != owned {
+				if want {
+					if err := controllerutil.SetControllerReference(c, &sec, r.Client.Scheme()); err != nil {
+						return err
+					}
+				} else {
+					sec.OwnerReferences = slices.DeleteFunc(sec.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == c.UID })
+				}
+				if err := r.Client.Update(ctx, &sec); err != nil {
+					return fmt.Errorf("operator: CA Secret owner: %w", err)
+				}
+			}
 		}
 		return nil
 	case !apierrors.IsNotFound(err):

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -27,6 +29,10 @@ type Execer interface {
 
 // maxCtlOutput bounds what is read from a ctl run: its output is untrusted.
 const maxCtlOutput = 4 << 20
+
+// execTimeout bounds one command in a pod, so that a hung one cannot hold
+// up the reconciles of every cluster.
+const execTimeout = time.Minute
 
 // ErrNoSpec means the store holds no cluster spec yet.
 var ErrNoSpec = errors.New("operator: the store has no cluster spec yet")
@@ -153,10 +159,16 @@ func (p PodExec) Exec(ctx context.Context, namespace, pod, ctr string, cmd []str
 	if err != nil {
 		return nil, fmt.Errorf("operator: exec in %s/%s: %w", namespace, pod, err)
 	}
-	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool { return true })
+	// Fall back to SPDY only when the WebSocket upgrade itself failed: a
+	// command that ran, or may have, is never run twice.
+	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("operator: exec in %s/%s: %w", namespace, pod, err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
 	stdout := &limitedBuffer{max: maxCtlOutput}
 	stderr := &limitedBuffer{max: 64 << 10}
 	if err := exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: stdout, Stderr: stderr}); err != nil {

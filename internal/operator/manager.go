@@ -7,12 +7,14 @@ import (
 	"net"
 
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -85,6 +87,12 @@ func Scheme() (*runtime.Scheme, error) {
 	return s, nil
 }
 
+// ClientOptions keep Secrets out of the manager's cache: the operator reads
+// one CA Secret now and then, and needs no list or watch on every Secret.
+func ClientOptions() client.Options {
+	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}}
+}
+
 // NewManager returns a manager running every reconciler of the operator.
 func NewManager(cfg Config, restCfg *rest.Config) (ctrl.Manager, error) {
 	s, err := Scheme()
@@ -93,6 +101,7 @@ func NewManager(cfg Config, restCfg *rest.Config) (ctrl.Manager, error) {
 	}
 	opts := ctrl.Options{
 		Scheme:                  s,
+		Client:                  ClientOptions(),
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddress},
 		HealthProbeBindAddress:  cfg.HealthAddress,
 		LeaderElection:          cfg.LeaderElection,

@@ -92,7 +92,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Client: operator.ClientOptions(), Metrics: metricsserver.Options{BindAddress: "0"}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -124,11 +124,13 @@ func run(m *testing.M) int {
 // recordingCtl stands in for etcd-manager-ctl in a member pod: it keeps a
 // store spec, reports the members the test sets, and records every call.
 type recordingCtl struct {
-	mu       sync.Mutex
-	calls    []string
-	spec     map[string]*spec.ClusterSpec
-	members  map[string][]string
-	commands map[string][]cli.CommandRow
+	mu      sync.Mutex
+	calls   []string
+	spec    map[string]*spec.ClusterSpec
+	members map[string][]string
+	// unreachable are agents that did not answer, per cluster.
+	unreachable map[string][]string
+	commands    map[string][]cli.CommandRow
 }
 
 func (f *recordingCtl) record(c *v1alpha1.EtcdCluster, pod, call string) {
@@ -156,6 +158,15 @@ func (f *recordingCtl) setMembers(cluster string, names ...string) {
 		f.members = map[string][]string{}
 	}
 	f.members[cluster] = names
+}
+
+func (f *recordingCtl) setUnreachable(cluster string, addrs ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.unreachable == nil {
+		f.unreachable = map[string][]string{}
+	}
+	f.unreachable[cluster] = addrs
 }
 
 func (f *recordingCtl) storeSpec(cluster string) *spec.ClusterSpec {
@@ -189,7 +200,7 @@ func (f *recordingCtl) WriteSpec(_ context.Context, c *v1alpha1.EtcdCluster, pod
 func (f *recordingCtl) Status(_ context.Context, c *v1alpha1.EtcdCluster, pod string) (cli.ClusterStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	st := cli.ClusterStatus{Spec: f.spec[c.Name]}
+	st := cli.ClusterStatus{Spec: f.spec[c.Name], Unreachable: f.unreachable[c.Name]}
 	for i, name := range f.members[c.Name] {
 		role := cli.RoleMember
 		if i == 0 {
@@ -283,6 +294,11 @@ func TestCELRulesRejectBadSpecs(t *testing.T) {
 		{"a bad retention", func(c *v1alpha1.EtcdCluster) { c.Spec.Backup = &v1alpha1.BackupPolicy{Retention: "forever"} }, "spec.backup.retention"},
 		{"a bad deletion policy", func(c *v1alpha1.EtcdCluster) { c.Spec.DeletionPolicy = "Shred" }, "spec.deletionPolicy"},
 		{"a name too long for its pods", func(c *v1alpha1.EtcdCluster) { c.Name = strings.Repeat("a", 53) }, "the name must be 1 to 52"},
+		{"a name a Service cannot take", func(c *v1alpha1.EtcdCluster) { c.Name = "1etcd" }, "starting with a letter"},
+		{"a backup interval the agents refuse", func(c *v1alpha1.EtcdCluster) {
+			c.Spec.Backup = &v1alpha1.BackupPolicy{Interval: &metav1.Duration{Duration: 30 * time.Second}}
+		}, "backup.interval must be at least 1m"},
+		{"a negative grace", func(c *v1alpha1.EtcdCluster) { c.Spec.MemberFailureGrace = &metav1.Duration{Duration: -time.Second} }, "memberFailureGrace must not be negative"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -311,6 +327,10 @@ func TestCELRulesRejectBadSpecs(t *testing.T) {
 	}{
 		{"the store", func(c *v1alpha1.EtcdCluster) { c.Spec.BackupStore.URL = "file:///srv/backups/other" }, "backupStore.url cannot change"},
 		{"TLS", func(c *v1alpha1.EtcdCluster) { c.Spec.TLS = &v1alpha1.TLSSpec{Enabled: new(bool)} }, "tls.enabled cannot change"},
+		{"the CA", func(c *v1alpha1.EtcdCluster) { c.Spec.TLS = &v1alpha1.TLSSpec{CASecret: "other-ca"} }, "tls.caSecret cannot change"},
+		{"the storage", func(c *v1alpha1.EtcdCluster) {
+			c.Spec.Storage = &corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}}
+		}, "storage cannot change"},
 	}
 	for _, tc := range changes {
 		t.Run("change "+tc.name, func(t *testing.T) {
@@ -476,7 +496,15 @@ func TestClusterReconcile(t *testing.T) {
 	if err := k8s.Get(ctx, key, &sts); err != nil || *sts.Spec.Replicas != 5 {
 		t.Fatalf("the StatefulSet shrank to %d while etcd-3 was a member (%v)", *sts.Spec.Replicas, err)
 	}
+	// An agent that does not answer may be etcd-4's, a member still: the
+	// answers of the others are not enough.
+	fakeCtl.setUnreachable("etcd", "10.0.0.4:8000")
 	fakeCtl.setMembers("etcd", "etcd-0", "etcd-1", "etcd-2")
+	time.Sleep(4 * time.Second)
+	if err := k8s.Get(ctx, key, &sts); err != nil || *sts.Spec.Replicas != 5 {
+		t.Fatalf("the StatefulSet shrank to %d while an agent did not answer (%v)", *sts.Spec.Replicas, err)
+	}
+	fakeCtl.setUnreachable("etcd")
 	waitFor(t, "the StatefulSet back to 3", 30*time.Second, func() (bool, string) {
 		_ = k8s.Get(ctx, key, &sts)
 		return *sts.Spec.Replicas == 3, fmt.Sprint(*sts.Spec.Replicas)

@@ -293,7 +293,46 @@ func settled(t *testing.T, n int, version string) (bool, string) {
 	if cond != nil {
 		msg = cond.Message
 	}
-	return ok, fmt.Sprintf("healthy %v on %s; sts ready %d; %s", names, version, sts.Status.ReadyReplicas, msg)
+	detail := fmt.Sprintf("healthy %v on %s; sts ready %d; %s", names, version, sts.Status.ReadyReplicas, msg)
+	if !ok {
+		return false, detail
+	}
+	// The status is polled; etcd itself has the last word.
+	if err := etcdSettled(t, want, version); err != nil {
+		return false, detail + "; etcd: " + err.Error()
+	}
+	return true, detail
+}
+
+// etcdSettled asks etcd, at every pod's address, for its membership and
+// status: exactly the members named, voters all, each serving version.
+func etcdSettled(t *testing.T, names []string, version string) error {
+	cli := etcdClient(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ml, err := cli.MemberList(ctx)
+	if err != nil {
+		return err
+	}
+	var got []string
+	for _, m := range ml.Members {
+		if m.IsLearner || len(m.ClientURLs) == 0 {
+			return fmt.Errorf("member %q is a learner or not started", m.Name)
+		}
+		st, err := cli.Status(ctx, m.ClientURLs[0])
+		if err != nil {
+			return fmt.Errorf("member %s: %w", m.Name, err)
+		}
+		if st.Version != version {
+			return fmt.Errorf("member %s runs %s", m.Name, st.Version)
+		}
+		got = append(got, m.Name)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, names) {
+		return fmt.Errorf("members %v, want %v", got, names)
+	}
+	return nil
 }
 
 // etcdClient reaches the members at their pod addresses with a client
@@ -504,6 +543,15 @@ spec:
 	})
 
 	step(t, "4 delete a pod with its PVC", func(t *testing.T) {
+		oldID := ""
+		for _, m := range getCluster(t).Status.Members {
+			if m.Name == clusterName+"-2" {
+				oldID = m.ID
+			}
+		}
+		if oldID == "" {
+			t.Fatal("no member ID for e2e-2 in the status")
+		}
 		start := time.Now()
 		if _, err := kubectl("-n", ns, "delete", "pvc", "data-"+clusterName+"-2", "--wait=false"); err != nil {
 			t.Fatal(err)
@@ -518,6 +566,11 @@ spec:
 			}
 			if pvc.CreationTimestamp.Time.Before(start) {
 				return false, "the old PVC is still there"
+			}
+			for _, m := range getCluster(t).Status.Members {
+				if m.Name == clusterName+"-2" && m.ID == oldID {
+					return false, "e2e-2 is still the old member " + oldID
+				}
 			}
 			return settled(t, 3, fromVersion)
 		})
@@ -570,8 +623,20 @@ spec:
 			t.Fatal(err)
 		}
 		n := acked.Load()
-		if got := count(t, cli, "/e2e/roll/"); got < n {
-			t.Fatalf("%d of %d acknowledged writes survived the roll", got, n)
+		gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		resp, err := cli.Get(gctx, "/e2e/roll/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		have := map[string]bool{}
+		for _, kv := range resp.Kvs {
+			have[string(kv.Key)] = true
+		}
+		for i := range n {
+			if k := fmt.Sprintf("/e2e/roll/%06d", i); !have[k] {
+				t.Fatalf("the acknowledged write %s was lost in the roll (%d acknowledged)", k, n)
+			}
 		}
 		record("roll 3.5 to 3.6", took.Round(time.Second).String())
 		record("longest write stall during the roll", time.Duration(longest.Load()).Round(time.Millisecond).String())
@@ -582,8 +647,8 @@ spec:
 			t.Fatal(err)
 		}
 		for _, p := range pods.Items {
-			if p.Status.ContainerStatuses[0].RestartCount != 0 {
-				t.Errorf("pod %s restarted %d times during the roll", p.Name, p.Status.ContainerStatuses[0].RestartCount)
+			if len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].RestartCount != 0 {
+				t.Errorf("pod %s: container statuses %+v, want one that never restarted", p.Name, p.Status.ContainerStatuses)
 			}
 		}
 	})
@@ -597,23 +662,37 @@ spec:
 		if _, err := kubectl("-n", ns, "patch", "etcdcluster", clusterName, "--type=merge", "-p", `{"spec":{"image":"etcd-manager:e2e-roll"}}`); err != nil {
 			t.Fatal(err)
 		}
+		// One pod at a time: never two away at once.
+		mostAway := 0
 		took := waitFor(t, "every pod on the new image", 10*time.Minute, func() (bool, string) {
 			var pods corev1.PodList
 			if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
 				return false, err.Error()
 			}
 			var old []string
+			away := 3 - len(pods.Items)
 			for _, p := range pods.Items {
 				if p.Spec.Containers[0].Image != "etcd-manager:e2e-roll" {
 					old = append(old, p.Name)
 				}
+				ready := false
+				for _, c := range p.Status.Conditions {
+					ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
+				}
+				if !ready || p.DeletionTimestamp != nil {
+					away++
+				}
 			}
+			mostAway = max(mostAway, away)
 			if len(old) > 0 {
 				return false, fmt.Sprintf("pods on the old image: %v", old)
 			}
 			return settled(t, 3, toVersion)
 		})
 		record("image roll of 3 pods", took.Round(time.Second).String())
+		if mostAway > 1 {
+			t.Errorf("%d pods were away at once during the roll, want one at a time", mostAway)
+		}
 		if n := count(t, etcdClient(t), "/e2e/create/"); n != 100 {
 			t.Fatalf("%d keys, want 100", n)
 		}
