@@ -148,15 +148,6 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	pod, podErr := r.runningPod(ctx, &c)
 	var status *cli.ClusterStatus
 	if podErr == nil {
-		cs, err := r.Ctl.Spec(ctx, &c, pod)
-		switch {
-		case err == nil:
-			o.Store, o.StoreKnown = cs, true
-		case errors.Is(err, ErrNoSpec):
-			o.StoreKnown = true
-		default:
-			podErr = err
-		}
 		if s, err := r.Ctl.Status(ctx, &c, pod); err == nil {
 			status = &s
 			o.Members = memberNames(s)
@@ -167,6 +158,22 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			}
 		} else {
 			lg.Info("no live status from the agents", "pod", pod, "error", err)
+		}
+		// The status carries the store's spec when it is readable; only
+		// without it is the store asked on its own, to tell "none yet"
+		// from an error.
+		if status != nil && status.Spec != nil {
+			o.Store, o.StoreKnown = status.Spec, true
+		} else {
+			cs, err := r.Ctl.Spec(ctx, &c, pod)
+			switch {
+			case err == nil:
+				o.Store, o.StoreKnown = cs, true
+			case errors.Is(err, ErrNoSpec):
+				o.StoreKnown = true
+			default:
+				podErr = err
+			}
 		}
 	}
 
@@ -351,11 +358,7 @@ func RunningPod(ctx context.Context, cl client.Client, c *v1alpha1.EtcdCluster) 
 	if len(names) == 0 {
 		return "", errors.New("no member pod is running")
 	}
-	sort.Slice(names, func(i, j int) bool {
-		a, _ := spec.Ordinal(names[i])
-		b, _ := spec.Ordinal(names[j])
-		return a < b
-	})
+	sort.Slice(names, func(i, j int) bool { return ordinalLess(names[i], names[j]) })
 	return names[0], nil
 }
 
@@ -574,11 +577,16 @@ func (r *ClusterReconciler) ensureCA(ctx context.Context, c *v1alpha1.EtcdCluste
 	return nil
 }
 
+// isMember says whether an agent's role is that of an etcd member.
+func isMember(role string) bool {
+	return role != cli.RoleStandby && role != cli.RolePending && role != ""
+}
+
 // memberNames are the names of etcd's members among the agents' reports.
 func memberNames(s cli.ClusterStatus) []string {
 	names := []string{}
 	for _, a := range s.Agents {
-		if a.Role != cli.RoleStandby && a.Role != cli.RolePending && a.Role != "" {
+		if isMember(a.Role) {
 			names = append(names, a.ID)
 		}
 	}
@@ -588,7 +596,7 @@ func memberNames(s cli.ClusterStatus) []string {
 func membersOf(s cli.ClusterStatus) []v1alpha1.MemberStatus {
 	var out []v1alpha1.MemberStatus
 	for _, a := range s.Agents {
-		if !slices.Contains(memberNames(s), a.ID) {
+		if !isMember(a.Role) {
 			continue
 		}
 		role := "follower"
@@ -600,12 +608,15 @@ func membersOf(s cli.ClusterStatus) []v1alpha1.MemberStatus {
 		}
 		out = append(out, v1alpha1.MemberStatus{Name: a.ID, ID: a.MemberID, Role: role, Version: a.EtcdVersion, Healthy: a.Healthy, Learner: a.Role == cli.RoleLearner})
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, _ := spec.Ordinal(out[i].Name)
-		b, _ := spec.Ordinal(out[j].Name)
-		return a < b
-	})
+	sort.Slice(out, func(i, j int) bool { return ordinalLess(out[i].Name, out[j].Name) })
 	return out
+}
+
+// ordinalLess orders StatefulSet pod names by their ordinals, as numbers.
+func ordinalLess(a, b string) bool {
+	x, _ := spec.Ordinal(a)
+	y, _ := spec.Ordinal(b)
+	return x < y
 }
 
 func setCondition(st *v1alpha1.EtcdClusterStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {

@@ -1,10 +1,6 @@
 package operator
 
-import (
-	"sort"
-
-	"github.com/etcd-manager/etcd-manager/internal/spec"
-)
+import "sort"
 
 // RollPod is a member pod as the image roll sees it.
 type RollPod struct {
@@ -58,9 +54,7 @@ func PlanRoll(pods []RollPod, members int32) RollStep {
 		if outdated[i].Leader != outdated[j].Leader {
 			return !outdated[i].Leader
 		}
-		a, _ := spec.Ordinal(outdated[i].Name)
-		b, _ := spec.Ordinal(outdated[j].Name)
-		return a > b
+		return ordinalLess(outdated[j].Name, outdated[i].Name)
 	})
 	next := outdated[0]
 	if next.Leader {
