@@ -117,7 +117,7 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 	if leader == "" {
 		leader = "(none)"
 	}
-	fmt.Fprintf(w, "leader: %s\n", leader)
+	fmt.Fprintf(w, "leader: %s (etcd leader: %s)\n", leader, dash(st.EtcdLeader))
 	fmt.Fprintf(w, "cluster version: %s\n\n", dash(st.ClusterVersion))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tADDRESS\tROLE\tETCD\tHEALTH\tDB SIZE\tCLOCK OFFSET\tCLIENT URL")
@@ -185,7 +185,11 @@ func askAgents(ctx context.Context, recs []peer.Record, clusterName string, cred
 				errs = append(errs, err)
 				return
 			}
-			st.Agents = append(st.Agents, agentFromInfo(r.Address, info))
+			a := agentFromInfo(r.Address, info)
+			st.Agents = append(st.Agents, a)
+			if a.EtcdLeader {
+				st.EtcdLeader = a.ID
+			}
 			if info.Leader {
 				st.Leader = info.NodeID
 				st.Failing = info.Failing
@@ -200,7 +204,7 @@ func askAgents(ctx context.Context, recs []peer.Record, clusterName string, cred
 func agentFromInfo(addr string, info peer.NodeInfo) cli.AgentStatus {
 	a := cli.AgentStatus{ID: info.NodeID, Address: addr, Role: role(info), EtcdVersion: info.EtcdVersion,
 		Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
-		Procedure: info.Procedure}
+		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID}
 	if len(info.ClientURLs) > 0 && info.Member != nil {
 		a.ClientURL = info.ClientURLs[0]
 	}

@@ -27,6 +27,10 @@ type AgentStatus struct {
 	LockRefused string `json:"lockRefused,omitempty"`
 	// Procedure is the procedure the agent drives, and its phase.
 	Procedure string `json:"procedure,omitempty"`
+	// EtcdLeader is true when the agent's etcd member is the raft leader,
+	// as that member itself reports. Role "leader" is the manager leader,
+	// which need not be the same node.
+	EtcdLeader bool `json:"etcdLeader,omitempty"`
 }
 
 // Agent roles in AgentStatus.Role.
@@ -40,8 +44,11 @@ const (
 
 // ClusterStatus is the output of `status`.
 type ClusterStatus struct {
-	Spec   *spec.ClusterSpec `json:"spec,omitempty"`
-	Leader string            `json:"leader,omitempty"`
+	Spec *spec.ClusterSpec `json:"spec,omitempty"`
+	// Leader is the manager leader: the agent that steers the cluster.
+	Leader string `json:"leader,omitempty"`
+	// EtcdLeader is the node whose etcd member is the raft leader.
+	EtcdLeader string `json:"etcdLeader,omitempty"`
 	// ClusterVersion is the version the members agree to speak, which lags
 	// behind the members' own during a version change.
 	ClusterVersion string        `json:"clusterVersion,omitempty"`

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -98,17 +99,10 @@ func TestStandby(t *testing.T) {
 	})
 	// Health is reported as of each agent's last cycle, so a member that has
 	// just started may show as unhealthy for a moment.
-	var st struct {
-		Leader string `json:"leader"`
-		Agents []struct {
-			ID, Role, EtcdVersion string
-			Healthy               bool
-			DBSize                int64
-		} `json:"agents"`
-	}
-	harness.WaitFor(t, 20*time.Second, "status -o json to show 4 agents and healthy members", func() bool {
+	var st cli.ClusterStatus
+	harness.WaitFor(t, 20*time.Second, "status -o json to show 4 agents, healthy members and the etcd leader", func() bool {
 		out, _, err := env.Ctl("status", "-o", "json")
-		if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Leader == "" || len(st.Agents) != 4 {
+		if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Leader == "" || st.EtcdLeader == "" || len(st.Agents) != 4 {
 			return false
 		}
 		for _, a := range st.Agents {
@@ -118,6 +112,33 @@ func TestStandby(t *testing.T) {
 		}
 		return true
 	})
+	// The etcd leader is the member etcd itself names, whichever agent
+	// leads the manager.
+	var leaderID string
+	for _, a := range st.Agents {
+		if a.EtcdLeader {
+			if leaderID != "" || a.ID != st.EtcdLeader || a.Role == "standby" {
+				t.Fatalf("etcd leader %q, agents %+v", st.EtcdLeader, st.Agents)
+			}
+			leaderID = a.MemberID
+		}
+	}
+	c := clusterClient(t, agents)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var raftLeader uint64
+	for _, a := range agents {
+		if a.ClientURL == "" || a.EtcdPID() == 0 {
+			continue
+		}
+		if resp, err := c.Status(ctx, a.ClientURL); err == nil {
+			raftLeader = resp.Leader
+			break
+		}
+	}
+	if got := fmt.Sprintf("%x", raftLeader); got != leaderID {
+		t.Errorf("status names member %s as the etcd leader, etcd says %s", leaderID, got)
+	}
 	// With an agent down, status still answers and names the unreachable one.
 	agents[3].Kill()
 	out, _, err := env.Ctl("status")
