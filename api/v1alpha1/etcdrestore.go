@@ -11,7 +11,7 @@ import (
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:categories=etcd-manager
 // +kubebuilder:subresource:status
-// +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.spec.clusterName`
+// +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.status.clusterName`
 // +kubebuilder:printcolumn:name="Backup",type=string,JSONPath=`.spec.backupName`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -88,9 +88,19 @@ type EtcdRestoreStatus struct {
 	// Step is the engine's restore phase, such as quarantine or verify.
 	// +optional
 	Step string `json:"step,omitempty"`
+	// ClusterName is the EtcdCluster restored into: spec.clusterName, or
+	// the one made from spec.clusterTemplate.
+	// +optional
+	ClusterName string `json:"clusterName,omitempty"`
 	// CommandID is the restore command queued in the store.
 	// +optional
 	CommandID string `json:"commandID,omitempty"`
+	// ReplacedClusterID is the etcd cluster ID the members reported when
+	// the restore was queued, empty if none did. The restored cluster has
+	// a new one, which tells a finished restore from a command deleted by
+	// hand.
+	// +optional
+	ReplacedClusterID string `json:"replacedClusterID,omitempty"`
 	// +optional
 	Message string `json:"message,omitempty"`
 	// +optional

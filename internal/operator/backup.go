@@ -3,6 +3,8 @@ package operator
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -144,8 +146,9 @@ func findCommand(rows []cli.CommandRow, id string) (cli.CommandRow, bool) {
 	return cli.CommandRow{}, false
 }
 
-// RestoreReconciler restores a backup into an existing cluster, in place,
-// through the engine's quarantined, verified restore.
+// RestoreReconciler restores a backup through the engine's quarantined,
+// verified restore: into an existing cluster, in place, or into a new
+// EtcdCluster it makes from a template.
 type RestoreReconciler struct {
 	Client client.Client
 	Ctl    StoreCtl
@@ -157,7 +160,8 @@ func (r *RestoreReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).For(&v1alpha1.EtcdRestore{}).Named("etcdrestore").Complete(r)
 }
 
-// Reconcile queues the restore once, then follows its phases.
+// Reconcile makes the target cluster if a template asks for one, queues
+// the restore once, then follows its phases to the end.
 func (r *RestoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var rs v1alpha1.EtcdRestore
 	if err := r.Client.Get(ctx, req.NamespacedName, &rs); err != nil {
@@ -170,65 +174,218 @@ func (r *RestoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if st.Phase == "" {
 		st.Phase = v1alpha1.RestorePending
 	}
-	if rs.Spec.ClusterTemplate != nil {
-		st.Phase, st.Message = v1alpha1.RestoreFailed, "restoring into a new cluster from a template is not supported yet; restore in place with clusterName"
-		return r.update(ctx, &rs, st, 0)
+	c, err := r.target(ctx, &rs, st)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-	var c v1alpha1.EtcdCluster
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: rs.Namespace, Name: rs.Spec.ClusterName}, &c); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, err
-		}
-		st.Message = fmt.Sprintf("no EtcdCluster %s in this namespace", rs.Spec.ClusterName)
-		return r.update(ctx, &rs, st, pollSteady)
+	if c == nil {
+		return r.update(ctx, &rs, st, pollProgress)
 	}
-	pod, err := RunningPod(ctx, r.Client, &c)
+	pod, err := RunningPod(ctx, r.Client, c)
 	if err != nil {
 		st.Message = "waiting for a running member pod: " + err.Error()
 		return r.update(ctx, &rs, st, pollProgress)
 	}
 	if st.CommandID == "" {
-		// A restore queued before its ID reached the status (a failed
-		// status write) is adopted, never queued again: each run would
-		// erase the writes made since the one before.
-		rows, err := r.Ctl.Commands(ctx, &c, pod)
-		if err != nil {
-			st.Message = "cannot read the command queue: " + err.Error()
-			return r.update(ctx, &rs, st, pollProgress)
+		if err := r.queue(ctx, &rs, c, pod, st); err != nil {
+			st.Message = err.Error()
 		}
-		if id := queuedSince(rows, "restore-backup", rs.Spec.BackupName, rs.CreationTimestamp.Time); id != "" {
-			st.Phase, st.CommandID, st.Message = v1alpha1.RestoreRunning, id, "adopted queued command "+id
-			return r.update(ctx, &rs, st, pollProgress)
-		}
-		id, err := r.Ctl.RestoreBackup(ctx, &c, pod, rs.Spec.BackupName)
-		if err != nil {
-			st.Message = "cannot queue the restore: " + err.Error()
-			return r.update(ctx, &rs, st, pollProgress)
-		}
-		st.Phase, st.CommandID, st.Message = v1alpha1.RestoreRunning, id, "queued as command "+id
-		r.Events.Eventf(&c, &rs, corev1.EventTypeNormal, reasonRestoreStarted, "Restore", "restore of backup %s queued as command %s", rs.Spec.BackupName, id)
 		return r.update(ctx, &rs, st, pollProgress)
 	}
-	rows, err := r.Ctl.Commands(ctx, &c, pod)
+	if c.Annotations[AnnotationRestorePending] != "" {
+		// The restore is queued: the cluster's spec may go to the store.
+		patch := client.MergeFrom(c.DeepCopy())
+		delete(c.Annotations, AnnotationRestorePending)
+		if err := r.Client.Patch(ctx, c, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("operator: release EtcdCluster %s for its restore: %w", c.Name, err)
+		}
+	}
+	rows, err := r.Ctl.Commands(ctx, c, pod)
 	if err != nil {
 		st.Message = "cannot read the command queue: " + err.Error()
 		return r.update(ctx, &rs, st, pollProgress)
 	}
 	row, found := findCommand(rows, st.CommandID)
 	switch {
-	case !found:
-		// The engine removes a restore command once it is complete.
-		st.Phase, st.Step, st.Message = v1alpha1.RestoreSucceeded, "", "restored backup "+rs.Spec.BackupName
-		now := metav1.Now()
-		st.CompletionTime = &now
-		r.Events.Eventf(&c, &rs, corev1.EventTypeNormal, reasonRestoreDone, "Restore", "restored backup %s", rs.Spec.BackupName)
-	case row.State == spec.CommandFailed:
+	case found && row.State == spec.CommandFailed:
 		st.Phase, st.Message = v1alpha1.RestoreFailed, row.Detail
-		r.Events.Eventf(&c, &rs, corev1.EventTypeWarning, reasonRestoreFailed, "Restore", "restore of %s failed: %s", rs.Spec.BackupName, row.Detail)
+		r.Events.Eventf(c, &rs, corev1.EventTypeWarning, reasonRestoreFailed, "Restore", "restore of %s failed: %s", rs.Spec.BackupName, row.Detail)
+	case found:
+		if row.Phase != "" {
+			st.Step = row.Phase
+		}
+		st.Message = "command " + st.CommandID + " is " + row.State
 	default:
-		st.Step, st.Message = row.Phase, "command "+st.CommandID+" is "+row.State
+		// The engine removes a restore command once it is complete; so
+		// does a person, by hand. The restored members have a new etcd
+		// cluster ID.
+		status, err := r.Ctl.Status(ctx, c, pod)
+		if err != nil {
+			st.Message = "the restore command is gone; cannot read the members: " + err.Error()
+			break
+		}
+		ended, failed, msg := restoreOutcome(*st, rs.Spec.BackupName, status)
+		st.Message = msg
+		if !ended {
+			break
+		}
+		now := metav1.Now()
+		st.Step, st.CompletionTime = "", &now
+		if failed {
+			st.Phase = v1alpha1.RestoreFailed
+			r.Events.Eventf(c, &rs, corev1.EventTypeWarning, reasonRestoreFailed, "Restore", "restore of %s: %s", rs.Spec.BackupName, msg)
+			break
+		}
+		st.Phase = v1alpha1.RestoreSucceeded
+		r.Events.Eventf(c, &rs, corev1.EventTypeNormal, reasonRestoreDone, "Restore", "restored backup %s", rs.Spec.BackupName)
 	}
 	return r.update(ctx, &rs, st, pollProgress)
+}
+
+// restoreOutcome tells, once the restore's command has left the queue,
+// whether the restore ended, and how: the members must report an etcd
+// cluster ID other than the one the restore replaced. Where there was
+// none, the engine must have been seen working on the command, or a
+// command deleted before it started would read as a success.
+func restoreOutcome(st v1alpha1.EtcdRestoreStatus, backup string, status cli.ClusterStatus) (ended, failed bool, msg string) {
+	var ids []string
+	for _, a := range status.Agents {
+		if isMember(a.Role) && a.Healthy && a.ClusterID != "" && !slices.Contains(ids, a.ClusterID) {
+			ids = append(ids, a.ClusterID)
+		}
+	}
+	switch {
+	case len(ids) == 0:
+		return false, false, "the restore command is gone; waiting for the restored members to report"
+	case st.ReplacedClusterID != "" && !slices.ContainsFunc(ids, func(id string) bool { return id != st.ReplacedClusterID }):
+		return true, true, fmt.Sprintf("the restore command left the queue, but the members still report the etcd cluster %s it was to replace: was the command deleted by hand?", st.ReplacedClusterID)
+	case st.ReplacedClusterID == "" && st.Step == "":
+		return true, true, "the restore command left the queue before the engine was seen to take it up: was it deleted by hand? Check the cluster's data before you trust it"
+	}
+	return true, false, fmt.Sprintf("restored backup %s into etcd cluster %s", backup, strings.Join(ids, ","))
+}
+
+// target is the cluster to restore into: the named one, or the one the
+// template describes, made here on the first pass. It is nil, with st
+// saying why, while there is none to act on.
+func (r *RestoreReconciler) target(ctx context.Context, rs *v1alpha1.EtcdRestore, st *v1alpha1.EtcdRestoreStatus) (*v1alpha1.EtcdCluster, error) {
+	tmpl := rs.Spec.ClusterTemplate
+	name := rs.Spec.ClusterName
+	if tmpl != nil {
+		name = tmpl.Name
+	}
+	st.ClusterName = name
+	var c v1alpha1.EtcdCluster
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: rs.Namespace, Name: name}, &c)
+	switch {
+	case err == nil && tmpl != nil && c.Annotations[AnnotationRestoredBy] != rs.Name:
+		st.Phase, st.Message = v1alpha1.RestoreFailed, fmt.Sprintf("EtcdCluster %s already exists and this restore did not make it; to restore into it, set clusterName instead of clusterTemplate", name)
+		return nil, nil
+	case err == nil:
+		return &c, nil
+	case !apierrors.IsNotFound(err):
+		return nil, err
+	case tmpl == nil:
+		st.Message = fmt.Sprintf("no EtcdCluster %s in this namespace", name)
+		return nil, nil
+	case st.CommandID != "":
+		st.Phase, st.Message = v1alpha1.RestoreFailed, fmt.Sprintf("EtcdCluster %s, which this restore made, was deleted before the restore ended", name)
+		return nil, nil
+	}
+	// Two clusters on one store would fight over it: the restore would
+	// replace the other's data.
+	var all v1alpha1.EtcdClusterList
+	if err := r.Client.List(ctx, &all); err != nil {
+		return nil, fmt.Errorf("operator: list EtcdClusters: %w", err)
+	}
+	for _, o := range all.Items {
+		if sameStore(o.Spec.BackupStore.URL, tmpl.Spec.BackupStore.URL) {
+			st.Phase, st.Message = v1alpha1.RestoreFailed, fmt.Sprintf("EtcdCluster %s/%s uses the backup store %s: restore into it in place with clusterName, or delete it first",
+				o.Namespace, o.Name, o.Spec.BackupStore.URL)
+			return nil, nil
+		}
+	}
+	c = v1alpha1.EtcdCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: rs.Namespace,
+			Annotations: map[string]string{AnnotationRestoredBy: rs.Name, AnnotationRestorePending: rs.Name}},
+		Spec: *tmpl.Spec.DeepCopy(),
+	}
+	if err := r.Client.Create(ctx, &c); err != nil {
+		if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
+			st.Phase, st.Message = v1alpha1.RestoreFailed, "cannot make the EtcdCluster of the template: "+err.Error()
+			return nil, nil
+		}
+		return nil, fmt.Errorf("operator: create EtcdCluster %s: %w", name, err)
+	}
+	r.Events.Eventf(rs, &c, corev1.EventTypeNormal, reasonClusterCreated, "Restore", "created EtcdCluster %s from the template; its store gets no spec until the restore is queued", name)
+	st.Message = "created EtcdCluster " + name + "; waiting for its pods"
+	return nil, nil
+}
+
+// queue queues the restore once it has checked that the backup is in the
+// store and, for a new cluster, that no other cluster lives on that store.
+func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore, c *v1alpha1.EtcdCluster, pod string, st *v1alpha1.EtcdRestoreStatus) error {
+	// A restore queued before its ID reached the status (a failed status
+	// write) is adopted, never queued again: each run would erase the
+	// writes made since the one before.
+	rows, err := r.Ctl.Commands(ctx, c, pod)
+	if err != nil {
+		return fmt.Errorf("cannot read the command queue: %w", err)
+	}
+	if id := queuedSince(rows, "restore-backup", rs.Spec.BackupName, rs.CreationTimestamp.Time); id != "" {
+		st.Phase, st.CommandID, st.Message = v1alpha1.RestoreRunning, id, "adopted queued command "+id
+		return nil
+	}
+	backups, err := r.Ctl.Backups(ctx, c, pod)
+	if err != nil {
+		return fmt.Errorf("cannot list the store's backups: %w", err)
+	}
+	if !slices.ContainsFunc(backups, func(b cli.BackupRow) bool { return b.Name == rs.Spec.BackupName }) {
+		newest := "none"
+		if len(backups) > 0 {
+			newest = backups[len(backups)-1].Name
+		}
+		st.Phase, st.Message = v1alpha1.RestoreFailed, fmt.Sprintf("the store %s holds no backup %s (%d backups, the newest %s)",
+			c.Spec.BackupStore.URL, rs.Spec.BackupName, len(backups), newest)
+		r.Events.Eventf(c, rs, corev1.EventTypeWarning, reasonRestoreFailed, "Restore", "%s", st.Message)
+		return nil
+	}
+	status, err := r.Ctl.Status(ctx, c, pod)
+	if err != nil {
+		return fmt.Errorf("cannot read the members before the restore: %w", err)
+	}
+	st.ReplacedClusterID = ""
+	for _, a := range status.Agents {
+		if !isMember(a.Role) {
+			continue
+		}
+		if rs.Spec.ClusterTemplate != nil && !ownPod(c, a.ID) {
+			st.Phase, st.Message = v1alpha1.RestoreFailed, fmt.Sprintf("the store %s is in use: member %s, not a pod of EtcdCluster %s, reports from it; restore into that cluster instead",
+				c.Spec.BackupStore.URL, a.ID, c.Name)
+			return nil
+		}
+		if a.Healthy && a.ClusterID != "" {
+			st.ReplacedClusterID = a.ClusterID
+		}
+	}
+	id, err := r.Ctl.RestoreBackup(ctx, c, pod, rs.Spec.BackupName)
+	if err != nil {
+		return fmt.Errorf("cannot queue the restore: %w", err)
+	}
+	st.Phase, st.CommandID, st.Message = v1alpha1.RestoreRunning, id, "queued as command "+id
+	r.Events.Eventf(c, rs, corev1.EventTypeNormal, reasonRestoreStarted, "Restore", "restore of backup %s queued as command %s", rs.Spec.BackupName, id)
+	return nil
+}
+
+// ownPod says whether an agent's node ID is one of c's pods.
+func ownPod(c *v1alpha1.EtcdCluster, id string) bool {
+	n, ok := spec.Ordinal(id)
+	return ok && id == fmt.Sprintf("%s-%d", c.Name, n)
+}
+
+// sameStore compares two backup store URLs, ignoring a trailing slash.
+func sameStore(a, b string) bool {
+	return strings.TrimRight(a, "/") == strings.TrimRight(b, "/")
 }
 
 func (r *RestoreReconciler) update(ctx context.Context, rs *v1alpha1.EtcdRestore, st *v1alpha1.EtcdRestoreStatus, poll time.Duration) (ctrl.Result, error) {

@@ -56,6 +56,7 @@ const (
 	reasonRestoreStarted = "RestoreStarted"
 	reasonRestoreDone    = "RestoreSucceeded"
 	reasonRestoreFailed  = "RestoreFailed"
+	reasonClusterCreated = "ClusterCreated"
 	reasonRollStep       = "RollStep"
 )
 
@@ -134,7 +135,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 
 	var sts appsv1.StatefulSet
-	o := Observed{Desired: Replicas(&c), Version: c.Spec.Version}
+	o := Observed{Desired: Replicas(&c), Version: c.Spec.Version, RestorePending: c.Annotations[AnnotationRestorePending]}
 	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, &sts); {
 	case err == nil:
 		if sts.Spec.Replicas != nil {
@@ -235,7 +236,7 @@ func (r *ClusterReconciler) observeStatus(ctx context.Context, c *v1alpha1.EtcdC
 			before[m.Name] = true
 		}
 		st.Members = membersOf(*status)
-		st.Leader = status.Leader
+		st.Leader = status.EtcdLeader
 		st.Replicas = int32(len(st.Members))
 		st.ReadyReplicas = 0
 		versions := map[string]bool{}
@@ -600,11 +601,11 @@ func membersOf(s cli.ClusterStatus) []v1alpha1.MemberStatus {
 			continue
 		}
 		role := "follower"
-		switch a.Role {
-		case cli.RoleLeader:
-			role = "leader"
-		case cli.RoleLearner:
+		switch {
+		case a.Role == cli.RoleLearner:
 			role = "learner"
+		case a.EtcdLeader:
+			role = "leader"
 		}
 		out = append(out, v1alpha1.MemberStatus{Name: a.ID, ID: a.MemberID, Role: role, Version: a.EtcdVersion, Healthy: a.Healthy, Learner: a.Role == cli.RoleLearner})
 	}

@@ -43,6 +43,14 @@ const (
 	managerName    = "etcd-manager-operator"
 )
 
+// Annotations of an EtcdCluster that an EtcdRestore made from its template:
+// which restore made it, and, until that restore is queued, that the store
+// gets no spec (see Observed.RestorePending).
+const (
+	AnnotationRestoredBy     = "etcd-manager.dev/restored-by"
+	AnnotationRestorePending = "etcd-manager.dev/restore-pending"
+)
+
 // Defaults of the optional spec fields.
 const (
 	DefaultReplicas = 3

@@ -20,6 +20,11 @@ type Observed struct {
 	Members []string
 	// Version is spec.version.
 	Version string
+	// RestorePending is the EtcdRestore that made this cluster from a
+	// template and has yet to queue its restore: until it has, the store
+	// gets no spec, so that the agents cannot create an empty cluster
+	// that clients might write to before the restore replaces it.
+	RestorePending string
 }
 
 // Steps is what the reconcile does next. The order matters, and is the
@@ -40,6 +45,10 @@ type Steps struct {
 func PlanSteps(o Observed) Steps {
 	st := Steps{StatefulSet: max(o.StatefulSet, o.Desired)}
 	want := spec.ClusterSpec{MemberCount: o.Desired, EtcdVersion: o.Version, OrdinalMembers: true}
+	if o.RestorePending != "" {
+		st.Waiting = "EtcdRestore " + o.RestorePending + " to queue its restore (annotation " + AnnotationRestorePending + ")"
+		return st
+	}
 	if o.StoreKnown {
 		if o.Store == nil || o.Store.MemberCount != want.MemberCount || o.Store.EtcdVersion != want.EtcdVersion || !o.Store.OrdinalMembers {
 			if o.Store != nil {

@@ -9,6 +9,7 @@ package envtest
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -38,7 +40,7 @@ import (
 
 var (
 	k8s     client.Client
-	fakeCtl = &recordingCtl{}
+	fakeCtl = &recordingCtl{failBackups: map[string]bool{"bad": true}}
 )
 
 func TestMain(m *testing.M) {
@@ -71,6 +73,7 @@ func run(m *testing.M) int {
 			return 1
 		}
 	}
+	ctrl.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(root, "deploy", "crds")},
@@ -130,6 +133,10 @@ type recordingCtl struct {
 	members map[string][]string
 	// unreachable are agents that did not answer, per cluster.
 	unreachable map[string][]string
+	// clusterID is the etcd cluster ID the members report, per cluster.
+	clusterID map[string]string
+	// failBackups are the clusters whose backups fail.
+	failBackups map[string]bool
 	commands    map[string][]cli.CommandRow
 }
 
@@ -202,11 +209,18 @@ func (f *recordingCtl) Status(_ context.Context, c *v1alpha1.EtcdCluster, pod st
 	defer f.mu.Unlock()
 	st := cli.ClusterStatus{Spec: f.spec[c.Name], Unreachable: f.unreachable[c.Name]}
 	for i, name := range f.members[c.Name] {
+		// The manager leader is the first member, the etcd leader the
+		// last: the operator must follow etcd's.
 		role := cli.RoleMember
 		if i == 0 {
 			role, st.Leader = cli.RoleLeader, name
 		}
-		st.Agents = append(st.Agents, cli.AgentStatus{ID: name, Role: role, Healthy: true, EtcdVersion: c.Spec.Version, MemberID: fmt.Sprintf("%x", i+1)})
+		last := i == len(f.members[c.Name])-1
+		if last {
+			st.EtcdLeader = name
+		}
+		st.Agents = append(st.Agents, cli.AgentStatus{ID: name, Role: role, Healthy: true, EtcdVersion: c.Spec.Version, MemberID: fmt.Sprintf("%x", i+1),
+			ClusterID: f.clusterID[c.Name], EtcdLeader: last})
 	}
 	return st, nil
 }
@@ -228,13 +242,53 @@ func (f *recordingCtl) BackupNow(_ context.Context, c *v1alpha1.EtcdCluster, pod
 	if f.commands == nil {
 		f.commands = map[string][]cli.CommandRow{}
 	}
+	if f.failBackups[c.Name] {
+		id := fmt.Sprintf("cmd-backup-%d", len(f.commands[c.Name]))
+		f.commands[c.Name] = append(f.commands[c.Name], cli.CommandRow{ID: id, Kind: "backup-now", State: spec.CommandFailed, Detail: "the store refused the upload"})
+		return id, nil
+	}
 	f.commands[c.Name] = append(f.commands[c.Name], cli.CommandRow{ID: "cmd-backup", Kind: "backup-now", State: spec.CommandDone, Backup: "2026-11-22T10:00:00Z-000001"})
 	return "cmd-backup", nil
 }
 
+// RestoreBackup queues a restore that the engine at once takes up: it
+// stays in the queue, running, until the test finishes it.
 func (f *recordingCtl) RestoreBackup(_ context.Context, c *v1alpha1.EtcdCluster, pod, backup string) (string, error) {
 	f.record(c, pod, "restore-backup "+backup)
-	return "cmd-restore", nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.commands == nil {
+		f.commands = map[string][]cli.CommandRow{}
+	}
+	id := fmt.Sprintf("cmd-restore-%d", len(f.commands[c.Name]))
+	f.commands[c.Name] = append(f.commands[c.Name], cli.CommandRow{ID: id, Kind: "restore-backup", State: spec.CommandRunning, Phase: spec.RestoreRestoring,
+		Backup: backup, Queued: time.Now().UTC().Format(time.RFC3339)})
+	return id, nil
+}
+
+// finishCommand takes a command out of the queue, as the engine does when
+// a restore is complete, or a person by hand; clusterID, if set, is the
+// etcd cluster ID the members report from then on.
+func (f *recordingCtl) finishCommand(cluster, id, clusterID string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.commands[cluster] = slices.DeleteFunc(f.commands[cluster], func(r cli.CommandRow) bool { return r.ID == id })
+	if clusterID != "" {
+		f.setClusterIDLocked(cluster, clusterID)
+	}
+}
+
+func (f *recordingCtl) setClusterID(cluster, id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.setClusterIDLocked(cluster, id)
+}
+
+func (f *recordingCtl) setClusterIDLocked(cluster, id string) {
+	if f.clusterID == nil {
+		f.clusterID = map[string]string{}
+	}
+	f.clusterID[cluster] = id
 }
 
 func (f *recordingCtl) MoveLeader(_ context.Context, c *v1alpha1.EtcdCluster, pod, version, to string) error {
@@ -468,7 +522,8 @@ func TestClusterReconcile(t *testing.T) {
 			return false, err.Error()
 		}
 		return meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionAvailable) && got.Status.ReadyReplicas == 3 &&
-			got.Status.Leader == "etcd-0" && got.Status.CurrentVersion == "3.6.16" && got.Status.LastBackup != nil &&
+			got.Status.Leader == "etcd-2" && len(got.Status.Members) == 3 && got.Status.Members[2].Role == "leader" && got.Status.Members[0].Role == "follower" &&
+			got.Status.CurrentVersion == "3.6.16" && got.Status.LastBackup != nil &&
 			meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionBackupReady), fmt.Sprintf("%+v", got.Status)
 	})
 
@@ -561,20 +616,237 @@ func TestBackupAndRestore(t *testing.T) {
 	if n := len(slices.DeleteFunc(fakeCtl.Calls("bk"), func(s string) bool { return !strings.HasSuffix(s, "backup-now") })); n != 1 {
 		t.Errorf("backup-now queued %d times, want once", n)
 	}
+
+	// In place: the restore is queued once, followed through its phases,
+	// and done when the members report a new etcd cluster.
+	fakeCtl.setMembers("bk", "bk-0")
+	fakeCtl.setClusterID("bk", "c1")
 	r := &v1alpha1.EtcdRestore{ObjectMeta: metav1.ObjectMeta{Name: "back", Namespace: ns}, Spec: v1alpha1.EtcdRestoreSpec{ClusterName: "bk", BackupName: "2026-11-22T10:00:00Z-000001"}}
 	if err := k8s.Create(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	// The engine removes a restore command once it is complete, which the
-	// recording ctl does at once.
-	waitFor(t, "the restore to succeed", 30*time.Second, func() (bool, string) {
-		var got v1alpha1.EtcdRestore
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(r), &got); err != nil {
+	got := waitRestore(t, r, func(s v1alpha1.EtcdRestoreStatus) bool {
+		return s.Phase == v1alpha1.RestoreRunning && s.Step == spec.RestoreRestoring
+	})
+	if got.ReplacedClusterID != "c1" || got.ClusterName != "bk" {
+		t.Errorf("status %+v, want cluster bk replacing etcd cluster c1", got)
+	}
+	fakeCtl.finishCommand("bk", got.CommandID, "c2")
+	got = waitRestore(t, r, func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreSucceeded })
+	if got.CompletionTime == nil || !strings.Contains(got.Message, "into etcd cluster c2") {
+		t.Errorf("status %+v", got)
+	}
+	if n := len(slices.DeleteFunc(fakeCtl.Calls("bk"), func(s string) bool { return !strings.Contains(s, "restore-backup") })); n != 1 {
+		t.Errorf("restore queued %d times, want once", n)
+	}
+
+	// A command deleted by hand is no success: the cluster is the same.
+	r = &v1alpha1.EtcdRestore{ObjectMeta: metav1.ObjectMeta{Name: "by-hand", Namespace: ns}, Spec: v1alpha1.EtcdRestoreSpec{ClusterName: "bk", BackupName: "2026-11-22T10:00:00Z-000001"}}
+	if err := k8s.Create(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	got = waitRestore(t, r, func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreRunning && s.Step != "" })
+	fakeCtl.finishCommand("bk", got.CommandID, "")
+	got = waitRestore(t, r, func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreFailed })
+	if !strings.Contains(got.Message, "deleted by hand") {
+		t.Errorf("message %q", got.Message)
+	}
+
+	// A backup the store lacks fails at once, and queues nothing.
+	r = &v1alpha1.EtcdRestore{ObjectMeta: metav1.ObjectMeta{Name: "typo", Namespace: ns}, Spec: v1alpha1.EtcdRestoreSpec{ClusterName: "bk", BackupName: "2026-11-22T10:00:00Z-999999"}}
+	if err := k8s.Create(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	got = waitRestore(t, r, func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreFailed })
+	if !strings.Contains(got.Message, "holds no backup 2026-11-22T10:00:00Z-999999") || got.CommandID != "" {
+		t.Errorf("status %+v", got)
+	}
+}
+
+func waitRestore(t *testing.T, r *v1alpha1.EtcdRestore, cond func(v1alpha1.EtcdRestoreStatus) bool) v1alpha1.EtcdRestoreStatus {
+	t.Helper()
+	var got v1alpha1.EtcdRestore
+	waitFor(t, "restore "+r.Name, 30*time.Second, func() (bool, string) {
+		if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(r), &got); err != nil {
 			return false, err.Error()
 		}
-		return got.Status.Phase == v1alpha1.RestoreSucceeded && got.Status.CommandID == "cmd-restore", fmt.Sprintf("%+v", got.Status)
+		return cond(got.Status), fmt.Sprintf("%+v", got.Status)
 	})
-	if !slices.Contains(fakeCtl.Calls("bk"), "bk@bk-0: restore-backup 2026-11-22T10:00:00Z-000001") {
-		t.Errorf("calls %q lack the restore", fakeCtl.Calls("bk"))
+	return got.Status
+}
+
+func TestRestoreFromTemplate(t *testing.T) {
+	ns := newNamespace(t)
+	ctx := t.Context()
+	src := validCluster(ns, "src")
+	if err := k8s.Create(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	const backup = "2026-11-22T10:00:00Z-000001"
+	restore := func(name string, tmpl *v1alpha1.EtcdCluster) *v1alpha1.EtcdRestore {
+		t.Helper()
+		r := &v1alpha1.EtcdRestore{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: v1alpha1.EtcdRestoreSpec{BackupName: backup, ClusterTemplate: &v1alpha1.ClusterTemplate{Name: tmpl.Name, Spec: tmpl.Spec}}}
+		if err := k8s.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+
+	// Refused: a cluster of that name exists; another cluster uses the store.
+	got := waitRestore(t, restore("over-src", src), func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreFailed })
+	if !strings.Contains(got.Message, "already exists") {
+		t.Errorf("over an existing cluster: %q", got.Message)
+	}
+	twin := validCluster(ns, "twin")
+	twin.Spec.BackupStore = src.Spec.BackupStore
+	got = waitRestore(t, restore("on-src-store", twin), func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreFailed })
+	if !strings.Contains(got.Message, "uses the backup store") {
+		t.Errorf("on another cluster's store: %q", got.Message)
+	}
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "twin"}, &v1alpha1.EtcdCluster{}); err == nil {
+		t.Errorf("EtcdCluster twin was made on a store in use")
+	}
+
+	// A new cluster: made with no spec in its store until the restore is
+	// queued, so that the agents cannot create an empty cluster first.
+	r := restore("fresh", validCluster(ns, "new"))
+	var c v1alpha1.EtcdCluster
+	waitFor(t, "EtcdCluster new", 30*time.Second, func() (bool, string) {
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "new"}, &c)
+		return err == nil, fmt.Sprint(err)
+	})
+	if c.Annotations[operator.AnnotationRestoredBy] != "fresh" || c.Annotations[operator.AnnotationRestorePending] != "fresh" {
+		t.Errorf("annotations %v", c.Annotations)
+	}
+	waitFor(t, "a Progressing condition that waits for the restore", 30*time.Second, func() (bool, string) {
+		var got v1alpha1.EtcdCluster
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(&c), &got); err != nil {
+			return false, err.Error()
+		}
+		cond := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionProgressing)
+		return cond != nil && strings.Contains(cond.Message, "waiting for EtcdRestore fresh to queue its restore"), fmt.Sprintf("%+v", cond)
+	})
+	for i := range 3 {
+		memberPod(t, &c, i)
+	}
+	got = waitRestore(t, r, func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreRunning && s.Step != "" })
+	waitFor(t, "the spec in the new store", 30*time.Second, func() (bool, string) {
+		s := fakeCtl.storeSpec("new")
+		return s != nil && s.MemberCount == 3, fmt.Sprint(s)
+	})
+	calls := fakeCtl.Calls("new")
+	queued := slices.IndexFunc(calls, func(s string) bool { return strings.Contains(s, "restore-backup "+backup) })
+	written := slices.IndexFunc(calls, func(s string) bool { return strings.Contains(s, "configure-cluster") })
+	if queued < 0 || written < queued {
+		t.Errorf("the spec was written (call %d) before the restore was queued (call %d): %q", written, queued, calls)
+	}
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(&c), &c); err != nil || c.Annotations[operator.AnnotationRestorePending] != "" {
+		t.Errorf("annotations %v after the restore was queued (%v)", c.Annotations, err)
+	}
+	fakeCtl.setMembers("new", "new-0", "new-1", "new-2")
+	fakeCtl.finishCommand("new", got.CommandID, "c9")
+	got = waitRestore(t, r, func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreSucceeded })
+	if got.ClusterName != "new" || got.ReplacedClusterID != "" {
+		t.Errorf("status %+v", got)
+	}
+
+	// A store that live members of another cluster report from is in use.
+	fakeCtl.setMembers("new2", "elsewhere-0")
+	r = restore("intruder", validCluster(ns, "new2"))
+	var c2 v1alpha1.EtcdCluster
+	waitFor(t, "EtcdCluster new2", 30*time.Second, func() (bool, string) {
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "new2"}, &c2)
+		return err == nil, fmt.Sprint(err)
+	})
+	memberPod(t, &c2, 0)
+	got = waitRestore(t, r, func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreFailed })
+	if !strings.Contains(got.Message, "is in use: member elsewhere-0") || got.CommandID != "" {
+		t.Errorf("status %+v", got)
+	}
+}
+
+func TestBackupSchedule(t *testing.T) {
+	ns := newNamespace(t)
+	ctx := t.Context()
+	for _, name := range []string{"good", "bad"} {
+		c := validCluster(ns, name)
+		if err := k8s.Create(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		memberPod(t, c, 0)
+	}
+	limit := func(n int32) *int32 { return &n }
+	schedule := func(name, cluster, cron string) *v1alpha1.EtcdBackupSchedule {
+		t.Helper()
+		s := &v1alpha1.EtcdBackupSchedule{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: v1alpha1.EtcdBackupScheduleSpec{
+			Schedule: cron, BackupTemplate: v1alpha1.EtcdBackupSpec{ClusterName: cluster},
+			SuccessfulBackupsHistoryLimit: limit(2), FailedBackupsHistoryLimit: limit(1)}}
+		if err := k8s.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	good := schedule("good", "good", "@every 2s")
+	schedule("bad", "bad", "@every 2s")
+	broken := schedule("broken", "good", "61 * * * *")
+
+	// Each schedule makes EtcdBackups; only the newest succeeded (2) and
+	// failed (1) ones stay.
+	seen := map[string]map[string]bool{"good": {}, "bad": {}, "broken": {}}
+	phases := func() map[string]map[v1alpha1.BackupPhase]int {
+		var list v1alpha1.EtcdBackupList
+		if err := k8s.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]map[v1alpha1.BackupPhase]int{"good": {}, "bad": {}, "broken": {}}
+		for _, b := range list.Items {
+			sched := b.Labels["etcd-manager.dev/schedule"]
+			if seen[sched] == nil || len(b.OwnerReferences) != 1 || b.OwnerReferences[0].Name != sched || b.Spec.ClusterName != sched {
+				t.Fatalf("EtcdBackup %s: labels %v, owners %+v, spec %+v", b.Name, b.Labels, b.OwnerReferences, b.Spec)
+			}
+			seen[sched][b.Name] = true
+			out[sched][b.Status.Phase]++
+		}
+		return out
+	}
+	waitFor(t, "5 backups of each schedule", 60*time.Second, func() (bool, string) {
+		p := phases()
+		return len(seen["good"]) >= 5 && len(seen["bad"]) >= 5, fmt.Sprintf("seen %d and %d, now %v", len(seen["good"]), len(seen["bad"]), p)
+	})
+	var got v1alpha1.EtcdBackupSchedule
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(good), &got); err != nil || got.Status.LastSuccessfulTime == nil || got.Status.LastScheduleTime == nil {
+		t.Errorf("schedule status %+v (%v)", got.Status, err)
+	}
+
+	// A schedule that does not parse says so.
+	waitFor(t, "the broken schedule to say why", 30*time.Second, func() (bool, string) {
+		var got v1alpha1.EtcdBackupSchedule
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(broken), &got); err != nil {
+			return false, err.Error()
+		}
+		cond := meta.FindStatusCondition(got.Status.Conditions, "Valid")
+		return cond != nil && cond.Status == metav1.ConditionFalse && cond.Reason == "BadSchedule", fmt.Sprintf("%+v", got.Status)
+	})
+	if len(seen["broken"]) > 0 {
+		t.Errorf("a schedule that does not parse made backups")
+	}
+
+	// Suspended: no new backups; the history settles at its limits.
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"suspend":true}}`))
+	for _, name := range []string{"good", "bad"} {
+		if err := k8s.Patch(ctx, &v1alpha1.EtcdBackupSchedule{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}, patch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the history at its limits", 30*time.Second, func() (bool, string) {
+		p := phases()
+		return p["good"][v1alpha1.BackupSucceeded] == 2 && len(p["good"]) == 1 && p["bad"][v1alpha1.BackupFailed] == 1 && len(p["bad"]) == 1, fmt.Sprint(p)
+	})
+	before := len(seen["good"]) + len(seen["bad"])
+	time.Sleep(5 * time.Second)
+	phases()
+	if n := len(seen["good"]) + len(seen["bad"]); n != before {
+		t.Errorf("suspended schedules made %d more backups", n-before)
 	}
 }
