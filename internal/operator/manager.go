@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"time"
 
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -23,7 +26,8 @@ import (
 
 // Config is the operator's configuration.
 type Config struct {
-	// Image is the image of member pods whose EtcdCluster names none.
+	// Image is the image of member pods whose EtcdCluster names none;
+	// empty means the operator's own, read from its pod.
 	Image string
 	// Namespace limits the operator to one namespace; empty watches all.
 	Namespace string
@@ -36,18 +40,21 @@ type Config struct {
 	HealthAddress  string
 }
 
-// DefaultImage is the image member pods run unless --image or
-// spec.image say otherwise: the one make image tags.
-const DefaultImage = "etcd-manager:dev"
-
 // Default returns the defaults.
 func Default() Config {
-	return Config{Image: DefaultImage, LeaderElection: true, MetricsAddress: ":8080", HealthAddress: ":8081"}
+	return Config{LeaderElection: true, MetricsAddress: ":8080", HealthAddress: ":8081"}
 }
+
+// The environment that names the operator's own pod (from the downward
+// API), whose image member pods run unless --image says otherwise.
+const (
+	EnvPodName      = "POD_NAME"
+	EnvPodNamespace = "POD_NAMESPACE"
+)
 
 // AddFlags registers the operator's flags.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Image, "image", c.Image, "image of the member pods of an EtcdCluster that sets no spec.image; normally the operator's own")
+	fs.StringVar(&c.Image, "image", c.Image, "image of the member pods of an EtcdCluster that sets no spec.image (default: the operator's own, read from its pod, named by $POD_NAMESPACE and $POD_NAME)")
 	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "watch only this namespace (default: all)")
 	fs.BoolVar(&c.LeaderElection, "leader-elect", c.LeaderElection, "elect one active operator among replicas with a Lease")
 	fs.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", c.LeaderElectionNamespace, "namespace of the leader election Lease (default: the operator's own, from the service account)")
@@ -58,9 +65,6 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 // Validate checks the configuration.
 func (c *Config) Validate() error {
 	var errs []error
-	if c.Image == "" {
-		errs = append(errs, errors.New("--image is required"))
-	}
 	for name, addr := range map[string]string{"--metrics-address": c.MetricsAddress, "--health-address": c.HealthAddress} {
 		if addr == "0" {
 			continue
@@ -119,6 +123,11 @@ func NewManager(cfg Config, restCfg *rest.Config) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("operator: client: %w", err)
 	}
+	if cfg.Image == "" {
+		if cfg.Image, err = OwnImage(context.Background(), kc, os.Getenv(EnvPodNamespace), os.Getenv(EnvPodName)); err != nil {
+			return nil, err
+		}
+	}
 	ctl := Ctl{Exec: PodExec{Config: restCfg, Client: kc}}
 	rec := mgr.GetEventRecorder(managerName)
 	for _, r := range []interface{ SetupWithManager(ctrl.Manager) error }{
@@ -141,6 +150,30 @@ func NewManager(cfg Config, restCfg *rest.Config) (ctrl.Manager, error) {
 	}
 	return mgr, nil
 }
+
+// OwnImage is the image of the operator's container in its own pod: member
+// pods run it, so that one image tag, set once (kustomize's images, Helm's
+// image), names both.
+func OwnImage(ctx context.Context, kc kubernetes.Interface, namespace, name string) (string, error) {
+	if namespace == "" || name == "" {
+		return "", fmt.Errorf("operator: --image is not set, and $%s and $%s do not name the operator's pod to read its image from (the shipped Deployment sets them)", EnvPodNamespace, EnvPodName)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pod, err := kc.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("operator: --image is not set, and the operator's own pod %s/%s cannot be read: %w", namespace, name, err)
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == operatorContainer || len(pod.Spec.Containers) == 1 {
+			return c.Image, nil
+		}
+	}
+	return "", fmt.Errorf("operator: --image is not set, and pod %s/%s has no container %q", namespace, name, operatorContainer)
+}
+
+// operatorContainer is the operator's container in its Deployment.
+const operatorContainer = "operator"
 
 // Run runs the operator until ctx ends.
 func Run(ctx context.Context, cfg Config, restCfg *rest.Config) error {

@@ -105,7 +105,7 @@ func run(m *testing.M) int {
 	if k8s, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
 		return fatal(err)
 	}
-	stop, err := startOperator(tmp)
+	stop, err := startOperator()
 	if err != nil {
 		return fatal(err)
 	}
@@ -169,56 +169,31 @@ func kubectl(args ...string) (string, error) {
 	return out.String(), nil
 }
 
-// startOperator installs the shipped kustomization (CRDs, RBAC, the
-// Deployment scaled to none: this cluster has no Service routing for an
-// in-cluster operator to reach the API), then runs the operator out of
-// cluster as the shipped ServiceAccount, so that its RBAC is what is tested.
-func startOperator(dir string) (stop func(), err error) {
-	if out, err := kubectl("apply", "--server-side", "-k", filepath.Join(root, "deploy", "operator")); err != nil {
+// startOperator installs the shipped kustomization through the test overlay
+// (test/kube/operator: host network, the API server on loopback) and waits
+// for the operator's pod: the image's own binary, as its ServiceAccount,
+// with the shipped RBAC, picking the member image from its own pod.
+func startOperator() (stop func(), err error) {
+	if out, err := kubectl("apply", "--server-side", "-k", filepath.Join(root, "test", "kube", "operator")); err != nil {
 		return nil, fmt.Errorf("%w: %s", err, out)
 	}
-	if _, err := kubectl("-n", "etcd-manager-system", "scale", "deployment/etcd-manager-operator", "--replicas=0"); err != nil {
-		return nil, err
+	stop = saveOperatorLog
+	if out, err := kubectl("-n", operatorNS, "rollout", "status", "deployment/etcd-manager-operator", "--timeout=3m"); err != nil {
+		saveOperatorLog()
+		return nil, fmt.Errorf("the operator's Deployment: %w: %s", err, out)
 	}
-	token, err := kubectl("-n", "etcd-manager-system", "create", "token", "etcd-manager-operator", "--duration=2h")
+	return stop, nil
+}
+
+const operatorNS = "etcd-manager-system"
+
+// saveOperatorLog writes the operator pod's log to logs/operator.log.
+func saveOperatorLog() {
+	out, err := kubectl("-n", operatorNS, "logs", "deployment/etcd-manager-operator", "--tail=-1")
 	if err != nil {
-		return nil, err
+		out += "\n" + err.Error()
 	}
-	kc := filepath.Join(dir, "operator.kubeconfig")
-	conf := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: e2e, cluster: {server: "https://127.0.0.1:6443", certificate-authority: %s}}]
-users: [{name: operator, user: {token: %q}}]
-contexts: [{name: e2e, context: {cluster: e2e, user: operator}}]
-current-context: e2e
-`, filepath.Join(kubeDir, "pki", "ca.crt"), strings.TrimSpace(token))
-	if err := os.WriteFile(kc, []byte(conf), 0o600); err != nil {
-		return nil, err
-	}
-	logPath := filepath.Join(kubeDir, "logs", "operator.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(filepath.Join(root, "bin", "etcd-manager-operator"), "--leader-elect", "--leader-election-namespace=etcd-manager-system",
-		"--metrics-address=0", "--health-address=0", "--image=etcd-manager:dev")
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kc)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	return func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		logf.Close()
-	}, nil
+	_ = os.WriteFile(filepath.Join(kubeDir, "logs", "operator.log"), []byte(out), 0o644)
 }
 
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) time.Duration {
@@ -246,6 +221,7 @@ func dumpState(t *testing.T) {
 	t.Log(out)
 	out, _ = kubectl("-n", ns, "get", "etcdcluster", clusterName, "-o", "jsonpath={.status}")
 	t.Log(out)
+	saveOperatorLog()
 	if b, err := os.ReadFile(filepath.Join(kubeDir, "logs", "operator.log")); err == nil {
 		if len(b) > 8000 {
 			b = b[len(b)-8000:]
@@ -270,8 +246,13 @@ func getCluster(t *testing.T) *v1alpha1.EtcdCluster {
 // settled says whether the cluster is Available with exactly the members
 // etcd-0 … etcd-(n-1), all healthy, on version.
 func settled(t *testing.T, n int, version string) (bool, string) {
+	return settledOf(t, clusterName, n, version)
+}
+
+// settledOf is settled for the cluster name.
+func settledOf(t *testing.T, name string, n int, version string) (bool, string) {
 	var c v1alpha1.EtcdCluster
-	if err := k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: clusterName}, &c); err != nil {
+	if err := k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, &c); err != nil {
 		return false, err.Error()
 	}
 	var names []string
@@ -282,10 +263,10 @@ func settled(t *testing.T, n int, version string) (bool, string) {
 	}
 	want := make([]string, n)
 	for i := range n {
-		want[i] = fmt.Sprintf("%s-%d", clusterName, i)
+		want[i] = fmt.Sprintf("%s-%d", name, i)
 	}
 	var sts appsv1.StatefulSet
-	_ = k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: clusterName}, &sts)
+	_ = k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name}, &sts)
 	ok := meta.IsStatusConditionTrue(c.Status.Conditions, v1alpha1.ConditionAvailable) && slices.Equal(names, want) &&
 		sts.Spec.Replicas != nil && *sts.Spec.Replicas == int32(n) && sts.Status.ReadyReplicas == int32(n)
 	cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionProgressing)
@@ -298,7 +279,7 @@ func settled(t *testing.T, n int, version string) (bool, string) {
 		return false, detail
 	}
 	// The status is polled; etcd itself has the last word.
-	if err := etcdSettled(t, want, version); err != nil {
+	if err := etcdSettled(t, name, want, version); err != nil {
 		return false, detail + "; etcd: " + err.Error()
 	}
 	return true, detail
@@ -306,8 +287,8 @@ func settled(t *testing.T, n int, version string) (bool, string) {
 
 // etcdSettled asks etcd, at every pod's address, for its membership and
 // status: exactly the members named, voters all, each serving version.
-func etcdSettled(t *testing.T, names []string, version string) error {
-	cli := etcdClient(t)
+func etcdSettled(t *testing.T, cluster string, names []string, version string) error {
+	cli := etcdClientOf(t, cluster)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	ml, err := cli.MemberList(ctx)
@@ -339,8 +320,14 @@ func etcdSettled(t *testing.T, names []string, version string) error {
 // certificate from the cluster's CA.
 func etcdClient(t *testing.T) *clientv3.Client {
 	t.Helper()
+	return etcdClientOf(t, clusterName)
+}
+
+// etcdClientOf is etcdClient for the cluster name.
+func etcdClientOf(t *testing.T, name string) *clientv3.Client {
+	t.Helper()
 	var sec corev1.Secret
-	if err := k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: clusterName + "-ca"}, &sec); err != nil {
+	if err := k8s.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: name + "-ca"}, &sec); err != nil {
 		t.Fatal(err)
 	}
 	ca, err := pki.ParseCA(sec.Data["tls.crt"], sec.Data["tls.key"])
@@ -356,7 +343,7 @@ func etcdClient(t *testing.T) *clientv3.Client {
 		t.Fatal(err)
 	}
 	var pods corev1.PodList
-	if err := k8s.List(t.Context(), &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
+	if err := k8s.List(t.Context(), &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: name}); err != nil {
 		t.Fatal(err)
 	}
 	var eps []string
@@ -435,6 +422,8 @@ func TestOperator(t *testing.T) {
 	// single-member etcds of the same image, on the same storage. It is the
 	// floor under the operator's figures: pods scheduled, volumes bound,
 	// containers started and etcd serving, with no cluster to form.
+	var backupName string // taken in scenario 6, restored again in 8
+
 	step(t, "0 by hand: a plain StatefulSet of etcd", func(t *testing.T) {
 		manifest := fmt.Sprintf(`apiVersion: apps/v1
 kind: StatefulSet
@@ -499,6 +488,16 @@ spec:
 		}
 		took := waitFor(t, "3 healthy members", 5*time.Minute, func() (bool, string) { return settled(t, 3, fromVersion) })
 		record("apply to Available (3 members)", took.Round(time.Second).String())
+		// The member pods run the operator's own image, read from its pod.
+		var pods corev1.PodList
+		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods.Items {
+			if img := p.Spec.Containers[0].Image; img != "etcd-manager:dev" {
+				t.Errorf("pod %s runs %s, want the operator's etcd-manager:dev", p.Name, img)
+			}
+		}
 		cli := etcdClient(t)
 		for i := range 100 {
 			put(t, cli, fmt.Sprintf("/e2e/create/%03d", i), "v")
@@ -705,7 +704,6 @@ spec:
 		if err := k8s.Create(ctx, b); err != nil {
 			t.Fatal(err)
 		}
-		var backupName string
 		waitFor(t, "the backup", 5*time.Minute, func() (bool, string) {
 			var got v1alpha1.EtcdBackup
 			if err := k8s.Get(ctx, client.ObjectKeyFromObject(b), &got); err != nil {
@@ -770,6 +768,39 @@ spec:
 			t.Errorf("the store was touched: %v, %d entries", err, len(entries))
 		}
 	})
+	step(t, "8 EtcdRestore into a new cluster from the kept store", func(t *testing.T) {
+		const restored = "e2e-restored"
+		spec := c.Spec.DeepCopy()
+		spec.Version = toVersion
+		r := &v1alpha1.EtcdRestore{ObjectMeta: metav1.ObjectMeta{Name: "into-new", Namespace: ns},
+			Spec: v1alpha1.EtcdRestoreSpec{BackupName: backupName, ClusterTemplate: &v1alpha1.ClusterTemplate{Name: restored, Spec: *spec}}}
+		if err := k8s.Create(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "the restore into a new cluster", 10*time.Minute, func() (bool, string) {
+			var got v1alpha1.EtcdRestore
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(r), &got); err != nil {
+				return false, err.Error()
+			}
+			if got.Status.Phase == v1alpha1.RestoreFailed {
+				t.Fatalf("restore failed: %s", got.Status.Message)
+			}
+			return got.Status.Phase == v1alpha1.RestoreSucceeded, fmt.Sprintf("%+v", got.Status)
+		})
+		record("restore into a new cluster", took.Round(time.Second).String())
+		waitFor(t, "3 healthy members of the new cluster", 5*time.Minute, func() (bool, string) { return settledOf(t, restored, 3, toVersion) })
+		cli := etcdClientOf(t, restored)
+		if n := count(t, cli, "/e2e/before-backup"); n != 1 {
+			t.Errorf("the key written before the backup: %d, want 1", n)
+		}
+		if n := count(t, cli, "/e2e/after-backup"); n != 0 {
+			t.Errorf("the key written after the backup is in the new cluster")
+		}
+		if n := count(t, cli, "/e2e/create/"); n != 100 {
+			t.Errorf("%d keys of the first scenario, want 100", n)
+		}
+	})
+
 	out, _ := json.Marshal(figures)
 	t.Logf("figures: %s", out)
 }
