@@ -13,13 +13,14 @@ export GOTOOLCHAIN := local
 all: build
 
 ## tools: real etcd/etcdctl/etcdutl per version into bin/etcd-v<version>/ (3.4 from Debian's package), staticcheck,
-## controller-gen, MinIO (bin/minio), the Azure blob emulator (bin/azurite-blob) and Kubernetes v1.37.0
-## (bin/kubernetes/), each pinned under hack/tools/.
+## controller-gen, Helm (bin/helm, to render the chart in the tests), MinIO (bin/minio), the Azure blob emulator
+## (bin/azurite-blob) and Kubernetes v1.37.0 (bin/kubernetes/), each pinned under hack/tools/.
 ## Built once into ~/.cache/etcd-manager/tools and linked; a changed pin rebuilds.
 tools: etcd kube
 	@hack/fetch-debian-etcd.sh $(DEBIAN_ETCD)
 	@hack/build-go-tool.sh staticcheck honnef.co/go/tools/cmd/staticcheck
 	@hack/build-go-tool.sh controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
+	@hack/build-go-tool.sh helm helm.sh/helm/v4/cmd/helm
 	@hack/build-go-tool.sh minio github.com/minio/minio
 	@hack/build-npm-tool.sh azurite azurite-blob
 

@@ -26,6 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -40,6 +42,8 @@ import (
 
 var (
 	k8s     client.Client
+	restCfg *rest.Config
+	root    string
 	fakeCtl = &recordingCtl{failBackups: map[string]bool{"bad": true}}
 )
 
@@ -48,7 +52,8 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	root, err := harness.RepoRoot()
+	var err error
+	root, err = harness.RepoRoot()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -84,6 +89,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "envtest: start the API server:", err)
 		return 1
 	}
+	restCfg = cfg
 	defer env.Stop()
 	scheme, err := operator.Scheme()
 	if err != nil {
@@ -848,5 +854,35 @@ func TestBackupSchedule(t *testing.T) {
 	phases()
 	if n := len(seen["good"]) + len(seen["bad"]); n != before {
 		t.Errorf("suspended schedules made %d more backups", n-before)
+	}
+}
+
+// The operator's member image defaults to its own, read from its pod.
+func TestOwnImage(t *testing.T) {
+	ns := newNamespace(t)
+	kc, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ctrs := range map[string][]corev1.Container{
+		"one":  {{Name: "anything", Image: "registry.example/em:one"}},
+		"many": {{Name: "sidecar", Image: "registry.example/proxy:1"}, {Name: "operator", Image: "registry.example/em:many"}},
+		"none": {{Name: "sidecar", Image: "registry.example/proxy:1"}, {Name: "other", Image: "registry.example/em:x"}},
+	} {
+		if err := k8s.Create(t.Context(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: corev1.PodSpec{Containers: ctrs}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct{ ns, pod, want, err string }{
+		{ns, "one", "registry.example/em:one", ""},
+		{ns, "many", "registry.example/em:many", ""},
+		{ns, "none", "", `has no container "operator"`},
+		{ns, "gone", "", "cannot be read"},
+		{"", "one", "", "POD_NAME"},
+	} {
+		got, err := operator.OwnImage(t.Context(), kc, tc.ns, tc.pod)
+		if got != tc.want || (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("OwnImage(%q, %q) = %q, %v; want %q, error with %q", tc.ns, tc.pod, got, err, tc.want, tc.err)
+		}
 	}
 }
