@@ -103,6 +103,10 @@ type EtcdRestoreStatus struct {
 	ReplacedClusterID string `json:"replacedClusterID,omitempty"`
 	// +optional
 	Message string `json:"message,omitempty"`
+	// CommandEndTime is when the restore's command was first seen gone
+	// from the queue; the restored members must report soon after.
+	// +optional
+	CommandEndTime *metav1.Time `json:"commandEndTime,omitempty"`
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
 }

@@ -190,6 +190,14 @@ func (r *RestoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		if err := r.queue(ctx, &rs, c, pod, st); err != nil {
 			st.Message = err.Error()
 		}
+		if st.Phase == v1alpha1.RestoreFailed && st.CommandID == "" && rs.Spec.ClusterTemplate != nil && c.Annotations[AnnotationRestoredBy] == rs.Name {
+			// Refused before anything was queued: the cluster this restore
+			// made holds nothing, and would wait for it forever.
+			if err := r.Client.Delete(ctx, c); client.IgnoreNotFound(err) != nil {
+				return ctrl.Result{}, fmt.Errorf("operator: delete EtcdCluster %s, made for a refused restore: %w", c.Name, err)
+			}
+			st.Message += fmt.Sprintf("; deleted EtcdCluster %s, which this restore made (its PVCs and generated CA Secret follow its deletionPolicy)", c.Name)
+		}
 		return r.update(ctx, &rs, st, pollProgress)
 	}
 	if c.Annotations[AnnotationRestorePending] != "" {
@@ -219,17 +227,20 @@ func (r *RestoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		// The engine removes a restore command once it is complete; so
 		// does a person, by hand. The restored members have a new etcd
 		// cluster ID.
+		now := metav1.Now()
+		if st.CommandEndTime == nil {
+			st.CommandEndTime = &now
+		}
 		status, err := r.Ctl.Status(ctx, c, pod)
 		if err != nil {
 			st.Message = "the restore command is gone; cannot read the members: " + err.Error()
 			break
 		}
-		ended, failed, msg := restoreOutcome(*st, rs.Spec.BackupName, status)
+		ended, failed, msg := restoreOutcome(*st, rs.Spec.BackupName, status, now.Time)
 		st.Message = msg
 		if !ended {
 			break
 		}
-		now := metav1.Now()
 		st.Step, st.CompletionTime = "", &now
 		if failed {
 			st.Phase = v1alpha1.RestoreFailed
@@ -242,12 +253,17 @@ func (r *RestoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return r.update(ctx, &rs, st, pollProgress)
 }
 
+// restoreReportGrace bounds the wait, once a restore's command has left
+// the queue, for a healthy member to report.
+const restoreReportGrace = 10 * time.Minute
+
 // restoreOutcome tells, once the restore's command has left the queue,
 // whether the restore ended, and how: the members must report an etcd
 // cluster ID other than the one the restore replaced. Where there was
 // none, the engine must have been seen working on the command, or a
-// command deleted before it started would read as a success.
-func restoreOutcome(st v1alpha1.EtcdRestoreStatus, backup string, status cli.ClusterStatus) (ended, failed bool, msg string) {
+// command deleted before it started would read as a success. A false
+// failure, which says to check, is the lesser harm.
+func restoreOutcome(st v1alpha1.EtcdRestoreStatus, backup string, status cli.ClusterStatus, now time.Time) (ended, failed bool, msg string) {
 	var ids []string
 	for _, a := range status.Agents {
 		if isMember(a.Role) && a.Healthy && a.ClusterID != "" && !slices.Contains(ids, a.ClusterID) {
@@ -255,12 +271,14 @@ func restoreOutcome(st v1alpha1.EtcdRestoreStatus, backup string, status cli.Clu
 		}
 	}
 	switch {
+	case len(ids) == 0 && st.CommandEndTime != nil && now.Sub(st.CommandEndTime.Time) > restoreReportGrace:
+		return true, true, fmt.Sprintf("the restore command left the queue %s ago, and no healthy member has reported since: check the cluster with etcd-manager-ctl status", restoreReportGrace)
 	case len(ids) == 0:
 		return false, false, "the restore command is gone; waiting for the restored members to report"
 	case st.ReplacedClusterID != "" && !slices.ContainsFunc(ids, func(id string) bool { return id != st.ReplacedClusterID }):
 		return true, true, fmt.Sprintf("the restore command left the queue, but the members still report the etcd cluster %s it was to replace: was the command deleted by hand?", st.ReplacedClusterID)
 	case st.ReplacedClusterID == "" && st.Step == "":
-		return true, true, "the restore command left the queue before the engine was seen to take it up: was it deleted by hand? Check the cluster's data before you trust it"
+		return true, true, "the restore command left the queue before the engine was seen to take it up (deleted by hand, or finished while the operator was away): check the cluster's data before you trust it"
 	}
 	return true, false, fmt.Sprintf("restored backup %s into etcd cluster %s", backup, strings.Join(ids, ","))
 }
@@ -299,6 +317,9 @@ func (r *RestoreReconciler) target(ctx context.Context, rs *v1alpha1.EtcdRestore
 		return nil, fmt.Errorf("operator: list EtcdClusters: %w", err)
 	}
 	for _, o := range all.Items {
+		if o.Namespace == rs.Namespace && o.Name == name {
+			continue // made by this restore a moment ago, and not yet in the cache's Get
+		}
 		if sameStore(o.Spec.BackupStore.URL, tmpl.Spec.BackupStore.URL) {
 			st.Phase, st.Message = v1alpha1.RestoreFailed, fmt.Sprintf("EtcdCluster %s/%s uses the backup store %s: restore into it in place with clusterName, or delete it first",
 				o.Namespace, o.Name, o.Spec.BackupStore.URL)
@@ -311,6 +332,10 @@ func (r *RestoreReconciler) target(ctx context.Context, rs *v1alpha1.EtcdRestore
 		Spec: *tmpl.Spec.DeepCopy(),
 	}
 	if err := r.Client.Create(ctx, &c); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			st.Message = "EtcdCluster " + name + " exists; waiting to see it"
+			return nil, nil
+		}
 		if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
 			st.Phase, st.Message = v1alpha1.RestoreFailed, "cannot make the EtcdCluster of the template: "+err.Error()
 			return nil, nil
@@ -334,6 +359,12 @@ func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore,
 	}
 	if id := queuedSince(rows, "restore-backup", rs.Spec.BackupName, rs.CreationTimestamp.Time); id != "" {
 		st.Phase, st.CommandID, st.Message = v1alpha1.RestoreRunning, id, "adopted queued command "+id
+		if row, _ := findCommand(rows, id); row.Phase == "" {
+			// Not taken up yet: the cluster it replaces is still there.
+			if status, err := r.Ctl.Status(ctx, c, pod); err == nil {
+				st.ReplacedClusterID = healthyClusterID(status)
+			}
+		}
 		return nil
 	}
 	backups, err := r.Ctl.Backups(ctx, c, pod)
@@ -354,20 +385,14 @@ func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore,
 	if err != nil {
 		return fmt.Errorf("cannot read the members before the restore: %w", err)
 	}
-	st.ReplacedClusterID = ""
 	for _, a := range status.Agents {
-		if !isMember(a.Role) {
-			continue
-		}
-		if rs.Spec.ClusterTemplate != nil && !ownPod(c, a.ID) {
+		if rs.Spec.ClusterTemplate != nil && isMember(a.Role) && !ownPod(c, a.ID) {
 			st.Phase, st.Message = v1alpha1.RestoreFailed, fmt.Sprintf("the store %s is in use: member %s, not a pod of EtcdCluster %s, reports from it; restore into that cluster instead",
 				c.Spec.BackupStore.URL, a.ID, c.Name)
 			return nil
 		}
-		if a.Healthy && a.ClusterID != "" {
-			st.ReplacedClusterID = a.ClusterID
-		}
 	}
+	st.ReplacedClusterID = healthyClusterID(status)
 	id, err := r.Ctl.RestoreBackup(ctx, c, pod, rs.Spec.BackupName)
 	if err != nil {
 		return fmt.Errorf("cannot queue the restore: %w", err)
@@ -375,6 +400,16 @@ func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore,
 	st.Phase, st.CommandID, st.Message = v1alpha1.RestoreRunning, id, "queued as command "+id
 	r.Events.Eventf(c, rs, corev1.EventTypeNormal, reasonRestoreStarted, "Restore", "restore of backup %s queued as command %s", rs.Spec.BackupName, id)
 	return nil
+}
+
+// healthyClusterID is the etcd cluster ID a healthy member reports, or "".
+func healthyClusterID(status cli.ClusterStatus) string {
+	for _, a := range status.Agents {
+		if isMember(a.Role) && a.Healthy && a.ClusterID != "" {
+			return a.ClusterID
+		}
+	}
+	return ""
 }
 
 // ownPod says whether an agent's node ID is one of c's pods.

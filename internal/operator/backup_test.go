@@ -2,6 +2,9 @@ package operator
 
 import (
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
@@ -11,6 +14,8 @@ func TestRestoreOutcome(t *testing.T) {
 	member := func(id, cluster string, healthy bool) cli.AgentStatus {
 		return cli.AgentStatus{ID: id, Role: cli.RoleMember, Healthy: healthy, ClusterID: cluster}
 	}
+	now := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	goneAt := func(ago time.Duration) *metav1.Time { return &metav1.Time{Time: now.Add(-ago)} }
 	tests := []struct {
 		name          string
 		st            v1alpha1.EtcdRestoreStatus
@@ -33,6 +38,14 @@ func TestRestoreOutcome(t *testing.T) {
 			st:     v1alpha1.EtcdRestoreStatus{ReplacedClusterID: "c1", Step: "lifting"},
 			agents: []cli.AgentStatus{member("a-0", "", false), {ID: "a-1", Role: cli.RoleStandby}},
 			ended:  false},
+		{name: "no member reports long after the command left: fail, and say to check",
+			st:     v1alpha1.EtcdRestoreStatus{ReplacedClusterID: "c1", Step: "lifting", CommandEndTime: goneAt(11 * time.Minute)},
+			agents: []cli.AgentStatus{member("a-0", "", false)},
+			ended:  true, failed: true},
+		{name: "no member reports soon after the command left: wait",
+			st:     v1alpha1.EtcdRestoreStatus{Step: "lifting", CommandEndTime: goneAt(time.Minute)},
+			agents: []cli.AgentStatus{member("a-0", "", false)},
+			ended:  false},
 		{name: "no cluster before, the engine seen at work: a success",
 			st:     v1alpha1.EtcdRestoreStatus{Step: "verifying"},
 			agents: []cli.AgentStatus{member("a-0", "c9", true)},
@@ -44,7 +57,7 @@ func TestRestoreOutcome(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ended, failed, msg := restoreOutcome(tc.st, "b1", cli.ClusterStatus{Agents: tc.agents})
+			ended, failed, msg := restoreOutcome(tc.st, "b1", cli.ClusterStatus{Agents: tc.agents}, now)
 			if ended != tc.ended || failed != tc.failed || msg == "" {
 				t.Errorf("ended %v failed %v (%q), want ended %v failed %v", ended, failed, msg, tc.ended, tc.failed)
 			}

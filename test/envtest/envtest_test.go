@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -767,9 +768,14 @@ func TestRestoreFromTemplate(t *testing.T) {
 	})
 	memberPod(t, &c2, 0)
 	got = waitRestore(t, r, func(s v1alpha1.EtcdRestoreStatus) bool { return s.Phase == v1alpha1.RestoreFailed })
-	if !strings.Contains(got.Message, "is in use: member elsewhere-0") || got.CommandID != "" {
+	if !strings.Contains(got.Message, "is in use: member elsewhere-0") || !strings.Contains(got.Message, "deleted EtcdCluster new2") || got.CommandID != "" {
 		t.Errorf("status %+v", got)
 	}
+	// The cluster it made, which would wait for the restore forever, is gone.
+	waitFor(t, "EtcdCluster new2 deleted", 30*time.Second, func() (bool, string) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(&c2), &c2)
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
 }
 
 func TestBackupSchedule(t *testing.T) {

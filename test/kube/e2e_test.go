@@ -174,6 +174,9 @@ func kubectl(args ...string) (string, error) {
 // for the operator's pod: the image's own binary, as its ServiceAccount,
 // with the shipped RBAC, picking the member image from its own pod.
 func startOperator() (stop func(), err error) {
+	if err := tagImage("etcd-manager:e2e-operator"); err != nil {
+		return nil, err
+	}
 	if out, err := kubectl("apply", "--server-side", "-k", filepath.Join(root, "test", "kube", "operator")); err != nil {
 		return nil, fmt.Errorf("%w: %s", err, out)
 	}
@@ -186,6 +189,17 @@ func startOperator() (stop func(), err error) {
 }
 
 const operatorNS = "etcd-manager-system"
+
+// tagImage gives the imported etcd-manager:dev another tag in the test
+// cluster's containerd.
+func tagImage(tag string) error {
+	ctr := exec.Command("ctr", "-a", filepath.Join(kubeDir, "containerd", "containerd.sock"), "-n", "k8s.io", "images", "tag", "--force",
+		"docker.io/library/etcd-manager:dev", "docker.io/library/"+tag)
+	if out, err := ctr.CombinedOutput(); err != nil {
+		return fmt.Errorf("ctr images tag %s: %w: %s", tag, err, out)
+	}
+	return nil
+}
 
 // saveOperatorLog writes the operator pod's log to logs/operator.log.
 func saveOperatorLog() {
@@ -488,14 +502,15 @@ spec:
 		}
 		took := waitFor(t, "3 healthy members", 5*time.Minute, func() (bool, string) { return settled(t, 3, fromVersion) })
 		record("apply to Available (3 members)", took.Round(time.Second).String())
-		// The member pods run the operator's own image, read from its pod.
+		// The member pods run the operator's own image, read from its pod:
+		// the overlay's tag, not the default one.
 		var pods corev1.PodList
 		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range pods.Items {
-			if img := p.Spec.Containers[0].Image; img != "etcd-manager:dev" {
-				t.Errorf("pod %s runs %s, want the operator's etcd-manager:dev", p.Name, img)
+			if img := p.Spec.Containers[0].Image; img != "etcd-manager:e2e-operator" {
+				t.Errorf("pod %s runs %s, want the operator's etcd-manager:e2e-operator", p.Name, img)
 			}
 		}
 		cli := etcdClient(t)
@@ -654,9 +669,8 @@ spec:
 
 	step(t, "5b a new image rolls the pods one at a time", func(t *testing.T) {
 		// The same image under another tag: a new pod template all the same.
-		ctr := exec.Command("ctr", "-a", filepath.Join(kubeDir, "containerd", "containerd.sock"), "-n", "k8s.io", "images", "tag", "docker.io/library/etcd-manager:dev", "docker.io/library/etcd-manager:e2e-roll")
-		if out, err := ctr.CombinedOutput(); err != nil {
-			t.Fatalf("ctr images tag: %v: %s", err, out)
+		if err := tagImage("etcd-manager:e2e-roll"); err != nil {
+			t.Fatal(err)
 		}
 		if _, err := kubectl("-n", ns, "patch", "etcdcluster", clusterName, "--type=merge", "-p", `{"spec":{"image":"etcd-manager:e2e-roll"}}`); err != nil {
 			t.Fatal(err)
@@ -739,6 +753,9 @@ spec:
 		if n := count(t, cli, "/e2e/create/"); n != 100 {
 			t.Errorf("%d keys of the first scenario, want 100", n)
 		}
+		// Written after the restore: the restore of the same backup into a
+		// new cluster (8) must not have it.
+		put(t, cli, "/e2e/after-restore", "not in the backup")
 	})
 
 	step(t, "7 delete the cluster: the PVCs are kept", func(t *testing.T) {
@@ -795,6 +812,9 @@ spec:
 		}
 		if n := count(t, cli, "/e2e/after-backup"); n != 0 {
 			t.Errorf("the key written after the backup is in the new cluster")
+		}
+		if n := count(t, cli, "/e2e/after-restore"); n != 0 {
+			t.Errorf("the key written after the in-place restore is in the new cluster: a newer backup was restored")
 		}
 		if n := count(t, cli, "/e2e/create/"); n != 100 {
 			t.Errorf("%d keys of the first scenario, want 100", n)
