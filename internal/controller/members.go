@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -73,6 +74,8 @@ type members struct {
 	// call makes one bounded call on a node.
 	call     func(ctx context.Context, n plan.Node, call func(context.Context, memberAPI) error) error
 	creation creationMarker
+	// dial returns a client of another member's etcd, and its closer.
+	dial func(endpoints []string) (clientv3.Cluster, func(), error)
 }
 
 // newMembers returns the membership executor of loop lp.
@@ -102,6 +105,13 @@ func newMembers(lp *loop) *members {
 			return call(ctx, api)
 		},
 		creation: loopCreation{lp},
+		dial: func(endpoints []string) (clientv3.Cluster, func(), error) {
+			c, err := etcdproc.NewClient(endpoints, lp.etcdTLS)
+			if err != nil {
+				return nil, nil, err
+			}
+			return c, func() { _ = c.Close() }, nil
+		},
 	}
 }
 
@@ -189,6 +199,38 @@ func (m *members) create(ctx context.Context, obs plan.Observed, act plan.Create
 	return nil
 }
 
+// isUnhealthy reports etcd's refusal of a membership change while the
+// member asked is not connected to a quorum ("unhealthy cluster").
+func isUnhealthy(err error) bool {
+	return err != nil && (errors.Is(err, rpctypes.ErrUnhealthy) || strings.Contains(err.Error(), rpctypes.ErrUnhealthy.Error()))
+}
+
+// addThroughOthers asks each other started voter, in turn, to add a
+// learner at peerURLs; it returns the last refusal when all refuse.
+func (m *members) addThroughOthers(ctx context.Context, members []*etcdserverpb.Member, peerURLs []string) (*clientv3.MemberAddResponse, error) {
+	err := rpctypes.ErrUnhealthy
+	for _, mm := range members {
+		if mm.IsLearner || len(mm.ClientURLs) == 0 || mm.Name == m.selfID || m.dial == nil {
+			continue
+		}
+		c, closeFn, derr := m.dial(mm.ClientURLs)
+		if derr != nil {
+			m.log.Warn("cannot reach a voter to add a member through", "member", mm.Name, "error", derr)
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+		resp, aerr := c.MemberAddAsLearner(actx, peerURLs)
+		cancel()
+		closeFn()
+		if aerr == nil {
+			m.log.Info("a member was added through another voter: the leader's etcd refused it as unhealthy", "through", mm.Name)
+			return resp, nil
+		}
+		err = aerr
+	}
+	return nil, err
+}
+
 // leader re-checks, right before a membership change, that the local etcd
 // is still the raft leader and still has quorum, and returns it.
 func (m *members) leader(ctx context.Context) (leaderEtcd, error) {
@@ -237,9 +279,16 @@ func (m *members) add(ctx context.Context, obs plan.Observed, act plan.AddMember
 		actx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
 		defer cancel()
 		resp, err := c.MemberAddAsLearner(actx, n.PeerURLs)
-		if err != nil && strings.Contains(err.Error(), rpctypes.ErrGRPCUnhealthy.Error()) {
-			// etcd refuses changes until every member has been connected
-			// for a few seconds, as after a promotion.
+		if isUnhealthy(err) {
+			// etcd refuses a change unless the member asked has been
+			// connected to a quorum of voters for a few seconds, by its
+			// own view. A leader's view can go stale for good: a send that
+			// fails while a peer's streams stay up marks that peer
+			// inactive until a stream reconnects. Another voter, connected
+			// to a quorum by its own view, may take the change.
+			resp, err = m.addThroughOthers(ctx, members, n.PeerURLs)
+		}
+		if isUnhealthy(err) {
 			return fmt.Errorf("%w: etcd reports the cluster not yet settled for adding %s", errWait, n.ID)
 		}
 		if err != nil {

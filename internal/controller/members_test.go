@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -80,6 +85,72 @@ func TestCreateChecksTheMarkersToken(t *testing.T) {
 			err := m.create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16"})
 			if (err != nil) != tt.wantErr || (err != nil && !strings.Contains(err.Error(), "created the cluster first")) {
 				t.Fatalf("create: %v, want error %v", err, tt.wantErr)
+			}
+			if !slices.Equal(calls, tt.wantCall) {
+				t.Errorf("calls = %q, want %q", calls, tt.wantCall)
+			}
+		})
+	}
+}
+
+// fakeCluster answers MemberAddAsLearner as told, and records the call.
+type fakeCluster struct {
+	clientv3.Cluster
+	name  string
+	err   error
+	calls *[]string
+}
+
+func (f fakeCluster) MemberAddAsLearner(_ context.Context, peerURLs []string) (*clientv3.MemberAddResponse, error) {
+	*f.calls = append(*f.calls, "add via "+f.name)
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &clientv3.MemberAddResponse{Member: &etcdserverpb.Member{ID: 7, PeerURLs: peerURLs}}, nil
+}
+
+// A leader whose view of the peers went stale refuses additions as
+// "unhealthy"; another started voter, never a learner or the leader
+// itself, is asked in turn.
+func TestAddThroughOthers(t *testing.T) {
+	voters := []*etcdserverpb.Member{
+		{Name: "a", ClientURLs: []string{"https://a:4001"}},
+		{Name: "b", ClientURLs: []string{"https://b:4001"}, IsLearner: true},
+		{Name: "c", ClientURLs: []string{"https://c:4001"}},
+		{Name: "d"}, // not started: no client URL
+		{Name: "e", ClientURLs: []string{"https://e:4001"}},
+	}
+	for _, tt := range []struct {
+		name     string
+		refuse   map[string]error
+		unreach  map[string]bool
+		wantErr  error
+		wantCall []string
+	}{
+		{name: "the first other voter takes it", wantCall: []string{"add via c"}},
+		{name: "a voter that refuses is passed over", refuse: map[string]error{"c": rpctypes.ErrUnhealthy}, wantCall: []string{"add via c", "add via e"}},
+		{name: "an unreachable voter is passed over", unreach: map[string]bool{"c": true}, wantCall: []string{"add via e"}},
+		{name: "all refuse: the refusal comes back", refuse: map[string]error{"c": rpctypes.ErrUnhealthy, "e": rpctypes.ErrUnhealthy},
+			wantErr: rpctypes.ErrUnhealthy, wantCall: []string{"add via c", "add via e"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var calls []string
+			m := &members{
+				log: slog.New(slog.NewTextHandler(io.Discard, nil)), selfID: "a",
+				dial: func(endpoints []string) (clientv3.Cluster, func(), error) {
+					name := strings.TrimSuffix(strings.TrimPrefix(endpoints[0], "https://"), ":4001")
+					if tt.unreach[name] {
+						return nil, nil, errors.New("connection refused")
+					}
+					return fakeCluster{name: name, err: tt.refuse[name], calls: &calls}, func() {}, nil
+				},
+			}
+			resp, err := m.addThroughOthers(t.Context(), voters, []string{"https://new:2380"})
+			if !errors.Is(err, tt.wantErr) || (err == nil && resp.Member.ID != 7) {
+				t.Fatalf("addThroughOthers: %v, %+v; want error %v", err, resp, tt.wantErr)
+			}
+			if !isUnhealthy(err) && tt.wantErr != nil {
+				t.Errorf("isUnhealthy(%v) = false", err)
 			}
 			if !slices.Equal(calls, tt.wantCall) {
 				t.Errorf("calls = %q, want %q", calls, tt.wantCall)
