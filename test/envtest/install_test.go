@@ -82,7 +82,7 @@ func TestInstallManifests(t *testing.T) {
 	for name, set := range map[string]map[string]*unstructured.Unstructured{"kustomize": kustomized, "helm": charted} {
 		for key, obj := range set {
 			obj.SetManagedFields(nil)
-			if err := k8s.Patch(ctx, obj, client.Apply, client.DryRunAll, client.FieldOwner("install-test"), client.ForceOwnership); err != nil {
+			if err := k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.DryRunAll, client.FieldOwner("install-test"), client.ForceOwnership); err != nil {
 				t.Errorf("%s: the API server refuses %s: %v", name, key, err)
 			}
 		}

@@ -243,8 +243,18 @@ func dumpState(t *testing.T) {
 		t.Logf("operator log (end):\n%s", b)
 	}
 	for i := range 5 {
-		out, _ := kubectl("-n", ns, "logs", fmt.Sprintf("%s-%d", clusterName, i), "--tail=30")
-		t.Logf("pod %d log (end):\n%s", i, out)
+		out, _ := kubectl("-n", ns, "logs", fmt.Sprintf("%s-%d", clusterName, i), "--tail=3000")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		// What etcd's transport and the agent's failing actions said,
+		// which the last lines alone often miss.
+		var peers []string
+		for _, l := range lines {
+			if strings.Contains(l, "peer became inactive") || strings.Contains(l, "action failed") {
+				peers = append(peers, l)
+			}
+		}
+		t.Logf("pod %d: peer and action failures (last 15):\n%s", i, strings.Join(peers[max(0, len(peers)-15):], "\n"))
+		t.Logf("pod %d log (end):\n%s", i, strings.Join(lines[max(0, len(lines)-30):], "\n"))
 	}
 }
 
