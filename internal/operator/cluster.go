@@ -146,7 +146,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 
 	// The store and the agents are read through a running member pod.
-	pod, podErr := r.runningPod(ctx, &c)
+	pod, podErr := RunningPod(ctx, r.Client, &c)
 	var status *cli.ClusterStatus
 	if podErr == nil {
 		if s, err := r.Ctl.Status(ctx, &c, pod); err == nil {
@@ -331,11 +331,6 @@ func (r *ClusterReconciler) finish(ctx context.Context, c *v1alpha1.EtcdCluster,
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: poll}, nil
-}
-
-// runningPod is the lowest ordinal member pod whose agent container runs.
-func (r *ClusterReconciler) runningPod(ctx context.Context, c *v1alpha1.EtcdCluster) (string, error) {
-	return RunningPod(ctx, r.Client, c)
 }
 
 // RunningPod is the name of the lowest-ordinal member pod of c whose agent

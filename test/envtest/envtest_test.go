@@ -45,7 +45,10 @@ var (
 	k8s     client.Client
 	restCfg *rest.Config
 	root    string
-	fakeCtl = &recordingCtl{failBackups: map[string]bool{"bad": true}}
+	fakeCtl = &recordingCtl{
+		spec: map[string]*spec.ClusterSpec{}, members: map[string][]string{}, unreachable: map[string][]string{},
+		commands: map[string][]cli.CommandRow{}, clusterID: map[string]string{}, failBackups: map[string]bool{"bad": true},
+	}
 )
 
 func TestMain(m *testing.M) {
@@ -168,18 +171,12 @@ func (f *recordingCtl) Calls(cluster string) []string {
 func (f *recordingCtl) setMembers(cluster string, names ...string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.members == nil {
-		f.members = map[string][]string{}
-	}
 	f.members[cluster] = names
 }
 
 func (f *recordingCtl) setUnreachable(cluster string, addrs ...string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.unreachable == nil {
-		f.unreachable = map[string][]string{}
-	}
 	f.unreachable[cluster] = addrs
 }
 
@@ -204,9 +201,6 @@ func (f *recordingCtl) WriteSpec(_ context.Context, c *v1alpha1.EtcdCluster, pod
 	f.record(c, pod, "configure-cluster "+cs.String())
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.spec == nil {
-		f.spec = map[string]*spec.ClusterSpec{}
-	}
 	f.spec[c.Name] = &cs
 	return nil
 }
@@ -246,9 +240,6 @@ func (f *recordingCtl) BackupNow(_ context.Context, c *v1alpha1.EtcdCluster, pod
 	f.record(c, pod, "backup-now")
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.commands == nil {
-		f.commands = map[string][]cli.CommandRow{}
-	}
 	if f.failBackups[c.Name] {
 		id := fmt.Sprintf("cmd-backup-%d", len(f.commands[c.Name]))
 		f.commands[c.Name] = append(f.commands[c.Name], cli.CommandRow{ID: id, Kind: "backup-now", State: spec.CommandFailed, Detail: "the store refused the upload"})
@@ -264,9 +255,6 @@ func (f *recordingCtl) RestoreBackup(_ context.Context, c *v1alpha1.EtcdCluster,
 	f.record(c, pod, "restore-backup "+backup)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.commands == nil {
-		f.commands = map[string][]cli.CommandRow{}
-	}
 	id := fmt.Sprintf("cmd-restore-%d", len(f.commands[c.Name]))
 	f.commands[c.Name] = append(f.commands[c.Name], cli.CommandRow{ID: id, Kind: "restore-backup", State: spec.CommandRunning, Phase: spec.RestoreRestoring,
 		Backup: backup, Queued: time.Now().UTC().Format(time.RFC3339)})
@@ -281,20 +269,13 @@ func (f *recordingCtl) finishCommand(cluster, id, clusterID string) {
 	defer f.mu.Unlock()
 	f.commands[cluster] = slices.DeleteFunc(f.commands[cluster], func(r cli.CommandRow) bool { return r.ID == id })
 	if clusterID != "" {
-		f.setClusterIDLocked(cluster, clusterID)
+		f.clusterID[cluster] = clusterID
 	}
 }
 
 func (f *recordingCtl) setClusterID(cluster, id string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.setClusterIDLocked(cluster, id)
-}
-
-func (f *recordingCtl) setClusterIDLocked(cluster, id string) {
-	if f.clusterID == nil {
-		f.clusterID = map[string]string{}
-	}
 	f.clusterID[cluster] = id
 }
 

@@ -384,6 +384,22 @@ func etcdClientOf(t *testing.T, name string) *clientv3.Client {
 	return cli
 }
 
+// waitRestored waits up to 10 minutes for restore r to succeed, and fails
+// the test at once if it fails.
+func waitRestored(t *testing.T, r *v1alpha1.EtcdRestore, what string) time.Duration {
+	t.Helper()
+	return waitFor(t, what, 10*time.Minute, func() (bool, string) {
+		var got v1alpha1.EtcdRestore
+		if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(r), &got); err != nil {
+			return false, err.Error()
+		}
+		if got.Status.Phase == v1alpha1.RestoreFailed {
+			t.Fatalf("restore failed: %s", got.Status.Message)
+		}
+		return got.Status.Phase == v1alpha1.RestoreSucceeded, fmt.Sprintf("%+v", got.Status)
+	})
+}
+
 func put(t *testing.T, cli *clientv3.Client, k, v string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -741,16 +757,7 @@ spec:
 		if err := k8s.Create(ctx, r); err != nil {
 			t.Fatal(err)
 		}
-		took := waitFor(t, "the restore", 10*time.Minute, func() (bool, string) {
-			var got v1alpha1.EtcdRestore
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(r), &got); err != nil {
-				return false, err.Error()
-			}
-			if got.Status.Phase == v1alpha1.RestoreFailed {
-				t.Fatalf("restore failed: %s", got.Status.Message)
-			}
-			return got.Status.Phase == v1alpha1.RestoreSucceeded, fmt.Sprintf("%+v", got.Status)
-		})
+		took := waitRestored(t, r, "the restore")
 		record("in-place restore", took.Round(time.Second).String())
 		waitFor(t, "3 healthy members after the restore", 5*time.Minute, func() (bool, string) { return settled(t, 3, toVersion) })
 		cli = etcdClient(t)
@@ -804,16 +811,7 @@ spec:
 		if err := k8s.Create(ctx, r); err != nil {
 			t.Fatal(err)
 		}
-		took := waitFor(t, "the restore into a new cluster", 10*time.Minute, func() (bool, string) {
-			var got v1alpha1.EtcdRestore
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(r), &got); err != nil {
-				return false, err.Error()
-			}
-			if got.Status.Phase == v1alpha1.RestoreFailed {
-				t.Fatalf("restore failed: %s", got.Status.Message)
-			}
-			return got.Status.Phase == v1alpha1.RestoreSucceeded, fmt.Sprintf("%+v", got.Status)
-		})
+		took := waitRestored(t, r, "the restore into a new cluster")
 		record("restore into a new cluster", took.Round(time.Second).String())
 		waitFor(t, "3 healthy members of the new cluster", 5*time.Minute, func() (bool, string) { return settledOf(t, restored, 3, toVersion) })
 		cli := etcdClientOf(t, restored)
