@@ -147,7 +147,7 @@ func (l *LeaderLock) acquire(ctx context.Context, s lockStore, renew bool) (int6
 // write stores rec as term's record: created once for a new term,
 // rewritten by its holder after.
 func (l *LeaderLock) write(ctx context.Context, s lockStore, term int64, rec lockRecord, create bool) error {
-	rec.Format = spec.FormatVersion
+	rec.Format = spec.FormatBase
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("controller: encode lock: %w", err)

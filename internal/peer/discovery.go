@@ -166,7 +166,7 @@ func (d *dirDiscovery) Publish(_ context.Context, self Record) error {
 		return fmt.Errorf("peer: discovery dir: %w", err)
 	}
 	self.Updated = d.now().UTC()
-	self.Format = spec.FormatVersion
+	self.Format = spec.FormatBase
 	data, err := json.Marshal(self)
 	if err != nil {
 		return fmt.Errorf("peer: encode record: %w", err)
@@ -238,7 +238,7 @@ func (d *storeDiscovery) Publish(ctx context.Context, self Record) error {
 // what the agent saw.
 func PublishToStore(ctx context.Context, s BlobStore, self Record, now time.Time) error {
 	self.Updated = now.UTC()
-	self.Format = spec.FormatVersion
+	self.Format = spec.FormatBase
 	data, err := json.Marshal(self)
 	if err != nil {
 		return fmt.Errorf("peer: encode record: %w", err)

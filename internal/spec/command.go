@@ -41,10 +41,31 @@ type RecoverQuorumCommand struct {
 	Lost []string `json:"lost,omitempty"`
 }
 
-// RestoreBackupCommand asks the leader to restore the named backup.
+// RestoreBackupCommand asks the leader to restore the named backup, or,
+// with ToRevision, the state at that revision: the backup brought forward
+// with the captured segments of Timeline.
 type RestoreBackupCommand struct {
 	ClusterSpec *ClusterSpec `json:"clusterSpec,omitempty"`
 	Backup      string       `json:"backup"`
+
+	// ToRevision is the revision to restore to, after the backup's own;
+	// Timeline the cluster token whose segments lead there.
+	ToRevision int64  `json:"toRevision,omitempty"`
+	Timeline   string `json:"timeline,omitempty"`
+	// BumpRevision and MarkCompacted are etcd's restore options: the
+	// restored revision is raised by BumpRevision, and marked compacted,
+	// so that clients that watch (Kubernetes) never see a revision twice.
+	BumpRevision  int64 `json:"bumpRevision,omitempty"`
+	MarkCompacted bool  `json:"markCompacted,omitempty"`
+}
+
+// NeededFormat is the oldest record format that holds the command's
+// meaning.
+func (c Command) NeededFormat() int {
+	if r := c.RestoreBackup; r != nil && (r.ToRevision != 0 || r.BumpRevision != 0 || r.MarkCompacted) {
+		return FormatPointInTime
+	}
+	return FormatBase
 }
 
 // BackupNowCommand asks the leader for a full backup at once.
@@ -71,8 +92,18 @@ func (c Command) Validate() error {
 	n := 0
 	if c.RestoreBackup != nil {
 		n++
-		if c.RestoreBackup.Backup == "" {
+		r := c.RestoreBackup
+		if r.Backup == "" {
 			return errors.New("spec: restoreBackup names no backup")
+		}
+		if r.ToRevision < 0 || r.BumpRevision < 0 {
+			return errors.New("spec: restoreBackup: toRevision and bumpRevision cannot be negative")
+		}
+		if r.ToRevision > 0 && !ValidClusterToken(r.Timeline) {
+			return fmt.Errorf("spec: restoreBackup: toRevision needs the timeline (a cluster token) whose segments lead there, not %q", r.Timeline)
+		}
+		if (r.BumpRevision > 0) != r.MarkCompacted {
+			return errors.New("spec: restoreBackup: bumpRevision and markCompacted go together, as in etcd's own restore")
 		}
 	}
 	if c.BackupNow != nil {

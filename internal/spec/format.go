@@ -11,7 +11,20 @@ import (
 // without a format field is format 0: written before formats existed, or
 // by kops's etcd-manager. A newer etcd-manager that changes the meaning of
 // a record raises the format; an older one never acts on such a record.
-const FormatVersion = 1
+const FormatVersion = 2
+
+// The formats written. A record is written in the oldest format that
+// holds its meaning, so that an older etcd-manager still reads what it
+// can act on correctly.
+const (
+	// FormatBase is every record whose meaning is unchanged since formats
+	// began.
+	FormatBase = 1
+	// FormatPointInTime is a restore command that names a point in time
+	// (toRevision): an older etcd-manager would restore the plain backup
+	// instead, so it must refuse the command.
+	FormatPointInTime = 2
+)
 
 // ErrNewerFormat means a record was written by a newer etcd-manager than
 // this one: it says so and waits to be upgraded, rather than act on

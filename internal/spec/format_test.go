@@ -14,8 +14,12 @@ func TestNewerFormats(t *testing.T) {
 	}{
 		{"kops command, no format", func() error { _, err := DecodeCommand([]byte(`{"timestamp":"1","backupNow":{}}`)); return err }, false},
 		{"command of this format", func() error { _, err := DecodeCommand([]byte(`{"format":1,"backupNow":{}}`)); return err }, false},
-		{"command of a newer format", func() error { _, err := DecodeCommand([]byte(`{"format":2,"backupNow":{}}`)); return err }, true},
-		{"newer command of an unknown kind is newer, not junk", func() error { _, err := DecodeCommand([]byte(`{"format":2,"restoreToPoint":{}}`)); return err }, true},
+		{"point-in-time restore", func() error {
+			_, err := DecodeCommand([]byte(`{"format":2,"restoreBackup":{"backup":"b","toRevision":9,"timeline":"t"}}`))
+			return err
+		}, false},
+		{"command of a newer format", func() error { _, err := DecodeCommand([]byte(`{"format":3,"backupNow":{}}`)); return err }, true},
+		{"newer command of an unknown kind is newer, not junk", func() error { _, err := DecodeCommand([]byte(`{"format":3,"rollCA":{}}`)); return err }, true},
 		{"status of this format", func() error { _, err := DecodeCommandStatus([]byte(`{"format":1,"state":"running"}`)); return err }, false},
 		{"status without format", func() error { _, err := DecodeCommandStatus([]byte(`{"state":"running"}`)); return err }, false},
 		{"status of a newer format", func() error { _, err := DecodeCommandStatus([]byte(`{"format":7,"state":"running"}`)); return err }, true},
@@ -26,7 +30,7 @@ func TestNewerFormats(t *testing.T) {
 			if got := errors.Is(err, ErrNewerFormat); got != tt.newer {
 				t.Fatalf("error %v: newer = %v, want %v", err, got, tt.newer)
 			}
-			if tt.newer && !strings.Contains(err.Error(), "understands formats up to 1") {
+			if tt.newer && !strings.Contains(err.Error(), "understands formats up to 2") {
 				t.Errorf("error %q does not say which formats this version understands", err)
 			}
 		})

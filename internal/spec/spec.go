@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -153,6 +154,14 @@ func DecodeClusterCreated(data []byte) (ClusterCreated, error) {
 	}
 	return c, nil
 }
+
+// clusterTokenRE is the form of a cluster token: what NewClusterToken
+// makes, and kops's names.
+var clusterTokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidClusterToken reports whether t has the form of a cluster token,
+// safe as a file name and a store key.
+func ValidClusterToken(t string) bool { return clusterTokenRE.MatchString(t) }
 
 // NewClusterToken returns a fresh, random cluster token: etcd's
 // --initial-cluster-token, and the name of a cluster's data dir on every

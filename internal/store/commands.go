@@ -88,7 +88,7 @@ func (s *Store) AddCommand(ctx context.Context, cmd spec.Command, now time.Time)
 		return "", fmt.Errorf("store: %w", err)
 	}
 	cmd.Timestamp = spec.Int64(now.UnixNano())
-	cmd.Format = spec.FormatVersion
+	cmd.Format = cmd.NeededFormat()
 	data, err := jsonLine(cmd)
 	if err != nil {
 		return "", err
@@ -240,7 +240,7 @@ func (s *Store) SetCommandStatusAt(ctx context.Context, id string, term int64, s
 		return fmt.Errorf("%w: %q is not a command ID", ErrNotFound, id)
 	}
 	st.Updated = spec.Int64(now.UnixNano())
-	st.Format = spec.FormatVersion
+	st.Format = spec.FormatBase
 	st.Term = term
 	data, err := jsonLine(st)
 	if err != nil {
@@ -256,7 +256,7 @@ func (s *Store) CreateChoice(ctx context.Context, id string, c spec.Choice) (spe
 	if !validID(id) {
 		return c, fmt.Errorf("%w: %q is not a command ID", ErrNotFound, id)
 	}
-	c.Format = spec.FormatVersion
+	c.Format = spec.FormatBase
 	data, err := jsonLine(c)
 	if err != nil {
 		return c, err

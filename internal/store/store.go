@@ -303,10 +303,30 @@ func (s *Store) Create(ctx context.Context, key string, data []byte) error {
 	return nil
 }
 
+// CreateFrom is Create for an object streamed from r: it appears, whole,
+// only if r reaches EOF and no object was at key.
+func (s *Store) CreateFrom(ctx context.Context, key string, r io.Reader) error {
+	if s.dir != "" {
+		return s.createFileFrom(key, r)
+	}
+	err := s.put(ctx, key, r, true)
+	if gcerrors.Code(err) == gcerrors.FailedPrecondition {
+		return fmt.Errorf("%w: %s", ErrExists, key)
+	}
+	if err != nil {
+		return s.wrap("create", key, err)
+	}
+	return nil
+}
+
 // createFile is Create for file:// stores. fileblob's IfNotExist checks and
 // renames under an in-process lock only, so two agents sharing a directory
 // could both win; a hard link fails atomically if the name exists.
 func (s *Store) createFile(key string, data []byte) error {
+	return s.createFileFrom(key, bytes.NewReader(data))
+}
+
+func (s *Store) createFileFrom(key string, r io.Reader) error {
 	path := filepath.Join(s.dir, filepath.FromSlash(key))
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return s.wrap("create", key, err)
@@ -316,7 +336,7 @@ func (s *Store) createFile(key string, data []byte) error {
 		return s.wrap("create", key, err)
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
+	if _, err := io.Copy(tmp, r); err != nil {
 		tmp.Close()
 		return s.wrap("create", key, err)
 	}

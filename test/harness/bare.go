@@ -233,3 +233,26 @@ func (m *BareEtcd) Log() string {
 	b, _ := os.ReadFile(m.logPath)
 	return string(b)
 }
+
+// NewBareOnData prepares one etcd that serves a data dir the test made
+// (by restoring a snapshot as member name, with peer URL
+// http://ip:2380), on ip. It is killed by PID when the test ends.
+func (e *Env) NewBareOnData(dataDir, name, ip string) *BareEtcd {
+	e.t.Helper()
+	m := &BareEtcd{
+		Name:      name,
+		ClientURL: fmt.Sprintf("http://%s:4001", ip),
+		PeerURL:   fmt.Sprintf("http://%s:2380", ip),
+		env:       e,
+		logPath:   dataDir + ".log",
+	}
+	m.args = []string{
+		"--name=" + name, "--data-dir=" + dataDir,
+		"--listen-client-urls=" + m.ClientURL, "--advertise-client-urls=" + m.ClientURL,
+		"--listen-peer-urls=" + m.PeerURL, "--initial-advertise-peer-urls=" + m.PeerURL,
+		"--initial-cluster=" + name + "=" + m.PeerURL,
+	}
+	e.bares = append(e.bares, m)
+	e.t.Cleanup(m.Kill)
+	return m
+}

@@ -1,0 +1,574 @@
+package wal
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// Config configures continuous capture.
+type Config struct {
+	// Enabled turns capture on.
+	Enabled bool
+	// CutInterval is how often the segment being written is cut and made
+	// durable; MaxSegmentBytes cuts it earlier.
+	CutInterval     time.Duration
+	MaxSegmentBytes int64
+	// MaxSpoolBytes bounds the local spool of segments not yet uploaded.
+	MaxSpoolBytes int64
+	// LeasePollInterval is how often the leases are listed.
+	LeasePollInterval time.Duration
+}
+
+// Default returns the defaults: capture on, a cut every 200ms.
+func Default() Config {
+	return Config{Enabled: true, CutInterval: 200 * time.Millisecond, MaxSegmentBytes: 4 << 20,
+		MaxSpoolBytes: 1 << 30, LeasePollInterval: time.Second}
+}
+
+// AddFlags registers the flags.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&c.Enabled, "capture", c.Enabled, "continuous capture: the leader writes every change to the store's wal/ prefix, for restores to any point (see docs/disaster-recovery.md)")
+	fs.DurationVar(&c.CutInterval, "capture-cut-interval", c.CutInterval, "how often captured changes are made durable and uploaded: the RPO of continuous capture is about this plus the upload's time")
+	fs.Int64Var(&c.MaxSegmentBytes, "capture-max-segment-bytes", c.MaxSegmentBytes, "cut a segment early at this size")
+	fs.Int64Var(&c.MaxSpoolBytes, "capture-max-spool-bytes", c.MaxSpoolBytes, "bound on captured changes kept on local disk while the store is unreachable; when full, capture stops and a full backup is taken once the store is back")
+	fs.DurationVar(&c.LeasePollInterval, "capture-lease-poll-interval", c.LeasePollInterval, "how often leases are listed to capture grants and revocations")
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	switch {
+	case c.CutInterval < 10*time.Millisecond || c.CutInterval > time.Minute:
+		return fmt.Errorf("wal: --capture-cut-interval %s is outside 10ms..1m", c.CutInterval)
+	case c.MaxSegmentBytes < 64<<10:
+		return fmt.Errorf("wal: --capture-max-segment-bytes %d is under 64 KiB", c.MaxSegmentBytes)
+	case c.MaxSpoolBytes < c.MaxSegmentBytes:
+		return fmt.Errorf("wal: --capture-max-spool-bytes %d is under one segment (%d)", c.MaxSpoolBytes, c.MaxSegmentBytes)
+	case c.LeasePollInterval < 10*time.Millisecond:
+		return fmt.Errorf("wal: --capture-lease-poll-interval %s is under 10ms", c.LeasePollInterval)
+	}
+	return nil
+}
+
+// Errors that tell the caller what capture needs.
+var (
+	// ErrNeedBase means capture cannot continue from what the store holds
+	// (nothing yet, or the next revision is compacted away): a full
+	// backup must be taken, and capture starts a new run after it.
+	ErrNeedBase = errors.New("wal: capture needs a fresh full backup to start from")
+	// ErrSpoolFull means the spool reached its bound: capture stopped.
+	ErrSpoolFull = errors.New("wal: capture spool is full")
+)
+
+// Client is what capture needs of etcd.
+type Client interface {
+	Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan
+	Leases(ctx context.Context) (*clientv3.LeaseLeasesResponse, error)
+	TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error)
+}
+
+// Status is capture's state, for status reports and metrics.
+type Status struct {
+	Running  bool
+	Timeline string
+	// Spooled is the last revision durable on local disk, Durable the
+	// last in the store, with the time capture observed it.
+	Spooled, Durable int64
+	DurableTime      time.Time
+	SpoolBytes       int64
+	SpoolFull        bool
+	// Gaps counts the times capture had to start a new run.
+	Gaps int
+	Err  string
+}
+
+// Capture writes segments: Run follows one member, Upload ships the
+// spool. They share the spool directory and a status.
+type Capture struct {
+	Config
+	Dir   string
+	Store Store
+	Log   *slog.Logger
+	Now   func() time.Time
+
+	mu     sync.Mutex
+	status Status
+	wake   chan struct{}
+}
+
+// New returns a capture spooling into dir.
+func New(cfg Config, dir string, s Store, log *slog.Logger) (*Capture, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("wal: spool: %w", err)
+	}
+	if err := clearSpoolTemp(dir); err != nil {
+		return nil, err
+	}
+	return &Capture{Config: cfg, Dir: dir, Store: s, Log: log, Now: time.Now, wake: make(chan struct{}, 1)}, nil
+}
+
+// Status returns a copy of the current status.
+func (c *Capture) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+func (c *Capture) update(f func(*Status)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f(&c.status)
+}
+
+func (c *Capture) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Point is where a timeline's capture stands: its last revision and
+// chain value, from the spool or the store.
+type Point struct {
+	Revision int64
+	Chain    []byte
+	Time     int64
+}
+
+// Resume finds the last revision of timeline held in the spool or the
+// store; ok is false when there is none.
+func (c *Capture) Resume(ctx context.Context, timeline string) (Point, bool, error) {
+	var p Point
+	found := false
+	segs, _, err := readSpool(c.Dir)
+	if err != nil {
+		return p, false, err
+	}
+	for _, s := range segs {
+		if s.Header.Timeline == timeline && s.Header.Last > p.Revision {
+			p, found = point(s.Header), true
+		}
+	}
+	refs, err := List(ctx, c.Store, timeline)
+	if err != nil {
+		return p, false, err
+	}
+	if len(refs) > 0 {
+		h, err := ReadHeaderAt(ctx, c.Store, refs[len(refs)-1].Key)
+		if err != nil {
+			return p, false, err
+		}
+		// The newest by first revision may be an older writer's short one.
+		for i := len(refs) - 2; i >= 0 && refs[i].First > h.First-1000; i-- {
+			if o, err := ReadHeaderAt(ctx, c.Store, refs[i].Key); err == nil && o.Last > h.Last {
+				h = o
+			}
+		}
+		if h.Last > p.Revision {
+			p, found = point(h), true
+		}
+	}
+	return p, found, nil
+}
+
+func point(h Header) Point {
+	chain, _ := hex.DecodeString(h.Chain)
+	return Point{Revision: h.Last, Chain: chain, Time: h.LastTime}
+}
+
+// Run follows client's changes on timeline into the spool until ctx
+// ends or the watch fails. It continues after the last captured
+// revision; when there is none, or it is compacted away, it starts a run
+// after base (the newest full backup of the timeline), and returns
+// ErrNeedBase when base is nil or also compacted away.
+func (c *Capture) Run(ctx context.Context, cl Client, timeline string, base *Base) error {
+	if !ValidTimeline(timeline) {
+		return fmt.Errorf("wal: capture: %q is not a cluster token", timeline)
+	}
+	c.update(func(s *Status) { s.Running, s.Timeline, s.Err = true, timeline, "" })
+	defer c.update(func(s *Status) { s.Running = false })
+	err := c.run(ctx, cl, timeline, base)
+	if err != nil && ctx.Err() == nil {
+		c.update(func(s *Status) { s.Err = err.Error() })
+	}
+	return err
+}
+
+func (c *Capture) run(ctx context.Context, cl Client, timeline string, base *Base) error {
+	at, found, err := c.Resume(ctx, timeline)
+	if err != nil {
+		return err
+	}
+	// Continue after the last captured revision, even when a full backup
+	// is newer, so that the history between stays reachable; the watch
+	// says if it is compacted away.
+	var runBase *Base
+	if !found {
+		if base == nil {
+			return fmt.Errorf("%w: timeline %s has no full backup yet", ErrNeedBase, timeline)
+		}
+		at, runBase = Point{Revision: base.Revision, Chain: mustHex(RunStart(timeline, base.Revision))}, base
+	}
+	c.update(func(s *Status) {
+		s.Spooled = max(s.Spooled, at.Revision)
+	})
+	err = c.follow(ctx, cl, timeline, at, runBase)
+	var compacted *compactedError
+	if errors.As(err, &compacted) {
+		if runBase == nil && base != nil && base.Revision+1 >= compacted.rev {
+			c.Log.Warn("capture cannot continue: the next revision is compacted; starting a new run after the newest full backup",
+				"timeline", timeline, "next-revision", at.Revision+1, "compacted-to", compacted.rev, "backup", base.Backup, "gap-to", base.Revision)
+			c.update(func(s *Status) { s.Gaps++ })
+			return c.follow(ctx, cl, timeline, Point{Revision: base.Revision, Chain: mustHex(RunStart(timeline, base.Revision))}, base)
+		}
+		c.update(func(s *Status) { s.Gaps++ })
+		return fmt.Errorf("%w: revision %d of timeline %s is compacted (etcd is compacted to %d)", ErrNeedBase, at.Revision+1, timeline, compacted.rev)
+	}
+	return err
+}
+
+func mustHex(s string) []byte {
+	b, _ := hex.DecodeString(s)
+	return b
+}
+
+type compactedError struct{ rev int64 }
+
+func (e *compactedError) Error() string {
+	return fmt.Sprintf("wal: the watch start is compacted (compacted to revision %d)", e.rev)
+}
+
+// follow watches from after at and spools what it sees.
+func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Point, base *Base) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	f := &follower{c: c, cl: cl, timeline: timeline, chain: at.Chain, last: at.Revision, base: base, known: map[int64]bool{}}
+	defer f.abandon()
+	wch := cl.Watch(clientv3.WithRequireLeader(ctx), "\x00", clientv3.WithFromKey(), clientv3.WithRev(at.Revision+1))
+	cut := time.NewTicker(c.CutInterval)
+	defer cut.Stop()
+	poll := time.NewTicker(c.LeasePollInterval)
+	defer poll.Stop()
+	if err := f.pollLeases(ctx); err != nil {
+		return err
+	}
+	c.Log.Info("capture started", "timeline", timeline, "from-revision", at.Revision+1, "new-run", base != nil)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case resp, ok := <-wch:
+			if !ok {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return errors.New("wal: capture: the watch closed")
+			}
+			if resp.CompactRevision > 0 {
+				return &compactedError{rev: resp.CompactRevision}
+			}
+			if err := resp.Err(); err != nil {
+				if errors.Is(err, rpctypes.ErrCompacted) {
+					return &compactedError{rev: resp.CompactRevision}
+				}
+				return fmt.Errorf("wal: capture: watch: %w", err)
+			}
+			if err := f.events(ctx, resp.Events); err != nil {
+				return err
+			}
+			if f.w != nil && f.w.header.BodySize >= c.MaxSegmentBytes {
+				if err := f.cut(); err != nil {
+					return err
+				}
+			}
+		case <-cut.C:
+			if err := f.cut(); err != nil {
+				return err
+			}
+		case <-poll.C:
+			if err := f.pollLeases(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// follower is one watch's state.
+type follower struct {
+	c        *Capture
+	cl       Client
+	timeline string
+	w        *segmentWriter
+	chain    []byte
+	last     int64
+	base     *Base // set until the run's first segment is cut
+	known    map[int64]bool
+	rec      Record
+}
+
+func (f *follower) writer() (*segmentWriter, error) {
+	if f.w != nil {
+		return f.w, nil
+	}
+	_, total, err := readSpool(f.c.Dir)
+	if err != nil {
+		return nil, err
+	}
+	f.c.update(func(s *Status) { s.SpoolBytes = total })
+	if total >= f.c.MaxSpoolBytes {
+		f.c.update(func(s *Status) { s.SpoolFull = true })
+		return nil, fmt.Errorf("%w: %d bytes of segments wait for the store in %s (bound %d)", ErrSpoolFull, total, f.c.Dir, f.c.MaxSpoolBytes)
+	}
+	f.c.update(func(s *Status) { s.SpoolFull = false })
+	w, err := newSegmentWriter(f.c.Dir, f.timeline, f.chain, f.last+1, f.base)
+	if err != nil {
+		return nil, err
+	}
+	f.w = w
+	return w, nil
+}
+
+// events spools one watch response: whole revisions, as etcd sends them.
+func (f *follower) events(ctx context.Context, evs []*clientv3.Event) error {
+	for i := 0; i < len(evs); {
+		rev := evs[i].Kv.ModRevision
+		j := i
+		for j < len(evs) && evs[j].Kv.ModRevision == rev {
+			j++
+		}
+		if err := f.revision(ctx, rev, evs[i:j]); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+func (f *follower) revision(ctx context.Context, rev int64, evs []*clientv3.Event) error {
+	w, err := f.writer()
+	if err != nil {
+		return err
+	}
+	r := &f.rec
+	*r = Record{Kind: KindRevision, Revision: rev, Time: f.c.Now().UnixNano(), Events: r.Events[:0]}
+	for _, ev := range evs {
+		var kv *mvccpb.KeyValue
+		if ev.Type == clientv3.EventTypeDelete {
+			kv = &mvccpb.KeyValue{Key: ev.Kv.Key}
+		} else {
+			kv = ev.Kv
+			if kv.Lease != 0 && !f.known[kv.Lease] {
+				if err := f.learnLease(ctx, kv.Lease); err != nil {
+					return err
+				}
+			}
+		}
+		v, err := proto.Marshal(kv)
+		if err != nil {
+			return fmt.Errorf("wal: capture: encode revision %d: %w", rev, err)
+		}
+		r.Events = append(r.Events, Event{Tombstone: ev.Type == clientv3.EventTypeDelete, Value: v})
+	}
+	if err := w.add(*r); err != nil {
+		return err
+	}
+	f.last, f.chain = rev, w.chain
+	return nil
+}
+
+// learnLease records a lease first seen on a key, before that key.
+func (f *follower) learnLease(ctx context.Context, id int64) error {
+	w, err := f.writer()
+	if err != nil {
+		return err
+	}
+	ttl := int64(-1)
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	resp, err := f.cl.TimeToLive(tctx, clientv3.LeaseID(id))
+	cancel()
+	if err == nil && resp.TTL >= 0 {
+		ttl = resp.GrantedTTL
+	}
+	f.known[id] = true
+	return w.add(Record{Kind: KindGrant, Revision: f.last, Lease: id, TTL: ttl})
+}
+
+// pollLeases records leases granted since the last poll (from the
+// current position: possibly early, never late) and those gone (by the
+// poll's revision: possibly late, never early), so that every key live
+// at a point has its lease.
+func (f *follower) pollLeases(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := f.cl.Leases(pctx)
+	if err != nil {
+		return fmt.Errorf("wal: capture: list leases: %w", err)
+	}
+	w, err := f.writer()
+	if err != nil {
+		return err
+	}
+	now := map[int64]bool{}
+	for _, l := range resp.Leases {
+		id := int64(l.ID)
+		now[id] = true
+		if f.known[id] {
+			continue
+		}
+		t, err := f.cl.TimeToLive(pctx, l.ID)
+		if err != nil || t.TTL < 0 {
+			continue // gone already
+		}
+		f.known[id] = true
+		if err := w.add(Record{Kind: KindGrant, Revision: f.last, Lease: id, TTL: t.GrantedTTL}); err != nil {
+			return err
+		}
+	}
+	for id := range f.known {
+		if !now[id] {
+			delete(f.known, id)
+			if err := w.add(Record{Kind: KindRevoke, Revision: max(resp.GetRevision(), f.last), Lease: id}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// cut makes the open segment durable, if it holds a revision.
+func (f *follower) cut() error {
+	if f.w == nil || !f.w.revision {
+		return nil
+	}
+	h, err := f.w.cut()
+	f.w = nil
+	if err != nil {
+		return err
+	}
+	f.base = nil
+	f.c.update(func(s *Status) { s.Spooled = h.Last; s.SpoolBytes += h.BodySize })
+	f.c.poke()
+	return nil
+}
+
+// abandon drops the open segment: what it held is captured again by the
+// next run, which starts after the last cut revision.
+func (f *follower) abandon() {
+	if f.w != nil {
+		f.w.abandon()
+		f.w = nil
+	}
+}
+
+// Upload ships the spool to the store, oldest first, until ctx ends.
+// Every agent runs it, leading or not, so a former leader's spool still
+// lands.
+func (c *Capture) Upload(ctx context.Context) {
+	retry := time.Second
+	for {
+		err := c.UploadOnce(ctx)
+		wait := time.Second
+		if err != nil && ctx.Err() == nil {
+			c.Log.Warn("capture upload failed; segments stay in the spool", "error", err, "retry-in", retry)
+			wait, retry = retry, min(retry*2, 30*time.Second)
+		} else {
+			retry = time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-time.After(wait):
+		}
+	}
+}
+
+// UploadOnce uploads every segment in the spool.
+func (c *Capture) UploadOnce(ctx context.Context) error {
+	segs, total, err := readSpool(c.Dir)
+	if err != nil {
+		return err
+	}
+	c.update(func(s *Status) { s.SpoolBytes = total })
+	for _, s := range segs {
+		for {
+			err := c.upload(ctx, s)
+			var conflict *conflictError
+			if !errors.As(err, &conflict) {
+				if err != nil {
+					return err
+				}
+				break
+			}
+			next, left, err := trimSpooled(c.Dir, s, conflict.existing.Last, conflict.existing.Chain)
+			if err != nil {
+				return err
+			}
+			if !left {
+				break
+			}
+			s = next
+		}
+		total -= s.size()
+		c.update(func(st *Status) { st.SpoolBytes = max(total, 0) })
+	}
+	return nil
+}
+
+type conflictError struct{ existing Header }
+
+func (e *conflictError) Error() string {
+	return fmt.Sprintf("wal: another writer's segment holds revisions %d to %d", e.existing.First, e.existing.Last)
+}
+
+// upload writes one spooled segment create-once. When another writer's
+// segment holds its name, it is dropped if that one covers it, or a
+// conflictError says where to trim it.
+func (c *Capture) upload(ctx context.Context, s spooled) error {
+	key := KeyOf(s.Header)
+	r, err := s.open()
+	if err != nil {
+		return err
+	}
+	err = c.Store.CreateFrom(ctx, key, r)
+	r.Close()
+	if errors.Is(err, store.ErrExists) {
+		existing, rerr := ReadHeaderAt(ctx, c.Store, key)
+		if rerr != nil {
+			return rerr
+		}
+		if existing.Last < s.Header.Last {
+			return &conflictError{existing: existing}
+		}
+		if existing.Last == s.Header.Last && existing.Chain != s.Header.Chain {
+			return fmt.Errorf("%w: %s in the store and this agent's spool disagree about revisions %d to %d", ErrCorrupt, key, s.Header.First, s.Header.Last)
+		}
+		c.Log.Info("segment already in the store, from another writer", "key", key)
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("wal: upload %s: %w", key, err)
+	}
+	if err := s.remove(); err != nil {
+		return err
+	}
+	c.update(func(st *Status) {
+		if s.Header.Last > st.Durable {
+			st.Durable, st.DurableTime = s.Header.Last, time.Unix(0, s.Header.LastTime)
+		}
+	})
+	return nil
+}

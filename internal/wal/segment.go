@@ -1,0 +1,393 @@
+// Package wal is continuous capture and point-in-time restore: the
+// leading agent follows every change of etcd with a watch and writes it,
+// in segments of whole revisions, under the store's wal/ prefix, which
+// kops tools ignore; a restore applies the segments to a full backup's
+// snapshot, offline, up to a chosen revision.
+//
+// A segment object is a header, one line of JSON, then a body of records:
+//
+//	R  uvarint revision, varint unix-ns observed, uvarint n,
+//	   n × (byte 0 put | 1 tombstone, uvarint length, the bucket value)
+//	G  uvarint revision, varint lease ID, varint granted TTL (s; -1 unknown)
+//	X  uvarint revision, varint lease ID: gone by that revision
+//
+// A put's bucket value is the mvccpb.KeyValue as etcd stores it; a
+// tombstone's is the KeyValue holding the key only. Both are what the
+// watch delivers, so applying a record writes exactly the bytes the live
+// etcd wrote, and HashKV agrees.
+//
+// The revisions of a timeline form a hash chain: each revision record's
+// chain value is sha256(previous chain value, the record's bytes). A
+// header records the chain value before its first revision (Prev) and
+// after its last (Chain), so a missing, reordered or altered segment
+// breaks the chain, whichever way the segments were cut or merged, and
+// whichever leader wrote them. Lease records come from polling, which two
+// leaders do differently; they are outside the chain, covered by their
+// segment's sha256.
+package wal
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// Errors. Check them with errors.Is.
+var (
+	// ErrCorrupt means a segment is damaged, truncated, tampered with or
+	// out of order.
+	ErrCorrupt = errors.New("wal: segment is corrupt")
+	// ErrGap means the segments do not reach a revision without a hole.
+	ErrGap = errors.New("wal: revisions are missing")
+	// ErrRange means a restore target lies outside what can be reached.
+	ErrRange = errors.New("wal: target is out of range")
+)
+
+// FormatVersion is the segment format this package writes and reads.
+const FormatVersion = 1
+
+// Bounds on what is read from a segment: far above any valid one.
+const (
+	maxHeaderSize = 64 << 10
+	maxEventSize  = 256 << 20
+)
+
+// Header is a segment's first line.
+type Header struct {
+	Format   int    `json:"format"`
+	Timeline string `json:"timeline"`
+	// Level is 0 for a segment cut by capture, higher for merged ones.
+	Level int `json:"level"`
+	// First and Last are the revisions it holds, both included; FirstTime
+	// and LastTime when capture observed them, in unix nanoseconds.
+	First     int64 `json:"first"`
+	Last      int64 `json:"last"`
+	FirstTime int64 `json:"firstTime"`
+	LastTime  int64 `json:"lastTime"`
+	// Records counts the body's records, of every kind.
+	Records int64 `json:"records"`
+	// BodySize and SHA256 describe the body that follows the header.
+	BodySize int64  `json:"bodySize"`
+	SHA256   string `json:"sha256"`
+	// Prev is the chain value before the first record, Chain after the
+	// last.
+	Prev  string `json:"prev"`
+	Chain string `json:"chain"`
+	// Base is set on the first segment of a run: capture started right
+	// after this full backup.
+	Base *Base `json:"base,omitempty"`
+}
+
+// Base is the full backup a run of segments starts from.
+type Base struct {
+	Backup   string `json:"backup"`
+	Revision int64  `json:"revision"`
+}
+
+// RunStart is the chain value before the first record of a run that
+// starts after revision rev of timeline: a run's segments cannot be
+// passed off as another's.
+func RunStart(timeline string, rev int64) string {
+	sum := sha256.Sum256(fmt.Appendf(nil, "etcd-manager wal run %s %d", timeline, rev))
+	return hex.EncodeToString(sum[:])
+}
+
+// Validate checks a header read from the store.
+func (h Header) Validate() error {
+	switch {
+	case h.Format != FormatVersion:
+		return fmt.Errorf("%w: format %d, this etcd-manager reads %d", ErrCorrupt, h.Format, FormatVersion)
+	case !spec.ValidClusterToken(h.Timeline):
+		return fmt.Errorf("%w: timeline %q is not a cluster token", ErrCorrupt, h.Timeline)
+	case h.First < 1 || h.Last < h.First:
+		return fmt.Errorf("%w: revisions %d to %d", ErrCorrupt, h.First, h.Last)
+	case h.Level < 0 || h.Level > 9:
+		return fmt.Errorf("%w: level %d", ErrCorrupt, h.Level)
+	case h.BodySize < 0 || h.Records < 1:
+		return fmt.Errorf("%w: %d records in %d bytes", ErrCorrupt, h.Records, h.BodySize)
+	case len(h.SHA256) != 64 || len(h.Prev) != 64 || len(h.Chain) != 64:
+		return fmt.Errorf("%w: sha256, prev and chain must be 64 hex digits", ErrCorrupt)
+	case h.Base != nil && (h.Base.Revision != h.First-1 || h.Prev != RunStart(h.Timeline, h.Base.Revision)):
+		return fmt.Errorf("%w: the run's base (revision %d) does not precede revision %d", ErrCorrupt, h.Base.Revision, h.First)
+	}
+	return nil
+}
+
+// Record kinds.
+const (
+	KindRevision = 'R'
+	KindGrant    = 'G'
+	KindRevoke   = 'X'
+)
+
+// Event is one change of a revision: the key bucket's value, and whether
+// it is a tombstone (a delete).
+type Event struct {
+	Tombstone bool
+	Value     []byte
+}
+
+// Record is one record of a body.
+type Record struct {
+	Kind byte
+	// Revision is the revision of a KindRevision record; of a grant, the
+	// revision from which the lease is known to exist; of a revoke, the
+	// revision by which it was gone.
+	Revision int64
+	// Time is when a revision was observed, in unix nanoseconds.
+	Time   int64
+	Events []Event
+	// Lease and TTL describe a grant or revoke.
+	Lease int64
+	TTL   int64
+}
+
+// AppendRecord appends r's encoding to b.
+func AppendRecord(b []byte, r Record) []byte {
+	b = append(b, r.Kind)
+	b = binary.AppendUvarint(b, uint64(r.Revision))
+	switch r.Kind {
+	case KindRevision:
+		b = binary.AppendVarint(b, r.Time)
+		b = binary.AppendUvarint(b, uint64(len(r.Events)))
+		for _, e := range r.Events {
+			kind := byte(0)
+			if e.Tombstone {
+				kind = 1
+			}
+			b = append(b, kind)
+			b = binary.AppendUvarint(b, uint64(len(e.Value)))
+			b = append(b, e.Value...)
+		}
+	case KindGrant:
+		b = binary.AppendVarint(b, r.Lease)
+		b = binary.AppendVarint(b, r.TTL)
+	case KindRevoke:
+		b = binary.AppendVarint(b, r.Lease)
+	}
+	return b
+}
+
+// NextChain is the chain value after a record whose encoding is rec.
+func NextChain(prev []byte, rec []byte) []byte {
+	h := sha256.New()
+	h.Write(prev)
+	h.Write(rec)
+	return h.Sum(nil)
+}
+
+// Reader reads one segment: its header, then its records, checking the
+// body's sha256, size, count and chain as it goes. Next returns io.EOF
+// only once every check has passed.
+type Reader struct {
+	Header Header
+	name   string
+	r      *bufio.Reader
+	body   hash.Hash
+	read   int64
+	n      int64
+	chain  []byte
+	last   int64 // the last revision record read
+	buf    []byte
+}
+
+// countingReader feeds the bytes read into a hash and counts them.
+type countingReader struct {
+	r io.Reader
+	h hash.Hash
+	n *int64
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.h.Write(p[:n])
+	*c.n += int64(n)
+	return n, err
+}
+
+// NewReader reads the header of the segment in r; name labels errors.
+func NewReader(r io.Reader, name string) (*Reader, error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	h, err := readHeader(br, name)
+	if err != nil {
+		return nil, err
+	}
+	prev, _ := hex.DecodeString(h.Prev)
+	sr := &Reader{Header: h, name: name, body: sha256.New(), chain: prev, last: h.First - 1}
+	sr.r = bufio.NewReaderSize(countingReader{r: br, h: sr.body, n: &sr.read}, 64<<10)
+	return sr, nil
+}
+
+// ReadHeader reads only the header of a segment.
+func ReadHeader(r io.Reader, name string) (Header, error) {
+	return readHeader(bufio.NewReaderSize(r, 4<<10), name)
+}
+
+func readHeader(br *bufio.Reader, name string) (Header, error) {
+	var h Header
+	line, err := br.ReadSlice('\n')
+	for errors.Is(err, bufio.ErrBufferFull) && len(line) <= maxHeaderSize {
+		var more []byte
+		more, err = br.ReadSlice('\n')
+		line = append(append([]byte(nil), line...), more...)
+	}
+	switch {
+	case len(line) > maxHeaderSize:
+		return h, fmt.Errorf("%w: %s: header is over %d bytes", ErrCorrupt, name, maxHeaderSize)
+	case err != nil && !errors.Is(err, io.EOF):
+		return h, fmt.Errorf("wal: read %s: %w", name, err)
+	case err != nil:
+		return h, fmt.Errorf("%w: %s: no header line (the object is empty or truncated)", ErrCorrupt, name)
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	if err := dec.Decode(&h); err != nil {
+		return h, fmt.Errorf("%w: %s: header is not valid JSON: %v", ErrCorrupt, name, err)
+	}
+	if err := h.Validate(); err != nil {
+		return h, fmt.Errorf("%s: %w", name, err)
+	}
+	return h, nil
+}
+
+// Chain is the chain value after the revisions read so far.
+func (s *Reader) Chain() []byte { return s.chain }
+
+// Next returns the next record. The returned record's events share
+// memory with the reader until the next call.
+func (s *Reader) Next() (Record, error) {
+	var r Record
+	kind, err := s.r.ReadByte()
+	if errors.Is(err, io.EOF) {
+		return r, s.finish()
+	}
+	if err != nil {
+		return r, s.readErr(err)
+	}
+	s.buf = append(s.buf[:0], kind)
+	r.Kind = kind
+	rev, err := s.uvarint()
+	if err != nil {
+		return r, err
+	}
+	r.Revision = int64(rev)
+	switch kind {
+	case KindRevision:
+		if r.Revision != s.last+1 {
+			return r, fmt.Errorf("%w: %s: revision %d follows %d", ErrCorrupt, s.name, r.Revision, s.last)
+		}
+		s.last = r.Revision
+		if r.Time, err = s.varint(); err != nil {
+			return r, err
+		}
+		n, err := s.uvarint()
+		if err != nil {
+			return r, err
+		}
+		if n == 0 || n > uint64(s.Header.BodySize) {
+			return r, fmt.Errorf("%w: %s: revision %d has %d events", ErrCorrupt, s.name, r.Revision, n)
+		}
+		// Positions into buf, turned into slices once buf stops growing.
+		type span struct {
+			tomb     bool
+			from, to int
+		}
+		spans := make([]span, 0, min(n, 1024))
+		for range n {
+			k, err := s.r.ReadByte()
+			if err != nil {
+				return r, s.readErr(err)
+			}
+			if k > 1 {
+				return r, fmt.Errorf("%w: %s: revision %d has an event of kind %d", ErrCorrupt, s.name, r.Revision, k)
+			}
+			s.buf = append(s.buf, k)
+			size, err := s.uvarint()
+			if err != nil {
+				return r, err
+			}
+			if size > maxEventSize || int64(size) > s.Header.BodySize {
+				return r, fmt.Errorf("%w: %s: revision %d has an event of %d bytes", ErrCorrupt, s.name, r.Revision, size)
+			}
+			from := len(s.buf)
+			s.buf = append(s.buf, make([]byte, size)...)
+			if _, err := io.ReadFull(s.r, s.buf[from:]); err != nil {
+				return r, s.readErr(err)
+			}
+			spans = append(spans, span{tomb: k == 1, from: from, to: len(s.buf)})
+		}
+		r.Events = make([]Event, len(spans))
+		for i, sp := range spans {
+			r.Events[i] = Event{Tombstone: sp.tomb, Value: s.buf[sp.from:sp.to]}
+		}
+	case KindGrant:
+		if r.Lease, err = s.varint(); err != nil {
+			return r, err
+		}
+		if r.TTL, err = s.varint(); err != nil {
+			return r, err
+		}
+	case KindRevoke:
+		if r.Lease, err = s.varint(); err != nil {
+			return r, err
+		}
+	default:
+		return r, fmt.Errorf("%w: %s: unknown record kind %q after revision %d", ErrCorrupt, s.name, kind, s.last)
+	}
+	s.n++
+	if kind == KindRevision {
+		s.chain = NextChain(s.chain, s.buf)
+	}
+	return r, nil
+}
+
+func (s *Reader) readErr(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: %s is truncated after revision %d", ErrCorrupt, s.name, s.last)
+	}
+	return fmt.Errorf("wal: read %s: %w", s.name, err)
+}
+
+func (s *Reader) uvarint() (uint64, error) {
+	v, err := binary.ReadUvarint(s.r)
+	if err != nil {
+		return 0, s.readErr(err)
+	}
+	s.buf = binary.AppendUvarint(s.buf, v)
+	return v, nil
+}
+
+func (s *Reader) varint() (int64, error) {
+	v, err := binary.ReadVarint(s.r)
+	if err != nil {
+		return 0, s.readErr(err)
+	}
+	s.buf = binary.AppendVarint(s.buf, v)
+	return v, nil
+}
+
+// finish checks the body as a whole once it is read.
+func (s *Reader) finish() error {
+	h := s.Header
+	switch {
+	case s.read != h.BodySize:
+		return fmt.Errorf("%w: %s: body is %d bytes, its header says %d", ErrCorrupt, s.name, s.read, h.BodySize)
+	case hex.EncodeToString(s.body.Sum(nil)) != h.SHA256:
+		return fmt.Errorf("%w: %s: body does not match its sha256", ErrCorrupt, s.name)
+	case s.n != h.Records:
+		return fmt.Errorf("%w: %s: %d records, its header says %d", ErrCorrupt, s.name, s.n, h.Records)
+	case s.last != h.Last:
+		return fmt.Errorf("%w: %s: ends at revision %d, its header says %d", ErrCorrupt, s.name, s.last, h.Last)
+	case hex.EncodeToString(s.chain) != h.Chain:
+		return fmt.Errorf("%w: %s: its records do not hash to its chain value", ErrCorrupt, s.name)
+	}
+	return io.EOF
+}

@@ -1,0 +1,212 @@
+package wal
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// spoolSegment writes a segment of revisions first..last into dir's
+// spool and returns it, with one lease record in the middle.
+func spoolSegment(t *testing.T, dir string, prev []byte, first, last int64, base *Base) spooled {
+	t.Helper()
+	w, err := newSegmentWriter(dir, "tl1", prev, first, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := first; r <= last; r++ {
+		rec := Record{Kind: KindRevision, Revision: r, Time: r * 1000,
+			Events: []Event{{Value: []byte("put " + string(rune('a'+r%26)))}, {Tombstone: true, Value: []byte("del")}}}
+		if err := w.add(rec); err != nil {
+			t.Fatal(err)
+		}
+		if r == first {
+			if err := w.add(Record{Kind: KindGrant, Revision: r, Lease: 7, TTL: 30}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	h, err := w.cut()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spooled{Header: h, path: filepath.Join(dir, spoolName("tl1", first))}
+}
+
+func objectBytes(t *testing.T, s spooled) []byte {
+	t.Helper()
+	r, err := s.open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	data, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func readAll(data []byte) ([]Record, *Reader, error) {
+	rd, err := NewReader(bytes.NewReader(data), "seg")
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []Record
+	for {
+		rec, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			return out, rd, nil
+		}
+		if err != nil {
+			return out, rd, err
+		}
+		for i := range rec.Events {
+			rec.Events[i].Value = bytes.Clone(rec.Events[i].Value) // the reader reuses its buffer
+		}
+		out = append(out, rec)
+	}
+}
+
+func TestSegmentRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	base := &Base{Backup: "b", Revision: 9}
+	s := spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 20, base)
+	recs, rd, err := readAll(objectBytes(t, s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 12 || recs[0].Revision != 10 || recs[1].Kind != KindGrant || recs[11].Revision != 20 {
+		t.Fatalf("records: %d, first %+v", len(recs), recs[0])
+	}
+	if !recs[0].Events[1].Tombstone || string(recs[0].Events[0].Value) != "put k" {
+		t.Fatalf("events: %+v", recs[0].Events)
+	}
+	if got := rd.Header; got.First != 10 || got.Last != 20 || got.Records != 12 || got.Base == nil || got.FirstTime != 10000 || got.LastTime != 20000 {
+		t.Fatalf("header: %+v", got)
+	}
+	// The next segment's chain continues from this one's.
+	next := spoolSegment(t, dir, mustHex(s.Header.Chain), 21, 25, nil)
+	if next.Header.Prev != s.Header.Chain {
+		t.Fatalf("prev %s, want %s", next.Header.Prev, s.Header.Chain)
+	}
+}
+
+// Every kind of damage is refused, naming the segment.
+func TestSegmentTampering(t *testing.T) {
+	dir := t.TempDir()
+	s := spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 20, &Base{Backup: "b", Revision: 9})
+	good := objectBytes(t, s)
+	nl := bytes.IndexByte(good, '\n')
+	header := func(f func(*Header)) []byte {
+		h := s.Header
+		b := *h.Base
+		h.Base = &b
+		f(&h)
+		data, _ := json.Marshal(h)
+		return append(append(data, '\n'), good[nl+1:]...)
+	}
+	flip := bytes.Clone(good)
+	flip[len(flip)-3] ^= 0xff
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"truncated body", good[:len(good)-5], "truncated"},
+		{"flipped byte", flip, "sha256"},
+		{"no header", good[nl+1:], "not valid JSON"},
+		{"empty", nil, "no header line"},
+		{"last revision lies", header(func(h *Header) { h.Last = 21 }), "ends at revision 20"},
+		{"chain lies", header(func(h *Header) { h.Chain = strings.Repeat("0", 64) }), "chain"},
+		{"wrong base", header(func(h *Header) { h.Base.Revision = 5 }), "base"},
+		{"bad timeline", header(func(h *Header) { h.Timeline = "../x" }), "timeline"},
+		{"newer format", header(func(h *Header) { h.Format = 2 }), "format 2"},
+		{"body size lies", header(func(h *Header) { h.BodySize++ }), "body is"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := readAll(tc.data)
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want ErrCorrupt mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestSegmentKeys(t *testing.T) {
+	for _, tc := range []struct {
+		key  string
+		ok   bool
+		want Ref
+	}{
+		{SegmentKey("tl", 42, 0, false), true, Ref{First: 42}},
+		{SegmentKey("tl", 42, 1, true), true, Ref{First: 42, Level: 1, RunStart: true}},
+		{"wal/tl/42-L0.seg", false, Ref{}},
+		{"wal/tl/00000000000000000042-Lx.seg", false, Ref{}},
+		{"wal/tl/00000000000000000000-L0.seg", false, Ref{}},
+		{"wal/tl/notes.txt", false, Ref{}},
+	} {
+		got, ok := parseKey(tc.key)
+		tc.want.Key = tc.key
+		if ok != tc.ok || (ok && got != tc.want) {
+			t.Errorf("parseKey(%q) = %+v, %v; want %+v, %v", tc.key, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// A spooled segment whose head another writer already uploaded is cut
+// down to the rest, and its chain still verifies.
+func TestTrimSpooled(t *testing.T) {
+	dir := t.TempDir()
+	s := spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 20, &Base{Backup: "b", Revision: 9})
+	other := spoolSegment(t, t.TempDir(), mustHex(RunStart("tl1", 9)), 10, 14, &Base{Backup: "b", Revision: 9})
+	trimmed, left, err := trimSpooled(dir, s, 14, other.Header.Chain)
+	if err != nil || !left {
+		t.Fatalf("trim: %v, %v", left, err)
+	}
+	if h := trimmed.Header; h.First != 15 || h.Last != 20 || h.Prev != other.Header.Chain || h.Chain != s.Header.Chain || h.Base != nil {
+		t.Fatalf("trimmed header: %+v", h)
+	}
+	if _, _, err := readAll(objectBytes(t, trimmed)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.path + ".body"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the untrimmed segment is still spooled: %v", err)
+	}
+	// A different history at the same revision is refused.
+	s2 := spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 20, nil)
+	if _, _, err := trimSpooled(dir, s2, 14, strings.Repeat("ab", 32)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("trim against another history: %v", err)
+	}
+}
+
+// Only cut segments are listed; what a crash left unfinished is removed.
+func TestReadSpool(t *testing.T) {
+	dir := t.TempDir()
+	spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 12, nil)
+	spoolSegment(t, dir, make([]byte, 32), 13, 15, nil)
+	if _, err := newSegmentWriter(dir, "tl1", nil, 16, nil); err != nil { // left open
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tl1-00000000000000000099.hdr"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := clearSpoolTemp(dir); err != nil {
+		t.Fatal(err)
+	}
+	segs, total, err := readSpool(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(segs) != 2 || segs[0].Header.First != 10 || segs[1].Header.First != 13 || total != segs[0].size()+segs[1].size() {
+		t.Fatalf("spool: %+v (total %d)", segs, total)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "tl1-00000000000000000099.hdr.bad")); err != nil {
+		t.Fatalf("an unreadable header is not set aside: %v", err)
+	}
+}
