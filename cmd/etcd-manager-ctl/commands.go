@@ -72,6 +72,23 @@ commands work even then.`,
 	fs.StringVar(&o.cert, "cert", "", "client certificate to present to the agents and etcd, with --cacert and --key")
 	fs.StringVar(&o.key, "key", "", "key of --cert")
 
+	var ranges bool
+	listBackups := &cobra.Command{
+		Use:   "list-backups",
+		Short: "List the complete backups in the store, oldest first, one name per line",
+		Long: `list-backups prints one backup per line, oldest first, with its name in the first
+column. Backups whose meta object is missing (unfinished) are not listed.
+--output json adds size, revision, version and age. When continuous capture has
+written changes, a summary of what a restore can reach goes to stderr;
+--ranges prints it in full instead: per timeline (cluster token), the earliest
+and latest restorable point by revision and time, each run of captured changes
+with the full backup it started from, and any gap between runs.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.listBackups(cmd.Context(), stdout, cmd.ErrOrStderr(), ranges)
+		},
+	}
+	listBackups.Flags().BoolVar(&ranges, "ranges", false, "print the restorable ranges of every timeline instead of the backups")
 	root.AddCommand(
 		&cobra.Command{
 			Use:   "get",
@@ -81,17 +98,7 @@ commands work even then.`,
 				return o.get(cmd.Context(), stdout)
 			},
 		},
-		&cobra.Command{
-			Use:   "list-backups",
-			Short: "List the complete backups in the store, oldest first, one name per line",
-			Long: `list-backups prints one backup per line, oldest first, with its name in the first
-column. Backups whose meta object is missing (unfinished) are not listed.
---output json adds size, revision, version and age.`,
-			Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				return o.listBackups(cmd.Context(), stdout)
-			},
-		},
+		listBackups,
 		&cobra.Command{
 			Use:   "status",
 			Short: "Show every agent: role, etcd version, health and DB size, with the spec and the leader",
@@ -261,12 +268,20 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func (o *options) listBackups(ctx context.Context, w io.Writer) error {
+func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges bool) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
+	if ranges {
+		return listRanges(ctx, s, w, o.output == "json")
+	}
+	defer func() {
+		if o.output == "text" {
+			summarizeRanges(ctx, s, info)
+		}
+	}()
 	infos, err := backup.List(ctx, s)
 	if err != nil {
 		return err

@@ -39,10 +39,19 @@ list-commands shows its progress.`,
 
 	var restoreWait bool
 	var restoreTimeout time.Duration
+	var pf pointFlags
 	restore := &cobra.Command{
-		Use:   "restore-backup NAME",
-		Short: "Replace the cluster with one restored from a backup",
-		Long: `restore-backup queues a restore of the named backup (as list-backups prints it).
+		Use:   "restore-backup [NAME] [--latest | --to-revision=R | --to-time=RFC3339]",
+		Short: "Replace the cluster with one restored from a backup, or from any captured point",
+		Long: `restore-backup queues a restore of the named backup (as list-backups prints it),
+or of a point in time: with --latest, --to-revision or --to-time it picks the
+newest full backup at or before the target (or NAME) and brings it forward with
+the changes continuous capture wrote under wal/, up to the target, inclusive.
+Targets resolve on the timeline (cluster token) of the newest backup, that is
+the current cluster's, unless --timeline names another; list-backups shows
+the timelines, their captured ranges and any gaps. A target before the oldest
+backup, after the last captured revision or inside a gap is refused before
+anything is queued.
 The agent holding the store lock then:
   1. fetches the backup and verifies it (sha256, gzip, snapshot); a bad backup
      fails the command and leaves the cluster untouched;
@@ -52,14 +61,29 @@ The agent holding the store lock then:
   4. checks that every member is up and HashKV agrees, takes a fresh backup,
      and lifts the quarantine member by member;
   5. removes the command.
-Writes made after the backup was taken are lost. With --wait (the default) it
+Writes made after the restored point are lost. With --wait (the default) it
 prints each phase and returns when the restore is complete or has failed.`,
-		Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup 2026-11-22T05:00:00Z-000001",
-		Args:    cobra.ExactArgs(1),
+		Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup 2026-11-22T05:00:00Z-000001
+  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup --latest
+  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup --to-time=2026-11-22T05:07:30Z --bump-revision=1000000 --mark-compacted`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.restoreBackup(cmd.Context(), stdout, cmd.ErrOrStderr(), args[0], restoreWait, restoreTimeout)
+			name := ""
+			if len(args) == 1 {
+				name = args[0]
+			}
+			if name == "" && !pf.target() {
+				return errors.New("restore-backup: name a backup, or give --latest, --to-revision or --to-time")
+			}
+			return o.restoreBackup(cmd.Context(), stdout, cmd.ErrOrStderr(), name, pf, restoreWait, restoreTimeout)
 		},
 	}
+	restore.Flags().BoolVar(&pf.latest, "latest", false, "restore the newest point captured: the newest full backup and every captured change after it")
+	restore.Flags().Int64Var(&pf.toRevision, "to-revision", 0, "restore the state at this etcd revision, inclusive")
+	restore.Flags().StringVar(&pf.toTime, "to-time", "", "restore the state at this moment (RFC3339): the last revision captured at or before it")
+	restore.Flags().StringVar(&pf.timeline, "timeline", "", "the timeline (cluster token) to resolve the target on (default: the newest backup's, the current cluster's)")
+	restore.Flags().Int64Var(&pf.bump, "bump-revision", 0, "etcd's --bump-revision: raise the restored revision by this much, so that watching clients (Kubernetes) never see a revision twice; needs --mark-compacted and etcd 3.5 or later")
+	restore.Flags().BoolVar(&pf.markCompacted, "mark-compacted", false, "etcd's --mark-compacted: mark the restored revision compacted, so that watches from before the restore fail and start again")
 	restore.Flags().BoolVar(&restoreWait, "wait", true, "wait until the restore is complete or has failed")
 	restore.Flags().DurationVar(&restoreTimeout, "timeout", 30*time.Minute, "how long --wait waits; the restore goes on after it")
 
@@ -277,13 +301,20 @@ func prefixed(p, s string) string {
 	return p + s
 }
 
-func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name string, wait bool, timeout time.Duration) error {
+func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name string, pf pointFlags, wait bool, timeout time.Duration) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	cmd := spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: name}}
+	name, point, err := resolvePoint(ctx, s, name, pf)
+	if err != nil {
+		return fmt.Errorf("restore-backup: %w", err)
+	}
+	if point.ToRevision > 0 {
+		fmt.Fprintf(progress, "restoring timeline %s at revision %d: backup %s brought forward with captured changes\n", point.Timeline, point.ToRevision, name)
+	}
+	cmd := spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: name, RestorePoint: point}}
 	// The format carries the spec to restore as; ours is the store's.
 	if cs, err := s.ReadSpec(ctx); err == nil {
 		cmd.RestoreBackup.ClusterSpec = &cs

@@ -30,7 +30,9 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // Agent is one node's etcd-manager: it keeps the process's lifetime and
@@ -119,6 +121,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	go lp.capture.upload(ctx)
 	listen := a.peerAddress()
 	if a.cfg.PeerAPIListenAddress != "" {
 		listen = a.cfg.PeerAPIListenAddress
@@ -176,14 +179,28 @@ type storeFetcher struct {
 	verify backup.VerifyFunc
 }
 
-func (f storeFetcher) Fetch(ctx context.Context, name, dir string) (string, error) {
+func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoint, dir string) (string, error) {
 	s, err := store.Open(ctx, f.url, store.Options{Create: true})
 	if err != nil {
 		return "", err
 	}
 	defer s.Close()
-	path, _, err := backup.Fetch(ctx, s, name, dir, f.verify)
+	path, _, _, err := fetchPoint(ctx, s, name, p, dir, f.verify)
 	return path, err
+}
+
+// fetchPoint fetches and verifies a backup, and brings it forward to the
+// point's revision with the captured segments.
+func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, verify backup.VerifyFunc) (string, backup.Meta, wal.Applied, error) {
+	path, meta, err := backup.Fetch(ctx, s, name, dir, verify)
+	if err != nil || p.ToRevision == 0 {
+		return path, meta, wal.Applied{}, err
+	}
+	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision)
+	if err != nil {
+		return "", meta, applied, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
+	}
+	return path, meta, applied, nil
 }
 
 // errWait means an action found its precondition not yet met (a learner

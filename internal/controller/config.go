@@ -17,6 +17,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // Config is the agent's configuration. The flag names follow the
@@ -73,6 +74,8 @@ type Config struct {
 	LeaderLease time.Duration
 	// Backup says when backups are taken and how long they are kept.
 	Backup BackupConfig
+	// Capture is continuous capture, for restores to any point.
+	Capture wal.Config
 	// MetricsAddress serves Prometheus metrics when set (host:port).
 	MetricsAddress string
 
@@ -126,6 +129,7 @@ func Default() Config {
 		LearnerTimeout:     DefaultLearnerTimeout,
 		LeaderLease:        DefaultLeaderLease,
 		Backup:             DefaultBackupConfig(),
+		Capture:            wal.Default(),
 		LoopInterval:       DefaultLoopInterval,
 		EtcdStopTimeout:    DefaultEtcdStopTimeout,
 		CertValidity:       pki.DefaultCertValidity,
@@ -158,6 +162,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LearnerTimeout, "learner-timeout", c.LearnerTimeout, "how long a new member may take to start and catch up as a learner before it is removed again (its node waits before it is added again); allow for copying the whole database")
 	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
 	c.Backup.AddFlags(fs)
+	c.Capture.AddFlags(fs)
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
@@ -243,6 +248,11 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("--leader-lease must be at least 1s"))
 	}
 	errs = append(errs, c.Backup.Validate()...)
+	if c.Capture.Enabled {
+		if err := c.Capture.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.MetricsAddress != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-address %q: want host:port", c.MetricsAddress))

@@ -78,6 +78,7 @@ type loop struct {
 
 	procedures *procedure.Executor
 	members    *members
+	capture    *capturer
 }
 
 func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
@@ -130,6 +131,7 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 		Changed:   func() { lp.lastChange = a.now() },
 	}
 	lp.members = newMembers(lp)
+	lp.capture = newCapturer(a.cfg.Capture, a.cfg.DataDir, a.cfg.BackupStore, a.log, a.now, a.met.reg)
 	return lp, nil
 }
 
@@ -166,6 +168,7 @@ func (lp *loop) httpClient() *http.Client {
 
 // close releases what the loop holds open.
 func (lp *loop) close() {
+	lp.capture.stop()
 	for _, c := range lp.peers {
 		_ = c.Close()
 	}
@@ -195,6 +198,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	}()
 	obs := lp.observe(ctx)
 	lp.housekeeping(ctx, lp.store, obs)
+	lp.capture.sync(lp, obs)
 	for _, act := range plan.Plan(obs) {
 		if ctx.Err() != nil {
 			return false
@@ -376,6 +380,9 @@ func (lp *loop) takeBackup(ctx context.Context, obs plan.Observed, act plan.Take
 		ClusterSpec:  obs.Spec,
 		ClusterToken: obs.Cluster.Token,
 	}, act.Reason, act.CommandIDs...)
+	if err == nil {
+		lp.capture.backedUp()
+	}
 	if err == nil && act.ForVersion != "" {
 		lp.versionBackup = act.ForVersion
 	}
@@ -448,7 +455,7 @@ func (r storeRecords) DeleteCommand(ctx context.Context, id string) error {
 // loop's store and backup taker.
 type procedureBackups struct{ lp *loop }
 
-func (b procedureBackups) Validate(ctx context.Context, name string) (backup.Meta, error) {
+func (b procedureBackups) Validate(ctx context.Context, name string, p spec.RestorePoint) (backup.Meta, error) {
 	s, err := b.lp.openStore(ctx)
 	if err != nil {
 		return backup.Meta{}, err
@@ -458,7 +465,7 @@ func (b procedureBackups) Validate(ctx context.Context, name string) (backup.Met
 		return backup.Meta{}, err
 	}
 	defer os.RemoveAll(dir)
-	_, meta, err := backup.Fetch(ctx, s, name, dir, b.lp.backups.verify)
+	_, meta, _, err := fetchPoint(ctx, s, name, p, dir, b.lp.backups.verify)
 	return meta, err
 }
 

@@ -75,7 +75,8 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	}
 	if obs.Cluster != nil {
 		b := lp.backups
-		obs.BackupDue = b.due(lp.cfg.Backup.Interval)
+		// Capture may wait on a full backup to start a run from.
+		obs.BackupDue = b.due(lp.cfg.Backup.Interval) || (lp.capture.needsBase() && !b.failedRecently())
 		obs.BackedUpSinceChange = !b.lastOK.IsZero() && !b.lastOK.Before(lp.lastChange)
 		obs.BackupFailedRecently = b.failedRecently()
 		obs.VersionBackup = lp.versionBackup

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 )
 
@@ -21,6 +22,10 @@ type RestoreOptions struct {
 	PeerURLs       []string
 	InitialCluster string
 	Token          string
+	// BumpRevision and MarkCompacted are etcdutl's --bump-revision and
+	// --mark-compacted (etcd 3.5 and later).
+	BumpRevision  int64
+	MarkCompacted bool
 }
 
 // RestoreSnapshot writes a new data dir from a snapshot with this
@@ -35,13 +40,23 @@ func (b Binaries) RestoreSnapshot(ctx context.Context, o RestoreOptions) error {
 		if !isExecutable(tool) {
 			return fmt.Errorf("%w: no etcdutl or etcdctl in %s to restore a snapshot with", ErrNoBinary, b.Dir)
 		}
+		if o.BumpRevision > 0 || o.MarkCompacted {
+			return fmt.Errorf("etcdproc: --bump-revision and --mark-compacted need etcdutl (etcd 3.5 or later); %s has none", b.Dir)
+		}
 	}
-	cmd := exec.CommandContext(ctx, tool, "snapshot", "restore", o.SnapshotPath,
+	args := []string{"snapshot", "restore", o.SnapshotPath,
 		"--data-dir", o.DataDir,
 		"--name", o.Name,
 		"--initial-advertise-peer-urls", strings.Join(o.PeerURLs, ","),
 		"--initial-cluster", o.InitialCluster,
-		"--initial-cluster-token", o.Token)
+		"--initial-cluster-token", o.Token}
+	if o.BumpRevision > 0 {
+		args = append(args, "--bump-revision", strconv.FormatInt(o.BumpRevision, 10))
+	}
+	if o.MarkCompacted {
+		args = append(args, "--mark-compacted")
+	}
+	cmd := exec.CommandContext(ctx, tool, args...)
 	cmd.Env = env
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -80,7 +80,10 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	path, err := n.backups.Fetch(ctx, req.Backup, dir)
+	if err := req.Point.Validate(); err != nil {
+		return fmt.Errorf("node: restore: %w", err)
+	}
+	path, err := n.backups.Fetch(ctx, req.Backup, req.Point, dir)
 	if err != nil {
 		return err
 	}
@@ -107,6 +110,8 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 		PeerURLs:       n.cfg.PeerURLs,
 		InitialCluster: m.InitialCluster,
 		Token:          token,
+		BumpRevision:   req.Point.BumpRevision,
+		MarkCompacted:  req.Point.MarkCompacted,
 	})
 	if err != nil {
 		os.RemoveAll(staging)

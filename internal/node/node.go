@@ -53,7 +53,7 @@ type Config struct {
 // BackupFetcher fetches a backup from the store and verifies it,
 // returning the path of the snapshot it wrote under dir.
 type BackupFetcher interface {
-	Fetch(ctx context.Context, name, dir string) (string, error)
+	Fetch(ctx context.Context, name string, p spec.RestorePoint, dir string) (string, error)
 }
 
 // Node is this machine's node. Peer API calls come on their own

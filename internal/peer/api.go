@@ -27,6 +27,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 // Errors returned by handlers, carried to callers as status messages.
@@ -143,10 +144,13 @@ type LeaveRequest struct {
 // trash), fetches and verifies the backup itself, restores it into the
 // new cluster's data dir and starts etcd with Member (quarantined).
 type RestoreRequest struct {
-	ClusterName string               `json:"clusterName"`
-	LeaderID    string               `json:"leaderId"`
-	Backup      string               `json:"backup"`
-	Member      etcdproc.MemberState `json:"member"`
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Backup      string `json:"backup"`
+	// Point takes the backup forward to a revision, with captured
+	// segments.
+	Point  spec.RestorePoint    `json:"point,omitzero"`
+	Member etcdproc.MemberState `json:"member"`
 	// Term is the fencing term of the procedure's driver (the store
 	// lock's), 0 outside a procedure. A node refuses a term older than one
 	// it has obeyed.

@@ -36,7 +36,10 @@ type Backups interface {
 	// Validate fetches the named backup and verifies it, returning its
 	// meta; a backup that is missing or damaged wraps backup.ErrNotFound
 	// or backup.ErrCorrupt.
-	Validate(ctx context.Context, name string) (backup.Meta, error)
+	// With a point, the backup is brought forward to it as a restore
+	// would, and a fault in the segments wraps wal.ErrCorrupt, ErrGap or
+	// ErrRange.
+	Validate(ctx context.Context, name string, p spec.RestorePoint) (backup.Meta, error)
 	// Take takes a full backup through the etcd member from.
 	Take(ctx context.Context, from Source, reason string) (backup.Info, error)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // The restore procedure replaces the cluster with one made from a backup;
@@ -30,8 +31,10 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		return err
 	}
 	return e.Runner.Do(ctx, Restore, c, "", func(ctx context.Context, term int64) error {
-		meta, err := e.Backups.Validate(ctx, act.Backup)
-		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) {
+		point := c.Command.RestoreBackup.RestorePoint
+		meta, err := e.Backups.Validate(ctx, act.Backup, point)
+		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) ||
+			errors.Is(err, wal.ErrCorrupt) || errors.Is(err, wal.ErrGap) || errors.Is(err, wal.ErrRange) {
 			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore: %v; the cluster was not touched", err))
 		}
 		if err != nil {
@@ -45,8 +48,12 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		if err != nil {
 			return err
 		}
+		what := fmt.Sprintf("backup %s (etcd %s, revision %d)", act.Backup, meta.EtcdVersion, meta.Revision)
+		if point.ToRevision > 0 {
+			what += fmt.Sprintf(" brought forward to revision %d", point.ToRevision)
+		}
 		st := spec.CommandStatus{State: spec.CommandRunning, Restore: progress,
-			Message: fmt.Sprintf("restoring backup %s (etcd %s, revision %d) as cluster %s", act.Backup, meta.EtcdVersion, meta.Revision, progress.Token)}
+			Message: fmt.Sprintf("restoring %s as cluster %s", what, progress.Token)}
 		e.Log.Warn("restore started: stopping the current cluster", "command", act.ID, "backup", act.Backup,
 			"cluster-token", progress.Token, "members", progress.Members, "lock-term", term)
 		return e.Runner.Record(ctx, Restore, act.ID, "", st, spec.RestoreStopping, "restore-"+spec.RestoreStopping)
@@ -142,13 +149,15 @@ func (e *Executor) stopForRestore(ctx context.Context, obs plan.Observed, act pl
 func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan.RestoreNodes) error {
 	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, term int64) error {
 		name := p.Backup // a dump-restore's own backup
+		var point spec.RestorePoint
 		if c.Command.RestoreBackup != nil {
-			name = c.Command.RestoreBackup.Backup
+			name, point = c.Command.RestoreBackup.Backup, c.Command.RestoreBackup.RestorePoint
 		}
 		req := peer.RestoreRequest{
 			LeaderID: e.SelfID,
 			Term:     term,
 			Backup:   name,
+			Point:    point,
 			Member: etcdproc.MemberState{
 				ClusterToken: p.Token, EtcdVersion: p.EtcdVersion, InitialCluster: p.InitialCluster, Quarantined: true,
 			},
@@ -166,8 +175,12 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 // verifyRestore checks the restored cluster, then moves on to backing it
 // up.
 func (e *Executor) verifyRestore(ctx context.Context, obs plan.Observed, act plan.VerifyRestore) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, p *spec.RestoreProgress, _ int64) error {
-		if err := verifyRestored(ctx, obs, p, e.ClientTLS); err != nil {
+	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, _ int64) error {
+		want := int64(0)
+		if r := c.Command.RestoreBackup; r != nil && r.ToRevision > 0 {
+			want = r.ToRevision + r.BumpRevision
+		}
+		if err := verifyRestored(ctx, obs, p, e.ClientTLS, want); err != nil {
 			return err
 		}
 		e.Log.Info("restored cluster verified: every member is up and HashKV agrees", "command", act.ID, "members", p.Members)
@@ -310,8 +323,9 @@ func (e *Executor) dumpSource(ctx context.Context, obs plan.Observed, token stri
 }
 
 // verifyRestored checks that the restored cluster has exactly its members,
-// all voters and up, and that HashKV agrees across them at one revision.
-func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgress, tlsCfg *tls.Config) error {
+// all voters and up, that HashKV agrees across them at one revision, and
+// that this is the revision wanted, when one is (a restore to a point).
+func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgress, tlsCfg *tls.Config, wantRev int64) error {
 	nodes, err := plan.FindNodes(obs.Peers, p.Members)
 	if err != nil {
 		return err
@@ -343,6 +357,9 @@ func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgr
 		return fmt.Errorf("procedure: restored cluster: status of %s: %w", endpoints[0], err)
 	}
 	rev := st.Header.Revision
+	if wantRev > 0 && rev != wantRev {
+		return fmt.Errorf("procedure: restored cluster is at revision %d, but the restore was to revision %d", rev, wantRev)
+	}
 	var first *clientv3.HashKVResponse
 	for _, ep := range endpoints {
 		h, err := c.HashKV(ctx, ep, rev)

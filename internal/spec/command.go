@@ -42,14 +42,17 @@ type RecoverQuorumCommand struct {
 }
 
 // RestoreBackupCommand asks the leader to restore the named backup, or,
-// with ToRevision, the state at that revision: the backup brought forward
-// with the captured segments of Timeline.
+// with a RestorePoint's ToRevision, the state at that revision.
 type RestoreBackupCommand struct {
 	ClusterSpec *ClusterSpec `json:"clusterSpec,omitempty"`
 	Backup      string       `json:"backup"`
+	RestorePoint
+}
 
-	// ToRevision is the revision to restore to, after the backup's own;
-	// Timeline the cluster token whose segments lead there.
+// RestorePoint says how far past its full backup a restore goes, and
+// how: the backup is brought forward to ToRevision with the captured
+// segments of Timeline (a cluster token).
+type RestorePoint struct {
 	ToRevision int64  `json:"toRevision,omitempty"`
 	Timeline   string `json:"timeline,omitempty"`
 	// BumpRevision and MarkCompacted are etcd's restore options: the
@@ -59,10 +62,28 @@ type RestoreBackupCommand struct {
 	MarkCompacted bool  `json:"markCompacted,omitempty"`
 }
 
+// Validate checks a point read from a command or a peer.
+func (p RestorePoint) Validate() error {
+	if p.ToRevision < 0 || p.BumpRevision < 0 {
+		return errors.New("spec: restore point: toRevision and bumpRevision cannot be negative")
+	}
+	if p.ToRevision > 0 && !ValidClusterToken(p.Timeline) {
+		return fmt.Errorf("spec: restore point: toRevision needs the timeline (a cluster token) whose segments lead there, not %q", p.Timeline)
+	}
+	if (p.BumpRevision > 0) != p.MarkCompacted {
+		return errors.New("spec: restore point: bumpRevision and markCompacted go together, as in etcd's own restore")
+	}
+	return nil
+}
+
+// IsZero reports whether the point is the full backup alone, restored
+// as it is.
+func (p RestorePoint) IsZero() bool { return p == RestorePoint{} }
+
 // NeededFormat is the oldest record format that holds the command's
 // meaning.
 func (c Command) NeededFormat() int {
-	if r := c.RestoreBackup; r != nil && (r.ToRevision != 0 || r.BumpRevision != 0 || r.MarkCompacted) {
+	if r := c.RestoreBackup; r != nil && !r.RestorePoint.IsZero() {
 		return FormatPointInTime
 	}
 	return FormatBase
@@ -92,18 +113,11 @@ func (c Command) Validate() error {
 	n := 0
 	if c.RestoreBackup != nil {
 		n++
-		r := c.RestoreBackup
-		if r.Backup == "" {
+		if c.RestoreBackup.Backup == "" {
 			return errors.New("spec: restoreBackup names no backup")
 		}
-		if r.ToRevision < 0 || r.BumpRevision < 0 {
-			return errors.New("spec: restoreBackup: toRevision and bumpRevision cannot be negative")
-		}
-		if r.ToRevision > 0 && !ValidClusterToken(r.Timeline) {
-			return fmt.Errorf("spec: restoreBackup: toRevision needs the timeline (a cluster token) whose segments lead there, not %q", r.Timeline)
-		}
-		if (r.BumpRevision > 0) != r.MarkCompacted {
-			return errors.New("spec: restoreBackup: bumpRevision and markCompacted go together, as in etcd's own restore")
+		if err := c.RestoreBackup.RestorePoint.Validate(); err != nil {
+			return err
 		}
 	}
 	if c.BackupNow != nil {

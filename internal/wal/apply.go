@@ -33,6 +33,11 @@ type Applied struct {
 	Leases int
 }
 
+// SnapshotRevision is the etcd revision of a snapshot whose status
+// reports rev: an empty store is at revision 1, where etcd starts, though
+// its key bucket holds nothing to say so.
+func SnapshotRevision(rev int64) int64 { return max(rev, 1) }
+
 // UnknownTTL is the TTL, in seconds, given to a lease whose granted TTL
 // capture could not learn (granted and revoked between two polls, yet
 // attached to a key live at the target).
@@ -153,6 +158,7 @@ func (a *applier) readBase() (int64, error) {
 			}
 			rev = mvcc.BytesToRev(k[:17]).Main
 		}
+		rev = SnapshotRevision(rev)
 		if lb := tx.Bucket(schema.Lease.Name()); lb != nil {
 			return lb.ForEach(func(_, v []byte) error {
 				var l leasepb.Lease

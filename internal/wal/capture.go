@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"sync"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -40,7 +40,7 @@ func Default() Config {
 }
 
 // AddFlags registers the flags.
-func (c *Config) AddFlags(fs *flag.FlagSet) {
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Enabled, "capture", c.Enabled, "continuous capture: the leader writes every change to the store's wal/ prefix, for restores to any point (see docs/disaster-recovery.md)")
 	fs.DurationVar(&c.CutInterval, "capture-cut-interval", c.CutInterval, "how often captured changes are made durable and uploaded: the RPO of continuous capture is about this plus the upload's time")
 	fs.Int64Var(&c.MaxSegmentBytes, "capture-max-segment-bytes", c.MaxSegmentBytes, "cut a segment early at this size")

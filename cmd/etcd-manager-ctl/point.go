@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
+)
+
+// pointFlags are restore-backup's point-in-time flags.
+type pointFlags struct {
+	latest        bool
+	toRevision    int64
+	toTime        string
+	timeline      string
+	bump          int64
+	markCompacted bool
+}
+
+// target reports whether a point to restore to is given.
+func (p pointFlags) target() bool { return p.latest || p.toRevision != 0 || p.toTime != "" }
+
+// resolvePoint turns the flags into the backup to restore and how far to
+// bring it forward, refusing what cannot be reached before anything is
+// queued. With no target it returns name as it is.
+func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlags) (string, spec.RestorePoint, error) {
+	point := spec.RestorePoint{BumpRevision: pf.bump, MarkCompacted: pf.markCompacted}
+	n := 0
+	for _, set := range []bool{pf.latest, pf.toRevision != 0, pf.toTime != ""} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		return "", point, errors.New("give only one of --latest, --to-revision and --to-time")
+	}
+	if pf.toRevision < 0 {
+		return "", point, fmt.Errorf("--to-revision %d: revisions start at 1", pf.toRevision)
+	}
+	if n == 0 {
+		if pf.timeline != "" {
+			return "", point, errors.New("--timeline needs --latest, --to-revision or --to-time")
+		}
+		return name, point, point.Validate()
+	}
+	infos, err := backup.List(ctx, s)
+	if err != nil {
+		return "", point, err
+	}
+	timeline := pf.timeline
+	if timeline == "" {
+		if len(infos) == 0 {
+			return "", point, errors.New("the store holds no full backup to start from")
+		}
+		timeline = infos[len(infos)-1].Meta.ClusterToken
+		if timeline == "" {
+			return "", point, fmt.Errorf("the newest backup, %s, records no cluster token (an older etcd-manager or kops wrote it); name the timeline with --timeline (see list-backups)", infos[len(infos)-1].Name)
+		}
+	}
+	if !wal.ValidTimeline(timeline) {
+		return "", point, fmt.Errorf("--timeline %q is not a cluster token", timeline)
+	}
+	var own []backup.Info
+	for _, in := range infos {
+		if in.Meta.ClusterToken == timeline {
+			in.Meta.Revision = wal.SnapshotRevision(in.Meta.Revision)
+			own = append(own, in)
+		}
+	}
+	if len(own) == 0 {
+		return "", point, fmt.Errorf("timeline %s has no full backup (see list-backups)", timeline)
+	}
+	runs, err := wal.Runs(ctx, s, timeline)
+	if err != nil {
+		return "", point, err
+	}
+	newest := own[len(own)-1]
+	lastRev, lastTime := newest.Meta.Revision, time.Unix(int64(newest.Meta.Timestamp), 0)
+	if len(runs) > 0 && runs[len(runs)-1].Last > lastRev {
+		lastRev, lastTime = runs[len(runs)-1].Last, runs[len(runs)-1].LastTime
+	}
+
+	var to int64
+	switch {
+	case pf.latest:
+		to = lastRev
+	case pf.toRevision > 0:
+		to = pf.toRevision
+	default:
+		t, err := time.Parse(time.RFC3339Nano, pf.toTime)
+		if err != nil {
+			return "", point, fmt.Errorf("--to-time %q: want RFC3339, as 2026-11-22T05:07:30Z: %v", pf.toTime, err)
+		}
+		if t.After(lastTime) {
+			return "", point, fmt.Errorf("%w: --to-time %s is after the last captured point of timeline %s (revision %d at %s); use --latest",
+				wal.ErrRange, t.UTC().Format(time.RFC3339Nano), timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
+		}
+		rev, _, err := wal.RevisionAt(ctx, s, timeline, t)
+		if err != nil {
+			return "", point, err
+		}
+		for _, in := range own {
+			if !time.Unix(int64(in.Meta.Timestamp), 0).After(t) {
+				rev = max(rev, in.Meta.Revision)
+			}
+		}
+		if rev == 0 {
+			return "", point, fmt.Errorf("%w: --to-time %s is before the oldest backup of timeline %s (%s)", wal.ErrRange, pf.toTime, timeline, own[0].Name)
+		}
+		to = rev
+	}
+	if to > lastRev {
+		return "", point, fmt.Errorf("%w: revision %d is after the last captured revision of timeline %s, %d (at %s)", wal.ErrRange, to, timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
+	}
+
+	var base *backup.Info
+	if name != "" {
+		meta, err := backup.ReadMeta(ctx, s, name)
+		if err != nil {
+			return "", point, err
+		}
+		meta.Revision = wal.SnapshotRevision(meta.Revision)
+		if meta.ClusterToken != timeline || meta.Revision > to {
+			return "", point, fmt.Errorf("backup %s (timeline %s, revision %d) cannot be brought to revision %d of timeline %s", name, meta.ClusterToken, meta.Revision, to, timeline)
+		}
+		base = &backup.Info{Name: name, Meta: meta}
+	} else {
+		for i := len(own) - 1; i >= 0; i-- {
+			if own[i].Meta.Revision <= to {
+				base = &own[i]
+				break
+			}
+		}
+		if base == nil {
+			return "", point, fmt.Errorf("%w: revision %d is before the oldest backup of timeline %s (%s, revision %d)", wal.ErrRange, to, timeline, own[0].Name, own[0].Meta.Revision)
+		}
+	}
+	if err := wal.CheckReach(runs, base.Meta.Revision, to); err != nil {
+		return "", point, err
+	}
+	if to > base.Meta.Revision {
+		point.ToRevision, point.Timeline = to, timeline
+	}
+	return base.Name, point, point.Validate()
+}
+
+// timelineRange is what a restore can reach on one timeline.
+type timelineRange struct {
+	Timeline string `json:"timeline"`
+	// Earliest is the oldest full backup's point; Latest the last
+	// captured revision, or the newest backup's when it is later.
+	EarliestRevision int64     `json:"earliestRevision"`
+	EarliestTime     time.Time `json:"earliestTime"`
+	LatestRevision   int64     `json:"latestRevision"`
+	LatestTime       time.Time `json:"latestTime"`
+	Backups          int       `json:"backups"`
+	Runs             []runRow  `json:"runs"`
+	Gaps             []wal.Gap `json:"gaps"`
+}
+
+type runRow struct {
+	Base      string    `json:"base,omitempty"`
+	First     int64     `json:"first"`
+	Last      int64     `json:"last"`
+	FirstTime time.Time `json:"firstTime"`
+	LastTime  time.Time `json:"lastTime"`
+}
+
+// ranges reads every timeline's restorable range.
+func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
+	infos, err := backup.List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	tls, err := wal.Timelines(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var order []string
+	for _, in := range infos {
+		if t := in.Meta.ClusterToken; t != "" && !seen[t] {
+			seen[t] = true
+			order = append(order, t)
+		}
+	}
+	for _, t := range tls {
+		if !seen[t] {
+			seen[t] = true
+			order = append(order, t)
+		}
+	}
+	var out []timelineRange
+	for _, t := range order {
+		r := timelineRange{Timeline: t, Runs: []runRow{}, Gaps: []wal.Gap{}}
+		for _, in := range infos {
+			if in.Meta.ClusterToken != t {
+				continue
+			}
+			at := time.Unix(int64(in.Meta.Timestamp), 0).UTC()
+			if r.Backups == 0 {
+				r.EarliestRevision, r.EarliestTime = in.Meta.Revision, at
+			}
+			if in.Meta.Revision >= r.LatestRevision {
+				r.LatestRevision, r.LatestTime = in.Meta.Revision, at
+			}
+			r.Backups++
+		}
+		runs, err := wal.Runs(ctx, s, t)
+		if err != nil {
+			return nil, err
+		}
+		for _, run := range runs {
+			row := runRow{First: run.First, Last: run.Last, FirstTime: run.FirstTime.UTC(), LastTime: run.LastTime.UTC()}
+			if run.Base != nil {
+				row.Base = run.Base.Backup
+			}
+			r.Runs = append(r.Runs, row)
+			if run.Last > r.LatestRevision && r.Backups > 0 {
+				r.LatestRevision, r.LatestTime = run.Last, run.LastTime.UTC()
+			}
+		}
+		r.Gaps = append(r.Gaps, wal.Gaps(runs)...)
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// listRanges prints every timeline's restorable range.
+func listRanges(ctx context.Context, s *store.Store, w io.Writer, asJSON bool) error {
+	rs, err := ranges(ctx, s)
+	if err != nil {
+		return err
+	}
+	if rs == nil {
+		rs = []timelineRange{}
+	}
+	if asJSON {
+		return writeJSON(w, rs)
+	}
+	for _, r := range rs {
+		fmt.Fprintf(w, "timeline %s: %d full backups; restorable from revision %d (%s) to revision %d (%s)\n", r.Timeline, r.Backups,
+			r.EarliestRevision, rfcTime(r.EarliestTime), r.LatestRevision, rfcTime(r.LatestTime))
+		for _, run := range r.Runs {
+			fmt.Fprintf(w, "  captured revisions %d to %d (%s to %s), after backup %s\n", run.First, run.Last, rfcTime(run.FirstTime), rfcTime(run.LastTime), dash(run.Base))
+		}
+		for _, g := range r.Gaps {
+			fmt.Fprintf(w, "  gap: revisions %d to %d cannot be restored\n", g.After+1, g.Before-1)
+		}
+	}
+	return nil
+}
+
+// summarizeRanges writes one line per timeline with captured changes.
+func summarizeRanges(ctx context.Context, s *store.Store, w io.Writer) {
+	rs, err := ranges(ctx, s)
+	if err != nil {
+		fmt.Fprintf(w, "cannot read the captured ranges: %v\n", err)
+		return
+	}
+	for _, r := range rs {
+		if len(r.Runs) == 0 || r.Backups == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "timeline %s: restorable to any revision from %d (%s) to %d (%s), %d gaps (list-backups --ranges)\n",
+			r.Timeline, r.EarliestRevision, rfcTime(r.EarliestTime), r.LatestRevision, rfcTime(r.LatestTime), len(r.Gaps))
+	}
+}
+
+func rfcTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

@@ -1,0 +1,244 @@
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
+)
+
+// capturer runs continuous capture beside the control loop: the upload of
+// the spool always (so a former leader's segments still land), and the
+// capture itself while this agent leads the cluster, on its own etcd.
+type capturer struct {
+	cfg wal.Config
+	log *slog.Logger
+	now func() time.Time
+	dir string
+	url string
+
+	mu       sync.Mutex
+	wal      *wal.Capture // set once the store is open
+	store    *store.Store
+	run      *captureRun
+	needBase bool
+	retryAt  time.Time
+	failures int
+}
+
+// captureRun is one capture of one timeline.
+type captureRun struct {
+	token, endpoint string
+	cancel          context.CancelFunc
+	done            chan struct{}
+}
+
+func newCapturer(cfg wal.Config, dataDir, url string, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *capturer {
+	c := &capturer{cfg: cfg, log: log, now: now, dir: filepath.Join(dataDir, "capture"), url: url}
+	status := func(f func(wal.Status) float64) func() float64 {
+		return func() float64 {
+			c.mu.Lock()
+			w := c.wal
+			c.mu.Unlock()
+			if w == nil {
+				return 0
+			}
+			return f(w.Status())
+		}
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_running",
+			Help: "1 while this agent captures its cluster's changes into the store (the leader, with --capture)."},
+			status(func(s wal.Status) float64 { return b2f(s.Running) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_durable_revision",
+			Help: "The last revision this agent's capture made durable in the store."},
+			status(func(s wal.Status) float64 { return float64(s.Durable) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_durable_timestamp_seconds",
+			Help: "Unix time capture observed the last revision it made durable in the store: a restore can reach it."},
+			status(func(s wal.Status) float64 {
+				if s.DurableTime.IsZero() {
+					return 0
+				}
+				return float64(s.DurableTime.UnixNano()) / 1e9
+			})),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_spool_bytes",
+			Help: "Captured changes on local disk waiting for the store."},
+			status(func(s wal.Status) float64 { return float64(s.SpoolBytes) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_spool_full",
+			Help: "1 while capture is stopped because its spool reached --capture-max-spool-bytes."},
+			status(func(s wal.Status) float64 { return b2f(s.SpoolFull) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_gaps",
+			Help: "Times capture could not continue from the last captured revision and started again after a full backup, since the agent started."},
+			status(func(s wal.Status) float64 { return float64(s.Gaps) })),
+	)
+	return c
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// upload opens the store and ships the spool until ctx ends.
+func (c *capturer) upload(ctx context.Context) {
+	if !c.cfg.Enabled {
+		return
+	}
+	for {
+		s, err := store.Open(ctx, c.url, store.Options{Create: true})
+		if err == nil {
+			defer s.Close()
+			w, err := wal.New(c.cfg, c.dir, s, c.log)
+			if err != nil {
+				c.log.Error("continuous capture is off: its spool is unusable", "dir", c.dir, "error", err)
+				return
+			}
+			c.mu.Lock()
+			c.wal, c.store = w, s
+			c.mu.Unlock()
+			w.Upload(ctx)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// needsBase reports whether capture waits for a full backup to start a
+// run from.
+func (c *capturer) needsBase() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.needBase
+}
+
+// backedUp records that a full backup was just taken.
+func (c *capturer) backedUp() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// The retry backoff stays: a capture that keeps failing must not
+	// turn into a stream of backups.
+	c.needBase = false
+}
+
+// sync starts capture while this agent leads a serving cluster, and stops
+// it otherwise or when the cluster changes.
+func (c *capturer) sync(lp *loop, obs plan.Observed) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	want := c.cfg.Enabled && c.wal != nil && obs.Cluster != nil && obs.Self.Member != nil && !obs.Self.Member.Quarantined && lp.clientEndpoint != ""
+	token := ""
+	if want {
+		token = obs.Cluster.Token
+	}
+	if r := c.run; r != nil {
+		select {
+		case <-r.done:
+			c.run = nil
+		default:
+			if want && r.token == token && r.endpoint == lp.clientEndpoint {
+				return
+			}
+			r.cancel()
+			c.mu.Unlock()
+			<-r.done
+			c.mu.Lock()
+			c.run = nil
+		}
+	}
+	// A backup due this cycle is the base a new run may need: start after
+	// it, rather than ask for another.
+	if !want || c.now().Before(c.retryAt) || c.needBase || obs.BackupDue {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &captureRun{token: token, endpoint: lp.clientEndpoint, cancel: cancel, done: make(chan struct{})}
+	c.run = r
+	go c.capture(ctx, r, c.wal, c.store, lp.etcdTLS)
+}
+
+// capture runs one capture until it fails or is stopped.
+func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s *store.Store, tlsCfg *tls.Config) {
+	defer close(r.done)
+	err := c.captureOnce(ctx, r, w, s, tlsCfg)
+	if ctx.Err() != nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failures++
+	delay := min(time.Duration(c.failures)*2*time.Second, 30*time.Second)
+	c.retryAt = c.now().Add(delay)
+	switch {
+	case errors.Is(err, wal.ErrNeedBase):
+		c.needBase = true
+		c.log.Warn("capture needs a fresh full backup to go on from; taking one", "cluster-token", r.token, "reason", err)
+	case errors.Is(err, wal.ErrSpoolFull):
+		c.needBase = true
+		c.log.Error("capture stopped: its spool is full while the store is unreachable; a full backup follows once the store is back", "error", err)
+	default:
+		c.log.Warn("capture stopped; it resumes from the last captured revision", "cluster-token", r.token, "error", err, "retry-in", delay)
+	}
+}
+
+func (c *capturer) captureOnce(ctx context.Context, r *captureRun, w *wal.Capture, s *store.Store, tlsCfg *tls.Config) error {
+	base, err := newestBackup(ctx, s, r.token)
+	if err != nil {
+		return err
+	}
+	cl, err := etcdproc.NewClient([]string{r.endpoint}, tlsCfg)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	started := c.now()
+	err = w.Run(ctx, cl, r.token, base)
+	if c.now().Sub(started) > time.Minute {
+		c.mu.Lock()
+		c.failures = 0 // it ran well for a while
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// newestBackup is the newest full backup of the cluster token, or nil.
+func newestBackup(ctx context.Context, s *store.Store, token string) (*wal.Base, error) {
+	infos, err := backup.List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	for i := len(infos) - 1; i >= 0; i-- {
+		if m := infos[i].Meta; m.ClusterToken == token {
+			return &wal.Base{Backup: infos[i].Name, Revision: wal.SnapshotRevision(m.Revision)}, nil
+		}
+	}
+	return nil, nil
+}
+
+// stop ends capture and waits for it.
+func (c *capturer) stop() {
+	c.mu.Lock()
+	r := c.run
+	c.run = nil
+	c.mu.Unlock()
+	if r != nil {
+		r.cancel()
+		<-r.done
+	}
+}
