@@ -306,6 +306,11 @@ func TestPointInTimeRestore(t *testing.T) {
 	}
 	defer s.Close()
 
+	// A full backup before the writes: every point after it is reachable.
+	first, err := backup.ReadMeta(ctx, s, strings.TrimSpace(env.MustCtl("backup-now")))
+	if err != nil {
+		t.Fatal(err)
+	}
 	rng := rand.New(rand.NewPCG(7, 7))
 	lease, err := c.Grant(ctx, 3600)
 	if err != nil {
@@ -318,7 +323,7 @@ func TestPointInTimeRestore(t *testing.T) {
 	mid := viewAt(t, c, 0)
 	pitrWorkload(t, c, rng, "second", 150)
 	head := viewAt(t, c, 0)
-	earlier := mid.rev - rng.Int64N(100)
+	earlier := first.Revision + 1 + rng.Int64N(mid.rev-first.Revision)
 	atEarlier := viewAt(t, c, earlier)
 
 	// Capture started on its own, after the full backup it took of this
@@ -387,7 +392,7 @@ func TestPointInTimeRestore(t *testing.T) {
 	// What cannot be reached is refused before anything is queued.
 	for _, tc := range []struct{ args []string }{
 		{[]string{fmt.Sprintf("--to-revision=%d", head.rev+1_000_000), "--timeline=" + timeline}},
-		{[]string{"--to-revision=1", "--timeline=" + timeline}},
+		{[]string{"--to-revision=-5", "--timeline=" + timeline}},
 		{[]string{"--to-time=2001-01-01T00:00:00Z", "--timeline=" + timeline}},
 		{[]string{"--latest", "--to-revision=5"}},
 		{[]string{"--latest", "--timeline=../../x"}},
