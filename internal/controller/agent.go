@@ -185,22 +185,21 @@ func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoin
 		return "", err
 	}
 	defer s.Close()
-	path, _, _, err := fetchPoint(ctx, s, name, p, dir, f.verify)
+	path, _, err := fetchPoint(ctx, s, name, p, dir, f.verify)
 	return path, err
 }
 
 // fetchPoint fetches and verifies a backup, and brings it forward to the
 // point's revision with the captured segments.
-func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, verify backup.VerifyFunc) (string, backup.Meta, wal.Applied, error) {
+func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, verify backup.VerifyFunc) (string, backup.Meta, error) {
 	path, meta, err := backup.Fetch(ctx, s, name, dir, verify)
 	if err != nil || p.ToRevision == 0 {
-		return path, meta, wal.Applied{}, err
+		return path, meta, err
 	}
-	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision)
-	if err != nil {
-		return "", meta, applied, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
+	if _, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision); err != nil {
+		return "", meta, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
 	}
-	return path, meta, applied, nil
+	return path, meta, nil
 }
 
 // errWait means an action found its precondition not yet met (a learner

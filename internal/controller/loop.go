@@ -465,7 +465,7 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 		return backup.Meta{}, err
 	}
 	defer os.RemoveAll(dir)
-	_, meta, _, err := fetchPoint(ctx, s, name, p, dir, b.lp.backups.verify)
+	_, meta, err := fetchPoint(ctx, s, name, p, dir, b.lp.backups.verify)
 	return meta, err
 }
 

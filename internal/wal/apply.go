@@ -23,9 +23,6 @@ import (
 type Applied struct {
 	// From is the snapshot's revision, To the revision reached.
 	From, To int64
-	// ToTime is when capture observed revision To (unix ns); 0 when
-	// nothing was applied.
-	ToTime int64
 	// Segments and Revisions count what was read and applied.
 	Segments  int
 	Revisions int64
@@ -177,18 +174,11 @@ func (a *applier) readBase() (int64, error) {
 // segment applies one segment's revisions after *covered up to to, and
 // reports whether the segment ended exactly at to.
 func (a *applier) segment(ctx context.Context, s Store, ref Ref, to int64, covered *int64, chain *[]byte, out *Applied) (bool, error) {
-	rc, err := s.Reader(ctx, ref.Key)
-	if err != nil {
-		return false, fmt.Errorf("wal: %w", err)
-	}
-	defer rc.Close()
-	seg, err := NewReader(rc, ref.Key)
+	seg, rc, err := openSegment(ctx, s, ref)
 	if err != nil {
 		return false, err
 	}
-	if h := seg.Header; h.First != ref.First || h.Level != ref.Level {
-		return false, fmt.Errorf("%w: %s holds revisions %d to %d at level %d: not what its name says", ErrCorrupt, ref.Key, h.First, h.Last, h.Level)
-	}
+	defer rc.Close()
 	if seg.Header.Last <= *covered {
 		return false, nil // all applied from another segment already
 	}
@@ -216,7 +206,7 @@ func (a *applier) segment(ctx context.Context, s Store, ref Ref, to int64, cover
 					return false, err
 				}
 				*covered, *chain = rec.Revision, seg.Chain()
-				out.To, out.ToTime = rec.Revision, rec.Time
+				out.To = rec.Revision
 				out.Revisions++
 			default:
 				beyond = true
@@ -237,15 +227,11 @@ func (a *applier) segment(ctx context.Context, s Store, ref Ref, to int64, cover
 // leadingLeases applies the lease records at the head of the segment
 // after the target, up to its first revision.
 func (a *applier) leadingLeases(ctx context.Context, s Store, ref Ref, to int64) error {
-	rc, err := s.Reader(ctx, ref.Key)
-	if err != nil {
-		return fmt.Errorf("wal: %w", err)
-	}
-	defer rc.Close()
-	seg, err := NewReader(rc, ref.Key)
+	seg, rc, err := openSegment(ctx, s, ref)
 	if err != nil {
 		return err
 	}
+	defer rc.Close()
 	for {
 		rec, err := seg.Next()
 		if errors.Is(err, io.EOF) || (err == nil && rec.Kind == KindRevision) {

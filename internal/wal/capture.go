@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -80,19 +79,17 @@ type Client interface {
 	TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error)
 }
 
-// Status is capture's state, for status reports and metrics.
+// Status is capture's state, for metrics.
 type Status struct {
-	Running  bool
-	Timeline string
-	// Spooled is the last revision durable on local disk, Durable the
-	// last in the store, with the time capture observed it.
-	Spooled, Durable int64
-	DurableTime      time.Time
-	SpoolBytes       int64
-	SpoolFull        bool
+	Running bool
+	// Durable is the last revision in the store, DurableTime when
+	// capture observed it.
+	Durable     int64
+	DurableTime time.Time
+	SpoolBytes  int64
+	SpoolFull   bool
 	// Gaps counts the times capture had to start a new run.
 	Gaps int
-	Err  string
 }
 
 // Capture writes segments: Run follows one member, Upload ships the
@@ -145,7 +142,12 @@ func (c *Capture) poke() {
 type Point struct {
 	Revision int64
 	Chain    []byte
-	Time     int64
+}
+
+// runStart is the point a run after base starts from.
+func runStart(timeline string, base *Base) Point {
+	chain, _ := hex.DecodeString(RunStart(timeline, base.Revision))
+	return Point{Revision: base.Revision, Chain: chain}
 }
 
 // Resume finds the last revision of timeline held in the spool or the
@@ -171,8 +173,9 @@ func (c *Capture) Resume(ctx context.Context, timeline string) (Point, bool, err
 		if err != nil {
 			return p, false, err
 		}
-		// The newest by first revision may be an older writer's short one.
-		for i := len(refs) - 2; i >= 0 && refs[i].First > h.First-1000; i-- {
+		// The newest by first revision may be a short one of a writer that
+		// overlapped an older, longer one: look a little further back.
+		for i := len(refs) - 2; i >= 0 && refs[i].First > h.First-resumeLookBack; i-- {
 			if o, err := ReadHeaderAt(ctx, c.Store, refs[i].Key); err == nil && o.Last > h.Last {
 				h = o
 			}
@@ -184,9 +187,13 @@ func (c *Capture) Resume(ctx context.Context, timeline string) (Point, bool, err
 	return p, found, nil
 }
 
+// resumeLookBack is how many revisions before the newest segment Resume
+// looks for a longer one that overlaps it.
+const resumeLookBack = 1000
+
 func point(h Header) Point {
 	chain, _ := hex.DecodeString(h.Chain)
-	return Point{Revision: h.Last, Chain: chain, Time: h.LastTime}
+	return Point{Revision: h.Last, Chain: chain}
 }
 
 // Run follows client's changes on timeline into the spool until ctx
@@ -198,13 +205,9 @@ func (c *Capture) Run(ctx context.Context, cl Client, timeline string, base *Bas
 	if !ValidTimeline(timeline) {
 		return fmt.Errorf("wal: capture: %q is not a cluster token", timeline)
 	}
-	c.update(func(s *Status) { s.Running, s.Timeline, s.Err = true, timeline, "" })
+	c.update(func(s *Status) { s.Running = true })
 	defer c.update(func(s *Status) { s.Running = false })
-	err := c.run(ctx, cl, timeline, base)
-	if err != nil && ctx.Err() == nil {
-		c.update(func(s *Status) { s.Err = err.Error() })
-	}
-	return err
+	return c.run(ctx, cl, timeline, base)
 }
 
 func (c *Capture) run(ctx context.Context, cl Client, timeline string, base *Base) error {
@@ -220,11 +223,8 @@ func (c *Capture) run(ctx context.Context, cl Client, timeline string, base *Bas
 		if base == nil {
 			return fmt.Errorf("%w: timeline %s has no full backup yet", ErrNeedBase, timeline)
 		}
-		at, runBase = Point{Revision: base.Revision, Chain: mustHex(RunStart(timeline, base.Revision))}, base
+		at, runBase = runStart(timeline, base), base
 	}
-	c.update(func(s *Status) {
-		s.Spooled = max(s.Spooled, at.Revision)
-	})
 	err = c.follow(ctx, cl, timeline, at, runBase)
 	var compacted *compactedError
 	if errors.As(err, &compacted) {
@@ -232,17 +232,12 @@ func (c *Capture) run(ctx context.Context, cl Client, timeline string, base *Bas
 			c.Log.Warn("capture cannot continue: the next revision is compacted; starting a new run after the newest full backup",
 				"timeline", timeline, "next-revision", at.Revision+1, "compacted-to", compacted.rev, "backup", base.Backup, "gap-to", base.Revision)
 			c.update(func(s *Status) { s.Gaps++ })
-			return c.follow(ctx, cl, timeline, Point{Revision: base.Revision, Chain: mustHex(RunStart(timeline, base.Revision))}, base)
+			return c.follow(ctx, cl, timeline, runStart(timeline, base), base)
 		}
 		c.update(func(s *Status) { s.Gaps++ })
 		return fmt.Errorf("%w: revision %d of timeline %s is compacted (etcd is compacted to %d)", ErrNeedBase, at.Revision+1, timeline, compacted.rev)
 	}
 	return err
-}
-
-func mustHex(s string) []byte {
-	b, _ := hex.DecodeString(s)
-	return b
 }
 
 type compactedError struct{ rev int64 }
@@ -277,13 +272,10 @@ func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Poi
 				}
 				return errors.New("wal: capture: the watch closed")
 			}
-			if resp.CompactRevision > 0 {
+			if resp.CompactRevision > 0 { // the watch start is compacted away
 				return &compactedError{rev: resp.CompactRevision}
 			}
 			if err := resp.Err(); err != nil {
-				if errors.Is(err, rpctypes.ErrCompacted) {
-					return &compactedError{rev: resp.CompactRevision}
-				}
 				return fmt.Errorf("wal: capture: watch: %w", err)
 			}
 			if err := f.events(ctx, resp.Events); err != nil {
@@ -459,7 +451,7 @@ func (f *follower) cut() error {
 		return err
 	}
 	f.base = nil
-	f.c.update(func(s *Status) { s.Spooled = h.Last; s.SpoolBytes += h.BodySize })
+	f.c.update(func(s *Status) { s.SpoolBytes += h.BodySize })
 	f.c.poke()
 	return nil
 }

@@ -94,15 +94,11 @@ func RevisionAt(ctx context.Context, s Store, timeline string, t time.Time) (int
 // revisionIn scans one segment for the last revision observed at or
 // before want.
 func revisionIn(ctx context.Context, s Store, ref Ref, want int64) (int64, bool, error) {
-	rc, err := s.Reader(ctx, ref.Key)
-	if err != nil {
-		return 0, false, fmt.Errorf("wal: %w", err)
-	}
-	defer rc.Close()
-	seg, err := NewReader(rc, ref.Key)
+	seg, rc, err := openSegment(ctx, s, ref)
 	if err != nil {
 		return 0, false, err
 	}
+	defer rc.Close()
 	var rev int64
 	for {
 		rec, err := seg.Next()

@@ -2,6 +2,7 @@ package wal
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -209,4 +210,9 @@ func TestReadSpool(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "tl1-00000000000000000099.hdr.bad")); err != nil {
 		t.Fatalf("an unreadable header is not set aside: %v", err)
 	}
+}
+
+func mustHex(s string) []byte {
+	b, _ := hex.DecodeString(s)
+	return b
 }

@@ -126,8 +126,32 @@ func ReadHeaderAt(ctx context.Context, s Store, key string) (Header, error) {
 	if err != nil {
 		return h, err
 	}
-	if ref, _ := parseKey(key); ref.First != h.First || ref.Level != h.Level || ref.RunStart != (h.Base != nil) {
-		return h, fmt.Errorf("%w: %s holds revisions %d to %d at level %d: not what its name says", ErrCorrupt, key, h.First, h.Last, h.Level)
+	ref, _ := parseKey(key)
+	return h, checkName(ref, h)
+}
+
+// openSegment opens the segment ref names for reading; the caller closes
+// the returned closer.
+func openSegment(ctx context.Context, s Store, ref Ref) (*Reader, io.Closer, error) {
+	rc, err := s.Reader(ctx, ref.Key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("wal: %w", err)
 	}
-	return h, nil
+	seg, err := NewReader(rc, ref.Key)
+	if err == nil {
+		err = checkName(ref, seg.Header)
+	}
+	if err != nil {
+		rc.Close()
+		return nil, nil, err
+	}
+	return seg, rc, nil
+}
+
+// checkName refuses a segment whose header is not what its key says.
+func checkName(ref Ref, h Header) error {
+	if ref.First != h.First || ref.Level != h.Level || ref.RunStart != (h.Base != nil) {
+		return fmt.Errorf("%w: %s holds revisions %d to %d at level %d: not what its name says", ErrCorrupt, ref.Key, h.First, h.Last, h.Level)
+	}
+	return nil
 }
