@@ -12,6 +12,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // VerifySnapshotCommand is the etcd-manager subcommand that verifies a
@@ -135,12 +136,33 @@ func (b *backups) prune(ctx context.Context, s *store.Store) {
 		b.log.Warn("cannot list backups to apply retention", "error", err)
 		return
 	}
+	expired := map[string]bool{}
 	for _, name := range policy.Expired(infos, b.now(), protected) {
 		if err := backup.Remove(ctx, s, name); err != nil {
 			b.log.Warn("cannot delete an expired backup", "name", name, "error", err)
 			continue
 		}
+		expired[name] = true
 		b.log.Info("expired backup deleted", "name", name, "policy", policy.String())
+	}
+	// Captured segments are kept from each timeline's oldest kept backup
+	// on: what lies before it cannot be reached any more.
+	floors := map[string]int64{}
+	for _, in := range infos {
+		t := in.Meta.ClusterToken
+		if expired[in.Name] || t == "" {
+			continue
+		}
+		if f, ok := floors[t]; !ok || wal.SnapshotRevision(in.Meta.Revision) < f {
+			floors[t] = wal.SnapshotRevision(in.Meta.Revision)
+		}
+	}
+	pruned, err := wal.Prune(ctx, s, floors)
+	if err != nil {
+		b.log.Warn("cannot delete captured segments that no kept backup reaches", "error", err)
+	}
+	if pruned.Segments > 0 {
+		b.log.Info("captured segments no kept backup reaches deleted", "segments", pruned.Segments, "timelines", pruned.Timelines)
 	}
 }
 

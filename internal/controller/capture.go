@@ -176,7 +176,15 @@ func (c *capturer) sync(lp *loop, obs plan.Observed) {
 // capture runs one capture until it fails or is stopped.
 func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s *store.Store, tlsCfg *tls.Config) {
 	defer close(r.done)
+	mctx, stopMerging := context.WithCancel(ctx)
+	merged := make(chan struct{})
+	go func() {
+		defer close(merged)
+		c.merge(mctx, s, r.token)
+	}()
 	err := c.captureOnce(ctx, r, w, s, tlsCfg)
+	stopMerging()
+	<-merged
 	if ctx.Err() != nil {
 		return
 	}
@@ -215,6 +223,32 @@ func (c *capturer) captureOnce(ctx context.Context, r *captureRun, w *wal.Captur
 		c.mu.Unlock()
 	}
 	return err
+}
+
+// merge merges the timeline's segments every MergeInterval while this
+// agent captures it.
+func (c *capturer) merge(ctx context.Context, s *store.Store, token string) {
+	if c.cfg.MergeInterval <= 0 || len(c.cfg.MergeWindows) == 0 {
+		return
+	}
+	m := &wal.Merger{Store: s, Dir: filepath.Join(c.dir, "merge"), Windows: c.cfg.MergeWindows, Log: c.log}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(c.cfg.MergeInterval):
+		}
+		res, err := m.Once(ctx, token, c.now())
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			c.log.Warn("cannot merge captured segments; trying again later", "cluster-token", token, "error", err)
+		case res.Kept > 0:
+			c.log.Error("merged segments disagree with segments they should hold; both are kept for a person to look at",
+				"cluster-token", token, "segments", res.Kept)
+		}
+	}
 }
 
 // newestBackup is the newest full backup of the cluster token, or nil.

@@ -175,6 +175,9 @@ func (a *applier) readBase() (int64, error) {
 // reports whether the segment ended exactly at to.
 func (a *applier) segment(ctx context.Context, s Store, ref Ref, to int64, covered *int64, chain *[]byte, out *Applied) (bool, error) {
 	seg, rc, err := openSegment(ctx, s, ref)
+	if isNotFound(err) && ref.First <= *covered {
+		return false, nil // merged into the segment applied before it, then deleted
+	}
 	if err != nil {
 		return false, err
 	}

@@ -30,12 +30,17 @@ type Config struct {
 	MaxSpoolBytes int64
 	// LeasePollInterval is how often the leases are listed.
 	LeasePollInterval time.Duration
+	// MergeInterval is how often the capturing agent merges closed
+	// windows of segments; MergeWindows are the windows of levels 1, 2...
+	MergeInterval time.Duration
+	MergeWindows  []time.Duration
 }
 
 // Default returns the defaults: capture on, a cut every 200ms.
 func Default() Config {
 	return Config{Enabled: true, CutInterval: 200 * time.Millisecond, MaxSegmentBytes: 4 << 20,
-		MaxSpoolBytes: 1 << 30, LeasePollInterval: time.Second}
+		MaxSpoolBytes: 1 << 30, LeasePollInterval: time.Second,
+		MergeInterval: time.Minute, MergeWindows: DefaultMergeWindows}
 }
 
 // AddFlags registers the flags.
@@ -45,6 +50,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.MaxSegmentBytes, "capture-max-segment-bytes", c.MaxSegmentBytes, "cut a segment early at this size")
 	fs.Int64Var(&c.MaxSpoolBytes, "capture-max-spool-bytes", c.MaxSpoolBytes, "bound on captured changes kept on local disk while the store is unreachable; when full, capture stops and a full backup is taken once the store is back")
 	fs.DurationVar(&c.LeasePollInterval, "capture-lease-poll-interval", c.LeasePollInterval, "how often leases are listed to capture grants and revocations")
+	fs.DurationVar(&c.MergeInterval, "capture-merge-interval", c.MergeInterval, "how often the capturing agent merges the segments of closed windows into larger ones (0: never)")
+	fs.DurationSliceVar(&c.MergeWindows, "capture-merge-windows", c.MergeWindows, "the merge windows, one per level: segments cut in one window are merged into one segment of the next level")
 }
 
 // Validate checks the configuration.
@@ -58,6 +65,15 @@ func (c Config) Validate() error {
 		return fmt.Errorf("wal: --capture-max-spool-bytes %d is under one segment (%d)", c.MaxSpoolBytes, c.MaxSegmentBytes)
 	case c.LeasePollInterval < 10*time.Millisecond:
 		return fmt.Errorf("wal: --capture-lease-poll-interval %s is under 10ms", c.LeasePollInterval)
+	case c.MergeInterval < 0:
+		return fmt.Errorf("wal: --capture-merge-interval %s is negative", c.MergeInterval)
+	case len(c.MergeWindows) > 9:
+		return fmt.Errorf("wal: --capture-merge-windows has %d levels; at most 9", len(c.MergeWindows))
+	}
+	for i, w := range c.MergeWindows {
+		if w < time.Second || (i > 0 && w <= c.MergeWindows[i-1]) {
+			return fmt.Errorf("wal: --capture-merge-windows %v: each window must be at least 1s and longer than the one before", c.MergeWindows)
+		}
 	}
 	return nil
 }

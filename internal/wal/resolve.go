@@ -22,6 +22,23 @@ type Run struct {
 // Runs reads a timeline's runs, oldest first, from its listing and the
 // headers at the runs' ends.
 func Runs(ctx context.Context, s Store, timeline string) ([]Run, error) {
+	return relisting(func() ([]Run, error) { return runs(ctx, s, timeline) })
+}
+
+// relisting runs f again when a segment it listed was gone by the time
+// it read it: merges delete segments once a merged one holds them.
+func relisting[T any](f func() (T, error)) (T, error) {
+	var v T
+	var err error
+	for range 3 {
+		if v, err = f(); !isNotFound(err) {
+			break
+		}
+	}
+	return v, err
+}
+
+func runs(ctx context.Context, s Store, timeline string) ([]Run, error) {
 	refs, err := List(ctx, s, timeline)
 	if err != nil {
 		return nil, err
@@ -58,7 +75,19 @@ func Runs(ctx context.Context, s Store, timeline string) ([]Run, error) {
 // RevisionAt is the last revision of the timeline captured at or before
 // t, and false when none was.
 func RevisionAt(ctx context.Context, s Store, timeline string, t time.Time) (int64, bool, error) {
-	runs, err := Runs(ctx, s, timeline)
+	type found struct {
+		rev int64
+		ok  bool
+	}
+	f, err := relisting(func() (found, error) {
+		rev, ok, err := revisionAt(ctx, s, timeline, t)
+		return found{rev, ok}, err
+	})
+	return f.rev, f.ok, err
+}
+
+func revisionAt(ctx context.Context, s Store, timeline string, t time.Time) (int64, bool, error) {
+	runs, err := runs(ctx, s, timeline)
 	if err != nil {
 		return 0, false, err
 	}

@@ -2,6 +2,7 @@ package wal
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -9,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // Prefix is where segments live in the store: Prefix<timeline>/<key>. A
@@ -155,3 +157,7 @@ func checkName(ref Ref, h Header) error {
 	}
 	return nil
 }
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+
+func isExists(err error) bool { return errors.Is(err, store.ErrExists) }

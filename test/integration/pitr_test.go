@@ -296,7 +296,10 @@ func waitEtcd(t *testing.T, c *clientv3.Client) {
 // restore to an earlier revision, on the old timeline and with etcd's
 // --bump-revision, brings back that revision's exact content.
 func TestPointInTimeRestore(t *testing.T) {
-	env, agents, _ := startCluster(t, 3, 3, harness.AgentOptions{})
+	// Merges every second, into 1s and 4s windows: the restores below read
+	// merged segments, and segments deleted under a restore's listing.
+	env, agents, _ := startCluster(t, 3, 3, harness.AgentOptions{ExtraArgs: []string{
+		"--capture-merge-interval=1s", "--capture-merge-windows=1s,4s"}})
 	c := clusterClient(t, agents)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -340,6 +343,24 @@ func TestPointInTimeRestore(t *testing.T) {
 		return err == nil && len(runs) > 0 && runs[len(runs)-1].Last >= head.rev
 	})
 	t.Logf("the head (revision %d) was durable in the store when checked, %s after its write and the views were read", head.rev, time.Since(acked).Round(10*time.Millisecond))
+	// The segments of the writes get merged, per 1s window then per 4s,
+	// and the merged ones replace them.
+	harness.WaitFor(t, time.Minute, "the writes' segments to be merged per 4s window", func() bool {
+		refs, err := wal.List(ctx, s, timeline)
+		if err != nil {
+			return false
+		}
+		level2, level0 := 0, 0
+		for _, r := range refs {
+			switch {
+			case r.Level == 2:
+				level2++
+			case r.Level == 0 && r.First <= head.rev:
+				level0++
+			}
+		}
+		return level2 > 0 && level0 <= 2
+	})
 
 	for _, a := range agents {
 		a.Kill()
