@@ -54,10 +54,21 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 		return "", point, err
 	}
 	timeline := pf.timeline
-	if timeline == "" {
-		if len(infos) == 0 {
-			return "", point, errors.New("the store holds no full backup to start from")
+	switch {
+	case timeline != "":
+	case name != "":
+		// A named backup's own history.
+		meta, err := backup.ReadMeta(ctx, s, name)
+		if err != nil {
+			return "", point, err
 		}
+		if timeline = meta.ClusterToken; timeline == "" {
+			return "", point, fmt.Errorf("backup %s records no cluster token (an older etcd-manager or kops wrote it): it cannot be brought forward", name)
+		}
+	case len(infos) == 0:
+		return "", point, errors.New("the store holds no full backup to start from")
+	default:
+		// The current cluster's history: the newest backup's.
 		timeline = infos[len(infos)-1].Meta.ClusterToken
 		if timeline == "" {
 			return "", point, fmt.Errorf("the newest backup, %s, records no cluster token (an older etcd-manager or kops wrote it); name the timeline with --timeline (see list-backups)", infos[len(infos)-1].Name)
@@ -66,6 +77,58 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 	if !wal.ValidTimeline(timeline) {
 		return "", point, fmt.Errorf("--timeline %q is not a cluster token", timeline)
 	}
+	var at time.Time
+	if pf.toTime != "" {
+		if at, err = time.Parse(time.RFC3339Nano, pf.toTime); err != nil {
+			return "", point, fmt.Errorf("--to-time %q: want RFC3339, as 2026-11-22T05:07:30Z: %v", pf.toTime, err)
+		}
+	}
+	history, err := wal.History(ctx, s, timeline)
+	if err != nil {
+		return "", point, err
+	}
+	// Follow the history back, through the restores that made each
+	// timeline, to the one that holds the target. On an older timeline,
+	// only its points up to where the newer one branched are history.
+	var limit int64
+	for _, link := range history {
+		br := link.Branch
+		if br != nil && !pf.latest {
+			switch {
+			case pf.toRevision > br.Revision && pf.toRevision < br.Start():
+				return "", point, fmt.Errorf("%w: revisions %d to %d do not exist: timeline %s starts at revision %d, restored from revision %d of timeline %s with --bump-revision=%d",
+					wal.ErrRange, br.Revision+1, br.Start()-1, br.Timeline, br.Start(), br.Revision, br.Parent, br.BumpRevision)
+			case pf.toRevision > 0 && pf.toRevision <= br.Revision, pf.toTime != "" && at.Before(br.Time):
+				limit = br.Revision
+				continue
+			}
+		}
+		got, p, err := resolveOn(ctx, s, infos, link.Timeline, name, pf, at, limit, point)
+		if errors.Is(err, errBeforeBackups) && br != nil && pf.toTime != "" {
+			// After the restore began but before its first backup: the
+			// state it restored.
+			limit = br.Revision
+			continue
+		}
+		return got, p, err
+	}
+	return "", point, fmt.Errorf("%w: %s is before the oldest backup of timeline %s and of every timeline it was restored from", wal.ErrRange, targetString(pf), timeline)
+}
+
+// errBeforeBackups means a target lies before a timeline's oldest backup.
+var errBeforeBackups = errors.New("before the oldest backup")
+
+func targetString(pf pointFlags) string {
+	if pf.toTime != "" {
+		return "--to-time " + pf.toTime
+	}
+	return fmt.Sprintf("revision %d", pf.toRevision)
+}
+
+// resolveOn resolves the target on one timeline; limit, when set, is the
+// last revision of it that belongs to the history (a newer timeline
+// branched there).
+func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timeline, name string, pf pointFlags, at time.Time, limit int64, point spec.RestorePoint) (string, spec.RestorePoint, error) {
 	var own []backup.Info
 	for _, in := range infos {
 		if in.Meta.ClusterToken == timeline {
@@ -74,7 +137,7 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 		}
 	}
 	if len(own) == 0 {
-		return "", point, fmt.Errorf("timeline %s has no full backup (see list-backups)", timeline)
+		return "", point, fmt.Errorf("%w: timeline %s has no full backup (see list-backups)", errBeforeBackups, timeline)
 	}
 	runs, err := wal.Runs(ctx, s, timeline)
 	if err != nil {
@@ -92,28 +155,31 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 		to = lastRev
 	case pf.toRevision > 0:
 		to = pf.toRevision
+	case limit > 0 && at.After(lastTime):
+		// Capture of this timeline ended before the restore that
+		// replaced it; the history's state then is this timeline's last.
+		to = min(lastRev, limit)
 	default:
-		t, err := time.Parse(time.RFC3339Nano, pf.toTime)
-		if err != nil {
-			return "", point, fmt.Errorf("--to-time %q: want RFC3339, as 2026-11-22T05:07:30Z: %v", pf.toTime, err)
-		}
-		if t.After(lastTime) {
+		if at.After(lastTime) {
 			return "", point, fmt.Errorf("%w: --to-time %s is after the last captured point of timeline %s (revision %d at %s); use --latest",
-				wal.ErrRange, t.UTC().Format(time.RFC3339Nano), timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
+				wal.ErrRange, at.UTC().Format(time.RFC3339Nano), timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
 		}
-		rev, _, err := wal.RevisionAt(ctx, s, timeline, t)
+		rev, _, err := wal.RevisionAt(ctx, s, timeline, at)
 		if err != nil {
 			return "", point, err
 		}
 		for _, in := range own {
-			if !time.Unix(int64(in.Meta.Timestamp), 0).After(t) {
+			if !time.Unix(int64(in.Meta.Timestamp), 0).After(at) {
 				rev = max(rev, in.Meta.Revision)
 			}
 		}
 		if rev == 0 {
-			return "", point, fmt.Errorf("%w: --to-time %s is before the oldest backup of timeline %s (%s)", wal.ErrRange, pf.toTime, timeline, own[0].Name)
+			return "", point, fmt.Errorf("%w: %w: --to-time %s is before the oldest backup of timeline %s (%s)", wal.ErrRange, errBeforeBackups, pf.toTime, timeline, own[0].Name)
 		}
 		to = rev
+		if limit > 0 {
+			to = min(to, limit)
+		}
 	}
 	if to > lastRev {
 		return "", point, fmt.Errorf("%w: revision %d is after the last captured revision of timeline %s, %d (at %s)", wal.ErrRange, to, timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
@@ -138,7 +204,7 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 			}
 		}
 		if base == nil {
-			return "", point, fmt.Errorf("%w: revision %d is before the oldest backup of timeline %s (%s, revision %d)", wal.ErrRange, to, timeline, own[0].Name, own[0].Meta.Revision)
+			return "", point, fmt.Errorf("%w: %w: revision %d is before the oldest backup of timeline %s (%s, revision %d)", wal.ErrRange, errBeforeBackups, to, timeline, own[0].Name, own[0].Meta.Revision)
 		}
 	}
 	if err := wal.CheckReach(runs, base.Meta.Revision, to); err != nil {
@@ -160,8 +226,10 @@ type timelineRange struct {
 	LatestRevision   int64     `json:"latestRevision"`
 	LatestTime       time.Time `json:"latestTime"`
 	Backups          int       `json:"backups"`
-	Runs             []runRow  `json:"runs"`
-	Gaps             []wal.Gap `json:"gaps"`
+	// Branch says where a restore started the timeline from another.
+	Branch *wal.Branch `json:"branch,omitempty"`
+	Runs   []runRow    `json:"runs"`
+	Gaps   []wal.Gap   `json:"gaps"`
 }
 
 type runRow struct {
@@ -199,6 +267,11 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 	var out []timelineRange
 	for _, t := range order {
 		r := timelineRange{Timeline: t, Runs: []runRow{}, Gaps: []wal.Gap{}}
+		if b, ok, err := wal.ReadBranch(ctx, s, t); err != nil {
+			return nil, err
+		} else if ok {
+			r.Branch = &b
+		}
 		for _, in := range infos {
 			if in.Meta.ClusterToken != t {
 				continue
@@ -247,6 +320,13 @@ func listRanges(ctx context.Context, s *store.Store, w io.Writer, asJSON bool) e
 	for _, r := range rs {
 		fmt.Fprintf(w, "timeline %s: %d full backups; restorable from revision %d (%s) to revision %d (%s)\n", r.Timeline, r.Backups,
 			r.EarliestRevision, rfcTime(r.EarliestTime), r.LatestRevision, rfcTime(r.LatestTime))
+		if b := r.Branch; b != nil {
+			bump := ""
+			if b.BumpRevision > 0 {
+				bump = fmt.Sprintf(", revisions bumped by %d to start at %d", b.BumpRevision, b.Start())
+			}
+			fmt.Fprintf(w, "  branched from timeline %s at its revision %d (restored %s from backup %s%s)\n", b.Parent, b.Revision, rfcTime(b.Time), dash(b.Backup), bump)
+		}
 		for _, run := range r.Runs {
 			fmt.Fprintf(w, "  captured revisions %d to %d (%s to %s), after backup %s\n", run.First, run.Last, rfcTime(run.FirstTime), rfcTime(run.LastTime), dash(run.Base))
 		}

@@ -47,9 +47,12 @@ list-commands shows its progress.`,
 or of a point in time: with --latest, --to-revision or --to-time it picks the
 newest full backup at or before the target (or NAME) and brings it forward with
 the changes continuous capture wrote under wal/, up to the target, inclusive.
-Targets resolve on the timeline (cluster token) of the newest backup, that is
-the current cluster's, unless --timeline names another; list-backups shows
-the timelines, their captured ranges and any gaps. A target before the oldest
+Targets resolve on the history of the timeline (cluster token) of the newest
+backup, that is the current cluster's, unless --timeline names another (or
+NAME is given: its own): the timeline itself, then, back through the restores
+that made it, the timeline each was restored from, up to where it branched.
+list-backups --ranges shows the timelines, where each branched, their captured
+ranges and any gaps. A target before the oldest
 backup, after the last captured revision or inside a gap is refused before
 anything is queued.
 The agent holding the store lock then:

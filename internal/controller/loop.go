@@ -21,6 +21,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // loop is the control loop. Everything in it belongs to the loop's
@@ -467,6 +468,14 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 	defer os.RemoveAll(dir)
 	_, meta, err := fetchPoint(ctx, s, name, p, dir, b.lp.backups.verify)
 	return meta, err
+}
+
+func (b procedureBackups) RecordBranch(ctx context.Context, br wal.Branch) error {
+	s, err := b.lp.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	return wal.WriteBranch(ctx, s, br)
 }
 
 func (b procedureBackups) Take(ctx context.Context, from procedure.Source, reason string) (backup.Info, error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // NodeAPI is what a procedure asks of a node: this agent's own, or a peer
@@ -42,6 +43,8 @@ type Backups interface {
 	Validate(ctx context.Context, name string, p spec.RestorePoint) (backup.Meta, error)
 	// Take takes a full backup through the etcd member from.
 	Take(ctx context.Context, from Source, reason string) (backup.Info, error)
+	// RecordBranch records where a restored cluster's timeline began.
+	RecordBranch(ctx context.Context, b wal.Branch) error
 }
 
 // Source is the etcd member a backup is taken from.

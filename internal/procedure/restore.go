@@ -48,6 +48,10 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		if err != nil {
 			return err
 		}
+		progress.ParentToken, progress.ParentRevision = meta.ClusterToken, wal.SnapshotRevision(meta.Revision)
+		if point.ToRevision > 0 {
+			progress.ParentToken, progress.ParentRevision = point.Timeline, point.ToRevision
+		}
 		what := fmt.Sprintf("backup %s (etcd %s, revision %d)", act.Backup, meta.EtcdVersion, meta.Revision)
 		if point.ToRevision > 0 {
 			what += fmt.Sprintf(" brought forward to revision %d", point.ToRevision)
@@ -191,7 +195,7 @@ func (e *Executor) verifyRestore(ctx context.Context, obs plan.Observed, act pla
 // backupRestored takes the fresh backup of the restored cluster, then
 // moves on to lifting the quarantine.
 func (e *Executor) backupRestored(ctx context.Context, obs plan.Observed, act plan.BackupRestored) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, p *spec.RestoreProgress, _ int64) error {
+	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, _ int64) error {
 		n, err := plan.FindNode(obs.Peers, p.Members[0])
 		if err != nil {
 			return err
@@ -200,11 +204,32 @@ func (e *Executor) backupRestored(ctx context.Context, obs plan.Observed, act pl
 		if err != nil {
 			return err
 		}
+		if err := e.recordBranch(ctx, c, p); err != nil {
+			return err
+		}
 		if _, err := e.Backups.Take(ctx, Source{Endpoint: endpoint, EtcdVersion: p.EtcdVersion, ClusterToken: p.Token, Spec: obs.Spec}, "after restore "+act.ID); err != nil {
 			return err
 		}
 		return e.setRestorePhase(ctx, obs, act.ID, spec.RestoreLifting)
 	})
+}
+
+// recordBranch records where the restored cluster's timeline began,
+// before its first backup, so that its history can be followed back. A
+// restore recorded by an older etcd-manager has no parent to record.
+func (e *Executor) recordBranch(ctx context.Context, c *plan.Command, p *spec.RestoreProgress) error {
+	if p.ParentToken == "" || p.ParentRevision < 1 {
+		return nil
+	}
+	b := wal.Branch{Timeline: p.Token, Parent: p.ParentToken, Revision: p.ParentRevision, Backup: p.Backup, Time: e.Now().UTC()}
+	if r := c.Command.RestoreBackup; r != nil {
+		b.Backup, b.BumpRevision = r.Backup, r.BumpRevision
+	}
+	if err := e.Backups.RecordBranch(ctx, b); err != nil {
+		return err
+	}
+	e.Log.Info("the restored cluster's timeline branches from another", "cluster-token", b.Timeline, "parent", b.Parent, "revision", b.Revision, "bump-revision", b.BumpRevision)
+	return nil
 }
 
 // setQuarantine quarantines the old cluster (dump-restore) or lifts the
@@ -268,6 +293,7 @@ func (e *Executor) dumpBackup(ctx context.Context, obs plan.Observed, act plan.D
 			return err
 		}
 		p.Backup, p.Phase = info.Name, spec.RestoreStopping
+		p.ParentToken, p.ParentRevision = p.OldToken, wal.SnapshotRevision(info.Meta.Revision)
 		st := c.Status
 		st.Restore = &p
 		st.Message = fmt.Sprintf("changing etcd to %s by dump and restore of backup %s (revision %d) as cluster %s",

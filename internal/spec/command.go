@@ -233,6 +233,11 @@ type RestoreProgress struct {
 	// Backup the backup it took of it.
 	OldToken string `json:"oldToken,omitempty"`
 	Backup   string `json:"backup,omitempty"`
+	// ParentToken and ParentRevision are the timeline and revision the
+	// new cluster starts from: recorded as its branch once it is backed
+	// up, so restores can follow its history back.
+	ParentToken    string `json:"parentToken,omitempty"`
+	ParentRevision int64  `json:"parentRevision,omitempty"`
 }
 
 // Choice is what a procedure decides once, before anything acts on it:

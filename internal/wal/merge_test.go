@@ -332,3 +332,60 @@ func TestPrune(t *testing.T) {
 		}
 	}
 }
+
+func TestHistory(t *testing.T) {
+	ctx := context.Background()
+	s := fileStore(t)
+	const a, b, c = "AAAAAAAAAAAAAAAA", "BBBBBBBBBBBBBBBB", "CCCCCCCCCCCCCCCC"
+	for _, br := range []Branch{
+		{Timeline: b, Parent: a, Revision: 100, Time: time.Unix(10, 0).UTC()},
+		{Timeline: c, Parent: b, Revision: 150, BumpRevision: 1000, Time: time.Unix(20, 0).UTC()},
+	} {
+		if err := WriteBranch(ctx, s, br); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Written once: a retried restore does not change it.
+	if err := WriteBranch(ctx, s, Branch{Timeline: c, Parent: a, Revision: 5, Time: time.Unix(30, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := History(ctx, s, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range h {
+		s := l.Timeline
+		if l.Branch != nil {
+			s += fmt.Sprintf("<-%s@%d..%d", l.Branch.Parent, l.Branch.Revision, l.Branch.Start())
+		}
+		got = append(got, s)
+	}
+	want := []string{c + "<-" + b + "@150..1150", b + "<-" + a + "@100..100", a}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("history = %v, want %v", got, want)
+	}
+
+	// Bad records are refused, not followed.
+	for name, data := range map[string]string{
+		"not JSON":        "{",
+		"another's":       `{"timeline":"` + b + `","parent":"` + a + `","revision":1}`,
+		"its own parent":  `{"timeline":"` + a + `","parent":"` + a + `","revision":1}`,
+		"no revision":     `{"timeline":"` + a + `","parent":"` + b + `"}`,
+		"a path as token": `{"timeline":"` + a + `","parent":"../x","revision":1}`,
+	} {
+		if err := s.Write(ctx, BranchKey(a), []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := History(ctx, s, c); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: history = %v, want ErrCorrupt", name, err)
+		}
+	}
+	// A loop is refused.
+	if err := s.Write(ctx, BranchKey(a), []byte(`{"timeline":"`+a+`","parent":"`+c+`","revision":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := History(ctx, s, c); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a loop: history = %v, want ErrCorrupt", err)
+	}
+}

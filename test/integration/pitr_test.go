@@ -393,9 +393,10 @@ func TestPointInTimeRestore(t *testing.T) {
 	}
 	checkLeases(t, c2, got)
 
-	// An earlier point of the old timeline, with the revision bumped as
-	// Kubernetes needs.
-	out, errOut, err = env.Ctl("restore-backup", fmt.Sprintf("--to-revision=%d", earlier), "--timeline="+timeline,
+	// An earlier point, with the revision bumped as Kubernetes needs. The
+	// restore made a new timeline that starts at the head of the old
+	// one: the target resolves back through it, with no --timeline.
+	out, errOut, err = env.Ctl("restore-backup", fmt.Sprintf("--to-revision=%d", earlier),
 		"--bump-revision=1000", "--mark-compacted", "--timeout=3m")
 	if err != nil {
 		t.Fatalf("restore-backup --to-revision: %v\nstdout: %s\nstderr: %s", err, out, errOut)
@@ -408,6 +409,23 @@ func TestPointInTimeRestore(t *testing.T) {
 	}
 	if d := atEarlier.diff(got); d != "" {
 		t.Errorf("restored to %d: %s", earlier, d)
+	}
+	if !strings.Contains(errOut, fmt.Sprintf("restoring timeline %s at revision %d", timeline, earlier)) {
+		t.Errorf("restore-backup --to-revision=%d did not resolve on the original timeline %s:\n%s", earlier, timeline, errOut)
+	}
+
+	// The history: three timelines, each newer one branched from the one
+	// before.
+	rangesOut := env.MustCtl("list-backups", "--ranges")
+	if n := strings.Count(rangesOut, "branched from timeline "+timeline); n != 2 {
+		t.Errorf("list-backups --ranges shows %d timelines branched from %s, want 2 (one at revision %d, one at %d):\n%s", n, timeline, head.rev, earlier, rangesOut)
+	}
+	if !strings.Contains(rangesOut, fmt.Sprintf("at its revision %d", earlier)) || !strings.Contains(rangesOut, fmt.Sprintf("bumped by 1000 to start at %d", earlier+1000)) {
+		t.Errorf("list-backups --ranges does not show the branch at %d with its bump:\n%s", earlier, rangesOut)
+	}
+	// The revisions the bump skipped exist on no timeline.
+	if _, errOut, err := env.Ctl("restore-backup", fmt.Sprintf("--to-revision=%d", earlier+500)); err == nil || !strings.Contains(errOut, "do not exist") {
+		t.Errorf("restore-backup to a revision the bump skipped: %v\n%s", err, errOut)
 	}
 
 	// What cannot be reached is refused before anything is queued.
