@@ -12,6 +12,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/server/v3/lease/leasepb"
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	"go.etcd.io/etcd/server/v3/storage/schema"
@@ -28,6 +29,10 @@ type Applied struct {
 	Revisions int64
 	// Leases is the number of leases the result holds.
 	Leases int
+	// Digest is the revision whose digest, recorded by capture, the
+	// result was checked against: the newest after the snapshot and at
+	// or before the target; 0 when there was none.
+	Digest int64
 }
 
 // SnapshotRevision is the etcd revision of a snapshot whose status
@@ -92,6 +97,10 @@ type applier struct {
 	revoked, referenced map[int64]bool
 	pendingRevs         int
 	pendingBytes        int
+	// base is the snapshot's revision; digest the newest digest record
+	// after it and at or before the target.
+	base   int64
+	digest *Record
 }
 
 func (a *applier) apply(ctx context.Context, s Store, refs []Ref, timeline string, to int64, out *Applied) error {
@@ -99,7 +108,7 @@ func (a *applier) apply(ctx context.Context, s Store, refs []Ref, timeline strin
 	if err != nil {
 		return err
 	}
-	out.From, out.To = base, base
+	out.From, out.To, a.base = base, base, base
 	if to < base {
 		return fmt.Errorf("%w: revision %d is before the backup's own revision %d", ErrRange, to, base)
 	}
@@ -138,6 +147,54 @@ func (a *applier) apply(ctx context.Context, s Store, refs []Ref, timeline strin
 		return err
 	}
 	out.Leases = len(a.leases)
+	if a.digest != nil {
+		if err := a.checkDigest(*a.digest); err != nil {
+			return err
+		}
+		out.Digest = a.digest.Revision
+	}
+	return nil
+}
+
+// checkDigest computes the digest of the keys live at d's revision in
+// the result, and refuses it if it is not the one etcd gave.
+func (a *applier) checkDigest(d Record) error {
+	var got Digest
+	err := a.db.View(func(tx *bolt.Tx) error {
+		// Every revision up to the digest's, in order: each key's share is
+		// that of its newest version, and goes with a tombstone.
+		shares := map[string][2]uint64{}
+		c := tx.Bucket(schema.Key.Name()).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(k) < 17 {
+				return fmt.Errorf("%w: the key bucket holds a key of %d bytes", ErrCorrupt, len(k))
+			}
+			if mvcc.BytesToRev(k[:17]).Main > d.Revision {
+				break
+			}
+			var kv mvccpb.KeyValue
+			if err := proto.Unmarshal(v, &kv); err != nil {
+				return fmt.Errorf("%w: the key bucket holds an unreadable value at %x: %v", ErrCorrupt, k, err)
+			}
+			if old, ok := shares[string(kv.Key)]; ok {
+				got.remove(old)
+				delete(shares, string(kv.Key))
+			}
+			if len(k) == 17 { // a put; a tombstone ends with 't'
+				x := kvHash(&kv)
+				got.add(x)
+				shares[string(kv.Key)] = x
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if got != d.Digest {
+		return fmt.Errorf("%w: at revision %d the restored data holds %d keys that do not match the digest capture read from etcd (%d keys): a segment or the backup does not hold what etcd held",
+			ErrCorrupt, d.Revision, got.Keys, d.Digest.Keys)
+	}
 	return nil
 }
 
@@ -221,6 +278,11 @@ func (a *applier) segment(ctx context.Context, s Store, ref Ref, to int64, cover
 		case KindRevoke:
 			if !beyond && rec.Revision <= to {
 				a.revoke(rec.Lease)
+			}
+		case KindDigest:
+			if rec.Revision > a.base && rec.Revision <= to && rec.Revision <= *covered && (a.digest == nil || rec.Revision > a.digest.Revision) {
+				d := rec
+				a.digest = &d
 			}
 		}
 	}

@@ -34,13 +34,16 @@ type Config struct {
 	// windows of segments; MergeWindows are the windows of levels 1, 2...
 	MergeInterval time.Duration
 	MergeWindows  []time.Duration
+	// DigestInterval is how often capture records a digest of every key
+	// live at a revision it cut, read from etcd, for restores to check.
+	DigestInterval time.Duration
 }
 
 // Default returns the defaults: capture on, a cut every 200ms.
 func Default() Config {
 	return Config{Enabled: true, CutInterval: 200 * time.Millisecond, MaxSegmentBytes: 4 << 20,
 		MaxSpoolBytes: 1 << 30, LeasePollInterval: time.Second,
-		MergeInterval: time.Minute, MergeWindows: DefaultMergeWindows}
+		MergeInterval: time.Minute, MergeWindows: DefaultMergeWindows, DigestInterval: 10 * time.Minute}
 }
 
 // AddFlags registers the flags.
@@ -51,6 +54,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.MaxSpoolBytes, "capture-max-spool-bytes", c.MaxSpoolBytes, "bound on captured changes kept on local disk while the store is unreachable; when full, capture stops and a full backup is taken once the store is back")
 	fs.DurationVar(&c.LeasePollInterval, "capture-lease-poll-interval", c.LeasePollInterval, "how often leases are listed to capture grants and revocations")
 	fs.DurationVar(&c.MergeInterval, "capture-merge-interval", c.MergeInterval, "how often the capturing agent merges the segments of closed windows into larger ones (0: never)")
+	fs.DurationVar(&c.DigestInterval, "capture-digest-interval", c.DigestInterval, "how often capture reads every key at a captured revision from etcd and records their digest, which a restore reaching that revision must match (0: never; each costs a full read of the keyspace)")
 	fs.DurationSliceVar(&c.MergeWindows, "capture-merge-windows", c.MergeWindows, "the merge windows, one per level: segments cut in one window are merged into one segment of the next level")
 }
 
@@ -65,6 +69,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("wal: --capture-max-spool-bytes %d is under one segment (%d)", c.MaxSpoolBytes, c.MaxSegmentBytes)
 	case c.LeasePollInterval < 10*time.Millisecond:
 		return fmt.Errorf("wal: --capture-lease-poll-interval %s is under 10ms", c.LeasePollInterval)
+	case c.DigestInterval < 0:
+		return fmt.Errorf("wal: --capture-digest-interval %s is negative", c.DigestInterval)
 	case c.MergeInterval < 0:
 		return fmt.Errorf("wal: --capture-merge-interval %s is negative", c.MergeInterval)
 	case len(c.MergeWindows) > 9:
@@ -93,6 +99,7 @@ type Client interface {
 	Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan
 	Leases(ctx context.Context) (*clientv3.LeaseLeasesResponse, error)
 	TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error)
+	Ranger
 }
 
 // Status is capture's state, for metrics.
@@ -266,8 +273,10 @@ func (e *compactedError) Error() string {
 func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Point, base *Base) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	f := &follower{c: c, cl: cl, timeline: timeline, chain: at.Chain, last: at.Revision, base: base, known: map[int64]bool{}}
+	f := &follower{c: c, cl: cl, timeline: timeline, chain: at.Chain, last: at.Revision, base: base, known: map[int64]bool{},
+		digests: make(chan digestResult, 1), nextDigest: c.Now()}
 	defer f.abandon()
+	defer f.waitDigest()
 	wch := cl.Watch(clientv3.WithRequireLeader(ctx), "\x00", clientv3.WithFromKey(), clientv3.WithRev(at.Revision+1))
 	cut := time.NewTicker(c.CutInterval)
 	defer cut.Stop()
@@ -306,6 +315,11 @@ func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Poi
 			if err := f.cut(); err != nil {
 				return err
 			}
+			f.maybeDigest(ctx)
+		case d := <-f.digests:
+			if err := f.digested(d); err != nil {
+				return err
+			}
 		case <-poll.C:
 			if err := f.pollLeases(ctx); err != nil {
 				return err
@@ -325,6 +339,55 @@ type follower struct {
 	base     *Base // set until the run's first segment is cut
 	known    map[int64]bool
 	rec      Record
+
+	// A digest runs beside the watch: one at a time, every
+	// DigestInterval.
+	digests       chan digestResult
+	digestRunning bool
+	nextDigest    time.Time
+	digestRev     int64 // the last revision a digest was started at
+}
+
+type digestResult struct {
+	rev    int64
+	digest Digest
+	err    error
+}
+
+// maybeDigest starts a digest of the last cut revision when one is due.
+func (f *follower) maybeDigest(ctx context.Context) {
+	if f.c.DigestInterval <= 0 || f.digestRunning || f.c.Now().Before(f.nextDigest) || f.last <= f.digestRev {
+		return
+	}
+	f.digestRunning, f.nextDigest, f.digestRev = true, f.c.Now().Add(f.c.DigestInterval), f.last
+	rev := f.last
+	go func() {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		d, err := DigestAt(dctx, f.cl, rev)
+		f.digests <- digestResult{rev: rev, digest: d, err: err}
+	}()
+}
+
+// digested records a finished digest in the segment being written.
+func (f *follower) digested(d digestResult) error {
+	f.digestRunning = false
+	if d.err != nil {
+		f.c.Log.Warn("capture could not take a digest; restores check the next one", "revision", d.rev, "error", d.err)
+		return nil
+	}
+	w, err := f.writer()
+	if err != nil {
+		return err
+	}
+	return w.add(Record{Kind: KindDigest, Revision: d.rev, Digest: d.digest})
+}
+
+// waitDigest waits for a running digest, so none outlives the follower.
+func (f *follower) waitDigest() {
+	if f.digestRunning {
+		<-f.digests
+	}
 }
 
 func (f *follower) writer() (*segmentWriter, error) {

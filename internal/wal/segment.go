@@ -10,6 +10,8 @@
 //	   n × (byte 0 put | 1 tombstone, uvarint length, the bucket value)
 //	G  uvarint revision, varint lease ID, varint granted TTL (s; -1 unknown)
 //	X  uvarint revision, varint lease ID: gone by that revision
+//	H  uvarint revision, uvarint keys, 16 bytes sum: the digest of every
+//	   key live at that revision, read from etcd itself (see Digest)
 //
 // A put's bucket value is the mvccpb.KeyValue as etcd stores it; a
 // tombstone's is the KeyValue holding the key only. Both are what the
@@ -52,8 +54,9 @@ var (
 	ErrRange = errors.New("wal: target is out of range")
 )
 
-// FormatVersion is the segment format this package writes and reads.
-const FormatVersion = 1
+// FormatVersion is the segment format this package writes; it reads
+// every format up to it. Format 2 added digest records.
+const FormatVersion = 2
 
 // Bounds on what is read from a segment: far above any valid one.
 const (
@@ -104,8 +107,8 @@ func RunStart(timeline string, rev int64) string {
 // Validate checks a header read from the store.
 func (h Header) Validate() error {
 	switch {
-	case h.Format != FormatVersion:
-		return fmt.Errorf("%w: format %d, this etcd-manager reads %d", ErrCorrupt, h.Format, FormatVersion)
+	case h.Format < 1 || h.Format > FormatVersion:
+		return fmt.Errorf("%w: format %d, this etcd-manager reads 1 to %d", ErrCorrupt, h.Format, FormatVersion)
 	case !spec.ValidClusterToken(h.Timeline):
 		return fmt.Errorf("%w: timeline %q is not a cluster token", ErrCorrupt, h.Timeline)
 	case h.First < 1 || h.Last < h.First:
@@ -127,6 +130,7 @@ const (
 	KindRevision = 'R'
 	KindGrant    = 'G'
 	KindRevoke   = 'X'
+	KindDigest   = 'H'
 )
 
 // Event is one change of a revision: the key bucket's value, and whether
@@ -149,6 +153,8 @@ type Record struct {
 	// Lease and TTL describe a grant or revoke.
 	Lease int64
 	TTL   int64
+	// Digest is a digest record's: the keys live at Revision.
+	Digest Digest
 }
 
 // AppendRecord appends r's encoding to b.
@@ -173,6 +179,10 @@ func AppendRecord(b []byte, r Record) []byte {
 		b = binary.AppendVarint(b, r.TTL)
 	case KindRevoke:
 		b = binary.AppendVarint(b, r.Lease)
+	case KindDigest:
+		b = binary.AppendUvarint(b, uint64(r.Digest.Keys))
+		b = binary.BigEndian.AppendUint64(b, r.Digest.Sum[0])
+		b = binary.BigEndian.AppendUint64(b, r.Digest.Sum[1])
 	}
 	return b
 }
@@ -339,6 +349,21 @@ func (s *Reader) Next() (Record, error) {
 		if r.Lease, err = s.varint(); err != nil {
 			return r, err
 		}
+	case KindDigest:
+		if s.Header.Format < 2 {
+			return r, fmt.Errorf("%w: %s: a digest record in a format %d segment", ErrCorrupt, s.name, s.Header.Format)
+		}
+		keys, err := s.uvarint()
+		if err != nil {
+			return r, err
+		}
+		r.Digest.Keys = int64(keys)
+		var sum [16]byte
+		if _, err := io.ReadFull(s.r, sum[:]); err != nil {
+			return r, s.readErr(err)
+		}
+		s.buf = append(s.buf, sum[:]...)
+		r.Digest.Sum = [2]uint64{binary.BigEndian.Uint64(sum[:8]), binary.BigEndian.Uint64(sum[8:])}
 	default:
 		return r, fmt.Errorf("%w: %s: unknown record kind %q after revision %d", ErrCorrupt, s.name, kind, s.last)
 	}

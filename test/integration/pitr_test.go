@@ -135,7 +135,11 @@ func testPITRVersion(t *testing.T, version string) {
 		t.Fatal(err)
 	}
 
-	capture, err := wal.New(wal.Default(), filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	// A digest at most every 300ms: restores check their result against
+	// one read from etcd, before and after a compaction.
+	cfg := wal.Default()
+	cfg.DigestInterval = 300 * time.Millisecond
+	capture, err := wal.New(cfg, filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +189,22 @@ func testPITRVersion(t *testing.T, version string) {
 	for _, r := range targets {
 		views[r] = viewAt(t, c, r)
 	}
-	harness.WaitFor(t, 30*time.Second, "capture to reach the head", func() bool { return capture.Status().Durable >= head.rev })
+	// Then a compaction in the middle of the captured history, as
+	// kube-apiserver does every 5 minutes, and more writes: the digests
+	// after it are of a compacted etcd.
+	if _, err := c.Compact(ctx, withLeases.rev); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // a digest after the compaction
+	pitrWorkload(t, c, rng, "compacted", 50)
+	time.Sleep(time.Second)
+	if _, err := c.Put(ctx, "/pitr/last", "x"); err != nil {
+		t.Fatal(err)
+	}
+	final := viewAt(t, c, 0)
+	targets = append(targets, final.rev)
+	views[final.rev] = final
+	harness.WaitFor(t, 30*time.Second, "capture to reach the head", func() bool { return capture.Status().Durable >= final.rev })
 	stopCapture()
 	if err := <-runErr; err != context.Canceled {
 		t.Fatalf("capture ended with %v", err)
@@ -211,6 +230,9 @@ func testPITRVersion(t *testing.T, version string) {
 		}
 		if applied.To != target {
 			t.Fatalf("apply to %d reached %d", target, applied.To)
+		}
+		if target == final.rev && applied.Digest <= withLeases.rev {
+			t.Errorf("apply to %d checked no digest taken after the compaction at %d (the newest checked: %d)", target, withLeases.rev, applied.Digest)
 		}
 		ip := harness.AllocIP(t)
 		data := filepath.Join(work, "data")
@@ -249,8 +271,8 @@ func testPITRVersion(t *testing.T, version string) {
 		}
 		rc.Close()
 		m.Stop()
-		t.Logf("etcd %s: restored revision %d (from backup at %d: %d revisions, %d segments, %d leases)",
-			version, target, info.Meta.Revision, applied.Revisions, applied.Segments, applied.Leases)
+		t.Logf("etcd %s: restored revision %d (from backup at %d: %d revisions, %d segments, %d leases; digest at %d matched)",
+			version, target, info.Meta.Revision, applied.Revisions, applied.Segments, applied.Leases, applied.Digest)
 	}
 }
 
