@@ -27,13 +27,15 @@ type storeBackend struct {
 	newStore func(t *testing.T, prefix string) (url string, env []string)
 }
 
-// backends starts MinIO and Azurite once for the suite and returns the
-// three store kinds the conformance suite covers.
+// backends starts MinIO, Azurite and fake-gcs-server once for the suite
+// and returns the four store kinds the conformance suite covers.
 func backends(t *testing.T) []storeBackend {
 	minio := harness.StartMinIO(t)
 	minio.CreateBucket(t, "conformance")
 	azurite := harness.StartAzurite(t)
 	azurite.CreateContainer(t, "conformance")
+	gcs := harness.StartFakeGCS(t)
+	gcs.CreateBucket(t, "conformance")
 	return []storeBackend{
 		{"file", func(t *testing.T, prefix string) (string, []string) {
 			dir := filepath.Join(t.TempDir(), prefix)
@@ -47,6 +49,9 @@ func backends(t *testing.T) []storeBackend {
 		}},
 		{"azurite", func(t *testing.T, prefix string) (string, []string) {
 			return azurite.StoreURL("conformance", prefix), azurite.Env()
+		}},
+		{"gcs", func(t *testing.T, prefix string) (string, []string) {
+			return gcs.StoreURL("conformance", prefix), gcs.Env()
 		}},
 	}
 }
@@ -71,8 +76,8 @@ func openStore(t *testing.T, url string) *store.Store {
 	return s
 }
 
-// TestStoreConformance holds file://, MinIO (s3://) and Azurite (azblob://)
-// to the one contract the agent relies on.
+// TestStoreConformance holds file://, MinIO (s3://), Azurite (azblob://)
+// and fake-gcs-server (gs://) to the one contract the agent relies on.
 func TestStoreConformance(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
