@@ -77,9 +77,12 @@ func openStore(t *testing.T, url string) *store.Store {
 }
 
 // TestStoreConformance holds file://, MinIO (s3://), Azurite (azblob://)
-// and fake-gcs-server (gs://) to the one contract the agent relies on.
+// and fake-gcs-server (gs://) to the one contract the agent relies on,
+// continuous capture's segments included (from a real etcd's watch).
 func TestStoreConformance(t *testing.T) {
-	for _, b := range backends(t) {
+	stores := backends(t)
+	etcd := startSegmentSource(t)
+	for _, b := range stores {
 		t.Run(b.name, func(t *testing.T) {
 			url, env := b.newStore(t, "cluster/backups/etcd/main")
 			setEnv(t, env)
@@ -234,6 +237,10 @@ func TestStoreConformance(t *testing.T) {
 				if _, err := s.Read(ctx, "control/x"); !errors.Is(err, store.ErrNotFound) {
 					t.Fatalf("deleted object reads as %v", err)
 				}
+			})
+
+			t.Run("continuous-backup segments", func(t *testing.T) {
+				testSegments(t, ctx, s, etcd, "conformance-"+b.name)
 			})
 		})
 	}
