@@ -226,7 +226,10 @@ func StartAzurite(t testing.TB) *Azurite {
 	a.svc = &service{
 		t: t, name: "azurite", bin: toolPath(t, "azurite-blob"),
 		args: []string{"--blobHost", ip, "--blobPort", fmt.Sprint(port),
-			"--location", filepath.Join(dir, "data"), "--silent", "--skipApiVersionCheck"},
+			"--location", filepath.Join(dir, "data"), "--silent", "--skipApiVersionCheck",
+			// Azurite sends usage data by default (DNS lookups, and the Azure
+			// metadata server at 169.254.169.254): tests stay on loopback.
+			"--disableTelemetry"},
 		log: filepath.Join(dir, "azurite.log"),
 	}
 	a.svc.start()
