@@ -14,7 +14,8 @@ all: build
 
 ## tools: real etcd/etcdctl/etcdutl per version into bin/etcd-v<version>/ (3.4 from Debian's package), staticcheck,
 ## controller-gen, Helm (bin/helm, to render the chart in the tests), MinIO (bin/minio), the Azure blob emulator
-## (bin/azurite-blob) and Kubernetes v1.37.0 (bin/kubernetes/), each pinned under hack/tools/.
+## (bin/azurite-blob), the GCS emulator (bin/fake-gcs-server) and Kubernetes v1.37.0 (bin/kubernetes/), each pinned
+## under hack/tools/.
 ## Built once into ~/.cache/etcd-manager/tools and linked; a changed pin rebuilds.
 tools: etcd kube
 	@hack/fetch-debian-etcd.sh $(DEBIAN_ETCD)
@@ -22,6 +23,7 @@ tools: etcd kube
 	@hack/build-go-tool.sh controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
 	@hack/build-go-tool.sh helm helm.sh/helm/v4/cmd/helm
 	@hack/build-go-tool.sh minio github.com/minio/minio
+	@hack/build-go-tool.sh fake-gcs-server github.com/fsouza/fake-gcs-server
 	@hack/build-npm-tool.sh azurite azurite-blob
 
 ## kube: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl v1.37.0, built from the Go

@@ -74,7 +74,8 @@ type Store struct {
 // Open opens the store at rawURL: file:///path, s3://bucket/prefix,
 // gs://bucket/prefix or azblob://container/prefix. Cloud URLs take their
 // driver's query parameters (for S3: endpoint, region, use_path_style) and
-// read credentials from the driver's usual environment variables.
+// read credentials from the driver's usual environment variables. A gs://
+// store goes to the emulator at STORAGE_EMULATOR_HOST if that is set.
 func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -88,6 +89,11 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	}
 	if u.Scheme == "file" {
 		return openFile(u, rawURL, opts)
+	}
+	if u.Scheme == "gs" {
+		if err := checkGCSEmulatorHost(os.Getenv(gcsEmulatorHostEnv)); err != nil {
+			return nil, fmt.Errorf("%w %q: %v", ErrBadURL, rawURL, err)
+		}
 	}
 	bucketURL, err := cloudBucketURL(u)
 	if err != nil {
@@ -110,6 +116,24 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: open %s: %v", ErrUnreachable, rawURL, err)
 	}
 	return &Store{url: rawURL, bucket: b}, nil
+}
+
+// gcsEmulatorHostEnv names the variable that points gs:// stores at a GCS
+// emulator (such as fake-gcs-server) instead of Google Cloud Storage. When
+// it is set, gocloud's gcsblob sends every request to http://HOST:PORT
+// without authentication, and looks for no credentials: it neither reads
+// Application Default Credentials nor asks the GCE metadata server.
+const gcsEmulatorHostEnv = "STORAGE_EMULATOR_HOST"
+
+// checkGCSEmulatorHost refuses an emulator address that gcsblob would
+// mangle. gcsblob puts "http://" in front of the value as it is, so
+// "http://127.0.0.1:4443" would become requests to a host named "http",
+// looked up in DNS, rather than a clear error.
+func checkGCSEmulatorHost(host string) error {
+	if strings.Contains(host, "/") {
+		return fmt.Errorf("%s=%q: give the emulator as HOST:PORT, without a scheme or a path, as in 127.0.0.1:4443 (it is always spoken to over plain HTTP)", gcsEmulatorHostEnv, host)
+	}
+	return nil
 }
 
 // uploadPartSize is the part (or block) size of multipart uploads.

@@ -1,14 +1,18 @@
 package store
 
 import (
+	"context"
 	"errors"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"gocloud.dev/blob"
 
@@ -254,4 +258,108 @@ func TestDriversRegistered(t *testing.T) {
 			t.Errorf("no blob driver registered for %s://", scheme)
 		}
 	}
+}
+
+// With STORAGE_EMULATOR_HOST set, a gs:// store goes to that address and
+// nowhere else: it looks for no credentials, so the GCE metadata server
+// (here a loopback listener named by GCE_METADATA_HOST) is never asked. An
+// address with a scheme, which gcsblob would turn into a DNS lookup of
+// "http", is refused before any request.
+func TestOpenGCSEmulatorHost(t *testing.T) {
+	closed := closedLoopbackAddr(t)
+	tests := []struct {
+		name     string
+		emulator string
+		wantErr  error
+		wantMsg  string
+	}{
+		{name: "host and port", emulator: closed, wantErr: ErrUnreachable, wantMsg: "http://" + closed + "/storage/v1/"},
+		{name: "with a scheme", emulator: "http://" + closed, wantErr: ErrBadURL, wantMsg: "STORAGE_EMULATOR_HOST"},
+		{name: "with https", emulator: "https://" + closed, wantErr: ErrBadURL, wantMsg: "without a scheme"},
+		{name: "with a path", emulator: closed + "/storage/v1", wantErr: ErrBadURL, wantMsg: "HOST:PORT"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			metadata := listenLoopback(t)
+			t.Setenv("GCE_METADATA_HOST", metadata.Addr().String())
+			t.Setenv("STORAGE_EMULATOR_HOST", tt.emulator)
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			s, err := Open(ctx, "gs://bucket/cluster/main", Options{})
+			if err == nil {
+				s.Close()
+				t.Fatal("opened a store with no emulator listening")
+			}
+			if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Fatalf("err = %v, want %v mentioning %q", err, tt.wantErr, tt.wantMsg)
+			}
+			if n := metadata.accepted(); n != 0 {
+				t.Fatalf("the GCE metadata server was asked %d times", n)
+			}
+		})
+	}
+}
+
+func TestCheckGCSEmulatorHost(t *testing.T) {
+	tests := []struct {
+		host string
+		ok   bool
+	}{
+		{"", true},
+		{"127.0.0.1:4443", true},
+		{"localhost:4443", true},
+		{"[::1]:4443", true},
+		{"http://127.0.0.1:4443", false},
+		{"127.0.0.1:4443/", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.host, func(t *testing.T) {
+			if err := checkGCSEmulatorHost(tt.host); (err == nil) != tt.ok {
+				t.Fatalf("checkGCSEmulatorHost(%q) = %v, want ok=%v", tt.host, err, tt.ok)
+			}
+		})
+	}
+}
+
+// closedLoopbackAddr is a loopback address on which nothing listens.
+func closedLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// countingListener accepts and drops connections, counting them.
+type countingListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (c *countingListener) accepted() int64 { return c.n.Load() }
+
+func listenLoopback(t *testing.T) *countingListener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &countingListener{Listener: l}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.n.Add(1)
+			conn.Close()
+		}
+	}()
+	t.Cleanup(func() { l.Close(); <-done })
+	return c
 }

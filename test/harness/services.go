@@ -1,14 +1,20 @@
 package harness
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,7 +25,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
 
-// service is a helper process (MinIO, Azurite) that a test can stop and
+// service is a helper process (MinIO, Azurite, fake-gcs-server) that a test can stop and
 // start again. It is killed, with its process group, when the test ends.
 type service struct {
 	t    testing.TB
@@ -220,7 +226,10 @@ func StartAzurite(t testing.TB) *Azurite {
 	a.svc = &service{
 		t: t, name: "azurite", bin: toolPath(t, "azurite-blob"),
 		args: []string{"--blobHost", ip, "--blobPort", fmt.Sprint(port),
-			"--location", filepath.Join(dir, "data"), "--silent", "--skipApiVersionCheck"},
+			"--location", filepath.Join(dir, "data"), "--silent", "--skipApiVersionCheck",
+			// Azurite sends usage data by default (DNS lookups, and the Azure
+			// metadata server at 169.254.169.254): tests stay on loopback.
+			"--disableTelemetry"},
 		log: filepath.Join(dir, "azurite.log"),
 	}
 	a.svc.start()
@@ -268,6 +277,157 @@ func (a *Azurite) CreateContainer(t testing.TB, name string) {
 func (a *Azurite) StoreURL(container, prefix string) string {
 	q := url.Values{"domain": {a.Host}, "protocol": {"http"}, "localemu": {"true"}}
 	return (&url.URL{Scheme: "azblob", Host: container, Path: "/" + prefix, RawQuery: q.Encode()}).String()
+}
+
+// FakeGCS is the GCS emulator fake-gcs-server on loopback, serving the
+// JSON and XML APIs over plain HTTP with its objects on real disk.
+type FakeGCS struct {
+	// Host is IP:PORT of the emulator, the value of STORAGE_EMULATOR_HOST.
+	Host string
+	svc  *service
+	// metadata stands in for the GCE metadata server: nothing should
+	// ever connect to it.
+	metadata *tripwire
+}
+
+// StartFakeGCS starts bin/fake-gcs-server (built by make tools) on a fresh
+// loopback address with its data under the test's temporary directory,
+// and waits until its health check answers. Its log's tail is printed if
+// the test fails.
+func StartFakeGCS(t testing.TB) *FakeGCS {
+	t.Helper()
+	ip := AllocIP(t)
+	port := freePort(t, ip)
+	dir := t.TempDir()
+	g := &FakeGCS{Host: fmt.Sprintf("%s:%d", ip, port), metadata: startTripwire(t, ip)}
+	g.svc = &service{
+		t: t, name: "fake-gcs-server", bin: toolPath(t, "fake-gcs-server"),
+		args: []string{"-scheme", "http", "-host", ip, "-port", fmt.Sprint(port),
+			"-backend", "filesystem", "-filesystem-root", filepath.Join(dir, "data"),
+			// Upload sessions and XML reads name the emulator itself,
+			// never storage.googleapis.com.
+			"-external-url", "http://" + g.Host, "-public-host", g.Host,
+			"-log-level", "warn"},
+		log: filepath.Join(dir, "fake-gcs-server.log"),
+	}
+	g.svc.start()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("fake-gcs-server log (tail):\n%s", g.svc.logTail())
+		}
+		g.svc.stop()
+		if hits := g.metadata.close(); len(hits) > 0 {
+			t.Errorf("harness: a GCS client asked the GCE metadata server (GCE_METADATA_HOST=%s) despite STORAGE_EMULATOR_HOST: %q", g.metadata.addr, hits)
+		}
+	})
+	WaitFor(t, 60*time.Second, "fake-gcs-server ready", func() bool {
+		select {
+		case <-g.svc.done:
+			t.Fatalf("fake-gcs-server exited:\n%s", g.svc.logTail())
+		default:
+		}
+		resp, err := http.Get("http://" + g.Host + "/_internal/healthcheck")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return g
+}
+
+// Env is the environment a client needs. STORAGE_EMULATOR_HOST makes
+// gocloud's gcsblob (and the storage client under it) send every request
+// to the emulator, without authentication and without looking for
+// credentials, so no process asks the GCE metadata server or googleapis.com.
+// The client's OpenTelemetry metrics, whose exporter would look up the
+// project, stay off.
+//
+// GCE_METADATA_HOST is a guard, not a need: it points the metadata client
+// at a loopback listener instead of 169.254.169.254, and the test fails if
+// anything connects to it.
+func (g *FakeGCS) Env() []string {
+	return []string{
+		"STORAGE_EMULATOR_HOST=" + g.Host,
+		"GCP_STORAGE_GO_ENABLE_OTEL_METRICS=false",
+		"GCE_METADATA_HOST=" + g.metadata.addr,
+	}
+}
+
+// CreateBucket makes a bucket through the emulator's JSON API.
+func (g *FakeGCS) CreateBucket(t testing.TB, name string) {
+	t.Helper()
+	body, err := json.Marshal(map[string]string{"name": name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+g.Host+"/storage/v1/b", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("harness: create bucket %s: %v", name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		t.Fatalf("harness: create bucket %s: %s: %s", name, resp.Status, msg)
+	}
+}
+
+// StoreURL is the gs:// store URL of prefix in bucket. It carries no
+// emulator parameters: Env's STORAGE_EMULATOR_HOST points the client at
+// the emulator.
+func (g *FakeGCS) StoreURL(bucket, prefix string) string {
+	return (&url.URL{Scheme: "gs", Host: bucket, Path: "/" + prefix}).String()
+}
+
+// tripwire is a loopback listener that nothing should connect to. It
+// records the first line of whatever arrives.
+type tripwire struct {
+	addr string
+	l    net.Listener
+	mu   sync.Mutex
+	hits []string
+	done chan struct{}
+}
+
+func startTripwire(t testing.TB, ip string) *tripwire {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &tripwire{addr: l.Addr().String(), l: l, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			w.mu.Lock()
+			w.hits = append(w.hits, strings.TrimSpace(line))
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+// close stops the listener and returns what reached it.
+func (w *tripwire) close() []string {
+	w.l.Close()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.hits
 }
 
 // BackupAgent is an etcd-manager backup-agent process.

@@ -28,6 +28,8 @@ func TestClusterBackupsToEveryStore(t *testing.T) {
 	minio.CreateBucket(t, "backups")
 	azurite := harness.StartAzurite(t)
 	azurite.CreateContainer(t, "backups")
+	gcs := harness.StartFakeGCS(t)
+	gcs.CreateBucket(t, "backups")
 	stores := []struct {
 		name string
 		url  string
@@ -36,6 +38,7 @@ func TestClusterBackupsToEveryStore(t *testing.T) {
 		{"file", "", nil},
 		{"minio", minio.StoreURL("backups", "my-cluster/backups/etcd/main"), minio.Env()},
 		{"azurite", azurite.StoreURL("backups", "my-cluster/backups/etcd/main"), azurite.Env()},
+		{"gcs", gcs.StoreURL("backups", "my-cluster/backups/etcd/main"), gcs.Env()},
 	}
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {

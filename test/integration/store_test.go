@@ -27,13 +27,15 @@ type storeBackend struct {
 	newStore func(t *testing.T, prefix string) (url string, env []string)
 }
 
-// backends starts MinIO and Azurite once for the suite and returns the
-// three store kinds the conformance suite covers.
+// backends starts MinIO, Azurite and fake-gcs-server once for the suite
+// and returns the four store kinds the conformance suite covers.
 func backends(t *testing.T) []storeBackend {
 	minio := harness.StartMinIO(t)
 	minio.CreateBucket(t, "conformance")
 	azurite := harness.StartAzurite(t)
 	azurite.CreateContainer(t, "conformance")
+	gcs := harness.StartFakeGCS(t)
+	gcs.CreateBucket(t, "conformance")
 	return []storeBackend{
 		{"file", func(t *testing.T, prefix string) (string, []string) {
 			dir := filepath.Join(t.TempDir(), prefix)
@@ -47,6 +49,9 @@ func backends(t *testing.T) []storeBackend {
 		}},
 		{"azurite", func(t *testing.T, prefix string) (string, []string) {
 			return azurite.StoreURL("conformance", prefix), azurite.Env()
+		}},
+		{"gcs", func(t *testing.T, prefix string) (string, []string) {
+			return gcs.StoreURL("conformance", prefix), gcs.Env()
 		}},
 	}
 }
@@ -71,10 +76,13 @@ func openStore(t *testing.T, url string) *store.Store {
 	return s
 }
 
-// TestStoreConformance holds file://, MinIO (s3://) and Azurite (azblob://)
-// to the one contract the agent relies on.
+// TestStoreConformance holds file://, MinIO (s3://), Azurite (azblob://)
+// and fake-gcs-server (gs://) to the one contract the agent relies on,
+// continuous capture's segments included (from a real etcd's watch).
 func TestStoreConformance(t *testing.T) {
-	for _, b := range backends(t) {
+	stores := backends(t)
+	etcd := startSegmentSource(t)
+	for _, b := range stores {
 		t.Run(b.name, func(t *testing.T) {
 			url, env := b.newStore(t, "cluster/backups/etcd/main")
 			setEnv(t, env)
@@ -229,6 +237,10 @@ func TestStoreConformance(t *testing.T) {
 				if _, err := s.Read(ctx, "control/x"); !errors.Is(err, store.ErrNotFound) {
 					t.Fatalf("deleted object reads as %v", err)
 				}
+			})
+
+			t.Run("continuous-backup segments", func(t *testing.T) {
+				testSegments(t, ctx, s, etcd, "conformance-"+b.name)
 			})
 		})
 	}
