@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -127,7 +128,8 @@ func TestSegmentTampering(t *testing.T) {
 		{"chain lies", header(func(h *Header) { h.Chain = strings.Repeat("0", 64) }), "chain"},
 		{"wrong base", header(func(h *Header) { h.Base.Revision = 5 }), "base"},
 		{"bad timeline", header(func(h *Header) { h.Timeline = "../x" }), "timeline"},
-		{"newer format", header(func(h *Header) { h.Format = 2 }), "format 2"},
+		{"newer format", header(func(h *Header) { h.Format = FormatVersion + 1 }), fmt.Sprintf("format %d", FormatVersion+1)},
+		{"no format", header(func(h *Header) { h.Format = 0 }), "format 0"},
 		{"body size lies", header(func(h *Header) { h.BodySize++ }), "body is"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

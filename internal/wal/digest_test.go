@@ -1,0 +1,110 @@
+package wal
+
+import (
+	"bytes"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/server/v3/storage/mvcc"
+	"go.etcd.io/etcd/server/v3/storage/schema"
+	"google.golang.org/protobuf/proto"
+)
+
+func TestDigestRecordRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	w, err := newSegmentWriter(dir, "tl1", mustHex(RunStart("tl1", 9)), 10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Digest{Keys: 3, Sum: [2]uint64{1 << 63, 42}}
+	for _, r := range []Record{
+		{Kind: KindRevision, Revision: 10, Time: 1, Events: []Event{{Value: []byte("v")}}},
+		{Kind: KindDigest, Revision: 10, Digest: d},
+	} {
+		if err := w.add(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := w.cut()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, _, err := readAll(objectBytes(t, spooled{Header: h, path: filepath.Join(dir, spoolName("tl1", 10))}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || recs[1].Kind != KindDigest || recs[1].Digest != d || recs[1].Revision != 10 {
+		t.Errorf("read back %+v", recs)
+	}
+}
+
+// TestCheckDigest builds a key bucket by hand: puts, an overwrite, a
+// delete, and a revision after the digest's.
+func TestCheckDigest(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	kvs := []struct {
+		rev  int64
+		tomb bool
+		kv   *mvccpb.KeyValue
+	}{
+		{2, false, &mvccpb.KeyValue{Key: []byte("a"), Value: []byte("1"), CreateRevision: 2, ModRevision: 2, Version: 1}},
+		{3, false, &mvccpb.KeyValue{Key: []byte("b"), Value: []byte("1"), CreateRevision: 3, ModRevision: 3, Version: 1, Lease: 7}},
+		{4, false, &mvccpb.KeyValue{Key: []byte("a"), Value: []byte("2"), CreateRevision: 2, ModRevision: 4, Version: 2}},
+		{5, true, &mvccpb.KeyValue{Key: []byte("b")}},
+		{6, false, &mvccpb.KeyValue{Key: []byte("c"), Value: []byte("1"), CreateRevision: 6, ModRevision: 6, Version: 1}},
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket(schema.Key.Name())
+		if err != nil {
+			return err
+		}
+		for _, e := range kvs {
+			k := mvcc.RevToBytes(mvcc.Revision{Main: e.rev}, mvcc.NewRevBytes())
+			if e.tomb {
+				k = append(k, 't')
+			}
+			v, _ := proto.Marshal(e.kv)
+			if err := b.Put(k, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// At revision 5 only a=2 is live.
+	var want Digest
+	want.add(kvHash(kvs[2].kv))
+	a := &applier{db: db}
+	if err := a.checkDigest(Record{Revision: 5, Digest: want}); err != nil {
+		t.Errorf("the right digest: %v", err)
+	}
+	wrong := want
+	wrong.Sum[1]++
+	if err := a.checkDigest(Record{Revision: 5, Digest: wrong}); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a wrong digest: %v, want ErrCorrupt", err)
+	}
+	// At revision 3, a=1 and b=1 (with its lease).
+	var at3 Digest
+	at3.add(kvHash(kvs[0].kv))
+	at3.add(kvHash(kvs[1].kv))
+	if err := a.checkDigest(Record{Revision: 3, Digest: at3}); err != nil {
+		t.Errorf("the digest at 3: %v", err)
+	}
+	lease := *kvs[1].kv
+	lease.Lease = 8
+	var other Digest
+	other.add(kvHash(kvs[0].kv))
+	other.add(kvHash(&lease))
+	if err := a.checkDigest(Record{Revision: 3, Digest: other}); err == nil || !bytes.Contains([]byte(err.Error()), []byte("revision 3")) {
+		t.Errorf("a digest with another lease: %v, want a mismatch at revision 3", err)
+	}
+}
