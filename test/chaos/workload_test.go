@@ -41,6 +41,7 @@ type workload struct {
 	mu      sync.Mutex
 	history []porcupine.Operation
 	acked   []string // log keys whose put was acknowledged
+	ackedAt []int64  // when each was, as now() says
 	ops     int      // operations sent, all kinds
 	failed  int
 
@@ -142,6 +143,7 @@ func (w *workload) one(c *clientv3.Client, client int, rng *rand.Rand, id string
 		w.ops++
 		if err == nil {
 			w.acked = append(w.acked, k)
+			w.ackedAt = append(w.ackedAt, w.now())
 		} else {
 			w.failed++
 		}
@@ -199,6 +201,19 @@ func (w *workload) take() (history []porcupine.Operation, acked []string, ops, f
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	history, acked, ops, failed = w.history, w.acked, w.ops, w.failed
-	w.history, w.acked, w.ops, w.failed = nil, nil, 0, 0
+	w.history, w.acked, w.ackedAt, w.ops, w.failed = nil, nil, nil, 0, 0
 	return
+}
+
+// ackedBefore returns the log keys whose put was acknowledged before t.
+func (w *workload) ackedBefore(t int64) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for i, at := range w.ackedAt {
+		if at < t {
+			out = append(out, w.acked[i])
+		}
+	}
+	return out
 }
