@@ -210,6 +210,46 @@ func testPITRVersion(t *testing.T, version string) {
 		t.Fatalf("capture ended with %v", err)
 	}
 
+	for i, target := range targets {
+		var got kvView
+		var applied wal.Applied
+		got, applied = restoreOffline(t, env, s, info.Name, "tl1", target, version, fmt.Sprintf("restore%d", i), func(rc *clientv3.Client, got kvView) {
+			checkLeases(t, rc, got)
+			if target == withLeases.rev {
+				for _, k := range []string{"/pitr/expiring", "/pitr/revoked"} {
+					if n := count(t, rc, k); n != 1 {
+						t.Errorf("restored to %d: %s is missing, though its lease was live then", target, k)
+					}
+				}
+			}
+			if target == head.rev {
+				for _, k := range []string{"/pitr/expiring", "/pitr/revoked"} {
+					if n := count(t, rc, k); n != 0 {
+						t.Errorf("restored to the head: %s is back, though its lease was gone", k)
+					}
+				}
+			}
+		})
+		if target == final.rev && applied.Digest <= withLeases.rev {
+			t.Errorf("apply to %d checked no digest taken after the compaction at %d (the newest checked: %d)", target, withLeases.rev, applied.Digest)
+		}
+		if d := views[target].diff(got); d != "" {
+			t.Errorf("restored to %d (%d revisions from %d segments): %s", target, applied.Revisions, applied.Segments, d)
+		}
+		t.Logf("etcd %s: restored revision %d (from backup at %d: %d revisions, %d segments, %d leases; digest at %d matched)",
+			version, target, info.Meta.Revision, applied.Revisions, applied.Segments, applied.Leases, applied.Digest)
+	}
+}
+
+// restoreOffline brings backup name forward to revision target of
+// timeline with the store's segments, restores the result with etcd
+// version's own tool into a fresh single member, and returns what that
+// member holds and what the apply did; check, if set, looks at the
+// member before it stops.
+func restoreOffline(t *testing.T, env *harness.Env, s *store.Store, name, timeline string, target int64, version, work string, check func(*clientv3.Client, kvView)) (kvView, wal.Applied) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	v, err := spec.ParseSupportedVersion(version)
 	if err != nil {
 		t.Fatal(err)
@@ -218,62 +258,41 @@ func testPITRVersion(t *testing.T, version string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, target := range targets {
-		work := filepath.Join(env.Root, fmt.Sprintf("restore%d", i))
-		path, _, err := backup.Fetch(ctx, s, info.Name, work, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		applied, err := wal.Apply(ctx, s, path, "tl1", target)
-		if err != nil {
-			t.Fatalf("apply to %d: %v", target, err)
-		}
-		if applied.To != target {
-			t.Fatalf("apply to %d reached %d", target, applied.To)
-		}
-		if target == final.rev && applied.Digest <= withLeases.rev {
-			t.Errorf("apply to %d checked no digest taken after the compaction at %d (the newest checked: %d)", target, withLeases.rev, applied.Digest)
-		}
-		ip := harness.AllocIP(t)
-		data := filepath.Join(work, "data")
-		if err := bins.RestoreSnapshot(ctx, etcdproc.RestoreOptions{SnapshotPath: path, DataDir: data, Name: "restored",
-			PeerURLs: []string{"http://" + ip + ":2380"}, InitialCluster: "restored=http://" + ip + ":2380", Token: "restored"}); err != nil {
-			t.Fatalf("restore to %d with etcd %s's tool: %v", target, version, err)
-		}
-		m := env.NewBareOnData(data, "restored", ip)
-		m.Start(etcd)
-		rc, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		waitEtcd(t, rc)
-		got := viewAt(t, rc, 0)
-		if got.rev != target {
-			t.Errorf("restored to %d: the restored etcd is at revision %d", target, got.rev)
-		}
-		if d := views[target].diff(got); d != "" {
-			t.Errorf("restored to %d (%d revisions from %d segments): %s", target, applied.Revisions, applied.Segments, d)
-		}
-		checkLeases(t, rc, got)
-		if target == withLeases.rev {
-			for _, k := range []string{"/pitr/expiring", "/pitr/revoked"} {
-				if n := count(t, rc, k); n != 1 {
-					t.Errorf("restored to %d: %s is missing, though its lease was live then", target, k)
-				}
-			}
-		}
-		if target == head.rev {
-			for _, k := range []string{"/pitr/expiring", "/pitr/revoked"} {
-				if n := count(t, rc, k); n != 0 {
-					t.Errorf("restored to the head: %s is back, though its lease was gone", k)
-				}
-			}
-		}
-		rc.Close()
-		m.Stop()
-		t.Logf("etcd %s: restored revision %d (from backup at %d: %d revisions, %d segments, %d leases; digest at %d matched)",
-			version, target, info.Meta.Revision, applied.Revisions, applied.Segments, applied.Leases, applied.Digest)
+	work = filepath.Join(env.Root, work)
+	path, _, err := backup.Fetch(ctx, s, name, work, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
+	applied, err := wal.Apply(ctx, s, path, timeline, target)
+	if err != nil {
+		t.Fatalf("apply to %d: %v", target, err)
+	}
+	if applied.To != target {
+		t.Fatalf("apply to %d reached %d", target, applied.To)
+	}
+	ip := harness.AllocIP(t)
+	data := filepath.Join(work, "data")
+	if err := bins.RestoreSnapshot(ctx, etcdproc.RestoreOptions{SnapshotPath: path, DataDir: data, Name: "restored",
+		PeerURLs: []string{"http://" + ip + ":2380"}, InitialCluster: "restored=http://" + ip + ":2380", Token: "restored"}); err != nil {
+		t.Fatalf("restore to %d with etcd %s's tool: %v", target, version, err)
+	}
+	m := env.NewBareOnData(data, "restored", ip)
+	m.Start(filepath.Join(env.BinDir, "etcd-v"+version, "etcd"))
+	defer m.Stop()
+	rc, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	waitEtcd(t, rc)
+	got := viewAt(t, rc, 0)
+	if got.rev != target {
+		t.Errorf("restored to %d: the restored etcd is at revision %d", target, got.rev)
+	}
+	if check != nil {
+		check(rc, got)
+	}
+	return got, applied
 }
 
 // checkLeases checks that every key's lease exists in the restored etcd,

@@ -1,0 +1,228 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
+	"github.com/etcd-manager/etcd-manager/test/harness"
+)
+
+// TestCaptureAcrossFaults: capture goes on, with no gap and no revision
+// twice, through a change of leader (the capturing agent killed), a store
+// outage (MinIO stopped for a while) and an agent restart, under a steady
+// steadyWriter. Then 20 random revisions and 5 random moments of that history
+// are restored offline and compared with what the live cluster served at
+// each revision.
+func TestCaptureAcrossFaults(t *testing.T) {
+	minio := harness.StartMinIO(t)
+	minio.CreateBucket(t, "capture")
+	env := harness.NewEnv(t)
+	env.UseStore(minio.StoreURL("capture", "etcd/main"), minio.Env())
+	setEnv(t, minio.Env())
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{Metrics: true})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	s, err := store.Open(ctx, env.StoreURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	baseName := strings.TrimSpace(env.MustCtl("backup-now"))
+	base, err := backup.ReadMeta(ctx, s, baseName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := clusterClient(t, agents)
+	wr := startSteadyWriter(c)
+	defer wr.halt()
+
+	// The capturing agent says so in its metrics.
+	capturing := func(not *harness.Agent) *harness.Agent {
+		var found *harness.Agent
+		harness.WaitFor(t, 2*time.Minute, "an agent to capture", func() bool {
+			for _, a := range agents {
+				if a != not && a.Running() && strings.Contains(scrape(t, a.MetricsURL), "\netcd_manager_capture_running 1") {
+					found = a
+					return true
+				}
+			}
+			return false
+		})
+		return found
+	}
+	progress := func(what string) {
+		rev := wr.last()
+		harness.WaitFor(t, 2*time.Minute, what, func() bool { return capturedTo(ctx, s) >= rev })
+	}
+	time.Sleep(2 * time.Second)
+
+	// A change of leader: the capturing agent dies with its etcd.
+	leader := capturing(nil)
+	leader.Kill()
+	next := capturing(leader)
+	t.Logf("capture moved from %s to %s", leader.Name, next.Name)
+	leader.Start()
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	progress("capture to go on after the change of leader")
+
+	// A store outage: the spool holds what capture cuts meanwhile.
+	minio.Stop()
+	spooler := capturing(nil)
+	harness.WaitFor(t, 30*time.Second, "segments to wait in the spool", func() bool {
+		m := spoolRE.FindStringSubmatch(scrape(t, spooler.MetricsURL))
+		return m != nil && m[1] != "0"
+	})
+	time.Sleep(2 * time.Second)
+	minio.Start()
+	progress("the spool to drain after the store outage")
+
+	// The capturing agent restarts: it resumes after what it spooled.
+	cur := capturing(nil)
+	cur.Stop()
+	cur.Start()
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	time.Sleep(2 * time.Second)
+	wr.halt()
+	head := wr.last()
+	progress("capture to reach the head")
+
+	// One run, no gap: every revision from the backup on, once.
+	tls, err := wal.Timelines(ctx, s)
+	if err != nil || len(tls) != 1 {
+		t.Fatalf("timelines: %v, %v; want one", tls, err)
+	}
+	tl := tls[0]
+	runs, err := wal.Runs(ctx, s, tl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 || wal.SnapshotRevision(base.Revision)+1 != runs[0].First || runs[0].Last < head {
+		t.Fatalf("captured runs %+v; want one from revision %d to at least %d", runs, base.Revision+1, head)
+	}
+	for _, a := range agents {
+		if strings.Contains(a.Log(), "capture cannot continue") {
+			t.Errorf("%s started a new run: a gap", a.Name)
+		}
+	}
+
+	// 20 random revisions and 5 random moments, as the live cluster saw
+	// them.
+	rng := rand.New(rand.NewPCG(3, 3))
+	var targets []int64
+	for range 20 {
+		targets = append(targets, base.Revision+1+rng.Int64N(head-base.Revision))
+	}
+	for range 5 {
+		at := runs[0].FirstTime.Add(time.Duration(rng.Int64N(int64(runs[0].LastTime.Sub(runs[0].FirstTime)))))
+		rev, ok, err := wal.RevisionAt(ctx, s, tl, at)
+		if err != nil || !ok {
+			t.Fatalf("revision at %s: %d %v %v", at, rev, ok, err)
+		}
+		targets = append(targets, rev)
+	}
+	for i, target := range targets {
+		want := viewAt(t, c, target)
+		got, applied := restoreOffline(t, env, s, baseName, tl, target, harness.DefaultEtcdVersion, fmt.Sprintf("restore%d", i), nil)
+		if d := want.diff(got); d != "" {
+			t.Errorf("restored to %d: %s", target, d)
+		}
+		if applied.Revisions != target-wal.SnapshotRevision(base.Revision) {
+			t.Errorf("restored to %d: applied %d revisions, want %d", target, applied.Revisions, target-base.Revision)
+		}
+	}
+	t.Logf("%d writes; revisions %d to %d captured in one run; %d restores compared", wr.count(), runs[0].First, runs[0].Last, len(targets))
+}
+
+var spoolRE = regexp.MustCompile(`(?m)^etcd_manager_capture_spool_bytes (\S+)`)
+
+// capturedTo is the last revision captured into the store, on any
+// timeline.
+func capturedTo(ctx context.Context, s *store.Store) int64 {
+	tls, err := wal.Timelines(ctx, s)
+	if err != nil {
+		return 0
+	}
+	var last int64
+	for _, tl := range tls {
+		if runs, err := wal.Runs(ctx, s, tl); err == nil && len(runs) > 0 {
+			last = max(last, runs[len(runs)-1].Last)
+		}
+	}
+	return last
+}
+
+// steadyWriter puts and deletes keys, 50 a second at most, until halted.
+type steadyWriter struct {
+	stop chan struct{}
+	done chan struct{}
+	mu   sync.Mutex
+	rev  int64
+	n    int
+}
+
+func startSteadyWriter(c *clientv3.Client) *steadyWriter {
+	w := &steadyWriter{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; i < 20000; i++ {
+			select {
+			case <-w.stop:
+				return
+			case <-tick.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			k := fmt.Sprintf("/capture/%d", i%40)
+			var rev int64
+			if i%5 == 4 {
+				if r, err := c.Delete(ctx, k); err == nil {
+					rev = r.Header.Revision
+				}
+			} else if r, err := c.Put(ctx, k, fmt.Sprint(i)); err == nil {
+				rev = r.Header.Revision
+			}
+			cancel()
+			w.mu.Lock()
+			if rev > 0 {
+				w.rev, w.n = max(w.rev, rev), w.n+1
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+func (w *steadyWriter) last() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.rev
+}
+
+func (w *steadyWriter) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+func (w *steadyWriter) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
