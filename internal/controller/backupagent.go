@@ -22,6 +22,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // BackupAgentConfig configures the backup-only agent, for an etcd that
@@ -44,6 +45,9 @@ type BackupAgentConfig struct {
 	LockLease time.Duration
 	// LoopInterval is the time between cycles.
 	LoopInterval time.Duration
+	// Capture is continuous capture of the etcd, by the lock holder,
+	// spooled under <temp-dir>/capture.
+	Capture wal.Config
 }
 
 // DefaultBackupAgent returns the defaults.
@@ -53,6 +57,7 @@ func DefaultBackupAgent() BackupAgentConfig {
 		TempDir:      filepath.Join(os.TempDir(), "etcd-manager-backup"),
 		LockLease:    30 * time.Second,
 		LoopInterval: 5 * time.Second,
+		Capture:      wal.Default(),
 	}
 }
 
@@ -69,6 +74,7 @@ func (c *BackupAgentConfig) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "this agent's name in the store's lock (default: host name and a random suffix)")
 	fs.DurationVar(&c.LockLease, "lock-lease", c.LockLease, "lease of the store lock that picks one backup agent when several share a store")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between cycles (queued commands are picked up once per cycle)")
+	c.Capture.AddFlags(fs)
 }
 
 // Complete fills in defaults that depend on the machine.
@@ -114,6 +120,9 @@ func (c BackupAgentConfig) Validate() error {
 	if c.LoopInterval <= 0 || c.LoopInterval > c.LockLease/2 {
 		errs = append(errs, errors.New("--loop-interval must be positive and at most half of --lock-lease"))
 	}
+	if err := c.Capture.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.MetricsAddress != "" {
 		if _, err := url.Parse("http://" + c.MetricsAddress); err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-address %q: want host:port", c.MetricsAddress))
@@ -149,6 +158,7 @@ type BackupAgent struct {
 	now     func() time.Time
 	backups *backups
 	lock    LeaderLock
+	capture *capturer
 	store   *store.Store
 	tls     *tls.Config
 	// storeChecked is set once the store honoured create-if-absent.
@@ -162,6 +172,7 @@ func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger) *BackupAgent {
 	b := &BackupAgent{cfg: cfg, log: log, met: met, now: time.Now}
 	b.backups = cfg.Backup.newBackups(log, met, func() time.Time { return b.now() })
 	b.lock = LeaderLock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
+	b.capture = newCapturer(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, met.reg)
 	return b
 }
 
@@ -184,6 +195,8 @@ func (b *BackupAgent) Run(ctx context.Context) error {
 		"interval", b.cfg.Backup.Interval, "retention", b.cfg.Backup.Retention)
 	ticker := time.NewTicker(b.cfg.LoopInterval)
 	defer ticker.Stop()
+	go b.capture.upload(ctx)
+	defer b.capture.stop()
 	for {
 		b.cycle(ctx)
 		select {
@@ -227,14 +240,17 @@ func (b *BackupAgent) cycle(ctx context.Context) {
 	}
 	boolGauge(b.met.leader, term != 0)
 	if term == 0 {
+		b.capture.follow(false, "", nil, nil, false)
 		return // another backup agent holds the lock
 	}
+	due := b.backups.due(b.cfg.Backup.Interval) || (b.capture.needsBase() && !b.backups.failedRecently())
+	b.followEtcd(ctx, due)
 	cmds, err := readCommands(ctx, s, b.now())
 	if err != nil {
 		b.log.Error("cannot read the command queue; will retry", "error", err)
 		return
 	}
-	actions := plan.PlanBackupAgent(cmds, b.backups.failedRecently(), b.backups.due(b.cfg.Backup.Interval))
+	actions := plan.PlanBackupAgent(cmds, b.backups.failedRecently(), due)
 	for _, act := range actions {
 		err := b.execute(ctx, s, term, act)
 		if _, ok := act.(plan.Report); !ok {
@@ -271,9 +287,27 @@ func (b *BackupAgent) execute(ctx context.Context, s *store.Store, term int64, a
 			return err
 		}
 		_, err = b.backups.take(ctx, s, req, act.Reason, act.CommandIDs...)
+		if err == nil {
+			b.capture.backedUp()
+		}
 		return err
 	}
 	return fmt.Errorf("controller: backup agent cannot perform %s", act)
+}
+
+// followEtcd keeps capture following the etcd while this agent holds the
+// lock: its timeline is the etcd cluster's ID, as its backups record.
+func (b *BackupAgent) followEtcd(ctx context.Context, backupDue bool) {
+	if !b.cfg.Capture.Enabled {
+		return
+	}
+	req, err := b.request(ctx)
+	if err != nil {
+		b.log.Warn("capture waits for a healthy etcd endpoint", "error", err)
+		b.capture.follow(false, "", nil, nil, false)
+		return
+	}
+	b.capture.follow(true, req.ClusterToken, b.cfg.Endpoints, b.tls, backupDue)
 }
 
 // request finds a healthy member to snapshot and describes the cluster

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,9 +40,10 @@ type capturer struct {
 
 // captureRun is one capture of one timeline.
 type captureRun struct {
-	token, endpoint string
-	cancel          context.CancelFunc
-	done            chan struct{}
+	token     string
+	endpoints []string
+	cancel    context.CancelFunc
+	done      chan struct{}
 }
 
 func newCapturer(cfg wal.Config, dataDir, url string, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *capturer {
@@ -140,19 +142,28 @@ func (c *capturer) backedUp() {
 // sync starts capture while this agent leads a serving cluster, and stops
 // it otherwise or when the cluster changes.
 func (c *capturer) sync(lp *loop, obs plan.Observed) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	want := c.cfg.Enabled && c.wal != nil && obs.Cluster != nil && obs.Self.Member != nil && !obs.Self.Member.Quarantined && lp.clientEndpoint != ""
+	want := obs.Cluster != nil && obs.Self.Member != nil && !obs.Self.Member.Quarantined && lp.clientEndpoint != ""
 	token := ""
 	if want {
 		token = obs.Cluster.Token
 	}
+	c.follow(want, token, []string{lp.clientEndpoint}, lp.etcdTLS, obs.BackupDue)
+}
+
+// follow captures the cluster token through its endpoints while want
+// holds, and stops otherwise or when they change. A backup due now is
+// the base a new run may need: capture starts after it, rather than ask
+// for another.
+func (c *capturer) follow(want bool, token string, endpoints []string, tlsCfg *tls.Config, backupDue bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	want = want && c.cfg.Enabled && c.wal != nil
 	if r := c.run; r != nil {
 		select {
 		case <-r.done:
 			c.run = nil
 		default:
-			if want && r.token == token && r.endpoint == lp.clientEndpoint {
+			if want && r.token == token && slices.Equal(r.endpoints, endpoints) {
 				return
 			}
 			r.cancel()
@@ -162,15 +173,13 @@ func (c *capturer) sync(lp *loop, obs plan.Observed) {
 			c.run = nil
 		}
 	}
-	// A backup due this cycle is the base a new run may need: start after
-	// it, rather than ask for another.
-	if !want || c.now().Before(c.retryAt) || c.needBase || obs.BackupDue {
+	if !want || c.now().Before(c.retryAt) || c.needBase || backupDue {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &captureRun{token: token, endpoint: lp.clientEndpoint, cancel: cancel, done: make(chan struct{})}
+	r := &captureRun{token: token, endpoints: endpoints, cancel: cancel, done: make(chan struct{})}
 	c.run = r
-	go c.capture(ctx, r, c.wal, c.store, lp.etcdTLS)
+	go c.capture(ctx, r, c.wal, c.store, tlsCfg)
 }
 
 // capture runs one capture until it fails or is stopped.
@@ -210,7 +219,7 @@ func (c *capturer) captureOnce(ctx context.Context, r *captureRun, w *wal.Captur
 	if err != nil {
 		return err
 	}
-	cl, err := etcdproc.NewClient([]string{r.endpoint}, tlsCfg)
+	cl, err := etcdproc.NewClient(r.endpoints, tlsCfg)
 	if err != nil {
 		return err
 	}

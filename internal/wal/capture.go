@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -127,17 +129,31 @@ type Capture struct {
 	mu     sync.Mutex
 	status Status
 	wake   chan struct{}
+	lock   *os.File // held for the process's life
 }
 
-// New returns a capture spooling into dir.
+// ErrSpoolBusy means another process uses the spool directory.
+var ErrSpoolBusy = errors.New("wal: another process uses the capture spool")
+
+// New returns a capture spooling into dir, which it locks for the
+// process's life: two processes must never share a spool.
 func New(cfg Config, dir string, s Store, log *slog.Logger) (*Capture, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("wal: spool: %w", err)
 	}
+	lock, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("wal: spool: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("%w: %s is locked (%v)", ErrSpoolBusy, dir, err)
+	}
 	if err := clearSpoolTemp(dir); err != nil {
+		lock.Close()
 		return nil, err
 	}
-	return &Capture{Config: cfg, Dir: dir, Store: s, Log: log, Now: time.Now, wake: make(chan struct{}, 1)}, nil
+	return &Capture{Config: cfg, Dir: dir, Store: s, Log: log, Now: time.Now, wake: make(chan struct{}, 1), lock: lock}, nil
 }
 
 // Status returns a copy of the current status.

@@ -99,11 +99,10 @@ func TestCheckDigest(t *testing.T) {
 	if err := a.checkDigest(Record{Revision: 3, Digest: at3}); err != nil {
 		t.Errorf("the digest at 3: %v", err)
 	}
-	lease := *kvs[1].kv
-	lease.Lease = 8
+	lease := &mvccpb.KeyValue{Key: []byte("b"), Value: []byte("1"), CreateRevision: 3, ModRevision: 3, Version: 1, Lease: 8}
 	var other Digest
 	other.add(kvHash(kvs[0].kv))
-	other.add(kvHash(&lease))
+	other.add(kvHash(lease))
 	if err := a.checkDigest(Record{Revision: 3, Digest: other}); err == nil || !bytes.Contains([]byte(err.Error()), []byte("revision 3")) {
 		t.Errorf("a digest with another lease: %v, want a mismatch at revision 3", err)
 	}

@@ -389,3 +389,14 @@ func TestHistory(t *testing.T) {
 		t.Errorf("a loop: history = %v, want ErrCorrupt", err)
 	}
 }
+
+func TestSpoolIsLocked(t *testing.T) {
+	dir := t.TempDir()
+	s := fileStore(t)
+	if _, err := New(Default(), dir, s, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Default(), dir, s, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrSpoolBusy) {
+		t.Errorf("a second capture on one spool: %v, want ErrSpoolBusy", err)
+	}
+}

@@ -14,6 +14,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -44,9 +46,10 @@ func TestBackupAgent(t *testing.T) {
 	}
 
 	args := []string{"--endpoints=" + etcd.ClientURL, "--cacert=" + files.CA, "--cert=" + files.ClientCert, "--key=" + files.ClientKey,
-		"--loop-interval=300ms", "--lock-lease=2s", "--backup-interval=1h", "--temp-dir=" + filepath.Join(env.Root, "tmp")}
-	first := env.StartBackupAgent("backup-1", args...)
-	second := env.StartBackupAgent("backup-2", args...)
+		"--loop-interval=300ms", "--lock-lease=2s", "--backup-interval=1h"}
+	// Each on its own machine, so to speak: its own temp dir and spool.
+	first := env.StartBackupAgent("backup-1", append(args, "--temp-dir="+filepath.Join(env.Root, "tmp1"))...)
+	second := env.StartBackupAgent("backup-2", append(args, "--temp-dir="+filepath.Join(env.Root, "tmp2"))...)
 
 	// The first backup is due at once. Both agents want it; one takes it.
 	harness.WaitFor(t, 30*time.Second, "the first periodic backup", func() bool {
@@ -85,6 +88,32 @@ func TestBackupAgent(t *testing.T) {
 	t.Logf("failover backup-now took %s", time.Since(start).Round(time.Millisecond))
 	if !strings.Contains(other.Log(), name2) {
 		t.Errorf("the surviving agent did not take %s", name2)
+	}
+
+	// The lock holder captures every change too, under the etcd cluster's
+	// ID, and a restore to the newest point holds the last write.
+	for i := range 20 {
+		put(t, c, fmt.Sprintf("/unmanaged/late/%02d", i), "v")
+	}
+	head := viewAt(t, c, 0)
+	s := openStore(t, env.StoreURL)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	harness.WaitFor(t, 30*time.Second, "capture to reach the last write", func() bool { return capturedTo(ctx, s) >= head.rev })
+	tls, err := wal.Timelines(ctx, s)
+	if err != nil || len(tls) != 1 {
+		t.Fatalf("timelines %v, %v: want the etcd cluster's ID", tls, err)
+	}
+	meta2, err := backup.ReadMeta(ctx, s, name2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tls[0] != meta2.ClusterToken {
+		t.Errorf("captured under timeline %s, the backups under %s", tls[0], meta2.ClusterToken)
+	}
+	got, _ := restoreOffline(t, env, s, name2, tls[0], head.rev, harness.DefaultEtcdVersion, "restore-latest", nil)
+	if d := head.diff(got); d != "" {
+		t.Errorf("restored the newest captured point: %s", d)
 	}
 }
 

@@ -204,7 +204,14 @@ func testPITRVersion(t *testing.T, version string) {
 	final := viewAt(t, c, 0)
 	targets = append(targets, final.rev)
 	views[final.rev] = final
-	harness.WaitFor(t, 30*time.Second, "capture to reach the head", func() bool { return capture.Status().Durable >= final.rev })
+	harness.WaitFor(t, 30*time.Second, "capture to reach the head", func() bool {
+		select {
+		case err := <-runErr:
+			t.Fatalf("capture ended with %v, at revision %d of %d", err, capture.Status().Durable, final.rev)
+		default:
+		}
+		return capture.Status().Durable >= final.rev
+	})
 	stopCapture()
 	if err := <-runErr; err != context.Canceled {
 		t.Fatalf("capture ended with %v", err)
