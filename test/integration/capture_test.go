@@ -144,7 +144,58 @@ func TestCaptureAcrossFaults(t *testing.T) {
 		}
 	}
 	t.Logf("%d writes; revisions %d to %d captured in one run; %d restores compared", wr.count(), runs[0].First, runs[0].Last, len(targets))
+
+	// Compaction overtakes capture: the capturing agent dies, writes go
+	// on, and the cluster is compacted to its head before another agent
+	// resumes. Availability wins: capture starts a new run after a fresh
+	// full backup, and the hole is reported, not hidden.
+	victim := capturing(nil)
+	victim.Kill()
+	for i := range 30 {
+		// The client may have been talking to the member that died.
+		harness.WaitFor(t, 30*time.Second, "a write", func() bool {
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			_, err := c.Put(wctx, fmt.Sprintf("/capture/late/%d", i), "v")
+			return err == nil
+		})
+	}
+	compactTo := viewAt(t, c, 0).rev
+	if _, err := c.Compact(ctx, compactTo); err != nil {
+		t.Fatal(err)
+	}
+	gapper := capturing(victim)
+	victim.Start()
+	harness.WaitFor(t, 2*time.Minute, "capture to start a new run after a full backup", func() bool {
+		// A new run shows in the store with its first write.
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, _ = c.Put(wctx, "/capture/after-gap", "v")
+		cancel()
+		runs, err := wal.Runs(ctx, s, tl)
+		return err == nil && len(runs) == 2 && runs[1].Base != nil
+	})
+	runs, err = wal.Runs(ctx, s, tl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gaps := wal.Gaps(runs)
+	if len(gaps) != 1 || gaps[0].After >= compactTo || gaps[0].Before <= compactTo-30 {
+		t.Fatalf("gaps %+v after a compaction to %d; want one hole before it", gaps, compactTo)
+	}
+	if m := gapsRE.FindStringSubmatch(scrape(t, gapper.MetricsURL)); m == nil || m[1] == "0" {
+		t.Errorf("%s did not count the gap in etcd_manager_capture_gaps: %v", gapper.Name, m)
+	}
+	if out := env.MustCtl("list-backups", "--ranges"); !strings.Contains(out, fmt.Sprintf("gap: revisions %d to %d cannot be restored", gaps[0].After+1, gaps[0].Before-1)) {
+		t.Errorf("list-backups --ranges does not show the gap %+v:\n%s", gaps[0], out)
+	}
+	inGap := gaps[0].After + 1
+	if _, errOut, err := env.Ctl("restore-backup", fmt.Sprintf("--to-revision=%d", inGap)); err == nil || !strings.Contains(errOut, "not captured") {
+		t.Errorf("restore-backup into the gap (revision %d): %v\n%s", inGap, err, errOut)
+	}
+	t.Logf("compaction to %d overtook capture: gap %d..%d reported, new run from %d", compactTo, gaps[0].After+1, gaps[0].Before-1, runs[1].First)
 }
+
+var gapsRE = regexp.MustCompile(`(?m)^etcd_manager_capture_gaps (\S+)`)
 
 var spoolRE = regexp.MustCompile(`(?m)^etcd_manager_capture_spool_bytes (\S+)`)
 
