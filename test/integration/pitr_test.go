@@ -192,6 +192,7 @@ func testPITRVersion(t *testing.T, version string) {
 	// Then a compaction in the middle of the captured history, as
 	// kube-apiserver does every 5 minutes, and more writes: the digests
 	// after it are of a compacted etcd.
+	harness.WaitFor(t, 30*time.Second, "capture to pass the views", func() bool { return capture.Status().Durable >= head.rev })
 	if _, err := c.Compact(ctx, withLeases.rev); err != nil {
 		t.Fatal(err)
 	}
