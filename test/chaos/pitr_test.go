@@ -18,8 +18,10 @@ import (
 )
 
 // rpo is what a total loss may cost with continuous capture: writes
-// acknowledged longer ago than this are in the store.
-const rpo = time.Second
+// acknowledged longer ago than this are in the store. The goal is 1s at
+// the 99th percentile, which make bench measures (rpo-p99); every write,
+// on a 2-core machine running the rest of the suite, gets twice that.
+const rpo = 2 * time.Second
 
 // TestRestoreLatestIsAPrefix: under the chaos workload (puts, reads and
 // compare-and-swaps on contended keys, log puts) and a writer of leased
@@ -104,7 +106,8 @@ func TestRestoreLatestIsAPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(lost) > 0 {
-		t.Errorf("%d of %d writes acknowledged over %s before the loss are not restored, such as %s", len(lost), len(intact), rpo, lost[0])
+		t.Errorf("%d of %d writes acknowledged over %s before the loss are not restored, such as %s (the store's newest point was observed %s before the loss)",
+			len(lost), len(intact), rpo, lost[0], lossAt.Sub(lastAt).Round(time.Millisecond))
 	}
 
 	// The restored values end a prefix of the history: what returned
