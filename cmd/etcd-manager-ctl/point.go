@@ -80,12 +80,15 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 	var at time.Time
 	if pf.toTime != "" {
 		if at, err = time.Parse(time.RFC3339Nano, pf.toTime); err != nil {
-			return "", point, fmt.Errorf("--to-time %q: want RFC3339, as 2026-11-22T05:07:30Z: %v", pf.toTime, err)
+			return "", point, fmt.Errorf("--to-time %q: want RFC3339, as 2026-11-22T05:07:30Z: %w", pf.toTime, err)
 		}
 	}
-	history, err := wal.History(ctx, s, timeline)
-	if err != nil {
-		return "", point, err
+	// The newest point is the timeline's own: no history to read.
+	history := []wal.Link{{Timeline: timeline}}
+	if !pf.latest {
+		if history, err = wal.History(ctx, s, timeline); err != nil {
+			return "", point, err
+		}
 	}
 	// Follow the history back, through the restores that made each
 	// timeline, to the one that holds the target. On an older timeline,
@@ -228,8 +231,10 @@ type timelineRange struct {
 	Backups          int       `json:"backups"`
 	// Branch says where a restore started the timeline from another.
 	Branch *wal.Branch `json:"branch,omitempty"`
-	Runs   []runRow    `json:"runs"`
-	Gaps   []wal.Gap   `json:"gaps"`
+	// BranchError says why the branch record cannot be read.
+	BranchError string    `json:"branchError,omitempty"`
+	Runs        []runRow  `json:"runs"`
+	Gaps        []wal.Gap `json:"gaps"`
 }
 
 type runRow struct {
@@ -268,7 +273,7 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 	for _, t := range order {
 		r := timelineRange{Timeline: t, Runs: []runRow{}, Gaps: []wal.Gap{}}
 		if b, ok, err := wal.ReadBranch(ctx, s, t); err != nil {
-			return nil, err
+			r.BranchError = err.Error()
 		} else if ok {
 			r.Branch = &b
 		}
@@ -326,6 +331,9 @@ func listRanges(ctx context.Context, s *store.Store, w io.Writer, asJSON bool) e
 				bump = fmt.Sprintf(", revisions bumped by %d to start at %d", b.BumpRevision, b.Start())
 			}
 			fmt.Fprintf(w, "  branched from timeline %s at its revision %d (restored %s from backup %s%s)\n", b.Parent, b.Revision, rfcTime(b.Time), dash(b.Backup), bump)
+		}
+		if r.BranchError != "" {
+			fmt.Fprintf(w, "  branch record unreadable: %s\n", r.BranchError)
 		}
 		for _, run := range r.Runs {
 			fmt.Fprintf(w, "  captured revisions %d to %d (%s to %s), after backup %s\n", run.First, run.Last, rfcTime(run.FirstTime), rfcTime(run.LastTime), dash(run.Base))

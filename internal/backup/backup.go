@@ -356,7 +356,14 @@ func claimName(ctx context.Context, s Store, now time.Time) (string, error) {
 
 // List returns the complete backups (those with a readable meta), oldest
 // first.
-func List(ctx context.Context, s Store) ([]Info, error) {
+func List(ctx context.Context, s Store) ([]Info, error) { return list(ctx, s, false) }
+
+// ListAll is List for what deletes by it: a meta that cannot be read, for
+// any reason but its absence (an unfinished backup), is an error rather
+// than a backup left out.
+func ListAll(ctx context.Context, s Store) ([]Info, error) { return list(ctx, s, true) }
+
+func list(ctx context.Context, s Store, strict bool) ([]Info, error) {
 	dirs, err := s.List(ctx, "", "/")
 	if err != nil {
 		return nil, fmt.Errorf("backup: list: %w", err)
@@ -368,11 +375,17 @@ func List(ctx context.Context, s Store) ([]Info, error) {
 			continue
 		}
 		data, err := s.Read(ctx, name+"/"+MetaObject)
-		if err != nil {
+		if errors.Is(err, store.ErrNotFound) || (err != nil && !strict) {
 			continue // no meta: an unfinished backup, which does not exist
+		}
+		if err != nil {
+			return nil, fmt.Errorf("backup: list: %w", err)
 		}
 		var m Meta
 		if err := json.Unmarshal(data, &m); err != nil {
+			if strict {
+				return nil, fmt.Errorf("backup: list: %s: %w: %w", name, ErrCorrupt, err)
+			}
 			continue
 		}
 		out = append(out, Info{Name: name, Meta: m})

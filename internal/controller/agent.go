@@ -116,7 +116,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		EtcdStopTimeout:      a.cfg.EtcdStopTimeout,
 		EtcdTLS:              a.etcdTLSFiles(),
 		ClientTLS:            a.etcdTLS,
-	}, layout, st, storeFetcher{url: a.cfg.BackupStore, verify: verify}, a.log, a.now, a.poke)
+	}, layout, st, storeFetcher{url: a.cfg.BackupStore, verify: verify, log: a.log}, a.log, a.now, a.poke)
 	lp, err := newLoop(a, n, verify)
 	if err != nil {
 		return err
@@ -177,6 +177,7 @@ func (a *Agent) shutdown(srv *peer.Server, n *node.Node, lp *loop) {
 type storeFetcher struct {
 	url    string
 	verify backup.VerifyFunc
+	log    *slog.Logger
 }
 
 func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoint, dir string) (string, error) {
@@ -185,20 +186,25 @@ func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoin
 		return "", err
 	}
 	defer s.Close()
-	path, _, err := fetchPoint(ctx, s, name, p, dir, f.verify)
+	path, _, err := fetchPoint(ctx, s, name, p, dir, f.verify, f.log)
 	return path, err
 }
 
 // fetchPoint fetches and verifies a backup, and brings it forward to the
 // point's revision with the captured segments.
-func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, verify backup.VerifyFunc) (string, backup.Meta, error) {
+func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, verify backup.VerifyFunc, log *slog.Logger) (string, backup.Meta, error) {
 	path, meta, err := backup.Fetch(ctx, s, name, dir, verify)
 	if err != nil || p.ToRevision == 0 {
 		return path, meta, err
 	}
-	if _, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision); err != nil {
+	start := time.Now()
+	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision)
+	if err != nil {
 		return "", meta, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
 	}
+	log.Info("backup brought forward with captured changes", "backup", name, "timeline", p.Timeline, "from-revision", applied.From,
+		"to-revision", applied.To, "revisions", applied.Revisions, "segments", applied.Segments, "leases", applied.Leases,
+		"digest-checked-at", applied.Digest, "duration", time.Since(start).Round(time.Millisecond))
 	return path, meta, nil
 }
 

@@ -136,28 +136,36 @@ func (b *backups) prune(ctx context.Context, s *store.Store) {
 		b.log.Warn("cannot list backups to apply retention", "error", err)
 		return
 	}
-	expired := map[string]bool{}
 	for _, name := range policy.Expired(infos, b.now(), protected) {
 		if err := backup.Remove(ctx, s, name); err != nil {
 			b.log.Warn("cannot delete an expired backup", "name", name, "error", err)
 			continue
 		}
-		expired[name] = true
 		b.log.Info("expired backup deleted", "name", name, "policy", policy.String())
 	}
 	// Captured segments are kept from each timeline's oldest kept backup
-	// on: what lies before it cannot be reached any more.
+	// on: what lies before it cannot be reached any more. The listing
+	// must be whole: a backup left out would move a floor up.
+	kept, err := backup.ListAll(ctx, s)
+	if err != nil {
+		b.log.Warn("cannot list every backup; keeping every captured segment this time", "error", err)
+		return
+	}
 	floors := map[string]int64{}
-	for _, in := range infos {
+	var oldest time.Time
+	for _, in := range kept {
+		if at := time.Unix(int64(in.Meta.Timestamp), 0); oldest.IsZero() || at.Before(oldest) {
+			oldest = at
+		}
 		t := in.Meta.ClusterToken
-		if expired[in.Name] || t == "" {
+		if t == "" {
 			continue
 		}
 		if f, ok := floors[t]; !ok || wal.SnapshotRevision(in.Meta.Revision) < f {
 			floors[t] = wal.SnapshotRevision(in.Meta.Revision)
 		}
 	}
-	pruned, err := wal.Prune(ctx, s, floors)
+	pruned, err := wal.Prune(ctx, s, floors, oldest)
 	if err != nil {
 		b.log.Warn("cannot delete captured segments that no kept backup reaches", "error", err)
 	}

@@ -36,6 +36,8 @@ type capturer struct {
 	needBase bool
 	retryAt  time.Time
 	failures int
+	// lastMerge is when the last merge pass began.
+	lastMerge time.Time
 }
 
 // captureRun is one capture of one timeline.
@@ -242,11 +244,19 @@ func (c *capturer) merge(ctx context.Context, s *store.Store, token string) {
 	}
 	m := &wal.Merger{Store: s, Dir: filepath.Join(c.dir, "merge"), Windows: c.cfg.MergeWindows, Log: c.log}
 	for {
+		// From the last pass, whichever run made it: a capture that
+		// restarts often still merges.
+		c.mu.Lock()
+		wait := c.lastMerge.Add(c.cfg.MergeInterval).Sub(c.now())
+		c.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(c.cfg.MergeInterval):
+		case <-time.After(max(wait, 0)):
 		}
+		c.mu.Lock()
+		c.lastMerge = c.now()
+		c.mu.Unlock()
 		res, err := m.Once(ctx, token, c.now())
 		switch {
 		case ctx.Err() != nil:

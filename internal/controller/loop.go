@@ -466,7 +466,7 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 		return backup.Meta{}, err
 	}
 	defer os.RemoveAll(dir)
-	_, meta, err := fetchPoint(ctx, s, name, p, dir, b.lp.backups.verify)
+	_, meta, err := fetchPoint(ctx, s, name, p, dir, b.lp.backups.verify, b.lp.log)
 	return meta, err
 }
 

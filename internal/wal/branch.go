@@ -88,10 +88,10 @@ func ReadBranch(ctx context.Context, s BranchStore, timeline string) (Branch, bo
 		return b, false, fmt.Errorf("wal: branch of %s: %w", timeline, err)
 	}
 	if err := json.Unmarshal(data, &b); err != nil {
-		return b, false, fmt.Errorf("%w: %s is not valid JSON: %v", ErrCorrupt, BranchKey(timeline), err)
+		return b, false, fmt.Errorf("%w: %s is not valid JSON: %w", ErrCorrupt, BranchKey(timeline), err)
 	}
 	if err := b.Validate(); err != nil {
-		return b, false, fmt.Errorf("%w: %s: %v", ErrCorrupt, BranchKey(timeline), err)
+		return b, false, fmt.Errorf("%w: %s: %w", ErrCorrupt, BranchKey(timeline), err)
 	}
 	if b.Timeline != timeline {
 		return b, false, fmt.Errorf("%w: %s names timeline %s", ErrCorrupt, BranchKey(timeline), b.Timeline)

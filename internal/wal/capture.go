@@ -147,7 +147,7 @@ func New(cfg Config, dir string, s Store, log *slog.Logger) (*Capture, error) {
 	}
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		lock.Close()
-		return nil, fmt.Errorf("%w: %s is locked (%v)", ErrSpoolBusy, dir, err)
+		return nil, fmt.Errorf("%w: %s is locked: %w", ErrSpoolBusy, dir, err)
 	}
 	if err := clearSpoolTemp(dir); err != nil {
 		lock.Close()
@@ -288,11 +288,13 @@ func (e *compactedError) Error() string {
 // follow watches from after at and spools what it sees.
 func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Point, base *Base) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	f := &follower{c: c, cl: cl, timeline: timeline, chain: at.Chain, last: at.Revision, base: base, known: map[int64]bool{},
 		digests: make(chan digestResult, 1), nextDigest: c.Now()}
 	defer f.abandon()
-	defer f.waitDigest()
+	defer func() {
+		cancel() // a running digest stops too
+		f.waitDigest()
+	}()
 	wch := cl.Watch(clientv3.WithRequireLeader(ctx), "\x00", clientv3.WithFromKey(), clientv3.WithRev(at.Revision+1))
 	cut := time.NewTicker(c.CutInterval)
 	defer cut.Stop()

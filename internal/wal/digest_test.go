@@ -59,6 +59,7 @@ func TestCheckDigest(t *testing.T) {
 		{4, false, &mvccpb.KeyValue{Key: []byte("a"), Value: []byte("2"), CreateRevision: 2, ModRevision: 4, Version: 2}},
 		{5, true, &mvccpb.KeyValue{Key: []byte("b")}},
 		{6, false, &mvccpb.KeyValue{Key: []byte("c"), Value: []byte("1"), CreateRevision: 6, ModRevision: 6, Version: 1}},
+		{7, false, &mvccpb.KeyValue{}}, // what etcdutl's --bump-revision writes
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucket(schema.Key.Name())
@@ -91,6 +92,13 @@ func TestCheckDigest(t *testing.T) {
 	wrong.Sum[1]++
 	if err := a.checkDigest(Record{Revision: 5, Digest: wrong}); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("a wrong digest: %v, want ErrCorrupt", err)
+	}
+	// The bump's mark is no key.
+	var at7 Digest
+	at7.add(kvHash(kvs[2].kv))
+	at7.add(kvHash(kvs[4].kv))
+	if err := a.checkDigest(Record{Revision: 7, Digest: at7}); err != nil {
+		t.Errorf("the digest at 7, after a bump's mark: %v", err)
 	}
 	// At revision 3, a=1 and b=1 (with its lease).
 	var at3 Digest

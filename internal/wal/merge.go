@@ -108,7 +108,8 @@ func planMerge(segs []Header, windows []time.Duration, now time.Time, maxBytes i
 			group, size = nil, 0
 		}
 		for _, h := range live {
-			if h.Level >= level || taken[KeyOf(h)] {
+			// A format 1 segment chains differently: it is left as it is.
+			if h.Level >= level || taken[KeyOf(h)] || h.Format < FormatVersion {
 				flush()
 				continue
 			}
@@ -136,8 +137,11 @@ type Merger struct {
 	Windows []time.Duration
 	Log     *slog.Logger
 
-	// Segments never change once written: their headers are kept.
-	headers map[string]Header
+	// Segments never change once written: their headers are kept, and so
+	// are the sources found to disagree with what covers them (by source
+	// key, the covering key), so they are not read again each pass.
+	headers  map[string]Header
+	disagree map[string]string
 }
 
 // MergeResult counts what a pass did.
@@ -169,7 +173,18 @@ func (m *Merger) Once(ctx context.Context, timeline string, now time.Time) (Merg
 		}
 	}
 	for _, c := range p.Covered {
-		if err := m.verifyAndDelete(ctx, c.By, c.Sources, &res); err != nil {
+		var left []Header
+		for _, src := range c.Sources {
+			if m.disagree[KeyOf(src)] == KeyOf(c.By) {
+				res.Kept++
+			} else {
+				left = append(left, src)
+			}
+		}
+		if len(left) == 0 {
+			continue
+		}
+		if err := m.verifyAndDelete(ctx, c.By, left, &res); err != nil {
 			return res, err
 		}
 	}
@@ -314,6 +329,10 @@ func (m *Merger) verifyAndDelete(ctx context.Context, by Header, sources []Heade
 		key := KeyOf(s)
 		if s.First < by.First || s.Last > by.Last || at[s.First-1] != s.Prev || at[s.Last] != s.Chain {
 			res.Kept++
+			if m.disagree == nil {
+				m.disagree = map[string]string{}
+			}
+			m.disagree[key] = ref.Key
 			m.Log.Error("a merged segment does not hold what a segment it covers holds; keeping both",
 				"merged", ref.Key, "segment", key, "first-revision", s.First, "last-revision", s.Last)
 			continue

@@ -3,6 +3,9 @@ package wal
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,7 +21,7 @@ import (
 // hdr is a header for the planner: chain values name revisions, so
 // consecutive segments chain.
 func hdr(first, last int64, level int, at time.Duration, base bool) Header {
-	h := Header{Timeline: "tl1", Level: level, First: first, Last: last, FirstTime: int64(at), LastTime: int64(at),
+	h := Header{Format: FormatVersion, Timeline: "tl1", Level: level, First: first, Last: last, FirstTime: int64(at), LastTime: int64(at),
 		BodySize: 100, Prev: fmt.Sprint("c", first-1), Chain: fmt.Sprint("c", last)}
 	if base {
 		h.Base = &Base{Backup: "b", Revision: first - 1}
@@ -308,6 +311,10 @@ func TestMergerAfterACrash(t *testing.T) {
 	if got := keys(t, s); !reflect.DeepEqual(got, want) {
 		t.Errorf("left: %v, want %v", got, want)
 	}
+	// The next pass does not read them again, and still counts it.
+	if res, err := m.Once(ctx, "tl1", time.Unix(0, int64(3*time.Minute))); err != nil || res != (MergeResult{Kept: 1}) {
+		t.Errorf("the pass after: %+v, %v; want 1 kept", res, err)
+	}
 }
 
 func TestPrune(t *testing.T) {
@@ -322,9 +329,17 @@ func TestPrune(t *testing.T) {
 		{nil, []string{"00000000000000000010-L0-base.seg", "00000000000000000020-L0.seg", "00000000000000000030-L0.seg", "00000000000000000040-L0.seg", "00000000000000000050-L0.seg"}},
 		{map[string]int64{"tl1": 29}, []string{"00000000000000000030-L0.seg", "00000000000000000040-L0.seg", "00000000000000000050-L0.seg"}},
 		{map[string]int64{"tl1": 35}, []string{"00000000000000000030-L0.seg", "00000000000000000040-L0.seg", "00000000000000000050-L0.seg"}},
+		// No backup of tl1 left, but its segments are newer than the
+		// oldest kept backup: a listing may have missed tl1's.
+		{map[string]int64{"other": 1}, []string{"00000000000000000030-L0.seg", "00000000000000000040-L0.seg", "00000000000000000050-L0.seg"}},
+		// Older than every kept backup: gone.
 		{map[string]int64{"other": 1}, nil},
 	} {
-		if _, err := Prune(ctx, s, tt.floors); err != nil {
+		before := time.Unix(0, int64(60*time.Second))
+		if tt.want != nil && tt.floors["other"] == 1 {
+			before = time.Unix(0, int64(59*time.Second)) // the newest segment's last revision was observed at 59s
+		}
+		if _, err := Prune(ctx, s, tt.floors, before); err != nil {
 			t.Fatal(err)
 		}
 		if got := keys(t, s); !reflect.DeepEqual(got, tt.want) {
@@ -398,5 +413,57 @@ func TestSpoolIsLocked(t *testing.T) {
 	}
 	if _, err := New(Default(), dir, s, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrSpoolBusy) {
 		t.Errorf("a second capture on one spool: %v, want ErrSpoolBusy", err)
+	}
+}
+
+// Two writers of the same revisions observe them at different times; the
+// chain does not depend on it, so their segments join and trim.
+func TestChainIgnoresObservedTime(t *testing.T) {
+	var chains []string
+	for _, at := range []int64{1000, 99999} {
+		w, err := newSegmentWriter(t.TempDir(), "tl1", mustHex(RunStart("tl1", 9)), 10, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r := int64(10); r <= 12; r++ {
+			if err := w.add(Record{Kind: KindRevision, Revision: r, Time: at + r, Events: []Event{{Value: []byte("v")}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h, err := w.cut()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := readAll(objectBytes(t, spooled{Header: h, path: filepath.Join(w.dir, spoolName("tl1", 10))})); err != nil {
+			t.Fatalf("read back: %v", err)
+		}
+		chains = append(chains, h.Chain)
+	}
+	if chains[0] != chains[1] {
+		t.Errorf("the same revisions observed at other times chain to %s and %s", chains[0], chains[1])
+	}
+}
+
+// A format 1 segment, whose chain covered the observed time, still reads.
+func TestFormat1StillReads(t *testing.T) {
+	prev := mustHex(RunStart("tl1", 9))
+	chain := prev
+	var body []byte
+	for r := int64(10); r <= 11; r++ {
+		rec := AppendRecord(nil, Record{Kind: KindRevision, Revision: r, Time: 5 + r, Events: []Event{{Value: []byte("v")}}})
+		chain = NextChain(chain, rec)
+		body = append(body, rec...)
+	}
+	sum := sha256.Sum256(body)
+	h := Header{Format: 1, Timeline: "tl1", First: 10, Last: 11, FirstTime: 15, LastTime: 16, Records: 2, BodySize: int64(len(body)),
+		SHA256: hex.EncodeToString(sum[:]), Prev: hex.EncodeToString(prev), Chain: hex.EncodeToString(chain)}
+	line, _ := json.Marshal(h)
+	if recs, _, err := readAll(append(append(line, '\n'), body...)); err != nil || len(recs) != 2 {
+		t.Errorf("format 1: %d records, %v", len(recs), err)
+	}
+	h.Format = 2
+	line, _ = json.Marshal(h)
+	if _, _, err := readAll(append(append(line, '\n'), body...)); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("the same body as format 2: %v, want a broken chain", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Retention. A point can be restored only from a full backup of its
@@ -18,10 +19,12 @@ type Pruned struct {
 }
 
 // Prune deletes the segments no kept backup can reach. floors maps each
-// timeline that has kept backups to its oldest one's revision; a timeline
-// not in it has no backup left and loses every segment. With no floors
-// at all (no backup records its timeline), nothing is deleted.
-func Prune(ctx context.Context, s Store, floors map[string]int64) (Pruned, error) {
+// timeline that has kept backups to its oldest one's revision. A timeline
+// not in it has no backup left: it loses every segment, but only once
+// its newest segment was observed before before (the oldest kept
+// backup's time), so that a current timeline, whose backups a listing
+// missed, is never emptied. With no floors at all, nothing is deleted.
+func Prune(ctx context.Context, s Store, floors map[string]int64, before time.Time) (Pruned, error) {
 	var out Pruned
 	if len(floors) == 0 {
 		return out, nil
@@ -35,6 +38,12 @@ func Prune(ctx context.Context, s Store, floors map[string]int64) (Pruned, error
 		refs, err := List(ctx, s, t)
 		if err != nil {
 			return out, err
+		}
+		if !kept && len(refs) > 0 {
+			h, err := ReadHeaderAt(ctx, s, refs[len(refs)-1].Key)
+			if err != nil || !time.Unix(0, h.LastTime).Before(before) {
+				continue // recent, or unreadable: kept
+			}
 		}
 		deleted := 0
 		for _, r := range refs {

@@ -19,7 +19,9 @@
 // etcd wrote, and HashKV agrees.
 //
 // The revisions of a timeline form a hash chain: each revision record's
-// chain value is sha256(previous chain value, the record's bytes). A
+// chain value is sha256(previous chain value, the record's bytes without
+// the time it was observed; format 1 included it). So two writers of the
+// same revisions, which observe them at different times, agree. A
 // header records the chain value before its first revision (Prev) and
 // after its last (Chain), so a missing, reordered or altered segment
 // breaks the chain, whichever way the segments were cut or merged, and
@@ -55,7 +57,8 @@ var (
 )
 
 // FormatVersion is the segment format this package writes; it reads
-// every format up to it. Format 2 added digest records.
+// every format up to it. Format 2 added digest records, and left the
+// observed time out of the hash chain.
 const FormatVersion = 2
 
 // Bounds on what is read from a segment: far above any valid one.
@@ -187,7 +190,24 @@ func AppendRecord(b []byte, r Record) []byte {
 	return b
 }
 
-// NextChain is the chain value after a record whose encoding is rec.
+// chainBytes appends what the hash chain covers of a revision record:
+// its encoding without the time it was observed.
+func chainBytes(b []byte, r Record) []byte {
+	r.Time = 0
+	rec := AppendRecord(b, r)
+	// The time is the varint after the kind and revision: drop its one
+	// byte (a zero varint).
+	at := 1 + uvarintLen(uint64(r.Revision))
+	return append(rec[:at], rec[at+1:]...)
+}
+
+func uvarintLen(v uint64) int {
+	var b [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(b[:], v)
+}
+
+// NextChain is the chain value after a record whose chained bytes are
+// rec.
 func NextChain(prev []byte, rec []byte) []byte {
 	h := sha256.New()
 	h.Write(prev)
@@ -208,6 +228,8 @@ type Reader struct {
 	chain  []byte
 	last   int64 // the last revision record read
 	buf    []byte
+	// timeAt and timeEnd locate a revision record's time in buf.
+	timeAt, timeEnd int
 }
 
 // countingReader feeds the bytes read into a hash and counts them.
@@ -295,9 +317,11 @@ func (s *Reader) Next() (Record, error) {
 			return r, fmt.Errorf("%w: %s: revision %d follows %d", ErrCorrupt, s.name, r.Revision, s.last)
 		}
 		s.last = r.Revision
+		s.timeAt = len(s.buf)
 		if r.Time, err = s.varint(); err != nil {
 			return r, err
 		}
+		s.timeEnd = len(s.buf)
 		n, err := s.uvarint()
 		if err != nil {
 			return r, err
@@ -369,7 +393,11 @@ func (s *Reader) Next() (Record, error) {
 	}
 	s.n++
 	if kind == KindRevision {
-		s.chain = NextChain(s.chain, s.buf)
+		chained := s.buf
+		if s.Header.Format >= 2 {
+			chained = append(s.buf[:s.timeAt:s.timeAt], s.buf[s.timeEnd:]...)
+		}
+		s.chain = NextChain(s.chain, chained)
 	}
 	return r, nil
 }

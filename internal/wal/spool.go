@@ -29,6 +29,7 @@ type segmentWriter struct {
 	header   Header
 	chain    []byte
 	buf      []byte
+	chained  []byte
 	revision bool // a revision record was written
 }
 
@@ -56,7 +57,8 @@ func (sw *segmentWriter) add(r Record) error {
 		if r.Revision != sw.header.Last+1 {
 			return fmt.Errorf("wal: revision %d after %d: the watch skipped revisions", r.Revision, sw.header.Last)
 		}
-		sw.chain = NextChain(sw.chain, sw.buf)
+		sw.chained = chainBytes(sw.chained[:0], r)
+		sw.chain = NextChain(sw.chain, sw.chained)
 		sw.header.Last = r.Revision
 		sw.header.LastTime = r.Time
 		if !sw.revision {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -348,7 +349,7 @@ func TestPointInTimeRestore(t *testing.T) {
 	// Merges every second, into 1s and 4s windows: the restores below read
 	// merged segments, and segments deleted under a restore's listing.
 	env, agents, _ := startCluster(t, 3, 3, harness.AgentOptions{ExtraArgs: []string{
-		"--capture-merge-interval=1s", "--capture-merge-windows=1s,4s"}})
+		"--capture-merge-interval=1s", "--capture-merge-windows=1s,4s", "--capture-digest-interval=1s"}})
 	c := clusterClient(t, agents)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -472,6 +473,28 @@ func TestPointInTimeRestore(t *testing.T) {
 	if !strings.Contains(rangesOut, fmt.Sprintf("at its revision %d", earlier)) || !strings.Contains(rangesOut, fmt.Sprintf("bumped by 1000 to start at %d", earlier+1000)) {
 		t.Errorf("list-backups --ranges does not show the branch at %d with its bump:\n%s", earlier, rangesOut)
 	}
+	// The bumped timeline goes on: its capture, with digests, brings a
+	// later --latest back, though its backups carry the bump's mark.
+	for i := range 20 {
+		put(t, c3, fmt.Sprintf("/pitr/after-bump/%d", i), "v")
+	}
+	time.Sleep(2 * time.Second) // a digest of the bumped timeline
+	put(t, c3, "/pitr/after-bump/last", "v")
+	bumped := viewAt(t, c3, 0)
+	harness.WaitFor(t, time.Minute, "capture of the bumped timeline", func() bool { return capturedTo(ctx, s) >= bumped.rev })
+	out, errOut, err = env.Ctl("restore-backup", "--latest", "--timeout=3m")
+	if err != nil {
+		t.Fatalf("restore-backup --latest on the bumped timeline: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	if got := viewAt(t, clusterClient(t, agents), 0); got.rev != bumped.rev || bumped.diff(got) != "" {
+		t.Errorf("restored --latest of the bumped timeline to %d: %s", got.rev, bumped.diff(got))
+	}
+	re := regexp.MustCompile(fmt.Sprintf(`to-revision=%d .*digest-checked-at=(\d+)`, bumped.rev))
+	if m := re.FindStringSubmatch(allLogs(agents)); m == nil || m[1] == "0" {
+		t.Errorf("the restore of the bumped timeline to %d checked no digest: %v", bumped.rev, m)
+	}
+
 	// The revisions the bump skipped exist on no timeline.
 	if _, errOut, err := env.Ctl("restore-backup", fmt.Sprintf("--to-revision=%d", earlier+500)); err == nil || !strings.Contains(errOut, "do not exist") {
 		t.Errorf("restore-backup to a revision the bump skipped: %v\n%s", err, errOut)
