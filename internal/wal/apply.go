@@ -78,6 +78,12 @@ func Apply(ctx context.Context, s Store, path, timeline string, to int64) (Appli
 	}
 	a := &applier{db: db, leases: map[int64]int64{}, ttls: map[int64]int64{}, revoked: map[int64]bool{}, referenced: map[int64]bool{}}
 	err = a.apply(ctx, s, refs, timeline, to, &out)
+	if a.tx != nil {
+		// Failed midway: bbolt's Close waits for an open write
+		// transaction, forever.
+		_ = a.tx.Rollback()
+		a.tx = nil
+	}
 	if cerr := db.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("wal: close snapshot %s: %w", path, cerr)
 	}

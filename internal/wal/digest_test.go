@@ -2,9 +2,11 @@ package wal
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -113,5 +115,71 @@ func TestCheckDigest(t *testing.T) {
 	other.add(kvHash(lease))
 	if err := a.checkDigest(Record{Revision: 3, Digest: other}); err == nil || !bytes.Contains([]byte(err.Error()), []byte("revision 3")) {
 		t.Errorf("a digest with another lease: %v, want a mismatch at revision 3", err)
+	}
+}
+
+// An apply that fails midway, with revisions written but not committed,
+// returns its error: it used to wait forever in bbolt's Close.
+func TestApplyFailureReturns(t *testing.T) {
+	ctx := context.Background()
+	s := fileStore(t)
+	at := func(r int64) time.Duration { return time.Duration(r) * time.Second }
+	segs, _ := storeSegments(t, s, mustHex(RunStart("tl1", 9)), &Base{Backup: "b", Revision: 9}, 10, 29, 10, at)
+	// The second segment is replaced by one that does not chain on.
+	w, err := newSegmentWriter(t.TempDir(), "tl1", mustHex(RunStart("tl1", 99)), 20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := int64(20); r <= 29; r++ {
+		if err := w.add(Record{Kind: KindRevision, Revision: r, Time: 1, Events: []Event{{Value: []byte("x")}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := w.cut()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, _ := spooled{Header: h, path: filepath.Join(w.dir, spoolName("tl1", 20))}.open()
+	if err := s.Delete(ctx, KeyOf(segs[1])); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateFrom(ctx, KeyOf(h), rd); err != nil {
+		t.Fatal(err)
+	}
+	rd.Close()
+
+	// A snapshot at revision 9.
+	path := filepath.Join(t.TempDir(), "db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket(schema.Key.Name())
+		if err != nil {
+			return err
+		}
+		v, _ := proto.Marshal(&mvccpb.KeyValue{Key: []byte("a"), Value: []byte("1"), CreateRevision: 9, ModRevision: 9, Version: 1})
+		return b.Put(mvcc.RevToBytes(mvcc.Revision{Main: 9}, mvcc.NewRevBytes()), v)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if err := appendTrailer(path); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := Apply(ctx, s, path, "tl1", 29)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrCorrupt) {
+			t.Errorf("apply across a broken chain: %v, want ErrCorrupt", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("apply did not return after failing midway")
 	}
 }

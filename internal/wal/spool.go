@@ -200,6 +200,9 @@ func readSpool(dir string) ([]spooled, int64, error) {
 		}
 		base := filepath.Join(dir, strings.TrimSuffix(name, ".hdr"))
 		data, err := os.ReadFile(base + ".hdr")
+		if errors.Is(err, os.ErrNotExist) {
+			continue // uploaded and removed since the listing
+		}
 		if err != nil {
 			return nil, 0, fmt.Errorf("wal: spool: %w", err)
 		}
