@@ -1023,7 +1023,7 @@ func restorePhases(agents []*harness.Agent, id string, start, returned, end time
 		case strings.Contains(l.text, `msg="restore started`) && strings.Contains(l.text, "command="+id):
 			note("started", l.at)
 			token, driver = logAttr(l.text, "cluster-token"), l.agent
-		case strings.Contains(l.text, `msg="restore moves on"`) && strings.Contains(l.text, "command="+id):
+		case strings.Contains(l.text, `msg="procedure moves on"`) && strings.Contains(l.text, "command="+id+" "):
 			note(logAttr(l.text, "phase"), l.at)
 		case strings.Contains(l.text, `msg="restore complete`) && strings.Contains(l.text, "command="+id):
 			note("complete", l.at)
