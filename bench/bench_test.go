@@ -955,14 +955,20 @@ func untilReadable(endpoints []string, cfg *tls.Config, timeout time.Duration, g
 	}
 }
 
-// restoreBackup runs etcd-manager-ctl restore-backup, which returns once
-// the restore is complete, and returns the command's ID. It runs the ctl
-// itself, as backupNow does, to give a large restore its own timeout.
-func restoreBackup(t *testing.T, env *harness.Env, name string) string {
+// restoreBackup runs etcd-manager-ctl restore-backup name, which returns
+// once the restore is complete, and returns the command's ID. With point
+// (as --latest), the ctl is given point instead of the name, and name is
+// the backup it must report it brought forward. It runs the ctl itself,
+// as backupNow does, to give a large restore its own timeout.
+func restoreBackup(t *testing.T, env *harness.Env, name string, point ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout+time.Minute)
 	defer cancel()
-	args := []string{"--backup-store=" + env.StoreURL, "--etcd-bin-dir=" + env.BinDir, "restore-backup", name, "--timeout=" + restoreTimeout.String()}
+	target := []string{name}
+	if len(point) > 0 {
+		target = point
+	}
+	args := append(append([]string{"--backup-store=" + env.StoreURL, "--etcd-bin-dir=" + env.BinDir, "restore-backup"}, target...), "--timeout="+restoreTimeout.String())
 	if env.Insecure {
 		args = append(args, "--insecure")
 	}
@@ -972,7 +978,7 @@ func restoreBackup(t *testing.T, env *harness.Env, name string) string {
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if err != nil || !strings.Contains(stdout.String(), "restored backup "+name) {
-		t.Fatalf("etcd-manager-ctl restore-backup %s: %v\nstdout: %s\nstderr: %s", name, err, stdout.String(), stderr.String())
+		t.Fatalf("etcd-manager-ctl restore-backup %s: %v\nstdout: %s\nstderr: %s", strings.Join(target, " "), err, stdout.String(), stderr.String())
 	}
 	_, rest, ok := strings.Cut(stderr.String(), " as command ")
 	id := strings.Fields(rest + " ")
