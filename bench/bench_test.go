@@ -8,7 +8,9 @@
 // BENCH_ONLY=name,name runs only the benchmarks that report those results
 // (a group reporting several runs whole), for example
 // BENCH_ONLY=agent-idle-rss,agent-idle-cpu; such a partial run never
-// writes bench/results.
+// writes bench/results, unless it runs at full scale with BENCH_MERGE=1:
+// then its results replace theirs in bench/results and the others stay,
+// with a line in latest.md that says which were measured when.
 package bench
 
 import (
@@ -146,8 +148,12 @@ func TestBench(t *testing.T) {
 		}
 	}
 
-	// Only a full run of every benchmark replaces bench/results.
+	// Only a full run of every benchmark replaces bench/results; a
+	// full-scale partial run with BENCH_MERGE=1 replaces its own results.
 	keep := sc.name == "full" && only == nil
+	if sc.name == "full" && only != nil && os.Getenv("BENCH_MERGE") == "1" {
+		mergeResults(t, results)
+	}
 	out := filepath.Join(t.TempDir(), "latest.json")
 	if keep {
 		out = filepath.Join("results", "latest.json")
@@ -169,9 +175,13 @@ func TestBench(t *testing.T) {
 }
 
 func markdown(rs []Result, sc scale) string {
-	var b strings.Builder
 	host, _ := os.Hostname()
-	fmt.Fprintf(&b, "scale %s (%d iteration(s), median), %s, on %s\n\n", sc.name, sc.iterations, time.Now().UTC().Format("2006-01-02"), machine(host))
+	return fmt.Sprintf("scale %s (%d iteration(s), median), %s, on %s\n\n", sc.name, sc.iterations, time.Now().UTC().Format("2006-01-02"), machine(host)) +
+		markdownTable(rs)
+}
+
+func markdownTable(rs []Result) string {
+	var b strings.Builder
 	b.WriteString("| name | value | baseline | ratio | note |\n|---|---|---|---|---|\n")
 	for _, r := range rs {
 		if r.Skipped {
@@ -185,6 +195,69 @@ func markdown(rs []Result, sc scale) string {
 		fmt.Fprintf(&b, "| %s | %.2f %s | %.2f %s | %.2f× | %s |\n", r.Name, r.Value, r.Unit, r.Baseline, r.Unit, r.Ratio, r.Note)
 	}
 	return b.String()
+}
+
+// mergeResults writes fresh, the results of a full-scale partial run,
+// into bench/results in place of the same names, keeping the others, in
+// benchGroups order. latest.md keeps the header lines of the runs it
+// holds and gains one naming the fresh results and their date.
+func mergeResults(t *testing.T, fresh []Result) {
+	t.Helper()
+	jsonPath, mdPath := filepath.Join("results", "latest.json"), filepath.Join("results", "latest.md")
+	var old []Result
+	if data, err := os.ReadFile(jsonPath); err == nil {
+		if err := json.Unmarshal(data, &old); err != nil {
+			t.Fatalf("merge into %s: %v", jsonPath, err)
+		}
+	}
+	byName := map[string]Result{}
+	for _, r := range old {
+		r.noBaseline = !r.Skipped && r.Baseline == 0 // not in the JSON
+		byName[r.Name] = r
+	}
+	var names []string
+	for _, r := range fresh {
+		byName[r.Name] = r
+		names = append(names, r.Name)
+	}
+	var merged []Result
+	placed := map[string]bool{}
+	for _, g := range benchGroups {
+		for _, n := range g.names {
+			if r, ok := byName[n]; ok {
+				merged, placed[n] = append(merged, r), true
+			}
+		}
+	}
+	for _, r := range old {
+		if !placed[r.Name] {
+			merged = append(merged, byName[r.Name])
+		}
+	}
+	data, err := json.MarshalIndent(merged, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(jsonPath, append(data, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	host, _ := os.Hostname()
+	line := fmt.Sprintf("%s: scale full, measured %s on %s by a BENCH_ONLY run, merged in", strings.Join(names, ", "), time.Now().UTC().Format("2006-01-02"), machine(host))
+	var header []string
+	if data, err := os.ReadFile(mdPath); err == nil {
+		head, _, _ := strings.Cut(string(data), "| name |")
+		for _, l := range strings.Split(head, "\n") {
+			if l != "" && !strings.HasPrefix(l, strings.Join(names, ", ")+":") {
+				header = append(header, l)
+			}
+		}
+	}
+	header = append(header, line)
+	if err := os.WriteFile(mdPath, []byte(strings.Join(header, "\n\n")+"\n\n"+markdownTable(merged)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("merged %s into %s and %s", strings.Join(names, ", "), jsonPath, mdPath)
 }
 
 func machine(host string) string {
