@@ -77,14 +77,32 @@ type scale struct {
 	// idleWindow is how long the idle benchmarks measure the agent and
 	// the bare etcd, side by side.
 	idleWindow time.Duration
+	// captureRate is the writes/s of the steady writer the RPO and
+	// capture-overhead benchmarks run for captureWindow, captureIterations
+	// times on each cluster (capture on, capture off), alternately.
+	captureRate       int
+	captureWindow     time.Duration
+	captureIterations int
+	// rssRate is the writes/s under which the agent's RSS is sampled, for
+	// rssWindow on each cluster.
+	rssRate   int
+	rssWindow time.Duration
+	// pitrDBBytes is the DB the point-in-time restore benchmark backs up,
+	// and pitrRevisions how many revisions it captures after the backup.
+	pitrDBBytes   int64
+	pitrRevisions int
 }
 
 func currentScale(t *testing.T) scale {
 	switch s := os.Getenv("BENCH_SCALE"); s {
 	case "", "small":
-		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1, restoreIterations: 1, rollIterations: 1, idleWindow: 5 * time.Second}
+		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1, restoreIterations: 1, rollIterations: 1, idleWindow: 5 * time.Second,
+			captureRate: 200, captureWindow: 3 * time.Second, captureIterations: 2, rssRate: 1000, rssWindow: 6 * time.Second,
+			pitrDBBytes: 64 << 20, pitrRevisions: 20_000}
 	case "full":
-		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3, restoreIterations: 2, rollIterations: 2, idleWindow: 60 * time.Second}
+		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3, restoreIterations: 2, rollIterations: 2, idleWindow: 60 * time.Second,
+			captureRate: 1000, captureWindow: 15 * time.Second, captureIterations: 6, rssRate: 5000, rssWindow: 60 * time.Second,
+			pitrDBBytes: 1 << 30, pitrRevisions: 1_000_000}
 	default:
 		t.Fatalf("BENCH_SCALE=%q: use small or full", s)
 		return scale{}
@@ -103,6 +121,8 @@ var benchGroups = []struct {
 	{[]string{"restore-1gib"}, func(t *testing.T, sc scale) []Result { return []Result{benchRestore(t, sc)} }},
 	{[]string{"rolling-upgrade", "rolling-upgrade-stall"}, benchRollingUpgrade},
 	{[]string{"agent-idle-rss", "agent-idle-cpu"}, benchIdle},
+	{[]string{"rpo-p99", "capture-overhead", "agent-capture-rss"}, benchCaptureLoad},
+	{[]string{"pitr-restore", "pitr-apply-rate"}, benchPITR},
 }
 
 // benchOnly is the set of result names BENCH_ONLY asks for, or nil for
