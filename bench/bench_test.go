@@ -171,7 +171,7 @@ func TestBench(t *testing.T) {
 	// Only a full run of every benchmark replaces bench/results; a
 	// full-scale partial run with BENCH_MERGE=1 replaces its own results.
 	keep := sc.name == "full" && only == nil
-	if sc.name == "full" && only != nil && os.Getenv("BENCH_MERGE") == "1" {
+	if sc.name == "full" && only != nil && os.Getenv("BENCH_MERGE") == "1" && !t.Failed() {
 		mergeResults(t, results)
 	}
 	out := filepath.Join(t.TempDir(), "latest.json")
