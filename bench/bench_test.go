@@ -236,8 +236,9 @@ func mergeResults(t *testing.T, fresh []Result) {
 		byName[r.Name] = r
 	}
 	var names []string
+	byFresh := map[string]bool{}
 	for _, r := range fresh {
-		byName[r.Name] = r
+		byName[r.Name], byFresh[r.Name] = r, true
 		names = append(names, r.Name)
 	}
 	var merged []Result
@@ -268,9 +269,24 @@ func mergeResults(t *testing.T, fresh []Result) {
 	if data, err := os.ReadFile(mdPath); err == nil {
 		head, _, _ := strings.Cut(string(data), "| name |")
 		for _, l := range strings.Split(head, "\n") {
-			if l != "" && !strings.HasPrefix(l, strings.Join(names, ", ")+":") {
-				header = append(header, l)
+			if l == "" {
+				continue
 			}
+			// An earlier merge's line keeps only the names not measured
+			// again, and goes when none is left.
+			if list, rest, ok := strings.Cut(l, ": scale "); ok && !strings.HasPrefix(l, "scale ") {
+				var kept []string
+				for _, n := range strings.Split(list, ", ") {
+					if _, again := byFresh[n]; !again {
+						kept = append(kept, n)
+					}
+				}
+				if len(kept) == 0 {
+					continue
+				}
+				l = strings.Join(kept, ", ") + ": scale " + rest
+			}
+			header = append(header, l)
 		}
 	}
 	header = append(header, line)
