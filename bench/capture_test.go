@@ -1037,6 +1037,9 @@ func runPITR(t *testing.T, sc scale) pitrRun {
 		for _, l := range errLines {
 			t.Logf("agent error during restore %s: %s", what, l)
 		}
+		if len(errLines) > 0 {
+			phases += fmt.Sprintf(" (the agents logged %d error line(s), the first: %s)", len(errLines), errorSummary(errLines[0]))
+		}
 		secs := end.Sub(start).Seconds()
 		t.Logf("restore %s: %.2fs until a Get at revision %d; %s", what, secs, want, phases)
 		return secs, phases
@@ -1076,6 +1079,17 @@ func runPITR(t *testing.T, sc scale) pitrRun {
 	}
 	t.Logf("wal.Apply: %d revisions from %d segments in %.2fs", r.applied.Revisions, r.applied.Segments, r.applySecs)
 	return r
+}
+
+// errorSummary is an agent's error line, as restorePhases returns it,
+// shortened for a note: the agent, the message and the error.
+func errorSummary(line string) string {
+	agent, _, _ := strings.Cut(line, ": ")
+	s := fmt.Sprintf("%s: %s: %s", agent, logAttr(line, "msg"), logAttr(line, "error"))
+	if r := []rune(s); len(r) > 300 {
+		s = string(r[:300]) + "…"
+	}
+	return s
 }
 
 // revision is the cluster's current revision, from a linearizable Get.
