@@ -8,7 +8,9 @@
 // BENCH_ONLY=name,name runs only the benchmarks that report those results
 // (a group reporting several runs whole), for example
 // BENCH_ONLY=agent-idle-rss,agent-idle-cpu; such a partial run never
-// writes bench/results.
+// writes bench/results, unless it runs at full scale with BENCH_MERGE=1:
+// then its results replace theirs in bench/results and the others stay,
+// with a line in latest.md that says which were measured when.
 package bench
 
 import (
@@ -75,14 +77,32 @@ type scale struct {
 	// idleWindow is how long the idle benchmarks measure the agent and
 	// the bare etcd, side by side.
 	idleWindow time.Duration
+	// captureRate is the writes/s of the steady writer the RPO and
+	// capture-overhead benchmarks run for captureWindow, captureIterations
+	// times on each cluster (capture on, capture off), alternately.
+	captureRate       int
+	captureWindow     time.Duration
+	captureIterations int
+	// rssRate is the writes/s under which the agent's RSS is sampled, for
+	// rssWindow on each cluster.
+	rssRate   int
+	rssWindow time.Duration
+	// pitrDBBytes is the DB the point-in-time restore benchmark backs up,
+	// and pitrRevisions how many revisions it captures after the backup.
+	pitrDBBytes   int64
+	pitrRevisions int
 }
 
 func currentScale(t *testing.T) scale {
 	switch s := os.Getenv("BENCH_SCALE"); s {
 	case "", "small":
-		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1, restoreIterations: 1, rollIterations: 1, idleWindow: 5 * time.Second}
+		return scale{name: "small", iterations: 1, dbBytes: 64 << 20, backupIterations: 1, restoreIterations: 1, rollIterations: 1, idleWindow: 5 * time.Second,
+			captureRate: 200, captureWindow: 3 * time.Second, captureIterations: 2, rssRate: 1000, rssWindow: 6 * time.Second,
+			pitrDBBytes: 64 << 20, pitrRevisions: 20_000}
 	case "full":
-		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3, restoreIterations: 2, rollIterations: 2, idleWindow: 60 * time.Second}
+		return scale{name: "full", iterations: 5, dbBytes: 1 << 30, backupIterations: 3, restoreIterations: 2, rollIterations: 2, idleWindow: 60 * time.Second,
+			captureRate: 1000, captureWindow: 15 * time.Second, captureIterations: 6, rssRate: 5000, rssWindow: 60 * time.Second,
+			pitrDBBytes: 1 << 30, pitrRevisions: 1_000_000}
 	default:
 		t.Fatalf("BENCH_SCALE=%q: use small or full", s)
 		return scale{}
@@ -101,6 +121,8 @@ var benchGroups = []struct {
 	{[]string{"restore-1gib"}, func(t *testing.T, sc scale) []Result { return []Result{benchRestore(t, sc)} }},
 	{[]string{"rolling-upgrade", "rolling-upgrade-stall"}, benchRollingUpgrade},
 	{[]string{"agent-idle-rss", "agent-idle-cpu"}, benchIdle},
+	{[]string{"rpo-p99", "capture-overhead", "agent-capture-rss"}, benchCaptureLoad},
+	{[]string{"pitr-restore", "pitr-apply-rate"}, benchPITR},
 }
 
 // benchOnly is the set of result names BENCH_ONLY asks for, or nil for
@@ -146,8 +168,12 @@ func TestBench(t *testing.T) {
 		}
 	}
 
-	// Only a full run of every benchmark replaces bench/results.
+	// Only a full run of every benchmark replaces bench/results; a
+	// full-scale partial run with BENCH_MERGE=1 replaces its own results.
 	keep := sc.name == "full" && only == nil
+	if sc.name == "full" && only != nil && os.Getenv("BENCH_MERGE") == "1" && !t.Failed() {
+		mergeResults(t, results)
+	}
 	out := filepath.Join(t.TempDir(), "latest.json")
 	if keep {
 		out = filepath.Join("results", "latest.json")
@@ -169,9 +195,13 @@ func TestBench(t *testing.T) {
 }
 
 func markdown(rs []Result, sc scale) string {
-	var b strings.Builder
 	host, _ := os.Hostname()
-	fmt.Fprintf(&b, "scale %s (%d iteration(s), median), %s, on %s\n\n", sc.name, sc.iterations, time.Now().UTC().Format("2006-01-02"), machine(host))
+	return fmt.Sprintf("scale %s (%d iteration(s), median), %s, on %s\n\n", sc.name, sc.iterations, time.Now().UTC().Format("2006-01-02"), machine(host)) +
+		markdownTable(rs)
+}
+
+func markdownTable(rs []Result) string {
+	var b strings.Builder
 	b.WriteString("| name | value | baseline | ratio | note |\n|---|---|---|---|---|\n")
 	for _, r := range rs {
 		if r.Skipped {
@@ -185,6 +215,85 @@ func markdown(rs []Result, sc scale) string {
 		fmt.Fprintf(&b, "| %s | %.2f %s | %.2f %s | %.2f× | %s |\n", r.Name, r.Value, r.Unit, r.Baseline, r.Unit, r.Ratio, r.Note)
 	}
 	return b.String()
+}
+
+// mergeResults writes fresh, the results of a full-scale partial run,
+// into bench/results in place of the same names, keeping the others, in
+// benchGroups order. latest.md keeps the header lines of the runs it
+// holds and gains one naming the fresh results and their date.
+func mergeResults(t *testing.T, fresh []Result) {
+	t.Helper()
+	jsonPath, mdPath := filepath.Join("results", "latest.json"), filepath.Join("results", "latest.md")
+	var old []Result
+	if data, err := os.ReadFile(jsonPath); err == nil {
+		if err := json.Unmarshal(data, &old); err != nil {
+			t.Fatalf("merge into %s: %v", jsonPath, err)
+		}
+	}
+	byName := map[string]Result{}
+	for _, r := range old {
+		r.noBaseline = !r.Skipped && r.Baseline == 0 // not in the JSON
+		byName[r.Name] = r
+	}
+	var names []string
+	byFresh := map[string]bool{}
+	for _, r := range fresh {
+		byName[r.Name], byFresh[r.Name] = r, true
+		names = append(names, r.Name)
+	}
+	var merged []Result
+	placed := map[string]bool{}
+	for _, g := range benchGroups {
+		for _, n := range g.names {
+			if r, ok := byName[n]; ok {
+				merged, placed[n] = append(merged, r), true
+			}
+		}
+	}
+	for _, r := range old {
+		if !placed[r.Name] {
+			merged = append(merged, byName[r.Name])
+		}
+	}
+	data, err := json.MarshalIndent(merged, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(jsonPath, append(data, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	host, _ := os.Hostname()
+	line := fmt.Sprintf("%s: scale full, measured %s on %s by a BENCH_ONLY run, merged in", strings.Join(names, ", "), time.Now().UTC().Format("2006-01-02"), machine(host))
+	var header []string
+	if data, err := os.ReadFile(mdPath); err == nil {
+		head, _, _ := strings.Cut(string(data), "| name |")
+		for _, l := range strings.Split(head, "\n") {
+			if l == "" {
+				continue
+			}
+			// An earlier merge's line keeps only the names not measured
+			// again, and goes when none is left.
+			if list, rest, ok := strings.Cut(l, ": scale "); ok && !strings.HasPrefix(l, "scale ") {
+				var kept []string
+				for _, n := range strings.Split(list, ", ") {
+					if _, again := byFresh[n]; !again {
+						kept = append(kept, n)
+					}
+				}
+				if len(kept) == 0 {
+					continue
+				}
+				l = strings.Join(kept, ", ") + ": scale " + rest
+			}
+			header = append(header, l)
+		}
+	}
+	header = append(header, line)
+	if err := os.WriteFile(mdPath, []byte(strings.Join(header, "\n\n")+"\n\n"+markdownTable(merged)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("merged %s into %s and %s", strings.Join(names, ", "), jsonPath, mdPath)
 }
 
 func machine(host string) string {
@@ -955,14 +1064,20 @@ func untilReadable(endpoints []string, cfg *tls.Config, timeout time.Duration, g
 	}
 }
 
-// restoreBackup runs etcd-manager-ctl restore-backup, which returns once
-// the restore is complete, and returns the command's ID. It runs the ctl
-// itself, as backupNow does, to give a large restore its own timeout.
-func restoreBackup(t *testing.T, env *harness.Env, name string) string {
+// restoreBackup runs etcd-manager-ctl restore-backup name, which returns
+// once the restore is complete, and returns the command's ID. With point
+// (as --latest), the ctl is given point instead of the name, and name is
+// the backup it must report it brought forward. It runs the ctl itself,
+// as backupNow does, to give a large restore its own timeout.
+func restoreBackup(t *testing.T, env *harness.Env, name string, point ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), restoreTimeout+time.Minute)
 	defer cancel()
-	args := []string{"--backup-store=" + env.StoreURL, "--etcd-bin-dir=" + env.BinDir, "restore-backup", name, "--timeout=" + restoreTimeout.String()}
+	target := []string{name}
+	if len(point) > 0 {
+		target = point
+	}
+	args := append(append([]string{"--backup-store=" + env.StoreURL, "--etcd-bin-dir=" + env.BinDir, "restore-backup"}, target...), "--timeout="+restoreTimeout.String())
 	if env.Insecure {
 		args = append(args, "--insecure")
 	}
@@ -972,7 +1087,7 @@ func restoreBackup(t *testing.T, env *harness.Env, name string) string {
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if err != nil || !strings.Contains(stdout.String(), "restored backup "+name) {
-		t.Fatalf("etcd-manager-ctl restore-backup %s: %v\nstdout: %s\nstderr: %s", name, err, stdout.String(), stderr.String())
+		t.Fatalf("etcd-manager-ctl restore-backup %s: %v\nstdout: %s\nstderr: %s", strings.Join(target, " "), err, stdout.String(), stderr.String())
 	}
 	_, rest, ok := strings.Cut(stderr.String(), " as command ")
 	id := strings.Fields(rest + " ")
@@ -1023,7 +1138,7 @@ func restorePhases(agents []*harness.Agent, id string, start, returned, end time
 		case strings.Contains(l.text, `msg="restore started`) && strings.Contains(l.text, "command="+id):
 			note("started", l.at)
 			token, driver = logAttr(l.text, "cluster-token"), l.agent
-		case strings.Contains(l.text, `msg="restore moves on"`) && strings.Contains(l.text, "command="+id):
+		case strings.Contains(l.text, `msg="procedure moves on"`) && strings.Contains(l.text, "command="+id+" "):
 			note(logAttr(l.text, "phase"), l.at)
 		case strings.Contains(l.text, `msg="restore complete`) && strings.Contains(l.text, "command="+id):
 			note("complete", l.at)
