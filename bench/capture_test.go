@@ -53,7 +53,7 @@ const (
 	// point-in-time restore replays, as fast as the cluster takes them,
 	// for at most pitrWriteMax.
 	pitrWorkers  = 256
-	pitrWriteMax = 3 * time.Minute
+	pitrWriteMax = 6 * time.Minute
 
 	rpoGoal      = time.Second
 	overheadGoal = 1.1
