@@ -265,32 +265,40 @@ func (m *Merger) merge(ctx context.Context, g mergeGroup) (Header, error) {
 	return h, nil
 }
 
-// copyInto appends the records of src, read from the store and checked,
-// to sw.
-func (m *Merger) copyInto(ctx context.Context, sw *segmentWriter, src Header) error {
-	ref, _ := parseKey(KeyOf(src))
+// eachRecord reads the segment h describes from the store, checked as
+// it goes, and calls f with each record and the reader (for its chain).
+func (m *Merger) eachRecord(ctx context.Context, h Header, f func(Record, *Reader) error) error {
+	ref, _ := parseKey(KeyOf(h))
 	seg, rc, err := openSegment(ctx, m.Store, ref)
 	if err != nil {
 		return err
 	}
 	defer rc.Close()
-	if seg.Header.SHA256 != src.SHA256 {
-		return fmt.Errorf("%w: %s changed while it was merged", ErrCorrupt, ref.Key)
+	if seg.Header.SHA256 != h.SHA256 {
+		return fmt.Errorf("%w: %s changed since it was listed", ErrCorrupt, ref.Key)
 	}
 	for {
 		rec, err := seg.Next()
 		if errors.Is(err, io.EOF) {
-			break
+			return nil
 		}
 		if err != nil {
 			return err
 		}
-		if err := sw.add(rec); err != nil {
+		if err := f(rec, seg); err != nil {
 			return err
 		}
 	}
+}
+
+// copyInto appends the records of src, read from the store and checked,
+// to sw.
+func (m *Merger) copyInto(ctx context.Context, sw *segmentWriter, src Header) error {
+	if err := m.eachRecord(ctx, src, func(rec Record, _ *Reader) error { return sw.add(rec) }); err != nil {
+		return err
+	}
 	if hex.EncodeToString(sw.chain) != src.Chain {
-		return fmt.Errorf("%w: merging %s: the hash chain breaks", ErrCorrupt, ref.Key)
+		return fmt.Errorf("%w: merging %s: the hash chain breaks", ErrCorrupt, KeyOf(src))
 	}
 	return nil
 }
@@ -304,27 +312,16 @@ func (m *Merger) verifyAndDelete(ctx context.Context, by Header, sources []Heade
 		want[s.First-1], want[s.Last] = true, true
 	}
 	at := map[int64]string{by.First - 1: by.Prev}
-	ref, _ := parseKey(KeyOf(by))
-	seg, rc, err := openSegment(ctx, m.Store, ref)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	if seg.Header.SHA256 != by.SHA256 {
-		return fmt.Errorf("%w: %s changed while it was verified", ErrCorrupt, ref.Key)
-	}
-	for {
-		rec, err := seg.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
+	err := m.eachRecord(ctx, by, func(rec Record, seg *Reader) error {
 		if rec.Kind == KindRevision && want[rec.Revision] {
 			at[rec.Revision] = hex.EncodeToString(seg.Chain())
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
+	byKey := KeyOf(by)
 	for _, s := range sources {
 		key := KeyOf(s)
 		if s.First < by.First || s.Last > by.Last || at[s.First-1] != s.Prev || at[s.Last] != s.Chain {
@@ -332,9 +329,9 @@ func (m *Merger) verifyAndDelete(ctx context.Context, by Header, sources []Heade
 			if m.disagree == nil {
 				m.disagree = map[string]string{}
 			}
-			m.disagree[key] = ref.Key
+			m.disagree[key] = byKey
 			m.Log.Error("a merged segment does not hold what a segment it covers holds; keeping both",
-				"merged", ref.Key, "segment", key, "first-revision", s.First, "last-revision", s.Last)
+				"merged", byKey, "segment", key, "first-revision", s.First, "last-revision", s.Last)
 			continue
 		}
 		if err := m.Store.Delete(ctx, key); err != nil {

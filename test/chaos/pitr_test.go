@@ -13,7 +13,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -57,7 +56,7 @@ func TestRestoreLatestIsAPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	harness.WaitFor(t, time.Minute, "capture to run", func() bool { return capturedTo(ctx, s) >= head.Header.Revision })
+	harness.WaitFor(t, time.Minute, "capture to run", func() bool { return harness.CapturedTo(ctx, s) >= head.Header.Revision })
 
 	w, err := newWorkload(harness.Endpoints(agents), env.ClientTLS(), clientCount, workerCount, rate, 42)
 	if err != nil {
@@ -73,7 +72,7 @@ func TestRestoreLatestIsAPrefix(t *testing.T) {
 	for _, a := range agents {
 		a.Kill()
 	}
-	last, lastAt := capturedAt(ctx, s)
+	last, lastAt := harness.CapturedAt(ctx, s)
 	t.Logf("the store held revisions up to %d, observed %s before the loss", last, lossAt.Sub(lastAt).Round(time.Millisecond))
 	w.halt()
 	side.halt()
@@ -166,39 +165,6 @@ func TestRestoreLatestIsAPrefix(t *testing.T) {
 		}
 	}
 	t.Logf("porcupine checked %d operations; %d leased keys restored with their leases", len(checked), leased)
-}
-
-// capturedTo is the last revision captured into the store, on any
-// timeline.
-func capturedTo(ctx context.Context, s *store.Store) int64 {
-	tls, err := wal.Timelines(ctx, s)
-	if err != nil {
-		return 0
-	}
-	var last int64
-	for _, tl := range tls {
-		if runs, err := wal.Runs(ctx, s, tl); err == nil && len(runs) > 0 {
-			last = max(last, runs[len(runs)-1].Last)
-		}
-	}
-	return last
-}
-
-// capturedAt is the last revision captured into the store, and when
-// capture observed it.
-func capturedAt(ctx context.Context, s *store.Store) (int64, time.Time) {
-	tls, err := wal.Timelines(ctx, s)
-	if err != nil {
-		return 0, time.Time{}
-	}
-	var last int64
-	var at time.Time
-	for _, tl := range tls {
-		if runs, err := wal.Runs(ctx, s, tl); err == nil && len(runs) > 0 && runs[len(runs)-1].Last > last {
-			last, at = runs[len(runs)-1].Last, runs[len(runs)-1].LastTime
-		}
-	}
-	return last, at
 }
 
 const sidePrefix = "/chaos/side/"

@@ -99,7 +99,7 @@ func TestBackupAgent(t *testing.T) {
 	s := openStore(t, env.StoreURL)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	harness.WaitFor(t, 30*time.Second, "capture to reach the last write", func() bool { return capturedTo(ctx, s) >= head.rev })
+	harness.WaitFor(t, 30*time.Second, "capture to reach the last write", func() bool { return harness.CapturedTo(ctx, s) >= head.rev })
 	tls, err := wal.Timelines(ctx, s)
 	if err != nil || len(tls) != 1 {
 		t.Fatalf("timelines %v, %v: want the etcd cluster's ID", tls, err)

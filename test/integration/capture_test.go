@@ -65,7 +65,7 @@ func TestCaptureAcrossFaults(t *testing.T) {
 	}
 	progress := func(what string) {
 		rev := wr.last()
-		harness.WaitFor(t, 2*time.Minute, what, func() bool { return capturedTo(ctx, s) >= rev })
+		harness.WaitFor(t, 2*time.Minute, what, func() bool { return harness.CapturedTo(ctx, s) >= rev })
 	}
 	time.Sleep(2 * time.Second)
 
@@ -213,22 +213,6 @@ func TestCaptureAcrossFaults(t *testing.T) {
 var gapsRE = regexp.MustCompile(`(?m)^etcd_manager_capture_gaps (\S+)`)
 
 var spoolRE = regexp.MustCompile(`(?m)^etcd_manager_capture_spool_bytes (\S+)`)
-
-// capturedTo is the last revision captured into the store, on any
-// timeline.
-func capturedTo(ctx context.Context, s *store.Store) int64 {
-	tls, err := wal.Timelines(ctx, s)
-	if err != nil {
-		return 0
-	}
-	var last int64
-	for _, tl := range tls {
-		if runs, err := wal.Runs(ctx, s, tl); err == nil && len(runs) > 0 {
-			last = max(last, runs[len(runs)-1].Last)
-		}
-	}
-	return last
-}
 
 // steadyWriter puts and deletes keys, 50 a second at most, until halted.
 type steadyWriter struct {

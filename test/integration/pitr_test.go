@@ -481,7 +481,7 @@ func TestPointInTimeRestore(t *testing.T) {
 	time.Sleep(2 * time.Second) // a digest of the bumped timeline
 	put(t, c3, "/pitr/after-bump/last", "v")
 	bumped := viewAt(t, c3, 0)
-	harness.WaitFor(t, time.Minute, "capture of the bumped timeline", func() bool { return capturedTo(ctx, s) >= bumped.rev })
+	harness.WaitFor(t, time.Minute, "capture of the bumped timeline", func() bool { return harness.CapturedTo(ctx, s) >= bumped.rev })
 	out, errOut, err = env.Ctl("restore-backup", "--latest", "--timeout=3m")
 	if err != nil {
 		t.Fatalf("restore-backup --latest on the bumped timeline: %v\nstdout: %s\nstderr: %s", err, out, errOut)
