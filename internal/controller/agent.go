@@ -162,6 +162,9 @@ func (a *Agent) poke() {
 
 func (a *Agent) shutdown(srv *peer.Server, n *node.Node, lp *loop) {
 	srv.Stop()
+	// Capture first: its watch is a stream etcd's graceful stop would
+	// wait for.
+	lp.capture.stop()
 	// The caller's context is done; give etcd its own time to stop.
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.EtcdStopTimeout+5*time.Second)
 	defer cancel()
