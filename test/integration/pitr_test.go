@@ -482,9 +482,23 @@ func TestPointInTimeRestore(t *testing.T) {
 	put(t, c3, "/pitr/after-bump/last", "v")
 	bumped := viewAt(t, c3, 0)
 	harness.WaitFor(t, time.Minute, "capture of the bumped timeline", func() bool { return harness.CapturedTo(ctx, s) >= bumped.rev })
-	out, errOut, err = env.Ctl("restore-backup", "--latest", "--timeout=3m")
+	// From the bumped timeline's first backup, so that the digests taken
+	// since lie between it and the target, whatever backups came later.
+	infos, err := backup.List(ctx, s)
+	if err != nil || len(infos) == 0 {
+		t.Fatalf("backups: %v", err)
+	}
+	bumpedTL := infos[len(infos)-1].Meta.ClusterToken
+	firstOfBumped := ""
+	for _, in := range infos {
+		if in.Meta.ClusterToken == bumpedTL {
+			firstOfBumped = in.Name
+			break
+		}
+	}
+	out, errOut, err = env.Ctl("restore-backup", firstOfBumped, "--latest", "--timeout=3m")
 	if err != nil {
-		t.Fatalf("restore-backup --latest on the bumped timeline: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+		t.Fatalf("restore-backup %s --latest on the bumped timeline: %v\nstdout: %s\nstderr: %s", firstOfBumped, err, out, errOut)
 	}
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	if got := viewAt(t, clusterClient(t, agents), 0); got.rev != bumped.rev || bumped.diff(got) != "" {
