@@ -44,6 +44,8 @@ type capturer struct {
 type captureRun struct {
 	token     string
 	endpoints []string
+	// backupDue is set when a full backup was due as the run started.
+	backupDue bool
 	cancel    context.CancelFunc
 	done      chan struct{}
 }
@@ -153,9 +155,10 @@ func (c *capturer) sync(lp *loop, obs plan.Observed) {
 }
 
 // follow captures the cluster token through its endpoints while want
-// holds, and stops otherwise or when they change. A backup due now is
-// the base a new run may need: capture starts after it, rather than ask
-// for another.
+// holds, and stops otherwise or when they change. Capture starts at once
+// from the newest full backup it can find, even when another is due (a
+// new lock holder's first), so that the revisions until that backup stay
+// reachable; when it finds none, it waits quietly for the due one.
 func (c *capturer) follow(want bool, token string, endpoints []string, tlsCfg *tls.Config, backupDue bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -175,11 +178,11 @@ func (c *capturer) follow(want bool, token string, endpoints []string, tlsCfg *t
 			c.run = nil
 		}
 	}
-	if !want || c.now().Before(c.retryAt) || c.needBase || backupDue {
+	if !want || c.now().Before(c.retryAt) || c.needBase {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &captureRun{token: token, endpoints: endpoints, cancel: cancel, done: make(chan struct{})}
+	r := &captureRun{token: token, endpoints: endpoints, backupDue: backupDue, cancel: cancel, done: make(chan struct{})}
 	c.run = r
 	go c.capture(ctx, r, c.wal, c.store, tlsCfg)
 }
@@ -201,6 +204,12 @@ func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if errors.Is(err, wal.ErrNeedBase) && r.backupDue {
+		// The backup already due is the base: no failure, no delay.
+		c.needBase = true
+		c.log.Info("capture waits for the full backup that is due", "cluster-token", r.token, "reason", err)
+		return
+	}
 	c.failures++
 	delay := min(time.Duration(c.failures)*2*time.Second, 30*time.Second)
 	c.retryAt = c.now().Add(delay)
