@@ -51,28 +51,34 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		boolGauge(lp.met.etcdHealthy, self.Healthy)
 	}()
 
+	// Leadership: through etcd while it has quorum, else the store lock
+	// when no node holds cluster data at all. The first needs no store:
+	// while the store is unreachable the planner does nothing, but
+	// capture (into its spool) and compaction go on.
+	leadership := func() {
+		if self.Healthy && local.LeaderID != 0 && local.LeaderID == local.MemberID {
+			view, err := lp.observeCluster(ctx)
+			if err != nil {
+				lp.log.Warn("cannot read the etcd cluster as its leader", "error", err)
+			} else {
+				obs.Cluster = view
+			}
+		}
+	}
 	s, err := lp.openStore(ctx)
 	if err != nil {
 		obs.StoreErr = err
+		leadership()
 		return obs
 	}
 	lp.observeStore(ctx, s, &obs)
 	if obs.StoreErr != nil {
+		leadership()
 		return obs
 	}
 	lp.publish(ctx, s, self)
 	obs.Peers = lp.observePeers(ctx, self)
-
-	// Leadership: through etcd while it has quorum, else the store lock
-	// when no node holds cluster data at all.
-	if self.Healthy && local.LeaderID != 0 && local.LeaderID == local.MemberID {
-		view, err := lp.observeCluster(ctx)
-		if err != nil {
-			lp.log.Warn("cannot read the etcd cluster as its leader", "error", err)
-		} else {
-			obs.Cluster = view
-		}
-	}
+	leadership()
 	if obs.Cluster != nil {
 		b := lp.backups
 		// Capture may wait on a full backup to start a run from.
