@@ -28,6 +28,8 @@ type options struct {
 	skipBinaryCheck  bool
 	allowDumpRestore bool
 	ordinalMembers   bool
+	compactionMode   string
+	compactionKeep   string
 	output           string
 	storeAttempts    int
 	discovery        string
@@ -60,6 +62,8 @@ commands work even then.`,
 	fs.StringVar(&o.etcdBinDir, "etcd-bin-dir", o.etcdBinDir, "directory where the agents' etcd installs live (etcd-v<version>/etcd); configure-cluster refuses a version that has none")
 	fs.BoolVar(&o.ordinalMembers, "ordinal-members", false, "the agents are a StatefulSet's pods, named <set>-<ordinal> with --node-name: only ordinals below --member-count are members, and shrinking removes the highest ordinal first (configure-cluster; set by the Kubernetes operator)")
 	fs.BoolVar(&o.allowDumpRestore, "allow-dump-restore", false, "with --etcd-version: allow a version change no rolling change can make (such as 3.5 to 3.4) by dump and restore, which cuts clients off until the new cluster serves (configure-cluster)")
+	fs.StringVar(&o.compactionMode, "auto-compaction-mode", "", "compaction policy's mode, as etcd's flag: periodic (keep a span of time) or revision (keep a count of revisions); the agent compacts, keeping behind continuous capture (configure-cluster; default periodic)")
+	fs.StringVar(&o.compactionKeep, "auto-compaction-retention", "", "compaction policy's retention, as etcd's flag: for periodic a duration such as 30m or a number of hours, for revision a number of revisions; 0 turns compaction off (configure-cluster; default "+spec.DefaultCompactionRetention+")")
 	fs.BoolVar(&o.skipBinaryCheck, "skip-binary-check", false, "let configure-cluster accept a version without looking for its binary here (when this machine is not an etcd node)")
 	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
 	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
@@ -113,10 +117,17 @@ whenever any agent is reachable.`,
 		},
 		&cobra.Command{
 			Use:   "configure-cluster",
-			Short: "Set the cluster spec from --member-count and --etcd-version",
+			Short: "Set the cluster spec: --member-count, --etcd-version and the compaction policy",
 			Long: `configure-cluster writes the desired spec to the backup store. The agents
 pick it up on their next cycle. On a store that has a spec already, a flag
-left out keeps its current value.`,
+left out keeps its current value.
+
+--auto-compaction-mode and --auto-compaction-retention take etcd's own
+meanings, but the agent leading etcd compacts, not etcd: it never compacts
+past what continuous capture has made durable in the store, unless capture
+lags past the agent's --compaction-capture-wait or the database nears its
+quota (then availability wins, and a full backup follows). Without them, a
+cluster keeps ` + spec.DefaultCompactionRetention + ` of history.`,
 			Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --member-count=1 --etcd-version=3.6.16 configure-cluster",
 			Args:    cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
@@ -182,22 +193,44 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 		if err == nil && cs.OrdinalMembers {
 			_, err = fmt.Fprintln(w, "ordinalMembers: true")
 		}
+		if err == nil {
+			_, err = fmt.Fprintf(w, "compaction: %s\n", describeCompaction(cs))
+		}
 		return err
 	default:
 		return fmt.Errorf("--output %q: use text or json", o.output)
 	}
 }
 
+// describeCompaction says what the spec's compaction policy does, and
+// whether it is the default.
+func describeCompaction(cs spec.ClusterSpec) string {
+	p, err := cs.Compaction()
+	if err != nil {
+		return fmt.Sprintf("invalid (%v)", err)
+	}
+	if cs.AutoCompactionMode == "" && cs.AutoCompactionRetention == "" {
+		return p.String() + " (the default)"
+	}
+	return p.String()
+}
+
 func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdout, stderr io.Writer) error {
 	fs := cmd.Flags()
 	countSet, versionSet := fs.Changed("member-count"), fs.Changed("etcd-version")
+	modeSet, keepSet := fs.Changed("auto-compaction-mode"), fs.Changed("auto-compaction-retention")
 	if o.allowDumpRestore && !versionSet {
 		return errors.New("--allow-dump-restore goes with the --etcd-version it allows")
 	}
-	if !countSet && !versionSet {
-		return errors.New("configure-cluster needs --member-count, --etcd-version or both")
+	if !countSet && !versionSet && !modeSet && !keepSet {
+		return errors.New("configure-cluster needs --member-count, --etcd-version, --auto-compaction-mode or --auto-compaction-retention")
 	}
 	// Check the new values before touching the store.
+	if modeSet && keepSet {
+		if _, err := spec.ParseCompaction(o.compactionMode, o.compactionKeep); err != nil {
+			return err
+		}
+	}
 	if countSet && o.memberCount < 1 {
 		return fmt.Errorf("--member-count=%d: %w", o.memberCount, spec.ErrInvalidMemberCount)
 	}
@@ -233,6 +266,17 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	}
 	if fs.Changed("ordinal-members") {
 		cs.OrdinalMembers = o.ordinalMembers
+	}
+	if modeSet {
+		// A retention means one thing per mode: 500 revisions are not
+		// 500 hours.
+		if !keepSet && cs.AutoCompactionRetention != "" && o.compactionMode != cs.AutoCompactionMode {
+			return fmt.Errorf("--auto-compaction-mode=%s changes what the retention %q means; pass --auto-compaction-retention too", o.compactionMode, cs.AutoCompactionRetention)
+		}
+		cs.AutoCompactionMode = o.compactionMode
+	}
+	if keepSet {
+		cs.AutoCompactionRetention = o.compactionKeep
 	}
 	warnings, err := cs.Validate()
 	if err != nil {

@@ -52,7 +52,7 @@ func TestConfigureAndGet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out != "memberCount: 1\netcdVersion: 3.6.16\n" {
+	if out != "memberCount: 1\netcdVersion: 3.6.16\ncompaction: keep 1h of history (the default)\n" {
 		t.Errorf("get printed %q", out)
 	}
 	// A flag left out keeps its value.
@@ -82,7 +82,12 @@ func TestConfigureClusterBadInput(t *testing.T) {
 		{name: "v2", args: []string{"--member-count=1", "--etcd-version=2.2.1"}, wantErr: "etcd v2 is not supported"},
 		{name: "unparsable version", args: []string{"--member-count=1", "--etcd-version=3.six"}, wantErr: "invalid etcd version"},
 		{name: "new spec needs both flags", args: []string{"--member-count=1"}, wantErr: "needs both --member-count and --etcd-version"},
-		{name: "no flags", args: nil, wantErr: "needs --member-count, --etcd-version or both"},
+		{name: "no flags", args: nil, wantErr: "needs --member-count, --etcd-version, --auto-compaction-mode or --auto-compaction-retention"},
+		{name: "unknown compaction mode", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--auto-compaction-mode=hourly", "--auto-compaction-retention=1"}, wantErr: `mode "hourly" is neither periodic nor revision`},
+		{name: "revision retention not a count", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--auto-compaction-mode=revision", "--auto-compaction-retention=1h"}, wantErr: `revision retention "1h" is not a count`},
+		{name: "periodic retention not a duration", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--auto-compaction-retention=soon"}, wantErr: `periodic retention "soon" is neither a duration`},
+		{name: "revision mode needs a retention", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--auto-compaction-mode=revision"}, wantErr: "revision mode needs a retention"},
+		{name: "short retention warns", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--auto-compaction-retention=30s"}, wantWarning: "compaction keeps only 30s of history"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -196,13 +201,13 @@ func TestAllowDumpRestore(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--etcd-version=3.5.35", "--allow-dump-restore"}, "memberCount: 3\netcdVersion: 3.5.35\nallowDumpRestore: true\n"},
-		{[]string{"--member-count=5"}, "memberCount: 5\netcdVersion: 3.5.35\nallowDumpRestore: true\n"},
-		{[]string{"--etcd-version=3.6.16"}, "memberCount: 5\netcdVersion: 3.6.16\n"},
+		{[]string{"--etcd-version=3.5.35", "--allow-dump-restore"}, "memberCount: 3\netcdVersion: 3.5.35\nallowDumpRestore: true\ncompaction: keep 1h of history (the default)\n"},
+		{[]string{"--member-count=5"}, "memberCount: 5\netcdVersion: 3.5.35\nallowDumpRestore: true\ncompaction: keep 1h of history (the default)\n"},
+		{[]string{"--etcd-version=3.6.16"}, "memberCount: 5\netcdVersion: 3.6.16\ncompaction: keep 1h of history (the default)\n"},
 		// The operator's flag is kept until it is given again.
-		{[]string{"--member-count=3", "--ordinal-members"}, "memberCount: 3\netcdVersion: 3.6.16\nordinalMembers: true\n"},
-		{[]string{"--member-count=5"}, "memberCount: 5\netcdVersion: 3.6.16\nordinalMembers: true\n"},
-		{[]string{"--member-count=5", "--ordinal-members=false"}, "memberCount: 5\netcdVersion: 3.6.16\n"},
+		{[]string{"--member-count=3", "--ordinal-members"}, "memberCount: 3\netcdVersion: 3.6.16\nordinalMembers: true\ncompaction: keep 1h of history (the default)\n"},
+		{[]string{"--member-count=5"}, "memberCount: 5\netcdVersion: 3.6.16\nordinalMembers: true\ncompaction: keep 1h of history (the default)\n"},
+		{[]string{"--member-count=5", "--ordinal-members=false"}, "memberCount: 5\netcdVersion: 3.6.16\ncompaction: keep 1h of history (the default)\n"},
 	}
 	for _, s := range steps {
 		if _, _, err := e.run(t, append(s.args, "configure-cluster")...); err != nil {
@@ -211,5 +216,47 @@ func TestAllowDumpRestore(t *testing.T) {
 		if out, _, err := e.run(t, "get"); err != nil || out != s.want {
 			t.Fatalf("after %v, get printed %q (%v), want %q", s.args, out, err, s.want)
 		}
+	}
+}
+
+// The compaction policy is set in etcd's terms, kept by other changes,
+// and a change of mode must say what its retention now means.
+func TestConfigureCompaction(t *testing.T) {
+	e := newCtlEnv(t)
+	if _, _, err := e.run(t, "--member-count=3", "--etcd-version=3.6.16", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		args    []string
+		want    string // get's compaction line
+		wantErr string
+	}{
+		{args: []string{"--auto-compaction-retention=30m"}, want: "keep 30m of history"},
+		{args: []string{"--auto-compaction-retention=72"}, want: "keep 72h of history"},
+		{args: []string{"--member-count=5"}, want: "keep 72h of history"},
+		{args: []string{"--auto-compaction-mode=revision"}, wantErr: `changes what the retention "72" means`},
+		{args: []string{"--auto-compaction-mode=revision", "--auto-compaction-retention=10000"}, want: "keep 10000 revisions"},
+		{args: []string{"--auto-compaction-retention=0"}, want: "never compact"},
+		{args: []string{"--auto-compaction-mode=periodic", "--auto-compaction-retention=2h30m"}, want: "keep 2h30m of history"},
+	}
+	for _, s := range steps {
+		_, _, err := e.run(t, append(s.args, "configure-cluster")...)
+		if s.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), s.wantErr) {
+				t.Fatalf("%v: err = %v, want it to mention %q", s.args, err, s.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", s.args, err)
+		}
+		out, _, err := e.run(t, "get")
+		if err != nil || !strings.Contains(out, "\ncompaction: "+s.want+"\n") {
+			t.Fatalf("after %v, get printed %q (%v), want compaction: %s", s.args, out, err, s.want)
+		}
+	}
+	out, _, err := e.run(t, "get", "-o", "json")
+	if err != nil || !strings.Contains(out, `"autoCompactionMode": "periodic"`) || !strings.Contains(out, `"autoCompactionRetention": "2h30m"`) {
+		t.Errorf("get -o json printed %q (%v)", out, err)
 	}
 }

@@ -252,6 +252,8 @@ func (c *capturer) merge(ctx context.Context, s *store.Store, token string) {
 		return
 	}
 	m := &wal.Merger{Store: s, Dir: filepath.Join(c.dir, "merge"), Windows: c.cfg.MergeWindows, Log: c.log}
+	// A disagreement that persists is said again hourly, not every pass.
+	lastKept, keptSaid := 0, time.Time{}
 	for {
 		// From the last pass, whichever run made it: a capture that
 		// restarts often still merges.
@@ -272,9 +274,13 @@ func (c *capturer) merge(ctx context.Context, s *store.Store, token string) {
 			return
 		case err != nil:
 			c.log.Warn("cannot merge captured segments; trying again later", "cluster-token", token, "error", err)
-		case res.Kept > 0:
+		case res.Kept > 0 && (res.Kept != lastKept || c.now().Sub(keptSaid) >= time.Hour):
 			c.log.Error("merged segments disagree with segments they should hold; both are kept for a person to look at",
 				"cluster-token", token, "segments", res.Kept)
+			keptSaid = c.now()
+		}
+		if err == nil {
+			lastKept = res.Kept
 		}
 	}
 }
@@ -303,4 +309,28 @@ func (c *capturer) stop() {
 		r.cancel()
 		<-r.done
 	}
+}
+
+// durable is the last revision of the cluster token that capture made
+// durable in the store (0: none known yet); on is false when capture is
+// off, so that compaction need not wait for it.
+func (c *capturer) durable(token string) (rev int64, on bool) {
+	if !c.cfg.Enabled {
+		return 0, false
+	}
+	c.mu.Lock()
+	w := c.wal
+	c.mu.Unlock()
+	if w == nil {
+		return 0, true
+	}
+	return w.DurableRevision(token), true
+}
+
+// requestBase asks for a full backup for capture to start a run from:
+// compaction went past what capture had stored.
+func (c *capturer) requestBase() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.needBase = true
 }

@@ -76,6 +76,8 @@ type Config struct {
 	Backup BackupConfig
 	// Capture is continuous capture, for restores to any point.
 	Capture wal.Config
+	// Compaction is how the spec's compaction policy is carried out.
+	Compaction CompactionConfig
 	// MetricsAddress serves Prometheus metrics when set (host:port).
 	MetricsAddress string
 
@@ -130,6 +132,7 @@ func Default() Config {
 		LeaderLease:        DefaultLeaderLease,
 		Backup:             DefaultBackupConfig(),
 		Capture:            wal.Default(),
+		Compaction:         DefaultCompactionConfig(),
 		LoopInterval:       DefaultLoopInterval,
 		EtcdStopTimeout:    DefaultEtcdStopTimeout,
 		CertValidity:       pki.DefaultCertValidity,
@@ -163,6 +166,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
 	c.Backup.AddFlags(fs)
 	c.Capture.AddFlags(fs)
+	c.Compaction.AddFlags(fs)
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
@@ -248,6 +252,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("--leader-lease must be at least 1s"))
 	}
 	errs = append(errs, c.Backup.Validate()...)
+	errs = append(errs, c.Compaction.Validate()...)
 	if c.Capture.Enabled {
 		if err := c.Capture.Validate(); err != nil {
 			errs = append(errs, err)

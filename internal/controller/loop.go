@@ -80,6 +80,7 @@ type loop struct {
 	procedures *procedure.Executor
 	members    *members
 	capture    *capturer
+	compaction *compactor
 }
 
 func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
@@ -133,6 +134,7 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 	}
 	lp.members = newMembers(lp)
 	lp.capture = newCapturer(a.cfg.Capture, a.cfg.DataDir, a.cfg.BackupStore, a.log, a.now, a.met.reg)
+	lp.compaction = newCompactor(a.cfg.Compaction, a.log, a.now, a.met.reg)
 	return lp, nil
 }
 
@@ -200,6 +202,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	obs := lp.observe(ctx)
 	lp.housekeeping(ctx, lp.store, obs)
 	lp.capture.sync(lp, obs)
+	lp.compact(ctx, obs)
 	for _, act := range plan.Plan(obs) {
 		if ctx.Err() != nil {
 			return false

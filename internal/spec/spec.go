@@ -39,6 +39,13 @@ type ClusterSpec struct {
 	// removes the highest ordinal first, whatever its health, after
 	// moving leadership off it. The StatefulSet shrinks only after.
 	OrdinalMembers bool `json:"ordinalMembers,omitempty"`
+	// AutoCompactionMode and AutoCompactionRetention are our addition:
+	// the compaction policy, in the terms of etcd's flags of the same
+	// names (see ParseCompaction). The agent carries it out itself, not
+	// etcd, so that compaction keeps behind continuous capture. Unset:
+	// periodic, keeping DefaultCompactionRetention.
+	AutoCompactionMode      string `json:"autoCompactionMode,omitempty"`
+	AutoCompactionRetention string `json:"autoCompactionRetention,omitempty"`
 }
 
 // String renders the spec for logs and the CLI.
@@ -49,6 +56,12 @@ func (s ClusterSpec) String() string {
 	}
 	if s.OrdinalMembers {
 		out += " ordinalMembers=true"
+	}
+	if s.AutoCompactionMode != "" {
+		out += " autoCompactionMode=" + s.AutoCompactionMode
+	}
+	if s.AutoCompactionRetention != "" {
+		out += " autoCompactionRetention=" + s.AutoCompactionRetention
 	}
 	return out
 }
@@ -65,6 +78,13 @@ func (s ClusterSpec) Validate() (warnings []string, err error) {
 	}
 	if _, err := ParseSupportedVersion(s.EtcdVersion); err != nil {
 		return nil, err
+	}
+	policy, err := s.Compaction()
+	if err != nil {
+		return nil, err
+	}
+	if w := compactionWarning(policy); w != "" {
+		warnings = append(warnings, w)
 	}
 	if s.MemberCount%2 == 0 {
 		warnings = append(warnings, fmt.Sprintf(

@@ -128,8 +128,10 @@ type Capture struct {
 
 	mu     sync.Mutex
 	status Status
-	wake   chan struct{}
-	lock   *os.File // held for the process's life
+	// durable is the last revision in the store per timeline.
+	durable map[string]int64
+	wake    chan struct{}
+	lock    *os.File // held for the process's life
 }
 
 // ErrSpoolBusy means another process uses the spool directory.
@@ -154,6 +156,26 @@ func New(cfg Config, dir string, s Store, log *slog.Logger) (*Capture, error) {
 		return nil, err
 	}
 	return &Capture{Config: cfg, Dir: dir, Store: s, Log: log, Now: time.Now, wake: make(chan struct{}, 1), lock: lock}, nil
+}
+
+// DurableRevision is the last revision of timeline this capture made
+// durable in the store since it was made, 0 if none: compaction up to the
+// next one leaves a restarted capture nothing to miss.
+func (c *Capture) DurableRevision(timeline string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.durable[timeline]
+}
+
+// noteDurable records that the store holds timeline up to rev: a segment
+// ends there, or a full backup that a run starts after.
+func (c *Capture) noteDurable(timeline string, rev int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.durable == nil {
+		c.durable = map[string]int64{}
+	}
+	c.durable[timeline] = max(c.durable[timeline], rev)
 }
 
 // Status returns a copy of the current status.
@@ -219,6 +241,7 @@ func (c *Capture) Resume(ctx context.Context, timeline string) (Point, bool, err
 				h = o
 			}
 		}
+		c.noteDurable(timeline, h.Last)
 		if h.Last > p.Revision {
 			p, found = point(h), true
 		}
@@ -263,6 +286,7 @@ func (c *Capture) run(ctx context.Context, cl Client, timeline string, base *Bas
 			return fmt.Errorf("%w: timeline %s has no full backup yet", ErrNeedBase, timeline)
 		}
 		at, runBase = runStart(timeline, base), base
+		c.noteDurable(timeline, base.Revision)
 	}
 	err = c.follow(ctx, cl, timeline, at, runBase)
 	var compacted *compactedError
@@ -271,6 +295,7 @@ func (c *Capture) run(ctx context.Context, cl Client, timeline string, base *Bas
 			c.Log.Warn("capture cannot continue: the next revision is compacted; starting a new run after the newest full backup",
 				"timeline", timeline, "next-revision", at.Revision+1, "compacted-to", compacted.rev, "backup", base.Backup, "gap-to", base.Revision)
 			c.update(func(s *Status) { s.Gaps++ })
+			c.noteDurable(timeline, base.Revision)
 			return c.follow(ctx, cl, timeline, runStart(timeline, base), base)
 		}
 		c.update(func(s *Status) { s.Gaps++ })
@@ -658,6 +683,10 @@ func (c *Capture) upload(ctx context.Context, s spooled) error {
 		if s.Header.Last > st.Durable {
 			st.Durable, st.DurableTime = s.Header.Last, time.Unix(0, s.Header.LastTime)
 		}
+		if c.durable == nil {
+			c.durable = map[string]int64{}
+		}
+		c.durable[s.Header.Timeline] = max(c.durable[s.Header.Timeline], s.Header.Last)
 	})
 	return nil
 }

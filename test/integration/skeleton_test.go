@@ -73,7 +73,7 @@ func TestColdStartConfigurePutGet(t *testing.T) {
 		t.Fatalf("got %q", got)
 	}
 	out := env.MustCtl("get")
-	if out != "memberCount: 1\netcdVersion: "+harness.DefaultEtcdVersion+"\n" {
+	if out != "memberCount: 1\netcdVersion: "+harness.DefaultEtcdVersion+"\ncompaction: keep 1h of history (the default)\n" {
 		t.Errorf("ctl get printed %q", out)
 	}
 	// The store holds the format's control objects, and the node's etcd

@@ -1,0 +1,150 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+func TestPlanCompaction(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	hour := spec.CompactionPolicy{Period: time.Hour}
+	samples := []revisionSample{{at(0), 100}, {at(30 * time.Minute), 500}, {at(70 * time.Minute), 900}, {at(90 * time.Minute), 1000}}
+	keep100 := spec.CompactionPolicy{Revisions: 100}
+	tests := []struct {
+		name string
+		in   compactionInput
+		want compactionPlan
+	}{
+		{"periodic: the newest sample an hour old",
+			compactionInput{Policy: hour, Now: at(95 * time.Minute), Head: 1010, Samples: samples},
+			compactionPlan{Revision: 500, Wanted: 500}},
+		{"periodic: no sample old enough yet",
+			compactionInput{Policy: hour, Now: at(50 * time.Minute), Head: 1010, Samples: samples},
+			compactionPlan{}},
+		{"periodic: already compacted that far",
+			compactionInput{Policy: hour, Now: at(95 * time.Minute), Head: 1010, Samples: samples, Compacted: 500},
+			compactionPlan{}},
+		{"revision: the head less the count",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000},
+			compactionPlan{Revision: 900, Wanted: 900}},
+		{"revision: fewer revisions than the count",
+			compactionInput{Policy: keep100, Now: t0, Head: 80},
+			compactionPlan{}},
+		{"off",
+			compactionInput{Now: t0, Head: 1000, Samples: samples},
+			compactionPlan{}},
+		{"capture ahead: the policy's revision",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 999, CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Revision: 900, Wanted: 900}},
+		{"capture exactly at the floor",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 899, CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Revision: 900, Wanted: 900}},
+		{"capture behind: up to what it stored, no further",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 600, CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Revision: 601, Wanted: 900, Held: true}},
+		{"capture behind, already compacted to what it stored",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Compacted: 601, Capture: true, Captured: 600, HeldSince: t0.Add(-30 * time.Second), CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Wanted: 900, Held: true}},
+		{"capture has stored nothing yet",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Wanted: 900, Held: true}},
+		{"capture held it back too long: availability wins",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Compacted: 601, Capture: true, Captured: 600, HeldSince: t0.Add(-time.Minute), CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Revision: 900, Wanted: 900, Held: true, Overtake: "capture has held compaction back for 1m0s"}},
+		{"the database nears its quota: availability wins at once",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 600, CaptureWait: time.Minute, DBSize: 600 << 20, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Revision: 900, Wanted: 900, Held: true, Overtake: "the database's 629145600 bytes reach 59% of its 1073741824-byte quota"}},
+		{"capture off: compaction never waits",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Captured: 10},
+			compactionPlan{Revision: 900, Wanted: 900}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := planCompaction(tt.in); got != tt.want {
+				t.Errorf("planCompaction = %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// The executor: samples, holds, overtakes once, and asks capture for a
+// base when it does.
+func TestCompactorCheck(t *testing.T) {
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	var logs bytes.Buffer
+	c := newCompactor(CompactionConfig{Interval: time.Second, CaptureWait: 10 * time.Second, QuotaShare: 0.5},
+		slog.New(slog.NewTextHandler(&logs, nil)), func() time.Time { return now }, prometheus.NewRegistry())
+	c.reset("tok")
+	cl := &fakeCompaction{head: 1000}
+	cf := &fakeFloor{rev: 950, on: true}
+	policy := spec.CompactionPolicy{Revisions: 100}
+
+	c.check(t.Context(), cl, cf, policy)
+	if len(cl.compacted) != 1 || cl.compacted[0] != 900 || c.heldSince != (time.Time{}) {
+		t.Fatalf("capture ahead: compacted %v, held since %v", cl.compacted, c.heldSince)
+	}
+	// Capture stalls at 1100 while the head runs on.
+	cf.rev, cl.head = 1100, 1500
+	now = now.Add(time.Second)
+	c.check(t.Context(), cl, cf, policy)
+	if got := cl.compacted[len(cl.compacted)-1]; got != 1101 || c.heldSince != now {
+		t.Fatalf("capture behind: compacted to %d (want 1101, what capture stored), held since %v", got, c.heldSince)
+	}
+	now = now.Add(5 * time.Second)
+	cl.head = 1600
+	c.check(t.Context(), cl, cf, policy)
+	if n := len(cl.compacted); n != 2 || cf.requested {
+		t.Fatalf("held 5s of 10: compactions %v, base requested %v", cl.compacted, cf.requested)
+	}
+	now = now.Add(5 * time.Second)
+	c.check(t.Context(), cl, cf, policy)
+	if got := cl.compacted[len(cl.compacted)-1]; got != 1500 || !cf.requested || !c.heldSince.IsZero() {
+		t.Fatalf("held 10s: compacted to %d (want 1500), base requested %v, held since %v", got, cf.requested, c.heldSince)
+	}
+	if !strings.Contains(logs.String(), "compaction went past continuous capture") {
+		t.Errorf("the overtake was not logged:\n%s", logs.String())
+	}
+	// A failed compaction is tried again at the next check.
+	cl.err, cl.head = errors.New("etcdserver: request timed out"), 1700
+	now = now.Add(time.Second)
+	c.check(t.Context(), cl, cf, spec.CompactionPolicy{Revisions: 100})
+	if c.compacted != 1500 {
+		t.Errorf("a failed compaction recorded %d as compacted", c.compacted)
+	}
+}
+
+// fakeCompaction records the compactions asked for.
+type fakeCompaction struct {
+	head      int64
+	err       error
+	compacted []int64
+}
+
+func (f *fakeCompaction) status(context.Context) (int64, int64, error) { return f.head, 1 << 20, nil }
+
+func (f *fakeCompaction) compact(_ context.Context, rev int64) error {
+	if f.err != nil {
+		return f.err
+	}
+	f.compacted = append(f.compacted, rev)
+	return nil
+}
+
+type fakeFloor struct {
+	rev       int64
+	on        bool
+	requested bool
+}
+
+func (f *fakeFloor) durable(string) (int64, bool) { return f.rev, f.on }
+func (f *fakeFloor) requestBase()                 { f.requested = true }

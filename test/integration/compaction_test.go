@@ -1,0 +1,137 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
+	"github.com/etcd-manager/etcd-manager/test/harness"
+)
+
+// compactedTo is the oldest revision etcd still serves: the revision it
+// was last compacted to (1 when never).
+func compactedTo(t *testing.T, c *clientv3.Client) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	head, err := c.Get(ctx, "/compaction/none")
+	if err != nil {
+		t.Fatalf("get: %v", err)
+	}
+	var probeErr error
+	i := sort.Search(int(head.Header.Revision), func(i int) bool {
+		_, err := c.Get(ctx, "/compaction/none", clientv3.WithRev(int64(i+1)))
+		if err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+			probeErr = err
+		}
+		return err == nil
+	})
+	if probeErr != nil {
+		t.Fatalf("probing the compacted revision: %v", probeErr)
+	}
+	return int64(i + 1)
+}
+
+// The agent compacts by the spec's policy, and never past what capture
+// has made durable in the store, until capture has held it back for
+// --compaction-capture-wait: then availability wins, it says so, and a
+// full backup follows. Capture itself loses nothing (its spool holds
+// what the store could not take).
+func TestCompactionKeepsBehindCapture(t *testing.T) {
+	minio := harness.StartMinIO(t)
+	minio.CreateBucket(t, "compaction")
+	env := harness.NewEnv(t)
+	env.UseStore(minio.StoreURL("compaction", "etcd/main"), minio.Env())
+	setEnv(t, minio.Env())
+	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "--auto-compaction-mode=revision", "--auto-compaction-retention=50", "configure-cluster")
+	if out := env.MustCtl("get"); !strings.Contains(out, "compaction: keep 50 revisions\n") {
+		t.Fatalf("get does not show the policy:\n%s", out)
+	}
+	agents := env.StartAgents(1, harness.AgentOptions{Metrics: true, ExtraArgs: []string{"--compaction-interval=1s", "--compaction-capture-wait=10s"}})
+	harness.WaitSettled(t, agents, 1, settleTimeout)
+	a := agents[0]
+	c := clusterClient(t, agents)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s, err := store.Open(ctx, env.StoreURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	writes := func(prefix string, n int) int64 {
+		var rev int64
+		for i := range n {
+			resp, err := c.Put(ctx, fmt.Sprintf("/compaction/%s/%d", prefix, i%20), "v")
+			if err != nil {
+				t.Fatalf("put: %v", err)
+			}
+			rev = resp.Header.Revision
+		}
+		return rev
+	}
+
+	// The policy, with capture keeping up: the head less 50.
+	head := writes("first", 200)
+	harness.WaitFor(t, time.Minute, "capture to store the head", func() bool { return harness.CapturedTo(ctx, s) >= head })
+	harness.WaitFor(t, time.Minute, fmt.Sprintf("compaction to revision %d", head-50), func() bool { return compactedTo(t, c) == head-50 })
+	if m := scrape(t, a.MetricsURL); !strings.Contains(m, fmt.Sprintf("\netcd_manager_compaction_revision %d\n", head-50)) {
+		t.Errorf("metrics do not show the compaction to %d:\n%s", head-50, grepLines(m, "etcd_manager_compaction", 20))
+	}
+
+	// The store goes away: capture spools, and compaction stops at what
+	// the store holds.
+	captured := harness.CapturedTo(ctx, s)
+	minio.Stop()
+	held := time.Now()
+	head = writes("second", 200)
+	harness.WaitFor(t, 30*time.Second, "compaction to wait for capture", func() bool {
+		return strings.Contains(scrape(t, a.MetricsURL), "\netcd_manager_compaction_held_by_capture 1\n")
+	})
+	for time.Since(held) < 6*time.Second {
+		if got := compactedTo(t, c); got > captured+1 {
+			t.Fatalf("compacted to %d while capture had stored only up to %d, %s into the outage", got, captured, time.Since(held).Round(time.Millisecond))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got := compactedTo(t, c); got != captured+1 {
+		t.Errorf("held by capture: compacted to %d, want %d (one past what capture stored)", got, captured+1)
+	}
+
+	// Past --compaction-capture-wait, availability wins.
+	harness.WaitFor(t, time.Minute, "compaction to go past capture", func() bool { return compactedTo(t, c) == head-50 })
+	if took := time.Since(held); took < 10*time.Second {
+		t.Errorf("compaction went past capture %s into the outage, before --compaction-capture-wait=10s", took.Round(time.Millisecond))
+	}
+	if !strings.Contains(a.Log(), "compaction went past continuous capture") {
+		t.Errorf("the agent did not say that compaction went past capture:\n%s", grepLines(a.Log(), "compact", 20))
+	}
+	if m := scrape(t, a.MetricsURL); !strings.Contains(m, "\netcd_manager_compaction_overtook_capture_total 1\n") {
+		t.Errorf("metrics do not count the overtake:\n%s", grepLines(m, "etcd_manager_compaction", 20))
+	}
+
+	// The store comes back: a full backup follows, and capture, which
+	// never stopped, stores everything from its spool.
+	overtook := strings.Index(a.Log(), "compaction went past continuous capture")
+	minio.Start()
+	harness.WaitFor(t, 2*time.Minute, "a full backup after the overtake", func() bool {
+		return overtook >= 0 && strings.Contains(a.Log()[overtook:], `msg="backup taken"`)
+	})
+	harness.WaitFor(t, time.Minute, "capture to store the head", func() bool { return harness.CapturedTo(ctx, s) >= head })
+	tls, err := wal.Timelines(ctx, s)
+	if err != nil || len(tls) != 1 {
+		t.Fatalf("timelines %v, %v; want one", tls, err)
+	}
+	runs, err := wal.Runs(ctx, s, tls[0])
+	if err != nil || len(runs) != 1 {
+		t.Errorf("runs %+v, %v; want one, with nothing lost", runs, err)
+	}
+}
