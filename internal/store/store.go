@@ -395,19 +395,31 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 func (s *Store) List(ctx context.Context, prefix, delimiter string) ([]string, error) {
 	// A file:// listing walks the directory, and an object written at the
 	// same time can vanish between the walk and its stat (its temporary
-	// file is renamed). That is no error in the store: list again.
+	// file is renamed, or a merge deletes it). That is no error in the
+	// store: list again, backing off a little, as a busy prefix (capture
+	// cutting every 200ms while a merge deletes) can race several walks.
 	var err error
-	for range 5 {
+	delay := 2 * time.Millisecond
+	for attempt := range listAttempts {
 		var keys []string
 		if keys, err = s.list(ctx, prefix, delimiter); err == nil {
 			return keys, nil
 		}
-		if gcerrors.Code(err) != gcerrors.NotFound {
+		if gcerrors.Code(err) != gcerrors.NotFound || attempt == listAttempts-1 {
 			break
 		}
+		select {
+		case <-ctx.Done():
+			return nil, s.wrap("list", prefix, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 50*time.Millisecond)
 	}
 	return nil, s.wrap("list", prefix, err)
 }
+
+// listAttempts bounds the walks of one List whose objects vanish under it.
+const listAttempts = 10
 
 func (s *Store) list(ctx context.Context, prefix, delimiter string) ([]string, error) {
 	var keys []string

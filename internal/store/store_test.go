@@ -363,3 +363,51 @@ func listenLoopback(t *testing.T) *countingListener {
 	t.Cleanup(func() { l.Close(); <-done })
 	return c
 }
+
+// A file:// prefix that churns, objects created and deleted as capture
+// and its merges do, lists without error: the walk that loses a file
+// under it is tried again.
+func TestListUnderChurn(t *testing.T) {
+	s, _ := openTemp(t)
+	ctx := t.Context()
+	for i := range 50 {
+		if err := s.Create(ctx, "wal/tok/keep-"+string(rune('a'+i%26))+string(rune('a'+i/26)), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	var churned sync.WaitGroup
+	churned.Add(2)
+	for w := range 2 {
+		go func() {
+			defer churned.Done()
+			deadline := time.Now().Add(3 * time.Second)
+			for i := 0; i < 20000 && time.Now().Before(deadline); i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := "wal/tok/churn-" + string(rune('a'+w)) + "-" + string(rune('a'+i%26))
+				_ = s.Create(ctx, key, []byte("segment"))
+				_ = s.Delete(ctx, key)
+			}
+		}()
+	}
+	defer func() { close(stop); churned.Wait() }()
+	for i := range 300 {
+		keys, err := s.List(ctx, "wal/tok/", "")
+		if err != nil {
+			t.Fatalf("list %d under churn: %v", i, err)
+		}
+		kept := 0
+		for _, k := range keys {
+			if strings.HasPrefix(k, "wal/tok/keep-") {
+				kept++
+			}
+		}
+		if kept != 50 {
+			t.Fatalf("list %d under churn: %d of the 50 lasting objects", i, kept)
+		}
+	}
+}
