@@ -270,7 +270,13 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	if modeSet {
 		// A retention means one thing per mode: 500 revisions are not
 		// 500 hours.
-		if !keepSet && cs.AutoCompactionRetention != "" && o.compactionMode != cs.AutoCompactionMode {
+		modeOf := func(m string) string {
+			if m == "" {
+				return spec.CompactionPeriodic
+			}
+			return m
+		}
+		if !keepSet && cs.AutoCompactionRetention != "" && modeOf(o.compactionMode) != modeOf(cs.AutoCompactionMode) {
 			return fmt.Errorf("--auto-compaction-mode=%s changes what the retention %q means; pass --auto-compaction-retention too", o.compactionMode, cs.AutoCompactionRetention)
 		}
 		cs.AutoCompactionMode = o.compactionMode

@@ -234,6 +234,7 @@ func TestConfigureCompaction(t *testing.T) {
 		{args: []string{"--auto-compaction-retention=30m"}, want: "keep 30m of history"},
 		{args: []string{"--auto-compaction-retention=72"}, want: "keep 72h of history"},
 		{args: []string{"--member-count=5"}, want: "keep 72h of history"},
+		{args: []string{"--auto-compaction-mode=periodic"}, want: "keep 72h of history"}, // the mode it had
 		{args: []string{"--auto-compaction-mode=revision"}, wantErr: `changes what the retention "72" means`},
 		{args: []string{"--auto-compaction-mode=revision", "--auto-compaction-retention=10000"}, want: "keep 10000 revisions"},
 		{args: []string{"--auto-compaction-retention=0"}, want: "never compact"},
@@ -258,5 +259,13 @@ func TestConfigureCompaction(t *testing.T) {
 	out, _, err := e.run(t, "get", "-o", "json")
 	if err != nil || !strings.Contains(out, `"autoCompactionMode": "periodic"`) || !strings.Contains(out, `"autoCompactionRetention": "2h30m"`) {
 		t.Errorf("get -o json printed %q (%v)", out, err)
+	}
+	// Empty values remove the fields (for a spec kops must read again).
+	if _, _, err := e.run(t, "--auto-compaction-mode=", "--auto-compaction-retention=", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = e.run(t, "get", "-o", "json")
+	if err != nil || strings.Contains(out, "autoCompaction") {
+		t.Errorf("after removing the policy, get -o json printed %q (%v)", out, err)
 	}
 }

@@ -24,9 +24,9 @@ type CompactionConfig struct {
 	// CaptureWait is how long continuous capture may hold compaction
 	// back before availability wins and compaction goes past it.
 	CaptureWait time.Duration
-	// QuotaShare is the share of etcd's quota the database may reach
-	// while capture holds compaction back; above it compaction goes past
-	// capture at once.
+	// QuotaShare is the share of etcd's quota the database's bytes in
+	// use may reach while a stalled capture holds compaction back; above
+	// it compaction goes past capture at once.
 	QuotaShare float64
 }
 
@@ -48,8 +48,8 @@ func DefaultCompactionConfig() CompactionConfig {
 // AddFlags registers the compaction flags on fs.
 func (c *CompactionConfig) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.Interval, "compaction-interval", c.Interval, "how often the agent leading etcd checks the spec's compaction policy (configure-cluster --auto-compaction-mode/--auto-compaction-retention) and compacts")
-	fs.DurationVar(&c.CaptureWait, "compaction-capture-wait", c.CaptureWait, "how long continuous capture may hold compaction back (it never compacts past what capture made durable in the store) before compaction goes ahead anyway, a gap is recorded and a full backup taken")
-	fs.Float64Var(&c.QuotaShare, "compaction-quota-share", c.QuotaShare, "share of etcd's backend quota the database may reach while capture holds compaction back; above it compaction goes ahead at once")
+	fs.DurationVar(&c.CaptureWait, "compaction-capture-wait", c.CaptureWait, "how long continuous capture may make no progress while it holds compaction back (compaction never goes past what capture made durable in the store) before compaction goes ahead anyway and a full backup is taken")
+	fs.Float64Var(&c.QuotaShare, "compaction-quota-share", c.QuotaShare, "share of etcd's backend quota the database's bytes in use may reach while a stalled capture holds compaction back; above it compaction goes ahead at once")
 }
 
 // Validate reports every problem with the compaction settings.
@@ -85,14 +85,16 @@ type compactionInput struct {
 	Samples []revisionSample
 	// Capture is set when continuous capture runs: compaction keeps at or
 	// below Captured+1, the last revision capture made durable in the
-	// store (0: none known yet), unless it has held compaction back since
-	// HeldSince for CaptureWait, or the database (DBSize) reaches
-	// QuotaShare of Quota.
+	// store (0: none known yet), unless capture has made no progress
+	// since HeldSince for CaptureWait, or it is Stalled (no progress
+	// since the last check) while the database's bytes in use (DBInUse)
+	// reach QuotaShare of Quota.
 	Capture     bool
 	Captured    int64
+	Stalled     bool
 	HeldSince   time.Time
 	CaptureWait time.Duration
-	DBSize      int64
+	DBInUse     int64
 	Quota       int64
 	QuotaShare  float64
 }
@@ -134,10 +136,10 @@ func planCompaction(in compactionInput) compactionPlan {
 	}
 	p.Held = true
 	switch {
-	case in.Quota > 0 && float64(in.DBSize) >= in.QuotaShare*float64(in.Quota):
-		p.Overtake = fmt.Sprintf("the database's %d bytes reach %.0f%% of its %d-byte quota", in.DBSize, 100*float64(in.DBSize)/float64(in.Quota), in.Quota)
+	case in.Stalled && in.Quota > 0 && float64(in.DBInUse) >= in.QuotaShare*float64(in.Quota):
+		p.Overtake = fmt.Sprintf("capture is stalled and the database's %d bytes in use reach %.0f%% of its %d-byte quota", in.DBInUse, 100*float64(in.DBInUse)/float64(in.Quota), in.Quota)
 	case !in.HeldSince.IsZero() && in.Now.Sub(in.HeldSince) >= in.CaptureWait:
-		p.Overtake = fmt.Sprintf("capture has held compaction back for %s", in.Now.Sub(in.HeldSince).Round(time.Second))
+		p.Overtake = fmt.Sprintf("capture has made no progress for %s", in.Now.Sub(in.HeldSince).Round(time.Second))
 	}
 	if p.Overtake != "" {
 		p.Revision = p.Wanted
@@ -159,9 +161,13 @@ type compactor struct {
 	token     string
 	samples   []revisionSample
 	compacted int64
-	heldSince time.Time
-	lastCheck time.Time
-	// policy is the spec's policy as last read.
+	// heldSince is when capture, holding compaction back, last made
+	// progress; lastCaptured what it had stored at the last check.
+	heldSince    time.Time
+	lastCaptured int64
+	lastCheck    time.Time
+	// policy is the spec's policy as last read, kept through a store
+	// outage or a spec that cannot be read.
 	policy     spec.CompactionPolicy
 	havePolicy bool
 
@@ -191,8 +197,9 @@ func newCompactor(cfg CompactionConfig, log *slog.Logger, now func() time.Time, 
 
 // compactionClient is the part of etcd's client a compaction check uses.
 type compactionClient interface {
-	// status returns etcd's head revision and database size.
-	status(ctx context.Context) (head, dbSize int64, err error)
+	// status returns etcd's head revision and the bytes its database
+	// has in use.
+	status(ctx context.Context) (head, dbInUse int64, err error)
 	compact(ctx context.Context, rev int64) error
 }
 
@@ -211,23 +218,26 @@ func (lp *loop) compact(ctx context.Context, obs plan.Observed) {
 	c := lp.compaction
 	lead := obs.Cluster != nil && obs.Self.Member != nil && !obs.Self.Member.Quarantined && lp.client != nil
 	if !lead {
-		c.reset("")
+		// The samples stay: they are facts about the cluster, and a
+		// moment without leadership must not restart a period.
+		c.idle()
 		return
 	}
 	if c.token != obs.Cluster.Token {
 		c.reset(obs.Cluster.Token)
 	}
-	// While the store is unreachable the last policy read holds:
-	// compaction must go on through a long outage.
-	switch {
-	case obs.Spec != nil:
-		policy, err := obs.Spec.Compaction()
-		c.policy, c.havePolicy = policy, err == nil
-	case obs.StoreErr == nil:
-		c.havePolicy = false
+	// The last policy read holds while the store is unreachable or the
+	// spec unreadable: compaction goes on through a long outage.
+	if obs.Spec != nil {
+		if policy, err := obs.Spec.Compaction(); err == nil {
+			if !c.havePolicy || policy != c.policy {
+				c.log.Info("compaction policy", "cluster-token", c.token, "policy", policy.String())
+			}
+			c.policy, c.havePolicy = policy, true
+		}
 	}
 	if !c.havePolicy || c.policy.Off() {
-		c.held.Set(0)
+		c.idle()
 		return
 	}
 	policy := c.policy
@@ -246,19 +256,23 @@ func (c *compactor) sampleEvery(p spec.CompactionPolicy) time.Duration {
 	return max(c.cfg.Interval, p.Period/maxSamples)
 }
 
-// reset forgets what was learnt of another cluster, or of this one while
-// it was not led here.
+// reset forgets what was learnt of another cluster.
 func (c *compactor) reset(token string) {
-	if c.token == token {
-		return
-	}
-	c.token, c.samples, c.compacted, c.heldSince, c.lastCheck = token, nil, 0, time.Time{}, time.Time{}
+	c.token, c.samples, c.compacted, c.lastCheck = token, nil, 0, time.Time{}
+	c.idle()
+}
+
+// idle is the state while this agent does not compact: nothing held, and
+// a wait for capture starts afresh.
+func (c *compactor) idle() {
+	c.heldSince, c.lastCaptured = time.Time{}, 0
 	c.held.Set(0)
+	c.revision.Set(0)
 }
 
 func (c *compactor) check(ctx context.Context, cl compactionClient, cf captureFloor, policy spec.CompactionPolicy) {
 	now := c.now()
-	head, dbSize, err := cl.status(ctx)
+	head, dbInUse, err := cl.status(ctx)
 	if err != nil {
 		c.log.Warn("compaction check: cannot read etcd's status", "error", err)
 		return
@@ -272,9 +286,16 @@ func (c *compactor) check(ctx context.Context, cl compactionClient, cf captureFl
 		c.samples = c.samples[len(c.samples)-maxSamples:]
 	}
 	captured, captureOn := cf.durable(c.token)
+	// Capture that makes progress is not stalled, however far behind:
+	// the wait for it starts again.
+	progressed := captured > c.lastCaptured
+	if progressed && !c.heldSince.IsZero() {
+		c.heldSince = now
+	}
+	c.lastCaptured = captured
 	p := planCompaction(compactionInput{Policy: policy, Now: now, Head: head, Compacted: c.compacted, Samples: c.samples,
-		Capture: captureOn, Captured: captured, HeldSince: c.heldSince, CaptureWait: c.cfg.CaptureWait,
-		DBSize: dbSize, Quota: etcdDefaultQuota, QuotaShare: c.cfg.QuotaShare})
+		Capture: captureOn, Captured: captured, Stalled: !progressed, HeldSince: c.heldSince, CaptureWait: c.cfg.CaptureWait,
+		DBInUse: dbInUse, Quota: etcdDefaultQuota, QuotaShare: c.cfg.QuotaShare})
 	switch {
 	case !p.Held || p.Overtake != "":
 		c.heldSince = time.Time{}
@@ -288,7 +309,11 @@ func (c *compactor) check(ctx context.Context, cl compactionClient, cf captureFl
 	}
 	err = cl.compact(ctx, p.Revision)
 	if errors.Is(err, rpctypes.ErrCompacted) {
-		err = nil // a client compacted as far already
+		// A client compacted as far already: nothing went past capture
+		// by this agent's doing.
+		c.compacted = p.Revision
+		c.log.Info("etcd was compacted this far already, by a client", "cluster-token", c.token, "revision", p.Revision)
+		return
 	}
 	if err != nil {
 		c.compactions.WithLabelValues("error").Inc()
@@ -316,7 +341,13 @@ func (e etcdCompaction) status(ctx context.Context) (int64, int64, error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("controller: etcd status: %w", err)
 	}
-	return resp.Header.Revision, resp.DbSize, nil
+	// Compaction frees pages for reuse; only a defragmentation shrinks
+	// the file, so the bytes in use are what compaction can help.
+	inUse := resp.DbSizeInUse
+	if inUse == 0 {
+		inUse = resp.DbSize
+	}
+	return resp.Header.Revision, inUse, nil
 }
 
 func (e etcdCompaction) compact(ctx context.Context, rev int64) error {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -58,12 +59,15 @@ func TestPlanCompaction(t *testing.T) {
 		{"capture has stored nothing yet",
 			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
 			compactionPlan{Wanted: 900, Held: true}},
-		{"capture held it back too long: availability wins",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Compacted: 601, Capture: true, Captured: 600, HeldSince: t0.Add(-time.Minute), CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Revision: 900, Wanted: 900, Held: true, Overtake: "capture has held compaction back for 1m0s"}},
-		{"the database nears its quota: availability wins at once",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 600, CaptureWait: time.Minute, DBSize: 600 << 20, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Revision: 900, Wanted: 900, Held: true, Overtake: "the database's 629145600 bytes reach 59% of its 1073741824-byte quota"}},
+		{"capture stalled too long: availability wins",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Compacted: 601, Capture: true, Captured: 600, Stalled: true, HeldSince: t0.Add(-time.Minute), CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Revision: 900, Wanted: 900, Held: true, Overtake: "capture has made no progress for 1m0s"}},
+		{"capture stalled, the database nears its quota: availability wins at once",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 600, Stalled: true, CaptureWait: time.Minute, DBInUse: 600 << 20, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Revision: 900, Wanted: 900, Held: true, Overtake: "capture is stalled and the database's 629145600 bytes in use reach 59% of its 1073741824-byte quota"}},
+		{"capture behind but moving, the database near its quota: it waits",
+			compactionInput{Policy: keep100, Now: t0, Head: 1000, Compacted: 601, Capture: true, Captured: 700, CaptureWait: time.Minute, DBInUse: 600 << 20, Quota: 1 << 30, QuotaShare: 0.5},
+			compactionPlan{Revision: 701, Wanted: 900, Held: true}},
 		{"capture off: compaction never waits",
 			compactionInput{Policy: keep100, Now: t0, Head: 1000, Captured: 10},
 			compactionPlan{Revision: 900, Wanted: 900}},
@@ -114,12 +118,36 @@ func TestCompactorCheck(t *testing.T) {
 	if !strings.Contains(logs.String(), "compaction went past continuous capture") {
 		t.Errorf("the overtake was not logged:\n%s", logs.String())
 	}
+	// Capture that moves, however far behind, is waited for: no
+	// overtake however long it trails.
+	cf.rev, cl.head, cf.requested = 1600, 1800, false
+	for range 30 {
+		now = now.Add(time.Second)
+		cf.rev += 10
+		cl.head += 100
+		c.check(t.Context(), cl, cf, policy)
+		if got := cl.compacted[len(cl.compacted)-1]; got != cf.rev+1 || cf.requested {
+			t.Fatalf("capture moving to %d: compacted to %d, base requested %v", cf.rev, got, cf.requested)
+		}
+	}
+	// A client compacted further already: nothing is counted against
+	// capture.
+	cl.err = rpctypes.ErrCompacted
+	cl.head += 100
+	now = now.Add(time.Minute)
+	c.check(t.Context(), cl, cf, policy)
+	if cf.requested || strings.Count(logs.String(), "compaction went past continuous capture") != 1 {
+		t.Errorf("a client's compaction counted as an overtake:\n%s", logs.String())
+	}
 	// A failed compaction is tried again at the next check.
-	cl.err, cl.head = errors.New("etcdserver: request timed out"), 1700
+	compacted := c.compacted
+	cl.err = errors.New("etcdserver: request timed out")
+	cl.head += 100
+	cf.rev += 10
 	now = now.Add(time.Second)
 	c.check(t.Context(), cl, cf, spec.CompactionPolicy{Revisions: 100})
-	if c.compacted != 1500 {
-		t.Errorf("a failed compaction recorded %d as compacted", c.compacted)
+	if c.compacted != compacted {
+		t.Errorf("a failed compaction recorded %d as compacted (was %d)", c.compacted, compacted)
 	}
 }
 

@@ -33,7 +33,7 @@ func (lp *loop) housekeeping(ctx context.Context, s *store.Store, obs plan.Obser
 	} else if len(removed) > 0 {
 		lp.log.Info("removed scratch space left in tmp", "entries", removed)
 	}
-	if s != nil && (obs.Cluster != nil || obs.LockHeld) {
+	if s != nil && obs.StoreErr == nil && (obs.Cluster != nil || obs.LockHeld) {
 		gone, err := peer.PruneRecords(ctx, s, lp.now(), recordMaxAge)
 		if err != nil {
 			lp.log.Warn("cannot prune the records of agents gone long ago", "error", err)
