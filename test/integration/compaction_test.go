@@ -79,6 +79,11 @@ func TestCompactionKeepsBehindCapture(t *testing.T) {
 		return rev
 	}
 
+	// Capture runs (after the cluster's first backup), so that it sees
+	// the writes.
+	harness.WaitFor(t, time.Minute, "capture to run", func() bool {
+		return strings.Contains(scrape(t, a.MetricsURL), "\netcd_manager_capture_running 1\n")
+	})
 	// The policy, with capture keeping up: the head less 50.
 	head := writes("first", 200)
 	harness.WaitFor(t, time.Minute, "capture to store the head", func() bool { return harness.CapturedTo(ctx, s) >= head })
