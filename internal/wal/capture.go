@@ -683,10 +683,7 @@ func (c *Capture) upload(ctx context.Context, s spooled) error {
 		if s.Header.Last > st.Durable {
 			st.Durable, st.DurableTime = s.Header.Last, time.Unix(0, s.Header.LastTime)
 		}
-		if c.durable == nil {
-			c.durable = map[string]int64{}
-		}
-		c.durable[s.Header.Timeline] = max(c.durable[s.Header.Timeline], s.Header.Last)
 	})
+	c.noteDurable(s.Header.Timeline, s.Header.Last)
 	return nil
 }

@@ -13,7 +13,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
@@ -35,11 +34,7 @@ func TestCaptureAcrossFaults(t *testing.T) {
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	s, err := store.Open(ctx, env.StoreURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openStore(t, env.StoreURL)
 	baseName := strings.TrimSpace(env.MustCtl("backup-now"))
 	base, err := backup.ReadMeta(ctx, s, baseName)
 	if err != nil {

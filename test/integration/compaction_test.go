@@ -12,7 +12,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
@@ -62,11 +61,7 @@ func TestCompactionKeepsBehindCapture(t *testing.T) {
 	c := clusterClient(t, agents)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	s, err := store.Open(ctx, env.StoreURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openStore(t, env.StoreURL)
 	writes := func(prefix string, n int) int64 {
 		var rev int64
 		for i := range n {

@@ -124,10 +124,7 @@ func testPITRVersion(t *testing.T, version string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir := filepath.Join(env.Root, "store")
-	s, err := store.Open(ctx, harness.FileURL(dir), store.Options{Create: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openStore(t, harness.FileURL(dir))
 	info, err := backup.Take(ctx, s, backup.Request{
 		Client: clientv3.Config{DialTimeout: 5 * time.Second}, Endpoint: live.Endpoints()[0],
 		TempDir: filepath.Join(env.Root, "tmp"), ClusterToken: "tl1", Now: time.Now(),
@@ -353,11 +350,7 @@ func TestPointInTimeRestore(t *testing.T) {
 	c := clusterClient(t, agents)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	s, err := store.Open(ctx, env.StoreURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openStore(t, env.StoreURL)
 
 	// A full backup before the writes: every point after it is reachable.
 	first, err := backup.ReadMeta(ctx, s, strings.TrimSpace(env.MustCtl("backup-now")))
