@@ -437,11 +437,9 @@ func (f *follower) writer() (*segmentWriter, error) {
 	if f.w != nil {
 		return f.w, nil
 	}
-	_, total, err := readSpool(f.c.Dir)
-	if err != nil {
-		return nil, err
-	}
-	f.c.update(func(s *Status) { s.SpoolBytes = total })
+	// Upload keeps the spool's size current: cut adds, an upload
+	// subtracts, and every upload pass counts it afresh.
+	total := f.c.Status().SpoolBytes
 	if total >= f.c.MaxSpoolBytes {
 		f.c.update(func(s *Status) { s.SpoolFull = true })
 		return nil, fmt.Errorf("%w: %d bytes of segments wait for the store in %s (bound %d)", ErrSpoolFull, total, f.c.Dir, f.c.MaxSpoolBytes)
@@ -618,6 +616,7 @@ func (c *Capture) UploadOnce(ctx context.Context) error {
 	}
 	c.update(func(s *Status) { s.SpoolBytes = total })
 	for _, s := range segs {
+		size := s.size()
 		for {
 			err := c.upload(ctx, s)
 			var conflict *conflictError
@@ -636,8 +635,7 @@ func (c *Capture) UploadOnce(ctx context.Context) error {
 			}
 			s = next
 		}
-		total -= s.size()
-		c.update(func(st *Status) { st.SpoolBytes = max(total, 0) })
+		c.update(func(st *Status) { st.SpoolBytes = max(st.SpoolBytes-size, 0) })
 	}
 	return nil
 }

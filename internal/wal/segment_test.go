@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -159,58 +158,6 @@ func TestSegmentKeys(t *testing.T) {
 		if ok != tc.ok || (ok && got != tc.want) {
 			t.Errorf("parseKey(%q) = %+v, %v; want %+v, %v", tc.key, got, ok, tc.want, tc.ok)
 		}
-	}
-}
-
-// A spooled segment whose head another writer already uploaded is cut
-// down to the rest, and its chain still verifies.
-func TestTrimSpooled(t *testing.T) {
-	dir := t.TempDir()
-	s := spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 20, &Base{Backup: "b", Revision: 9})
-	other := spoolSegment(t, t.TempDir(), mustHex(RunStart("tl1", 9)), 10, 14, &Base{Backup: "b", Revision: 9})
-	trimmed, left, err := trimSpooled(dir, s, 14, other.Header.Chain)
-	if err != nil || !left {
-		t.Fatalf("trim: %v, %v", left, err)
-	}
-	if h := trimmed.Header; h.First != 15 || h.Last != 20 || h.Prev != other.Header.Chain || h.Chain != s.Header.Chain || h.Base != nil {
-		t.Fatalf("trimmed header: %+v", h)
-	}
-	if _, _, err := readAll(objectBytes(t, trimmed)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(s.path + ".body"); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the untrimmed segment is still spooled: %v", err)
-	}
-	// A different history at the same revision is refused.
-	s2 := spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 20, nil)
-	if _, _, err := trimSpooled(dir, s2, 14, strings.Repeat("ab", 32)); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("trim against another history: %v", err)
-	}
-}
-
-// Only cut segments are listed; what a crash left unfinished is removed.
-func TestReadSpool(t *testing.T) {
-	dir := t.TempDir()
-	spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 12, nil)
-	spoolSegment(t, dir, make([]byte, 32), 13, 15, nil)
-	if _, err := newSegmentWriter(dir, "tl1", nil, 16, nil); err != nil { // left open
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "tl1-00000000000000000099.hdr"), []byte("{"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := clearSpoolTemp(dir); err != nil {
-		t.Fatal(err)
-	}
-	segs, total, err := readSpool(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(segs) != 2 || segs[0].Header.First != 10 || segs[1].Header.First != 13 || total != segs[0].size()+segs[1].size() {
-		t.Fatalf("spool: %+v (total %d)", segs, total)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "tl1-00000000000000000099.hdr.bad")); err != nil {
-		t.Fatalf("an unreadable header is not set aside: %v", err)
 	}
 }
 

@@ -2,7 +2,9 @@ package wal
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -15,12 +17,26 @@ import (
 	"strings"
 )
 
-// The spool is a local directory of cut segments waiting for upload:
-// <timeline>-<first>.body and <timeline>-<first>.hdr. The header is
-// written last; a body without one is the segment being written, lost
-// with the process that wrote it (nothing of it was reported durable).
+// The spool is a local directory of cut segments waiting for upload,
+// one file each: <timeline>-<first>.seg holds the body, then the header
+// as JSON, then a footer (spoolMagic and the header's length). It is
+// written as .seg.tmp, synced, renamed and the directory synced: a cut
+// costs two syncs on the disk etcd may share. A .tmp file is the segment
+// being written, or one a crash cut short; nothing of it was reported
+// durable. Spools of versions before this one hold a .body and a .hdr
+// per segment; they are still read, uploaded and removed.
 
-// segmentWriter writes one segment's body into the spool.
+const (
+	spoolExt   = ".seg"
+	spoolMagic = "emwalsp1"
+	footerSize = len(spoolMagic) + 4
+	legacyHdr  = ".hdr"
+	legacyBody = ".body"
+	tempExt    = ".tmp"
+	badExt     = ".bad"
+)
+
+// segmentWriter writes one segment into the spool.
 type segmentWriter struct {
 	dir      string
 	f        *os.File
@@ -40,7 +56,7 @@ func spoolName(timeline string, first int64) string {
 // newSegmentWriter starts a segment of timeline after the revision whose
 // chain value is prev; base is set when it starts a run.
 func newSegmentWriter(dir, timeline string, prev []byte, first int64, base *Base) (*segmentWriter, error) {
-	f, err := os.OpenFile(filepath.Join(dir, spoolName(timeline, first)+".body.tmp"), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	f, err := os.OpenFile(filepath.Join(dir, spoolName(timeline, first)+spoolExt+tempExt), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("wal: spool: %w", err)
 	}
@@ -74,8 +90,9 @@ func (sw *segmentWriter) add(r Record) error {
 	return nil
 }
 
-// cut makes the segment durable in the spool: the body synced, then the
-// header written, synced and renamed into place.
+// cut makes the segment durable in the spool: the header and footer
+// appended to the body, the file synced, renamed into place, and the
+// directory synced.
 func (sw *segmentWriter) cut() (Header, error) {
 	h := sw.header
 	if err := sw.w.Flush(); err != nil {
@@ -84,6 +101,17 @@ func (sw *segmentWriter) cut() (Header, error) {
 	}
 	h.SHA256 = hex.EncodeToString(sw.sum.Sum(nil))
 	h.Chain = hex.EncodeToString(sw.chain)
+	data, err := json.Marshal(h)
+	if err != nil {
+		sw.abandon()
+		return h, fmt.Errorf("wal: spool: %w", err)
+	}
+	data = append(data, spoolMagic...)
+	data = binary.BigEndian.AppendUint32(data, uint32(len(data)-len(spoolMagic)))
+	if _, err := sw.f.Write(data); err != nil {
+		sw.abandon()
+		return h, fmt.Errorf("wal: spool: %w", err)
+	}
 	if err := sw.f.Sync(); err != nil {
 		sw.abandon()
 		return h, fmt.Errorf("wal: spool: %w", err)
@@ -91,16 +119,9 @@ func (sw *segmentWriter) cut() (Header, error) {
 	if err := sw.f.Close(); err != nil {
 		return h, fmt.Errorf("wal: spool: %w", err)
 	}
-	name := filepath.Join(sw.dir, spoolName(h.Timeline, h.First))
-	if err := os.Rename(name+".body.tmp", name+".body"); err != nil {
+	name := filepath.Join(sw.dir, spoolName(h.Timeline, h.First)) + spoolExt
+	if err := os.Rename(name+tempExt, name); err != nil {
 		return h, fmt.Errorf("wal: spool: %w", err)
-	}
-	data, err := json.Marshal(h)
-	if err != nil {
-		return h, fmt.Errorf("wal: spool: %w", err)
-	}
-	if err := writeFileSync(name+".hdr", append(data, '\n')); err != nil {
-		return h, err
 	}
 	return h, syncDir(sw.dir)
 }
@@ -109,29 +130,6 @@ func (sw *segmentWriter) cut() (Header, error) {
 func (sw *segmentWriter) abandon() {
 	sw.f.Close()
 	os.Remove(sw.f.Name())
-}
-
-func writeFileSync(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("wal: spool: %w", err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("wal: spool: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("wal: spool: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("wal: spool: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("wal: spool: %w", err)
-	}
-	return nil
 }
 
 func syncDir(dir string) error {
@@ -149,7 +147,8 @@ func syncDir(dir string) error {
 // spooled is one cut segment in the spool.
 type spooled struct {
 	Header Header
-	path   string // without .hdr / .body
+	path   string // without the extension
+	legacy bool   // a .hdr and a .body, as earlier versions wrote
 }
 
 func (s spooled) size() int64 { return s.Header.BodySize }
@@ -160,29 +159,36 @@ func (s spooled) open() (io.ReadCloser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wal: spool: %w", err)
 	}
-	f, err := os.Open(s.path + ".body")
+	name := s.path + spoolExt
+	if s.legacy {
+		name = s.path + legacyBody
+	}
+	f, err := os.Open(name)
 	if err != nil {
 		return nil, fmt.Errorf("wal: spool: %w", err)
 	}
 	return struct {
 		io.Reader
 		io.Closer
-	}{io.MultiReader(strings.NewReader(string(data)+"\n"), f), f}, nil
+	}{io.MultiReader(bytes.NewReader(append(data, '\n')), io.LimitReader(f, s.Header.BodySize)), f}, nil
 }
 
 func (s spooled) remove() error {
-	if err := os.Remove(s.path + ".hdr"); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("wal: spool: %w", err)
+	names := []string{s.path + spoolExt}
+	if s.legacy {
+		names = []string{s.path + legacyHdr, s.path + legacyBody}
 	}
-	if err := os.Remove(s.path + ".body"); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("wal: spool: %w", err)
+	for _, name := range names {
+		if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("wal: spool: %w", err)
+		}
 	}
 	return nil
 }
 
-// readSpool lists the cut segments in dir, oldest first per timeline,
-// and removes what a crash left half-written. A header that does not
-// parse is moved aside, not trusted and not deleted.
+// readSpool lists the cut segments in dir, oldest first per timeline. A
+// segment whose header does not read is moved aside, not trusted and not
+// deleted.
 func readSpool(dir string) ([]spooled, int64, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -192,27 +198,23 @@ func readSpool(dir string) ([]spooled, int64, error) {
 	var total int64
 	for _, e := range entries {
 		name := e.Name()
+		var s spooled
+		var ok bool
 		switch {
-		case strings.HasSuffix(name, ".tmp"):
-			continue // being written, or left by a crash (removed by clearSpoolTemp)
-		case !strings.HasSuffix(name, ".hdr"):
-			continue
-		}
-		base := filepath.Join(dir, strings.TrimSuffix(name, ".hdr"))
-		data, err := os.ReadFile(base + ".hdr")
-		if errors.Is(err, os.ErrNotExist) {
-			continue // uploaded and removed since the listing
+		case strings.HasSuffix(name, spoolExt):
+			s, ok, err = readSpooled(filepath.Join(dir, strings.TrimSuffix(name, spoolExt)))
+		case strings.HasSuffix(name, legacyHdr):
+			s, ok, err = readLegacy(filepath.Join(dir, strings.TrimSuffix(name, legacyHdr)))
+		default:
+			continue // being written (.tmp), set aside (.bad), or not ours
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("wal: spool: %w", err)
+			return nil, 0, err
 		}
-		var h Header
-		if err := json.Unmarshal(data, &h); err != nil || h.Validate() != nil {
-			_ = os.Rename(base+".hdr", base+".hdr.bad")
-			continue
+		if ok {
+			out = append(out, s)
+			total += s.size()
 		}
-		out = append(out, spooled{Header: h, path: base})
-		total += h.BodySize
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i].Header, out[j].Header
@@ -224,6 +226,82 @@ func readSpool(dir string) ([]spooled, int64, error) {
 	return out, total, nil
 }
 
+// readSpooled reads the header of the segment file path.seg; ok is false
+// when it is gone (uploaded since the listing) or was set aside.
+func readSpooled(path string) (spooled, bool, error) {
+	s := spooled{path: path}
+	f, err := os.Open(path + spoolExt)
+	if errors.Is(err, os.ErrNotExist) {
+		return s, false, nil
+	}
+	if err != nil {
+		return s, false, fmt.Errorf("wal: spool: %w", err)
+	}
+	defer f.Close()
+	bad := func() (spooled, bool, error) {
+		_ = os.Rename(path+spoolExt, path+spoolExt+badExt)
+		return s, false, nil
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return s, false, fmt.Errorf("wal: spool: %w", err)
+	}
+	size := st.Size()
+	if size < int64(footerSize) {
+		return bad()
+	}
+	var foot [footerSize]byte
+	if _, err := f.ReadAt(foot[:], size-int64(footerSize)); err != nil {
+		return s, false, fmt.Errorf("wal: spool: %w", err)
+	}
+	n := int64(binary.BigEndian.Uint32(foot[len(spoolMagic):]))
+	if string(foot[:len(spoolMagic)]) != spoolMagic || n > maxHeaderSize || n > size-int64(footerSize) {
+		return bad()
+	}
+	data := make([]byte, n)
+	if _, err := f.ReadAt(data, size-int64(footerSize)-n); err != nil {
+		return s, false, fmt.Errorf("wal: spool: %w", err)
+	}
+	if err := json.Unmarshal(data, &s.Header); err != nil || s.Header.Validate() != nil ||
+		s.Header.BodySize != size-int64(footerSize)-n {
+		return bad()
+	}
+	return s, true, nil
+}
+
+// readLegacy reads the header of an earlier version's path.hdr.
+func readLegacy(path string) (spooled, bool, error) {
+	s := spooled{path: path, legacy: true}
+	data, err := readBounded(path+legacyHdr, maxHeaderSize)
+	if errors.Is(err, os.ErrNotExist) {
+		return s, false, nil
+	}
+	if err != nil {
+		return s, false, err
+	}
+	if json.Unmarshal(data, &s.Header) != nil || s.Header.Validate() != nil {
+		_ = os.Rename(path+legacyHdr, path+legacyHdr+badExt)
+		return s, false, nil
+	}
+	return s, true, nil
+}
+
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("wal: spool: %w", err)
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("wal: spool: %s is over %d bytes", path, limit)
+	}
+	return data, nil
+}
+
 // clearSpoolTemp removes the unfinished files a crash left.
 func clearSpoolTemp(dir string) error {
 	entries, err := os.ReadDir(dir)
@@ -231,7 +309,7 @@ func clearSpoolTemp(dir string) error {
 		return fmt.Errorf("wal: spool: %w", err)
 	}
 	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), ".tmp") {
+		if strings.HasSuffix(e.Name(), tempExt) {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 				return fmt.Errorf("wal: spool: %w", err)
 			}
@@ -245,13 +323,12 @@ func clearSpoolTemp(dir string) error {
 // segment already holds the rest. It returns the new segment, or false
 // when nothing is left.
 func trimSpooled(dir string, s spooled, after int64, want string) (spooled, bool, error) {
-	f, err := os.Open(s.path + ".body")
+	r, err := s.open()
 	if err != nil {
-		return s, false, fmt.Errorf("wal: spool: %w", err)
+		return s, false, err
 	}
-	defer f.Close()
-	data, _ := json.Marshal(s.Header)
-	rd, err := NewReader(io.MultiReader(strings.NewReader(string(data)+"\n"), f), s.path)
+	defer r.Close()
+	rd, err := NewReader(r, s.path)
 	if err != nil {
 		return s, false, err
 	}
