@@ -1,6 +1,7 @@
 package etcdproc
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -240,6 +241,43 @@ func TestSupervisorRestartsAndStops(t *testing.T) {
 	b, _ := os.ReadFile(starts)
 	if n := strings.Count(string(b), "started"); n != 2 {
 		t.Errorf("child started %d times, want 2", n)
+	}
+}
+
+// A Stop that gives up waiting (its context ends) still stops etcd, and
+// the next Start waits for it to exit: two etcds never share a data dir.
+func TestSupervisorNeverOverlaps(t *testing.T) {
+	dir := t.TempDir()
+	starts, pids := filepath.Join(dir, "starts"), filepath.Join(dir, "pids")
+	etcd := filepath.Join(dir, "etcd-v3.6.16", "etcd")
+	// The stand-in says whether an earlier one still runs, then ignores
+	// SIGTERM, like an etcd slow to shut down.
+	writeScript(t, etcd, "for p in $(cat "+pids+" 2>/dev/null); do kill -0 $p 2>/dev/null && echo overlap >> "+starts+"; done\n"+
+		"echo $$ >> "+pids+"\necho started >> "+starts+"\ntrap '' TERM\nexec sleep 60")
+	sup := NewSupervisor(SupervisorConfig{
+		PIDFile: filepath.Join(dir, "etcd.pid"), Output: io.Discard, StopTimeout: 500 * time.Millisecond,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	sp := Spec{Binaries: Binaries{Etcd: etcd}, Name: "n", DataDir: filepath.Join(dir, "data", "tok")}
+	if err := sup.Start(t.Context(), sp); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first start recorded", func() bool { b, _ := os.ReadFile(starts); return strings.Contains(string(b), "started") })
+	first := sup.Status().PID
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := sup.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a Stop whose context ends before etcd exits: %v", err)
+	}
+	if err := sup.Start(t.Context(), sp); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the second start recorded", func() bool { b, _ := os.ReadFile(starts); return strings.Count(string(b), "started") == 2 })
+	if b, _ := os.ReadFile(starts); strings.Contains(string(b), "overlap") {
+		t.Errorf("the second etcd started while the first (pid %d) still ran", first)
+	}
+	if err := sup.Stop(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 }
 

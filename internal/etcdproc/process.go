@@ -160,12 +160,15 @@ type Supervisor struct {
 	cfg SupervisorConfig
 	log *slog.Logger
 
-	mu       sync.Mutex
-	spec     *Spec
-	pid      int
-	starts   int
-	stop     chan struct{} // closed to stop the current run loop
-	done     chan struct{} // closed when the run loop has exited
+	mu     sync.Mutex
+	spec   *Spec
+	pid    int
+	starts int
+	stop   chan struct{} // closed to stop the current run loop
+	done   chan struct{} // closed when the run loop has exited
+	// exiting is the done of a stopped run loop that a Stop gave up
+	// waiting for: no etcd starts before it has exited.
+	exiting  chan struct{}
 	lastErr  error
 	dataLost bool
 }
@@ -227,22 +230,39 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) error {
 }
 
 // Stop stops etcd gracefully (SIGTERM, then SIGKILL after StopTimeout)
-// and waits for it to exit. Stopping an idle supervisor is a no-op.
+// and waits for it to exit. Stopping an idle supervisor is a no-op. When
+// ctx ends first, etcd still stops, and the next Start waits for it: two
+// etcds never run on one data directory.
 func (s *Supervisor) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	stop, done := s.stop, s.done
 	s.stop, s.done, s.spec = nil, nil, nil
+	if done != nil {
+		s.exiting = done
+	}
+	exiting := s.exiting
 	s.mu.Unlock()
-	if stop == nil {
+	if stop != nil {
+		close(stop)
+	}
+	if exiting == nil {
 		return nil
 	}
-	close(stop)
 	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("etcdproc: stop etcd: %w", ctx.Err())
+	case <-exiting:
+	default:
+		select {
+		case <-exiting:
+		case <-ctx.Done():
+			return fmt.Errorf("etcdproc: stop etcd: %w", ctx.Err())
+		}
 	}
+	s.mu.Lock()
+	if s.exiting == exiting {
+		s.exiting = nil
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 // Update replaces the spec used by later restarts without restarting the
