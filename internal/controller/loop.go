@@ -62,6 +62,8 @@ type loop struct {
 	termFloor int64
 	// http reads etcd's /version, reused across cycles.
 	http *http.Client
+	// peerHTTP reads the local etcd's peer port (see observeNotServing).
+	peerHTTP *http.Client
 	// lastHousekeeping is when the local trash and tmp, and the store's
 	// old records, were last tidied.
 	lastHousekeeping time.Time

@@ -178,6 +178,8 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 						self.ClusterVersion = v
 					}
 				}
+			} else if st.Member != nil && len(ps.Spec.PeerURLs) > 0 {
+				lp.observeNotServing(ctx, &self, ps.Spec.PeerURLs[0])
 			}
 		}
 	}
@@ -573,6 +575,34 @@ func membership(m *etcdproc.MemberState) *plan.Membership {
 
 // localMembers are the started members that etcd's own copy of the
 // membership lists (a serializable read, which needs no quorum).
+// observeNotServing fills in what a recover-quorum needs from an etcd
+// that runs but serves no client. A member restarted while its cluster
+// has no quorum never serves one: etcd serves clients only once it has
+// published itself through raft, which needs a leader. Its peer port
+// still lists the members its copy knows; and serving no client is
+// seeing no leader, for as long. (An etcd that is still starting up
+// counts as without a leader too; a recover-quorum also needs evidence
+// from every other member, which a cluster with quorum never gives.)
+func (lp *loop) observeNotServing(ctx context.Context, self *plan.Node, peerURL string) {
+	if lp.peerHTTP == nil {
+		lp.peerHTTP = etcdproc.NewPeerHTTPClient(lp.etcdTLS)
+	}
+	pms, err := etcdproc.PeerMembers(ctx, lp.peerHTTP, peerURL)
+	if err != nil {
+		return
+	}
+	for _, m := range pms {
+		if m.Name != "" {
+			self.LocalMembers = append(self.LocalMembers, plan.Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner})
+		}
+	}
+	sort.Slice(self.LocalMembers, func(i, j int) bool { return self.LocalMembers[i].Name < self.LocalMembers[j].Name })
+	if lp.noLeaderSince.IsZero() {
+		lp.noLeaderSince = lp.now()
+	}
+	self.NoLeaderFor = lp.now().Sub(lp.noLeaderSince)
+}
+
 func localMembers(ctx context.Context, c *clientv3.Client) []plan.Member {
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()

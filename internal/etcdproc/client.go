@@ -46,7 +46,8 @@ func NewClient(endpoints []string, tlsCfg *tls.Config) (*clientv3.Client, error)
 }
 
 // LocalStatus asks the etcd at endpoint for its status. It succeeds only if
-// that member answers; it does not need quorum.
+// that member answers; it does not need quorum, but etcd answers clients
+// only once it has joined its cluster since it started (see PeerMembers).
 func LocalStatus(ctx context.Context, c *clientv3.Client, endpoint string) (MemberStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
@@ -102,4 +103,65 @@ func ClusterVersion(ctx context.Context, client *http.Client, clientURL string) 
 		return "", fmt.Errorf("etcdproc: cluster version from %s: %w", clientURL, err)
 	}
 	return v.Cluster, nil
+}
+
+// NewPeerHTTPClient returns an HTTP client for etcd's peer port, over TLS
+// when tlsCfg is set. The peer port speaks HTTP/1.1 to anything but
+// raft's own streams, so HTTP/2 is never attempted.
+func NewPeerHTTPClient(tlsCfg *tls.Config) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	if tlsCfg != nil {
+		t.TLSClientConfig = tlsCfg.Clone()
+		t.TLSClientConfig.NextProtos = []string{"http/1.1"}
+	}
+	t.ForceAttemptHTTP2 = false
+	t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	t.MaxIdleConnsPerHost = 1
+	return &http.Client{Transport: t, Timeout: 5 * time.Second}
+}
+
+// PeerMember is a member as etcd's peer port lists it.
+type PeerMember struct {
+	ID        uint64   `json:"id"`
+	Name      string   `json:"name"`
+	PeerURLs  []string `json:"peerURLs"`
+	IsLearner bool     `json:"isLearner"`
+}
+
+// maxPeerMembersBytes bounds the member list read from a peer port: far
+// above any real cluster's.
+const maxPeerMembersBytes = 1 << 20
+
+// PeerMembers lists the members the etcd at peerURL knows, from its own
+// copy of the membership, through its peer port. That answers even when
+// etcd serves no client: a member restarted while its cluster has no
+// quorum never does (etcd serves clients only once it has published
+// itself through raft, which needs a leader).
+func PeerMembers(ctx context.Context, client *http.Client, peerURL string) ([]PeerMember, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(peerURL, "/")+"/members", nil)
+	if err != nil {
+		return nil, fmt.Errorf("etcdproc: members from %s: %w", peerURL, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("etcdproc: members from %s: %w", peerURL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("etcdproc: members from %s: %s", peerURL, resp.Status)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxPeerMembersBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("etcdproc: members from %s: %w", peerURL, err)
+	}
+	if len(data) > maxPeerMembersBytes {
+		return nil, fmt.Errorf("etcdproc: members from %s: the list is over %d bytes", peerURL, maxPeerMembersBytes)
+	}
+	var ms []PeerMember
+	if err := json.Unmarshal(data, &ms); err != nil {
+		return nil, fmt.Errorf("etcdproc: members from %s: %w", peerURL, err)
+	}
+	return ms, nil
 }

@@ -253,6 +253,41 @@ func TestRestoreBadInput(t *testing.T) {
 	}
 }
 
+// The survivor's agent restarts while quorum is lost. Its etcd then never
+// serves a client (etcd serves clients only once it has joined its cluster
+// through raft, which needs a leader), yet recover-quorum must still get
+// the survivor's evidence and recover. Before the fix, it waited forever
+// for the survivor's etcd to report its members.
+func TestRecoverQuorumAfterSurvivorRestart(t *testing.T) {
+	env, agents, _ := startCluster(t, 3, 3, harness.AgentOptions{})
+	c := clusterClient(t, agents)
+	put(t, c, "/q/before-loss", "survives")
+	survivor, lost := agents[0], agents[1:]
+	var lostIDs []string
+	for _, a := range lost {
+		lostIDs = append(lostIDs, a.NodeID())
+		a.Kill()
+		if err := os.RemoveAll(a.DataDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	survivor.Stop()
+	survivor.Start()
+	harness.WaitFor(t, time.Minute, "the survivor's etcd to run", func() bool { return survivor.EtcdPID() > 0 })
+	if _, ok := memberStatus(survivor); ok {
+		t.Fatal("the restarted survivor's etcd serves clients without quorum: the test does not exercise its case")
+	}
+	out, errOut, err := env.Ctl("recover-quorum", "--timeout=3m", "--lost="+strings.Join(lostIDs, ","))
+	if err != nil {
+		t.Fatalf("recover-quorum: %v\n%s\n%s", err, out, errOut)
+	}
+	sc := clusterClient(t, []*harness.Agent{survivor})
+	if got := get(t, sc, "/q/before-loss"); got != "survives" {
+		t.Fatalf("/q/before-loss = %q after the recovery, want %q", got, "survives")
+	}
+	put(t, sc, "/q/after-recovery", "writable")
+}
+
 // Two of three members lose their data for good. recover-quorum rebuilds
 // the cluster from the survivor, and nothing it had is lost, not even the
 // writes made after the last backup; the wiped nodes then rejoin. While

@@ -1,0 +1,62 @@
+package etcdproc
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// PeerMembers reads etcd's peer-port member list, and refuses what no
+// etcd sends: a failed request, a body that does not parse, or one too
+// large.
+func TestPeerMembers(t *testing.T) {
+	list := `[{"id":9029009101211547941,"peerURLs":["https://127.0.0.1:2380"],"name":"a","clientURLs":["https://127.0.0.1:4001"]},` +
+		`{"id":2,"peerURLs":["https://127.0.0.2:2380"],"isLearner":true}]`
+	for _, tt := range []struct {
+		name   string
+		status int
+		body   string
+		want   []PeerMember
+		err    string
+	}{
+		{name: "a list", status: 200, body: list, want: []PeerMember{
+			{ID: 9029009101211547941, Name: "a", PeerURLs: []string{"https://127.0.0.1:2380"}},
+			{ID: 2, PeerURLs: []string{"https://127.0.0.2:2380"}, IsLearner: true}}},
+		{name: "an error status", status: 500, body: "no", err: "500"},
+		{name: "not JSON", status: 200, body: "<html>", err: "invalid character"},
+		{name: "too large", status: 200, body: "[" + strings.Repeat(" ", maxPeerMembersBytes) + "]", err: "over"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/members" || r.ProtoMajor != 1 {
+					http.Error(w, "bad request", http.StatusBadRequest)
+					return
+				}
+				w.WriteHeader(tt.status)
+				_, _ = w.Write([]byte(tt.body))
+			}))
+			defer srv.Close()
+			hc := NewPeerHTTPClient(srv.Client().Transport.(*http.Transport).TLSClientConfig)
+			got, err := PeerMembers(t.Context(), hc, srv.URL)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err = %v, want one with %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+			for i := range got {
+				g, w := got[i], tt.want[i]
+				if g.ID != w.ID || g.Name != w.Name || g.IsLearner != w.IsLearner || strings.Join(g.PeerURLs, ",") != strings.Join(w.PeerURLs, ",") {
+					t.Errorf("member %d = %+v, want %+v", i, g, w)
+				}
+			}
+		})
+	}
+}
