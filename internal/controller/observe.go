@@ -158,10 +158,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 			if err == nil {
 				self.Healthy, self.Version, local = true, ms.Version, ms
 				if ms.LeaderID == 0 && st.Member != nil {
-					if lp.noLeaderSince.IsZero() {
-						lp.noLeaderSince = lp.now()
-					}
-					self.NoLeaderFor = lp.now().Sub(lp.noLeaderSince)
+					self.NoLeaderFor = lp.noLeaderFor()
 				} else {
 					lp.noLeaderSince = time.Time{}
 				}
@@ -573,8 +570,6 @@ func membership(m *etcdproc.MemberState) *plan.Membership {
 	}
 }
 
-// localMembers are the started members that etcd's own copy of the
-// membership lists (a serializable read, which needs no quorum).
 // observeNotServing fills in what a recover-quorum needs from an etcd
 // that runs but serves no client. A member restarted while its cluster
 // has no quorum never serves one: etcd serves clients only once it has
@@ -591,18 +586,25 @@ func (lp *loop) observeNotServing(ctx context.Context, self *plan.Node, peerURL 
 	if err != nil {
 		return
 	}
+	var ms []plan.Member
 	for _, m := range pms {
-		if m.Name != "" {
-			self.LocalMembers = append(self.LocalMembers, plan.Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner})
-		}
+		ms = append(ms, plan.Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner})
 	}
-	sort.Slice(self.LocalMembers, func(i, j int) bool { return self.LocalMembers[i].Name < self.LocalMembers[j].Name })
+	self.LocalMembers = startedMembers(ms)
+	self.NoLeaderFor = lp.noLeaderFor()
+}
+
+// noLeaderFor is how long this node's etcd has been seen without a raft
+// leader, counting from now if it had one until now.
+func (lp *loop) noLeaderFor() time.Duration {
 	if lp.noLeaderSince.IsZero() {
 		lp.noLeaderSince = lp.now()
 	}
-	self.NoLeaderFor = lp.now().Sub(lp.noLeaderSince)
+	return lp.now().Sub(lp.noLeaderSince)
 }
 
+// localMembers are the started members that etcd's own copy of the
+// membership lists (a serializable read, which needs no quorum).
 func localMembers(ctx context.Context, c *clientv3.Client) []plan.Member {
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
@@ -610,10 +612,20 @@ func localMembers(ctx context.Context, c *clientv3.Client) []plan.Member {
 	if err != nil {
 		return nil
 	}
-	var out []plan.Member
+	var ms []plan.Member
 	for _, m := range resp.Members {
+		ms = append(ms, plan.Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner})
+	}
+	return startedMembers(ms)
+}
+
+// startedMembers keeps the members that have started (an unstarted one
+// has no name yet), sorted by name.
+func startedMembers(ms []plan.Member) []plan.Member {
+	var out []plan.Member
+	for _, m := range ms {
 		if m.Name != "" {
-			out = append(out, plan.Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner})
+			out = append(out, m)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

@@ -28,7 +28,9 @@ func TestPeerMembers(t *testing.T) {
 		{name: "too large", status: 200, body: "[" + strings.Repeat(" ", maxPeerMembersBytes) + "]", err: "over"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// The server offers HTTP/2, as a Go server does; etcd's peer
+			// port answers HTTP/1.1 only, so the client must not take it.
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.URL.Path != "/members" || r.ProtoMajor != 1 {
 					http.Error(w, "bad request", http.StatusBadRequest)
 					return
@@ -36,6 +38,8 @@ func TestPeerMembers(t *testing.T) {
 				w.WriteHeader(tt.status)
 				_, _ = w.Write([]byte(tt.body))
 			}))
+			srv.EnableHTTP2 = true
+			srv.StartTLS()
 			defer srv.Close()
 			hc := NewPeerHTTPClient(srv.Client().Transport.(*http.Transport).TLSClientConfig)
 			got, err := PeerMembers(t.Context(), hc, srv.URL)
