@@ -131,7 +131,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("controller: peer API: %w", err)
 	}
 	if a.cfg.MetricsAddress != "" {
-		stop, err := a.met.serve(a.cfg.MetricsAddress, n.Ready)
+		stop, err := a.met.serve(a.cfg.MetricsAddress, n.Ready, a.cfg.EnablePprof)
 		if err != nil {
 			l.Close()
 			return fmt.Errorf("controller: metrics: %w", err)

@@ -185,7 +185,7 @@ func (b *BackupAgent) Run(ctx context.Context) error {
 		return err
 	}
 	if b.cfg.MetricsAddress != "" {
-		stop, err := b.met.serve(b.cfg.MetricsAddress, func() (bool, string) { return true, "backup agent running" })
+		stop, err := b.met.serve(b.cfg.MetricsAddress, func() (bool, string) { return true, "backup agent running" }, false)
 		if err != nil {
 			return fmt.Errorf("controller: metrics: %w", err)
 		}

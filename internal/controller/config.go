@@ -80,6 +80,8 @@ type Config struct {
 	Compaction CompactionConfig
 	// MetricsAddress serves Prometheus metrics when set (host:port).
 	MetricsAddress string
+	// EnablePprof serves Go's runtime profiles beside the metrics.
+	EnablePprof bool
 
 	// LoopInterval is the time between control-loop cycles.
 	LoopInterval time.Duration
@@ -168,6 +170,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	c.Capture.AddFlags(fs)
 	c.Compaction.AddFlags(fs)
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
+	fs.BoolVar(&c.EnablePprof, "enable-pprof", c.EnablePprof, "also serve Go's runtime profiles at /debug/pprof/ on --metrics-address, for performance work (they show the agent's internals: keep the address private)")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
 	fs.DurationVar(&c.Trash.MaxAge, "trash-max-age", c.Trash.MaxAge, "copies of etcd data moved to <data-dir>/trash are deleted after this long, once this node is a healthy member whose live data supersedes them; the newest copy is always kept (0 keeps them for ever)")
@@ -262,6 +265,8 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
 			errs = append(errs, fmt.Errorf("--metrics-address %q: want host:port", c.MetricsAddress))
 		}
+	} else if c.EnablePprof {
+		errs = append(errs, errors.New("--enable-pprof needs --metrics-address, where the profiles are served"))
 	}
 	if c.Trash.MaxAge < 0 || c.Trash.MaxBytes < 0 {
 		errs = append(errs, errors.New("--trash-max-age and --trash-max-bytes must not be negative"))

@@ -55,6 +55,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "quarantine equals client", mutate: func(c *Config) { c.QuarantineClientURLs = c.ClientURLs }, wantErr: "must differ"},
 		{name: "zero loop interval", mutate: func(c *Config) { c.LoopInterval = 0 }, wantErr: "--loop-interval"},
 		{name: "bad metrics address", mutate: func(c *Config) { c.MetricsAddress = "9100" }, wantErr: "--metrics-address"},
+		{name: "pprof with no metrics address", mutate: func(c *Config) { c.EnablePprof = true }, wantErr: "--enable-pprof needs --metrics-address"},
 		{name: "bad retention", mutate: func(c *Config) { c.Backup.Retention = "forever" }, wantErr: "--backup-retention"},
 		{name: "backup interval too short", mutate: func(c *Config) { c.Backup.Interval = time.Second }, wantErr: "--backup-interval"},
 		{name: "bad discovery", mutate: func(c *Config) { c.Discovery = "consul:x" }, wantErr: "--discovery"},

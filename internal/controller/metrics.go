@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	httppprof "net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,8 +69,9 @@ func boolGauge(g prometheus.Gauge, v bool) {
 }
 
 // serve serves /metrics on addr until the returned stop is called, with
-// /healthz (the agent runs) and /readyz (ready reports ok) beside it.
-func (m *metrics) serve(addr string, ready func() (bool, string)) (stop func(), err error) {
+// /healthz (the agent runs) and /readyz (ready reports ok) beside it, and
+// Go's runtime profiles under /debug/pprof/ when pprof is set.
+func (m *metrics) serve(addr string, ready func() (bool, string), pprof bool) (stop func(), err error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -87,6 +89,13 @@ func (m *metrics) serve(addr string, ready func() (bool, string)) (stop func(), 
 		}
 		fmt.Fprintln(w, why)
 	})
+	if pprof {
+		mux.HandleFunc("/debug/pprof/", httppprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(l) }() // returns when stop shuts it down
 	return func() {
