@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // A spooled segment whose head another writer already uploaded is cut
@@ -194,5 +196,49 @@ func TestSpoolBound(t *testing.T) {
 	segs, _, err := readSpool(dir)
 	if err != nil || len(segs) != 0 {
 		t.Fatalf("spool after the upload: %+v, %v", segs, err)
+	}
+}
+
+// countingOutage counts the uploads tried against a store that is down.
+type countingOutage struct {
+	Store
+	mu    sync.Mutex
+	tries int
+}
+
+func (o *countingOutage) CreateFrom(ctx context.Context, key string, r io.Reader) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.tries++
+	return errors.New("store unreachable")
+}
+
+// During an outage, Upload backs off: the cuts that keep coming do not
+// make it try again at once (it did, every CutInterval).
+func TestUploadBacksOff(t *testing.T) {
+	dir := t.TempDir()
+	spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 20, &Base{Backup: "b", Revision: 9})
+	st := &countingOutage{Store: fileStore(t)}
+	c, err := New(Default(), dir, st, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Upload(ctx)
+	}()
+	// Cuts every 10ms for 1.5s: the first try, then one after the
+	// first back-off of 1s; the next is due at 3s.
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		c.poke()
+	}
+	cancel()
+	<-done
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.tries < 1 || st.tries > 2 {
+		t.Fatalf("%d uploads tried in 1.5s of outage with a cut every 10ms; want 1 or 2", st.tries)
 	}
 }

@@ -2,7 +2,10 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"regexp"
 	"strings"
@@ -281,4 +284,116 @@ func grepLines(log, s string, n int) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestCaptureCatchesUp: capture reads etcd in passes, each from a watch
+// that starts behind, which etcd answers in batches of up to 1000
+// revisions from its sync loop (every 100ms). A backlog of 2500
+// revisions takes several batches and is cut by size as it goes, with a
+// cut interval (10ms) far shorter than etcd's sync loop; then a paced
+// writer is kept up with. Every revision is in the store exactly once,
+// in order, chained.
+func TestCaptureCatchesUp(t *testing.T) {
+	etcd := startSegmentSource(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	s := openStore(t, "file://"+t.TempDir())
+	base := headRevision(t, ctx, etcd)
+	const backlog, workers = 2500, 10
+	var wg sync.WaitGroup
+	value := strings.Repeat("v", 200)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range backlog / workers {
+				if _, err := etcd.Put(ctx, fmt.Sprintf("/catch-up/%d/%d", w, i), value); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	head := headRevision(t, ctx, etcd)
+
+	cfg := wal.Default()
+	cfg.CutInterval = 10 * time.Millisecond
+	cfg.MaxSegmentBytes = 64 << 10
+	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(cctx, etcd, "catchup", &wal.Base{Backup: "full-backup", Revision: base}) }()
+	uploaded := make(chan struct{})
+	go func() { c.Upload(cctx); close(uploaded) }()
+	harness.WaitFor(t, time.Minute, fmt.Sprintf("the backlog to revision %d in the store", head), func() bool {
+		return c.Status().Durable >= head
+	})
+	for i := range 100 { // about 100 writes a second
+		if _, err := etcd.Put(ctx, fmt.Sprintf("/catch-up/paced/%d", i), value); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	head = headRevision(t, ctx, etcd)
+	harness.WaitFor(t, time.Minute, fmt.Sprintf("the paced writes to revision %d in the store", head), func() bool {
+		return c.Status().Durable >= head
+	})
+	stop()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Fatalf("capture ended with %v", err)
+	}
+	<-uploaded
+
+	refs, err := wal.List(ctx, s, "catchup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, prev, bySize := base+1, wal.RunStart("catchup", base), 0
+	for _, ref := range refs {
+		r, err := s.Reader(ctx, ref.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sr, err := wal.NewReader(r, ref.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sr.Header.Prev != prev {
+			t.Fatalf("%s does not follow the segment before it", ref.Key)
+		}
+		for {
+			rec, err := sr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", ref.Key, err)
+			}
+			if rec.Kind != wal.KindRevision {
+				continue
+			}
+			if rec.Revision != next {
+				t.Fatalf("%s holds revision %d where %d was due", ref.Key, rec.Revision, next)
+			}
+			next++
+		}
+		r.Close()
+		prev = sr.Header.Chain
+		if sr.Header.BodySize >= cfg.MaxSegmentBytes {
+			bySize++
+		}
+	}
+	if next != head+1 {
+		t.Fatalf("the store holds revisions %d to %d, want %d to %d", base+1, next-1, base+1, head)
+	}
+	if bySize == 0 {
+		t.Errorf("no segment of the %d-revision backlog was cut by size (%d bytes)", backlog, cfg.MaxSegmentBytes)
+	}
+	t.Logf("revisions %d to %d in %d segments, %d cut by size", base+1, head, len(refs), bySize)
 }
