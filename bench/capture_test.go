@@ -245,6 +245,10 @@ func startCaptureCluster(t *testing.T, capture bool) *captureCluster {
 	args := []string{"--backup-interval=24h"}
 	if !capture {
 		args = append(args, "--capture=false")
+	} else if extra := strings.Fields(os.Getenv("BENCH_CAPTURE_ARGS")); len(extra) > 0 {
+		// An experiment: flags for the capture-on cluster's agents only.
+		// The note names them.
+		args = append(args, extra...)
 	}
 	agents := env.StartAgents(3, harness.AgentOptions{Defaults: true, Metrics: true, ExtraArgs: args})
 	harness.WaitSettled(t, agents, 3, 2*time.Minute)
@@ -645,6 +649,20 @@ type captureLoadRun struct {
 	// stops are the "capture stopped" lines the capturing agent logged
 	// during the loads.
 	stops []string
+	// The CPU time of the loaded cluster's processes over its loads, in
+	// CPU-seconds: its 3 agents, its 3 etcds.
+	onAgentCPU, onEtcdCPU, offAgentCPU, offEtcdCPU float64
+}
+
+// cpu is the CPU time so far of a cluster's agents and of their
+// etcds, in 1/userHZ s.
+func (c *captureCluster) cpu(t *testing.T) (agents, etcds int64) {
+	t.Helper()
+	for _, a := range c.agents {
+		agents += cpuTicks(t, a.PID())
+		etcds += cpuTicks(t, a.EtcdPID())
+	}
+	return agents, etcds
 }
 
 func benchCaptureLoad(t *testing.T, sc scale) []Result {
@@ -663,6 +681,9 @@ func benchCaptureLoad(t *testing.T, sc scale) []Result {
 		"one with continuous capture as shipped (--capture-cut-interval=%s), the other with --capture=false; "+
 		"the load of rpo-p99 and capture-overhead: %d clients on every member's client URL, Puts of %d-byte values over %d keys, paced at %d writes/s for %s from up to %d in flight (scale %s)",
 		harness.DefaultEtcdVersion, captureCut, loadClients, loadValueBytes, loadKeys, sc.captureRate, sc.captureWindow, loadWorkers(sc.captureRate), sc.name)
+	if extra := strings.TrimSpace(os.Getenv("BENCH_CAPTURE_ARGS")); extra != "" {
+		setup += "; an experiment: the capture-on cluster's agents also ran with " + extra
+	}
 
 	p50, p99, worst := percentile(r.rpo, 0.5), percentile(r.rpo, 0.99), maxDur(r.rpo)
 	probe99 := percentile(r.probe, 0.99)
@@ -705,9 +726,11 @@ func benchCaptureLoad(t *testing.T, sc scale) []Result {
 	overhead := Result{Name: "capture-overhead", Value: ms(on), Unit: "ms", Baseline: ms(off), Ratio: ov,
 		Note: fmt.Sprintf("%s the goal of ≤ %.1f×; Put latency p99 with capture on, over the %d Puts acknowledged in %d load(s) of %s (p50 %.1f ms; each load's p99 %s ms, p50 %s ms; loads: %s); "+
 			"baseline: the same with --capture=false, the same load on the same cluster shape in the same run, the loads alternating between the two clusters (on, off, off, on, ...) to cancel drift: "+
-			"p99 %.1f ms over %d Puts (p50 %.1f ms; each load's p99 %s ms, p50 %s ms; loads: %s); %s",
+			"p99 %.1f ms over %d Puts (p50 %.1f ms; each load's p99 %s ms, p50 %s ms; loads: %s); "+
+			"CPU time (utime+stime) over these loads of the loaded cluster's 3 agents: %.2f s with capture, %.2f s without; of its 3 etcds: %.2f s with, %.2f s without; %s",
 			verdict, overheadGoal, len(r.onLat), len(r.onP99), sc.captureWindow, ms(percentile(r.onLat, 0.5)), fmtDurs(r.onP99, time.Millisecond), fmtDurs(r.onP50, time.Millisecond), strings.Join(r.onLoads, "; "),
-			ms(off), len(r.offLat), ms(percentile(r.offLat, 0.5)), fmtDurs(r.offP99, time.Millisecond), fmtDurs(r.offP50, time.Millisecond), strings.Join(r.offLoads, "; "), setup)}
+			ms(off), len(r.offLat), ms(percentile(r.offLat, 0.5)), fmtDurs(r.offP99, time.Millisecond), fmtDurs(r.offP50, time.Millisecond), strings.Join(r.offLoads, "; "),
+			r.onAgentCPU, r.offAgentCPU, r.onEtcdCPU, r.offEtcdCPU, setup)}
 
 	growth := ratio(r.rssOn.second, r.rssOn.first)
 	flat := "flat"
@@ -772,7 +795,10 @@ func runCaptureLoad(t *testing.T, sc scale) captureLoadRun {
 			rw := watchRSS(t, leader.PID())
 			w := watchStore(t, s, timeline)
 			stopProbe := probeStore(t, filepath.Join(c.env.Root, fmt.Sprintf("probe-%d", i)))
+			agents0, etcds0 := c.cpu(t)
 			l := runLoad(t, harness.Endpoints(c.agents), c.cfg, "/bench/capture/", rate, count, loadWorkers(sc.captureRate), loadMax)
+			agents1, etcds1 := c.cpu(t)
+			agentCPU, etcdCPU := float64(agents1-agents0)/userHZ, float64(etcds1-etcds0)/userHZ
 			peak := rw.stop(t, l).hwm
 			probes := stopProbe()
 			r.probe = append(r.probe, probes...)
@@ -784,7 +810,9 @@ func runCaptureLoad(t *testing.T, sc scale) captureLoadRun {
 				w.stop(t, 0)
 				r.offP99, r.offP50, r.offLoads, r.offLat = append(r.offP99, p99), append(r.offP50, p50), append(r.offLoads, l.describe()), append(r.offLat, l.lat...)
 				r.atRateOff = max(r.atRateOff, peak)
-				t.Logf("load %d, %s: Put p50 %s, p99 %s; %s; store probe p99 %s; leading agent peak RSS %.1f MiB", i+1, c, p50, p99, l.describe(), percentile(probes, 0.99), peak)
+				r.offAgentCPU, r.offEtcdCPU = r.offAgentCPU+agentCPU, r.offEtcdCPU+etcdCPU
+				t.Logf("load %d, %s: Put p50 %s, p99 %s; %s; store probe p99 %s; leading agent peak RSS %.1f MiB; CPU: agents %.2fs, etcds %.2fs",
+					i+1, c, p50, p99, l.describe(), percentile(probes, 0.99), peak, agentCPU, etcdCPU)
 				continue
 			}
 			segs := w.stop(t, l.maxRev())
@@ -801,8 +829,9 @@ func runCaptureLoad(t *testing.T, sc scale) captureLoadRun {
 			}
 			r.polls, r.slowestPoll = r.polls+w.polls, max(r.slowestPoll, w.slowest)
 			r.atRateOn = max(r.atRateOn, peak)
-			t.Logf("load %d, %s: Put p50 %s, p99 %s; %s; RPO p50 %s, p99 %s, max %s over %d segments; store probe p99 %s; leading agent peak RSS %.1f MiB",
-				i+1, c, p50, p99, l.describe(), percentile(rpo, 0.5), percentile(rpo, 0.99), maxDur(rpo), len(segs), percentile(probes, 0.99), peak)
+			r.onAgentCPU, r.onEtcdCPU = r.onAgentCPU+agentCPU, r.onEtcdCPU+etcdCPU
+			t.Logf("load %d, %s: Put p50 %s, p99 %s; %s; RPO p50 %s, p99 %s, max %s over %d segments; store probe p99 %s; leading agent peak RSS %.1f MiB; CPU: agents %.2fs, etcds %.2fs",
+				i+1, c, p50, p99, l.describe(), percentile(rpo, 0.5), percentile(rpo, 0.99), maxDur(rpo), len(segs), percentile(probes, 0.99), peak, agentCPU, etcdCPU)
 		}
 	}
 
