@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -40,6 +41,8 @@ type options struct {
 	cacert           string
 	cert             string
 	key              string
+	// settings are the etcd settings' flags, by etcd's flag name.
+	settings map[string]*string
 }
 
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
@@ -64,6 +67,10 @@ commands work even then.`,
 	fs.BoolVar(&o.allowDumpRestore, "allow-dump-restore", false, "with --etcd-version: allow a version change no rolling change can make (such as 3.5 to 3.4) by dump and restore, which cuts clients off until the new cluster serves (configure-cluster)")
 	fs.StringVar(&o.compactionMode, "auto-compaction-mode", "", "compaction policy's mode, as etcd's flag: periodic (keep a span of time) or revision (keep a count of revisions); the agent compacts, keeping behind continuous capture (configure-cluster; default periodic)")
 	fs.StringVar(&o.compactionKeep, "auto-compaction-retention", "", "compaction policy's retention, as etcd's flag: for periodic a duration such as 30m or a number of hours, for revision a number of revisions; 0 turns compaction off (configure-cluster; default "+spec.DefaultCompactionRetention+")")
+	o.settings = map[string]*string{}
+	for _, name := range spec.SettingNames() {
+		o.settings[name] = fs.String(name, "", spec.SettingHelp(name)+" (configure-cluster)")
+	}
 	fs.BoolVar(&o.skipBinaryCheck, "skip-binary-check", false, "let configure-cluster accept a version without looking for its binary here (when this machine is not an etcd node)")
 	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
 	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
@@ -117,7 +124,7 @@ whenever any agent is reachable.`,
 		},
 		&cobra.Command{
 			Use:   "configure-cluster",
-			Short: "Set the cluster spec: --member-count, --etcd-version and the compaction policy",
+			Short: "Set the cluster spec: --member-count, --etcd-version, the compaction policy and etcd settings",
 			Long: `configure-cluster writes the desired spec to the backup store. The agents
 pick it up on their next cycle. On a store that has a spec already, a flag
 left out keeps its current value.
@@ -127,9 +134,16 @@ meanings, but the agent leading etcd compacts, not etcd: it never compacts
 past what continuous capture has made durable in the store, unless capture
 lags past the agent's --compaction-capture-wait or the database nears its
 quota (then availability wins, and a full backup follows). Without them, a
-cluster keeps ` + spec.DefaultCompactionRetention + ` of history.`,
-			Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --member-count=1 --etcd-version=3.6.16 configure-cluster",
-			Args:    cobra.NoArgs,
+cluster keeps ` + spec.DefaultCompactionRetention + ` of history.
+
+etcd settings take etcd's own flag names and syntax: --` + strings.Join(spec.SettingNames(), ", --") + `.
+The leader rolls a change out one member at a time, followers first, moving
+leadership off a member before it restarts, as for a version change. A
+setting the spec's etcd version does not know is refused here. An empty
+value (--quota-backend-bytes=) goes back to etcd's default.`,
+			Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --member-count=1 --etcd-version=3.6.16 configure-cluster
+  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --quota-backend-bytes=8589934592 --snapshot-count=50000 configure-cluster`,
+			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				return o.configureCluster(cmd.Context(), cmd, stdout, stderr)
 			},
@@ -196,6 +210,9 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 		if err == nil {
 			_, err = fmt.Fprintf(w, "compaction: %s\n", describeCompaction(cs))
 		}
+		if err == nil && len(cs.EtcdSettings) > 0 {
+			_, err = fmt.Fprintf(w, "etcdSettings: %s\n", cs.EtcdSettings)
+		}
 		return err
 	default:
 		return fmt.Errorf("--output %q: use text or json", o.output)
@@ -222,8 +239,14 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	if o.allowDumpRestore && !versionSet {
 		return errors.New("--allow-dump-restore goes with the --etcd-version it allows")
 	}
-	if !countSet && !versionSet && !modeSet && !keepSet {
-		return errors.New("configure-cluster needs --member-count, --etcd-version, --auto-compaction-mode or --auto-compaction-retention")
+	var settingsSet []string
+	for _, name := range spec.SettingNames() {
+		if fs.Changed(name) {
+			settingsSet = append(settingsSet, name)
+		}
+	}
+	if !countSet && !versionSet && !modeSet && !keepSet && len(settingsSet) == 0 {
+		return errors.New("configure-cluster needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention or an etcd setting such as --quota-backend-bytes")
 	}
 	// Check the new values before touching the store.
 	if modeSet && keepSet {
@@ -283,6 +306,22 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	}
 	if keepSet {
 		cs.AutoCompactionRetention = o.compactionKeep
+	}
+	if len(settingsSet) > 0 {
+		cs.EtcdSettings = cs.EtcdSettings.Clone()
+		for _, name := range settingsSet {
+			if v := strings.TrimSpace(*o.settings[name]); v != "" {
+				if cs.EtcdSettings == nil {
+					cs.EtcdSettings = spec.Settings{}
+				}
+				cs.EtcdSettings[name] = v
+			} else {
+				delete(cs.EtcdSettings, name)
+			}
+		}
+		if len(cs.EtcdSettings) == 0 {
+			cs.EtcdSettings = nil
+		}
 	}
 	warnings, err := cs.Validate()
 	if err != nil {

@@ -82,7 +82,10 @@ func TestConfigureClusterBadInput(t *testing.T) {
 		{name: "v2", args: []string{"--member-count=1", "--etcd-version=2.2.1"}, wantErr: "etcd v2 is not supported"},
 		{name: "unparsable version", args: []string{"--member-count=1", "--etcd-version=3.six"}, wantErr: "invalid etcd version"},
 		{name: "new spec needs both flags", args: []string{"--member-count=1"}, wantErr: "needs both --member-count and --etcd-version"},
-		{name: "no flags", args: nil, wantErr: "needs --member-count, --etcd-version, --auto-compaction-mode or --auto-compaction-retention"},
+		{name: "no flags", args: nil, wantErr: "needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention or an etcd setting"},
+		{name: "a malformed setting", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--quota-backend-bytes=8GiB"}, wantErr: `--quota-backend-bytes="8GiB": want a whole number`},
+		{name: "a setting the version lacks", args: []string{"--member-count=1", "--etcd-version=3.5.35", "--warning-apply-duration=1s"}, wantErr: "--warning-apply-duration is unknown to etcd 3.5.35"},
+		{name: "timeouts etcd refuses", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--heartbeat-interval=500"}, wantErr: "must be at least 5 times --heartbeat-interval"},
 		{name: "unknown compaction mode", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--auto-compaction-mode=hourly", "--auto-compaction-retention=1"}, wantErr: `mode "hourly" is neither periodic nor revision`},
 		{name: "revision retention not a count", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--auto-compaction-mode=revision", "--auto-compaction-retention=1h"}, wantErr: `revision retention "1h" is not a count`},
 		{name: "periodic retention not a duration", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--auto-compaction-retention=soon"}, wantErr: `periodic retention "soon" is neither a duration`},
@@ -267,5 +270,43 @@ func TestConfigureCompaction(t *testing.T) {
 	out, _, err = e.run(t, "get", "-o", "json")
 	if err != nil || strings.Contains(out, "autoCompaction") {
 		t.Errorf("after removing the policy, get -o json printed %q (%v)", out, err)
+	}
+}
+
+// Settings are set, kept when left out, and removed by an empty value.
+func TestConfigureSettings(t *testing.T) {
+	e := newCtlEnv(t)
+	if _, _, err := e.run(t, "--member-count=3", "--etcd-version=3.6.16", "--snapshot-count=50000", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := e.run(t, "--quota-backend-bytes=8589934592", "configure-cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "etcdSettings=[quota-backend-bytes=8589934592 snapshot-count=50000]") {
+		t.Errorf("configure-cluster printed %q", out)
+	}
+	if _, _, err := e.run(t, "--snapshot-count=", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = e.run(t, "get")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "etcdSettings: quota-backend-bytes=8589934592\n") {
+		t.Errorf("get printed %q", out)
+	}
+	if _, _, err := e.run(t, "--quota-backend-bytes=", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, _ = e.run(t, "get", "-o", "json"); strings.Contains(out, "etcdSettings") {
+		t.Errorf("no settings left, yet get -o json printed %q", out)
+	}
+	// A version the settings do not fit is refused with them.
+	if _, _, err := e.run(t, "--warning-apply-duration=1s", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.run(t, "--etcd-version=3.5.35", "configure-cluster"); err == nil || !strings.Contains(err.Error(), "unknown to etcd 3.5.35") {
+		t.Errorf("a version change the settings do not fit: %v", err)
 	}
 }

@@ -139,6 +139,9 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 		fmt.Fprintf(w, "\nunreachable: %s\n", strings.Join(st.Unreachable, ", "))
 	}
 	for _, a := range st.Agents {
+		if st.Spec != nil && a.Role != cli.RoleStandby && !a.EtcdSettings.Equal(st.Spec.EtcdSettings) {
+			fmt.Fprintf(w, "\nagent %s runs etcd with other settings than the spec's, until the roll reaches it: [%s]\n", a.ID, a.EtcdSettings)
+		}
 		if a.Procedure != "" {
 			fmt.Fprintf(w, "\nagent %s drives %s\n", a.ID, a.Procedure)
 		}
@@ -207,6 +210,9 @@ func agentFromInfo(addr string, info peer.NodeInfo) cli.AgentStatus {
 		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID}
 	if len(info.ClientURLs) > 0 && info.Member != nil {
 		a.ClientURL = info.ClientURLs[0]
+	}
+	if info.Member != nil {
+		a.EtcdSettings = info.Member.Settings
 	}
 	if info.MemberID != 0 {
 		a.MemberID = fmt.Sprintf("%x", info.MemberID)

@@ -31,6 +31,8 @@ type AgentStatus struct {
 	// as that member itself reports. Role "leader" is the manager leader,
 	// which need not be the same node.
 	EtcdLeader bool `json:"etcdLeader,omitempty"`
+	// EtcdSettings are the spec's etcd settings its etcd runs with.
+	EtcdSettings spec.Settings `json:"etcdSettings,omitempty"`
 }
 
 // Agent roles in AgentStatus.Role.

@@ -105,17 +105,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	verify := childVerifier()
 	n := node.New(node.Config{
-		DataDir:              a.cfg.DataDir,
-		EtcdBinDir:           a.cfg.EtcdBinDir,
-		ClientURLs:           a.cfg.ClientURLs,
-		ListenClientURLs:     a.cfg.ListenClientURLs,
-		QuarantineClientURLs: a.cfg.QuarantineClientURLs,
-		PeerURLs:             a.cfg.PeerURLs,
-		ListenPeerURLs:       a.cfg.ListenPeerURLs,
-		EtcdSnapshotCount:    a.cfg.EtcdSnapshotCount,
-		EtcdStopTimeout:      a.cfg.EtcdStopTimeout,
-		EtcdTLS:              a.etcdTLSFiles(),
-		ClientTLS:            a.etcdTLS,
+		DataDir:                  a.cfg.DataDir,
+		EtcdBinDir:               a.cfg.EtcdBinDir,
+		ClientURLs:               a.cfg.ClientURLs,
+		ListenClientURLs:         a.cfg.ListenClientURLs,
+		QuarantineClientURLs:     a.cfg.QuarantineClientURLs,
+		PeerURLs:                 a.cfg.PeerURLs,
+		ListenPeerURLs:           a.cfg.ListenPeerURLs,
+		EtcdSnapshotCount:        a.cfg.EtcdSnapshotCount,
+		EtcdCorruptCheckInterval: a.cfg.EtcdCorruptCheckInterval,
+		EtcdStopTimeout:          a.cfg.EtcdStopTimeout,
+		EtcdTLS:                  a.etcdTLSFiles(),
+		ClientTLS:                a.etcdTLS,
 	}, layout, st, storeFetcher{url: a.cfg.BackupStore, verify: verify, log: a.log}, a.log, a.now, a.poke)
 	lp, err := newLoop(a, n, verify)
 	if err != nil {

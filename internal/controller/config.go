@@ -89,6 +89,10 @@ type Config struct {
 	EtcdStopTimeout time.Duration
 	// EtcdSnapshotCount is etcd's --snapshot-count; 0 keeps etcd's own.
 	EtcdSnapshotCount int
+	// EtcdCorruptCheckInterval is how often etcd checks that its members
+	// agree (0: never); its checks at start and after each compaction are
+	// always on.
+	EtcdCorruptCheckInterval time.Duration
 	// Trash bounds the copies of etcd data moved to <data-dir>/trash.
 	Trash etcdproc.TrashPolicy
 }
@@ -121,24 +125,31 @@ const (
 	flagListenClientURLs     = "listen-client-urls"
 )
 
+// DefaultEtcdCorruptCheckInterval is how often etcd's periodic
+// corruption check runs by default: each pass reads every member's whole
+// keyspace, and the check after each compaction catches most divergence
+// sooner and cheaply.
+const DefaultEtcdCorruptCheckInterval = time.Hour
+
 // Default returns the configuration with defaults filled in.
 func Default() Config {
 	return Config{
-		Address:            defaultAddress,
-		PeerPort:           DefaultPeerPort,
-		EtcdAddress:        defaultAddress,
-		EtcdBinDir:         etcdproc.DefaultBinDir,
-		Discovery:          "store",
-		MemberFailureGrace: DefaultMemberFailureGrace,
-		LearnerTimeout:     DefaultLearnerTimeout,
-		LeaderLease:        DefaultLeaderLease,
-		Backup:             DefaultBackupConfig(),
-		Capture:            wal.Default(),
-		Compaction:         DefaultCompactionConfig(),
-		LoopInterval:       DefaultLoopInterval,
-		EtcdStopTimeout:    DefaultEtcdStopTimeout,
-		CertValidity:       pki.DefaultCertValidity,
-		Trash:              etcdproc.TrashPolicy{MaxAge: DefaultTrashMaxAge},
+		Address:                  defaultAddress,
+		PeerPort:                 DefaultPeerPort,
+		EtcdAddress:              defaultAddress,
+		EtcdBinDir:               etcdproc.DefaultBinDir,
+		Discovery:                "store",
+		MemberFailureGrace:       DefaultMemberFailureGrace,
+		LearnerTimeout:           DefaultLearnerTimeout,
+		LeaderLease:              DefaultLeaderLease,
+		Backup:                   DefaultBackupConfig(),
+		Capture:                  wal.Default(),
+		Compaction:               DefaultCompactionConfig(),
+		LoopInterval:             DefaultLoopInterval,
+		EtcdStopTimeout:          DefaultEtcdStopTimeout,
+		EtcdCorruptCheckInterval: DefaultEtcdCorruptCheckInterval,
+		CertValidity:             pki.DefaultCertValidity,
+		Trash:                    etcdproc.TrashPolicy{MaxAge: DefaultTrashMaxAge},
 	}
 }
 
@@ -175,6 +186,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
 	fs.DurationVar(&c.Trash.MaxAge, "trash-max-age", c.Trash.MaxAge, "copies of etcd data moved to <data-dir>/trash are deleted after this long, once this node is a healthy member whose live data supersedes them; the newest copy is always kept (0 keeps them for ever)")
 	fs.Int64Var(&c.Trash.MaxBytes, "trash-max-bytes", c.Trash.MaxBytes, "older copies in <data-dir>/trash are also deleted, oldest first, while the trash holds more than this many bytes, under the same conditions (0: no bound on size)")
+	fs.DurationVar(&c.EtcdCorruptCheckInterval, "etcd-corrupt-check-interval", c.EtcdCorruptCheckInterval, "how often etcd's periodic corruption check hashes every member's keyspace at one revision and compares them (0: never; a mismatch raises etcd's CORRUPT alarm); etcd's checks at start and after each compaction are always on")
 	fs.IntVar(&c.EtcdSnapshotCount, "etcd-snapshot-count", c.EtcdSnapshotCount, "etcd's --snapshot-count: committed entries between raft snapshots (0 keeps etcd's default); an upgrade from 3.5 past 3.6 waits for a snapshot on every member")
 }
 
@@ -270,6 +282,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Trash.MaxAge < 0 || c.Trash.MaxBytes < 0 {
 		errs = append(errs, errors.New("--trash-max-age and --trash-max-bytes must not be negative"))
+	}
+	if c.EtcdCorruptCheckInterval < 0 {
+		errs = append(errs, fmt.Errorf("--etcd-corrupt-check-interval %s is negative", c.EtcdCorruptCheckInterval))
 	}
 	if c.LoopInterval <= 0 {
 		errs = append(errs, errors.New("--loop-interval must be positive"))

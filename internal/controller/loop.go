@@ -281,6 +281,8 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 		return lp.procedures.LiftStrayQuarantine(ctx, obs, act)
 	case plan.SetMemberVersion:
 		return lp.changed(lp.members.setVersion(ctx, obs, act))
+	case plan.SetMemberSettings:
+		return lp.changed(lp.members.setSettings(ctx, obs, act))
 	case plan.SetPeerURLs:
 		return lp.changed(lp.members.setPeerURLs(ctx, obs, act))
 	case plan.MoveLeader:
@@ -308,7 +310,7 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 // procedure steps (which a restore needs, in order) are not counted.
 func (lp *loop) noteOutcome(act plan.Action, err error) {
 	switch act := act.(type) {
-	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion,
+	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion, plan.SetMemberSettings,
 		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade:
 	case plan.SetQuarantine:
 		if act.ID != "" {

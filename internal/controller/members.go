@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"time"
 
@@ -44,6 +45,7 @@ type memberAPI interface {
 	Join(ctx context.Context, req peer.JoinRequest) error
 	Leave(ctx context.Context, req peer.LeaveRequest) error
 	SetVersion(ctx context.Context, req peer.VersionRequest) error
+	SetSettings(ctx context.Context, req peer.SettingsRequest) error
 	SetPeerURLs(ctx context.Context, req peer.PeerURLsRequest) error
 }
 
@@ -161,6 +163,7 @@ func (m *members) create(ctx context.Context, obs plan.Observed, act plan.Create
 		InitialCluster: plan.InitialCluster(nodes),
 		NewCluster:     true,
 		Pending:        true,
+		Settings:       specSettings(obs, v),
 	}
 	m.log.Info("creating cluster", "cluster-token", token, "version", v.String(), "members", act.Members, "lock-term", m.creation.Term())
 	var prepared []plan.Node
@@ -314,11 +317,24 @@ func (m *members) add(ctx context.Context, obs plan.Observed, act plan.AddMember
 	if cur == nil {
 		return fmt.Errorf("%w: this node left the cluster", ErrNotLeader)
 	}
+	// A new member starts as the leader runs (version and settings); a
+	// change under way reaches it like any other member.
 	return m.join(ctx, n, peer.JoinRequest{Member: etcdproc.MemberState{
 		ClusterToken:   cur.ClusterToken,
 		EtcdVersion:    cur.EtcdVersion,
 		InitialCluster: strings.Join(initial, ","),
+		Settings:       maps.Clone(cur.Settings),
 	}})
+}
+
+// specSettings are the spec's etcd settings that etcd v accepts, for a
+// new member.
+func specSettings(obs plan.Observed, v spec.Version) map[string]string {
+	if obs.Spec == nil {
+		return nil
+	}
+	s, _ := obs.Spec.EtcdSettings.Usable(v)
+	return s
 }
 
 // promote promotes a caught-up learner.
@@ -406,6 +422,21 @@ func (m *members) setVersion(ctx context.Context, obs plan.Observed, act plan.Se
 	})
 	crashpoint.Here(m.log, "version-member-restarted")
 	return err
+}
+
+// setSettings has a member's node restart etcd with the spec's settings.
+func (m *members) setSettings(ctx context.Context, obs plan.Observed, act plan.SetMemberSettings) error {
+	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	if err != nil {
+		return err
+	}
+	if _, err := m.leader(ctx); err != nil {
+		return err
+	}
+	m.log.Info("restarting a member with new etcd settings", "node", n.ID, "settings", act.Settings.String())
+	return m.call(ctx, n, func(ctx context.Context, api memberAPI) error {
+		return api.SetSettings(ctx, peer.SettingsRequest{LeaderID: m.selfID, Token: obs.Cluster.Token, Settings: act.Settings})
+	})
 }
 
 // moveLeader hands raft leadership from the local etcd to another member.

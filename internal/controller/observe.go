@@ -567,6 +567,7 @@ func membership(m *etcdproc.MemberState) *plan.Membership {
 		Quarantined:     m.Quarantined,
 		ForceNewCluster: m.ForceNewCluster,
 		V2Until:         m.V2Until,
+		Settings:        m.Settings,
 	}
 }
 

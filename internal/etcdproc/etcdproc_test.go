@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -335,6 +336,33 @@ func TestSpecArgs(t *testing.T) {
 	for _, want := range []string{"--listen-peer-urls=http://127.0.0.1:2381", "--initial-advertise-peer-urls=http://127.0.0.1:2380"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args with listen peer URLs %q lack %q", args, want)
+		}
+	}
+}
+
+// The spec's settings follow etcd-manager's own flags; a snapshot count
+// among them wins over the agent's --etcd-snapshot-count.
+func TestSpecArgsSettings(t *testing.T) {
+	sp := Spec{Name: "n1", DataDir: "/d", ClientURLs: []string{"http://127.0.0.1:4001"}, PeerURLs: []string{"http://127.0.0.1:2380"}, SnapshotCount: 10000}
+	tests := []struct {
+		settings spec.Settings
+		want     []string
+		not      string
+	}{
+		{nil, []string{"--snapshot-count=10000"}, "--quota-backend-bytes"},
+		{spec.Settings{"quota-backend-bytes": "4294967296"}, []string{"--snapshot-count=10000", "--quota-backend-bytes=4294967296"}, ""},
+		{spec.Settings{"snapshot-count": "500", "election-timeout": "2000"}, []string{"--election-timeout=2000", "--snapshot-count=500"}, "--snapshot-count=10000"},
+	}
+	for _, tt := range tests {
+		sp.Settings = tt.settings
+		args := sp.Args()
+		for _, w := range tt.want {
+			if !slices.Contains(args, w) {
+				t.Errorf("settings %v: args %q lack %q", tt.settings, args, w)
+			}
+		}
+		if tt.not != "" && strings.Contains(strings.Join(args, " "), tt.not) {
+			t.Errorf("settings %v: args %q hold %q", tt.settings, args, tt.not)
 		}
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 // Spec is everything needed to run one etcd member.
@@ -44,6 +46,13 @@ type Spec struct {
 	ForceNewCluster bool
 	// SnapshotCount is etcd's --snapshot-count; 0 keeps etcd's default.
 	SnapshotCount int
+	// Checks are the corruption-check flags for this binary (see
+	// CorruptionCheckArgs).
+	Checks []string
+	// Settings are the spec's etcd flags, checked for Binaries.Version:
+	// they come after the flags above, and a snapshot-count among them
+	// wins over SnapshotCount.
+	Settings spec.Settings
 	// TLS, when set, is the node certificate etcd serves clients and
 	// peers with, and requires of them (https URLs).
 	TLS *TLSFiles
@@ -107,9 +116,11 @@ func (s Spec) Args() []string {
 	if s.ForceNewCluster {
 		args = append(args, "--force-new-cluster")
 	}
-	if s.SnapshotCount > 0 {
+	if _, set := s.Settings["snapshot-count"]; s.SnapshotCount > 0 && !set {
 		args = append(args, fmt.Sprintf("--snapshot-count=%d", s.SnapshotCount))
 	}
+	args = append(args, s.Checks...)
+	args = append(args, s.Settings.Args()...)
 	if t := s.TLS; t != nil {
 		// etcd reads the files on every new connection, so a renewed
 		// certificate is in use without a restart.

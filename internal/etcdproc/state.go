@@ -60,6 +60,9 @@ type MemberState struct {
 	// Pending is set from the moment this node decides to create a cluster
 	// until the store's creation marker confirms it was the one to do so.
 	Pending bool `json:"pending,omitempty"`
+	// Settings are the spec's etcd flags this member's etcd runs with, as
+	// the leader last set them (see spec.Settings).
+	Settings map[string]string `json:"settings,omitempty"`
 	// Since is when this membership began (a join, a creation, a
 	// restore): data in the trash from before it is superseded.
 	Since time.Time `json:"since,omitzero"`

@@ -272,6 +272,43 @@ func (n *Node) SetVersion(ctx context.Context, req peer.VersionRequest) error {
 	return nil
 }
 
+// SetSettings serves the peer API: run etcd with the spec's etcd
+// settings. They are checked against the member's etcd version before
+// etcd stops.
+func (n *Node) SetSettings(ctx context.Context, req peer.SettingsRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur := n.state.Member
+	if cur == nil || cur.ClusterToken != req.Token {
+		return fmt.Errorf("node: set etcd settings for cluster %s: this node is not its member", req.Token)
+	}
+	v, err := spec.ParseSupportedVersion(cur.EtcdVersion)
+	if err != nil {
+		return err
+	}
+	want := spec.Settings(req.Settings)
+	if err := want.Validate(v); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	if want.Equal(cur.Settings) && n.proc.Status().Wanted {
+		return nil
+	}
+	m := *cur
+	from := spec.Settings(m.Settings).String()
+	m.Settings = want.Clone()
+	if len(m.Settings) == 0 {
+		m.Settings = nil
+	}
+	st := n.state
+	st.Member = &m
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	n.log.Warn("restarting etcd with new settings", "from", from, "to", want.String(), "leader", req.LeaderID)
+	defer n.poke()
+	return n.startEtcdLocked(ctx)
+}
+
 // recordV2UntilLocked waits for the restarted etcd to report its raft
 // index and records it as the member's V2Until. Callers hold n.mu.
 func (n *Node) recordV2UntilLocked(ctx context.Context) error {

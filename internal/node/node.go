@@ -42,7 +42,11 @@ type Config struct {
 	ListenPeerURLs []string
 	// EtcdSnapshotCount is etcd's --snapshot-count; 0 keeps etcd's own.
 	EtcdSnapshotCount int
-	EtcdStopTimeout   time.Duration
+	// EtcdCorruptCheckInterval is how often etcd's periodic corruption
+	// check runs (0: never); its initial and compact hash checks are
+	// always on.
+	EtcdCorruptCheckInterval time.Duration
+	EtcdStopTimeout          time.Duration
 	// EtcdTLS are the files etcd serves with; nil runs it over plain http.
 	EtcdTLS *etcdproc.TLSFiles
 	// ClientTLS is the TLS of this node's own calls to its etcd; nil with
@@ -449,6 +453,16 @@ func (n *Node) markBootstrappedLocked() error {
 }
 
 func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdproc.Spec {
+	settings, dropped := spec.Settings(m.Settings).Usable(bins.Version)
+	if len(dropped) > 0 {
+		n.log.Warn("etcd settings this etcd version does not accept are left out", "version", bins.Version.String(), "settings", dropped)
+	}
+	var checks []string
+	if h, err := bins.Help(context.Background()); err != nil {
+		n.log.Warn("cannot read etcd's flags; it runs without its corruption checks", "error", err)
+	} else {
+		checks = etcdproc.CorruptionCheckArgs(h, n.cfg.EtcdCorruptCheckInterval)
+	}
 	return etcdproc.Spec{
 		Binaries:             bins,
 		Name:                 n.state.NodeID,
@@ -464,6 +478,8 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpro
 		ClusterToken:         m.ClusterToken,
 		ForceNewCluster:      m.ForceNewCluster,
 		SnapshotCount:        n.cfg.EtcdSnapshotCount,
+		Checks:               checks,
+		Settings:             settings,
 		TLS:                  n.cfg.EtcdTLS,
 		RequireData:          m.HasRun,
 	}

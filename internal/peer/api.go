@@ -197,6 +197,15 @@ type VersionRequest struct {
 	Version     string `json:"version"`
 }
 
+// SettingsRequest tells a member of the cluster with Token to run etcd
+// with Settings (the spec's etcd settings): it restarts etcd with them.
+type SettingsRequest struct {
+	ClusterName string            `json:"clusterName"`
+	LeaderID    string            `json:"leaderId"`
+	Token       string            `json:"token"`
+	Settings    map[string]string `json:"settings"`
+}
+
 // PeerURLsRequest tells a member's agent that its etcd is now registered
 // with URLs, its own configured peer URLs, and should serve them.
 type PeerURLsRequest struct {
@@ -228,6 +237,7 @@ type Handler interface {
 	Quarantine(ctx context.Context, req QuarantineRequest) error
 	Recover(ctx context.Context, req RecoverRequest) error
 	SetVersion(ctx context.Context, req VersionRequest) error
+	SetSettings(ctx context.Context, req SettingsRequest) error
 	SetPeerURLs(ctx context.Context, req PeerURLsRequest) error
 	Fence(ctx context.Context, req FenceRequest) error
 }
@@ -306,6 +316,12 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 					return nil, err
 				}
 				return &Empty{}, s.h.SetVersion(ctx, *r)
+			})},
+			{MethodName: "SetSettings", Handler: unary(func(ctx context.Context, r *SettingsRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.SetSettings(ctx, *r)
 			})},
 			{MethodName: "SetPeerURLs", Handler: unary(func(ctx context.Context, r *PeerURLsRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
@@ -468,6 +484,15 @@ func (c *Client) SetVersion(ctx context.Context, req VersionRequest) error {
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetVersion", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: set version on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// SetSettings tells the agent to run etcd with the spec's etcd settings.
+func (c *Client) SetSettings(ctx context.Context, req SettingsRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetSettings", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: set etcd settings on %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

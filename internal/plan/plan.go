@@ -150,6 +150,8 @@ type Membership struct {
 	// V2Until is the raft index up to which the member's log may hold the
 	// v2 entries etcd 3.5 writes.
 	V2Until uint64
+	// Settings are the spec's etcd settings the member runs with.
+	Settings spec.Settings
 }
 
 // Node is one agent as observed.
@@ -664,6 +666,9 @@ func planMembership(o Observed) []Action {
 	steps := planPeerURLs(o)
 	if len(steps) == 0 {
 		steps = planVersion(o)
+	}
+	if len(steps) == 0 {
+		steps = planSettings(o)
 	}
 	for _, a := range steps {
 		if !a.Mutates() || p.pick(a) {

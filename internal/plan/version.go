@@ -106,7 +106,7 @@ func planVersion(o Observed) []Action {
 		// binary only after its data is back in the older schema.
 		return []Action{EnableDowngrade{Version: minor}}
 	}
-	if wait := healthGate(ms); wait != nil {
+	if wait := healthGate(ms, "version change"); wait != nil {
 		return wait
 	}
 	next := nextMember(ms, step, o.Self.ID)
@@ -207,7 +207,7 @@ func v2Gate(ms []memberNode, step spec.Version) []Action {
 // should run, and caught up. The indexes compared were read by the
 // leader in one pass; an agent's own figure can be a cycle old, which
 // under load never catches up.
-func healthGate(ms []memberNode) []Action {
+func healthGate(ms []memberNode, what string) []Action {
 	var leaderIndex uint64
 	for _, x := range ms {
 		leaderIndex = max(leaderIndex, x.m.RaftIndex)
@@ -215,11 +215,11 @@ func healthGate(ms []memberNode) []Action {
 	for _, x := range ms {
 		switch {
 		case !x.m.Healthy || !x.n.Healthy || x.m.IsLearner:
-			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for every member to be healthy", Attrs: []any{"node", x.n.ID}}}
+			return []Action{Report{Level: slog.LevelInfo, Msg: what + " waits for every member to be healthy", Attrs: []any{"node", x.n.ID}}}
 		case x.n.Version != x.configured.String():
-			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to run its new version", Attrs: []any{"node", x.n.ID, "running", x.n.Version, "wanted", x.configured.String()}}}
+			return []Action{Report{Level: slog.LevelInfo, Msg: what + " waits for a member to run its new version", Attrs: []any{"node", x.n.ID, "running", x.n.Version, "wanted", x.configured.String()}}}
 		case leaderIndex > x.m.RaftIndex+caughtUpSlack:
-			return []Action{Report{Level: slog.LevelInfo, Msg: "version change waits for a member to catch up", Attrs: []any{"node", x.n.ID, "behind", leaderIndex - x.m.RaftIndex}}}
+			return []Action{Report{Level: slog.LevelInfo, Msg: what + " waits for a member to catch up", Attrs: []any{"node", x.n.ID, "behind", leaderIndex - x.m.RaftIndex}}}
 		}
 	}
 	return nil

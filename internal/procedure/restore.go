@@ -164,6 +164,7 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 			Point:    point,
 			Member: etcdproc.MemberState{
 				ClusterToken: p.Token, EtcdVersion: p.EtcdVersion, InitialCluster: p.InitialCluster, Quarantined: true,
+				Settings: restoreSettings(obs, p.EtcdVersion),
 			},
 		}
 		return onNodes(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error {
@@ -411,4 +412,15 @@ func quarantineURL(n plan.Node) (string, error) {
 		return "", fmt.Errorf("procedure: node %s reports no quarantine URL", n.ID)
 	}
 	return n.QuarantineURLs[0], nil
+}
+
+// restoreSettings are the spec's etcd settings that the restored etcd's
+// version accepts.
+func restoreSettings(obs plan.Observed, version string) map[string]string {
+	v, err := spec.ParseVersion(version)
+	if obs.Spec == nil || err != nil {
+		return nil
+	}
+	s, _ := obs.Spec.EtcdSettings.Usable(v)
+	return s
 }

@@ -46,6 +46,9 @@ type ClusterSpec struct {
 	// periodic, keeping DefaultCompactionRetention.
 	AutoCompactionMode      string `json:"autoCompactionMode,omitempty"`
 	AutoCompactionRetention string `json:"autoCompactionRetention,omitempty"`
+	// EtcdSettings is our addition: etcd flags set on every member (see
+	// Settings), rolled out one member at a time when they change.
+	EtcdSettings Settings `json:"etcdSettings,omitempty"`
 }
 
 // String renders the spec for logs and the CLI.
@@ -63,6 +66,9 @@ func (s ClusterSpec) String() string {
 	if s.AutoCompactionRetention != "" {
 		out += " autoCompactionRetention=" + s.AutoCompactionRetention
 	}
+	if len(s.EtcdSettings) > 0 {
+		out += " etcdSettings=[" + s.EtcdSettings.String() + "]"
+	}
 	return out
 }
 
@@ -76,7 +82,11 @@ func (s ClusterSpec) Validate() (warnings []string, err error) {
 	if s.EtcdVersion == "" {
 		return nil, ErrMissingVersion
 	}
-	if _, err := ParseSupportedVersion(s.EtcdVersion); err != nil {
+	v, err := ParseSupportedVersion(s.EtcdVersion)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.EtcdSettings.Validate(v); err != nil {
 		return nil, err
 	}
 	policy, err := s.Compaction()

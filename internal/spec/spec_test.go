@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -41,7 +42,7 @@ func TestClusterSpecJSONGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if back != (ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}) {
+	if !reflect.DeepEqual(back, ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}) {
 		t.Errorf("round trip: got %+v", back)
 	}
 }
@@ -78,10 +79,10 @@ func TestDecodeStoreFormatVariants(t *testing.T) {
 		}
 		return b
 	}
-	if s, err := DecodeClusterSpec(read("spec-etcd-manager")); err != nil || s != (ClusterSpec{MemberCount: 3, EtcdVersion: "3.4.13"}) {
+	if s, err := DecodeClusterSpec(read("spec-etcd-manager")); err != nil || !reflect.DeepEqual(s, ClusterSpec{MemberCount: 3, EtcdVersion: "3.4.13"}) {
 		t.Errorf("spec-etcd-manager: %+v, %v", s, err)
 	}
-	if s, err := DecodeClusterSpec(read("spec-extra-fields")); err != nil || s != (ClusterSpec{MemberCount: 1, EtcdVersion: "3.6.16"}) {
+	if s, err := DecodeClusterSpec(read("spec-extra-fields")); err != nil || !reflect.DeepEqual(s, ClusterSpec{MemberCount: 1, EtcdVersion: "3.6.16"}) {
 		t.Errorf("spec-extra-fields: %+v, %v", s, err)
 	}
 	for _, name := range []string{"created-number", "created-string", "created-with-spaces"} {

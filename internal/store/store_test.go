@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -41,7 +42,7 @@ func TestSpecRoundTripAndLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := s.ReadSpec(ctx)
-	if err != nil || got != want {
+	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("ReadSpec = %+v, %v", got, err)
 	}
 	// The object sits at the format's path, as plain JSON, with no sidecar

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -498,7 +499,7 @@ func TestClusterReconcile(t *testing.T) {
 	}
 	waitFor(t, "the spec in the store", 30*time.Second, func() (bool, string) {
 		s := fakeCtl.storeSpec("etcd")
-		return s != nil && *s == spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16", OrdinalMembers: true}, fmt.Sprint(s)
+		return s != nil && reflect.DeepEqual(*s, spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16", OrdinalMembers: true}), fmt.Sprint(s)
 	})
 	if calls := fakeCtl.Calls("etcd"); !strings.HasPrefix(calls[0], "etcd@etcd-0:") {
 		t.Errorf("the ctl ran in %q, want the lowest ordinal, etcd-0", calls[0])

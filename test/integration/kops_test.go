@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -151,7 +152,7 @@ func TestKopsBackupStore(t *testing.T) {
 		if err := json.Unmarshal([]byte(env.MustCtl("get", "-o", "json")), &cs); err != nil {
 			t.Fatal(err)
 		}
-		if cs != (spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}) {
+		if !reflect.DeepEqual(cs, spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}) {
 			t.Errorf("get -o json = %+v", cs)
 		}
 	})
@@ -186,7 +187,7 @@ func TestKopsBackupStore(t *testing.T) {
 
 	t.Run("control objects", func(t *testing.T) {
 		cs, err := s.ReadSpec(ctx)
-		if err != nil || cs != (spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}) {
+		if err != nil || !reflect.DeepEqual(cs, spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}) {
 			t.Errorf("ReadSpec = %+v, %v", cs, err)
 		}
 		created, err := s.ReadCreated(ctx)
@@ -207,7 +208,7 @@ func TestKopsBackupStore(t *testing.T) {
 		var revs []int64
 		for i, info := range infos {
 			m := info.Meta
-			if m.EtcdVersion != "3.6.16" || m.ClusterSpec == nil || *m.ClusterSpec != (spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}) ||
+			if m.EtcdVersion != "3.6.16" || m.ClusterSpec == nil || !reflect.DeepEqual(*m.ClusterSpec, spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16"}) ||
 				int64(m.Timestamp) != []int64{kopsOldStamp, kopsNewStamp}[i] {
 				t.Errorf("meta of %s read as %+v", info.Name, m)
 			}
