@@ -52,8 +52,13 @@ func PlanSteps(o Observed) Steps {
 	if o.StoreKnown {
 		if o.Store == nil || o.Store.MemberCount != want.MemberCount || o.Store.EtcdVersion != want.EtcdVersion || !o.Store.OrdinalMembers {
 			if o.Store != nil {
-				// Keep what the operator does not own.
-				want.AllowDumpRestore = o.Store.AllowDumpRestore && o.Store.EtcdVersion == want.EtcdVersion
+				// Keep what the operator does not own: the compaction
+				// policy and etcd settings, and a dump-and-restore
+				// allowance for the version it was given for.
+				kept := *o.Store
+				kept.MemberCount, kept.EtcdVersion, kept.OrdinalMembers = want.MemberCount, want.EtcdVersion, true
+				kept.AllowDumpRestore = o.Store.AllowDumpRestore && o.Store.EtcdVersion == want.EtcdVersion
+				want = kept
 			}
 			st.WriteSpec = &want
 		}

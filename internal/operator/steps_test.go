@@ -2,6 +2,7 @@ package operator
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -40,6 +41,12 @@ func TestPlanSteps(t *testing.T) {
 		{name: "grow: the set first, in the same pass as the spec",
 			o:   Observed{Desired: 5, StatefulSet: 3, Version: "3.6.16", StoreKnown: true, Store: store(3, "3.6.16"), Members: members(3)},
 			sts: 5, writes: store(5, "3.6.16")},
+		{name: "grow: what the operator does not own is kept",
+			o: Observed{Desired: 5, StatefulSet: 3, Version: "3.6.16", StoreKnown: true, Members: members(3),
+				Store: &spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16", OrdinalMembers: true, AutoCompactionMode: "revision", AutoCompactionRetention: "1000",
+					EtcdSettings: spec.Settings{"quota-backend-bytes": "4294967296"}}},
+			sts: 5, writes: &spec.ClusterSpec{MemberCount: 5, EtcdVersion: "3.6.16", OrdinalMembers: true, AutoCompactionMode: "revision", AutoCompactionRetention: "1000",
+				EtcdSettings: spec.Settings{"quota-backend-bytes": "4294967296"}}},
 		{name: "shrink: the spec first, the set waits",
 			o:   Observed{Desired: 3, StatefulSet: 5, Version: "3.6.16", StoreKnown: true, Store: store(5, "3.6.16"), Members: members(5)},
 			sts: 5, writes: store(3, "3.6.16"), waitsSome: true},
@@ -74,7 +81,7 @@ func TestPlanSteps(t *testing.T) {
 			switch {
 			case (got.WriteSpec == nil) != (tc.writes == nil):
 				t.Errorf("WriteSpec = %v, want %v", got.WriteSpec, tc.writes)
-			case got.WriteSpec != nil && *got.WriteSpec != *tc.writes:
+			case got.WriteSpec != nil && !reflect.DeepEqual(*got.WriteSpec, *tc.writes):
 				t.Errorf("WriteSpec = %v, want %v", *got.WriteSpec, *tc.writes)
 			}
 			if (got.Waiting != "") != tc.waitsSome {
