@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,6 +44,9 @@ type options struct {
 	key              string
 	// settings are the etcd settings' flags, by etcd's flag name.
 	settings map[string]*string
+	// defragPolicy and defragAuto are the defrag policy's flags.
+	defragPolicy spec.DefragPolicy
+	defragAuto   bool
 }
 
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
@@ -67,6 +71,12 @@ commands work even then.`,
 	fs.BoolVar(&o.allowDumpRestore, "allow-dump-restore", false, "with --etcd-version: allow a version change no rolling change can make (such as 3.5 to 3.4) by dump and restore, which cuts clients off until the new cluster serves (configure-cluster)")
 	fs.StringVar(&o.compactionMode, "auto-compaction-mode", "", "compaction policy's mode, as etcd's flag: periodic (keep a span of time) or revision (keep a count of revisions); the agent compacts, keeping behind continuous capture (configure-cluster; default periodic)")
 	fs.StringVar(&o.compactionKeep, "auto-compaction-retention", "", "compaction policy's retention, as etcd's flag: for periodic a duration such as 30m or a number of hours, for revision a number of revisions; 0 turns compaction off (configure-cluster; default "+spec.DefaultCompactionRetention+")")
+	fs.BoolVar(&o.defragAuto, "auto-defrag", true, "let the leader defragment members on its own by the defrag policy (configure-cluster)")
+	fs.Int64Var(&o.defragPolicy.MinReclaimableBytes, "defrag-min-reclaimable-bytes", spec.DefaultDefragMinReclaimableBytes, "a member is due for defragmentation only when at least this many bytes of its database are free (configure-cluster)")
+	fs.Float64Var(&o.defragPolicy.MinReclaimableFraction, "defrag-min-reclaimable-fraction", spec.DefaultDefragMinReclaimableFraction, "... and at least this fraction of its database is free (configure-cluster)")
+	fs.IntVar(&o.defragPolicy.QuotaPercent, "defrag-quota-percent", spec.DefaultDefragQuotaPercent, "... or its database is at this percentage of the backend quota or more (configure-cluster)")
+	fs.StringVar(&o.defragPolicy.Window, "defrag-window", "", "a maintenance window for defragmentation in cron syntax, in UTC, such as '0 3 * * *' (configure-cluster; empty: any time)")
+	fs.StringVar(&o.defragPolicy.WindowDuration, "defrag-window-duration", spec.DefaultDefragWindowDuration.String(), "how long each window stays open (configure-cluster)")
 	o.settings = map[string]*string{}
 	for _, name := range spec.SettingNames() {
 		o.settings[name] = fs.String(name, "", spec.SettingHelp(name)+" (configure-cluster)")
@@ -213,6 +223,9 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 		if err == nil && len(cs.EtcdSettings) > 0 {
 			_, err = fmt.Fprintf(w, "etcdSettings: %s\n", cs.EtcdSettings)
 		}
+		if err == nil && cs.Defrag != nil {
+			_, err = fmt.Fprintf(w, "defrag: %s\n", cs.Defrag)
+		}
 		return err
 	default:
 		return fmt.Errorf("--output %q: use text or json", o.output)
@@ -239,14 +252,16 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	if o.allowDumpRestore && !versionSet {
 		return errors.New("--allow-dump-restore goes with the --etcd-version it allows")
 	}
+	defragFlags := []string{"auto-defrag", "defrag-min-reclaimable-bytes", "defrag-min-reclaimable-fraction", "defrag-quota-percent", "defrag-window", "defrag-window-duration"}
+	defragSet := slices.ContainsFunc(defragFlags, fs.Changed)
 	var settingsSet []string
 	for _, name := range spec.SettingNames() {
 		if fs.Changed(name) {
 			settingsSet = append(settingsSet, name)
 		}
 	}
-	if !countSet && !versionSet && !modeSet && !keepSet && len(settingsSet) == 0 {
-		return errors.New("configure-cluster needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention or an etcd setting such as --quota-backend-bytes")
+	if !countSet && !versionSet && !modeSet && !keepSet && len(settingsSet) == 0 && !defragSet {
+		return errors.New("configure-cluster needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention, a defrag policy flag or an etcd setting such as --quota-backend-bytes")
 	}
 	// Check the new values before touching the store.
 	if modeSet && keepSet {
@@ -322,6 +337,31 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		if len(cs.EtcdSettings) == 0 {
 			cs.EtcdSettings = nil
 		}
+	}
+	if defragSet {
+		p := cs.Defrag.Effective()
+		if fs.Changed("auto-defrag") {
+			p.Off = !o.defragAuto
+		}
+		if fs.Changed("defrag-min-reclaimable-bytes") {
+			p.MinReclaimableBytes = o.defragPolicy.MinReclaimableBytes
+		}
+		if fs.Changed("defrag-min-reclaimable-fraction") {
+			p.MinReclaimableFraction = o.defragPolicy.MinReclaimableFraction
+		}
+		if fs.Changed("defrag-quota-percent") {
+			p.QuotaPercent = o.defragPolicy.QuotaPercent
+		}
+		if fs.Changed("defrag-window") {
+			p.Window = strings.TrimSpace(o.defragPolicy.Window)
+		}
+		if fs.Changed("defrag-window-duration") {
+			p.WindowDuration = o.defragPolicy.WindowDuration
+		}
+		if p.Window == "" {
+			p.WindowDuration = ""
+		}
+		cs.Defrag = &p
 	}
 	warnings, err := cs.Validate()
 	if err != nil {

@@ -82,7 +82,9 @@ func TestConfigureClusterBadInput(t *testing.T) {
 		{name: "v2", args: []string{"--member-count=1", "--etcd-version=2.2.1"}, wantErr: "etcd v2 is not supported"},
 		{name: "unparsable version", args: []string{"--member-count=1", "--etcd-version=3.six"}, wantErr: "invalid etcd version"},
 		{name: "new spec needs both flags", args: []string{"--member-count=1"}, wantErr: "needs both --member-count and --etcd-version"},
-		{name: "no flags", args: nil, wantErr: "needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention or an etcd setting"},
+		{name: "no flags", args: nil, wantErr: "needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention, a defrag policy flag or an etcd setting"},
+		{name: "a bad defrag window", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--defrag-window=at 3"}, wantErr: `--defrag-window "at 3"`},
+		{name: "a defrag fraction above 1", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--defrag-min-reclaimable-fraction=2"}, wantErr: "is not between 0 and 1"},
 		{name: "a malformed setting", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--quota-backend-bytes=8GiB"}, wantErr: `--quota-backend-bytes="8GiB": want a whole number`},
 		{name: "a setting the version lacks", args: []string{"--member-count=1", "--etcd-version=3.5.35", "--warning-apply-duration=1s"}, wantErr: "--warning-apply-duration is unknown to etcd 3.5.35"},
 		{name: "timeouts etcd refuses", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--heartbeat-interval=500"}, wantErr: "must be at least 5 times --heartbeat-interval"},
@@ -308,5 +310,29 @@ func TestConfigureSettings(t *testing.T) {
 	}
 	if _, _, err := e.run(t, "--etcd-version=3.5.35", "configure-cluster"); err == nil || !strings.Contains(err.Error(), "unknown to etcd 3.5.35") {
 		t.Errorf("a version change the settings do not fit: %v", err)
+	}
+}
+
+// The defrag policy is set flag by flag; the rest keep their values.
+func TestConfigureDefragPolicy(t *testing.T) {
+	e := newCtlEnv(t)
+	if _, _, err := e.run(t, "--member-count=3", "--etcd-version=3.6.16", "--defrag-window=0 3 * * *", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.run(t, "--defrag-min-reclaimable-bytes=1048576", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := e.run(t, "get")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `defrag: when 1048576 bytes or more are free and 50% of the database, or it is at 80% of the quota; within 1h0m0s of "0 3 * * *" (UTC)`; !strings.Contains(out, want) {
+		t.Errorf("get printed %q, want %q", out, want)
+	}
+	if _, _, err := e.run(t, "--auto-defrag=false", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, _ = e.run(t, "get"); !strings.Contains(out, "defrag: off") {
+		t.Errorf("get printed %q", out)
 	}
 }

@@ -122,10 +122,32 @@ are silent; name them with --lost only if their nodes are gone for good.`,
 	recoverQuorum.Flags().DurationVar(&recoverTimeout, "timeout", 5*time.Minute, "how long to wait for the recovery; the command stays queued after it")
 	recoverQuorum.Flags().StringSliceVar(&lost, "lost", nil, "node IDs of members whose nodes are gone for good (as status lists them); with their agents silent for a lease, they count as having no quorum")
 
+	var defragWait bool
+	var defragTimeout time.Duration
+	defrag := &cobra.Command{
+		Use:   "defrag",
+		Short: "Defragment every member now, one at a time, and print which",
+		Long: `defrag queues a defrag command in the backup store. The leading agent
+defragments every member, one at a time, followers first, and hands raft
+leadership on before its own member's turn, so the leader is never
+defragmented in place. It starts a member only while every member is healthy
+and caught up, whatever the spec's defrag policy and window say. With --wait
+(the default) it waits until every member is done; --wait=false prints the
+command's ID at once, and list-commands shows its progress.`,
+		Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test defrag",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.defrag(cmd.Context(), stdout, defragWait, defragTimeout)
+		},
+	}
+	defrag.Flags().BoolVar(&defragWait, "wait", true, "wait until every member is defragmented")
+	defrag.Flags().DurationVar(&defragTimeout, "timeout", 30*time.Minute, "how long --wait waits; the command stays queued after it")
+
 	return []*cobra.Command{
 		backupNow,
 		restore,
 		recoverQuorum,
+		defrag,
 		{
 			Use:   "list-commands",
 			Short: "List the queued commands with their state: pending, running, done or failed",
@@ -199,6 +221,51 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 		}
 		return fmt.Errorf("backup-now: no backup after %s: %s; command %s stays queued (see list-commands, or delete-command %s)",
 			timeout, why, id, id)
+	}
+	return err
+}
+
+func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout time.Duration) error {
+	s, err := o.openStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	id, err := s.AddCommand(ctx, spec.Command{Defrag: &spec.DefragCommand{}}, time.Now())
+	if err != nil {
+		return fmt.Errorf("defrag: queue the command: %w", err)
+	}
+	if !wait {
+		fmt.Fprintln(w, id)
+		return nil
+	}
+	var last spec.CommandStatus
+	shown := 0
+	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return true, fmt.Errorf("defrag: command %s was deleted before it finished", id)
+		case err == nil:
+			last = q.Status
+			for _, n := range q.Status.Defragmented[min(shown, len(q.Status.Defragmented)):] {
+				fmt.Fprintf(w, "defragmented %s\n", n)
+			}
+			shown = max(shown, len(q.Status.Defragmented))
+			switch q.Status.State {
+			case spec.CommandDone:
+				return true, nil
+			case spec.CommandFailed:
+				return true, fmt.Errorf("defrag: command %s failed: %s", id, q.Status.Message)
+			}
+		}
+		return false, nil
+	})
+	if errors.Is(err, errWaitTimeout) {
+		why := "no leading agent has taken it up (is etcd running, with every member healthy?)"
+		if last.State == spec.CommandRunning {
+			why = "it is still running: " + last.Message
+		}
+		return fmt.Errorf("defrag: not done after %s: %s; command %s stays queued (see list-commands, or delete-command %s)", timeout, why, id, id)
 	}
 	return err
 }

@@ -283,6 +283,10 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 		return lp.changed(lp.members.setVersion(ctx, obs, act))
 	case plan.SetMemberSettings:
 		return lp.changed(lp.members.setSettings(ctx, obs, act))
+	case plan.DefragMember:
+		return lp.defrag(ctx, obs, act)
+	case plan.FinishDefrag:
+		return lp.finishDefrag(ctx, obs, act)
 	case plan.SetPeerURLs:
 		return lp.changed(lp.members.setPeerURLs(ctx, obs, act))
 	case plan.MoveLeader:
@@ -311,7 +315,7 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 func (lp *loop) noteOutcome(act plan.Action, err error) {
 	switch act := act.(type) {
 	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion, plan.SetMemberSettings,
-		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade:
+		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade, plan.DefragMember:
 	case plan.SetQuarantine:
 		if act.ID != "" {
 			return

@@ -27,6 +27,11 @@ type metrics struct {
 	panics           prometheus.Counter
 	certExpiry       prometheus.Gauge
 	certRenewals     prometheus.Counter
+	// Defragmentation by this agent as leader.
+	defrags             *prometheus.CounterVec
+	defragLastOK        prometheus.Gauge
+	defragLastDuration  prometheus.Gauge
+	defragLastReclaimed prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -54,8 +59,16 @@ func newMetrics() *metrics {
 			Help: "Unix time the node certificate in use expires; it is renewed two thirds into its life."}),
 		certRenewals: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_node_certificate_issued_total",
 			Help: "Node certificates this agent issued itself (at start and on renewal)."}),
+		defrags: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_defrags_total",
+			Help: "Members this agent defragmented as leader, by result."}, []string{"result"}),
+		defragLastOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_success_timestamp_seconds",
+			Help: "Unix time this agent last defragmented a member."}),
+		defragLastDuration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_duration_seconds",
+			Help: "How long the last defragmentation took (the member's clients stall, or fail over, meanwhile)."}),
+		defragLastReclaimed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_reclaimed_bytes",
+			Help: "How much the last defragmentation shrank the member's database."}),
 	}
-	m.reg.MustRegister(m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
+	m.reg.MustRegister(m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
 		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -197,6 +197,7 @@ func (lp *loop) observeStore(ctx context.Context, s *store.Store, obs *plan.Obse
 			obs.SpecErr = fmt.Errorf("controller: %s in %s: %w", store.KeySpec, s.URL(), verr)
 		} else {
 			obs.Spec = &cs
+			obs.DefragWindowOpen = cs.Defrag.Effective().Open(lp.now())
 			v, _ := spec.ParseVersion(cs.EtcdVersion)
 			if _, berr := etcdproc.FindBinaries(lp.cfg.EtcdBinDir, v); berr != nil {
 				obs.SpecBinaryErr = berr
@@ -466,6 +467,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 			members[i].Healthy = err == nil
 			if err == nil {
 				members[i].RaftIndex = st.RaftIndex
+				members[i].DBSize, members[i].DBSizeInUse = st.DbSize, st.DbSizeInUse
 			}
 		}()
 	}

@@ -11,15 +11,17 @@ import (
 	"time"
 )
 
-// Corruption checks. etcd can check that members agree at start (the
+// Corruption checks, and defragmentation. etcd can check that members agree at start (the
 // initial check), every so often (the periodic check, which hashes the
 // whole keyspace at one revision on every member), and after each
 // compaction (the compact hash check, which is cheap). All three are off
 // by default in etcd, and their flags differ between versions: 3.4 and
 // 3.5 have experimental flags; 3.6 has feature gates and new names for
 // the intervals (the experimental flags deprecated); 3.7 has only those.
-// The flags are read from the binary's own --help, so that a patch
-// release without one is never started with it.
+// A member being defragmented stalls its clients; etcd 3.5's later
+// patches and 3.6 can stop its gRPC service meanwhile, so that clients
+// go to another member. The flags are read from the binary's own
+// --help, so that a patch release without one is never started with it.
 
 // Help is what a binary's --help offers: its flags, and the feature
 // gates of --feature-gates.
@@ -72,10 +74,12 @@ func (b Binaries) Help(ctx context.Context) (Help, error) {
 	return h, nil
 }
 
-// CorruptionCheckArgs are the flags that turn on etcd's initial and
-// compact hash checks, and its periodic check every periodic (0: not
-// the periodic one), in the form h offers.
-func CorruptionCheckArgs(h Help, periodic time.Duration) []string {
+// ManagedArgs are the flags etcd-manager always sets, in the form h
+// offers: etcd's initial and compact hash corruption checks, its
+// periodic check every periodic (0: not that one), and the stop of a
+// member's gRPC service while it defragments, so that its clients fail
+// over to another member instead of stalling.
+func ManagedArgs(h Help, periodic time.Duration) []string {
 	var args, gates []string
 	if h.Flags["feature-gates"] && h.Gates["InitialCorruptCheck"] {
 		gates = append(gates, "InitialCorruptCheck=true")
@@ -86,6 +90,11 @@ func CorruptionCheckArgs(h Help, periodic time.Duration) []string {
 		gates = append(gates, "CompactHashCheck=true")
 	} else if h.Flags["experimental-compact-hash-check-enabled"] {
 		args = append(args, "--experimental-compact-hash-check-enabled=true")
+	}
+	if h.Flags["feature-gates"] && h.Gates["StopGRPCServiceOnDefrag"] {
+		gates = append(gates, "StopGRPCServiceOnDefrag=true")
+	} else if h.Flags["experimental-stop-grpc-service-on-defrag"] {
+		args = append(args, "--experimental-stop-grpc-service-on-defrag=true")
 	}
 	if len(gates) > 0 {
 		args = append(args, "--feature-gates="+strings.Join(gates, ","))

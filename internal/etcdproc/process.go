@@ -46,8 +46,8 @@ type Spec struct {
 	ForceNewCluster bool
 	// SnapshotCount is etcd's --snapshot-count; 0 keeps etcd's default.
 	SnapshotCount int
-	// Checks are the corruption-check flags for this binary (see
-	// CorruptionCheckArgs).
+	// Checks are the flags etcd-manager always sets for this binary (see
+	// ManagedArgs).
 	Checks []string
 	// Settings are the spec's etcd flags, checked for Binaries.Version:
 	// they come after the flags above, and a snapshot-count among them

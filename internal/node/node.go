@@ -459,9 +459,9 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpro
 	}
 	var checks []string
 	if h, err := bins.Help(context.Background()); err != nil {
-		n.log.Warn("cannot read etcd's flags; it runs without its corruption checks", "error", err)
+		n.log.Warn("cannot read etcd's flags; it runs without its corruption checks and without stopping its gRPC service during a defrag", "error", err)
 	} else {
-		checks = etcdproc.CorruptionCheckArgs(h, n.cfg.EtcdCorruptCheckInterval)
+		checks = etcdproc.ManagedArgs(h, n.cfg.EtcdCorruptCheckInterval)
 	}
 	return etcdproc.Spec{
 		Binaries:             bins,

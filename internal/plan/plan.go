@@ -69,6 +69,9 @@ type Observed struct {
 	// VersionBackup is the version a backup was taken for, before the
 	// members started moving to it.
 	VersionBackup string
+	// DefragWindowOpen is set while the spec's defrag window lets
+	// defragmentation run.
+	DefragWindowOpen bool
 	// Commands is the store's command queue, oldest first, as read by an
 	// agent that leads or may lead (see observe).
 	Commands []Command
@@ -221,6 +224,9 @@ type Member struct {
 	// RaftIndex is its log's index, read by the leader in the same pass
 	// as every other member's, so the figures compare.
 	RaftIndex uint64
+	// DBSize is the size of its database file, DBSizeInUse how much of
+	// it holds data (the rest is what a defragmentation gives back).
+	DBSize, DBSizeInUse int64
 }
 
 // Action is one step the executor performs.
@@ -453,7 +459,7 @@ func planNewerFormat(o Observed) []Action {
 			continue
 		}
 		k := c.Command
-		if k.BackupNow != nil && k.RestoreBackup == nil && k.RecoverQuorum == nil && k.DumpRestore == nil {
+		if (k.BackupNow != nil || k.Defrag != nil) && k.RestoreBackup == nil && k.RecoverQuorum == nil && k.DumpRestore == nil {
 			continue
 		}
 		waits = append(waits, Report{Level: slog.LevelWarn, Msg: msg, Attrs: []any{"command", c.ID, "error", c.Newer}})
@@ -669,6 +675,9 @@ func planMembership(o Observed) []Action {
 	}
 	if len(steps) == 0 {
 		steps = planSettings(o)
+	}
+	if len(steps) == 0 {
+		steps = planDefrag(o)
 	}
 	for _, a := range steps {
 		if !a.Mutates() || p.pick(a) {

@@ -20,7 +20,12 @@ type Command struct {
 	BackupNow     *BackupNowCommand     `json:"backupNow,omitempty"`
 	RecoverQuorum *RecoverQuorumCommand `json:"recoverQuorum,omitempty"`
 	DumpRestore   *DumpRestoreCommand   `json:"dumpRestore,omitempty"`
+	Defrag        *DefragCommand        `json:"defrag,omitempty"`
 }
+
+// DefragCommand asks the leader to defragment every member now, one at
+// a time, whatever the defrag policy and its window say.
+type DefragCommand struct{}
 
 // DumpRestoreCommand changes the etcd version by dump and restore. The
 // leader queues it itself, when the spec asks for a version no rolling
@@ -103,6 +108,8 @@ func (c Command) Kind() string {
 		return "recover-quorum"
 	case c.DumpRestore != nil:
 		return "dump-restore"
+	case c.Defrag != nil:
+		return "defrag"
 	default:
 		return "unknown"
 	}
@@ -126,6 +133,9 @@ func (c Command) Validate() error {
 	if c.RecoverQuorum != nil {
 		n++
 	}
+	if c.Defrag != nil {
+		n++
+	}
 	if c.DumpRestore != nil {
 		n++
 		if _, err := ParseSupportedVersion(c.DumpRestore.EtcdVersion); err != nil {
@@ -134,7 +144,7 @@ func (c Command) Validate() error {
 	}
 	switch n {
 	case 0:
-		return errors.New("spec: command has no known kind (want restoreBackup, backupNow, recoverQuorum or dumpRestore)")
+		return errors.New("spec: command has no known kind (want restoreBackup, backupNow, recoverQuorum, dumpRestore or defrag)")
 	case 1:
 		return nil
 	default:
@@ -182,6 +192,9 @@ type CommandStatus struct {
 	Message string `json:"message,omitempty"`
 	// Backup is the backup a backup-now command took.
 	Backup string `json:"backup,omitempty"`
+	// Defragmented are the members (node IDs) a defrag command has
+	// defragmented so far.
+	Defragmented []string `json:"defragmented,omitempty"`
 	// Restore is a restore's progress, fixed once it starts stopping the
 	// old cluster, so that a new leader resumes it exactly.
 	Restore *RestoreProgress `json:"restore,omitempty"`

@@ -49,6 +49,18 @@ type ClusterSpec struct {
 	// EtcdSettings is our addition: etcd flags set on every member (see
 	// Settings), rolled out one member at a time when they change.
 	EtcdSettings Settings `json:"etcdSettings,omitempty"`
+	// Defrag is our addition: when the leader defragments members on its
+	// own; nil takes the defaults (see DefragPolicy).
+	Defrag *DefragPolicy `json:"defrag,omitempty"`
+}
+
+// QuotaBytes is the backend quota the members run with: the
+// quota-backend-bytes setting, else etcd's default.
+func (s ClusterSpec) QuotaBytes() int64 {
+	if q, err := strconv.ParseInt(s.EtcdSettings["quota-backend-bytes"], 10, 64); err == nil && q > 0 {
+		return q
+	}
+	return DefaultQuotaBytes
 }
 
 // String renders the spec for logs and the CLI.
@@ -69,6 +81,9 @@ func (s ClusterSpec) String() string {
 	if len(s.EtcdSettings) > 0 {
 		out += " etcdSettings=[" + s.EtcdSettings.String() + "]"
 	}
+	if s.Defrag != nil {
+		out += " defrag=[" + s.Defrag.String() + "]"
+	}
 	return out
 }
 
@@ -88,6 +103,11 @@ func (s ClusterSpec) Validate() (warnings []string, err error) {
 	}
 	if err := s.EtcdSettings.Validate(v); err != nil {
 		return nil, err
+	}
+	if s.Defrag != nil {
+		if err := s.Defrag.Validate(); err != nil {
+			return nil, err
+		}
 	}
 	policy, err := s.Compaction()
 	if err != nil {

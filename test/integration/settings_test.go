@@ -71,7 +71,7 @@ func TestSettingsRoll(t *testing.T) {
 		t.Errorf("configure-cluster printed %q", out)
 	}
 	set := []string{"--quota-backend-bytes=4294967296", "--heartbeat-interval=150", "--election-timeout=1500"}
-	waitCmdline(t, agents, append(set, "--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true", "--corrupt-check-time=1h0m0s"), nil)
+	waitCmdline(t, agents, append(set, "--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true,StopGRPCServiceOnDefrag=true", "--corrupt-check-time=1h0m0s"), nil)
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	if out := env.MustCtl("get"); !strings.Contains(out, "etcdSettings: election-timeout=1500 heartbeat-interval=150 quota-backend-bytes=4294967296") {
 		t.Errorf("get does not show the settings:\n%s", out)
@@ -133,12 +133,12 @@ func TestSettingsKnownToEtcd(t *testing.T) {
 			}
 		}
 		t.Logf("etcd %s: all %d settings offered for it are its flags", v, len(names))
-		checks := etcdproc.CorruptionCheckArgs(etcdproc.ParseHelp(help), time.Hour)
+		checks := etcdproc.ManagedArgs(etcdproc.ParseHelp(help), time.Hour)
 		want := map[string]string{
 			"3.4.23": "--experimental-initial-corrupt-check=true --experimental-corrupt-check-time=1h0m0s",
-			"3.5.35": "--experimental-initial-corrupt-check=true --experimental-compact-hash-check-enabled=true --experimental-corrupt-check-time=1h0m0s",
-			"3.6.16": "--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true --corrupt-check-time=1h0m0s",
-			"3.7.3":  "--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true --corrupt-check-time=1h0m0s",
+			"3.5.35": "--experimental-initial-corrupt-check=true --experimental-compact-hash-check-enabled=true --experimental-stop-grpc-service-on-defrag=true --experimental-corrupt-check-time=1h0m0s",
+			"3.6.16": "--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true,StopGRPCServiceOnDefrag=true --corrupt-check-time=1h0m0s",
+			"3.7.3":  "--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true,StopGRPCServiceOnDefrag=true --corrupt-check-time=1h0m0s",
 		}[v]
 		if got := strings.Join(checks, " "); got != want {
 			t.Errorf("etcd %s: corruption checks %q, want %q", v, got, want)

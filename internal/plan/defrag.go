@@ -1,0 +1,128 @@
+package plan
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// Defragmentation. etcd gives back the free pages of its database only
+// when a member is defragmented, and a member being defragmented stalls
+// its clients and, if it leads, the cluster's writes. So the leader
+// defragments one member at a time, followers first, and hands
+// leadership on before its own turn: the leader is never defragmented in
+// place. A member goes only while every member is healthy and caught up;
+// a cluster that degrades stops the round. Members are due by the
+// spec's policy (DefragPolicy), within its window; a defrag command
+// (etcd-manager-ctl defrag) does every member now, whatever the policy.
+
+// DefragMember defragments one member through its client URL.
+type DefragMember struct {
+	NodeID    string
+	MemberID  uint64
+	ClientURL string
+	Reason    string
+	// CommandIDs are the defrag commands this step serves.
+	CommandIDs []string
+}
+
+func (a DefragMember) String() string {
+	return fmt.Sprintf("defrag %s (%s)", a.NodeID, a.Reason)
+}
+func (DefragMember) Mutates() bool { return true }
+
+// FinishDefrag records defrag commands as done: every member is
+// defragmented.
+type FinishDefrag struct{ CommandIDs []string }
+
+func (a FinishDefrag) String() string { return "finish-defrag " + strings.Join(a.CommandIDs, " ") }
+func (FinishDefrag) Mutates() bool    { return true }
+
+// planDefrag returns the next defragmentation step, or nothing.
+func planDefrag(o Observed) []Action {
+	var cmds []Command
+	for _, c := range o.Commands {
+		if c.Command.Defrag != nil && c.Err == nil && c.Newer == nil && !c.Status.Finished() {
+			cmds = append(cmds, c)
+		}
+	}
+	policy := o.Spec.Defrag.Effective()
+	auto := !policy.Off && o.DefragWindowOpen
+	if len(cmds) == 0 && !auto {
+		return nil
+	}
+	var ids []string
+	for _, c := range cmds {
+		ids = append(ids, c.ID)
+	}
+	// A member is due for a command until every command lists it.
+	commandDue := func(id string) bool {
+		for _, c := range cmds {
+			if !slices.Contains(c.Status.Defragmented, id) {
+				return true
+			}
+		}
+		return false
+	}
+	var ms []memberNode
+	var due []int
+	reasons := map[int]string{}
+	for _, m := range o.Cluster.Members {
+		n, ok := nodeOfMember(o, m)
+		if !ok || n.Member == nil || m.IsLearner {
+			continue
+		}
+		v, _ := spec.ParseVersion(n.Member.EtcdVersion)
+		ms = append(ms, memberNode{m, n, v})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
+	for i, x := range ms {
+		switch {
+		case commandDue(x.n.ID) && len(cmds) > 0:
+			due, reasons[i] = append(due, i), "defrag "+strings.Join(ids, " ")
+		case auto:
+			if why := policy.DefragDue(x.m.DBSize, x.m.DBSizeInUse, o.Spec.QuotaBytes()); why != "" {
+				due, reasons[i] = append(due, i), why
+			}
+		}
+	}
+	if len(due) == 0 {
+		if len(cmds) > 0 {
+			return []Action{FinishDefrag{CommandIDs: ids}}
+		}
+		return nil
+	}
+	if len(ms) != len(o.Cluster.Members) {
+		return []Action{Report{Level: slog.LevelInfo, Msg: "defragmentation waits: a member's agent is unreachable, or a member is a learner"}}
+	}
+	if wait := healthGate(ms, "defragmentation"); wait != nil {
+		return wait
+	}
+	next := due[0]
+	for _, i := range due {
+		if ms[i].n.ID != o.Self.ID {
+			next = i
+			break
+		}
+	}
+	x := ms[next]
+	if x.n.ID == o.Self.ID && len(ms) > 1 {
+		to := ms[0]
+		if to.n.ID == o.Self.ID {
+			to = ms[1]
+		}
+		return []Action{MoveLeader{To: to.m.ID, Reason: "before defragmenting the leader's member"}}
+	}
+	if len(x.m.ClientURLs) == 0 {
+		return []Action{Report{Level: slog.LevelWarn, Msg: "defragmentation waits: a member has no client URL", Attrs: []any{"node", x.n.ID}}}
+	}
+	var cmdIDs []string
+	if commandDue(x.n.ID) {
+		cmdIDs = ids
+	}
+	return []Action{DefragMember{NodeID: x.n.ID, MemberID: x.m.ID, ClientURL: x.m.ClientURLs[0], Reason: reasons[next], CommandIDs: cmdIDs}}
+}
