@@ -2,9 +2,14 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -89,4 +94,51 @@ func memberDBSize(ctx context.Context, c leaderEtcd, endpoint string) int64 {
 		return 0
 	}
 	return st.DbSize
+}
+
+// recoverSpace compacts etcd to its head revision for a NOSPACE alarm.
+// Availability wins over continuous capture: what it had not stored is
+// lost to restores, and a full backup follows.
+func (lp *loop) recoverSpace(ctx context.Context, act plan.RecoverSpace) error {
+	c, err := lp.members.leader(ctx)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	st, err := c.Status(sctx, lp.clientEndpoint)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("controller: NOSPACE: etcd status: %w", err)
+	}
+	head := st.Header.Revision
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if _, err := lp.client.Compact(cctx, head, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		return fmt.Errorf("controller: NOSPACE: compact to %d: %w", head, err)
+	}
+	lp.spaceCompacted = true
+	lp.compaction.compacted = max(lp.compaction.compacted, head)
+	lp.capture.requestBase()
+	lp.log.Warn("etcd's NOSPACE alarm is raised: compacted to the head; the members with space to give back are defragmented next",
+		"revision", head, "reason", act.Reason)
+	return nil
+}
+
+// disarmNoSpace disarms the NOSPACE alarms: every database is well under
+// the quota again.
+func (lp *loop) disarmNoSpace(ctx context.Context, obs plan.Observed, act plan.DisarmNoSpace) error {
+	if _, err := lp.members.leader(ctx); err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	for _, id := range obs.Cluster.NoSpace {
+		if _, err := lp.client.AlarmDisarm(dctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+			return fmt.Errorf("controller: disarm NOSPACE of member %x: %w", id, err)
+		}
+	}
+	lp.spaceCompacted = false
+	lp.met.noSpaceRecoveries.Inc()
+	lp.log.Warn("NOSPACE alarm disarmed: etcd takes writes again", "reason", act.Reason)
+	return nil
 }

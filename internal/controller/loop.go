@@ -75,6 +75,9 @@ type loop struct {
 	// versionBackup is the version a backup was last taken for, before a
 	// version change moved members to it.
 	versionBackup string
+	// spaceCompacted is set once this agent compacted etcd to its head
+	// for the NOSPACE alarm it sees; cleared when no alarm is raised.
+	spaceCompacted bool
 	// lastInfo is the last info-level report, logged again only when it
 	// changes; warnings and errors are logged every cycle.
 	lastInfo string
@@ -287,6 +290,10 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 		return lp.defrag(ctx, obs, act)
 	case plan.FinishDefrag:
 		return lp.finishDefrag(ctx, obs, act)
+	case plan.RecoverSpace:
+		return lp.recoverSpace(ctx, act)
+	case plan.DisarmNoSpace:
+		return lp.disarmNoSpace(ctx, obs, act)
 	case plan.SetPeerURLs:
 		return lp.changed(lp.members.setPeerURLs(ctx, obs, act))
 	case plan.MoveLeader:
@@ -315,7 +322,7 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 func (lp *loop) noteOutcome(act plan.Action, err error) {
 	switch act := act.(type) {
 	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion, plan.SetMemberSettings,
-		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade, plan.DefragMember:
+		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade, plan.DefragMember, plan.RecoverSpace, plan.DisarmNoSpace:
 	case plan.SetQuarantine:
 		if act.ID != "" {
 			return

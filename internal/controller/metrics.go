@@ -32,6 +32,7 @@ type metrics struct {
 	defragLastOK        prometheus.Gauge
 	defragLastDuration  prometheus.Gauge
 	defragLastReclaimed prometheus.Gauge
+	noSpaceRecoveries   prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -67,8 +68,10 @@ func newMetrics() *metrics {
 			Help: "How long the last defragmentation took (the member's clients stall, or fail over, meanwhile)."}),
 		defragLastReclaimed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_reclaimed_bytes",
 			Help: "How much the last defragmentation shrank the member's database."}),
+		noSpaceRecoveries: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_nospace_recoveries_total",
+			Help: "NOSPACE alarms this agent disarmed as leader, once compaction and defragmentation left every database well under the quota."}),
 	}
-	m.reg.MustRegister(m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
+	m.reg.MustRegister(m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
 		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

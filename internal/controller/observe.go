@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
@@ -62,6 +63,10 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 				lp.log.Warn("cannot read the etcd cluster as its leader", "error", err)
 			} else {
 				obs.Cluster = view
+				if len(view.NoSpace) == 0 {
+					lp.spaceCompacted = false
+				}
+				obs.SpaceCompacted = lp.spaceCompacted
 			}
 		}
 	}
@@ -481,6 +486,17 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	lp.unhealthySince.keep(members)
 	lp.learnerSince.keep(members)
 	view.Members = members
+	actx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	if alarms, err := lp.client.AlarmList(actx); err == nil {
+		for _, a := range alarms.Alarms {
+			if a.Alarm == etcdserverpb.AlarmType_NOSPACE {
+				view.NoSpace = append(view.NoSpace, a.MemberID)
+			}
+		}
+	} else {
+		lp.log.Warn("cannot list etcd's alarms", "error", err)
+	}
 	return view, nil
 }
 

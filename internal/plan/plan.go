@@ -72,6 +72,9 @@ type Observed struct {
 	// DefragWindowOpen is set while the spec's defrag window lets
 	// defragmentation run.
 	DefragWindowOpen bool
+	// SpaceCompacted is set once the leader compacted etcd to its head
+	// since the NOSPACE alarm it last saw was raised.
+	SpaceCompacted bool
 	// Commands is the store's command queue, oldest first, as read by an
 	// agent that leads or may lead (see observe).
 	Commands []Command
@@ -206,6 +209,8 @@ type Node struct {
 type ClusterView struct {
 	Token   string
 	Members []Member
+	// NoSpace lists the members with etcd's NOSPACE alarm raised.
+	NoSpace []uint64
 }
 
 // Member is one etcd member.
@@ -669,15 +674,21 @@ func planMembership(o Observed) []Action {
 			return append(p.actions, a)
 		}
 	}
-	steps := planPeerURLs(o)
-	if len(steps) == 0 {
-		steps = planVersion(o)
-	}
-	if len(steps) == 0 {
-		steps = planSettings(o)
-	}
-	if len(steps) == 0 {
-		steps = planDefrag(o)
+	// A NOSPACE alarm comes first; when it only reports (live data fills
+	// the quota), the rest goes on, a roll that raises the quota among it.
+	steps := planSpace(o)
+	if !slices.ContainsFunc(steps, Action.Mutates) {
+		next := planPeerURLs(o)
+		if len(next) == 0 {
+			next = planVersion(o)
+		}
+		if len(next) == 0 {
+			next = planSettings(o)
+		}
+		if len(next) == 0 {
+			next = planDefrag(o)
+		}
+		steps = append(steps, next...)
 	}
 	for _, a := range steps {
 		if !a.Mutates() || p.pick(a) {
