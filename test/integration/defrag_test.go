@@ -110,4 +110,9 @@ func TestDefrag(t *testing.T) {
 		t.Errorf("list-commands does not show the defrag done:\n%s", out)
 	}
 	w.check(t, c)
+	// The writer's client fails over from a member whose gRPC service
+	// stops for its defragmentation.
+	if w.failed > 0 {
+		t.Errorf("%d writes failed during the defragmentations", w.failed)
+	}
 }
