@@ -271,10 +271,19 @@ func lockKey(term int64) string { return fmt.Sprintf("%s%020d", lockPrefix, term
 type lease struct {
 	lock  *LeaderLock
 	store func() lockStore
+	// now is the local clock of the deadline; nil: time.Now.
+	now func() time.Time
 
 	mu         sync.Mutex
 	term       int64
 	validUntil time.Time
+}
+
+func (l *lease) clock() time.Time {
+	if l.now != nil {
+		return l.now()
+	}
+	return time.Now()
 }
 
 // Term is the term held, 0 for none.
@@ -289,7 +298,7 @@ func (l *lease) Term() int64 {
 // With no deadline yet (a term just adopted after a restart), it renews
 // at once.
 func (l *lease) acquireLocked(ctx context.Context, s lockStore) (int64, error) {
-	start := time.Now()
+	start := l.clock()
 	term, wrote, err := l.lock.acquire(ctx, s, l.validUntil.IsZero())
 	if err != nil {
 		return 0, err
@@ -333,7 +342,7 @@ func (l *lease) Hold(ctx context.Context) (int64, error) {
 	if l.term == 0 {
 		return 0, fmt.Errorf("%w: %w: this agent holds no store lock", procedure.ErrFenced, ErrNotLeader)
 	}
-	if !time.Now().Before(l.validUntil) {
+	if !l.clock().Before(l.validUntil) {
 		return 0, fmt.Errorf("%w: %w: the lease of store lock term %d ran out before it was renewed", procedure.ErrFenced, ErrNotLeader, l.term)
 	}
 	held, err := l.lock.Holds(ctx, l.store(), l.term)
@@ -355,7 +364,7 @@ func (l *lease) Renew(ctx context.Context) error {
 	if held == 0 {
 		return fmt.Errorf("%w: this agent holds no store lock", procedure.ErrFenced)
 	}
-	if !time.Now().Before(l.validUntil) {
+	if !l.clock().Before(l.validUntil) {
 		// Paused past the lease, or the store was too slow: whatever the
 		// store says now, another agent may have acted.
 		return fmt.Errorf("%w: %w: the lease of store lock term %d ran out before it was renewed", procedure.ErrFenced, ErrNotLeader, held)

@@ -221,7 +221,8 @@ func TestLeaseFencesAPausedHolder(t *testing.T) {
 	s := openLockStore(t)
 	ctx := t.Context()
 	const ttl = 400 * time.Millisecond
-	l := &lease{lock: &LeaderLock{NodeID: "a", TTL: ttl, Now: time.Now}, store: func() lockStore { return s }}
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := &lease{lock: &LeaderLock{NodeID: "a", TTL: ttl, Now: clock.Now}, store: func() lockStore { return s }, now: clock.Now}
 	term, err := l.Acquire(ctx, s)
 	if err != nil || term != 1 {
 		t.Fatalf("Acquire: %d, %v", term, err)
@@ -230,7 +231,7 @@ func TestLeaseFencesAPausedHolder(t *testing.T) {
 		t.Fatalf("Hold right after taking the lock: %d, %v", got, err)
 	}
 	for range 4 {
-		time.Sleep(ttl / 6)
+		clock.Add(ttl / 6)
 		if err := l.Renew(ctx); err != nil {
 			t.Fatalf("Renew: %v", err)
 		}
@@ -240,7 +241,7 @@ func TestLeaseFencesAPausedHolder(t *testing.T) {
 	}
 	// "Paused": no renewal for more than half the lease. The store still
 	// names a as the holder, but a must not act.
-	time.Sleep(ttl/2 + 50*time.Millisecond)
+	clock.Add(ttl/2 + 50*time.Millisecond)
 	if _, err := l.Hold(ctx); !errors.Is(err, procedure.ErrFenced) {
 		t.Fatalf("Hold after the local lease ran out: %v, want ErrFenced", err)
 	}
@@ -249,8 +250,8 @@ func TestLeaseFencesAPausedHolder(t *testing.T) {
 	}
 	// Another agent takes the lock once it has expired; a's next cycle
 	// sees that and holds nothing.
-	time.Sleep(ttl)
-	b := &LeaderLock{NodeID: "b", TTL: ttl, Now: time.Now}
+	clock.Add(ttl)
+	b := &LeaderLock{NodeID: "b", TTL: ttl, Now: clock.Now}
 	if tb, err := b.Acquire(ctx, s); err != nil || tb != 2 {
 		t.Fatalf("b: %d, %v", tb, err)
 	}
