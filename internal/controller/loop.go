@@ -204,6 +204,11 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 			changed = false
 		}
 	}()
+	if _, bad := lp.node.CorruptData(); bad {
+		if err := lp.node.DiscardCorruptData(ctx); err != nil {
+			lp.log.Error("cannot set aside data etcd found corrupt; will retry", "error", err)
+		}
+	}
 	obs := lp.observe(ctx)
 	lp.housekeeping(ctx, lp.store, obs)
 	lp.capture.sync(lp, obs)

@@ -85,6 +85,9 @@ type Node struct {
 	// for readers that do not take mu.
 	id         string
 	obeyedTerm atomic.Int64
+	// corrupt holds the line etcd printed when its initial corruption
+	// check failed, until the data is set aside.
+	corrupt atomic.Pointer[string]
 }
 
 // LoadState reads the node's state from layout, creating a node ID on
@@ -119,18 +122,19 @@ func LoadState(layout etcdproc.Layout, name string, peerURLs []string) (etcdproc
 // not block.
 func New(cfg Config, layout etcdproc.Layout, st etcdproc.State, backups BackupFetcher, log *slog.Logger, now func() time.Time, poke func()) *Node {
 	n := &Node{
-		cfg:    cfg,
-		log:    log,
-		layout: layout,
-		proc: etcdproc.NewSupervisor(etcdproc.SupervisorConfig{
-			PIDFile:     layout.PIDFile(),
-			StopTimeout: cfg.EtcdStopTimeout,
-		}, log.With("component", "etcd")),
+		cfg:     cfg,
+		log:     log,
+		layout:  layout,
 		now:     now,
 		backups: backups,
 		poke:    poke,
 		state:   st,
 	}
+	n.proc = etcdproc.NewSupervisor(etcdproc.SupervisorConfig{
+		PIDFile:     layout.PIDFile(),
+		StopTimeout: cfg.EtcdStopTimeout,
+		Output:      n.etcdOutput(),
+	}, log.With("component", "etcd"))
 	if st.Member != nil && st.Member.Pending {
 		n.pendingSince = now()
 	}
