@@ -1792,14 +1792,14 @@ func describeFailures(fails []rollAck, evs []rollEvent, start time.Time) string 
 }
 
 // stuckRoll says why a managed roll has not finished: the last "version
-// change waits" line each agent logged (the agents log a wait once, when
+// change waits" or "a rolling change waits" line each agent logged (the agents log a wait once, when
 // it begins), and each member's version and raft index by Status now.
 func stuckRoll(agents []*harness.Agent, err error) string {
 	parts := []string{err.Error()}
 	for _, a := range agents {
 		var last string
 		for _, line := range strings.Split(a.Log(), "\n") {
-			if strings.HasPrefix(line, "time=") && strings.Contains(line, "version change waits") {
+			if strings.HasPrefix(line, "time=") && (strings.Contains(line, "version change waits") || strings.Contains(line, "a rolling change waits")) {
 				last = line
 			}
 		}

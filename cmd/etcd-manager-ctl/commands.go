@@ -339,6 +339,12 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		}
 	}
 	if defragSet {
+		// An unset threshold takes its default, so 0 cannot mean "any".
+		if (fs.Changed("defrag-min-reclaimable-bytes") && o.defragPolicy.MinReclaimableBytes <= 0) ||
+			(fs.Changed("defrag-min-reclaimable-fraction") && o.defragPolicy.MinReclaimableFraction <= 0) ||
+			(fs.Changed("defrag-quota-percent") && o.defragPolicy.QuotaPercent <= 0) {
+			return errors.New("--defrag-min-reclaimable-bytes, --defrag-min-reclaimable-fraction and --defrag-quota-percent must be above 0; --auto-defrag=false turns the policy off")
+		}
 		p := cs.Defrag.Effective()
 		if fs.Changed("auto-defrag") {
 			p.Off = !o.defragAuto

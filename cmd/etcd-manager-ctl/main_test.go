@@ -84,6 +84,8 @@ func TestConfigureClusterBadInput(t *testing.T) {
 		{name: "new spec needs both flags", args: []string{"--member-count=1"}, wantErr: "needs both --member-count and --etcd-version"},
 		{name: "no flags", args: nil, wantErr: "needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention, a defrag policy flag or an etcd setting"},
 		{name: "a bad defrag window", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--defrag-window=at 3"}, wantErr: `--defrag-window "at 3"`},
+		{name: "a zero defrag threshold", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--defrag-min-reclaimable-bytes=0"}, wantErr: "must be above 0"},
+		{name: "a defrag window with a time zone", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--defrag-window=TZ=x"}, wantErr: "no time zone"},
 		{name: "a defrag fraction above 1", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--defrag-min-reclaimable-fraction=2"}, wantErr: "is not between 0 and 1"},
 		{name: "a malformed setting", args: []string{"--member-count=1", "--etcd-version=3.6.16", "--quota-backend-bytes=8GiB"}, wantErr: `--quota-backend-bytes="8GiB": want a whole number`},
 		{name: "a setting the version lacks", args: []string{"--member-count=1", "--etcd-version=3.5.35", "--warning-apply-duration=1s"}, wantErr: "--warning-apply-duration is unknown to etcd 3.5.35"},

@@ -26,7 +26,9 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 	if err != nil {
 		return err
 	}
-	if act.MemberID == obs.Self.MemberID {
+	// This agent's etcd leads (checked just now), so another member's
+	// does not; its own is defragmented only when it is the only voter.
+	if act.MemberID == obs.Self.MemberID && voters(obs) > 1 {
 		return fmt.Errorf("controller: defrag %s: its member leads raft; leadership is handed on first", act.NodeID)
 	}
 	s, err := lp.openStore(ctx)
@@ -56,7 +58,10 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 		if !slices.Contains(act.CommandIDs, c.ID) {
 			continue
 		}
-		done := append(slices.Clone(c.Status.Defragmented), act.NodeID)
+		done := slices.Clone(c.Status.Defragmented)
+		if !slices.Contains(done, act.NodeID) {
+			done = append(done, act.NodeID)
+		}
 		st := spec.CommandStatus{State: spec.CommandRunning, Message: "defragmenting one member at a time", Defragmented: done}
 		if err := s.SetCommandStatus(ctx, c.ID, st, lp.now()); err != nil {
 			return err
@@ -141,4 +146,17 @@ func (lp *loop) disarmNoSpace(ctx context.Context, obs plan.Observed, act plan.D
 	lp.met.noSpaceRecoveries.Inc()
 	lp.log.Warn("NOSPACE alarm disarmed: etcd takes writes again", "reason", act.Reason)
 	return nil
+}
+
+// voters counts the cluster's voting members.
+func voters(obs plan.Observed) int {
+	n := 0
+	if obs.Cluster != nil {
+		for _, m := range obs.Cluster.Members {
+			if !m.IsLearner {
+				n++
+			}
+		}
+	}
+	return n
 }

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,7 +66,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 				lp.log.Warn("cannot read the etcd cluster as its leader", "error", err)
 			} else {
 				obs.Cluster = view
-				if len(view.NoSpace) == 0 {
+				if view.AlarmsKnown && len(view.NoSpace) == 0 {
 					lp.spaceCompacted = false
 				}
 				obs.SpaceCompacted = lp.spaceCompacted
@@ -458,6 +461,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	view := &plan.ClusterView{Token: m.ClusterToken}
 	var wg sync.WaitGroup
 	members := make([]plan.Member, len(resp.Members))
+	statusErrs := make([][]string, len(resp.Members))
 	for i, pm := range resp.Members {
 		members[i] = plan.Member{ID: pm.ID, Name: pm.Name, PeerURLs: pm.PeerURLs, ClientURLs: pm.ClientURLs, IsLearner: pm.IsLearner}
 		if len(pm.ClientURLs) == 0 {
@@ -473,6 +477,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 			if err == nil {
 				members[i].RaftIndex = st.RaftIndex
 				members[i].DBSize, members[i].DBSizeInUse = st.DbSize, st.DbSizeInUse
+				statusErrs[i] = st.Errors
 			}
 		}()
 	}
@@ -486,18 +491,57 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	lp.unhealthySince.keep(members)
 	lp.learnerSince.keep(members)
 	view.Members = members
-	actx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	if alarms, err := lp.client.AlarmList(actx); err == nil {
-		for _, a := range alarms.Alarms {
-			if a.Alarm == etcdserverpb.AlarmType_NOSPACE {
-				view.NoSpace = append(view.NoSpace, a.MemberID)
+	view.NoSpace, view.AlarmsKnown = noSpaceAlarms(ctx, lp.client, statusErrs)
+	return view, nil
+}
+
+// noSpaceAlarmRE finds a NOSPACE alarm among the errors of etcd's status
+// ("memberID:<id> alarm:NOSPACE").
+var noSpaceAlarmRE = regexp.MustCompile(`memberID:\s*(\d+)\s+alarm:\s*NOSPACE`)
+
+// noSpaceAlarms are the members with etcd's NOSPACE alarm raised, read
+// from the errors of the members' status, which list the cluster's
+// alarms; known is false when no member answered. (etcd's alarm list is
+// a raft request: not something to send every cycle.) Only when a status
+// names the alarm without a member does the alarm list answer.
+func noSpaceAlarms(ctx context.Context, c alarmLister, statusErrs [][]string) (ids []uint64, known bool) {
+	mentioned := false
+	for _, errs := range statusErrs {
+		if errs != nil {
+			known = true
+		}
+		for _, e := range errs {
+			if !strings.Contains(e, "NOSPACE") {
+				continue
+			}
+			mentioned = true
+			if m := noSpaceAlarmRE.FindStringSubmatch(e); m != nil {
+				if id, err := strconv.ParseUint(m[1], 10, 64); err == nil && !slices.Contains(ids, id) {
+					ids = append(ids, id)
+				}
 			}
 		}
-	} else {
-		lp.log.Warn("cannot list etcd's alarms", "error", err)
 	}
-	return view, nil
+	if !mentioned || len(ids) > 0 {
+		return ids, known || len(ids) > 0
+	}
+	actx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	alarms, err := c.AlarmList(actx)
+	if err != nil {
+		return nil, false
+	}
+	for _, a := range alarms.Alarms {
+		if a.Alarm == etcdserverpb.AlarmType_NOSPACE {
+			ids = append(ids, a.MemberID)
+		}
+	}
+	return ids, true
+}
+
+// alarmLister lists etcd's alarms.
+type alarmLister interface {
+	AlarmList(ctx context.Context) (*clientv3.AlarmResponse, error)
 }
 
 // since remembers, per etcd member, when a condition was first seen to

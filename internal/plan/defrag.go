@@ -19,6 +19,8 @@ import (
 // a cluster that degrades stops the round. Members are due by the
 // spec's policy (DefragPolicy), within its window; a defrag command
 // (etcd-manager-ctl defrag) does every member now, whatever the policy.
+// A cluster of one member has no one to hand leadership to: its member is
+// defragmented in place, and its clients wait meanwhile.
 
 // DefragMember defragments one member through its client URL.
 type DefragMember struct {
@@ -90,14 +92,14 @@ func planDefrag(o Observed) []Action {
 			}
 		}
 	}
-	if len(due) == 0 {
-		if len(cmds) > 0 {
-			return []Action{FinishDefrag{CommandIDs: ids}}
-		}
+	if len(due) == 0 && len(cmds) == 0 {
 		return nil
 	}
 	if len(ms) != len(o.Cluster.Members) {
 		return []Action{Report{Level: slog.LevelInfo, Msg: "defragmentation waits: a member's agent is unreachable, or a member is a learner"}}
+	}
+	if len(due) == 0 {
+		return []Action{FinishDefrag{CommandIDs: ids}}
 	}
 	if wait := healthGate(ms, "defragmentation"); wait != nil {
 		return wait
@@ -111,11 +113,8 @@ func planDefrag(o Observed) []Action {
 	}
 	x := ms[next]
 	if x.n.ID == o.Self.ID && len(ms) > 1 {
-		to := ms[0]
-		if to.n.ID == o.Self.ID {
-			to = ms[1]
-		}
-		return []Action{MoveLeader{To: to.m.ID, Reason: "before defragmenting the leader's member"}}
+		// The health gate passed: every other member can take the lead.
+		return []Action{MoveLeader{To: handOnTo(ms, o.Self.ID).m.ID, Reason: "before defragmenting the leader's member"}}
 	}
 	if len(x.m.ClientURLs) == 0 {
 		return []Action{Report{Level: slog.LevelWarn, Msg: "defragmentation waits: a member has no client URL", Attrs: []any{"node", x.n.ID}}}

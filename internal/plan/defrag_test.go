@@ -55,7 +55,7 @@ func TestPlanDefrag(t *testing.T) {
 			o := obs(compact, fragmented, compact)
 			o.Cluster.Members[2].Healthy = false
 			return o
-		}(), "report[INFO] defragmentation waits for every member to be healthy"},
+		}(), "report[INFO] a rolling change waits for every member to be healthy"},
 		{"a command: every member, whatever the policy and window", func() Observed {
 			o := obs(compact, compact, compact)
 			o.DefragWindowOpen = false

@@ -209,8 +209,10 @@ type Node struct {
 type ClusterView struct {
 	Token   string
 	Members []Member
-	// NoSpace lists the members with etcd's NOSPACE alarm raised.
-	NoSpace []uint64
+	// NoSpace lists the members with etcd's NOSPACE alarm raised;
+	// AlarmsKnown is false when no member's status was read.
+	NoSpace     []uint64
+	AlarmsKnown bool
 }
 
 // Member is one etcd member.
@@ -677,7 +679,7 @@ func planMembership(o Observed) []Action {
 	// A NOSPACE alarm comes first; when it only reports (live data fills
 	// the quota), the rest goes on, a roll that raises the quota among it.
 	steps := planSpace(o)
-	if !slices.ContainsFunc(steps, Action.Mutates) {
+	if !slices.ContainsFunc(steps, func(a Action) bool { return a.Mutates() && !p.backsOff(a) }) {
 		next := planPeerURLs(o)
 		if len(next) == 0 {
 			next = planVersion(o)
@@ -757,6 +759,12 @@ func (p *membershipPlan) pick(a Action) bool {
 		return false
 	}
 	return true
+}
+
+// backsOff reports whether a waits out a backoff.
+func (p *membershipPlan) backsOff(a Action) bool {
+	_, ok := p.o.Backoff[ActionKey(a)]
+	return ok
 }
 
 // first returns the first of the candidates that may be taken now.
@@ -1005,6 +1013,16 @@ func ActionKey(a Action) string {
 		return fmt.Sprintf("move-leader %x", a.To)
 	case SetQuarantine:
 		return "set-quarantine " + a.Token
+	case SetMemberSettings:
+		return "set-member-settings " + a.NodeID
+	case DefragMember:
+		return "defrag-member " + a.NodeID
+	case RecoverSpace:
+		return "recover-space"
+	case DisarmNoSpace:
+		return "disarm-nospace"
+	case FinishDefrag:
+		return "finish-defrag"
 	}
 	return a.String()
 }

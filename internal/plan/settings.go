@@ -3,6 +3,7 @@ package plan
 import (
 	"log/slog"
 	"sort"
+	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -13,6 +14,12 @@ import (
 // handing leadership on; each only once every member is healthy and
 // caught up. A version change goes first; the settings follow once every
 // member runs the spec's version.
+
+// settingsCallOffAfter is how long a member must have been down, with
+// other settings than the spec's, before it restarts with the spec's
+// without waiting for the health gate: a moment's slow status call is
+// not down.
+const settingsCallOffAfter = 30 * time.Second
 
 // SetMemberSettings restarts a member's etcd with the spec's settings.
 type SetMemberSettings struct {
@@ -60,7 +67,7 @@ func planSettings(o Observed) []Action {
 		// A member that is down anyway, with other settings, restarts
 		// with the spec's at once: this is how a change that keeps a
 		// member from starting is called off (set the spec back).
-		if (!x.m.Healthy || !x.n.Healthy) && !x.n.Member.Settings.Equal(want) {
+		if !x.m.Healthy && !x.n.Healthy && x.m.UnhealthyFor >= settingsCallOffAfter && x.n.ID != o.Self.ID && !x.n.Member.Settings.Equal(want) {
 			return []Action{SetMemberSettings{NodeID: x.n.ID, Settings: want}}
 		}
 	}

@@ -3,6 +3,7 @@ package plan
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -50,17 +51,24 @@ func TestPlanSettings(t *testing.T) {
 		{"settings removed from the spec go back to etcd's defaults", obs(nil, with("a", old), with("b", old)),
 			"set-member-settings b []"},
 		{"an unhealthy member holds the roll", obs(want, with("a", old), with("b", want), down(with("c", want))),
-			"report[INFO] etcd settings change waits for every member to be healthy"},
+			"report[INFO] a rolling change waits for every member to be healthy"},
 		{"a member behind the leader's log holds the roll",
 			func() Observed {
 				o := obs(want, with("a", old), with("b", want), with("c", old))
 				o.Cluster.Members[0].RaftIndex = 9000
 				return o
 			}(),
-			"report[INFO] etcd settings change waits for a member to catch up"},
-		{"a member down with other settings restarts with the spec's at once (a change called off)",
-			obs(old, with("a", old), down(with("b", want)), with("c", old)),
+			"report[INFO] a rolling change waits for a member to catch up"},
+		{"a member down a while with other settings restarts with the spec's at once (a change called off)",
+			func() Observed {
+				o := obs(old, with("a", old), down(with("b", want)), with("c", old))
+				o.Cluster.Members[1].UnhealthyFor = time.Minute
+				return o
+			}(),
 			"set-member-settings b [snapshot-count=10000]"},
+		{"a member down a moment waits for the health gate",
+			obs(old, with("a", old), down(with("b", want)), with("c", old)),
+			"report[INFO] a rolling change waits for every member to be healthy"},
 		{"an unreachable agent holds the roll",
 			func() Observed {
 				o := obs(want, with("a", old), with("b", old), with("c", old))

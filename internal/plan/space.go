@@ -58,7 +58,7 @@ func planSpace(o Observed) []Action {
 	var largest, inUse int64
 	for i, x := range ms {
 		largest, inUse = max(largest, x.m.DBSize), max(inUse, x.m.DBSizeInUse)
-		if free := x.m.DBSize - x.m.DBSizeInUse; x.m.DBSizeInUse > 0 && free >= max(spaceFreeFloor, x.m.DBSize/10) {
+		if free := x.m.DBSize - x.m.DBSizeInUse; x.m.Healthy && x.m.DBSizeInUse > 0 && free >= max(spaceFreeFloor, x.m.DBSize/10) {
 			due = append(due, i)
 		}
 	}
@@ -72,9 +72,9 @@ func planSpace(o Observed) []Action {
 		}
 		x := ms[next]
 		if x.n.ID == o.Self.ID && len(ms) > 1 {
-			to := ms[0]
-			if to.n.ID == o.Self.ID {
-				to = ms[1]
+			to := handOnTo(ms, o.Self.ID)
+			if to == nil {
+				return []Action{Report{Level: slog.LevelWarn, Msg: "NOSPACE: the leader's member needs defragmenting, but no other member is healthy to take the lead"}}
 			}
 			return []Action{MoveLeader{To: to.m.ID, Reason: "before defragmenting the leader's member (NOSPACE)"}}
 		}
@@ -94,6 +94,17 @@ func planSpace(o Observed) []Action {
 		return []Action{DisarmNoSpace{Reason: fmt.Sprintf("every database is at most %d bytes, under %.0f%% of the %d-byte quota", largest, 100*spaceHeadroom, quota)}}
 	}
 	return []Action{Report{Level: slog.LevelError,
-		Msg: "NOSPACE: live data fills the backend quota, and compaction and defragmentation cannot help; etcd takes no writes until the quota is raised with etcd-manager-ctl --quota-backend-bytes=N configure-cluster, or data is deleted",
+		Msg:   "NOSPACE: live data fills the backend quota, and compaction and defragmentation cannot help; etcd takes no writes until the quota is raised with etcd-manager-ctl --quota-backend-bytes=N configure-cluster, or data is deleted",
 		Attrs: []any{"in-use-bytes", inUse, "quota-bytes", quota, "suggested-quota-bytes", 2 * quota}}}
+}
+
+// handOnTo is a healthy member other than self to hand leadership to,
+// nil when there is none.
+func handOnTo(ms []memberNode, self string) *memberNode {
+	for i, x := range ms {
+		if x.n.ID != self && x.m.Healthy && x.n.Healthy && !x.m.IsLearner {
+			return &ms[i]
+		}
+	}
+	return nil
 }

@@ -215,11 +215,11 @@ func healthGate(ms []memberNode, what string) []Action {
 	for _, x := range ms {
 		switch {
 		case !x.m.Healthy || !x.n.Healthy || x.m.IsLearner:
-			return []Action{Report{Level: slog.LevelInfo, Msg: what + " waits for every member to be healthy", Attrs: []any{"node", x.n.ID}}}
+			return []Action{Report{Level: slog.LevelInfo, Msg: "a rolling change waits for every member to be healthy", Attrs: []any{"change", what, "node", x.n.ID}}}
 		case x.n.Version != x.configured.String():
-			return []Action{Report{Level: slog.LevelInfo, Msg: what + " waits for a member to run its new version", Attrs: []any{"node", x.n.ID, "running", x.n.Version, "wanted", x.configured.String()}}}
+			return []Action{Report{Level: slog.LevelInfo, Msg: "a rolling change waits for a member to run its new version", Attrs: []any{"change", what, "node", x.n.ID, "running", x.n.Version, "wanted", x.configured.String()}}}
 		case leaderIndex > x.m.RaftIndex+caughtUpSlack:
-			return []Action{Report{Level: slog.LevelInfo, Msg: what + " waits for a member to catch up", Attrs: []any{"node", x.n.ID, "behind", leaderIndex - x.m.RaftIndex}}}
+			return []Action{Report{Level: slog.LevelInfo, Msg: "a rolling change waits for a member to catch up", Attrs: []any{"change", what, "node", x.n.ID, "behind", leaderIndex - x.m.RaftIndex}}}
 		}
 	}
 	return nil

@@ -64,10 +64,10 @@ func TestPlanVersion(t *testing.T) {
 			"move-leader to=" + hexID(member("b", true).ID)},
 		{"a member still starting on its new version holds the roll",
 			obs("3.7.3", "3.7.3", at("a", "3.6.16", 9), func() Node { n := at("b", "3.7.3", 9); n.Version = "3.6.16"; return n }(), at("c", "3.6.16", 9)),
-			"report[INFO] version change waits for a member to run its new version"},
+			"report[INFO] a rolling change waits for a member to run its new version"},
 		{"a member behind the leader's log holds the roll",
 			obs("3.7.3", "3.7.3", at("a", "3.6.16", 900), at("b", "3.7.3", 10), at("c", "3.6.16", 900)),
-			"report[INFO] version change waits for a member to catch up"},
+			"report[INFO] a rolling change waits for a member to catch up"},
 		{"an agent's own stale index does not hold the roll; the leader's reading counts",
 			func() Observed {
 				o := obs("3.7.3", "3.7.3", at("a", "3.6.16", 24416), at("b", "3.7.3", 24415), at("c", "3.6.16", 24416))
@@ -77,7 +77,7 @@ func TestPlanVersion(t *testing.T) {
 			"set-member-version c 3.7.3"},
 		{"an unhealthy member holds the roll",
 			obs("3.7.3", "3.7.3", at("a", "3.6.16", 9), func() Node { n := at("b", "3.6.16", 9); n.Healthy = false; return n }(), at("c", "3.6.16", 9)),
-			"report[INFO] version change waits for every member to be healthy"},
+			"report[INFO] a rolling change waits for every member to be healthy"},
 		{"3.4 to 3.6 steps through the newest installed 3.5",
 			obs("3.6.16", "", at("a", "3.4.23", 9), at("b", "3.4.23", 9), at("c", "3.4.23", 9)),
 			"take-backup (before changing etcd to 3.5.35)"},

@@ -2,6 +2,7 @@ package spec
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -67,6 +68,14 @@ func (p DefragPolicy) Validate() error {
 		return fmt.Errorf("spec: defrag: --defrag-quota-percent %d is not between 0 and 100", p.QuotaPercent)
 	}
 	if p.Window != "" {
+		// A time zone prefix would move the window out of UTC, and the
+		// cron parser panics on some malformed ones.
+		if w := strings.ToUpper(strings.TrimSpace(p.Window)); strings.HasPrefix(w, "TZ=") || strings.HasPrefix(w, "CRON_TZ=") {
+			return fmt.Errorf("spec: defrag: --defrag-window %q: no time zone; the window is in UTC", p.Window)
+		}
+		if len(p.Window) > 100 {
+			return fmt.Errorf("spec: defrag: --defrag-window is %d bytes long", len(p.Window))
+		}
 		if _, err := cronParser.Parse(p.Window); err != nil {
 			return fmt.Errorf("spec: defrag: --defrag-window %q: %w", p.Window, err)
 		}
@@ -87,6 +96,9 @@ func (p DefragPolicy) Open(now time.Time) bool {
 	e := p.Effective()
 	if e.Window == "" {
 		return true
+	}
+	if e.Validate() != nil {
+		return false
 	}
 	sched, err := cronParser.Parse(e.Window)
 	if err != nil {

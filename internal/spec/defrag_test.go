@@ -60,7 +60,7 @@ func TestDefragWindow(t *testing.T) {
 			t.Errorf("window %q for %q at %s: open %v, want %v", tt.p.Window, tt.p.WindowDuration, tt.now, got, tt.open)
 		}
 	}
-	for _, bad := range []DefragPolicy{{Window: "at 3"}, {Window: "0 3 * * *", WindowDuration: "10s"}, {MinReclaimableFraction: 1.5}, {QuotaPercent: 101}, {MinReclaimableBytes: -1}} {
+	for _, bad := range []DefragPolicy{{Window: "at 3"}, {Window: "TZ=x"}, {Window: "CRON_TZ=Europe/Paris 0 3 * * *"}, {Window: "0 3 * * *", WindowDuration: "10s"}, {MinReclaimableFraction: 1.5}, {QuotaPercent: 101}, {MinReclaimableBytes: -1}} {
 		if err := bad.Validate(); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}

@@ -108,7 +108,7 @@ func intIn(lo, hi int64) func(string) error {
 	return func(v string) error {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return fmt.Errorf("want a whole number")
+			return errors.New("want a whole number")
 		}
 		if n < lo || n > hi {
 			return fmt.Errorf("want %d to %d", lo, hi)
@@ -120,10 +120,10 @@ func intIn(lo, hi int64) func(string) error {
 func duration(v string) error {
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		return fmt.Errorf("want a duration such as 2h or 30s")
+		return errors.New("want a duration such as 2h or 30s")
 	}
 	if d < 0 || d > 24*time.Hour {
-		return fmt.Errorf("want 0 to 24h")
+		return errors.New("want 0 to 24h")
 	}
 	return nil
 }
@@ -172,7 +172,7 @@ func (s Settings) validateOne(v Version) error {
 			return fmt.Errorf("%w: --%s is unknown to etcd %s", ErrSetting, name, v)
 		}
 		if err := def.check(val); err != nil {
-			return fmt.Errorf("%w: --%s=%q: %v", ErrSetting, name, val, err)
+			return fmt.Errorf("%w: --%s=%q: %w", ErrSetting, name, val, err)
 		}
 	}
 	return nil

@@ -22,6 +22,8 @@ type writer struct {
 	mu     sync.Mutex
 	acked  []string
 	failed int
+	// firstErr is the first failed write's error.
+	firstErr error
 	// longest is the longest time between two acknowledged writes.
 	longest time.Duration
 	stop    chan struct{}
@@ -50,6 +52,9 @@ func startWriter(t *testing.T, agents []*harness.Agent, maxOps int) *writer {
 			w.mu.Lock()
 			if err != nil {
 				w.failed++
+				if w.firstErr == nil {
+					w.firstErr = err
+				}
 			} else {
 				w.acked = append(w.acked, k)
 				if d := time.Since(last); d > w.longest {
@@ -106,7 +111,7 @@ func (w *writer) check(t *testing.T, c *clientv3.Client) {
 			lost = append(lost, k)
 		}
 	}
-	t.Logf("writer: %d writes acknowledged, %d failed, longest gap %s", len(w.acked), w.failed, w.longest.Round(time.Millisecond))
+	t.Logf("writer: %d writes acknowledged, %d failed (first: %v), longest gap %s", len(w.acked), w.failed, w.firstErr, w.longest.Round(time.Millisecond))
 	if len(w.acked) < 50 {
 		t.Errorf("only %d writes were acknowledged during the roll", len(w.acked))
 	}

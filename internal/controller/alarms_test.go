@@ -1,0 +1,51 @@
+package controller
+
+import (
+	"context"
+	"reflect"
+	"testing"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// listedAlarms is an alarm list that records whether it was asked.
+type listedAlarms struct {
+	ids   []uint64
+	asked bool
+}
+
+func (l *listedAlarms) AlarmList(context.Context) (*clientv3.AlarmResponse, error) {
+	l.asked = true
+	r := &clientv3.AlarmResponse{}
+	for _, id := range l.ids {
+		r.Alarms = append(r.Alarms, &etcdserverpb.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE})
+	}
+	return r, nil
+}
+
+func TestNoSpaceAlarms(t *testing.T) {
+	tests := []struct {
+		name      string
+		errs      [][]string
+		wantIDs   []uint64
+		wantKnown bool
+		wantAsked bool
+	}{
+		{"no member answered", [][]string{nil, nil}, nil, false, false},
+		{"no alarm", [][]string{{}, {}}, nil, true, false},
+		{"one alarm, seen by every member", [][]string{{"memberID:1234 alarm:NOSPACE "}, {"memberID:1234 alarm:NOSPACE "}}, []uint64{1234}, true, false},
+		{"two members' alarms", [][]string{{"memberID:1 alarm:NOSPACE ", "memberID:2  alarm:NOSPACE "}}, []uint64{1, 2}, true, false},
+		{"another alarm only", [][]string{{"memberID:1 alarm:CORRUPT "}}, nil, true, false},
+		{"NOSPACE in a form not parsed: the alarm list answers", [][]string{{"alarm NOSPACE on 77"}}, []uint64{77}, true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := &listedAlarms{ids: []uint64{77}}
+			ids, known := noSpaceAlarms(context.Background(), l, tt.errs)
+			if !reflect.DeepEqual(ids, tt.wantIDs) || known != tt.wantKnown || l.asked != tt.wantAsked {
+				t.Fatalf("ids %v known %v asked %v; want %v %v %v", ids, known, l.asked, tt.wantIDs, tt.wantKnown, tt.wantAsked)
+			}
+		})
+	}
+}
