@@ -72,6 +72,18 @@ func TestPlanDefrag(t *testing.T) {
 			o.Commands = []Command{defragCmd("b", "c")}
 			return o
 		}(), "move-leader to="},
+		{"one member: defragmented in place, no one to hand leadership to", func() Observed {
+			o := obs(compact, compact, compact)
+			o.Cluster.Members, o.Peers, o.Spec.MemberCount = o.Cluster.Members[:1], o.Peers[:1], 1
+			o.Commands = []Command{defragCmd()}
+			return o
+		}(), "defrag a (defrag d1)"},
+		{"a command waits for an unreachable agent rather than finish without it", func() Observed {
+			o := obs(compact, compact, compact)
+			o.Peers = o.Peers[:2]
+			o.Commands = []Command{defragCmd("a", "b")}
+			return o
+		}(), "report[INFO] defragmentation waits: a member's agent is unreachable"},
 		{"a command: done once every member is", func() Observed {
 			o := obs(compact, compact, compact)
 			o.Commands = []Command{defragCmd("a", "b", "c")}
