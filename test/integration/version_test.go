@@ -22,8 +22,10 @@ type writer struct {
 	mu     sync.Mutex
 	acked  []string
 	failed int
-	// firstErr is the first failed write's error.
+	// firstErr is the first failed write's error; retried counts the
+	// writes tried twice (see startWriterRetrying).
 	firstErr error
+	retried  int
 	// longest is the longest time between two acknowledged writes.
 	longest time.Duration
 	stop    chan struct{}
@@ -31,6 +33,15 @@ type writer struct {
 }
 
 func startWriter(t *testing.T, agents []*harness.Agent, maxOps int) *writer {
+	return startWriterRetrying(t, agents, maxOps, false)
+}
+
+// startWriterRetrying is startWriter whose writer, when retry is set,
+// tries a failed write once more at once, as etcd's clients do with a
+// proposal dropped during a leadership hand-over (the same key and
+// value: a second try changes nothing if the first was applied after
+// all); only a write that fails twice counts as failed.
+func startWriterRetrying(t *testing.T, agents []*harness.Agent, maxOps int, retry bool) *writer {
 	c, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), TLS: agents[0].TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
@@ -49,6 +60,14 @@ func startWriter(t *testing.T, agents []*harness.Agent, maxOps int) *writer {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			_, err := c.Put(ctx, k, "v")
 			cancel()
+			if err != nil && retry {
+				w.mu.Lock()
+				w.retried++
+				w.mu.Unlock()
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				_, err = c.Put(ctx, k, "v")
+				cancel()
+			}
 			w.mu.Lock()
 			if err != nil {
 				w.failed++
@@ -111,7 +130,7 @@ func (w *writer) check(t *testing.T, c *clientv3.Client) {
 			lost = append(lost, k)
 		}
 	}
-	t.Logf("writer: %d writes acknowledged, %d failed (first: %v), longest gap %s", len(w.acked), w.failed, w.firstErr, w.longest.Round(time.Millisecond))
+	t.Logf("writer: %d writes acknowledged, %d failed (first: %v), %d tried twice, longest gap %s", len(w.acked), w.failed, w.firstErr, w.retried, w.longest.Round(time.Millisecond))
 	if len(w.acked) < 50 {
 		t.Errorf("only %d writes were acknowledged during the roll", len(w.acked))
 	}
