@@ -71,8 +71,7 @@ func planDefrag(o Observed) []Action {
 		return false
 	}
 	var ms []memberNode
-	var due []int
-	reasons := map[int]string{}
+	due := map[string]string{} // node ID -> why it is due
 	for _, m := range o.Cluster.Members {
 		n, ok := nodeOfMember(o, m)
 		if !ok || n.Member == nil || m.IsLearner {
@@ -82,13 +81,13 @@ func planDefrag(o Observed) []Action {
 		ms = append(ms, memberNode{m, n, v})
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
-	for i, x := range ms {
+	for _, x := range ms {
 		switch {
 		case commandDue(x.n.ID) && len(cmds) > 0:
-			due, reasons[i] = append(due, i), "defrag "+strings.Join(ids, " ")
+			due[x.n.ID] = "defrag " + strings.Join(ids, " ")
 		case auto:
 			if why := policy.DefragDue(x.m.DBSize, x.m.DBSizeInUse, o.Spec.QuotaBytes()); why != "" {
-				due, reasons[i] = append(due, i), why
+				due[x.n.ID] = why
 			}
 		}
 	}
@@ -104,14 +103,7 @@ func planDefrag(o Observed) []Action {
 	if wait := healthGate(ms, "defragmentation"); wait != nil {
 		return wait
 	}
-	next := due[0]
-	for _, i := range due {
-		if ms[i].n.ID != o.Self.ID {
-			next = i
-			break
-		}
-	}
-	x := ms[next]
+	x := followerFirst(ms, o.Self.ID, func(x memberNode) bool { return due[x.n.ID] != "" })
 	if x.n.ID == o.Self.ID && len(ms) > 1 {
 		// The health gate passed: every other member can take the lead.
 		return []Action{MoveLeader{To: handOnTo(ms, o.Self.ID).m.ID, Reason: "before defragmenting the leader's member"}}
@@ -123,5 +115,5 @@ func planDefrag(o Observed) []Action {
 	if commandDue(x.n.ID) {
 		cmdIDs = ids
 	}
-	return []Action{DefragMember{NodeID: x.n.ID, MemberID: x.m.ID, ClientURL: x.m.ClientURLs[0], Reason: reasons[next], CommandIDs: cmdIDs}}
+	return []Action{DefragMember{NodeID: x.n.ID, MemberID: x.m.ID, ClientURL: x.m.ClientURLs[0], Reason: due[x.n.ID], CommandIDs: cmdIDs}}
 }

@@ -74,29 +74,10 @@ func planSettings(o Observed) []Action {
 	if wait := healthGate(ms, "etcd settings change"); wait != nil {
 		return wait
 	}
-	next := nextUnsettled(ms, want, o.Self.ID)
+	next := followerFirst(ms, o.Self.ID, func(x memberNode) bool { return !x.n.Member.Settings.Equal(want) })
 	if next.n.ID == o.Self.ID && len(ms) > 1 {
-		to := ms[0]
-		if to.n.ID == o.Self.ID {
-			to = ms[1]
-		}
-		return []Action{MoveLeader{To: to.m.ID, Reason: "before restarting the leader with new etcd settings"}}
+		// The health gate passed: every other member can take the lead.
+		return []Action{MoveLeader{To: handOnTo(ms, o.Self.ID).m.ID, Reason: "before restarting the leader with new etcd settings"}}
 	}
 	return []Action{SetMemberSettings{NodeID: next.n.ID, Settings: want}}
-}
-
-// nextUnsettled is the next member to restart with want: a follower
-// first, the leader (self) last. One differs from want.
-func nextUnsettled(ms []memberNode, want spec.Settings, self string) *memberNode {
-	var next *memberNode
-	for i, x := range ms {
-		if x.n.Member.Settings.Equal(want) {
-			continue
-		}
-		if x.n.ID != self {
-			return &ms[i]
-		}
-		next = &ms[i]
-	}
-	return next
 }

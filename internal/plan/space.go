@@ -54,23 +54,15 @@ func planSpace(o Observed) []Action {
 		}
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
-	var due []int
 	var largest, inUse int64
-	for i, x := range ms {
+	for _, x := range ms {
 		largest, inUse = max(largest, x.m.DBSize), max(inUse, x.m.DBSizeInUse)
-		if free := x.m.DBSize - x.m.DBSizeInUse; x.m.Healthy && x.m.DBSizeInUse > 0 && free >= max(spaceFreeFloor, x.m.DBSize/10) {
-			due = append(due, i)
-		}
 	}
-	if len(due) > 0 {
-		next := due[0]
-		for _, i := range due {
-			if ms[i].n.ID != o.Self.ID {
-				next = i
-				break
-			}
-		}
-		x := ms[next]
+	worthIt := func(x memberNode) bool {
+		free := x.m.DBSize - x.m.DBSizeInUse
+		return x.m.Healthy && x.m.DBSizeInUse > 0 && free >= max(spaceFreeFloor, x.m.DBSize/10)
+	}
+	if x := followerFirst(ms, o.Self.ID, worthIt); x != nil {
 		if x.n.ID == o.Self.ID && len(ms) > 1 {
 			to := handOnTo(ms, o.Self.ID)
 			if to == nil {

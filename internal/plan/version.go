@@ -228,16 +228,22 @@ func healthGate(ms []memberNode, what string) []Action {
 // nextMember is the next member to move to step: a follower first, the
 // leader (self) last; nil when all are there.
 func nextMember(ms []memberNode, step spec.Version, self string) *memberNode {
+	return followerFirst(ms, self, func(x memberNode) bool { return x.configured.Compare(step) != 0 })
+}
+
+// followerFirst is the next of ms, in their order, that pending says is
+// still to go through a rolling change: a follower first, the leader
+// (self) last; nil when none is.
+func followerFirst(ms []memberNode, self string, pending func(memberNode) bool) *memberNode {
 	var next *memberNode
 	for i, x := range ms {
-		if x.configured.Compare(step) != 0 && x.n.ID != self {
+		if !pending(x) {
+			continue
+		}
+		if x.n.ID != self {
 			return &ms[i]
 		}
-	}
-	for i, x := range ms {
-		if x.configured.Compare(step) != 0 {
-			next = &ms[i]
-		}
+		next = &ms[i]
 	}
 	return next
 }

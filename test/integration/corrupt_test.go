@@ -75,7 +75,7 @@ func TestCorruptMemberRebuilt(t *testing.T) {
 	if len(trash) == 0 {
 		t.Error("the corrupt data is not in the trash")
 	}
-	rev := headRevisionOf(t, ctx, c)
+	rev := headRevision(t, ctx, c)
 	var hashes []uint32
 	for _, a := range agents {
 		harness.WaitFor(t, time.Minute, a.Name+"'s HashKV", func() bool {
@@ -101,13 +101,4 @@ func TestCorruptMemberRebuilt(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != marker+"-7" {
 		t.Fatalf("the rebuilt member reads %v, %v", resp, err)
 	}
-}
-
-func headRevisionOf(t *testing.T, ctx context.Context, c *clientv3.Client) int64 {
-	t.Helper()
-	resp, err := c.Get(ctx, "/", clientv3.WithCountOnly())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.Header.Revision
 }
