@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 )
 
 // ctlEnv is a file store and a folder of stand-in etcd installs. The ctl
@@ -336,5 +339,40 @@ func TestConfigureDefragPolicy(t *testing.T) {
 	}
 	if out, _, _ = e.run(t, "get"); !strings.Contains(out, "defrag: off") {
 		t.Errorf("get printed %q", out)
+	}
+}
+
+func TestPrintMaintenance(t *testing.T) {
+	at := time.Date(2026, 11, 23, 3, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		m    *peer.Maintenance
+		want []string
+	}{
+		{"none", nil, nil},
+		{"alarms only", &peer.Maintenance{Alarms: []string{"NOSPACE 1a"}}, []string{"etcd alarms: NOSPACE 1a"}},
+		{"everything", &peer.Maintenance{
+			LastDefrag:    &peer.DefragRecord{Node: "b", At: at, Duration: 1500 * time.Millisecond, SizeBefore: 500 << 20, SizeAfter: 100 << 20},
+			LastHashCheck: &peer.HashCheckRecord{At: at, Revision: 42, Outcome: "mismatch"},
+			LastDiscard:   &peer.DiscardRecord{Node: "c", At: at, Reason: "its HashKV differs"},
+		}, []string{
+			"last defragmentation: b at 2026-11-23T03:00:00Z, took 1.5s, database 500.0 MiB -> 100.0 MiB",
+			"last hash comparison: mismatch at revision 42, 2026-11-23T03:00:00Z",
+			"last member rebuilt for disagreeing data: c at 2026-11-23T03:00:00Z (its HashKV differs)",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			printMaintenance(&b, tt.m)
+			for _, w := range tt.want {
+				if !strings.Contains(b.String(), w) {
+					t.Errorf("output lacks %q:\n%s", w, b.String())
+				}
+			}
+			if tt.want == nil && b.Len() != 0 {
+				t.Errorf("output %q, want none", b.String())
+			}
+		})
 	}
 }

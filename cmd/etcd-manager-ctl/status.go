@@ -149,6 +149,7 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 			fmt.Fprintf(w, "\nagent %s will not take the store lock: %s\n", a.ID, a.LockRefused)
 		}
 	}
+	printMaintenance(w, st.Maintenance)
 	if len(st.Failing) > 0 {
 		fmt.Fprintf(w, "\nfailing on the leader (retried after a backoff; the rest goes on):\n")
 		for _, f := range st.Failing {
@@ -156,6 +157,30 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 		}
 	}
 	return nil
+}
+
+// printMaintenance renders the leader's maintenance record.
+func printMaintenance(w io.Writer, m *peer.Maintenance) {
+	if m == nil {
+		return
+	}
+	if len(m.Alarms) > 0 {
+		fmt.Fprintf(w, "\netcd alarms: %s\n", strings.Join(m.Alarms, ", "))
+	}
+	if m.LastDefrag == nil && m.LastHashCheck == nil && m.LastDiscard == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nmaintenance (since the leader began to lead):\n")
+	if d := m.LastDefrag; d != nil {
+		fmt.Fprintf(w, "  last defragmentation: %s at %s, took %s, database %s -> %s\n", d.Node, d.At.Format(time.RFC3339),
+			d.Duration.Round(time.Millisecond), size(d.SizeBefore), size(d.SizeAfter))
+	}
+	if h := m.LastHashCheck; h != nil {
+		fmt.Fprintf(w, "  last hash comparison: %s at revision %d, %s\n", h.Outcome, h.Revision, h.At.Format(time.RFC3339))
+	}
+	if d := m.LastDiscard; d != nil {
+		fmt.Fprintf(w, "  last member rebuilt for disagreeing data: %s at %s (%s)\n", d.Node, d.At.Format(time.RFC3339), d.Reason)
+	}
 }
 
 // askAgents asks every discovered agent for its info, in parallel, and
@@ -196,6 +221,7 @@ func askAgents(ctx context.Context, recs []peer.Record, clusterName string, cred
 			if info.Leader {
 				st.Leader = info.NodeID
 				st.Failing = info.Failing
+				st.Maintenance = info.Maintenance
 			}
 		}()
 	}

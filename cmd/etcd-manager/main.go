@@ -16,6 +16,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 )
 
 // defaultMemoryLimit is the Go runtime's soft memory limit unless
@@ -73,6 +74,14 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 		Args:   cobra.ExactArgs(1),
 		Run: func(cmd *cobra.Command, args []string) {
 			os.Exit(backup.RunVerify(args[0], os.Stdout, os.Stderr))
+		},
+	}, &cobra.Command{
+		Use:    controller.CheckDataCommand + " DATA_DIR",
+		Short:  "Check the bbolt database under an etcd data dir, which no etcd holds open, and print the result as JSON (used by the agent)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		Run: func(cmd *cobra.Command, args []string) {
+			os.Exit(etcdproc.RunCheckData(cmd.Context(), args[0], os.Stdout, os.Stderr))
 		},
 	})
 	args := os.Args[1:]

@@ -3,6 +3,7 @@ package cli
 import (
 	"time"
 
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -59,6 +60,10 @@ type ClusterStatus struct {
 	Unreachable []string `json:"unreachable,omitempty"`
 	// Failing are the leader's cluster changes that keep failing.
 	Failing []string `json:"failing,omitempty"`
+	// Maintenance is the leader's record of defragmentations, hash
+	// comparisons and members rebuilt since it began to lead, and etcd's
+	// raised alarms.
+	Maintenance *peer.Maintenance `json:"maintenance,omitempty"`
 }
 
 // CommandRow is one queued command in `list-commands`.

@@ -117,6 +117,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		EtcdStopTimeout:          a.cfg.EtcdStopTimeout,
 		EtcdTLS:                  a.etcdTLSFiles(),
 		ClientTLS:                a.etcdTLS,
+		CheckData:                childDataChecker(),
 	}, layout, st, storeFetcher{url: a.cfg.BackupStore, verify: verify, log: a.log}, a.log, a.now, a.poke)
 	lp, err := newLoop(a, n, verify)
 	if err != nil {

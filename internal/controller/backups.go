@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -27,6 +28,20 @@ func childVerifier() backup.VerifyFunc {
 		return nil // verify in process
 	}
 	return backup.VerifyCommand(exe, VerifySnapshotCommand)
+}
+
+// CheckDataCommand is the etcd-manager subcommand that checks a
+// member's database in a child process (see etcdproc.CheckDataCommand).
+const CheckDataCommand = "check-data"
+
+// childDataChecker checks a member's database in a child etcd-manager:
+// bbolt may crash on a damaged file, and the agent must not.
+func childDataChecker() etcdproc.DataChecker {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil // check in process
+	}
+	return etcdproc.CheckDataCommand(exe, CheckDataCommand)
 }
 
 // backups takes full backups, records their outcome (metrics, the
@@ -208,4 +223,27 @@ func runCommandAction(ctx context.Context, s *store.Store, now time.Time, log *s
 		return err
 	}
 	return fmt.Errorf("controller: not a command action: %T", act)
+}
+
+// newestRead is how long the newest backups read for a recover-quorum
+// are reused: listing them reads every backup's meta.
+const newestRead = time.Minute
+
+// newestBackups returns the newest backup of each cluster token.
+func (lp *loop) newestBackups(ctx context.Context, s *store.Store) (map[string]plan.BackupPoint, error) {
+	if lp.newest != nil && lp.now().Sub(lp.newestAt) < newestRead {
+		return lp.newest, nil
+	}
+	infos, err := backup.List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]plan.BackupPoint{}
+	for _, in := range infos { // oldest first
+		if t := in.Meta.ClusterToken; t != "" {
+			out[t] = plan.BackupPoint{Name: in.Name, Revision: in.Meta.Revision}
+		}
+	}
+	lp.newest, lp.newestAt = out, lp.now()
+	return out, nil
 }

@@ -93,6 +93,10 @@ type Config struct {
 	// agree (0: never); its checks at start and after each compaction are
 	// always on.
 	EtcdCorruptCheckInterval time.Duration
+	// HashCheckInterval is how often the leader compares every voting
+	// member's HashKV at one revision, and rebuilds a member that
+	// disagrees with the majority (0: never).
+	HashCheckInterval time.Duration
 	// Trash bounds the copies of etcd data moved to <data-dir>/trash.
 	Trash etcdproc.TrashPolicy
 }
@@ -131,6 +135,11 @@ const (
 // sooner and cheaply.
 const DefaultEtcdCorruptCheckInterval = time.Hour
 
+// DefaultHashCheckInterval is how often the leader compares the members'
+// HashKV by default; like etcd's periodic check, each pass reads every
+// member's whole keyspace.
+const DefaultHashCheckInterval = time.Hour
+
 // Default returns the configuration with defaults filled in.
 func Default() Config {
 	return Config{
@@ -148,6 +157,7 @@ func Default() Config {
 		LoopInterval:             DefaultLoopInterval,
 		EtcdStopTimeout:          DefaultEtcdStopTimeout,
 		EtcdCorruptCheckInterval: DefaultEtcdCorruptCheckInterval,
+		HashCheckInterval:        DefaultHashCheckInterval,
 		CertValidity:             pki.DefaultCertValidity,
 		Trash:                    etcdproc.TrashPolicy{MaxAge: DefaultTrashMaxAge},
 	}
@@ -187,6 +197,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.Trash.MaxAge, "trash-max-age", c.Trash.MaxAge, "copies of etcd data moved to <data-dir>/trash are deleted after this long, once this node is a healthy member whose live data supersedes them; the newest copy is always kept (0 keeps them for ever)")
 	fs.Int64Var(&c.Trash.MaxBytes, "trash-max-bytes", c.Trash.MaxBytes, "older copies in <data-dir>/trash are also deleted, oldest first, while the trash holds more than this many bytes, under the same conditions (0: no bound on size)")
 	fs.DurationVar(&c.EtcdCorruptCheckInterval, "etcd-corrupt-check-interval", c.EtcdCorruptCheckInterval, "how often etcd's periodic corruption check hashes every member's keyspace at one revision and compares them (0: never; a mismatch raises etcd's CORRUPT alarm); etcd's checks at start and after each compaction are always on")
+	fs.DurationVar(&c.HashCheckInterval, "hash-check-interval", c.HashCheckInterval, "how often the leader compares every voting member's HashKV at one revision; a member whose hash differs from a majority's has its data set aside and is rebuilt from its peers (0: never; etcd's CORRUPT alarm still triggers a comparison)")
 	fs.IntVar(&c.EtcdSnapshotCount, "etcd-snapshot-count", c.EtcdSnapshotCount, "etcd's --snapshot-count: committed entries between raft snapshots (0 keeps etcd's default); an upgrade from 3.5 past 3.6 waits for a snapshot on every member")
 }
 
@@ -285,6 +296,9 @@ func (c *Config) Validate() error {
 	}
 	if c.EtcdCorruptCheckInterval < 0 {
 		errs = append(errs, fmt.Errorf("--etcd-corrupt-check-interval %s is negative", c.EtcdCorruptCheckInterval))
+	}
+	if c.HashCheckInterval < 0 {
+		errs = append(errs, fmt.Errorf("--hash-check-interval %s is negative", c.HashCheckInterval))
 	}
 	if c.LoopInterval <= 0 {
 		errs = append(errs, errors.New("--loop-interval must be positive"))

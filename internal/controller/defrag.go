@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -53,6 +54,7 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 	if before > 0 && after > 0 {
 		lp.met.defragLastReclaimed.Set(float64(max(before-after, 0)))
 	}
+	lp.maint.LastDefrag = &peer.DefragRecord{Node: act.NodeID, At: start.UTC(), Duration: took, SizeBefore: before, SizeAfter: after}
 	lp.log.Info("member defragmented", "node", act.NodeID, "duration", took.Round(time.Millisecond), "db-size-before", before, "db-size-after", after)
 	for _, c := range obs.Commands {
 		if !slices.Contains(act.CommandIDs, c.ID) {

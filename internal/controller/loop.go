@@ -78,6 +78,15 @@ type loop struct {
 	// spaceCompacted is set once this agent compacted etcd to its head
 	// for the NOSPACE alarm it sees; cleared when no alarm is raised.
 	spaceCompacted bool
+	// hash schedules the leader's HashKV comparisons.
+	hash hashCheck
+	// maint records the leader's maintenance work, for status; alarms
+	// are those it last saw.
+	maint peer.Maintenance
+	// newest caches the newest backup of each cluster token for a
+	// recover-quorum, read at newestAt.
+	newest   map[string]plan.BackupPoint
+	newestAt time.Time
 	// lastInfo is the last info-level report, logged again only when it
 	// changes; warnings and errors are logged every cycle.
 	lastInfo string
@@ -299,6 +308,12 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 		return lp.recoverSpace(ctx, act)
 	case plan.DisarmNoSpace:
 		return lp.disarmNoSpace(ctx, obs, act)
+	case plan.CheckHashes:
+		return lp.checkHashes(ctx, obs, act)
+	case plan.DiscardMemberData:
+		return lp.changed(lp.discardMemberData(ctx, obs, act))
+	case plan.DisarmCorrupt:
+		return lp.disarmCorrupt(ctx, act)
 	case plan.SetPeerURLs:
 		return lp.changed(lp.members.setPeerURLs(ctx, obs, act))
 	case plan.MoveLeader:
@@ -327,7 +342,8 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 func (lp *loop) noteOutcome(act plan.Action, err error) {
 	switch act := act.(type) {
 	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion, plan.SetMemberSettings,
-		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade, plan.DefragMember, plan.RecoverSpace, plan.DisarmNoSpace:
+		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade, plan.DefragMember, plan.RecoverSpace, plan.DisarmNoSpace,
+		plan.CheckHashes, plan.DiscardMemberData, plan.DisarmCorrupt:
 	case plan.SetQuarantine:
 		if act.ID != "" {
 			return

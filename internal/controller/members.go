@@ -46,6 +46,7 @@ type memberAPI interface {
 	Leave(ctx context.Context, req peer.LeaveRequest) error
 	SetVersion(ctx context.Context, req peer.VersionRequest) error
 	SetSettings(ctx context.Context, req peer.SettingsRequest) error
+	DiscardData(ctx context.Context, req peer.DiscardRequest) error
 	SetPeerURLs(ctx context.Context, req peer.PeerURLsRequest) error
 }
 

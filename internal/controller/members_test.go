@@ -58,6 +58,7 @@ func (r recordingNode) Leave(_ context.Context, req peer.LeaveRequest) error {
 }
 func (r recordingNode) SetVersion(context.Context, peer.VersionRequest) error   { return nil }
 func (r recordingNode) SetSettings(context.Context, peer.SettingsRequest) error { return nil }
+func (r recordingNode) DiscardData(context.Context, peer.DiscardRequest) error  { return nil }
 func (r recordingNode) SetPeerURLs(context.Context, peer.PeerURLsRequest) error { return nil }
 
 // The creation marker already there is checked against its token: our

@@ -33,6 +33,10 @@ type metrics struct {
 	defragLastDuration  prometheus.Gauge
 	defragLastReclaimed prometheus.Gauge
 	noSpaceRecoveries   prometheus.Counter
+	// Corruption: the leader's HashKV comparisons and the members rebuilt.
+	hashChecks       *prometheus.CounterVec
+	hashCheckLast    prometheus.Gauge
+	corruptDiscarded prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -70,8 +74,14 @@ func newMetrics() *metrics {
 			Help: "How much the last defragmentation shrank the member's database."}),
 		noSpaceRecoveries: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_nospace_recoveries_total",
 			Help: "NOSPACE alarms this agent disarmed as leader, once compaction and defragmentation left every database well under the quota."}),
+		hashChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_hash_checks_total",
+			Help: "Comparisons of the voting members' HashKV at one revision by this agent as leader, by outcome: agree, mismatch (a member's data differs), inconclusive (a member did not answer, or a compaction came between)."}, []string{"outcome"}),
+		hashCheckLast: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_hash_check_last_agree_timestamp_seconds",
+			Help: "Unix time of the last comparison in which every voting member's HashKV agreed."}),
+		corruptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_corrupt_members_discarded_total",
+			Help: "Members whose data disagreed with the majority's, set aside by this agent as leader to be rebuilt from their peers."}),
 	}
-	m.reg.MustRegister(m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
+	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.corruptDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
 		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

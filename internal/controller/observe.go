@@ -66,10 +66,28 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 				lp.log.Warn("cannot read the etcd cluster as its leader", "error", err)
 			} else {
 				obs.Cluster = view
+				lp.maint.Alarms = nil
+				for _, id := range view.NoSpace {
+					lp.maint.Alarms = append(lp.maint.Alarms, fmt.Sprintf("NOSPACE %x", id))
+				}
+				for _, id := range view.Corrupt {
+					lp.maint.Alarms = append(lp.maint.Alarms, fmt.Sprintf("CORRUPT %x", id))
+				}
 				if view.AlarmsKnown && len(view.NoSpace) == 0 {
 					lp.spaceCompacted = false
 				}
 				obs.SpaceCompacted = lp.spaceCompacted
+				if every := lp.cfg.HashCheckInterval; every > 0 {
+					if lp.hash.last.IsZero() {
+						// A new leader waits out one interval, as every
+						// agent would otherwise check at once on start.
+						lp.hash.last = lp.now()
+					}
+					obs.HashCheckDue = lp.now().Sub(lp.hash.last) >= every
+				}
+				if lp.now().Sub(lp.hash.last) < hashResultFresh {
+					obs.HashCheck = lp.hash.result
+				}
 			}
 		}
 	}
@@ -123,6 +141,9 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		obs.RecordFresh = lp.cfg.LeaderLease + lp.publishEvery()
 		obs.NoLeaderSettle = noLeaderSettle(lp.cfg.LeaderLease)
 	}
+	if c := plan.ActiveExclusive(obs.Commands); c != nil && c.Command.RecoverQuorum != nil {
+		obs.NewestBackups, obs.NewestBackupsErr = lp.newestBackups(ctx, s)
+	}
 	if err := lp.takeLock(ctx, s, &obs, noCluster); err != nil {
 		obs.StoreErr = err
 		return obs
@@ -150,6 +171,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		self.HasData = lp.node.Layout().HasEtcdData(m.ClusterToken)
 		self.DataLost = m.HasRun && !self.HasData
 		self.SnapIndex = lp.node.Layout().SnapIndex(m.ClusterToken)
+		self.Revision = lp.node.DataRevision()
 		if m.Pending && !pendingSince.IsZero() {
 			self.PendingFor = lp.now().Sub(pendingSince)
 		}
@@ -170,7 +192,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 				} else {
 					lp.noLeaderSince = time.Time{}
 				}
-				self.MemberID, self.RaftLeader, self.RaftIndex = ms.MemberID, ms.LeaderID, ms.RaftIndex
+				self.MemberID, self.RaftLeader, self.RaftIndex, self.Revision = ms.MemberID, ms.LeaderID, ms.RaftIndex, ms.Revision
 				self.StorageVersion, self.DowngradeTarget = ms.StorageVersion, ms.DowngradeTarget
 				// The members its own copy lists: the evidence a
 				// recover-quorum needs, and the members a dump-restore
@@ -427,7 +449,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
 		Member: membership(info.Member), HasData: info.HasData, DataLost: info.DataLost, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
-		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Installed: info.Installed,
+		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Revision: info.Revision, Installed: info.Installed,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
 		NoLeaderFor: info.NoLeaderFor,
 	}
@@ -491,31 +513,36 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	lp.unhealthySince.keep(members)
 	lp.learnerSince.keep(members)
 	view.Members = members
-	view.NoSpace, view.AlarmsKnown = noSpaceAlarms(ctx, lp.client, statusErrs)
+	view.NoSpace, view.AlarmsKnown = raisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_NOSPACE)
+	view.Corrupt, _ = raisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_CORRUPT)
 	return view, nil
 }
 
-// noSpaceAlarmRE finds a NOSPACE alarm among the errors of etcd's status
+// alarmRE finds an alarm among the errors of etcd's status
 // ("memberID:<id> alarm:NOSPACE").
-var noSpaceAlarmRE = regexp.MustCompile(`memberID:\s*(\d+)\s+alarm:\s*NOSPACE`)
+var alarmRE = regexp.MustCompile(`memberID:\s*(\d+)\s+alarm:\s*([A-Z]+)`)
 
-// noSpaceAlarms are the members with etcd's NOSPACE alarm raised, read
-// from the errors of the members' status, which list the cluster's
-// alarms; known is false when no member answered. (etcd's alarm list is
-// a raft request: not something to send every cycle.) Only when a status
-// names the alarm without a member does the alarm list answer.
-func noSpaceAlarms(ctx context.Context, c alarmLister, statusErrs [][]string) (ids []uint64, known bool) {
+// raisedAlarms are the members with etcd's alarm raised, read from the
+// errors of the members' status, which list the cluster's alarms; known
+// is false when no member answered. (etcd's alarm list is a raft
+// request: not something to send every cycle.) Only when a status names
+// the alarm without a member does the alarm list answer.
+func raisedAlarms(ctx context.Context, c alarmLister, statusErrs [][]string, alarm etcdserverpb.AlarmType) (ids []uint64, known bool) {
+	name := alarm.String()
 	mentioned := false
 	for _, errs := range statusErrs {
 		if errs != nil {
 			known = true
 		}
 		for _, e := range errs {
-			if !strings.Contains(e, "NOSPACE") {
+			if !strings.Contains(e, name) {
 				continue
 			}
 			mentioned = true
-			if m := noSpaceAlarmRE.FindStringSubmatch(e); m != nil {
+			for _, m := range alarmRE.FindAllStringSubmatch(e, -1) {
+				if m[2] != name {
+					continue
+				}
 				if id, err := strconv.ParseUint(m[1], 10, 64); err == nil && !slices.Contains(ids, id) {
 					ids = append(ids, id)
 				}
@@ -532,7 +559,7 @@ func noSpaceAlarms(ctx context.Context, c alarmLister, statusErrs [][]string) (i
 		return nil, false
 	}
 	for _, a := range alarms.Alarms {
-		if a.Alarm == etcdserverpb.AlarmType_NOSPACE {
+		if a.Alarm == alarm {
 			ids = append(ids, a.MemberID)
 		}
 	}
@@ -592,6 +619,7 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		RaftLeader:           local.LeaderID,
 		RaftIndex:            local.RaftIndex,
 		SnapIndex:            self.SnapIndex,
+		Revision:             self.Revision,
 		StorageVersion:       self.StorageVersion,
 		DowngradeTarget:      self.DowngradeTarget,
 		IsLearner:            local.IsLearner,
@@ -605,6 +633,8 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 	if leader {
 		info.Failing = lp.failures.report()
 		sort.Strings(info.Failing)
+		m := lp.maint
+		info.Maintenance = &m
 	}
 	for _, off := range lp.offsets {
 		info.MaxClockOffset = max(info.MaxClockOffset, off, -off)

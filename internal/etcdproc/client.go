@@ -23,6 +23,8 @@ type MemberStatus struct {
 	DBSize    int64
 	IsLearner bool
 	RaftIndex uint64
+	// Revision is the etcd revision the member has applied.
+	Revision int64
 	// StorageVersion is the data's schema version (etcd 3.6 and later).
 	StorageVersion string
 	// DowngradeTarget is the version a cluster downgrade in progress goes
@@ -58,6 +60,7 @@ func LocalStatus(ctx context.Context, c *clientv3.Client, endpoint string) (Memb
 	return MemberStatus{
 		ClusterID:      st.Header.ClusterId,
 		MemberID:       st.Header.MemberId,
+		Revision:       st.Header.Revision,
 		LeaderID:       st.Leader,
 		Version:        st.Version,
 		DBSize:         st.DbSize,

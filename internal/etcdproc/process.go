@@ -143,6 +143,12 @@ type SupervisorConfig struct {
 	MinBackoff, MaxBackoff time.Duration
 	// StableAfter is how long etcd must run before the backoff resets.
 	StableAfter time.Duration
+	// AfterUncleanExit, if set, is called before etcd starts again on the
+	// data it ran on (Spec.RequireData) after an unclean exit: etcd
+	// exited by itself, was killed after StopTimeout, or left a pid file
+	// behind (the agent or the machine died under it). An error refuses
+	// the start, as a failed start.
+	AfterUncleanExit func(ctx context.Context, spec Spec) error
 }
 
 func (c *SupervisorConfig) defaults() {
@@ -182,6 +188,9 @@ type Supervisor struct {
 	exiting  chan struct{}
 	lastErr  error
 	dataLost bool
+	// killed is set when a stop had to kill etcd: its next start follows
+	// an unclean exit.
+	killed bool
 }
 
 // NewSupervisor returns an idle supervisor.
@@ -219,8 +228,16 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) error {
 	if err := s.Stop(ctx); err != nil {
 		return err
 	}
+	unclean := false
+	if s.cfg.PIDFile != "" {
+		if _, err := os.Stat(s.cfg.PIDFile); err == nil {
+			unclean = true // no stop ever saw the last etcd exit
+		}
+	}
 	killOrphan(s.cfg.PIDFile, spec.DataDir, s.log)
 	s.mu.Lock()
+	unclean = unclean || s.killed
+	s.killed = false
 	s.spec = &spec
 	s.starts = 0
 	s.lastErr = nil
@@ -231,7 +248,7 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) error {
 	s.mu.Unlock()
 
 	started := make(chan error, 1)
-	go s.loop(stop, done, started)
+	go s.loop(stop, done, started, unclean)
 	select {
 	case err := <-started:
 		return err
@@ -286,10 +303,16 @@ func (s *Supervisor) Update(spec Spec) {
 	}
 }
 
-func (s *Supervisor) loop(stop, done chan struct{}, started chan<- error) {
+func (s *Supervisor) loop(stop, done chan struct{}, started chan<- error, unclean bool) {
 	defer close(done)
 	backoff := s.cfg.MinBackoff
 	first := true
+	onStart := func(startErr error) {
+		if first {
+			started <- startErr
+			first = false
+		}
+	}
 	for {
 		s.mu.Lock()
 		if s.spec == nil {
@@ -299,12 +322,19 @@ func (s *Supervisor) loop(stop, done chan struct{}, started chan<- error) {
 		spec := *s.spec
 		s.mu.Unlock()
 		begin := time.Now()
-		err := s.runOnce(spec, stop, func(startErr error) {
-			if first {
-				started <- startErr
-				first = false
+		var err error
+		if unclean {
+			err = s.checkAfterUncleanExit(spec, stop)
+			if err != nil {
+				s.setErr(err)
+				onStart(err)
 			}
-		})
+		}
+		if err == nil {
+			err = s.runOnce(spec, stop, onStart)
+		}
+		// etcd's exit by itself is an unclean one; a stop ends the loop.
+		unclean = true
 		select {
 		case <-stop:
 			return
@@ -391,6 +421,24 @@ func (s *Supervisor) runOnce(spec Spec, stop <-chan struct{}, onStart func(error
 	return err
 }
 
+// checkAfterUncleanExit runs the AfterUncleanExit hook for a start on
+// data etcd ran on; stop cancels it.
+func (s *Supervisor) checkAfterUncleanExit(spec Spec, stop <-chan struct{}) error {
+	if s.cfg.AfterUncleanExit == nil || !spec.RequireData || !HasData(spec.DataDir) {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return s.cfg.AfterUncleanExit(ctx, spec)
+}
+
 func (s *Supervisor) terminate(cmd *exec.Cmd, exited <-chan error) error {
 	pid := cmd.Process.Pid
 	s.log.Info("stopping etcd", "pid", pid)
@@ -402,6 +450,9 @@ func (s *Supervisor) terminate(cmd *exec.Cmd, exited <-chan error) error {
 	case <-time.After(s.cfg.StopTimeout):
 		s.log.Warn("etcd did not stop in time; killing it", "pid", pid, "timeout", s.cfg.StopTimeout)
 		_ = cmd.Process.Kill()
+		s.mu.Lock()
+		s.killed = true
+		s.mu.Unlock()
 		return <-exited
 	}
 }

@@ -3,10 +3,15 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"sync"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 )
 
 // Corrupt data. etcd's initial corruption check (on by default, see
@@ -88,16 +93,82 @@ func (n *Node) DiscardCorruptData(ctx context.Context) error {
 		n.corrupt.Store(nil)
 		return nil
 	}
-	if err := n.proc.Stop(ctx); err != nil {
-		return fmt.Errorf("node: stop etcd with corrupt data: %w", err)
-	}
-	trashed, err := n.layout.Trash(m.ClusterToken, n.now())
+	trashed, err := n.discardLocked(ctx, m.ClusterToken)
 	if err != nil {
 		return err
 	}
 	n.corrupt.Store(nil)
-	n.refreshInfoMember()
 	n.log.Error("etcd found its data differs from its peers' (its initial corruption check); the data is moved to the trash, and the leader rebuilds this member from its peers",
 		"cluster-token", m.ClusterToken, "data-moved-to", trashed, "etcd-said", line)
+	return nil
+}
+
+// DiscardData serves the peer API: the leader found this member's data
+// disagrees with the majority of its peers' (their HashKV at one
+// revision). etcd stops at once, so that no client reads from it, and the
+// data goes to the trash, keeping the membership: the leader removes the
+// member and rebuilds it from its peers.
+func (n *Node) DiscardData(ctx context.Context, req peer.DiscardRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.state.Member
+	if m == nil || m.ClusterToken != req.Token {
+		return fmt.Errorf("node: discard data of cluster %s: this node is not its member", req.Token)
+	}
+	n.infoMu.Lock()
+	memberID := n.info.MemberID
+	n.infoMu.Unlock()
+	if memberID != 0 && memberID != req.MemberID {
+		return fmt.Errorf("node: discard data of member %x: this node's etcd is member %x", req.MemberID, memberID)
+	}
+	trashed, err := n.discardLocked(ctx, m.ClusterToken)
+	if err != nil {
+		return err
+	}
+	n.log.Error("the leader found this member's data disagrees with its peers'; the data is moved to the trash, and the leader rebuilds this member from its peers",
+		"cluster-token", m.ClusterToken, "leader", req.LeaderID, "reason", req.Reason, "data-moved-to", trashed)
+	defer n.poke()
+	return nil
+}
+
+// discardLocked stops etcd and moves the member's data to the trash,
+// keeping the membership. Callers hold n.mu.
+func (n *Node) discardLocked(ctx context.Context, token string) (string, error) {
+	if err := n.proc.Stop(ctx); err != nil {
+		return "", fmt.Errorf("node: stop etcd to set its data aside: %w", err)
+	}
+	trashed, err := n.layout.Trash(token, n.now())
+	if err != nil {
+		return "", err
+	}
+	n.refreshInfoMember()
+	return trashed, nil
+}
+
+// checkData checks a member's database before etcd starts on it again
+// after an unclean exit (the supervisor's hook). Damaged data is treated
+// as lost: it is moved to the trash, etcd is not started on it, and the
+// leader rebuilds the member from its peers.
+func (n *Node) checkData(ctx context.Context, sp etcdproc.Spec) error {
+	n.log.Warn("etcd did not exit cleanly; checking its database before starting it again", "data-dir", sp.DataDir)
+	check := n.cfg.CheckData
+	if check == nil {
+		check = etcdproc.CheckData
+	}
+	res, err := check(ctx, sp.DataDir)
+	if err == nil {
+		n.log.Info("etcd's database is consistent", "path", res.Path, "size", res.Size, "revision", res.Revision, "took", res.Took.Round(time.Millisecond))
+		return nil
+	}
+	if !errors.Is(err, etcdproc.ErrDamagedData) {
+		return fmt.Errorf("node: check etcd's data before a restart: %w", err)
+	}
+	trashed, terr := n.layout.Trash(sp.ClusterToken, n.now())
+	if terr != nil {
+		return fmt.Errorf("node: move damaged data to the trash: %w (the damage: %w)", terr, err)
+	}
+	n.log.Error("etcd's database is damaged; not starting etcd on it: the data is moved to the trash, and the leader rebuilds this member from its peers",
+		"cluster-token", sp.ClusterToken, "data-moved-to", trashed, "error", err)
+	n.poke()
 	return nil
 }

@@ -52,6 +52,9 @@ type Config struct {
 	// ClientTLS is the TLS of this node's own calls to its etcd; nil with
 	// plain http.
 	ClientTLS *tls.Config
+	// CheckData checks a member's database after an unclean exit; nil
+	// checks in this process (etcdproc.CheckData).
+	CheckData etcdproc.DataChecker
 }
 
 // BackupFetcher fetches a backup from the store and verifies it,
@@ -88,6 +91,9 @@ type Node struct {
 	// corrupt holds the line etcd printed when its initial corruption
 	// check failed, until the data is set aside.
 	corrupt atomic.Pointer[string]
+	// dataRevision is the revision of the member's data when etcd last
+	// started on it (0: unknown).
+	dataRevision atomic.Int64
 }
 
 // LoadState reads the node's state from layout, creating a node ID on
@@ -131,9 +137,10 @@ func New(cfg Config, layout etcdproc.Layout, st etcdproc.State, backups BackupFe
 		state:   st,
 	}
 	n.proc = etcdproc.NewSupervisor(etcdproc.SupervisorConfig{
-		PIDFile:     layout.PIDFile(),
-		StopTimeout: cfg.EtcdStopTimeout,
-		Output:      n.etcdOutput(),
+		PIDFile:          layout.PIDFile(),
+		StopTimeout:      cfg.EtcdStopTimeout,
+		Output:           n.etcdOutput(),
+		AfterUncleanExit: n.checkData,
 	}, log.With("component", "etcd"))
 	if st.Member != nil && st.Member.Pending {
 		n.pendingSince = now()
@@ -177,6 +184,11 @@ func (n *Node) Ready() (ok bool, why string) {
 	}
 	return true, "etcd is running"
 }
+
+// DataRevision is the revision of the member's data when etcd last
+// started on it, 0 when unknown: the revision of a member whose etcd does
+// not serve (one that restarted without quorum never does).
+func (n *Node) DataRevision() int64 { return n.dataRevision.Load() }
 
 // Member is the node's membership now, nil for a standby.
 func (n *Node) Member() *etcdproc.MemberState {
@@ -401,6 +413,14 @@ func (n *Node) startEtcdLocked(ctx context.Context) error {
 			return err
 		}
 		m = n.state.Member
+	}
+	n.dataRevision.Store(0)
+	if hasData {
+		// Before etcd holds the file: what a survivor would seed a
+		// cluster with, should its etcd never serve again.
+		if rev, err := etcdproc.ReadRevision(n.layout.EtcdDataDir(m.ClusterToken)); err == nil {
+			n.dataRevision.Store(rev)
+		}
 	}
 	if err := n.proc.Start(ctx, n.etcdSpec(bins, m)); err != nil {
 		return err

@@ -69,6 +69,9 @@ type NodeInfo struct {
 	RaftIndex   uint64 `json:"raftIndex,omitempty"`
 	// SnapIndex is the raft index of etcd's newest raft snapshot on disk.
 	SnapIndex uint64 `json:"snapIndex,omitempty"`
+	// Revision is the etcd revision its etcd has applied or, while its
+	// etcd does not serve, that of its data when etcd last started.
+	Revision int64 `json:"revision,omitempty"`
 	// StorageVersion is its etcd's data schema version (3.6 and later).
 	StorageVersion string `json:"storageVersion,omitempty"`
 	// DowngradeTarget is the cluster downgrade in progress, as its etcd
@@ -83,6 +86,8 @@ type NodeInfo struct {
 	// Failing are the leader's cluster changes that keep failing, each as
 	// "action: last error"; they back off while the rest goes on.
 	Failing []string `json:"failing,omitempty"`
+	// Maintenance is the leader's record of its maintenance work.
+	Maintenance *Maintenance `json:"maintenance,omitempty"`
 	// LocalMembers are the members its etcd knows, from its own copy of
 	// the membership (a read that needs no quorum).
 	LocalMembers []MemberRef `json:"localMembers,omitempty"`
@@ -206,6 +211,18 @@ type SettingsRequest struct {
 	Settings    map[string]string `json:"settings"`
 }
 
+// DiscardRequest tells a member's agent that its etcd's data disagrees
+// with the majority of its peers': stop etcd and set the data aside, so
+// that the leader rebuilds the member from its peers. MemberID guards
+// against a request meant for an earlier member of the node.
+type DiscardRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Token       string `json:"token"`
+	MemberID    uint64 `json:"memberId"`
+	Reason      string `json:"reason"`
+}
+
 // PeerURLsRequest tells a member's agent that its etcd is now registered
 // with URLs, its own configured peer URLs, and should serve them.
 type PeerURLsRequest struct {
@@ -224,6 +241,44 @@ type FenceRequest struct {
 	Term        int64  `json:"term"`
 }
 
+// Maintenance is the leader's record of its maintenance work since it
+// began to lead, and the alarms etcd has raised.
+type Maintenance struct {
+	LastDefrag    *DefragRecord    `json:"lastDefrag,omitempty"`
+	LastHashCheck *HashCheckRecord `json:"lastHashCheck,omitempty"`
+	// LastDiscard is the last member whose data disagreed with the
+	// majority's, set aside to be rebuilt from its peers.
+	LastDiscard *DiscardRecord `json:"lastDiscard,omitempty"`
+	// Alarms are etcd's raised alarms, "NOSPACE <member ID>".
+	Alarms []string `json:"alarms,omitempty"`
+}
+
+// DefragRecord is one member's defragmentation.
+type DefragRecord struct {
+	Node     string        `json:"node"`
+	At       time.Time     `json:"at"`
+	Duration time.Duration `json:"durationNanos"`
+	// SizeBefore and SizeAfter are the member's database sizes, 0 when
+	// it did not answer.
+	SizeBefore int64 `json:"sizeBefore,omitempty"`
+	SizeAfter  int64 `json:"sizeAfter,omitempty"`
+}
+
+// HashCheckRecord is one comparison of the voting members' HashKV.
+type HashCheckRecord struct {
+	At       time.Time `json:"at"`
+	Revision int64     `json:"revision"`
+	// Outcome is agree or mismatch.
+	Outcome string `json:"outcome"`
+}
+
+// DiscardRecord is a member's data set aside for disagreeing.
+type DiscardRecord struct {
+	Node   string    `json:"node"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+}
+
 // Empty is an empty reply.
 type Empty struct{}
 
@@ -238,6 +293,7 @@ type Handler interface {
 	Recover(ctx context.Context, req RecoverRequest) error
 	SetVersion(ctx context.Context, req VersionRequest) error
 	SetSettings(ctx context.Context, req SettingsRequest) error
+	DiscardData(ctx context.Context, req DiscardRequest) error
 	SetPeerURLs(ctx context.Context, req PeerURLsRequest) error
 	Fence(ctx context.Context, req FenceRequest) error
 }
@@ -322,6 +378,12 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 					return nil, err
 				}
 				return &Empty{}, s.h.SetSettings(ctx, *r)
+			})},
+			{MethodName: "DiscardData", Handler: unary(func(ctx context.Context, r *DiscardRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.DiscardData(ctx, *r)
 			})},
 			{MethodName: "SetPeerURLs", Handler: unary(func(ctx context.Context, r *PeerURLsRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
@@ -493,6 +555,16 @@ func (c *Client) SetSettings(ctx context.Context, req SettingsRequest) error {
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetSettings", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: set etcd settings on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// DiscardData tells the agent to set its etcd's data aside: it
+// disagrees with the majority of its peers'.
+func (c *Client) DiscardData(ctx context.Context, req DiscardRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/DiscardData", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: discard data on %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

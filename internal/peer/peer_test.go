@@ -68,6 +68,11 @@ func (r *recorder) SetSettings(_ context.Context, req SettingsRequest) error {
 	return nil
 }
 
+func (r *recorder) DiscardData(_ context.Context, req DiscardRequest) error {
+	r.add(fmt.Sprintf("DiscardData(%s,%x)", req.Token, req.MemberID))
+	return nil
+}
+
 func (r *recorder) SetVersion(_ context.Context, req VersionRequest) error {
 	r.add("SetVersion(" + req.Token + "," + req.Version + ")")
 	return nil
@@ -119,13 +124,16 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if err := c.SetSettings(ctx, SettingsRequest{Token: "tok", Settings: map[string]string{"snapshot-count": "5"}}); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.DiscardData(ctx, DiscardRequest{Token: "tok", MemberID: 0xab}); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.SetVersion(ctx, VersionRequest{Token: "tok", Version: "3.7.3"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Fence(ctx, FenceRequest{Term: 9}); err != nil {
 		t.Fatal(err)
 	}
-	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok) SetSettings(tok,5) SetVersion(tok,3.7.3) Fence(9)"
+	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok) SetSettings(tok,5) DiscardData(tok,ab) SetVersion(tok,3.7.3) Fence(9)"
 	if got := strings.Join(rec.calls, " "); got != want {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
@@ -136,7 +144,7 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if _, err := other.Info(ctx); err == nil || !strings.Contains(err.Error(), "another cluster") {
 		t.Errorf("cross-cluster info: %v", err)
 	}
-	if len(rec.calls) != 10 {
+	if len(rec.calls) != 11 {
 		t.Errorf("handler ran for another cluster: %v", rec.calls)
 	}
 }

@@ -72,6 +72,11 @@ type Observed struct {
 	// DefragWindowOpen is set while the spec's defrag window lets
 	// defragmentation run.
 	DefragWindowOpen bool
+	// HashCheckDue is set when the leader's periodic comparison of the
+	// members' HashKV is due; HashCheck is the last comparison, nil when
+	// none is new since its last step.
+	HashCheckDue bool
+	HashCheck    *HashCheck
 	// SpaceCompacted is set once the leader compacted etcd to its head
 	// since the NOSPACE alarm it last saw was raised.
 	SpaceCompacted bool
@@ -95,6 +100,17 @@ type Observed struct {
 	// NoLeaderSettle is how long a member must have seen no raft leader
 	// for that to count as lost quorum rather than an election.
 	NoLeaderSettle time.Duration
+	// NewestBackups is the newest backup of each cluster token, read while
+	// a recover-quorum is queued: a survivor behind it must not seed the
+	// cluster. NewestBackupsErr is set when they could not be read.
+	NewestBackups    map[string]BackupPoint
+	NewestBackupsErr error
+}
+
+// BackupPoint is a backup and the etcd revision it holds.
+type BackupPoint struct {
+	Name     string
+	Revision int64
 }
 
 // Record is what an agent last published about itself in the store.
@@ -189,6 +205,10 @@ type Node struct {
 	MemberID, RaftLeader, RaftIndex uint64
 	// SnapIndex is the raft index of its etcd's newest raft snapshot.
 	SnapIndex uint64
+	// Revision is the etcd revision its etcd has applied or, while its
+	// etcd does not serve, that of its data when etcd last started; 0
+	// when unknown.
+	Revision int64
 	// StorageVersion is its etcd's data schema version, and
 	// DowngradeTarget the cluster downgrade its etcd reports enabled.
 	StorageVersion, DowngradeTarget string
@@ -213,6 +233,8 @@ type ClusterView struct {
 	// AlarmsKnown is false when no member's status was read.
 	NoSpace     []uint64
 	AlarmsKnown bool
+	// Corrupt lists the members with etcd's CORRUPT alarm raised.
+	Corrupt []uint64
 }
 
 // Member is one etcd member.
@@ -676,10 +698,17 @@ func planMembership(o Observed) []Action {
 			return append(p.actions, a)
 		}
 	}
-	// A NOSPACE alarm comes first; when it only reports (live data fills
-	// the quota), the rest goes on, a roll that raises the quota among it.
-	steps := planSpace(o)
-	if !slices.ContainsFunc(steps, func(a Action) bool { return a.Mutates() && !p.backsOff(a) }) {
+	// Corrupt data comes first, then a NOSPACE alarm; when they only
+	// report (live data fills the quota), the rest goes on, a roll that
+	// raises the quota among it.
+	acts := func(steps []Action) bool {
+		return slices.ContainsFunc(steps, func(a Action) bool { return a.Mutates() && !p.backsOff(a) })
+	}
+	steps := planCorruption(o)
+	if !acts(steps) {
+		steps = append(steps, planSpace(o)...)
+	}
+	if !acts(steps) {
 		next := planPeerURLs(o)
 		if len(next) == 0 {
 			next = planVersion(o)
@@ -1023,6 +1052,12 @@ func ActionKey(a Action) string {
 		return "disarm-nospace"
 	case FinishDefrag:
 		return "finish-defrag"
+	case CheckHashes:
+		return "check-hashes"
+	case DiscardMemberData:
+		return fmt.Sprintf("discard-member-data %x", a.MemberID)
+	case DisarmCorrupt:
+		return "disarm-corrupt"
 	}
 	return a.String()
 }

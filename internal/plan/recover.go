@@ -74,7 +74,31 @@ func planRecoverQuorum(o Observed, c Command) []Action {
 	if why := noQuorumEvidence(o, c, s); len(why) > 0 {
 		return why
 	}
+	if why := behindBackup(o, c, s); len(why) > 0 {
+		return why
+	}
 	return []Action{RecoverMember{ID: c.ID, NodeID: s.ID, Token: s.Member.ClusterToken}}
+}
+
+// behindBackup returns what to do instead of forcing a new cluster from
+// survivor s when its data is behind the newest backup of its cluster:
+// the cluster it would seed would lack writes that a backup holds (its
+// data is older than the cluster's, restored from an old copy or left
+// behind by a long partition). Nothing when it is not behind, or when its
+// etcd does not report its revision (an agent of an older version).
+func behindBackup(o Observed, c Command, s Node) []Action {
+	if o.NewestBackupsErr != nil {
+		return waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: the backups cannot be read to check that the survivor is not behind the newest one",
+			Attrs: []any{"command", c.ID, "error", o.NewestBackupsErr}},
+			"waiting: the backups cannot be read to check that the survivor's data is not behind the newest backup")
+	}
+	b, ok := o.NewestBackups[s.Member.ClusterToken]
+	if !ok || s.Revision == 0 || s.Revision >= b.Revision {
+		return nil
+	}
+	return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf(
+		"the survivor %s holds revision %d, behind backup %s of the same cluster at revision %d: a cluster forced from it would lose writes that backup holds; use restore-backup %s (or bring back a member with newer data and queue recover-quorum again)",
+		s.ID, s.Revision, b.Name, b.Revision, b.Name)}}
 }
 
 // silentHolderPatience is how long recover-quorum waits for an agent
@@ -142,11 +166,19 @@ func planRecovering(o Observed, c Command, id string) []Action {
 		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("the survivor %s now runs cluster %s, not %s, which it was chosen from", id, n.Member.ClusterToken, c.Status.NodeToken)}}
 	case n.Healthy && n.RaftLeader != 0 && !n.Member.ForceNewCluster:
 		return []Action{FinishRecover{ID: c.ID}}
+	case !n.HasData:
+		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf(
+			"the survivor %s no longer holds the cluster's data (its start-up check may have found it damaged and moved it to its trash): queue recover-quorum again to choose another survivor, or use restore-backup", id)}}
 	}
 	// Not forced yet, or not leading yet: the evidence must still hold
 	// (once forced, the survivor lists only itself).
 	if why := noQuorumEvidence(o, c, n); len(why) > 0 {
 		return why
+	}
+	if !n.Member.ForceNewCluster && n.RaftLeader == 0 {
+		if why := behindBackup(o, c, n); len(why) > 0 {
+			return why
+		}
 	}
 	return []Action{RecoverMember{ID: c.ID, NodeID: id, Token: n.Member.ClusterToken}}
 }

@@ -145,6 +145,12 @@ func TestPlanRecoverQuorum(t *testing.T) {
 		return Record{NodeID: id, Age: age, ClusterToken: token, HasData: token != "", Healthy: healthy, RaftLeader: leader}
 	}
 	withRecords := func(o Observed, recs ...Record) Observed { o.Records = recs; return o }
+	atRev := func(n Node, rev int64) Node { n.Revision = rev; return n }
+	withBackups := func(o Observed, b map[string]BackupPoint, err error) Observed {
+		o.NewestBackups, o.NewestBackupsErr = b, err
+		return o
+	}
+	newest := map[string]BackupPoint{"tok": {Name: "2026-11-23T10:00:00Z", Revision: 500}, "other": {Name: "x", Revision: 9000}}
 	tests := []struct {
 		name string
 		obs  Observed
@@ -247,6 +253,26 @@ func TestPlanRecoverQuorum(t *testing.T) {
 			withRecords(lockObs(recoverCmd(""), node("a", "standby"), func() Node { n := node("b2", "standby"); n.Address = "b:8000"; return n }()),
 				func() Record { r := record("b", time.Second, "tok", true, 0); r.Address = "b:8000"; return r }()),
 			"fail-command q1 (no reachable node holds etcd data; use restore-backup instead)"},
+		// The survivor seeds the cluster: it must not be behind a backup.
+		{"the survivor is at the newest backup's revision: recover",
+			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(noQuorum("b", 9), 500), node("c", "standby")), newest, nil),
+			"recover-member q1 node=b token=tok"},
+		{"the survivor is behind the newest backup of its cluster: fail, naming the backup",
+			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(noQuorum("b", 9), 499), node("c", "standby")), newest, nil),
+			"fail-command q1 (the survivor b holds revision 499, behind backup 2026-11-23T10:00:00Z of the same cluster at revision 500"},
+		{"a chosen survivor found behind before it is forced: fail",
+			withBackups(lockObs(recoverCmd("b"), node("a", "standby"), atRev(noQuorum("b", 9), 10), node("c", "standby")), newest, nil),
+			"fail-command q1 (the survivor b holds revision 10, behind backup"},
+		{"backups of another cluster do not count",
+			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(noQuorum("b", 9), 20), node("c", "standby")),
+				map[string]BackupPoint{"other": {Name: "x", Revision: 9000}}, nil),
+			"recover-member q1 node=b token=tok"},
+		{"the backups cannot be read: wait",
+			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(noQuorum("b", 9), 20), node("c", "standby")), nil, errors.New("store: unreachable")),
+			"report[WARN] recover-quorum waits: the backups cannot be read"},
+		{"the chosen survivor's data is gone: fail",
+			lockObs(recoverCmd("b"), node("a", "standby"), func() Node { n := noQuorum("b", 9); n.HasData, n.DataLost = false, true; return n }()),
+			"fail-command q1 (the survivor b no longer holds the cluster's data"},
 		{"the only agent with data is silent for longer than a reboot: fail, naming it",
 			withRecords(lockObs(recoverCmd(""), node("a", "standby"), node("c", "standby")), record("b", 10*time.Minute, "tok", true, 0)),
 			"fail-command q1 (no reachable node holds etcd data; the agents that had some are gone (b, silent for 10m0s)"},

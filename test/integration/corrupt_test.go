@@ -3,10 +3,14 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,13 +71,207 @@ func TestCorruptMemberRebuilt(t *testing.T) {
 	victim.Start()
 
 	victim.WaitLog("etcd found its data differs from its peers'", 1, 2*time.Minute)
+	assertRebuilt(t, ctx, c, agents, victim, "/corrupt/7", marker+"-7")
+}
+
+// TestDamagedDBRebuilt: an agent killed with its etcd (an unclean exit)
+// comes back to a database whose page headers are damaged. Its start-up
+// check finds the damage before etcd starts; the data goes to the trash,
+// and the leader rebuilds the member from its peers.
+func TestDamagedDBRebuilt(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	c := clusterClient(t, agents)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for i := range 300 {
+		if _, err := c.Put(ctx, fmt.Sprintf("/damaged/%d", i), strings.Repeat("v", 500)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Second) // etcd commits its backend every 100ms
+
+	victim := agents[1]
+	etcdPID := victim.EtcdPID()
+	if etcdPID == 0 {
+		t.Fatalf("%s: no etcd pid file", victim.Name)
+	}
+	victim.Kill()
+	harness.WaitFor(t, 10*time.Second, "the killed agent's etcd to die with it", func() bool {
+		return syscall.Kill(etcdPID, 0) != nil
+	})
+	db := memberDB(t, victim)
+	n := damageLeafPages(t, db)
+	t.Logf("damaged the headers of %d leaf pages in %s", n, db)
+	victim.Start()
+
+	victim.WaitLog("etcd's database is damaged; not starting etcd on it", 1, 2*time.Minute)
+	assertRebuilt(t, ctx, c, agents, victim, "/damaged/7", strings.Repeat("v", 500))
+}
+
+// TestDivergentMemberRebuilt: stored values flipped in a running
+// follower's database make its HashKV differ from the other two's.
+//   - The leader's periodic comparison finds it in the minority, has its
+//     data set aside, and rebuilds it from its peers (etcd's own periodic
+//     check is off, so that the rebuild is the leader's doing).
+//   - Or etcd's own periodic check raises its CORRUPT alarm, and the whole
+//     cluster refuses requests: the alarm makes the leader compare the
+//     hashes at once, rebuild the member, and disarm the alarm.
+func TestDivergentMemberRebuilt(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"the leader's periodic comparison", []string{"--hash-check-interval=3s", "--etcd-corrupt-check-interval=0"}},
+		{"etcd's CORRUPT alarm", []string{"--hash-check-interval=0", "--etcd-corrupt-check-interval=2s"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) { testDivergentMemberRebuilt(t, tt.args) })
+	}
+}
+
+func testDivergentMemberRebuilt(t *testing.T, args []string) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{Metrics: true, ExtraArgs: args})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	periodic := args[0] != "--hash-check-interval=0"
+	c := clusterClient(t, agents)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	marker := "divergence-marker-" + strings.Repeat("d", 64)
+	for i := range 50 {
+		if _, err := c.Put(ctx, fmt.Sprintf("/diverge/%d", i), fmt.Sprintf("%s-%d", marker, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Second) // etcd commits its backend every 100ms
+	if periodic {
+		harness.WaitFor(t, time.Minute, "the leader's first comparison of the members' HashKV", func() bool {
+			for _, a := range agents {
+				if strings.Contains(a.Log(), "the voting members' HashKV agree") {
+					return true
+				}
+			}
+			return false
+		})
+	}
+
+	// Flip the values in place, under the running etcd: bbolt reads them
+	// through its memory map of the file.
+	victim := follower(t, agents)
+	db := memberDB(t, victim)
+	data, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(db, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipped := 0
+	for off := 0; ; {
+		i := bytes.Index(data[off:], []byte(marker))
+		if i < 0 {
+			break
+		}
+		if _, err := f.WriteAt([]byte("DIVERGENCE"), int64(off+i)); err != nil {
+			t.Fatal(err)
+		}
+		flipped++
+		off += i + len(marker)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if flipped == 0 {
+		t.Fatalf("the marker is not in %s", db)
+	}
+	t.Logf("flipped %d stored values in the running %s's %s", flipped, victim.Name, db)
+
+	victim.WaitLog("the leader found this member's data disagrees with its peers'", 1, 2*time.Minute)
+	assertRebuilt(t, ctx, c, agents, victim, "/diverge/7", marker+"-7")
+	if !periodic {
+		harness.WaitFor(t, time.Minute, "the CORRUPT alarm to be disarmed", func() bool {
+			for _, a := range agents {
+				if strings.Contains(a.Log(), "etcd's CORRUPT alarm disarmed") {
+					return true
+				}
+			}
+			return false
+		})
+		compared := false
+		for _, a := range agents {
+			compared = compared || strings.Contains(a.Log(), "check-hashes (etcd's CORRUPT alarm is raised")
+		}
+		if !compared {
+			t.Error("no agent compared the hashes for the CORRUPT alarm")
+		}
+	}
+	if _, err := c.Put(ctx, "/diverge/after", "x"); err != nil {
+		t.Fatalf("a write after the rebuild: %v", err)
+	}
+	harness.WaitFor(t, 30*time.Second, "status to show the member rebuilt", func() bool {
+		out, _, err := env.Ctl("status")
+		return err == nil && strings.Contains(out, "last member rebuilt for disagreeing data: "+victim.NodeID())
+	})
+	discarded := 0
+	for _, a := range agents {
+		if m := discardedRE.FindStringSubmatch(scrape(t, a.MetricsURL)); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			discarded += n
+		}
+	}
+	if discarded != 1 {
+		t.Errorf("etcd_manager_corrupt_members_discarded_total sums to %d over the agents, want 1", discarded)
+	}
+	alarms, err := c.AlarmList(ctx)
+	if err != nil || len(alarms.Alarms) != 0 {
+		t.Errorf("alarms after the rebuild: %v, %v", alarms, err)
+	}
+}
+
+var discardedRE = regexp.MustCompile(`(?m)^etcd_manager_corrupt_members_discarded_total (\d+)`)
+
+// damageLeafPages overwrites the type flags in the header of every bbolt
+// leaf page of the file at path, and returns how many it damaged.
+func damageLeafPages(t *testing.T, path string) int {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const pageSize = 4096
+	n := 0
+	for off := 2 * pageSize; off+16 <= len(data); off += pageSize {
+		// header: id uint64, flags uint16 (0x02: leaf), count, overflow
+		if binary.LittleEndian.Uint16(data[off+8:]) == 0x02 && binary.LittleEndian.Uint64(data[off:]) == uint64(off/pageSize) {
+			binary.LittleEndian.PutUint16(data[off+8:], 0x7777)
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no leaf page in %s", path)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// assertRebuilt waits for victim's member to be rebuilt from its peers:
+// the cluster is whole, its old data is in its trash, every member's
+// HashKV agrees, and key reads back as want from the rebuilt member.
+func assertRebuilt(t *testing.T, ctx context.Context, c *clientv3.Client, agents []*harness.Agent, victim *harness.Agent, key, want string) {
+	t.Helper()
 	harness.WaitFor(t, 4*time.Minute, "the member to be rebuilt from its peers", func() bool {
 		st := harness.Observe(agents)
 		return st.Healthy == 3 && len(st.Voters) == 3 && len(st.ClusterIDs) == 1
 	})
 	trash, _ := filepath.Glob(filepath.Join(victim.DataDir, "trash", "*"))
 	if len(trash) == 0 {
-		t.Error("the corrupt data is not in the trash")
+		t.Error("the bad data is not in the trash")
 	}
 	rev := headRevision(t, ctx, c)
 	var hashes []uint32
@@ -97,8 +295,8 @@ func TestCorruptMemberRebuilt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer vc.Close()
-	resp, err := vc.Get(ctx, "/corrupt/7", clientv3.WithSerializable())
-	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != marker+"-7" {
+	resp, err := vc.Get(ctx, key, clientv3.WithSerializable())
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != want {
 		t.Fatalf("the rebuilt member reads %v, %v", resp, err)
 	}
 }

@@ -111,6 +111,11 @@ func TestDefrag(t *testing.T) {
 	if out := env.MustCtl("list-commands"); !strings.Contains(out, "defrag") || !strings.Contains(out, "done") {
 		t.Errorf("list-commands does not show the defrag done:\n%s", out)
 	}
+	// The leader did the last member, after handing leadership to it.
+	harness.WaitFor(t, 30*time.Second, "status to show the last defragmentation", func() bool {
+		out, _, err := env.Ctl("status")
+		return err == nil && strings.Contains(out, "last defragmentation: ")
+	})
 	w.check(t, c)
 	// The writer's client fails over from a member whose gRPC service
 	// stops for its defragmentation.

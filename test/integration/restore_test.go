@@ -375,6 +375,43 @@ func TestRecoverQuorum(t *testing.T) {
 	assertOneCluster(t, agents)
 }
 
+// A survivor whose data is behind the newest backup of its cluster (it
+// was stopped while the others went on) must not seed the cluster:
+// recover-quorum fails, naming the backup to restore instead, and the
+// survivor's etcd is left as it was.
+func TestRecoverQuorumRefusesSurvivorBehindBackup(t *testing.T) {
+	env, agents, _ := startCluster(t, 3, 3, harness.AgentOptions{})
+	c := clusterClient(t, agents)
+	put(t, c, "/behind/early", "v")
+	stale, lost := agents[2], agents[:2]
+	stale.Stop()
+	for i := range 20 {
+		put(t, c, fmt.Sprintf("/behind/later-%d", i), "v")
+	}
+	name := strings.TrimSpace(env.MustCtl("backup-now"))
+	var lostIDs []string
+	for _, a := range lost {
+		lostIDs = append(lostIDs, a.NodeID())
+		a.Kill()
+		if err := os.RemoveAll(a.DataDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Its etcd restarts without quorum, and so never serves: the
+	// revision is that of its data when it started.
+	stale.Start()
+	_, errOut, err := env.Ctl("recover-quorum", "--timeout=3m", "--lost="+strings.Join(lostIDs, ","))
+	if err == nil || !strings.Contains(errOut, "behind backup "+name) || !strings.Contains(errOut, "restore-backup "+name) {
+		t.Fatalf("recover-quorum from a survivor behind backup %s: %v\n%s", name, err, errOut)
+	}
+	if st, ok := memberStatus(stale); ok && st.Leader != 0 {
+		t.Fatal("the stale survivor was forced into a new cluster")
+	}
+	if strings.Contains(stale.Log(), "--force-new-cluster") {
+		t.Fatal("the stale survivor's etcd was restarted with --force-new-cluster")
+	}
+}
+
 // The agent driving a restore is killed right after it records each
 // phase. The restore resumes, on the restarted agent or another, and ends
 // with one cluster of the spec's size holding the backup's data.

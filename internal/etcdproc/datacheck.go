@@ -1,0 +1,255 @@
+package etcdproc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+	"go.etcd.io/etcd/server/v3/storage/mvcc"
+	"go.etcd.io/etcd/server/v3/storage/schema"
+)
+
+// Start-up validation. etcd trusts its bbolt file: a page damaged by a
+// crash, a bad disk or a careless hand makes it refuse to start, or start
+// and serve wrong data. After an unclean exit (etcd killed, the agent
+// killed, the machine lost) the node checks the file before it starts
+// etcd on it again: every page of the database is walked, as bbolt's own
+// consistency check does.
+
+// ErrDamagedData means a member's database failed its consistency check.
+var ErrDamagedData = errors.New("etcdproc: etcd's database is damaged")
+
+// DataCheck is what a check of a member's database found.
+type DataCheck struct {
+	// Path is the database file checked.
+	Path string
+	// Size is its size in bytes, and Revision the newest etcd revision it
+	// holds.
+	Size     int64
+	Revision int64
+	Took     time.Duration
+}
+
+// DBPath is the bbolt file under etcd's --data-dir.
+func DBPath(dataDir string) string { return filepath.Join(dataDir, "member", "snap", "db") }
+
+// maxCheckErrors bounds the problems a check collects before it stops.
+const maxCheckErrors = 10
+
+// CheckData checks the database under etcd's data dir, which no etcd may
+// hold open: bbolt's consistency check over every page, and the revision
+// it holds. A damaged file wraps ErrDamagedData; a file that cannot be
+// read for another reason (permissions, a lock held) is another error.
+func CheckData(ctx context.Context, dataDir string) (DataCheck, error) {
+	start := time.Now()
+	path := DBPath(dataDir)
+	res := DataCheck{Path: path}
+	st, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return res, fmt.Errorf("%w: %s is missing", ErrDamagedData, path)
+	case err != nil:
+		return res, fmt.Errorf("etcdproc: check data: %w", err)
+	case st.Size() == 0:
+		return res, fmt.Errorf("%w: %s is empty", ErrDamagedData, path)
+	}
+	res.Size = st.Size()
+	type result struct {
+		rev int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rev, err := checkDB(path)
+		done <- result{rev, err}
+	}()
+	select {
+	case r := <-done:
+		res.Revision, err = r.rev, r.err
+	case <-ctx.Done():
+		// The check walks pages in memory and ends by itself; its result
+		// is no longer wanted.
+		return res, fmt.Errorf("etcdproc: check data %s: %w", path, ctx.Err())
+	}
+	res.Took = time.Since(start)
+	return res, err
+}
+
+// checkDB opens the file read-only and checks it. A damaged page can
+// send bbolt to an address outside the mapping; that fault becomes a
+// panic here (SetPanicOnFault), and the panic a damaged-data error,
+// rather than the agent's crash.
+func checkDB(path string) (rev int64, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: reading it failed: %v", ErrDamagedData, path, r)
+		}
+	}()
+	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: 2 * time.Second})
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return 0, fmt.Errorf("etcdproc: check data: %s is locked, held by a running etcd?", path)
+	case errors.Is(err, os.ErrPermission):
+		return 0, fmt.Errorf("etcdproc: check data: %w", err)
+	case err != nil:
+		return 0, fmt.Errorf("%w: %s: %v", ErrDamagedData, path, err)
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		var problems []error
+		for e := range tx.Check() {
+			if len(problems) < maxCheckErrors {
+				problems = append(problems, e)
+			}
+		}
+		if len(problems) > 0 {
+			return fmt.Errorf("%w: %s: bbolt's consistency check: %w", ErrDamagedData, path, errors.Join(problems...))
+		}
+		var err error
+		if rev, err = headRevision(tx); err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrDamagedData, path, err)
+		}
+		return nil
+	})
+	return rev, err
+}
+
+// headRevision is the newest revision the database holds, as etcd reads
+// it at start: that of the last key written, or the compaction's if it
+// is later (a compaction to the head keeps no key of that revision).
+func headRevision(tx *bolt.Tx) (int64, error) {
+	kb := tx.Bucket(schema.Key.Name())
+	if kb == nil {
+		return 0, errors.New("it has no key bucket")
+	}
+	var rev int64
+	if k, _ := kb.Cursor().Last(); k != nil {
+		if len(k) < 17 {
+			return 0, fmt.Errorf("its key bucket holds a key of %d bytes", len(k))
+		}
+		rev = mvcc.BytesToRev(k[:17]).Main
+	}
+	if mb := tx.Bucket(schema.Meta.Name()); mb != nil {
+		if v := mb.Get(schema.FinishedCompactKeyName); len(v) >= 17 {
+			rev = max(rev, mvcc.BytesToRev(v[:17]).Main)
+		}
+	}
+	return rev, nil
+}
+
+// DataChecker checks a member's database (CheckData, or CheckDataCommand
+// in a child process).
+type DataChecker func(ctx context.Context, dataDir string) (DataCheck, error)
+
+// exitDamaged is the exit code of a check child that found the data
+// damaged, as opposed to failing to run.
+const exitDamaged = 3
+
+// CheckDataCommand returns a DataChecker that runs name with args and
+// the data dir, and reads the result it prints (see RunCheckData). bbolt
+// panics on some damage in goroutines of its own, where no recover
+// reaches, so a long-lived caller checks in a child: the child's crash
+// on the file is reported as damage, and the caller lives on.
+func CheckDataCommand(name string, args ...string) DataChecker {
+	return func(ctx context.Context, dataDir string) (DataCheck, error) {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, name, append(args, dataDir)...)
+		cmd.Stdout, cmd.Stderr = &stdout, &limitedWriter{w: &stderr, n: 64 << 10}
+		err := cmd.Run()
+		msg := strings.TrimSpace(stderr.String())
+		var exit *exec.ExitError
+		switch {
+		case errors.As(err, &exit) && exit.ExitCode() == exitDamaged:
+			return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w%s", ErrDamagedData, strings.TrimPrefix(firstLine(msg), ErrDamagedData.Error()))
+		case errors.As(err, &exit) && exit.ExitCode() == 2 && (strings.HasPrefix(msg, "panic: ") || strings.HasPrefix(msg, "fatal error: ") || strings.HasPrefix(msg, "unexpected fault address")):
+			// The Go runtime's exit on a panic or a fault reading the file.
+			return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w: %s: reading it crashed bbolt: %s", ErrDamagedData, DBPath(dataDir), firstLine(msg))
+		case err != nil:
+			return DataCheck{}, fmt.Errorf("etcdproc: check data %s: %v: %s", dataDir, err, firstLine(msg))
+		}
+		var res DataCheck
+		if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+			return res, fmt.Errorf("etcdproc: check data %s: unreadable result %q: %w", dataDir, stdout.String(), err)
+		}
+		return res, nil
+	}
+}
+
+// RunCheckData is the child side of CheckDataCommand: it checks the data
+// dir, prints the result as JSON to stdout, and returns the process's
+// exit code.
+func RunCheckData(ctx context.Context, dataDir string, stdout, stderr io.Writer) int {
+	res, err := CheckData(ctx, dataDir)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		if errors.Is(err, ErrDamagedData) {
+			return exitDamaged
+		}
+		return 1
+	}
+	if err := json.NewEncoder(stdout).Encode(res); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// limitedWriter keeps the first n bytes written to it.
+type limitedWriter struct {
+	w io.Writer
+	n int
+}
+
+func (l *limitedWriter) Write(p []byte) (int, error) {
+	if l.n > 0 {
+		k := min(len(p), l.n)
+		l.n -= k
+		if _, err := l.w.Write(p[:k]); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// ReadRevision reads the newest revision of the database under etcd's
+// data dir, which no etcd may hold open, without checking the rest of
+// the file. A damaged file is an error, never the caller's crash.
+func ReadRevision(dataDir string) (rev int64, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: reading it failed: %v", ErrDamagedData, DBPath(dataDir), r)
+		}
+	}()
+	db, err := bolt.Open(DBPath(dataDir), 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return 0, fmt.Errorf("etcdproc: read revision: %w", err)
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		var err error
+		rev, err = headRevision(tx)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ErrDamagedData, DBPath(dataDir), err)
+	}
+	return rev, nil
+}

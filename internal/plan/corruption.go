@@ -1,0 +1,230 @@
+package plan
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// Corruption. etcd's own checks catch a member whose data differs from
+// its peers' when it starts, and its periodic check raises the CORRUPT
+// alarm, after which the whole cluster refuses requests until the alarm
+// is disarmed. On top of them the leader compares every voting member's
+// HashKV at one revision on a schedule (and at once under a CORRUPT
+// alarm). A member whose hash differs from that of a majority of the
+// voters has its data set aside at once, so that no client reads from
+// it, and the lost-data rule removes it and adds it back to copy from
+// its healthy peers (never from a backup). With no majority nothing is
+// rebuilt: there is no telling which copy is right.
+
+// HashCheck is the leader's last comparison of the members' HashKV.
+type HashCheck struct {
+	// Revision is the revision every member hashed its keys at.
+	Revision int64
+	// Hashes are the members' answers, by member ID.
+	Hashes map[uint64]MemberHash
+}
+
+// MemberHash is one member's HashKV: the hash of its keys from its
+// compaction revision up to the check's revision.
+type MemberHash struct {
+	Hash            uint32
+	CompactRevision int64
+}
+
+// CheckHashes compares the voting members' HashKV at one revision.
+type CheckHashes struct{ Reason string }
+
+// DiscardMemberData has a member's node stop etcd and set its data aside:
+// its data disagrees with the majority's.
+type DiscardMemberData struct {
+	NodeID   string
+	MemberID uint64
+	Reason   string
+}
+
+// DisarmCorrupt disarms etcd's CORRUPT alarms of these members.
+type DisarmCorrupt struct {
+	MemberIDs []uint64
+	Reason    string
+}
+
+func (a CheckHashes) String() string { return "check-hashes (" + a.Reason + ")" }
+
+// CheckHashes changes nothing, but its result is observed next cycle.
+func (CheckHashes) Mutates() bool { return true }
+func (a DiscardMemberData) String() string {
+	return fmt.Sprintf("discard-member-data %s member=%x (%s)", a.NodeID, a.MemberID, a.Reason)
+}
+func (DiscardMemberData) Mutates() bool { return true }
+func (a DisarmCorrupt) String() string {
+	return fmt.Sprintf("disarm-corrupt %s (%s)", hexIDs(a.MemberIDs), a.Reason)
+}
+func (DisarmCorrupt) Mutates() bool { return true }
+
+func hexIDs(ids []uint64) string {
+	var s []string
+	for _, id := range ids {
+		s = append(s, fmt.Sprintf("%x", id))
+	}
+	return strings.Join(s, ",")
+}
+
+// hashVerdict is what a HashCheck says about the voters.
+type hashVerdict struct {
+	// complete is set when every voter answered at one compaction
+	// revision, so that the hashes compare.
+	complete bool
+	// agreed is set when every voter's hash is the same.
+	agreed bool
+	// minority are the voters whose hash differs from that of a strict
+	// majority; none when there is no majority.
+	minority []Member
+	// noMajority is set when the voters disagree and no hash is held by
+	// a strict majority.
+	noMajority bool
+}
+
+// judgeHashes compares the voters' hashes in r.
+func judgeHashes(r *HashCheck, voters []Member) hashVerdict {
+	var v hashVerdict
+	if r == nil || len(voters) == 0 {
+		return v
+	}
+	count := map[uint32]int{}
+	var compact *int64
+	for _, m := range voters {
+		h, ok := r.Hashes[m.ID]
+		if !ok || (compact != nil && *compact != h.CompactRevision) {
+			return v
+		}
+		compact = &h.CompactRevision
+		count[h.Hash]++
+	}
+	v.complete = true
+	if len(count) == 1 {
+		v.agreed = true
+		return v
+	}
+	for hash, n := range count {
+		if n > len(voters)/2 {
+			for _, m := range voters {
+				if r.Hashes[m.ID].Hash != hash {
+					v.minority = append(v.minority, m)
+				}
+			}
+			return v
+		}
+	}
+	v.noMajority = true
+	return v
+}
+
+// planCorruption returns the leader's next step against corrupt data.
+func planCorruption(o Observed) []Action {
+	c := o.Cluster
+	if c == nil {
+		return nil
+	}
+	var voters []Member
+	for _, m := range c.Members {
+		if !m.IsLearner {
+			voters = append(voters, m)
+		}
+	}
+	sort.Slice(voters, func(i, j int) bool { return voters[i].Name < voters[j].Name })
+	v := judgeHashes(o.HashCheck, voters)
+	switch {
+	case len(v.minority) > 0:
+		return discardMinority(o, v.minority, o.HashCheck.Revision)
+	case v.noMajority:
+		var hs []string
+		for _, m := range voters {
+			hs = append(hs, fmt.Sprintf("%s=%08x", m.Name, o.HashCheck.Hashes[m.ID].Hash))
+		}
+		return []Action{Report{Level: slog.LevelError,
+			Msg:   "the members' data disagree and no copy is held by a majority: nothing is rebuilt automatically; compare the members' data, then remove the wrong ones (or restore a backup)",
+			Attrs: []any{"revision", o.HashCheck.Revision, "hashes", hs}}}
+	}
+	if len(c.Corrupt) > 0 {
+		var gone, kept []uint64
+		for _, id := range c.Corrupt {
+			if slices.ContainsFunc(c.Members, func(m Member) bool { return m.ID == id }) {
+				kept = append(kept, id)
+			} else {
+				gone = append(gone, id)
+			}
+		}
+		switch {
+		case len(gone) > 0:
+			return []Action{DisarmCorrupt{MemberIDs: gone, Reason: "the members it names were removed"}}
+		case v.agreed:
+			return []Action{DisarmCorrupt{MemberIDs: kept, Reason: fmt.Sprintf("every voting member's HashKV agrees at revision %d", o.HashCheck.Revision)}}
+		}
+		if healthyVoters(voters) {
+			return []Action{CheckHashes{Reason: "etcd's CORRUPT alarm is raised for member(s) " + hexIDs(kept)}}
+		}
+		return []Action{Report{Level: slog.LevelError, Msg: "etcd's CORRUPT alarm is raised, and the cluster refuses requests; the hashes are compared once every voting member is healthy",
+			Attrs: []any{"members", hexIDs(kept)}}}
+	}
+	if o.HashCheckDue && healthyVoters(voters) && len(voters) > 1 && oneVersion(o, voters) {
+		return []Action{CheckHashes{Reason: "periodic"}}
+	}
+	return nil
+}
+
+// discardMinority sets aside the data of the first member of the
+// minority, one at a time; the leader's own only after it handed on
+// leadership.
+func discardMinority(o Observed, minority []Member, rev int64) []Action {
+	m := minority[0]
+	n, ok := nodeOfMember(o, m)
+	if !ok {
+		return []Action{Report{Level: slog.LevelError, Msg: "a member's data disagrees with the majority's, but no agent manages it: remove it by hand",
+			Attrs: []any{"member", m.Name, "revision", rev}}}
+	}
+	if n.DataLost || (n.Member != nil && !n.HasData) {
+		return nil // set aside already: the lost-data rule goes on
+	}
+	reason := fmt.Sprintf("its HashKV at revision %d differs from that of a majority of the voting members", rev)
+	if n.ID == o.Self.ID {
+		var ms []memberNode
+		for _, x := range o.Cluster.Members {
+			if xn, ok := nodeOfMember(o, x); ok && !x.IsLearner {
+				ms = append(ms, memberNode{m: x, n: xn})
+			}
+		}
+		to := handOnTo(ms, o.Self.ID)
+		if to == nil {
+			return []Action{Report{Level: slog.LevelError, Msg: "the leader's data disagrees with the majority's, and no other member can take the lead",
+				Attrs: []any{"revision", rev}}}
+		}
+		return []Action{MoveLeader{To: to.m.ID, Reason: "before the leader's own data is set aside: " + reason}}
+	}
+	return []Action{DiscardMemberData{NodeID: n.ID, MemberID: m.ID, Reason: reason}}
+}
+
+func healthyVoters(voters []Member) bool {
+	for _, m := range voters {
+		if !m.Healthy {
+			return false
+		}
+	}
+	return len(voters) > 0
+}
+
+// oneVersion says whether every voter's agent reports the same etcd
+// version: hashes are not compared in the middle of a version roll.
+func oneVersion(o Observed, voters []Member) bool {
+	version := ""
+	for _, m := range voters {
+		n, ok := nodeOfMember(o, m)
+		if !ok || n.Version == "" || (version != "" && n.Version != version) {
+			return false
+		}
+		version = n.Version
+	}
+	return true
+}
