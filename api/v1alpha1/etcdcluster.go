@@ -110,6 +110,14 @@ type EtcdClusterSpec struct {
 	// +optional
 	MemberFailureGrace *metav1.Duration `json:"memberFailureGrace,omitempty"`
 
+	// Etcd are etcd's own settings and the maintenance policies of the
+	// engine. A field left out keeps what the store holds (set by
+	// etcd-manager-ctl configure-cluster, or the defaults); a field set
+	// here is the operator's, and written to the store when it differs.
+	//
+	// +optional
+	Etcd *EtcdSpec `json:"etcd,omitempty"`
+
 	// DeletionPolicy says whether deleting the cluster removes its
 	// PersistentVolumeClaims (Delete) or keeps them (Retain, the default).
 	// The backup store is never deleted.
@@ -117,6 +125,98 @@ type EtcdClusterSpec struct {
 	// +kubebuilder:default=Retain
 	// +optional
 	DeletionPolicy DeletionPolicy `json:"deletionPolicy,omitempty"`
+}
+
+// EtcdSpec holds etcd's settings, compaction and defragmentation.
+type EtcdSpec struct {
+	// Settings are etcd flags set on every member, by etcd's own names
+	// without the dashes, from etcd-manager's allow-list:
+	// quota-backend-bytes, snapshot-count, heartbeat-interval,
+	// election-timeout, max-request-bytes, max-concurrent-streams,
+	// max-txn-ops, the grpc-keepalive ones, and a few more (see
+	// docs/maintenance.md). A flag the spec's etcd version does not know is
+	// refused before the store is touched. A change rolls etcd one member
+	// at a time, leader last. Present, the map is the whole set: a flag
+	// removed goes back to etcd's default.
+	//
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[a-z][a-z0-9-]{0,62}$') && self[k].size() <= 256)",message="settings are etcd flag names without the dashes, such as quota-backend-bytes, with values of at most 256 bytes"
+	// +optional
+	Settings map[string]string `json:"settings,omitempty"`
+
+	// Compaction is how much history etcd keeps; the agent compacts,
+	// keeping behind continuous capture. Default: periodic, 1h.
+	//
+	// +optional
+	Compaction *CompactionPolicy `json:"compaction,omitempty"`
+
+	// Defrag says when the engine defragments members on its own, one at
+	// a time, followers first, never the leader in place.
+	//
+	// +optional
+	Defrag *DefragPolicy `json:"defrag,omitempty"`
+}
+
+// CompactionPolicy is a compaction policy in the terms of etcd's
+// --auto-compaction-mode and --auto-compaction-retention.
+type CompactionPolicy struct {
+	// Mode is periodic (keep a span of time) or revision (keep a count of
+	// revisions).
+	//
+	// +kubebuilder:validation:Enum=periodic;revision
+	Mode string `json:"mode"`
+
+	// Retention is, for periodic, a duration such as 30m or a number of
+	// hours; for revision, a number of revisions. "0" turns compaction
+	// off.
+	//
+	// +kubebuilder:validation:MaxLength=32
+	Retention string `json:"retention"`
+}
+
+// DefragPolicy says when members are defragmented. A member is due when
+// at least minReclaimableBytes of its database are free, and either at
+// least minReclaimablePercent of it is, or the database is at
+// quotaPercent of the backend quota or more.
+type DefragPolicy struct {
+	// Auto turns defragmentation by policy on (the default) or off.
+	//
+	// +optional
+	Auto *bool `json:"auto,omitempty"`
+
+	// MinReclaimableBytes (default 64Mi).
+	//
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MinReclaimableBytes *int64 `json:"minReclaimableBytes,omitempty"`
+
+	// MinReclaimablePercent (default 50).
+	//
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	MinReclaimablePercent *int32 `json:"minReclaimablePercent,omitempty"`
+
+	// QuotaPercent (default 80).
+	//
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	QuotaPercent *int32 `json:"quotaPercent,omitempty"`
+
+	// Window limits defragmentation to windowDuration after each time
+	// this cron schedule (in UTC, five fields) names, such as "0 3 * * *".
+	//
+	// +kubebuilder:validation:MaxLength=100
+	// +kubebuilder:validation:XValidation:rule="!self.upperAscii().startsWith('TZ=') && !self.upperAscii().startsWith('CRON_TZ=')",message="the defrag window is in UTC; it takes no time zone"
+	// +optional
+	Window string `json:"window,omitempty"`
+
+	// WindowDuration is how long each window stays open (default 1h).
+	//
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m') && duration(self) <= duration('168h')",message="defrag.windowDuration must be from 1m to 168h"
+	// +optional
+	WindowDuration *metav1.Duration `json:"windowDuration,omitempty"`
 }
 
 // BackupStore names the backup store and how to reach it.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -45,19 +46,20 @@ type StoreCtl interface {
 
 // Event reasons.
 const (
-	reasonSpecWritten    = "SpecWritten"
-	reasonMemberAdded    = "MemberAdded"
-	reasonMemberRemoved  = "MemberRemoved"
-	reasonScaled         = "Scaled"
-	reasonCAGenerated    = "CAGenerated"
-	reasonStoreError     = "StoreError"
-	reasonBackupTaken    = "BackupTaken"
-	reasonBackupFailed   = "BackupFailed"
-	reasonRestoreStarted = "RestoreStarted"
-	reasonRestoreDone    = "RestoreSucceeded"
-	reasonRestoreFailed  = "RestoreFailed"
-	reasonClusterCreated = "ClusterCreated"
-	reasonRollStep       = "RollStep"
+	reasonSpecWritten     = "SpecWritten"
+	reasonInvalidEtcdSpec = "InvalidEtcdSpec"
+	reasonMemberAdded     = "MemberAdded"
+	reasonMemberRemoved   = "MemberRemoved"
+	reasonScaled          = "Scaled"
+	reasonCAGenerated     = "CAGenerated"
+	reasonStoreError      = "StoreError"
+	reasonBackupTaken     = "BackupTaken"
+	reasonBackupFailed    = "BackupFailed"
+	reasonRestoreStarted  = "RestoreStarted"
+	reasonRestoreDone     = "RestoreSucceeded"
+	reasonRestoreFailed   = "RestoreFailed"
+	reasonClusterCreated  = "ClusterCreated"
+	reasonRollStep        = "RollStep"
 )
 
 // Requeue intervals: status is polled, since the engine does not call back.
@@ -136,6 +138,12 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 
 	var sts appsv1.StatefulSet
 	o := Observed{Desired: Replicas(&c), Version: c.Spec.Version, RestorePending: c.Annotations[AnnotationRestorePending]}
+	owned, etcdErr := OwnedFields(&c)
+	if etcdErr == nil {
+		o.Owned = owned
+	} else {
+		r.Events.Eventf(&c, nil, corev1.EventTypeWarning, reasonInvalidEtcdSpec, "Validate", "spec.etcd is refused, and the store keeps its settings: %v", etcdErr)
+	}
 	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, &sts); {
 	case err == nil:
 		if sts.Spec.Replicas != nil {
@@ -195,6 +203,10 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 
 	r.observeStatus(ctx, &c, st, status, pod, podErr)
+	if etcdErr != nil {
+		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, reasonInvalidEtcdSpec,
+			"spec.etcd is refused, and the store keeps its settings: "+etcdErr.Error())
+	}
 	rolling := ""
 	if status != nil && podErr == nil && steps.Waiting == "" && steps.WriteSpec == nil && steps.StatefulSet == o.Desired {
 		var err error
@@ -627,4 +639,43 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// OwnedFields converts spec.etcd into the store spec's fields it sets,
+// and checks them as configure-cluster would, against spec.version.
+func OwnedFields(c *v1alpha1.EtcdCluster) (Owned, error) {
+	var w Owned
+	e := c.Spec.Etcd
+	if e == nil {
+		return w, nil
+	}
+	if e.Settings != nil {
+		s := spec.Settings(maps.Clone(e.Settings))
+		w.Settings = &s
+	}
+	if p := e.Compaction; p != nil {
+		w.Compaction = &[2]string{p.Mode, p.Retention}
+	}
+	if p := e.Defrag; p != nil {
+		d := spec.DefragPolicy{Window: p.Window, Off: p.Auto != nil && !*p.Auto}
+		if p.MinReclaimableBytes != nil {
+			d.MinReclaimableBytes = *p.MinReclaimableBytes
+		}
+		if p.MinReclaimablePercent != nil {
+			d.MinReclaimableFraction = float64(*p.MinReclaimablePercent) / 100
+		}
+		if p.QuotaPercent != nil {
+			d.QuotaPercent = int(*p.QuotaPercent)
+		}
+		if p.WindowDuration != nil {
+			d.WindowDuration = p.WindowDuration.Duration.String()
+		}
+		w.Defrag = &d
+	}
+	check := spec.ClusterSpec{MemberCount: Replicas(c), EtcdVersion: c.Spec.Version}
+	w.apply(&check)
+	if _, err := check.Validate(); err != nil {
+		return Owned{}, err
+	}
+	return w, nil
 }

@@ -25,6 +25,42 @@ type Observed struct {
 	// gets no spec, so that the agents cannot create an empty cluster
 	// that clients might write to before the restore replaces it.
 	RestorePending string
+	// Owned are the store spec's fields spec.etcd sets.
+	Owned Owned
+}
+
+// Owned are the store spec's fields an EtcdCluster sets; each nil one
+// keeps what the store holds (configure-cluster's, or the defaults).
+type Owned struct {
+	Settings *spec.Settings
+	// Compaction is the mode and the retention.
+	Compaction *[2]string
+	Defrag     *spec.DefragPolicy
+}
+
+// apply sets the owned fields of s.
+func (w Owned) apply(s *spec.ClusterSpec) {
+	if w.Settings != nil {
+		s.EtcdSettings = w.Settings.Clone()
+		if len(s.EtcdSettings) == 0 {
+			s.EtcdSettings = nil
+		}
+	}
+	if w.Compaction != nil {
+		s.AutoCompactionMode, s.AutoCompactionRetention = w.Compaction[0], w.Compaction[1]
+	}
+	if w.Defrag != nil {
+		d := *w.Defrag
+		s.Defrag = &d
+	}
+}
+
+// sameSpec says whether the store's spec is the one wanted.
+func sameSpec(a, b spec.ClusterSpec) bool {
+	return a.MemberCount == b.MemberCount && a.EtcdVersion == b.EtcdVersion && a.OrdinalMembers == b.OrdinalMembers &&
+		a.EtcdSettings.Equal(b.EtcdSettings) &&
+		a.AutoCompactionMode == b.AutoCompactionMode && a.AutoCompactionRetention == b.AutoCompactionRetention &&
+		(a.Defrag == nil) == (b.Defrag == nil) && (a.Defrag == nil || *a.Defrag == *b.Defrag)
 }
 
 // Steps is what the reconcile does next. The order matters, and is the
@@ -50,16 +86,17 @@ func PlanSteps(o Observed) Steps {
 		return st
 	}
 	if o.StoreKnown {
-		if o.Store == nil || o.Store.MemberCount != want.MemberCount || o.Store.EtcdVersion != want.EtcdVersion || !o.Store.OrdinalMembers {
-			if o.Store != nil {
-				// Keep what the operator does not own: the compaction
-				// policy and etcd settings, and a dump-and-restore
-				// allowance for the version it was given for.
-				kept := *o.Store
-				kept.MemberCount, kept.EtcdVersion, kept.OrdinalMembers = want.MemberCount, want.EtcdVersion, true
-				kept.AllowDumpRestore = o.Store.AllowDumpRestore && o.Store.EtcdVersion == want.EtcdVersion
-				want = kept
-			}
+		if o.Store != nil {
+			// Keep what the operator does not own: the etcd fields the
+			// EtcdCluster leaves out, and a dump-and-restore allowance
+			// for the version it was given for.
+			kept := *o.Store
+			kept.MemberCount, kept.EtcdVersion, kept.OrdinalMembers = want.MemberCount, want.EtcdVersion, true
+			kept.AllowDumpRestore = o.Store.AllowDumpRestore && o.Store.EtcdVersion == want.EtcdVersion
+			want = kept
+		}
+		o.Owned.apply(&want)
+		if o.Store == nil || !sameSpec(*o.Store, want) {
 			st.WriteSpec = &want
 		}
 	}

@@ -3,8 +3,13 @@ package operator
 import (
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -47,6 +52,23 @@ func TestPlanSteps(t *testing.T) {
 					EtcdSettings: spec.Settings{"quota-backend-bytes": "4294967296"}}},
 			sts: 5, writes: &spec.ClusterSpec{MemberCount: 5, EtcdVersion: "3.6.16", OrdinalMembers: true, AutoCompactionMode: "revision", AutoCompactionRetention: "1000",
 				EtcdSettings: spec.Settings{"quota-backend-bytes": "4294967296"}}},
+		{name: "spec.etcd's fields are written when they differ, the rest kept",
+			o: Observed{Desired: 3, StatefulSet: 3, Version: "3.6.16", StoreKnown: true, Members: members(3),
+				Store: &spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16", OrdinalMembers: true, AutoCompactionMode: "revision", AutoCompactionRetention: "1000"},
+				Owned: Owned{Settings: &spec.Settings{"snapshot-count": "5000"}, Defrag: &spec.DefragPolicy{Window: "0 3 * * *"}}},
+			sts: 3, writes: &spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16", OrdinalMembers: true, AutoCompactionMode: "revision", AutoCompactionRetention: "1000",
+				EtcdSettings: spec.Settings{"snapshot-count": "5000"}, Defrag: &spec.DefragPolicy{Window: "0 3 * * *"}}},
+		{name: "spec.etcd's fields as the store has them: nothing written",
+			o: Observed{Desired: 3, StatefulSet: 3, Version: "3.6.16", StoreKnown: true, Members: members(3),
+				Store: &spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16", OrdinalMembers: true, AutoCompactionMode: "periodic", AutoCompactionRetention: "2h",
+					EtcdSettings: spec.Settings{"snapshot-count": "5000"}, Defrag: &spec.DefragPolicy{Off: true}},
+				Owned: Owned{Settings: &spec.Settings{"snapshot-count": "5000"}, Compaction: &[2]string{"periodic", "2h"}, Defrag: &spec.DefragPolicy{Off: true}}},
+			sts: 3},
+		{name: "empty settings in spec.etcd clear the store's",
+			o: Observed{Desired: 3, StatefulSet: 3, Version: "3.6.16", StoreKnown: true, Members: members(3),
+				Store: &spec.ClusterSpec{MemberCount: 3, EtcdVersion: "3.6.16", OrdinalMembers: true, EtcdSettings: spec.Settings{"snapshot-count": "5000"}},
+				Owned: Owned{Settings: &spec.Settings{}}},
+			sts: 3, writes: store(3, "3.6.16")},
 		{name: "shrink: the spec first, the set waits",
 			o:   Observed{Desired: 3, StatefulSet: 5, Version: "3.6.16", StoreKnown: true, Store: store(5, "3.6.16"), Members: members(5)},
 			sts: 5, writes: store(3, "3.6.16"), waitsSome: true},
@@ -92,3 +114,61 @@ func TestPlanSteps(t *testing.T) {
 }
 
 func podName(i int) string { return fmt.Sprintf("etcd-%d", i) }
+
+func TestOwnedFields(t *testing.T) {
+	yes, no := true, false
+	i64 := func(v int64) *int64 { return &v }
+	i32 := func(v int32) *int32 { return &v }
+	cluster := func(e *v1alpha1.EtcdSpec) *v1alpha1.EtcdCluster {
+		c := &v1alpha1.EtcdCluster{}
+		c.Spec.Version, c.Spec.Etcd = "3.6.16", e
+		return c
+	}
+	tests := []struct {
+		name    string
+		etcd    *v1alpha1.EtcdSpec
+		want    Owned
+		wantErr string
+	}{
+		{name: "none: the store's", etcd: nil},
+		{name: "everything", etcd: &v1alpha1.EtcdSpec{
+			Settings:   map[string]string{"quota-backend-bytes": "4294967296"},
+			Compaction: &v1alpha1.CompactionPolicy{Mode: "revision", Retention: "10000"},
+			Defrag: &v1alpha1.DefragPolicy{Auto: &yes, MinReclaimableBytes: i64(1 << 20), MinReclaimablePercent: i32(30), QuotaPercent: i32(90),
+				Window: "0 3 * * *", WindowDuration: &metav1.Duration{Duration: 2 * time.Hour}},
+		}, want: Owned{
+			Settings:   &spec.Settings{"quota-backend-bytes": "4294967296"},
+			Compaction: &[2]string{"revision", "10000"},
+			Defrag: &spec.DefragPolicy{MinReclaimableBytes: 1 << 20, MinReclaimableFraction: 0.3, QuotaPercent: 90,
+				Window: "0 3 * * *", WindowDuration: "2h0m0s"},
+		}},
+		{name: "defragmentation off", etcd: &v1alpha1.EtcdSpec{Defrag: &v1alpha1.DefragPolicy{Auto: &no}},
+			want: Owned{Defrag: &spec.DefragPolicy{Off: true}}},
+		{name: "a flag outside the allow-list", etcd: &v1alpha1.EtcdSpec{Settings: map[string]string{"data-dir": "/tmp"}}, wantErr: "data-dir"},
+		{name: "a flag this version lacks", etcd: &v1alpha1.EtcdSpec{Settings: map[string]string{"warning-apply-duration": "200ms"}},
+			wantErr: "warning-apply-duration"},
+		{name: "a bad retention", etcd: &v1alpha1.EtcdSpec{Compaction: &v1alpha1.CompactionPolicy{Mode: "revision", Retention: "lots"}}, wantErr: "revision retention"},
+		{name: "a bad window", etcd: &v1alpha1.EtcdSpec{Defrag: &v1alpha1.DefragPolicy{Window: "every night"}}, wantErr: "--defrag-window"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := cluster(tt.etcd)
+			if tt.name == "a flag this version lacks" {
+				c.Spec.Version = "3.5.35"
+			}
+			got, err := OwnedFields(c)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("OwnedFields: %v, want an error about %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("OwnedFields = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}

@@ -342,6 +342,18 @@ func TestCELRulesRejectBadSpecs(t *testing.T) {
 			c.Spec.Backup = &v1alpha1.BackupPolicy{Interval: &metav1.Duration{Duration: 30 * time.Second}}
 		}, "backup.interval must be at least 1m"},
 		{"a negative grace", func(c *v1alpha1.EtcdCluster) { c.Spec.MemberFailureGrace = &metav1.Duration{Duration: -time.Second} }, "memberFailureGrace must not be negative"},
+		{"an etcd setting with the dashes", func(c *v1alpha1.EtcdCluster) {
+			c.Spec.Etcd = &v1alpha1.EtcdSpec{Settings: map[string]string{"--snapshot-count": "5"}}
+		}, "settings are etcd flag names without the dashes"},
+		{"a compaction mode etcd lacks", func(c *v1alpha1.EtcdCluster) {
+			c.Spec.Etcd = &v1alpha1.EtcdSpec{Compaction: &v1alpha1.CompactionPolicy{Mode: "hourly", Retention: "1"}}
+		}, "spec.etcd.compaction.mode"},
+		{"a defrag window in a time zone", func(c *v1alpha1.EtcdCluster) {
+			c.Spec.Etcd = &v1alpha1.EtcdSpec{Defrag: &v1alpha1.DefragPolicy{Window: "TZ=Europe/Paris 0 3 * * *"}}
+		}, "the defrag window is in UTC"},
+		{"a defrag window of a second", func(c *v1alpha1.EtcdCluster) {
+			c.Spec.Etcd = &v1alpha1.EtcdSpec{Defrag: &v1alpha1.DefragPolicy{WindowDuration: &metav1.Duration{Duration: time.Second}}}
+		}, "defrag.windowDuration must be from 1m to 168h"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -554,6 +566,28 @@ func TestClusterReconcile(t *testing.T) {
 		return *sts.Spec.Replicas == 3, fmt.Sprint(*sts.Spec.Replicas)
 	})
 
+	// spec.etcd: its settings and policies go to the store, the rest of
+	// the store's spec stays.
+	patchSpec(t, c, `{"spec":{"etcd":{"settings":{"snapshot-count":"5000"},"defrag":{"window":"0 3 * * *"}}}}`)
+	waitFor(t, "spec.etcd in the store", 30*time.Second, func() (bool, string) {
+		s := fakeCtl.storeSpec("etcd")
+		return s.EtcdSettings["snapshot-count"] == "5000" && s.Defrag != nil && s.Defrag.Window == "0 3 * * *" && s.MemberCount == 3, fmt.Sprint(s)
+	})
+	// A flag outside the allow-list passes the API server's rules but not
+	// the operator's: Degraded says why, and the store keeps its settings.
+	patchSpec(t, c, `{"spec":{"etcd":{"settings":{"data-dir":"/tmp"}}}}`)
+	waitFor(t, "Degraded for the refused spec.etcd", 30*time.Second, func() (bool, string) {
+		var got v1alpha1.EtcdCluster
+		if err := k8s.Get(ctx, key, &got); err != nil {
+			return false, err.Error()
+		}
+		cond := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionDegraded)
+		return cond != nil && cond.Status == metav1.ConditionTrue && cond.Reason == "InvalidEtcdSpec" && strings.Contains(cond.Message, "data-dir"), fmt.Sprintf("%+v", cond)
+	})
+	if s := fakeCtl.storeSpec("etcd"); s.EtcdSettings["snapshot-count"] != "5000" || s.EtcdSettings["data-dir"] != "" {
+		t.Fatalf("the store's settings after a refused spec.etcd: %v", s.EtcdSettings)
+	}
+
 	// Events were recorded for what was done.
 	waitFor(t, "events", 30*time.Second, func() (bool, string) {
 		var evs eventsv1.EventList
@@ -567,6 +601,18 @@ func TestClusterReconcile(t *testing.T) {
 		return slices.Contains(reasons, "CAGenerated") && slices.Contains(reasons, "SpecWritten") && slices.Contains(reasons, "Scaled") &&
 			slices.Contains(reasons, "MemberAdded") && slices.Contains(reasons, "MemberRemoved"), strings.Join(reasons, ",")
 	})
+}
+
+// patchSpec merges patch into the cluster.
+func patchSpec(t *testing.T, c *v1alpha1.EtcdCluster, patch string) {
+	t.Helper()
+	var cur v1alpha1.EtcdCluster
+	if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(c), &cur); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8s.Patch(t.Context(), &cur, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatalf("patch %s: %v", patch, err)
+	}
 }
 
 func scale(t *testing.T, c *v1alpha1.EtcdCluster, n int32) {
