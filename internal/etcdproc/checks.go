@@ -75,15 +75,17 @@ func (b Binaries) Help(ctx context.Context) (Help, error) {
 }
 
 // ManagedArgs are the flags etcd-manager always sets, in the form h
-// offers: etcd's initial and compact hash corruption checks, its
-// periodic check every periodic (0: not that one), and the stop of a
-// member's gRPC service while it defragments, so that its clients fail
-// over to another member instead of stalling.
-func ManagedArgs(h Help, periodic time.Duration) []string {
+// offers: etcd's initial corruption check when initial is set, its
+// compact hash check, its periodic check every periodic (0: not that
+// one), and the stop of a member's gRPC service while it defragments, so
+// that its clients fail over to another member instead of stalling.
+func ManagedArgs(h Help, initial bool, periodic time.Duration) []string {
 	var args, gates []string
-	if h.Flags["feature-gates"] && h.Gates["InitialCorruptCheck"] {
+	switch {
+	case !initial:
+	case h.Flags["feature-gates"] && h.Gates["InitialCorruptCheck"]:
 		gates = append(gates, "InitialCorruptCheck=true")
-	} else if h.Flags["experimental-initial-corrupt-check"] {
+	case h.Flags["experimental-initial-corrupt-check"]:
 		args = append(args, "--experimental-initial-corrupt-check=true")
 	}
 	if h.Flags["feature-gates"] && h.Gates["CompactHashCheck"] {

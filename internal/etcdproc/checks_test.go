@@ -49,9 +49,16 @@ func TestManagedArgs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := ManagedArgs(ParseHelp([]byte(tt.help)), tt.periodic); !reflect.DeepEqual(got, tt.want) {
+			if got := ManagedArgs(ParseHelp([]byte(tt.help)), true, tt.periodic); !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("got  %q\nwant %q", got, tt.want)
 			}
 		})
+	}
+	// Without the initial check (no peer serves to compare with).
+	if got, want := ManagedArgs(ParseHelp([]byte(help36)), false, 0), []string{"--feature-gates=CompactHashCheck=true,StopGRPCServiceOnDefrag=true"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("3.6 without the initial check: got %q, want %q", got, want)
+	}
+	if got, want := ManagedArgs(ParseHelp([]byte(help34)), false, 0), []string(nil); !reflect.DeepEqual(got, want) {
+		t.Errorf("3.4 without the initial check: got %q, want %q", got, want)
 	}
 }

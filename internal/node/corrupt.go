@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -171,4 +173,36 @@ func (n *Node) checkData(ctx context.Context, sp etcdproc.Spec) error {
 		"cluster-token", sp.ClusterToken, "data-moved-to", trashed, "error", err)
 	n.poke()
 	return nil
+}
+
+// initialCheckUseful says whether etcd's initial corruption check can
+// compare this member's data with a peer's: a new member's always runs,
+// and a restarted member's only when another member's etcd serves its
+// peer port now. When the whole cluster restarts at once, no peer serves
+// (each waits in its own check before it does), and the check would only
+// hold every member back by etcd's request timeout per peer (7 s with
+// the default election timeout) without comparing anything. Callers hold
+// n.mu.
+func (n *Node) initialCheckUseful(m *etcdproc.MemberState) bool {
+	if !m.HasRun || m.NewCluster {
+		return true
+	}
+	if n.peerHTTP == nil {
+		n.peerHTTP = etcdproc.NewPeerHTTPClient(n.cfg.ClientTLS)
+	}
+	for _, p := range strings.Split(m.InitialCluster, ",") {
+		name, url, ok := strings.Cut(p, "=")
+		if !ok || name == n.state.NodeID || slices.Contains(n.cfg.PeerURLs, url) {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := etcdproc.PeerMembers(ctx, n.peerHTTP, url)
+		cancel()
+		if err == nil {
+			return true
+		}
+	}
+	n.log.Info("no peer's etcd serves: starting etcd without its initial corruption check, which would have no peer to compare with",
+		"cluster-token", m.ClusterToken)
+	return false
 }

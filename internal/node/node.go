@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -94,6 +95,8 @@ type Node struct {
 	// dataRevision is the revision of the member's data when etcd last
 	// started on it (0: unknown).
 	dataRevision atomic.Int64
+	// peerHTTP reads other members' peer ports; guarded by mu.
+	peerHTTP *http.Client
 }
 
 // LoadState reads the node's state from layout, creating a node ID on
@@ -485,7 +488,7 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpro
 	if h, err := bins.Help(context.Background()); err != nil {
 		n.log.Warn("cannot read etcd's flags; it runs without its corruption checks and without stopping its gRPC service during a defrag", "error", err)
 	} else {
-		checks = etcdproc.ManagedArgs(h, n.cfg.EtcdCorruptCheckInterval)
+		checks = etcdproc.ManagedArgs(h, n.initialCheckUseful(m), n.cfg.EtcdCorruptCheckInterval)
 	}
 	return etcdproc.Spec{
 		Binaries:             bins,

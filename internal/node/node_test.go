@@ -4,6 +4,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +79,39 @@ func TestNodeRefusesOlderTerms(t *testing.T) {
 	again, err := LoadState(layout, "", nil)
 	if err != nil || again.ObeyedTerm != 10 {
 		t.Fatalf("obeyed term on disk: %d, %v; want 10", again.ObeyedTerm, err)
+	}
+}
+
+// etcd's initial corruption check runs on a restart only while another
+// member's etcd serves its peer port, and always on a new member.
+func TestInitialCheckUseful(t *testing.T) {
+	serving := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/members" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(`[]`))
+	}))
+	defer serving.Close()
+	down := "http://127.0.0.1:1" // nothing listens on port 1
+	self := "http://127.0.0.1:2"
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	tests := []struct {
+		name string
+		m    etcdproc.MemberState
+		want bool
+	}{
+		{"a new member", etcdproc.MemberState{InitialCluster: "a=" + self + ",b=" + down}, true},
+		{"a restart with a peer serving", etcdproc.MemberState{HasRun: true, InitialCluster: "a=" + self + ",b=" + down + ",c=" + serving.URL}, true},
+		{"a restart with no peer serving", etcdproc.MemberState{HasRun: true, InitialCluster: "a=" + self + ",b=" + down}, false},
+		{"a restart of the only member", etcdproc.MemberState{HasRun: true, InitialCluster: "a=" + self}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := &Node{cfg: Config{PeerURLs: []string{self}}, log: log, state: etcdproc.State{NodeID: "a"}}
+			if got := n.initialCheckUseful(&tt.m); got != tt.want {
+				t.Fatalf("initialCheckUseful = %v, want %v", got, tt.want)
+			}
+		})
 	}
 }

@@ -133,7 +133,7 @@ func TestSettingsKnownToEtcd(t *testing.T) {
 			}
 		}
 		t.Logf("etcd %s: all %d settings offered for it are its flags", v, len(names))
-		checks := etcdproc.ManagedArgs(etcdproc.ParseHelp(help), time.Hour)
+		checks := etcdproc.ManagedArgs(etcdproc.ParseHelp(help), true, time.Hour)
 		want := map[string]string{
 			"3.4.23": "--experimental-initial-corrupt-check=true --experimental-corrupt-check-time=1h0m0s",
 			"3.5.35": "--experimental-initial-corrupt-check=true --experimental-compact-hash-check-enabled=true --experimental-stop-grpc-service-on-defrag=true --experimental-corrupt-check-time=1h0m0s",
