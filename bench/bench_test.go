@@ -123,6 +123,8 @@ var benchGroups = []struct {
 	{[]string{"agent-idle-rss", "agent-idle-cpu"}, benchIdle},
 	{[]string{"rpo-p99", "capture-overhead", "agent-capture-rss"}, benchCaptureLoad},
 	{[]string{"pitr-restore", "pitr-apply-rate"}, benchPITR},
+	{[]string{"defrag-stall"}, benchDefragStall},
+	{[]string{"nospace-recovery"}, benchNoSpace},
 }
 
 // benchOnly is the set of result names BENCH_ONLY asks for, or nil for

@@ -105,6 +105,13 @@ func (c *BareCluster) Start(etcd string) {
 	}
 }
 
+// AddArgs gives every member more etcd flags, before Start.
+func (c *BareCluster) AddArgs(args ...string) {
+	for _, m := range c.Members {
+		m.args = append(m.args, args...)
+	}
+}
+
 // Endpoints are the members' client URLs.
 func (c *BareCluster) Endpoints() []string { return BareEndpoints(c.Members) }
 
