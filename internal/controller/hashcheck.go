@@ -58,14 +58,12 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 	}
 	lp.hash.result = r
 	outcome := "agree"
-	first := plan.MemberHash{}
+	seen := map[plan.MemberHash]bool{}
 	for _, h := range r.Hashes {
-		if first == (plan.MemberHash{}) {
-			first = h
-		}
-		if h != first {
-			outcome = "mismatch"
-		}
+		seen[h] = true
+	}
+	if len(seen) > 1 {
+		outcome = "mismatch"
 	}
 	lp.met.hashChecks.WithLabelValues(outcome).Inc()
 	lp.maint.LastHashCheck = &peer.HashCheckRecord{At: lp.hash.last.UTC(), Revision: r.Revision, Outcome: outcome}
