@@ -1679,7 +1679,8 @@ type rollEvent struct {
 func logEvents(who, log string) []rollEvent {
 	var out []rollEvent
 	agentMsgs := []string{"restarting a member on another etcd version", "restarting etcd on another version",
-		"stopping etcd", "etcd stopped", "etcd started", "raft leadership handed on", "backup taken"}
+		"stopping etcd", "etcd stopped", "etcd started", "raft leadership handed on", "backup taken",
+		"defragmenting a member", "member defragmented"}
 	etcdMsgs := []string{"elected leader", "lost leader", "transfer leadership", "leadership transfer", "became leader"}
 	for _, line := range strings.Split(log, "\n") {
 		if ts, ok := strings.CutPrefix(line, "time="); ok {
