@@ -5,6 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -54,10 +57,12 @@ func benchDefragStall(t *testing.T, sc scale) []Result {
 	before := fragment(t, endpoints, cfg, sc.dbBytes, fillTimeout)
 	l := startLoad(t, endpoints, cfg)
 	time.Sleep(rollWarmup)
+	fsyncs := walFsyncs(endpoints, cfg)
 	start := time.Now()
 	env.MustCtl("defrag", "--timeout=30m")
 	end := time.Now()
 	time.Sleep(time.Second)
+	managedFsyncs := walFsyncs(endpoints, cfg).since(fsyncs)
 	managed := l.verify(t, endpoints, cfg, start, end)
 	var evs []rollEvent
 	for _, a := range agents {
@@ -65,8 +70,8 @@ func benchDefragStall(t *testing.T, sc scale) []Result {
 	}
 	managed.stallAround = describeStall(evs, l.stallFrom, l.stallTo)
 	after := dbSizes(t, endpoints, cfg)
-	t.Logf("managed: %s, longest stall %s (%s), %d acknowledged, %d failed; databases %s -> %s",
-		end.Sub(start).Round(time.Millisecond), managed.stall.Round(time.Millisecond), managed.stallAround, managed.acked, managed.failed, before, after)
+	t.Logf("managed: %s, longest stall %s (%s), %d acknowledged, %d failed; databases %s -> %s; WAL fsyncs meanwhile: %s",
+		end.Sub(start).Round(time.Millisecond), managed.stall.Round(time.Millisecond), managed.stallAround, managed.acked, managed.failed, before, after, managedFsyncs)
 
 	beforeHand := fragment(t, endpoints, cfg, sc.dbBytes, fillTimeout)
 	leader := leaderEndpoint(t, endpoints, cfg)
@@ -79,16 +84,18 @@ func benchDefragStall(t *testing.T, sc scale) []Result {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
+	fsyncs = walFsyncs(endpoints, cfg)
 	startHand := time.Now()
 	if _, err := c.Defragment(ctx, leader); err != nil {
 		t.Fatalf("defragment the leader by hand: %v", err)
 	}
 	endHand := time.Now()
+	handFsyncs := walFsyncs(endpoints, cfg).since(fsyncs)
 	time.Sleep(time.Second)
 	hand := l.verify(t, endpoints, cfg, startHand, endHand)
 	hand.stallAround = describeStall([]rollEvent{{startHand, "the leader's defragmentation by hand begins"}, {endHand, "it ends"}}, l.stallFrom, l.stallTo)
-	t.Logf("by hand: %s, longest stall %s (%s), %d acknowledged, %d failed; databases %s",
-		endHand.Sub(startHand).Round(time.Millisecond), hand.stall.Round(time.Millisecond), hand.stallAround, hand.acked, hand.failed, beforeHand)
+	t.Logf("by hand: %s, longest stall %s (%s), %d acknowledged, %d failed; databases %s; WAL fsyncs meanwhile: %s",
+		endHand.Sub(startHand).Round(time.Millisecond), hand.stall.Round(time.Millisecond), hand.stallAround, hand.acked, hand.failed, beforeHand, handFsyncs)
 
 	v, b := managed.stall.Seconds(), hand.stall.Seconds()
 	verdict := "meets"
@@ -98,11 +105,11 @@ func benchDefragStall(t *testing.T, sc scale) []Result {
 	return []Result{{Name: "defrag-stall", Value: v, Unit: "s", Baseline: b, Ratio: ratio(v, b),
 		Note: fmt.Sprintf("%s the goal of ≤ %.1fx: the longest gap between acknowledged writes, across all writers, while etcd-manager-ctl defrag "+
 			"defragmented the 3 members of a managed cluster (etcd %s, followers first with their gRPC service stopped, leadership handed on before the leader's turn; took %.2fs; "+
-			"databases before %s, after %s; %d writes acknowledged, %d failed, slowest acknowledged Put %.3fs; the longest gap %s), under %d writes/s from %d TLS clients on every member's client URL; "+
-			"baseline: the same cluster's leader defragmented in place by hand (clientv3 Defragment on its endpoint; took %.2fs; databases before %s; %d acknowledged, %d failed, slowest %.3fs) under the same load; "+
+			"databases before %s, after %s; %d writes acknowledged, %d failed, slowest acknowledged Put %.3fs; the longest gap %s; etcd's WAL fsyncs meanwhile, per member: %s), under %d writes/s from %d TLS clients on every member's client URL; "+
+			"baseline: the same cluster's leader defragmented in place by hand (clientv3 Defragment on its endpoint; took %.2fs; databases before %s; %d acknowledged, %d failed, slowest %.3fs; WAL fsyncs meanwhile: %s) under the same load; "+
 			"each database filled to %.0f MiB with %d KiB values, half of them deleted and compacted away",
-			verdict, defragStallGoal, harness.DefaultEtcdVersion, end.Sub(start).Seconds(), before, after, managed.acked, managed.failed, managed.slowest.Seconds(), managed.stallAround,
-			rollRate, rollWriters, endHand.Sub(startHand).Seconds(), beforeHand, hand.acked, hand.failed, hand.slowest.Seconds(),
+			verdict, defragStallGoal, harness.DefaultEtcdVersion, end.Sub(start).Seconds(), before, after, managed.acked, managed.failed, managed.slowest.Seconds(), managed.stallAround, managedFsyncs,
+			rollRate, rollWriters, endHand.Sub(startHand).Seconds(), beforeHand, hand.acked, hand.failed, hand.slowest.Seconds(), handFsyncs,
 			mib(sc.dbBytes), fillValueBytes>>10)}}
 }
 
@@ -350,4 +357,64 @@ func recoverByHand(ctx context.Context, c *clientv3.Client, endpoints []string) 
 		}
 	}
 	return nil
+}
+
+// fsyncCounts are each member's WAL fsyncs, from etcd's
+// etcd_disk_wal_fsync_duration_seconds histogram: all of them, and those
+// over 256 ms and over 1 s.
+type fsyncCounts [][3]float64
+
+// walFsyncs reads the members' WAL fsync histograms from their /metrics;
+// a member that does not answer counts zeros.
+func walFsyncs(endpoints []string, cfg *tls.Config) fsyncCounts {
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+	out := make(fsyncCounts, len(endpoints))
+	for i, ep := range endpoints {
+		resp, err := hc.Get(strings.TrimSuffix(ep, "/") + "/metrics")
+		if err != nil {
+			continue
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+		resp.Body.Close()
+		var total, le256, le1024 float64
+		for _, line := range strings.Split(string(body), "\n") {
+			name, v, ok := strings.Cut(line, " ")
+			if !ok || !strings.HasPrefix(name, "etcd_disk_wal_fsync_duration_seconds") {
+				continue
+			}
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				continue
+			}
+			switch name {
+			case "etcd_disk_wal_fsync_duration_seconds_count":
+				total = f
+			case `etcd_disk_wal_fsync_duration_seconds_bucket{le="0.256"}`:
+				le256 = f
+			case `etcd_disk_wal_fsync_duration_seconds_bucket{le="1.024"}`:
+				le1024 = f
+			}
+		}
+		out[i] = [3]float64{total, total - le256, total - le1024}
+	}
+	return out
+}
+
+// since is the counts from before to now.
+func (c fsyncCounts) since(before fsyncCounts) fsyncCounts {
+	out := make(fsyncCounts, len(c))
+	for i := range c {
+		for j := range 3 {
+			out[i][j] = c[i][j] - before[i][j]
+		}
+	}
+	return out
+}
+
+func (c fsyncCounts) String() string {
+	var parts []string
+	for _, m := range c {
+		parts = append(parts, fmt.Sprintf("%.0f (%.0f over 256ms, %.0f over 1s)", m[0], m[1], m[2]))
+	}
+	return strings.Join(parts, "; ")
 }
