@@ -134,19 +134,27 @@ func (lp *loop) recoverSpace(ctx context.Context, act plan.RecoverSpace) error {
 // disarmNoSpace disarms the NOSPACE alarms: every database is well under
 // the quota again.
 func (lp *loop) disarmNoSpace(ctx context.Context, obs plan.Observed, act plan.DisarmNoSpace) error {
+	if err := lp.disarmAlarms(ctx, obs.Cluster.NoSpace, etcdserverpb.AlarmType_NOSPACE); err != nil {
+		return err
+	}
+	lp.spaceCompacted = false
+	lp.met.noSpaceRecoveries.Inc()
+	lp.log.Warn("NOSPACE alarm disarmed: etcd takes writes again", "reason", act.Reason)
+	return nil
+}
+
+// disarmAlarms disarms etcd's alarm of these members, as the leader.
+func (lp *loop) disarmAlarms(ctx context.Context, ids []uint64, alarm etcdserverpb.AlarmType) error {
 	if _, err := lp.members.leader(ctx); err != nil {
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	for _, id := range obs.Cluster.NoSpace {
-		if _, err := lp.client.AlarmDisarm(dctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
-			return fmt.Errorf("controller: disarm NOSPACE of member %x: %w", id, err)
+	for _, id := range ids {
+		if _, err := lp.client.AlarmDisarm(dctx, &clientv3.AlarmMember{MemberID: id, Alarm: alarm}); err != nil {
+			return fmt.Errorf("controller: disarm %s of member %x: %w", alarm, id, err)
 		}
 	}
-	lp.spaceCompacted = false
-	lp.met.noSpaceRecoveries.Inc()
-	lp.log.Warn("NOSPACE alarm disarmed: etcd takes writes again", "reason", act.Reason)
 	return nil
 }
 

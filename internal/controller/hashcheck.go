@@ -130,15 +130,8 @@ func (lp *loop) discardMemberData(ctx context.Context, obs plan.Observed, act pl
 // disarmCorrupt disarms etcd's CORRUPT alarms: the members they name are
 // gone, or every member's data agrees.
 func (lp *loop) disarmCorrupt(ctx context.Context, act plan.DisarmCorrupt) error {
-	if _, err := lp.members.leader(ctx); err != nil {
+	if err := lp.disarmAlarms(ctx, act.MemberIDs, etcdserverpb.AlarmType_CORRUPT); err != nil {
 		return err
-	}
-	dctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	for _, id := range act.MemberIDs {
-		if _, err := lp.client.AlarmDisarm(dctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_CORRUPT}); err != nil {
-			return fmt.Errorf("controller: disarm CORRUPT of member %x: %w", id, err)
-		}
 	}
 	lp.hash.result = nil
 	lp.log.Warn("etcd's CORRUPT alarm disarmed: the cluster takes requests again", "members", fmt.Sprintf("%x", act.MemberIDs), "reason", act.Reason)

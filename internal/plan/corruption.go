@@ -190,13 +190,7 @@ func discardMinority(o Observed, minority []Member, rev int64) []Action {
 	}
 	reason := fmt.Sprintf("its HashKV at revision %d differs from that of a majority of the voting members", rev)
 	if n.ID == o.Self.ID {
-		var ms []memberNode
-		for _, x := range o.Cluster.Members {
-			if xn, ok := nodeOfMember(o, x); ok && !x.IsLearner {
-				ms = append(ms, memberNode{m: x, n: xn})
-			}
-		}
-		to := handOnTo(ms, o.Self.ID)
+		to := handOnTo(votingMembers(o), o.Self.ID)
 		if to == nil {
 			return []Action{Report{Level: slog.LevelError, Msg: "the leader's data disagrees with the majority's, and no other member can take the lead",
 				Attrs: []any{"revision", rev}}}

@@ -6,17 +6,10 @@ import (
 )
 
 func TestPlanCorruption(t *testing.T) {
-	healthy := func(id string) Node {
-		n := node(id, "member")
-		m := *n.Member
-		m.EtcdVersion = "3.6.16"
-		n.Member, n.Version, n.RaftIndex = &m, "3.6.16", 9
-		return n
-	}
 	a, b, c := member("a", true), member("b", true), member("c", true)
 	// obs is a 3-member cluster led by a.
 	obs := func() Observed {
-		o := leaderObs(3, cluster(a, b, c), healthy("a"), healthy("b"), healthy("c"))
+		o := leaderObs(3, cluster(a, b, c), healthyNode("a"), healthyNode("b"), healthyNode("c"))
 		for i := range o.Cluster.Members {
 			o.Cluster.Members[i].RaftIndex = 9
 		}

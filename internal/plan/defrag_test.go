@@ -9,17 +9,10 @@ import (
 
 func TestPlanDefrag(t *testing.T) {
 	const mib = 1 << 20
-	healthy := func(id string) Node {
-		n := node(id, "member")
-		m := *n.Member
-		m.EtcdVersion = "3.6.16"
-		n.Member, n.Version, n.RaftIndex = &m, "3.6.16", 9
-		return n
-	}
 	// obs is a 3-member cluster led by a; sizes are each member's
 	// database and in-use bytes, in MiB.
 	obs := func(sizes ...[2]int64) Observed {
-		peers := []Node{healthy("a"), healthy("b"), healthy("c")}
+		peers := []Node{healthyNode("a"), healthyNode("b"), healthyNode("c")}
 		o := leaderObs(3, cluster(member("a", true), member("b", true), member("c", true)), peers...)
 		for i := range o.Cluster.Members {
 			o.Cluster.Members[i].RaftIndex = 9

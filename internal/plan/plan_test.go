@@ -57,6 +57,16 @@ func node(id, kind string) Node {
 }
 
 // member returns an etcd member named after its node.
+// healthyNode is a member's agent whose etcd 3.6.16 answers, at raft
+// index 9.
+func healthyNode(id string) Node {
+	n := node(id, "member")
+	m := *n.Member
+	m.EtcdVersion = "3.6.16"
+	n.Member, n.Version, n.RaftIndex = &m, "3.6.16", 9
+	return n
+}
+
 func member(id string, healthy bool) Member {
 	var h uint64
 	for _, c := range id {

@@ -47,13 +47,7 @@ func planSpace(o Observed) []Action {
 	if !o.SpaceCompacted {
 		return []Action{RecoverSpace{Reason: fmt.Sprintf("NOSPACE alarm on %d member(s): compact to the head", len(o.Cluster.NoSpace))}}
 	}
-	var ms []memberNode
-	for _, m := range o.Cluster.Members {
-		if n, ok := nodeOfMember(o, m); ok && n.Member != nil && !m.IsLearner {
-			ms = append(ms, memberNode{m: m, n: n})
-		}
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
+	ms := votingMembers(o)
 	var largest, inUse int64
 	for _, x := range ms {
 		largest, inUse = max(largest, x.m.DBSize), max(inUse, x.m.DBSizeInUse)
@@ -88,6 +82,19 @@ func planSpace(o Observed) []Action {
 	return []Action{Report{Level: slog.LevelError,
 		Msg:   "NOSPACE: live data fills the backend quota, and compaction and defragmentation cannot help; etcd takes no writes until the quota is raised with etcd-manager-ctl --quota-backend-bytes=N configure-cluster, or data is deleted",
 		Attrs: []any{"in-use-bytes", inUse, "quota-bytes", quota, "suggested-quota-bytes", 2 * quota}}}
+}
+
+// votingMembers pairs each voting member whose agent is reachable with
+// that agent, sorted by name.
+func votingMembers(o Observed) []memberNode {
+	var ms []memberNode
+	for _, m := range o.Cluster.Members {
+		if n, ok := nodeOfMember(o, m); ok && n.Member != nil && !m.IsLearner {
+			ms = append(ms, memberNode{m: m, n: n})
+		}
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
+	return ms
 }
 
 // handOnTo is a healthy member other than self to hand leadership to,

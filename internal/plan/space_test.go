@@ -9,17 +9,10 @@ import (
 
 func TestPlanSpace(t *testing.T) {
 	const mib = 1 << 20
-	healthy := func(id string) Node {
-		n := node(id, "member")
-		m := *n.Member
-		m.EtcdVersion = "3.6.16"
-		n.Member, n.Version, n.RaftIndex = &m, "3.6.16", 9
-		return n
-	}
 	// obs is a 3-member cluster led by a, with a NOSPACE alarm, a 16 MiB
 	// quota and each member's database and in-use MiB.
 	obs := func(compacted bool, sizes ...[2]int64) Observed {
-		o := leaderObs(3, cluster(member("a", true), member("b", true), member("c", true)), healthy("a"), healthy("b"), healthy("c"))
+		o := leaderObs(3, cluster(member("a", true), member("b", true), member("c", true)), healthyNode("a"), healthyNode("b"), healthyNode("c"))
 		quota := spec.Settings{"quota-backend-bytes": "16777216"}
 		o.Spec.EtcdSettings = quota
 		for i := range o.Peers {

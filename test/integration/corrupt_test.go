@@ -30,6 +30,18 @@ func memberDB(t *testing.T, a *harness.Agent) string {
 	return dbs[0]
 }
 
+// putMarkers writes 50 keys under prefix whose values are marker-<i>,
+// and waits for etcd to commit them to its database (every 100ms).
+func putMarkers(t *testing.T, ctx context.Context, c *clientv3.Client, prefix, marker string) {
+	t.Helper()
+	for i := range 50 {
+		if _, err := c.Put(ctx, fmt.Sprintf("%s%d", prefix, i), fmt.Sprintf("%s-%d", marker, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Second)
+}
+
 // TestCorruptMemberRebuilt: bytes flipped inside a stored value of one
 // member's database, while it is stopped, are caught by etcd's initial
 // corruption check when it starts; its agent sets the data aside, and
@@ -45,12 +57,7 @@ func TestCorruptMemberRebuilt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	marker := "corruption-marker-" + strings.Repeat("m", 64)
-	for i := range 50 {
-		if _, err := c.Put(ctx, fmt.Sprintf("/corrupt/%d", i), fmt.Sprintf("%s-%d", marker, i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(time.Second) // etcd commits its backend every 100ms
+	putMarkers(t, ctx, c, "/corrupt/", marker)
 
 	victim := agents[2]
 	victim.Stop()
@@ -141,20 +148,10 @@ func testDivergentMemberRebuilt(t *testing.T, args []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	marker := "divergence-marker-" + strings.Repeat("d", 64)
-	for i := range 50 {
-		if _, err := c.Put(ctx, fmt.Sprintf("/diverge/%d", i), fmt.Sprintf("%s-%d", marker, i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(time.Second) // etcd commits its backend every 100ms
+	putMarkers(t, ctx, c, "/diverge/", marker)
 	if periodic {
 		harness.WaitFor(t, time.Minute, "the leader's first comparison of the members' HashKV", func() bool {
-			for _, a := range agents {
-				if strings.Contains(a.Log(), "the voting members' HashKV agree") {
-					return true
-				}
-			}
-			return false
+			return strings.Contains(allLogs(agents), "the voting members' HashKV agree")
 		})
 	}
 
@@ -194,18 +191,9 @@ func testDivergentMemberRebuilt(t *testing.T, args []string) {
 	assertRebuilt(t, ctx, c, agents, victim, "/diverge/7", marker+"-7")
 	if !periodic {
 		harness.WaitFor(t, time.Minute, "the CORRUPT alarm to be disarmed", func() bool {
-			for _, a := range agents {
-				if strings.Contains(a.Log(), "etcd's CORRUPT alarm disarmed") {
-					return true
-				}
-			}
-			return false
+			return strings.Contains(allLogs(agents), "etcd's CORRUPT alarm disarmed")
 		})
-		compared := false
-		for _, a := range agents {
-			compared = compared || strings.Contains(a.Log(), "check-hashes (etcd's CORRUPT alarm is raised")
-		}
-		if !compared {
+		if !strings.Contains(allLogs(agents), "check-hashes (etcd's CORRUPT alarm is raised") {
 			t.Error("no agent compared the hashes for the CORRUPT alarm")
 		}
 	}

@@ -263,14 +263,7 @@ func TestRecoverQuorumAfterSurvivorRestart(t *testing.T) {
 	c := clusterClient(t, agents)
 	put(t, c, "/q/before-loss", "survives")
 	survivor, lost := agents[0], agents[1:]
-	var lostIDs []string
-	for _, a := range lost {
-		lostIDs = append(lostIDs, a.NodeID())
-		a.Kill()
-		if err := os.RemoveAll(a.DataDir); err != nil {
-			t.Fatal(err)
-		}
-	}
+	lostIDs := killAndWipe(t, lost)
 	survivor.Stop()
 	survivor.Start()
 	harness.WaitFor(t, time.Minute, "the survivor's etcd to run", func() bool { return survivor.EtcdPID() > 0 })
@@ -308,16 +301,7 @@ func TestRecoverQuorum(t *testing.T) {
 	}
 
 	survivor, lost := agents[0], agents[1:]
-	var lostIDs []string
-	for _, a := range lost {
-		lostIDs = append(lostIDs, a.NodeID())
-	}
-	for _, a := range lost {
-		a.Kill()
-		if err := os.RemoveAll(a.DataDir); err != nil {
-			t.Fatal(err)
-		}
-	}
+	lostIDs := killAndWipe(t, lost)
 	// Until its election timeout passes, the survivor still follows the
 	// old leader, and recover-quorum would rightly be refused.
 	harness.WaitFor(t, 30*time.Second, "the survivor's etcd to see no leader", func() bool {
@@ -375,6 +359,21 @@ func TestRecoverQuorum(t *testing.T) {
 	assertOneCluster(t, agents)
 }
 
+// killAndWipe kills the agents (their etcd dies with them) and deletes
+// their data dirs, as a lost node; it returns their node IDs.
+func killAndWipe(t *testing.T, agents []*harness.Agent) []string {
+	t.Helper()
+	var ids []string
+	for _, a := range agents {
+		ids = append(ids, a.NodeID())
+		a.Kill()
+		if err := os.RemoveAll(a.DataDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
 // A survivor whose data is behind the newest backup of its cluster (it
 // was stopped while the others went on) must not seed the cluster:
 // recover-quorum fails, naming the backup to restore instead, and the
@@ -389,14 +388,7 @@ func TestRecoverQuorumRefusesSurvivorBehindBackup(t *testing.T) {
 		put(t, c, fmt.Sprintf("/behind/later-%d", i), "v")
 	}
 	name := strings.TrimSpace(env.MustCtl("backup-now"))
-	var lostIDs []string
-	for _, a := range lost {
-		lostIDs = append(lostIDs, a.NodeID())
-		a.Kill()
-		if err := os.RemoveAll(a.DataDir); err != nil {
-			t.Fatal(err)
-		}
-	}
+	lostIDs := killAndWipe(t, lost)
 	// Its etcd restarts without quorum, and so never serves: the
 	// revision is that of its data when it started.
 	stale.Start()

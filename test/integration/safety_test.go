@@ -281,12 +281,7 @@ func TestPausedRecoverDriver(t *testing.T) {
 				put(t, c, "/q/after-backup", "survives")
 
 				survivor, lost := agents[0], agents[1:]
-				for _, a := range lost {
-					a.Kill()
-					if err := os.RemoveAll(a.DataDir); err != nil {
-						t.Fatal(err)
-					}
-				}
+				killAndWipe(t, lost)
 				harness.WaitFor(t, 30*time.Second, "the survivor's etcd to see no leader", func() bool {
 					st, ok := memberStatus(survivor)
 					return ok && st.Leader == 0
