@@ -14,6 +14,7 @@
 package bench
 
 import (
+	"cmp"
 	"compress/gzip"
 	"context"
 	"crypto/tls"
@@ -23,12 +24,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,6 +43,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	grpcpeer "google.golang.org/grpc/peer"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/test/harness"
@@ -1518,6 +1523,25 @@ type rollAck struct {
 	at       time.Time
 	took     time.Duration
 	key, err string
+	// member is the address of the member that served the write's last
+	// attempt.
+	member string
+}
+
+// servedBy records in a request's context which member served it.
+type servedBy struct{ addr string }
+
+type servedByKey struct{}
+
+// recordServer is a gRPC client interceptor that notes in the request's
+// servedBy which member each attempt went to.
+func recordServer(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	var p grpcpeer.Peer
+	err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Peer(&p))...)
+	if s, ok := ctx.Value(servedByKey{}).(*servedBy); ok && p.Addr != nil {
+		s.addr = p.Addr.String()
+	}
+	return err
 }
 
 const rollPrefix = "/bench/roll/"
@@ -1531,7 +1555,8 @@ func startLoad(t *testing.T, endpoints []string, cfg *tls.Config) *rollLoad {
 	var cs []*clientv3.Client
 	var wg sync.WaitGroup
 	for w := range rollWriters {
-		c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: cfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: cfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+			DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(recordServer)}})
 		if err != nil {
 			cancel()
 			t.Fatal(err)
@@ -1558,15 +1583,16 @@ func startLoad(t *testing.T, endpoints []string, cfg *tls.Config) *rollLoad {
 				}
 				key := fmt.Sprintf("%s%d/%07d", rollPrefix, w, i)
 				pctx, pcancel := context.WithTimeout(ctx, rollPutTimeout)
+				by := &servedBy{}
 				sent := time.Now()
-				_, err := c.Put(pctx, key, "v")
+				_, err := c.Put(context.WithValue(pctx, servedByKey{}, by), key, "v")
 				at := time.Now()
 				pcancel()
 				l.mu.Lock()
 				if err != nil {
-					l.fails = append(l.fails, rollAck{writer: w, at: at, took: at.Sub(sent), err: err.Error()})
+					l.fails = append(l.fails, rollAck{writer: w, at: at, took: at.Sub(sent), err: err.Error(), member: by.addr})
 				} else {
-					l.acks = append(l.acks, rollAck{writer: w, at: at, took: at.Sub(sent), key: key})
+					l.acks = append(l.acks, rollAck{writer: w, at: at, took: at.Sub(sent), key: key, member: by.addr})
 				}
 				l.mu.Unlock()
 			}
@@ -1667,6 +1693,47 @@ func (l *rollLoad) verify(t *testing.T, endpoints []string, cfg *tls.Config, sta
 	return r
 }
 
+// inFlight says which members served the writes in flight across the
+// gap from..to (sent before it ended, returned after it began), and how
+// they ended: "127.0.0.1:2379: 5 acknowledged (slowest 2.1s), 3 failed".
+func (l *rollLoad) inFlight(from, to time.Time) string {
+	type tally struct {
+		acked, failed int
+		slowest       time.Duration
+	}
+	by := map[string]*tally{}
+	count := func(rs []rollAck, failed bool) {
+		for _, r := range rs {
+			if r.at.Before(from) || r.at.Add(-r.took).After(to) {
+				continue
+			}
+			m := cmp.Or(r.member, "no member")
+			if by[m] == nil {
+				by[m] = &tally{}
+			}
+			if failed {
+				by[m].failed++
+			} else {
+				by[m].acked++
+			}
+			by[m].slowest = max(by[m].slowest, r.took)
+		}
+	}
+	l.mu.Lock()
+	count(l.acks, false)
+	count(l.fails, true)
+	l.mu.Unlock()
+	var parts []string
+	for _, m := range slices.Sorted(maps.Keys(by)) {
+		t := by[m]
+		parts = append(parts, fmt.Sprintf("%s: %d acknowledged, %d failed (slowest %.2fs)", m, t.acked, t.failed, t.slowest.Seconds()))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "; ")
+}
+
 // rollEvent is something the logs (or the by-hand roll) show at a time.
 type rollEvent struct {
 	at   time.Time
@@ -1680,8 +1747,9 @@ func logEvents(who, log string) []rollEvent {
 	var out []rollEvent
 	agentMsgs := []string{"restarting a member on another etcd version", "restarting etcd on another version",
 		"stopping etcd", "etcd stopped", "etcd started", "raft leadership handed on", "backup taken",
-		"defragmenting a member", "member defragmented"}
-	etcdMsgs := []string{"elected leader", "lost leader", "transfer leadership", "leadership transfer", "became leader"}
+		"defragmenting a member", "member defragmented", "restarting etcd on its quarantine client URLs to defragment it", "etcd defragmented, and serves its clients again"}
+	etcdMsgs := []string{"elected leader", "lost leader", "transfer leadership", "leadership transfer", "became leader",
+		"database snapshot", "slow fdatasync", "apply request took too long", "ready to serve client requests"}
 	for _, line := range strings.Split(log, "\n") {
 		if ts, ok := strings.CutPrefix(line, "time="); ok {
 			at, err := time.Parse(time.RFC3339Nano, strings.Fields(ts + " ")[0])
