@@ -352,11 +352,11 @@ func TestPrintMaintenance(t *testing.T) {
 		{"none", nil, nil},
 		{"alarms only", &peer.Maintenance{Alarms: []string{"NOSPACE 1a"}}, []string{"etcd alarms: NOSPACE 1a"}},
 		{"everything", &peer.Maintenance{
-			LastDefrag:    &peer.DefragRecord{Node: "b", At: at, Duration: 1500 * time.Millisecond, SizeBefore: 500 << 20, SizeAfter: 100 << 20},
+			LastDefrag:    &peer.DefragRecord{Node: "b", At: at, Duration: 1500 * time.Millisecond, SizeBefore: 500 << 20, SizeAfter: 100 << 20, Isolated: true},
 			LastHashCheck: &peer.HashCheckRecord{At: at, Revision: 42, Outcome: "mismatch"},
 			LastDiscard:   &peer.DiscardRecord{Node: "c", At: at, Reason: "its HashKV differs"},
 		}, []string{
-			"last defragmentation: b at 2026-11-23T03:00:00Z, took 1.5s, database 500.0 MiB -> 100.0 MiB",
+			"last defragmentation: b (isolated) at 2026-11-23T03:00:00Z, took 1.5s, database 500.0 MiB -> 100.0 MiB",
 			"last hash comparison: mismatch at revision 42, 2026-11-23T03:00:00Z",
 			"last member rebuilt for disagreeing data: c at 2026-11-23T03:00:00Z (its HashKV differs)",
 		}},

@@ -172,7 +172,11 @@ func printMaintenance(w io.Writer, m *peer.Maintenance) {
 	}
 	fmt.Fprintf(w, "\nmaintenance (since the leader began to lead):\n")
 	if d := m.LastDefrag; d != nil {
-		fmt.Fprintf(w, "  last defragmentation: %s at %s, took %s, database %s -> %s\n", d.Node, d.At.Format(time.RFC3339),
+		mode := "in place"
+		if d.Isolated {
+			mode = "isolated"
+		}
+		fmt.Fprintf(w, "  last defragmentation: %s (%s) at %s, took %s, database %s -> %s\n", d.Node, mode, d.At.Format(time.RFC3339),
 			d.Duration.Round(time.Millisecond), size(d.SizeBefore), size(d.SizeAfter))
 	}
 	if h := m.LastHashCheck; h != nil {

@@ -20,8 +20,20 @@ import (
 // whole database, about a second per few hundred MiB on a slow disk.
 const defragTimeout = 10 * time.Minute
 
+// isolatedDefragRetry is how long a node whose isolated defragmentation
+// failed is defragmented in place instead.
+const isolatedDefragRetry = time.Hour
+
+// defragger is what an isolated defragmentation asks of a member's node,
+// this agent's own or a peer.
+type defragger interface {
+	Defrag(ctx context.Context, req peer.DefragRequest) (peer.DefragResult, error)
+}
+
 // defrag defragments one member, which is not the raft leader: the
-// leader hands leadership on before its own turn.
+// leader hands leadership on before its own turn. In place, the leader
+// asks the member's etcd; isolated, the member's agent holds its clients
+// off meanwhile (see node.Defrag).
 func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMember) error {
 	c, err := lp.members.leader(ctx)
 	if err != nil {
@@ -36,26 +48,39 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 	if err != nil && len(act.CommandIDs) > 0 {
 		return err
 	}
-	before := memberDBSize(ctx, c, act.ClientURL)
-	lp.log.Info("defragmenting a member", "node", act.NodeID, "reason", act.Reason, "db-size", before)
-	dctx, cancel := context.WithTimeout(ctx, defragTimeout)
+	mode := "in place"
+	if act.Isolate {
+		mode = "isolated"
+	}
+	lp.log.Info("defragmenting a member", "node", act.NodeID, "mode", mode, "reason", act.Reason)
 	start := lp.now()
-	_, err = c.Defragment(dctx, act.ClientURL)
-	cancel()
+	var before, after int64
+	if act.Isolate {
+		var res peer.DefragResult
+		res, err = lp.defragIsolated(ctx, obs, act)
+		before, after = res.SizeBefore, res.SizeAfter
+	} else {
+		before = memberDBSize(ctx, c, act.ClientURL)
+		dctx, cancel := context.WithTimeout(ctx, defragTimeout)
+		_, err = c.Defragment(dctx, act.ClientURL)
+		cancel()
+		if err == nil {
+			after = memberDBSize(ctx, c, act.ClientURL)
+		}
+	}
 	took := lp.now().Sub(start)
 	if err != nil {
 		lp.met.defrags.WithLabelValues("failure").Inc()
-		return fmt.Errorf("controller: defrag %s: %w", act.NodeID, err)
+		return fmt.Errorf("controller: defrag %s %s: %w", act.NodeID, mode, err)
 	}
-	after := memberDBSize(ctx, c, act.ClientURL)
 	lp.met.defrags.WithLabelValues("success").Inc()
 	lp.met.defragLastOK.Set(float64(lp.now().Unix()))
 	lp.met.defragLastDuration.Set(took.Seconds())
 	if before > 0 && after > 0 {
 		lp.met.defragLastReclaimed.Set(float64(max(before-after, 0)))
 	}
-	lp.maint.LastDefrag = &peer.DefragRecord{Node: act.NodeID, At: start.UTC(), Duration: took, SizeBefore: before, SizeAfter: after}
-	lp.log.Info("member defragmented", "node", act.NodeID, "duration", took.Round(time.Millisecond), "db-size-before", before, "db-size-after", after)
+	lp.maint.LastDefrag = &peer.DefragRecord{Node: act.NodeID, At: start.UTC(), Duration: took, SizeBefore: before, SizeAfter: after, Isolated: act.Isolate}
+	lp.log.Info("member defragmented", "node", act.NodeID, "mode", mode, "duration", took.Round(time.Millisecond), "db-size-before", before, "db-size-after", after)
 	for _, c := range obs.Commands {
 		if !slices.Contains(act.CommandIDs, c.ID) {
 			continue
@@ -70,6 +95,36 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 		}
 	}
 	return nil
+}
+
+// defragIsolated has the member's agent defragment its etcd with its
+// clients held off. A failure turns the member to defragmentation in
+// place for isolatedDefragRetry.
+func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.DefragMember) (peer.DefragResult, error) {
+	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	if err != nil {
+		return peer.DefragResult{}, err
+	}
+	var api defragger = lp.node
+	if n.ID != lp.node.ID() {
+		c, err := lp.peerClient(n.Address)
+		if err != nil {
+			return peer.DefragResult{}, err
+		}
+		api = c
+	}
+	dctx, cancel := context.WithTimeout(ctx, defragTimeout)
+	defer cancel()
+	res, err := api.Defrag(dctx, peer.DefragRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, InUseBytes: act.InUseBytes})
+	if err != nil {
+		if lp.isolatedDefragFailed == nil {
+			lp.isolatedDefragFailed = map[string]time.Time{}
+		}
+		lp.isolatedDefragFailed[act.NodeID] = lp.now()
+		lp.log.Warn("isolated defragmentation failed: the member is defragmented in place for a while instead",
+			"node", act.NodeID, "for", isolatedDefragRetry, "error", err)
+	}
+	return res, err
 }
 
 // finishDefrag records defrag commands as done.

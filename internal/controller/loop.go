@@ -78,6 +78,9 @@ type loop struct {
 	// spaceCompacted is set once this agent compacted etcd to its head
 	// for the NOSPACE alarm it sees; cleared when no alarm is raised.
 	spaceCompacted bool
+	// isolatedDefragFailed is when each node's isolated defragmentation
+	// last failed.
+	isolatedDefragFailed map[string]time.Time
 	// hash schedules the leader's HashKV comparisons.
 	hash hashCheck
 	// maint records the leader's maintenance work, for status; alarms

@@ -77,6 +77,14 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 					lp.spaceCompacted = false
 				}
 				obs.SpaceCompacted = lp.spaceCompacted
+				for id, at := range lp.isolatedDefragFailed {
+					if lp.now().Sub(at) < isolatedDefragRetry {
+						if obs.IsolatedDefragFailed == nil {
+							obs.IsolatedDefragFailed = map[string]bool{}
+						}
+						obs.IsolatedDefragFailed[id] = true
+					}
+				}
 				if every := lp.cfg.HashCheckInterval; every > 0 {
 					if lp.hash.last.IsZero() {
 						// A new leader waits out one interval, as every

@@ -253,3 +253,13 @@ func syncDir(dir string) error {
 	}
 	return nil
 }
+
+// FreeBytes is the space an unprivileged writer may still use on the
+// file system that holds dir.
+func FreeBytes(dir string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("etcdproc: free space of %s: %w", dir, err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}

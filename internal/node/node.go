@@ -97,6 +97,12 @@ type Node struct {
 	dataRevision atomic.Int64
 	// peerHTTP reads other members' peer ports; guarded by mu.
 	peerHTTP *http.Client
+	// isolated is set while etcd serves only its quarantine client URLs
+	// for a defragmentation, and quietStart while etcd restarts around
+	// one, without its initial corruption check (see Defrag); guarded by
+	// mu, and never persisted: an agent that restarts serves clients
+	// again.
+	isolated, quietStart bool
 }
 
 // LoadState reads the node's state from layout, creating a node ID on
@@ -488,7 +494,10 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpro
 	if h, err := bins.Help(context.Background()); err != nil {
 		n.log.Warn("cannot read etcd's flags; it runs without its corruption checks and without stopping its gRPC service during a defrag", "error", err)
 	} else {
-		checks = etcdproc.ManagedArgs(h, n.initialCheckUseful(m), n.cfg.EtcdCorruptCheckInterval)
+		// etcd restarts around a defragmentation on data it served a
+		// moment ago: its initial check would read the whole keyspace on
+		// every member, twice, for nothing.
+		checks = etcdproc.ManagedArgs(h, !n.quietStart && n.initialCheckUseful(m), n.cfg.EtcdCorruptCheckInterval)
 	}
 	return etcdproc.Spec{
 		Binaries:             bins,
@@ -497,7 +506,7 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpro
 		ClientURLs:           n.cfg.ClientURLs,
 		ListenClientURLs:     n.cfg.ListenClientURLs,
 		QuarantineClientURLs: n.cfg.QuarantineClientURLs,
-		Quarantined:          m.Quarantined,
+		Quarantined:          m.Quarantined || n.isolated,
 		PeerURLs:             n.servedPeerURLs(m),
 		ListenPeerURLs:       n.listenPeerURLs(n.servedPeerURLs(m)),
 		InitialCluster:       m.InitialCluster,

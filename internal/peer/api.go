@@ -223,6 +223,31 @@ type DiscardRequest struct {
 	Reason      string `json:"reason"`
 }
 
+// DefragRequest tells a member's agent to defragment its etcd with its
+// clients held off: etcd restarts serving only its quarantine client
+// URLs, is defragmented there, and restarts on its usual URLs. Its
+// clients go to the other members meanwhile, where they would stall on a
+// member defragmenting in their sight. MemberID guards against a request
+// meant for an earlier member of the node; InUseBytes (the member's
+// database in use, as etcd last reported it) is the space etcd's compact
+// copy needs.
+type DefragRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Token       string `json:"token"`
+	MemberID    uint64 `json:"memberId"`
+	InUseBytes  int64  `json:"inUseBytes"`
+}
+
+// DefragResult is what a defragmentation did: the database's size before
+// and after (0 when etcd did not say), and how long the member's clients
+// were held off.
+type DefragResult struct {
+	SizeBefore int64         `json:"sizeBefore"`
+	SizeAfter  int64         `json:"sizeAfter"`
+	Took       time.Duration `json:"tookNanos"`
+}
+
 // PeerURLsRequest tells a member's agent that its etcd is now registered
 // with URLs, its own configured peer URLs, and should serve them.
 type PeerURLsRequest struct {
@@ -262,6 +287,8 @@ type DefragRecord struct {
 	// it did not answer.
 	SizeBefore int64 `json:"sizeBefore,omitempty"`
 	SizeAfter  int64 `json:"sizeAfter,omitempty"`
+	// Isolated is set when the member's clients were held off for it.
+	Isolated bool `json:"isolated,omitempty"`
 }
 
 // HashCheckRecord is one comparison of the voting members' HashKV.
@@ -294,6 +321,7 @@ type Handler interface {
 	SetVersion(ctx context.Context, req VersionRequest) error
 	SetSettings(ctx context.Context, req SettingsRequest) error
 	DiscardData(ctx context.Context, req DiscardRequest) error
+	Defrag(ctx context.Context, req DefragRequest) (DefragResult, error)
 	SetPeerURLs(ctx context.Context, req PeerURLsRequest) error
 	Fence(ctx context.Context, req FenceRequest) error
 }
@@ -384,6 +412,13 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 					return nil, err
 				}
 				return &Empty{}, s.h.DiscardData(ctx, *r)
+			})},
+			{MethodName: "Defrag", Handler: unary(func(ctx context.Context, r *DefragRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				res, err := s.h.Defrag(ctx, *r)
+				return &res, err
 			})},
 			{MethodName: "SetPeerURLs", Handler: unary(func(ctx context.Context, r *PeerURLsRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
@@ -567,6 +602,17 @@ func (c *Client) DiscardData(ctx context.Context, req DiscardRequest) error {
 		return fmt.Errorf("peer: discard data on %s: %w", c.conn.Target(), err)
 	}
 	return nil
+}
+
+// Defrag tells the agent to defragment its etcd with its clients held
+// off.
+func (c *Client) Defrag(ctx context.Context, req DefragRequest) (DefragResult, error) {
+	req.ClusterName = c.clusterName
+	var res DefragResult
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Defrag", &req, &res); err != nil {
+		return DefragResult{}, fmt.Errorf("peer: defragment on %s: %w", c.conn.Target(), err)
+	}
+	return res, nil
 }
 
 // SetPeerURLs tells the agent to serve its etcd's new peer URLs.

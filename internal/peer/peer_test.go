@@ -73,6 +73,11 @@ func (r *recorder) DiscardData(_ context.Context, req DiscardRequest) error {
 	return nil
 }
 
+func (r *recorder) Defrag(_ context.Context, req DefragRequest) (DefragResult, error) {
+	r.add(fmt.Sprintf("Defrag(%s,%x,%d)", req.Token, req.MemberID, req.InUseBytes))
+	return DefragResult{SizeBefore: 300, SizeAfter: 100, Took: time.Second}, nil
+}
+
 func (r *recorder) SetVersion(_ context.Context, req VersionRequest) error {
 	r.add("SetVersion(" + req.Token + "," + req.Version + ")")
 	return nil
@@ -127,13 +132,18 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if err := c.DiscardData(ctx, DiscardRequest{Token: "tok", MemberID: 0xab}); err != nil {
 		t.Fatal(err)
 	}
+	if res, err := c.Defrag(ctx, DefragRequest{Token: "tok", MemberID: 0xab, InUseBytes: 100}); err != nil {
+		t.Fatal(err)
+	} else if res != (DefragResult{SizeBefore: 300, SizeAfter: 100, Took: time.Second}) {
+		t.Errorf("Defrag = %+v", res)
+	}
 	if err := c.SetVersion(ctx, VersionRequest{Token: "tok", Version: "3.7.3"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Fence(ctx, FenceRequest{Term: 9}); err != nil {
 		t.Fatal(err)
 	}
-	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok) SetSettings(tok,5) DiscardData(tok,ab) SetVersion(tok,3.7.3) Fence(9)"
+	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok) SetSettings(tok,5) DiscardData(tok,ab) Defrag(tok,ab,100) SetVersion(tok,3.7.3) Fence(9)"
 	if got := strings.Join(rec.calls, " "); got != want {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
@@ -144,7 +154,7 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if _, err := other.Info(ctx); err == nil || !strings.Contains(err.Error(), "another cluster") {
 		t.Errorf("cross-cluster info: %v", err)
 	}
-	if len(rec.calls) != 11 {
+	if len(rec.calls) != 12 {
 		t.Errorf("handler ran for another cluster: %v", rec.calls)
 	}
 }

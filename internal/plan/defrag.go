@@ -21,20 +21,47 @@ import (
 // (etcd-manager-ctl defrag) does every member now, whatever the policy.
 // A cluster of one member has no one to hand leadership to: its member is
 // defragmented in place, and its clients wait meanwhile.
+//
+// A member defragmenting holds every request sent to it until it is
+// done, and a client of plain gRPC round-robin keeps sending to it, so
+// each of its writers stalls in turn. Where the others keep quorum
+// without it (three voters or more), a member is therefore isolated for
+// its turn: its agent restarts etcd serving only its quarantine client
+// URLs, defragments it there and restarts it on its usual URLs, as a
+// version roll restarts a member. Its clients find its port closed and
+// go to the others at once; it votes and replicates throughout, but for
+// the two restarts. Fewer voters, a NOSPACE alarm (no write succeeds
+// anyway) and a member whose isolated defragmentation failed lately are
+// defragmented in place, with etcd's gRPC service reported as stopped
+// for the duration where the version can.
 
-// DefragMember defragments one member through its client URL.
+// DefragMember defragments one member: in place through its client URL,
+// or Isolated through its agent.
 type DefragMember struct {
 	NodeID    string
 	MemberID  uint64
 	ClientURL string
 	Reason    string
+	Isolate   bool
+	// InUseBytes is the member's database in use, as last reported: the
+	// space etcd's compact copy needs.
+	InUseBytes int64
 	// CommandIDs are the defrag commands this step serves.
 	CommandIDs []string
 }
 
 func (a DefragMember) String() string {
-	return fmt.Sprintf("defrag %s (%s)", a.NodeID, a.Reason)
+	how := "in place"
+	if a.Isolate {
+		how = "isolated"
+	}
+	return fmt.Sprintf("defrag %s %s (%s)", a.NodeID, how, a.Reason)
 }
+
+// isolatedDefragMinVoters is the fewest voters with which one member can
+// restart for its defragmentation while the others keep quorum.
+const isolatedDefragMinVoters = 3
+
 func (DefragMember) Mutates() bool { return true }
 
 // FinishDefrag records defrag commands as done: every member is
@@ -115,5 +142,7 @@ func planDefrag(o Observed) []Action {
 	if commandDue(x.n.ID) {
 		cmdIDs = ids
 	}
-	return []Action{DefragMember{NodeID: x.n.ID, MemberID: x.m.ID, ClientURL: x.m.ClientURLs[0], Reason: due[x.n.ID], CommandIDs: cmdIDs}}
+	isolate := len(ms) >= isolatedDefragMinVoters && !o.IsolatedDefragFailed[x.n.ID]
+	return []Action{DefragMember{NodeID: x.n.ID, MemberID: x.m.ID, ClientURL: x.m.ClientURLs[0], Reason: due[x.n.ID],
+		Isolate: isolate, InUseBytes: x.m.DBSizeInUse, CommandIDs: cmdIDs}}
 }

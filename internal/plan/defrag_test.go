@@ -34,8 +34,8 @@ func TestPlanDefrag(t *testing.T) {
 		want string
 	}{
 		{"nothing fragmented: nothing", obs(compact, compact, compact), ""},
-		{"a fragmented follower", obs(compact, compact, fragmented), "defrag c (419430400 of its 524288000 bytes are free"},
-		{"followers first, by name", obs(fragmented, fragmented, fragmented), "defrag b ("},
+		{"a fragmented follower", obs(compact, compact, fragmented), "defrag c isolated (419430400 of its 524288000 bytes are free"},
+		{"followers first, by name", obs(fragmented, fragmented, fragmented), "defrag b isolated ("},
 		{"the leader's member last, after handing leadership on", obs(fragmented, compact, compact),
 			"move-leader to=" + hexID(member("b", true).ID) + " (before defragmenting the leader's member)"},
 		{"outside the window: nothing", func() Observed { o := obs(compact, fragmented, compact); o.DefragWindowOpen = false; return o }(), ""},
@@ -54,12 +54,12 @@ func TestPlanDefrag(t *testing.T) {
 			o.DefragWindowOpen = false
 			o.Commands = []Command{defragCmd()}
 			return o
-		}(), "defrag b (defrag d1)"},
+		}(), "defrag b isolated (defrag d1)"},
 		{"a command: the members not yet done", func() Observed {
 			o := obs(compact, compact, compact)
 			o.Commands = []Command{defragCmd("b")}
 			return o
-		}(), "defrag c (defrag d1)"},
+		}(), "defrag c isolated (defrag d1)"},
 		{"a command: the leader's member last", func() Observed {
 			o := obs(compact, compact, compact)
 			o.Commands = []Command{defragCmd("b", "c")}
@@ -70,13 +70,23 @@ func TestPlanDefrag(t *testing.T) {
 			o.Cluster.Members, o.Peers, o.Spec.MemberCount = o.Cluster.Members[:1], o.Peers[:1], 1
 			o.Commands = []Command{defragCmd()}
 			return o
-		}(), "defrag a (defrag d1)"},
+		}(), "defrag a in place (defrag d1)"},
 		{"a command waits for an unreachable agent rather than finish without it", func() Observed {
 			o := obs(compact, compact, compact)
 			o.Peers = o.Peers[:2]
 			o.Commands = []Command{defragCmd("a", "b")}
 			return o
 		}(), "report[INFO] defragmentation waits: a member's agent is unreachable"},
+		{"two voters: in place, as the other alone has no quorum", func() Observed {
+			o := obs(compact, fragmented, compact)
+			o.Cluster.Members, o.Peers, o.Spec.MemberCount = o.Cluster.Members[:2], o.Peers[:2], 2
+			return o
+		}(), "defrag b in place ("},
+		{"a member whose isolated defragmentation failed lately: in place", func() Observed {
+			o := obs(compact, compact, fragmented)
+			o.IsolatedDefragFailed = map[string]bool{"c": true}
+			return o
+		}(), "defrag c in place ("},
 		{"a command: done once every member is", func() Observed {
 			o := obs(compact, compact, compact)
 			o.Commands = []Command{defragCmd("a", "b", "c")}

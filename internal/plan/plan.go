@@ -80,6 +80,11 @@ type Observed struct {
 	// SpaceCompacted is set once the leader compacted etcd to its head
 	// since the NOSPACE alarm it last saw was raised.
 	SpaceCompacted bool
+	// IsolatedDefragFailed holds the nodes whose isolated
+	// defragmentation failed lately: they are defragmented in place for
+	// a while instead, so that a failure does not restart their etcd
+	// again and again.
+	IsolatedDefragFailed map[string]bool
 	// Commands is the store's command queue, oldest first, as read by an
 	// agent that leads or may lead (see observe).
 	Commands []Command

@@ -35,7 +35,7 @@ func TestPlanSpace(t *testing.T) {
 	}{
 		{"no alarm: nothing", func() Observed { o := obs(false, small, small, small); o.Cluster.NoSpace = nil; return o }(), ""},
 		{"an alarm: compact to the head first", obs(false, full, full, full), "recover-space (NOSPACE alarm on 1 member(s)"},
-		{"then the followers with space to give back", obs(true, freed, freed, freed), "defrag b (NOSPACE: 14680064 of its 16777216 bytes are free)"},
+		{"then the followers with space to give back", obs(true, freed, freed, freed), "defrag b in place (NOSPACE: 14680064 of its 16777216 bytes are free)"},
 		{"the leader's member after handing leadership on", obs(true, freed, small, small), "move-leader to="},
 		{"every database well under the quota: disarm", obs(true, small, small, small), "disarm-nospace (every database is at most 2097152 bytes, under 80% of the 16777216-byte quota)"},
 		{"live data fills the quota: say which setting to raise", obs(true, live, live, live),

@@ -83,6 +83,11 @@ func TestDefrag(t *testing.T) {
 	if n := strings.Count(logs, `msg="member defragmented"`); n != 3 {
 		t.Errorf("%d members defragmented, want 3", n)
 	}
+	// Three voters: each member is defragmented isolated, serving only
+	// its quarantine client URL, so that its clients go to the others.
+	if n := strings.Count(logs, `msg="etcd defragmented, and serves its clients again"`); n != 3 {
+		t.Errorf("%d members defragmented isolated, want 3", n)
+	}
 	if !strings.Contains(logs, "before defragmenting the leader's member") {
 		t.Error("leadership was not handed on before the leader's member was defragmented")
 	}
