@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -55,9 +56,8 @@ func benchDefragStall(t *testing.T, sc scale) []Result {
 
 	// Managed first: it leaves every member compact, so that the second
 	// fragmentation is alike on all three.
-	fragmented := time.Now()
 	before := fragment(t, endpoints, cfg, sc.dbBytes, fillTimeout)
-	awaitCaptureBase(t, agents, fragmented)
+	awaitCaptureBase(t, agents, time.Now().Add(-5*time.Second))
 	l := startLoad(t, endpoints, cfg)
 	time.Sleep(rollWarmup)
 	fsyncs := sampleFsyncs(endpoints, cfg)
@@ -78,9 +78,8 @@ func benchDefragStall(t *testing.T, sc scale) []Result {
 	t.Logf("managed: %s, longest stall %s (%s; writes in flight across it, by the member serving them: %s), %d acknowledged, %d failed; databases %s -> %s; WAL fsyncs meanwhile: %s; failures by member over the run: %s",
 		end.Sub(start).Round(time.Millisecond), managed.stall.Round(time.Millisecond), managed.stallAround, managedInFlight, managed.acked, managed.failed, before, after, managedFsyncs, l.inFlight(start, end))
 
-	fragmented = time.Now()
 	beforeHand := fragment(t, endpoints, cfg, sc.dbBytes, fillTimeout)
-	awaitCaptureBase(t, agents, fragmented)
+	awaitCaptureBase(t, agents, time.Now().Add(-5*time.Second))
 	leader := leaderEndpoint(t, endpoints, cfg)
 	l = startLoad(t, endpoints, cfg)
 	time.Sleep(rollWarmup)
@@ -129,17 +128,25 @@ func awaitCaptureBase(t *testing.T, agents []*harness.Agent, since time.Time) {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
 	for time.Now().Before(deadline) {
+		var evs []rollEvent
 		for _, a := range agents {
-			for _, e := range logEvents(a.Name, a.Log()) {
-				if e.at.After(since) && strings.Contains(e.what, ": backup taken") {
-					t.Logf("capture's fresh full backup: %s at %s", e.what, e.at.UTC().Format("15:04:05.000"))
-					return
-				}
+			evs = append(evs, logEvents(a.Name, a.Log())...)
+		}
+		sort.Slice(evs, func(i, j int) bool { return evs[i].at.Before(evs[j].at) })
+		var lost time.Time
+		for _, e := range evs {
+			switch {
+			case e.at.Before(since):
+			case lost.IsZero() && (strings.Contains(e.what, "capture cannot continue") || strings.Contains(e.what, "capture needs a fresh full backup")):
+				lost = e.at
+			case !lost.IsZero() && strings.Contains(e.what, ": backup taken"):
+				t.Logf("capture's fresh full backup: %s at %s", e.what, e.at.UTC().Format("15:04:05.000"))
+				return
 			}
 		}
 		time.Sleep(time.Second)
 	}
-	t.Logf("no full backup within 3m of the compaction; going on")
+	t.Logf("no fresh full backup for capture within 3m of the compaction; going on")
 }
 
 // fragment fills the database to target, deletes half of what the fill
