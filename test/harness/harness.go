@@ -371,6 +371,9 @@ func (a *Agent) Start() {
 	cmd := exec.Command(a.env.AgentBin, a.args...)
 	cmd.Env = a.env.environ()
 	cmd.Stdout, cmd.Stderr = f, f
+	// Should the test binary die before its cleanups run, the agent
+	// stops, and stops its etcd.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		t.Fatal(err)
