@@ -57,12 +57,11 @@ func (a DefragMember) String() string {
 	}
 	return fmt.Sprintf("defrag %s %s (%s)", a.NodeID, how, a.Reason)
 }
+func (DefragMember) Mutates() bool { return true }
 
 // isolatedDefragMinVoters is the fewest voters with which one member can
 // restart for its defragmentation while the others keep quorum.
 const isolatedDefragMinVoters = 3
-
-func (DefragMember) Mutates() bool { return true }
 
 // FinishDefrag records defrag commands as done: every member is
 // defragmented.
