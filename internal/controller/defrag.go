@@ -105,13 +105,9 @@ func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.
 	if err != nil {
 		return peer.DefragResult{}, err
 	}
-	var api defragger = lp.node
-	if n.ID != lp.node.ID() {
-		c, err := lp.peerClient(n.Address)
-		if err != nil {
-			return peer.DefragResult{}, err
-		}
-		api = c
+	api, err := lp.callee(n)
+	if err != nil {
+		return peer.DefragResult{}, err
 	}
 	dctx, cancel := context.WithTimeout(ctx, defragTimeout)
 	defer cancel()

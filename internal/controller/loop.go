@@ -453,17 +453,30 @@ func (lp *loop) queueDumpRestore(ctx context.Context, act plan.QueueDumpRestore)
 // Call makes one bounded call on a node for a procedure: this agent's
 // own node, or a peer over the peer API.
 func (lp *loop) Call(ctx context.Context, n plan.Node, timeout time.Duration, call func(context.Context, procedure.NodeAPI) error) error {
-	var api procedure.NodeAPI = lp.node
-	if n.ID != lp.node.ID() {
-		c, err := lp.peerClient(n.Address)
-		if err != nil {
-			return err
-		}
-		api = c
+	api, err := lp.callee(n)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return call(ctx, api)
+}
+
+// nodeAPI is every call the leader makes on a node: this agent's own
+// (*node.Node) and a peer's (*peer.Client) serve the same calls.
+type nodeAPI interface {
+	procedure.NodeAPI
+	memberAPI
+	defragger
+}
+
+// callee is node n's calls: this agent's own node, or a client of the
+// peer's.
+func (lp *loop) callee(n plan.Node) (nodeAPI, error) {
+	if n.ID == lp.node.ID() {
+		return lp.node, nil
+	}
+	return lp.peerClient(n.Address)
 }
 
 // storeRecords are the procedure runner's records: command statuses in

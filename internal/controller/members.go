@@ -95,13 +95,9 @@ func newMembers(lp *loop) *members {
 		},
 		self: lp.node.Member,
 		call: func(ctx context.Context, n plan.Node, call func(context.Context, memberAPI) error) error {
-			var api memberAPI = lp.node
-			if n.ID != lp.node.ID() {
-				c, err := lp.peerClient(n.Address)
-				if err != nil {
-					return err
-				}
-				api = c
+			api, err := lp.callee(n)
+			if err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(ctx, callTimeout)
 			defer cancel()
