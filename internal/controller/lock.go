@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -49,8 +48,8 @@ type lockRecord struct {
 }
 
 // maxTerm is the largest term; a store whose lock reached it is refused
-// rather than wrapped around.
-const maxTerm = math.MaxInt64 - 1
+// rather than wrapped around. A record of a larger term is junk.
+const maxTerm = spec.MaxTerm
 
 // LeaderLock decides which agent leads while etcd has no quorum (first
 // boot, total loss, a restore). Each term is an object created only if
@@ -86,6 +85,11 @@ func (l *LeaderLock) expired(rec *lockRecord, now time.Time) bool {
 		return true
 	case rec.Format == 0 && rec.TTL == 0:
 		// An agent before format 1 released it so.
+		return true
+	case rec.Acquired.After(now.Add(l.TTL)):
+		// Renewed more than a lease ahead of this reader's clock: no
+		// holder whose clock agrees with ours wrote it, and taken at its
+		// word it would hold the lock for as long as it says.
 		return true
 	}
 	return !now.Before(rec.Acquired.Add(l.TTL))
@@ -246,7 +250,7 @@ func lockTerms(ctx context.Context, s lockStore) ([]int64, error) {
 	var terms []int64
 	for _, k := range keys {
 		t, err := strconv.ParseInt(strings.TrimPrefix(k, lockPrefix), 10, 64)
-		if err == nil && t > 0 {
+		if err == nil && t > 0 && t <= maxTerm {
 			terms = append(terms, t)
 		}
 	}

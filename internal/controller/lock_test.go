@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -113,6 +114,39 @@ func TestLeaderLockTermLimit(t *testing.T) {
 	l := &LeaderLock{NodeID: "a", TTL: time.Minute, Now: time.Now}
 	if term, err := l.Acquire(t.Context(), s); err == nil || term != 0 || !strings.Contains(err.Error(), "remove control/leader/") {
 		t.Fatalf("Acquire at the largest term: %d, %v", term, err)
+	}
+}
+
+// Records no agent could have written do not wedge the lock: one renewed
+// years ahead of the reader's clock is an expired lease, and one of a
+// term beyond any agent's (near the int64 limit) is ignored, so terms go
+// on from the real ones.
+func TestLeaderLockHostileRecords(t *testing.T) {
+	s := openLockStore(t)
+	ctx := t.Context()
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	future := fmt.Sprintf(`{"format":1,"nodeId":"squatter","term":3,"acquired":%q,"ttl":30000000000}`,
+		clock.Now().Add(100*365*24*time.Hour).Format(time.RFC3339Nano))
+	if err := s.Create(ctx, lockKey(3), []byte(future)); err != nil {
+		t.Fatal(err)
+	}
+	huge := int64(math.MaxInt64 - 1)
+	if err := s.Create(ctx, fmt.Sprintf("%s%d", lockPrefix, huge), []byte(`{"format":1,"nodeId":"squatter","term":9223372036854775806}`)); err != nil {
+		t.Fatal(err)
+	}
+	b := &LeaderLock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
+	if tb, err := b.Acquire(ctx, s); err != nil || tb != 4 {
+		t.Fatalf("b with a record from the future and one at term %d: term %d, %v; want 4", huge, tb, err)
+	}
+	// A lease a little ahead of the reader's clock (skew within the
+	// lease) still holds.
+	skewed := fmt.Sprintf(`{"format":1,"nodeId":"other","term":5,"acquired":%q,"ttl":30000000000}`,
+		clock.Now().Add(10*time.Second).Format(time.RFC3339Nano))
+	if err := s.Create(ctx, lockKey(5), []byte(skewed)); err != nil {
+		t.Fatal(err)
+	}
+	if tb, _ := b.Acquire(ctx, s); tb != 0 {
+		t.Fatalf("b took a lock renewed 10s ahead of its clock: term %d", tb)
 	}
 }
 

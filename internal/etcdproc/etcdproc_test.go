@@ -154,7 +154,7 @@ func TestTrashMovesNeverDeletes(t *testing.T) {
 	if got, err := l.Trash("none", time.Now()); err != nil || got != "" {
 		t.Fatalf("Trash of missing data: %q, %v", got, err)
 	}
-	member := filepath.Join(l.EtcdDataDir("tok"), "member")
+	member := filepath.Join(l.Root, "data", "tok", "member")
 	if err := os.MkdirAll(member, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +173,41 @@ func TestTrashMovesNeverDeletes(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(dst, "member", "db")); err != nil || string(b) != "data" {
 		t.Errorf("trashed data: %q, %v", b, err)
+	}
+}
+
+// A token that is not of the token's form never becomes a path: a
+// traversal such as ../../victim leaves the folder it names untouched.
+func TestLayoutRefusesHostileTokens(t *testing.T) {
+	root := t.TempDir()
+	l := Layout{Root: filepath.Join(root, "agent")}
+	victim := filepath.Join(root, "victim")
+	if err := os.MkdirAll(filepath.Join(victim, "member"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, token := range []string{"../../victim", "../victim", "/etc", "a/b", ".", "..", "", "x\x00y", strings.Repeat("a", 65)} {
+		if dir, err := l.EtcdDataDir(token); err == nil {
+			t.Errorf("EtcdDataDir(%q) = %s", token, dir)
+		}
+		if l.HasEtcdData(token) {
+			t.Errorf("HasEtcdData(%q) = true", token)
+		}
+		if _, err := l.Trash(token, time.Now()); !errors.Is(err, spec.ErrInvalidToken) {
+			t.Errorf("Trash(%q): %v, want ErrInvalidToken", token, err)
+		}
+	}
+	if !HasData(victim) {
+		t.Fatal("the folder outside the data dir was moved")
+	}
+	// A state file carrying such a token is refused, naming the file.
+	if err := os.MkdirAll(l.Root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(l.statePath(), []byte(`{"format":1,"nodeId":"n1","member":{"clusterToken":"../../victim"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.LoadState(""); !errors.Is(err, spec.ErrInvalidToken) || !strings.Contains(err.Error(), l.statePath()) {
+		t.Errorf("LoadState with a hostile token: %v", err)
 	}
 }
 
@@ -505,10 +540,10 @@ func TestTrashEntriesAndTidy(t *testing.T) {
 	l := Layout{Root: t.TempDir()}
 	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
 	for i, token := range []string{"old", "new"} {
-		if err := os.MkdirAll(filepath.Join(l.EtcdDataDir(token), "member"), 0o700); err != nil {
+		if err := os.MkdirAll(filepath.Join(l.Root, "data", token, "member"), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(l.EtcdDataDir(token), "member", "db"), make([]byte, 10*(i+1)), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(l.Root, "data", token, "member", "db"), make([]byte, 10*(i+1)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := l.Trash(token, now.Add(time.Duration(i)*time.Hour)); err != nil {

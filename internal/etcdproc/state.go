@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 // ErrDataDirLocked means another agent is using the same --data-dir.
@@ -81,17 +83,30 @@ func (l Layout) statePath() string { return filepath.Join(l.Root, "state.json") 
 // PIDFile is where the running etcd child's pid is kept.
 func (l Layout) PIDFile() string { return filepath.Join(l.Root, "etcd.pid") }
 
-// EtcdDataDir is etcd's --data-dir for the cluster with this token.
-func (l Layout) EtcdDataDir(token string) string { return filepath.Join(l.Root, "data", token) }
+// EtcdDataDir is etcd's --data-dir for the cluster with this token. A
+// token that could name a folder outside data/ is an error.
+func (l Layout) EtcdDataDir(token string) (string, error) {
+	if err := spec.CheckClusterToken("the data dir's cluster token", token); err != nil {
+		return "", fmt.Errorf("etcdproc: %w", err)
+	}
+	return filepath.Join(l.Root, "data", token), nil
+}
 
 // HasEtcdData reports whether etcd has written its member folder for the
-// cluster with this token.
-func (l Layout) HasEtcdData(token string) bool { return HasData(l.EtcdDataDir(token)) }
+// cluster with this token; never, for a token of the wrong form.
+func (l Layout) HasEtcdData(token string) bool {
+	dir, err := l.EtcdDataDir(token)
+	return err == nil && HasData(dir)
+}
 
 // SnapIndex is the raft index of etcd's newest raft snapshot file
 // (member/snap/<term>-<index>.snap), or 0 when it has none.
 func (l Layout) SnapIndex(token string) uint64 {
-	entries, err := os.ReadDir(filepath.Join(l.EtcdDataDir(token), "member", "snap"))
+	dir, err := l.EtcdDataDir(token)
+	if err != nil {
+		return 0
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, "member", "snap"))
 	if err != nil {
 		return 0
 	}
@@ -162,6 +177,11 @@ func (l Layout) LoadState(name string) (State, error) {
 	if st.NodeID == "" {
 		return State{}, fmt.Errorf("etcdproc: state file %s has no node ID", l.statePath())
 	}
+	if m := st.Member; m != nil {
+		if err := spec.CheckClusterToken("its member's cluster token", m.ClusterToken); err != nil {
+			return State{}, fmt.Errorf("etcdproc: state file %s: %w; move it aside to start this node afresh", l.statePath(), err)
+		}
+	}
 	if st.Format < StateFormat {
 		if m := st.Member; m != nil && !m.NewCluster && !m.Pending {
 			mm := *m
@@ -193,7 +213,10 @@ func (l Layout) SaveState(st State) error {
 // trash/<token>-<time>. Data is never deleted. A missing folder is not an
 // error.
 func (l Layout) Trash(token string, now time.Time) (string, error) {
-	src := l.EtcdDataDir(token)
+	src, err := l.EtcdDataDir(token)
+	if err != nil {
+		return "", err
+	}
 	if _, err := os.Stat(src); errors.Is(err, os.ErrNotExist) {
 		return "", nil
 	}

@@ -26,6 +26,9 @@ func (n *Node) obeyLocked(term int64, what string) error {
 	switch {
 	case term == 0:
 		return nil // not a procedure's call
+	case term < 0 || term > spec.MaxTerm:
+		// Obeyed, it would refuse every later driver.
+		return fmt.Errorf("node: %s under term %d: no agent takes such a term", what, term)
 	case term < n.state.ObeyedTerm:
 		n.log.Warn("refused a call from a driver whose term has passed", "call", what, "term", term, "obeyed-term", n.state.ObeyedTerm)
 		return fmt.Errorf("%w: %s under term %d, but this node has obeyed term %d", peer.ErrStaleTerm, what, term, n.state.ObeyedTerm)
@@ -56,6 +59,9 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	}
 	m := req.Member
 	token := m.ClusterToken
+	if err := spec.CheckClusterToken("the restore's cluster token", token); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
 	if cur := n.state.Member; cur != nil && cur.ClusterToken == token && n.layout.HasEtcdData(token) {
 		if n.proc.Status().Wanted {
 			return nil
@@ -87,7 +93,10 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	if err != nil {
 		return err
 	}
-	out := n.layout.EtcdDataDir(token)
+	out, err := n.layout.EtcdDataDir(token)
+	if err != nil {
+		return err
+	}
 	if _, err := os.Stat(out); err == nil {
 		// Left by a restore that crashed before it was recorded.
 		trashed, err := n.layout.Trash(token, n.now())
@@ -189,7 +198,11 @@ func (n *Node) Recover(ctx context.Context, req peer.RecoverRequest) error {
 		return err
 	}
 	if cur := n.proc.Status().Spec; cur != nil {
-		n.proc.Update(n.etcdSpec(cur.Binaries, n.state.Member))
+		sp, err := n.etcdSpec(cur.Binaries, n.state.Member)
+		if err != nil {
+			return err
+		}
+		n.proc.Update(sp)
 	}
 	if startErr != nil {
 		return startErr

@@ -48,7 +48,10 @@ func (n *Node) Defrag(ctx context.Context, req peer.DefragRequest) (peer.DefragR
 	if !n.proc.Status().Wanted {
 		return peer.DefragResult{}, errors.New("node: defragment: etcd is not running here")
 	}
-	dataDir := n.layout.EtcdDataDir(m.ClusterToken)
+	dataDir, err := n.layout.EtcdDataDir(m.ClusterToken)
+	if err != nil {
+		return peer.DefragResult{}, fmt.Errorf("node: defragment: %w", err)
+	}
 	db := etcdproc.DBPath(dataDir)
 	st, err := os.Stat(db)
 	if err != nil {

@@ -320,6 +320,9 @@ func (n *Node) Join(ctx context.Context, req peer.JoinRequest) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	m := req.Member
+	if err := spec.CheckClusterToken("the join's cluster token", m.ClusterToken); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
 	if cur := n.state.Member; cur != nil {
 		if cur.ClusterToken == m.ClusterToken && cur.InitialCluster == m.InitialCluster {
 			return nil
@@ -412,10 +415,14 @@ func (n *Node) startEtcdLocked(ctx context.Context) error {
 	if err := bins.CheckVersion(ctx); err != nil {
 		return err
 	}
-	hasData := n.layout.HasEtcdData(m.ClusterToken)
+	dataDir, err := n.layout.EtcdDataDir(m.ClusterToken)
+	if err != nil {
+		return fmt.Errorf("node: local state: %w", err)
+	}
+	hasData := etcdproc.HasData(dataDir)
 	if m.HasRun && !hasData {
 		return fmt.Errorf("node: %w: this member's data dir %s is empty; not starting etcd as the old member (the leader removes it and adds this node back with fresh data)",
-			etcdproc.ErrDataLost, n.layout.EtcdDataDir(m.ClusterToken))
+			etcdproc.ErrDataLost, dataDir)
 	}
 	if !m.HasRun && hasData {
 		if err := n.markBootstrappedLocked(); err != nil {
@@ -427,11 +434,15 @@ func (n *Node) startEtcdLocked(ctx context.Context) error {
 	if hasData {
 		// Before etcd holds the file: what a survivor would seed a
 		// cluster with, should its etcd never serve again.
-		if rev, err := etcdproc.ReadRevision(n.layout.EtcdDataDir(m.ClusterToken)); err == nil {
+		if rev, err := etcdproc.ReadRevision(dataDir); err == nil {
 			n.dataRevision.Store(rev)
 		}
 	}
-	if err := n.proc.Start(ctx, n.etcdSpec(bins, m)); err != nil {
+	sp, err := n.etcdSpec(bins, m)
+	if err != nil {
+		return err
+	}
+	if err := n.proc.Start(ctx, sp); err != nil {
 		return err
 	}
 	n.refreshInfoMember()
@@ -480,12 +491,20 @@ func (n *Node) markBootstrappedLocked() error {
 		return err
 	}
 	if cur := n.proc.Status().Spec; cur != nil {
-		n.proc.Update(n.etcdSpec(cur.Binaries, &m))
+		sp, err := n.etcdSpec(cur.Binaries, &m)
+		if err != nil {
+			return err
+		}
+		n.proc.Update(sp)
 	}
 	return nil
 }
 
-func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdproc.Spec {
+func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) (etcdproc.Spec, error) {
+	dataDir, err := n.layout.EtcdDataDir(m.ClusterToken)
+	if err != nil {
+		return etcdproc.Spec{}, fmt.Errorf("node: %w", err)
+	}
 	settings, dropped := spec.Settings(m.Settings).Usable(bins.Version)
 	if len(dropped) > 0 {
 		n.log.Warn("etcd settings this etcd version does not accept are left out", "version", bins.Version.String(), "settings", dropped)
@@ -502,7 +521,7 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpro
 	return etcdproc.Spec{
 		Binaries:             bins,
 		Name:                 n.state.NodeID,
-		DataDir:              n.layout.EtcdDataDir(m.ClusterToken),
+		DataDir:              dataDir,
 		ClientURLs:           n.cfg.ClientURLs,
 		ListenClientURLs:     n.cfg.ListenClientURLs,
 		QuarantineClientURLs: n.cfg.QuarantineClientURLs,
@@ -518,7 +537,7 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) etcdpro
 		Settings:             settings,
 		TLS:                  n.cfg.EtcdTLS,
 		RequireData:          m.HasRun,
-	}
+	}, nil
 }
 
 // listenPeerURLs are the addresses etcd binds while it advertises

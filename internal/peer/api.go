@@ -437,6 +437,20 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 	return s
 }
 
+// A tokenRequest acts on the cluster with its token.
+type tokenRequest interface{ clusterToken() string }
+
+func (r *JoinRequest) clusterToken() string       { return r.Member.ClusterToken }
+func (r *LeaveRequest) clusterToken() string      { return r.Token }
+func (r *RestoreRequest) clusterToken() string    { return r.Member.ClusterToken }
+func (r *QuarantineRequest) clusterToken() string { return r.Token }
+func (r *RecoverRequest) clusterToken() string    { return r.Token }
+func (r *VersionRequest) clusterToken() string    { return r.Token }
+func (r *SettingsRequest) clusterToken() string   { return r.Token }
+func (r *DiscardRequest) clusterToken() string    { return r.Token }
+func (r *DefragRequest) clusterToken() string     { return r.Token }
+func (r *PeerURLsRequest) clusterToken() string   { return r.Token }
+
 func (s *Server) checkCluster(name string) error {
 	if name != s.clusterName {
 		return fmt.Errorf("%w: this agent serves cluster %q, not %q", ErrWrongCluster, s.clusterName, name)
@@ -453,6 +467,12 @@ func unary[Req any](fn func(context.Context, *Req) (any, error)) grpc.MethodHand
 		_, readOnly := any(req).(*InfoRequest)
 		if err := authorize(ctx, readOnly); err != nil {
 			return nil, err
+		}
+		if r, ok := any(req).(tokenRequest); ok {
+			// The token names the node's data folders.
+			if err := spec.CheckClusterToken("the request's cluster token", r.clusterToken()); err != nil {
+				return nil, status.Error(codes.InvalidArgument, err.Error())
+			}
 		}
 		return fn(ctx, req)
 	}

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -156,6 +159,54 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	}
 	if len(rec.calls) != 12 {
 		t.Errorf("handler ran for another cluster: %v", rec.calls)
+	}
+}
+
+// Every call that names a cluster token is refused, InvalidArgument,
+// before the handler runs when the token could leave the node's data
+// folders.
+func TestPeerAPIRefusesHostileTokens(t *testing.T) {
+	creds := InsecureCredentials()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	srv := NewServer(creds, "main", rec)
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+	c, err := Dial(l.Addr().String(), "main", creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	for _, bad := range []string{"../../../victim", "", "a/b", "\x1b[2J"} {
+		member := etcdproc.MemberState{ClusterToken: bad}
+		for name, call := range map[string]func() error{
+			"Join":        func() error { return c.Join(ctx, JoinRequest{Member: member}) },
+			"Leave":       func() error { return c.Leave(ctx, LeaveRequest{Token: bad}) },
+			"Restore":     func() error { return c.Restore(ctx, RestoreRequest{Backup: "b", Member: member}) },
+			"Quarantine":  func() error { return c.Quarantine(ctx, QuarantineRequest{Token: bad}) },
+			"Recover":     func() error { return c.Recover(ctx, RecoverRequest{Token: bad}) },
+			"SetVersion":  func() error { return c.SetVersion(ctx, VersionRequest{Token: bad}) },
+			"SetSettings": func() error { return c.SetSettings(ctx, SettingsRequest{Token: bad}) },
+			"DiscardData": func() error { return c.DiscardData(ctx, DiscardRequest{Token: bad}) },
+			"Defrag": func() error {
+				_, err := c.Defrag(ctx, DefragRequest{Token: bad})
+				return err
+			},
+			"SetPeerURLs": func() error { return c.SetPeerURLs(ctx, PeerURLsRequest{Token: bad}) },
+		} {
+			err := call()
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "is not a cluster token") {
+				t.Errorf("%s with token %q: %v, want InvalidArgument", name, bad, err)
+			}
+		}
+	}
+	if len(rec.calls) != 0 {
+		t.Errorf("the handler ran: %v", rec.calls)
 	}
 }
 

@@ -218,7 +218,39 @@ func DecodeCommandStatus(data []byte) (CommandStatus, error) {
 	if err := json.Unmarshal(data, &s); err != nil {
 		return s, fmt.Errorf("spec: command status is not valid JSON: %w", err)
 	}
-	return s, CheckFormat("the command's status", s.Format)
+	if err := CheckFormat("the command's status", s.Format); err != nil {
+		return s, err
+	}
+	if err := checkTokens(map[string]string{"the status's node token": s.NodeToken}); err != nil {
+		return s, err
+	}
+	return s, s.Restore.checkTokens("the status's restore")
+}
+
+// checkTokens checks the tokens that are set, by what they are.
+func checkTokens(tokens map[string]string) error {
+	for what, t := range tokens {
+		if t == "" {
+			continue
+		}
+		if err := CheckClusterToken(what, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkTokens checks the tokens the restore has set: they name folders
+// on the nodes.
+func (r *RestoreProgress) checkTokens(what string) error {
+	if r == nil {
+		return nil
+	}
+	return checkTokens(map[string]string{
+		what + "'s token":        r.Token,
+		what + "'s old token":    r.OldToken,
+		what + "'s parent token": r.ParentToken,
+	})
 }
 
 // Restore phases, in order. A dump-restore starts with the first two.
@@ -285,7 +317,15 @@ func DecodeChoice(data []byte) (Choice, error) {
 	if c.Restore == nil && c.Survivor == "" {
 		return c, errors.New("spec: procedure choice holds nothing")
 	}
-	return c, nil
+	if c.Restore != nil {
+		if err := CheckClusterToken("the choice's restore token", c.Restore.Token); err != nil {
+			return c, err
+		}
+	}
+	if err := checkTokens(map[string]string{"the choice's survivor token": c.SurvivorToken}); err != nil {
+		return c, err
+	}
+	return c, c.Restore.checkTokens("the choice's restore")
 }
 
 // Apply overlays the choice onto a status read beside it: what was

@@ -213,6 +213,37 @@ var clusterTokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // safe as a file name and a store key.
 func ValidClusterToken(t string) bool { return clusterTokenRE.MatchString(t) }
 
+// CheckClusterToken returns an error naming what (say "the restore's
+// token") unless t has the form of a cluster token. A token becomes a
+// folder name on every node (data/<token>, trash/<token>-<time>): one
+// read from the store or a peer is checked before any path is built.
+func CheckClusterToken(what, t string) error {
+	if ValidClusterToken(t) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s %s is not a cluster token (1 to 64 of A-Z, a-z, 0-9, _ and -)", ErrInvalidToken, what, QuoteShort(t))
+}
+
+// MaxTerm is the largest fencing term an agent takes or obeys. At one
+// term a second, a cluster would need 30,000 years to reach it: a term
+// above it read from the store is junk, and cannot push the terms to
+// where they would overflow.
+const MaxTerm = 1 << 40
+
+// ErrInvalidToken is the error of a cluster token of the wrong form.
+var ErrInvalidToken = errors.New("spec: invalid cluster token")
+
+// QuoteShort quotes s for a message, escaping control characters, and
+// cuts it to its first 80 bytes: s may come from anyone who can write
+// to the store.
+func QuoteShort(s string) string {
+	const max = 80
+	if len(s) <= max {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:max]) + fmt.Sprintf("... (%d bytes)", len(s))
+}
+
 // NewClusterToken returns a fresh, random cluster token: etcd's
 // --initial-cluster-token, and the name of a cluster's data dir on every
 // node.

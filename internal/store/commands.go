@@ -49,8 +49,8 @@ func statusTerm(name string) int64 {
 		return -1
 	}
 	t, err := strconv.ParseInt(n, 10, 64)
-	if err != nil || t <= 0 {
-		return -1
+	if err != nil || t <= 0 || t > spec.MaxTerm {
+		return -1 // not a status an agent wrote
 	}
 	return t
 }
@@ -285,7 +285,7 @@ func (s *Store) DeleteCommand(ctx context.Context, id string) error {
 		return fmt.Errorf("%w: %q is not a command ID", ErrNotFound, id)
 	}
 	key := CommandPrefix + id + "/" + CommandObject
-	if _, err := s.Read(ctx, key); err != nil {
+	if _, err := s.ModTime(ctx, key); err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return fmt.Errorf("%w: no command %s in %s", ErrNotFound, id, s.url)
 		}

@@ -269,6 +269,15 @@ func TestCommandStatusTermsAndChoice(t *testing.T) {
 		t.Errorf("a status whose term does not match its name: Err %v, %v", q.Err, err)
 	}
 
+	// A status named for a term beyond any agent's is not a status: it
+	// cannot raise the term floor to where the lock would overflow.
+	if err := s.Write(ctx, "control/"+id+"/_status-9223372036854775806.json", []byte(`{"format":1,"term":9223372036854775806,"state":"running"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if q, err := s.ReadCommand(ctx, id); err != nil || q.StatusTerm != 9 {
+		t.Errorf("with a status of a huge term: the status term read is %d, %v; want 9", q.StatusTerm, err)
+	}
+
 	if err := s.DeleteCommand(ctx, id); err != nil {
 		t.Fatal(err)
 	}
