@@ -173,7 +173,9 @@ func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("%w %q: a file URL needs an absolute path", ErrBadURL, rawURL)
 	}
 	if opts.Create {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		// The store holds every key of etcd, and pki/ the CA's key: only
+		// its owner may enter it.
+		if err := os.MkdirAll(dir, fileDirMode); err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
 		}
 	}
@@ -190,7 +192,7 @@ func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
 	// it holds exactly the objects of the store format.
 	// NoTempDir writes temporary files beside their objects, so the store
 	// may live on another file system than /tmp.
-	b, err := fileblob.OpenBucket(dir, &fileblob.Options{Metadata: fileblob.MetadataDontWrite, NoTempDir: true})
+	b, err := fileblob.OpenBucket(dir, &fileblob.Options{Metadata: fileblob.MetadataDontWrite, NoTempDir: true, DirFileMode: fileDirMode})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
 	}
@@ -278,6 +280,9 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader) error {
 // whatever was written when Close is called, and azureblob's can panic
 // when the upload fails.)
 func (s *Store) put(ctx context.Context, key string, r io.Reader, ifNotExist bool) error {
+	if s.dir != "" && !ifNotExist {
+		return s.putFile(ctx, key, r)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	return s.bucket.Upload(ctx, key, &abortOnError{ctx: ctx, r: r, abort: cancel}, &blob.WriterOptions{
@@ -351,33 +356,80 @@ func (s *Store) createFile(key string, data []byte) error {
 }
 
 func (s *Store) createFileFrom(key string, r io.Reader) error {
-	path := filepath.Join(s.dir, filepath.FromSlash(key))
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return s.wrap("create", key, err)
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".create-*")
+	path, tmp, err := s.writeTemp(context.Background(), key, r)
 	if err != nil {
 		return s.wrap("create", key, err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, r); err != nil {
-		tmp.Close()
-		return s.wrap("create", key, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return s.wrap("create", key, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return s.wrap("create", key, err)
-	}
-	if err := os.Link(tmp.Name(), path); err != nil {
+	defer os.Remove(tmp)
+	if err := os.Link(tmp, path); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("%w: %s", ErrExists, key)
 		}
 		return s.wrap("create", key, err)
 	}
 	return nil
+}
+
+// putFile is put for file:// stores: the object is written to a
+// temporary file of mode 0600 beside it, synced, and renamed over it
+// only once r reaches EOF.
+func (s *Store) putFile(ctx context.Context, key string, r io.Reader) error {
+	path, tmp, err := s.writeTemp(ctx, key, r)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	return os.Rename(tmp, path)
+}
+
+// writeTemp writes r, whole and synced, to a temporary file of mode 0600
+// beside key's path, and returns both paths. The directories it makes
+// are 0700.
+func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, tmp string, err error) {
+	if !validKey(key) {
+		return "", "", fmt.Errorf("%q is not an object key", key)
+	}
+	path = filepath.Join(s.dir, filepath.FromSlash(key))
+	if err := os.MkdirAll(filepath.Dir(path), fileDirMode); err != nil {
+		return "", "", err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".create-*")
+	if err != nil {
+		return "", "", err
+	}
+	if _, err := io.Copy(f, &abortOnError{ctx: ctx, r: r, abort: func() {}}); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return "", "", err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return "", "", err
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(f.Name())
+		return "", "", err
+	}
+	return path, f.Name(), nil
+}
+
+// fileDirMode is the mode of a file:// store's directories; its objects
+// are 0600.
+const fileDirMode = 0o700
+
+// validKey reports whether key stays inside the store: no empty, . or
+// .. segment, and no leading slash.
+func validKey(key string) bool {
+	if key == "" {
+		return false
+	}
+	for _, seg := range strings.Split(key, "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 // Delete removes the object at key; a missing object is not an error.

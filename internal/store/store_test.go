@@ -12,7 +12,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"gocloud.dev/blob"
@@ -409,6 +411,59 @@ func TestListUnderChurn(t *testing.T) {
 		}
 		if kept != 50 {
 			t.Fatalf("list %d under churn: %d of the 50 lasting objects", i, kept)
+		}
+	}
+}
+
+// A file:// store holds every key of etcd and the CA's key: it is made
+// 0700, and every object, however written, is 0600 in 0700 folders,
+// whatever the umask.
+func TestFileStorePermissions(t *testing.T) {
+	old := syscall.Umask(0)
+	t.Cleanup(func() { syscall.Umask(old) })
+	s, dir := openTemp(t)
+	ctx := t.Context()
+	if err := s.Write(ctx, "control/etcd-cluster-spec", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, "2026-01-01T00:00:00Z-000001/etcd.backup.gz", strings.NewReader("data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Create(ctx, "pki/ca.key", []byte("key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateFrom(ctx, "wal/t/seg", strings.NewReader("seg")); err != nil {
+		t.Fatal(err)
+	}
+	var checked int
+	err := filepath.Walk(dir, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		want := os.FileMode(0o600)
+		if fi.IsDir() {
+			want = 0o700
+		}
+		if got := fi.Mode().Perm(); got != want {
+			t.Errorf("%s has mode %o, want %o", path, got, want)
+		}
+		checked++
+		return nil
+	})
+	if err != nil || checked != 10 {
+		t.Fatalf("walked %d entries (want 10: the store, 5 folders, 4 objects): %v", checked, err)
+	}
+	// A failed upload leaves nothing behind, not even its temporary file.
+	if err := s.Put(ctx, "control/x", iotest.ErrReader(errors.New("source failed"))); err == nil {
+		t.Fatal("a failed upload succeeded")
+	}
+	if entries, _ := os.ReadDir(filepath.Join(dir, "control")); len(entries) != 1 {
+		t.Errorf("control/ holds %v after a failed upload", entries)
+	}
+	// Keys that would leave the store are refused.
+	for _, key := range []string{"../x", "a/../../x", "/x", "a//b", ""} {
+		if err := s.Write(ctx, key, nil); err == nil {
+			t.Errorf("Write(%q) succeeded", key)
 		}
 	}
 }
