@@ -1093,7 +1093,7 @@ func runPITR(t *testing.T, sc scale) pitrRun {
 	}
 
 	// wal.Apply alone, in this process, with nothing else running.
-	path, _, err := backup.Fetch(ctx, s, r.backup, t.TempDir(), nil)
+	path, _, err := backup.Fetch(ctx, s, r.backup, t.TempDir(), backup.FetchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

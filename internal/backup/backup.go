@@ -49,6 +49,8 @@ var (
 	ErrCorrupt  = errors.New("backup: snapshot is corrupt")
 	ErrNotFound = errors.New("backup: backup not found")
 	ErrTempFull = errors.New("backup: temp disk full")
+	// ErrTooLarge means a backup unpacks to more than the agent allows.
+	ErrTooLarge = errors.New("backup: backup too large")
 )
 
 // Meta is the _etcd_backup.meta object. The first three fields are the
@@ -73,7 +75,7 @@ type Store interface {
 	Put(ctx context.Context, key string, r io.Reader) error
 	Create(ctx context.Context, key string, data []byte) error
 	Delete(ctx context.Context, key string) error
-	Read(ctx context.Context, key string) ([]byte, error)
+	ReadMax(ctx context.Context, key string, max int64) ([]byte, error)
 	Write(ctx context.Context, key string, data []byte) error
 	List(ctx context.Context, prefix, delimiter string) ([]string, error)
 }
@@ -374,17 +376,17 @@ func list(ctx context.Context, s Store, strict bool) ([]Info, error) {
 		if !nameRE.MatchString(name) {
 			continue
 		}
-		data, err := s.Read(ctx, name+"/"+MetaObject)
+		data, err := s.ReadMax(ctx, name+"/"+MetaObject, MaxMetaSize)
 		if errors.Is(err, store.ErrNotFound) || (err != nil && !strict) {
 			continue // no meta: an unfinished backup, which does not exist
 		}
 		if err != nil {
 			return nil, fmt.Errorf("backup: list: %w", err)
 		}
-		var m Meta
-		if err := json.Unmarshal(data, &m); err != nil {
+		m, err := decodeMeta(name, data)
+		if err != nil {
 			if strict {
-				return nil, fmt.Errorf("backup: list: %s: %w: %w", name, ErrCorrupt, err)
+				return nil, fmt.Errorf("backup: list: %w", err)
 			}
 			continue
 		}

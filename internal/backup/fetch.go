@@ -11,17 +11,24 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // Reader is the part of the store that fetching a backup needs.
 type Reader interface {
-	Read(ctx context.Context, key string) ([]byte, error)
+	ReadMax(ctx context.Context, key string, max int64) ([]byte, error)
 	Reader(ctx context.Context, key string) (io.ReadCloser, error)
 }
+
+// MaxMetaSize bounds a meta read from the store: ours hold a few fields
+// and the cluster spec (itself at most 64 KiB).
+const MaxMetaSize = 256 << 10
 
 // ReadMeta reads a backup's meta. A backup without one does not exist.
 func ReadMeta(ctx context.Context, s Reader, name string) (Meta, error) {
@@ -29,31 +36,80 @@ func ReadMeta(ctx context.Context, s Reader, name string) (Meta, error) {
 	if !nameRE.MatchString(name) {
 		return meta, fmt.Errorf("%w: %q is not a backup name (want <RFC3339 UTC>-<6 digits>, as list-backups prints)", ErrNotFound, name)
 	}
-	data, err := s.Read(ctx, name+"/"+MetaObject)
+	data, err := s.ReadMax(ctx, name+"/"+MetaObject, MaxMetaSize)
 	if errors.Is(err, store.ErrNotFound) {
 		return meta, fmt.Errorf("%w: backup %s (no %s/%s; see list-backups)", ErrNotFound, name, name, MetaObject)
+	}
+	if errors.Is(err, store.ErrTooLarge) {
+		return meta, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	if err != nil {
 		return meta, fmt.Errorf("backup: read %s/%s: %w", name, MetaObject, err)
 	}
+	return decodeMeta(name, data)
+}
+
+// decodeMeta parses and checks the meta of backup name. A meta is read
+// from the store, so what is used as a path or a bound is checked here.
+func decodeMeta(name string, data []byte) (Meta, error) {
+	var meta Meta
 	if err := json.Unmarshal(data, &meta); err != nil {
 		return meta, fmt.Errorf("%w: %s/%s is not valid JSON: %v", ErrCorrupt, name, MetaObject, err)
 	}
+	bad := ""
+	switch {
+	case meta.ClusterToken != "" && !spec.ValidClusterToken(meta.ClusterToken):
+		bad = "cluster token " + spec.QuoteShort(meta.ClusterToken) + " is not of a token's form"
+	case meta.Size < 0 || meta.CompressedSize < 0 || meta.Revision < 0 || meta.TotalKeys < 0:
+		bad = "a size, revision or key count is negative"
+	case meta.SHA256 != "" && !sha256RE.MatchString(meta.SHA256):
+		bad = "sha256 " + spec.QuoteShort(meta.SHA256) + " is not 64 hex digits"
+	}
+	if bad != "" {
+		return meta, fmt.Errorf("%w: %s/%s: its %s", ErrCorrupt, name, MetaObject, bad)
+	}
 	return meta, nil
+}
+
+var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// FetchOptions bound and check what Fetch writes.
+type FetchOptions struct {
+	// Verify checks the snapshot (Verify when nil).
+	Verify VerifyFunc
+	// MaxBytes caps the snapshot written, whatever its meta says (0: no
+	// cap of its own).
+	MaxBytes int64
+	// Reserve is the space Fetch leaves free on dir's file system, for
+	// whatever else uses that disk: a live etcd, say.
+	Reserve int64
+	// FreeBytes reports the space left on dir's file system
+	// (etcdproc.FreeBytes when nil).
+	FreeBytes func(dir string) (int64, error)
 }
 
 // Fetch downloads a backup into dir as a verified snapshot db and returns
 // its path and meta. It streams: the object's sha256 is checked against
 // the meta (when the meta records one, as ours do), the gzip stream must
-// be whole, and the snapshot must pass verify (Verify when nil). Any
-// failure names the backup and the object, and wraps ErrNotFound or
-// ErrCorrupt.
-func Fetch(ctx context.Context, s Reader, name, dir string, verify VerifyFunc) (string, Meta, error) {
+// be whole, and the snapshot must pass verify. The object is untrusted,
+// so the snapshot written stops at the smallest of the meta's size, the
+// free space less opts.Reserve and opts.MaxBytes; a meta that records a
+// size larger than the space is refused before anything is read. Any
+// failure names the backup and the object, and wraps ErrNotFound,
+// ErrCorrupt, ErrTooLarge or ErrTempFull.
+func Fetch(ctx context.Context, s Reader, name, dir string, opts FetchOptions) (string, Meta, error) {
 	meta, err := ReadMeta(ctx, s, name)
 	if err != nil {
 		return "", meta, err
 	}
 	key := name + "/" + DataObject
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", meta, fmt.Errorf("backup: %w", err)
+	}
+	lim, err := opts.limit(dir, meta, key)
+	if err != nil {
+		return "", meta, err
+	}
 	r, err := s.Reader(ctx, key)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", meta, fmt.Errorf("%w: backup %s has a meta but no %s", ErrCorrupt, name, key)
@@ -62,14 +118,12 @@ func Fetch(ctx context.Context, s Reader, name, dir string, verify VerifyFunc) (
 		return "", meta, fmt.Errorf("backup: read %s: %w", key, err)
 	}
 	defer r.Close()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", meta, fmt.Errorf("backup: %w", err)
-	}
 	path := filepath.Join(dir, "snapshot.db")
-	if err := gunzipTo(path, r, meta, key); err != nil {
+	if err := gunzipTo(path, r, meta, key, lim); err != nil {
 		os.Remove(path)
 		return "", meta, err
 	}
+	verify := opts.Verify
 	if verify == nil {
 		verify = func(_ context.Context, p string) (snapshot.Status, error) { return Verify(p) }
 	}
@@ -80,9 +134,52 @@ func Fetch(ctx context.Context, s Reader, name, dir string, verify VerifyFunc) (
 	return path, meta, nil
 }
 
+// limit is where the snapshot's bytes stop, and what stopping there
+// means.
+type limit struct {
+	bytes int64
+	// over is the error for a snapshot past bytes.
+	over func(written int64) error
+}
+
+func (o FetchOptions) limit(dir string, meta Meta, key string) (limit, error) {
+	freeBytes := o.FreeBytes
+	if freeBytes == nil {
+		freeBytes = etcdproc.FreeBytes
+	}
+	free, err := freeBytes(dir)
+	if err != nil {
+		return limit{}, fmt.Errorf("backup: %w", err)
+	}
+	room := free - o.Reserve
+	if meta.Size > 0 && meta.Size > room {
+		return limit{}, fmt.Errorf("%w: %s unpacks to %d bytes (its meta), but %s has %d bytes free and %d must stay free", ErrTempFull, key, meta.Size, dir, free, o.Reserve)
+	}
+	if o.MaxBytes > 0 && meta.Size > o.MaxBytes {
+		return limit{}, fmt.Errorf("%w: %s unpacks to %d bytes (its meta), over the agent's maximum of %d (--max-snapshot-bytes)", ErrTooLarge, key, meta.Size, o.MaxBytes)
+	}
+	lim := limit{bytes: room, over: func(n int64) error {
+		return fmt.Errorf("%w: %s unpacked to over %d bytes, the space %s has beyond the %d that must stay free; stopped there", ErrTempFull, key, n-1, dir, o.Reserve)
+	}}
+	if o.MaxBytes > 0 && o.MaxBytes < lim.bytes {
+		lim = limit{bytes: o.MaxBytes, over: func(n int64) error {
+			return fmt.Errorf("%w: %s unpacked to over %d bytes, the agent's maximum (--max-snapshot-bytes); stopped there", ErrTooLarge, key, n-1)
+		}}
+	}
+	if meta.Size > 0 && meta.Size < lim.bytes {
+		lim = limit{bytes: meta.Size, over: func(int64) error {
+			return fmt.Errorf("%w: %s unpacks to more than the %d bytes its meta records; stopped there", ErrCorrupt, key, meta.Size)
+		}}
+	}
+	if lim.bytes <= 0 {
+		return limit{}, fmt.Errorf("%w: %s has %d bytes free and %d must stay free; no room to unpack %s", ErrTempFull, dir, free, o.Reserve, key)
+	}
+	return lim, nil
+}
+
 // gunzipTo writes the gunzipped stream r to path, checking the
-// compressed bytes' sha256 against the meta's.
-func gunzipTo(path string, r io.Reader, meta Meta, key string) error {
+// compressed bytes' sha256 against the meta's and stopping past lim.
+func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit) error {
 	h := sha256.New()
 	counted := &countWriter{}
 	src := &errRecorder{r: io.TeeReader(r, io.MultiWriter(h, counted))}
@@ -100,13 +197,20 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string) error {
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
-	if _, err := io.Copy(f, zr); err != nil {
+	// One byte past the limit tells a stream that ends there from one
+	// that goes on.
+	n, err := io.Copy(f, io.LimitReader(zr, lim.bytes+1))
+	if err != nil {
 		f.Close()
 		var pathErr *os.PathError
 		if errors.As(err, &pathErr) {
 			return fmt.Errorf("backup: write %s: %w", path, err)
 		}
 		return corrupt(err)
+	}
+	if n > lim.bytes {
+		f.Close()
+		return lim.over(n)
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("backup: %w", err)

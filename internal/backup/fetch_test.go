@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,17 +41,28 @@ func TestFetch(t *testing.T) {
 	kopsMeta := []byte(`{"etcdVersion":"3.6.16","timestamp":"1"}`)
 	flipped := bytes.Clone(good)
 	flipped[len(flipped)/2] ^= 0x01
+	// A bomb: 64 MiB of zeros in a 64 KiB object.
+	var bombGz bytes.Buffer
+	zw = gzip.NewWriter(&bombGz)
+	zw.Write(make([]byte, 64<<20))
+	zw.Close()
+	bomb := bombGz.Bytes()
+	bombSum := sha256.Sum256(bomb)
+	bombMeta, _ := json.Marshal(Meta{EtcdVersion: "3.6.16", Timestamp: 1, SHA256: hex.EncodeToString(bombSum[:]), Size: int64(len(db)), CompressedSize: int64(len(bomb))})
+	metaWith := func(extra string) []byte { return []byte(`{"etcdVersion":"3.6.16","timestamp":"1",` + extra + `}`) }
+	const gib = 1 << 30
 
 	tests := []struct {
 		name      string
 		objects   map[string][]byte // under the backup's folder
 		fetch     string            // name to fetch; the backup's own when empty
+		opts      FetchOptions      // Verify is set by the test
 		wantErr   error
 		errSubstr string
 	}{
 		{name: "ours", objects: map[string][]byte{DataObject: good, MetaObject: meta}},
 		{name: "kops meta without a sha256", objects: map[string][]byte{DataObject: good, MetaObject: kopsMeta}},
-		{name: "not found", fetch: "2026-01-01T00:00:00Z-000009", wantErr: ErrNotFound, errSubstr: "2026-01-01T00:00:00Z-000009"},
+		{name: "not found", fetch: "2026-01-01T00:00:00Z-999999", wantErr: ErrNotFound, errSubstr: "2026-01-01T00:00:00Z-999999"},
 		{name: "not a name", fetch: "../etc", wantErr: ErrNotFound, errSubstr: "not a backup name"},
 		{name: "meta without data", objects: map[string][]byte{MetaObject: meta}, wantErr: ErrCorrupt, errSubstr: "has a meta but no"},
 		{name: "junk meta", objects: map[string][]byte{DataObject: good, MetaObject: []byte("{junk")}, wantErr: ErrCorrupt, errSubstr: MetaObject},
@@ -58,10 +70,38 @@ func TestFetch(t *testing.T) {
 		{name: "flipped byte", objects: map[string][]byte{DataObject: flipped, MetaObject: meta}, wantErr: ErrCorrupt, errSubstr: DataObject},
 		{name: "flipped byte, kops meta", objects: map[string][]byte{DataObject: flipped, MetaObject: kopsMeta}, wantErr: ErrCorrupt, errSubstr: DataObject},
 		{name: "not gzip", objects: map[string][]byte{DataObject: db, MetaObject: kopsMeta}, wantErr: ErrCorrupt, errSubstr: DataObject},
+
+		// Bounds on what is unpacked: a meta's size, the agent's
+		// maximum and the disk's free space, whichever is smallest.
+		{name: "bomb past its meta's size", objects: map[string][]byte{DataObject: bomb, MetaObject: bombMeta},
+			wantErr: ErrCorrupt, errSubstr: "more than the 262144 bytes its meta records"},
+		{name: "bomb with a kops meta, past the maximum", objects: map[string][]byte{DataObject: bomb, MetaObject: kopsMeta},
+			opts: FetchOptions{MaxBytes: 1 << 20}, wantErr: ErrTooLarge, errSubstr: "over 1048576 bytes, the agent's maximum (--max-snapshot-bytes)"},
+		{name: "bomb with a kops meta, past the free space", objects: map[string][]byte{DataObject: bomb, MetaObject: kopsMeta},
+			opts: FetchOptions{Reserve: 1 << 20, FreeBytes: freeOf(3 << 20)}, wantErr: ErrTempFull, errSubstr: "over 2097152 bytes, the space"},
+		{name: "a meta's size over the free space", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"size":10737418240`)},
+			opts: FetchOptions{Reserve: gib, FreeBytes: freeOf(2 * gib)}, wantErr: ErrTempFull, errSubstr: "unpacks to 10737418240 bytes (its meta)"},
+		{name: "a meta's size over the maximum", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"size":10737418240`)},
+			opts: FetchOptions{MaxBytes: gib}, wantErr: ErrTooLarge, errSubstr: "over the agent's maximum of 1073741824"},
+		{name: "no room at all", objects: map[string][]byte{DataObject: good, MetaObject: kopsMeta},
+			opts: FetchOptions{Reserve: gib, FreeBytes: freeOf(gib / 2)}, wantErr: ErrTempFull, errSubstr: "no room to unpack"},
+		{name: "good backup at its exact size", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"size":262144`)},
+			opts: FetchOptions{MaxBytes: 256 << 10, FreeBytes: freeOf(256 << 10)}},
+
+		// A meta is read from the store: what becomes a path or a
+		// bound is checked.
+		{name: "meta with a token that leaves the data dir", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"clusterToken":"../../victim"`)},
+			wantErr: ErrCorrupt, errSubstr: `cluster token "../../victim"`},
+		{name: "meta with a negative size", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"size":-1`)},
+			wantErr: ErrCorrupt, errSubstr: "negative"},
+		{name: "meta with a bad sha256", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"sha256":"zz"`)},
+			wantErr: ErrCorrupt, errSubstr: "not 64 hex digits"},
+		{name: "meta over 256 KiB", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"pad":"` + strings.Repeat("x", MaxMetaSize) + `"`)},
+			wantErr: ErrCorrupt, errSubstr: MetaObject},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			name := "2026-01-01T00:00:00Z-" + strings.Repeat("0", 5) + string(rune('0'+i))
+			name := fmt.Sprintf("2026-01-01T00:00:00Z-%06d", i)
 			for obj, data := range tt.objects {
 				if err := s.Write(ctx, name+"/"+obj, data); err != nil {
 					t.Fatal(err)
@@ -76,7 +116,9 @@ func TestFetch(t *testing.T) {
 				return snapshot.Status{Revision: 7}, nil
 			}
 			dir := t.TempDir()
-			path, _, err := Fetch(ctx, s, name, dir, verify)
+			opts := tt.opts
+			opts.Verify = verify
+			path, _, err := Fetch(ctx, s, name, dir, opts)
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.errSubstr) {
 					t.Fatalf("err %v, want %v containing %q", err, tt.wantErr, tt.errSubstr)
@@ -95,4 +137,8 @@ func TestFetch(t *testing.T) {
 			}
 		})
 	}
+}
+
+func freeOf(n int64) func(string) (int64, error) {
+	return func(string) (int64, error) { return n, nil }
 }

@@ -118,7 +118,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		EtcdTLS:                  a.etcdTLSFiles(),
 		ClientTLS:                a.etcdTLS,
 		CheckData:                childDataChecker(),
-	}, layout, st, storeFetcher{url: a.cfg.BackupStore, verify: verify, log: a.log}, a.log, a.now, a.poke)
+	}, layout, st, storeFetcher{url: a.cfg.BackupStore, opts: a.cfg.fetchOptions(verify), log: a.log}, a.log, a.now, a.poke)
 	lp, err := newLoop(a, n, verify)
 	if err != nil {
 		return err
@@ -180,9 +180,9 @@ func (a *Agent) shutdown(srv *peer.Server, n *node.Node, lp *loop) {
 // storeFetcher fetches and verifies backups for the node's restores,
 // from a store of its own: peer API calls must not share the loop's.
 type storeFetcher struct {
-	url    string
-	verify backup.VerifyFunc
-	log    *slog.Logger
+	url  string
+	opts backup.FetchOptions
+	log  *slog.Logger
 }
 
 func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoint, dir string) (string, error) {
@@ -191,14 +191,20 @@ func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoin
 		return "", err
 	}
 	defer s.Close()
-	path, _, err := fetchPoint(ctx, s, name, p, dir, f.verify, f.log)
+	path, _, err := fetchPoint(ctx, s, name, p, dir, f.opts, f.log)
 	return path, err
+}
+
+// fetchOptions bound what a backup fetched for a restore may unpack on
+// the data dir's disk.
+func (c Config) fetchOptions(verify backup.VerifyFunc) backup.FetchOptions {
+	return backup.FetchOptions{Verify: verify, MaxBytes: c.MaxSnapshotBytes, Reserve: fetchReserve}
 }
 
 // fetchPoint fetches and verifies a backup, and brings it forward to the
 // point's revision with the captured segments.
-func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, verify backup.VerifyFunc, log *slog.Logger) (string, backup.Meta, error) {
-	path, meta, err := backup.Fetch(ctx, s, name, dir, verify)
+func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, opts backup.FetchOptions, log *slog.Logger) (string, backup.Meta, error) {
+	path, meta, err := backup.Fetch(ctx, s, name, dir, opts)
 	if err != nil || p.ToRevision == 0 {
 		return path, meta, err
 	}

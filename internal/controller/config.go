@@ -99,6 +99,9 @@ type Config struct {
 	HashCheckInterval time.Duration
 	// Trash bounds the copies of etcd data moved to <data-dir>/trash.
 	Trash etcdproc.TrashPolicy
+	// MaxSnapshotBytes caps the snapshot the agent unpacks from a backup
+	// in the store, for a restore or its check beforehand.
+	MaxSnapshotBytes int64
 }
 
 // Defaults. The ports fill in URLs that are not given.
@@ -114,7 +117,13 @@ const (
 	DefaultLeaderLease        = 20 * time.Second
 	DefaultBackupInterval     = 15 * time.Minute
 	DefaultEtcdStopTimeout    = 15 * time.Second
-	defaultAddress            = "127.0.0.1"
+	// DefaultMaxSnapshotBytes is twice etcd's suggested maximum quota of
+	// 8 GiB.
+	DefaultMaxSnapshotBytes = 16 << 30
+	// fetchReserve is the space a backup being unpacked leaves free on
+	// the data dir's disk, which the live etcd shares.
+	fetchReserve   = 1 << 30
+	defaultAddress = "127.0.0.1"
 )
 
 // Flag names used in error messages as well as in AddFlags.
@@ -160,6 +169,7 @@ func Default() Config {
 		HashCheckInterval:        DefaultHashCheckInterval,
 		CertValidity:             pki.DefaultCertValidity,
 		Trash:                    etcdproc.TrashPolicy{MaxAge: DefaultTrashMaxAge},
+		MaxSnapshotBytes:         DefaultMaxSnapshotBytes,
 	}
 }
 
@@ -195,6 +205,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
 	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
 	fs.DurationVar(&c.Trash.MaxAge, "trash-max-age", c.Trash.MaxAge, "copies of etcd data moved to <data-dir>/trash are deleted after this long, once this node is a healthy member whose live data supersedes them; the newest copy is always kept (0 keeps them for ever)")
+	fs.Int64Var(&c.MaxSnapshotBytes, "max-snapshot-bytes", c.MaxSnapshotBytes, "largest etcd snapshot the agent unpacks from a backup, for a restore or the check before one; a backup whose snapshot would be larger, or would leave less than 1 GiB free on the data dir's disk, is refused and named")
 	fs.Int64Var(&c.Trash.MaxBytes, "trash-max-bytes", c.Trash.MaxBytes, "older copies in <data-dir>/trash are also deleted, oldest first, while the trash holds more than this many bytes, under the same conditions (0: no bound on size)")
 	fs.DurationVar(&c.EtcdCorruptCheckInterval, "etcd-corrupt-check-interval", c.EtcdCorruptCheckInterval, "how often etcd's periodic corruption check hashes every member's keyspace at one revision and compares them (0: never; a mismatch raises etcd's CORRUPT alarm); etcd's checks at start and after each compaction are always on")
 	fs.DurationVar(&c.HashCheckInterval, "hash-check-interval", c.HashCheckInterval, "how often the leader compares every voting member's HashKV at one revision; a member whose hash differs from a majority's has its data set aside and is rebuilt from its peers (0: never; etcd's CORRUPT alarm still triggers a comparison)")
@@ -290,6 +301,9 @@ func (c *Config) Validate() error {
 		}
 	} else if c.EnablePprof {
 		errs = append(errs, errors.New("--enable-pprof needs --metrics-address, where the profiles are served"))
+	}
+	if c.MaxSnapshotBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--max-snapshot-bytes %d must be positive", c.MaxSnapshotBytes))
 	}
 	if c.Trash.MaxAge < 0 || c.Trash.MaxBytes < 0 {
 		errs = append(errs, errors.New("--trash-max-age and --trash-max-bytes must not be negative"))

@@ -521,7 +521,7 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 		return backup.Meta{}, err
 	}
 	defer os.RemoveAll(dir)
-	_, meta, err := fetchPoint(ctx, s, name, p, dir, b.lp.backups.verify, b.lp.log)
+	_, meta, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.verify), b.lp.log)
 	return meta, err
 }
 

@@ -36,7 +36,8 @@ type Nodes interface {
 type Backups interface {
 	// Validate fetches the named backup and verifies it, returning its
 	// meta; a backup that is missing or damaged wraps backup.ErrNotFound
-	// or backup.ErrCorrupt.
+	// or backup.ErrCorrupt, and one too large for the agent's maximum or
+	// its disk wraps backup.ErrTooLarge or backup.ErrTempFull.
 	// With a point, the backup is brought forward to it as a restore
 	// would, and a fault in the segments wraps wal.ErrCorrupt, ErrGap or
 	// ErrRange.

@@ -34,6 +34,7 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		point := c.Command.RestoreBackup.RestorePoint
 		meta, err := e.Backups.Validate(ctx, act.Backup, point)
 		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) ||
+			errors.Is(err, backup.ErrTooLarge) || errors.Is(err, backup.ErrTempFull) ||
 			errors.Is(err, wal.ErrCorrupt) || errors.Is(err, wal.ErrGap) || errors.Is(err, wal.ErrRange) {
 			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore: %v; the cluster was not touched", err))
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/test/harness"
@@ -203,7 +204,7 @@ func TestBackupTempDiskFull(t *testing.T) {
 func TestRacingBackupWriters(t *testing.T) {
 	env := harness.NewEnv(t)
 	ms := env.StartBareCluster(1)
-	c, err := clientv3.New(clientv3.Config{Endpoints: harness.BareEndpoints(ms), DialTimeout: 5 * time.Second})
+	c, err := clientv3.New(clientv3.Config{Endpoints: harness.BareEndpoints(ms), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +225,7 @@ func TestRacingBackupWriters(t *testing.T) {
 	for i := range writers {
 		go func() {
 			info, err := backup.Take(context.Background(), s, backup.Request{
-				Client: clientv3.Config{DialTimeout: 5 * time.Second}, Endpoint: ms[0].ClientURL,
+				Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: ms[0].ClientURL,
 				TempDir: filepath.Join(env.Root, fmt.Sprintf("tmp%d", i)), Now: now,
 			})
 			names[i], errs[i] = info.Name, err

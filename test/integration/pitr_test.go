@@ -126,7 +126,7 @@ func testPITRVersion(t *testing.T, version string) {
 	dir := filepath.Join(env.Root, "store")
 	s := openStore(t, harness.FileURL(dir))
 	info, err := backup.Take(ctx, s, backup.Request{
-		Client: clientv3.Config{DialTimeout: 5 * time.Second}, Endpoint: live.Endpoints()[0],
+		Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: live.Endpoints()[0],
 		TempDir: filepath.Join(env.Root, "tmp"), ClusterToken: "tl1", Now: time.Now(),
 	})
 	if err != nil {
@@ -265,7 +265,7 @@ func restoreOffline(t *testing.T, env *harness.Env, s *store.Store, name, timeli
 		t.Fatal(err)
 	}
 	work = filepath.Join(env.Root, work)
-	path, _, err := backup.Fetch(ctx, s, name, work, nil)
+	path, _, err := backup.Fetch(ctx, s, name, work, backup.FetchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

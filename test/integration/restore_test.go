@@ -2,7 +2,9 @@ package integration
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,9 +13,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -113,7 +117,7 @@ func assertOneCluster(t *testing.T, agents []*harness.Agent) {
 	t.Helper()
 	ids := map[uint64][]string{}
 	for _, a := range agents {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL, a.QuarURL}, TLS: a.TLS(), DialTimeout: 2 * time.Second})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL, a.QuarURL}, TLS: a.TLS(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			continue
 		}
@@ -148,7 +152,8 @@ func count(t *testing.T, c *clientv3.Client, prefix string) int64 {
 // object, the command is kept as failed with the reason, and the cluster
 // stays exactly as it was.
 func TestRestoreBadInput(t *testing.T) {
-	env, agents, before := startCluster(t, 3, 3, harness.AgentOptions{})
+	const maxSnapshot = 64 << 20
+	env, agents, before := startCluster(t, 3, 3, harness.AgentOptions{ExtraArgs: []string{fmt.Sprintf("--max-snapshot-bytes=%d", maxSnapshot)}})
 	c := clusterClient(t, agents)
 	put(t, c, "/bad/key", "untouched")
 	good := strings.TrimSpace(env.MustCtl("backup-now"))
@@ -180,6 +185,38 @@ func TestRestoreBadInput(t *testing.T) {
 	writeBackup("2020-01-01T00:00:00Z-000001", flipped, meta)
 	writeBackup("2020-01-01T00:00:00Z-000002", gz[:len(gz)/2], meta)
 	writeBackup("2020-01-01T00:00:00Z-000003", nil, meta)
+	// Hostile ones: a small object that unpacks to 256 MiB, with a kops
+	// meta (no size) and with ours; metas that would move data outside
+	// the data dir, fill the disk, or exhaust memory.
+	var bomb bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&bomb, gzip.BestCompression)
+	zw.Write(make([]byte, 256<<20))
+	zw.Close()
+	kopsMeta := []byte(`{"etcdVersion":"` + harness.DefaultEtcdVersion + `","timestamp":"1"}`)
+	writeBackup("2020-01-01T00:00:00Z-000004", bomb.Bytes(), kopsMeta)
+	writeBackup("2020-01-01T00:00:00Z-000005", bomb.Bytes(), meta)
+	victim := filepath.Clean(filepath.Join(agents[0].DataDir, "data", "../../../victim"))
+	if err := os.MkdirAll(filepath.Join(victim, "member"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(victim) })
+	withField := func(field string) []byte {
+		var m map[string]any
+		if err := json.Unmarshal(meta, &m); err != nil {
+			t.Fatal(err)
+		}
+		k, v, _ := strings.Cut(field, "=")
+		var val any
+		if err := json.Unmarshal([]byte(v), &val); err != nil {
+			t.Fatal(err)
+		}
+		m[k] = val
+		b, _ := json.Marshal(m)
+		return b
+	}
+	writeBackup("2020-01-01T00:00:00Z-000006", gz, withField(`clusterToken="../../../victim"`))
+	writeBackup("2020-01-01T00:00:00Z-000007", gz, withField(`size=1125899906842624`))
+	writeBackup("2020-01-01T00:00:00Z-000008", gz, withField(`pad="`+strings.Repeat("x", 300<<10)+`"`))
 
 	tests := []struct {
 		name, backup string
@@ -189,6 +226,11 @@ func TestRestoreBadInput(t *testing.T) {
 		{"flipped byte", "2020-01-01T00:00:00Z-000001", []string{"2020-01-01T00:00:00Z-000001/etcd.backup.gz"}},
 		{"truncated", "2020-01-01T00:00:00Z-000002", []string{"2020-01-01T00:00:00Z-000002/etcd.backup.gz"}},
 		{"meta without data", "2020-01-01T00:00:00Z-000003", []string{"2020-01-01T00:00:00Z-000003", "has a meta but no"}},
+		{"bomb with a kops meta", "2020-01-01T00:00:00Z-000004", []string{"2020-01-01T00:00:00Z-000004/etcd.backup.gz", fmt.Sprintf("unpacked to over %d bytes, the agent's maximum", maxSnapshot)}},
+		{"bomb with our meta", "2020-01-01T00:00:00Z-000005", []string{"2020-01-01T00:00:00Z-000005/etcd.backup.gz", "more than the", "bytes its meta records"}},
+		{"token out of the data dir", "2020-01-01T00:00:00Z-000006", []string{"2020-01-01T00:00:00Z-000006/_etcd_backup.meta", `cluster token "../../../victim"`}},
+		{"a size over the free space", "2020-01-01T00:00:00Z-000007", []string{"2020-01-01T00:00:00Z-000007/etcd.backup.gz", "unpacks to 1125899906842624 bytes (its meta)"}},
+		{"an oversized meta", "2020-01-01T00:00:00Z-000008", []string{"2020-01-01T00:00:00Z-000008/_etcd_backup.meta", "no valid one is over"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -231,6 +273,36 @@ func TestRestoreBadInput(t *testing.T) {
 		}
 		return false
 	})
+
+	// A procedure's choice read from the store names folders on every
+	// node: one whose token leaves the data dir fails its command.
+	hostile := filepath.Join(env.StoreDir, "control", "2020-01-01T00:00:00Z-000002")
+	if err := os.MkdirAll(hostile, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hostile, "_command.json"), []byte(`{"restoreBackup":{"backup":"`+good+`"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hostile, "_choice.json"), []byte(`{"term":1,"restore":{"token":"../../../victim","members":["x"]}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the command with a hostile choice to be marked failed", func() bool {
+		out, _, _ := env.Ctl("list-commands")
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "2020-01-01T00:00:00Z-000002 ") {
+				return strings.Contains(l, "failed") && strings.Contains(l, "_choice.json") && strings.Contains(l, "is not a cluster token")
+			}
+		}
+		return false
+	})
+	if !etcdproc.HasData(victim) {
+		t.Error("the folder a hostile token names was moved")
+	}
+	for _, a := range agents {
+		if entries, _ := os.ReadDir(filepath.Join(a.DataDir, "tmp")); len(entries) != 0 {
+			t.Errorf("agent %s left %d entries in its tmp dir", a.Name, len(entries))
+		}
+	}
 
 	// The cluster is exactly as it was, and no agent restarted.
 	after := harness.WaitSettled(t, agents, 3, settleTimeout)
@@ -305,7 +377,7 @@ func TestRecoverQuorum(t *testing.T) {
 	// Until its election timeout passes, the survivor still follows the
 	// old leader, and recover-quorum would rightly be refused.
 	harness.WaitFor(t, 30*time.Second, "the survivor's etcd to see no leader", func() bool {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{survivor.ClientURL}, TLS: survivor.TLS(), DialTimeout: time.Second})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{survivor.ClientURL}, TLS: survivor.TLS(), DialTimeout: time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			return false
 		}
