@@ -34,7 +34,7 @@ func EnsureNodeCert(ca *CA, f NodeFiles, req CertRequest, now time.Time) (*x509.
 	if err := os.MkdirAll(f.Dir, 0o700); err != nil {
 		return nil, false, fmt.Errorf("pki: %w", err)
 	}
-	if err := writeFileAtomic(f.CA(), ca.CertPEM, 0o644); err != nil {
+	if err := WriteFileAtomic(f.CA(), ca.CertPEM, 0o644); err != nil {
 		return nil, false, err
 	}
 	var key crypto.Signer
@@ -58,7 +58,7 @@ func EnsureNodeCert(ca *CA, f NodeFiles, req CertRequest, now time.Time) (*x509.
 		if err != nil {
 			return nil, false, err
 		}
-		if err := writeFileAtomic(f.Key(), kp, 0o600); err != nil {
+		if err := WriteFileAtomic(f.Key(), kp, 0o600); err != nil {
 			return nil, false, err
 		}
 	}
@@ -66,7 +66,7 @@ func EnsureNodeCert(ca *CA, f NodeFiles, req CertRequest, now time.Time) (*x509.
 	if err != nil {
 		return nil, false, err
 	}
-	if err := writeFileAtomic(f.Cert(), certPEM, 0o644); err != nil {
+	if err := WriteFileAtomic(f.Cert(), certPEM, 0o644); err != nil {
 		return nil, false, err
 	}
 	c, err := ParseCertPEM(certPEM)

@@ -6,7 +6,6 @@
 package pki
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -377,36 +376,4 @@ func SameNames(c *x509.Certificate, dns []string, ips []net.IP) bool {
 		}
 	}
 	return true
-}
-
-// writeFileAtomic replaces path with data: readers see the old or the
-// new content, never a mix.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
-		return nil
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return fmt.Errorf("pki: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("pki: %w", err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("pki: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("pki: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("pki: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("pki: %w", err)
-	}
-	return nil
 }
