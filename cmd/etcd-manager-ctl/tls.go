@@ -80,17 +80,18 @@ func loadClientFiles(caFile, certFile, keyFile string, now time.Time) (*tls.Conf
 	return pki.StaticClientConfig(pair, pool), nil
 }
 
-// loadCA reads the cluster's CA from --pki-dir or the backup store.
+// loadCA reads the cluster's CA from --pki-dir or the backup store, and
+// refuses one that is not valid now.
 func (o *options) loadCA(ctx context.Context) (*pki.CA, error) {
 	if o.pkiDir != "" {
-		return pki.LoadCADir(o.pkiDir)
+		return pki.LoadCADir(o.pkiDir, time.Now())
 	}
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return nil, err
 	}
 	defer s.Close()
-	ca, err := pki.LoadStoreCA(ctx, s, func(err error) bool { return errors.Is(err, store.ErrNotFound) })
+	ca, err := pki.LoadStoreCA(ctx, s, func(err error) bool { return errors.Is(err, store.ErrNotFound) }, time.Now())
 	if errors.Is(err, pki.ErrNoCA) {
 		return nil, fmt.Errorf("%w: the agents generate it when they first start with TLS; for agents started with --insecure, pass --insecure here too", err)
 	}

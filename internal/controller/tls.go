@@ -35,10 +35,10 @@ func (a *Agent) pkiFiles() pki.NodeFiles {
 func (a *Agent) tlsEnabled() bool { return !a.cfg.Insecure || !a.cfg.EtcdInsecure }
 
 // loadCA reads the CA from --pki-dir, or from the store, creating it
-// there on first use.
+// there on first use. Either refuses a CA that is not valid now.
 func (a *Agent) loadCA(ctx context.Context) (*pki.CA, error) {
 	if a.cfg.PKIDir != "" {
-		return pki.LoadCADir(a.cfg.PKIDir)
+		return pki.LoadCADir(a.cfg.PKIDir, a.now())
 	}
 	// A store of its own: the renewal goroutine must not share the
 	// loop's.
@@ -53,6 +53,11 @@ func (a *Agent) loadCA(ctx context.Context) (*pki.CA, error) {
 			"key", pki.StoreCAKey, "expires", ca.Cert.NotAfter)
 	}
 	return ca, err
+}
+
+// caOutOfDate reports whether err is about a CA that is not valid now.
+func caOutOfDate(err error) bool {
+	return errors.Is(err, pki.ErrCAExpired) || errors.Is(err, pki.ErrCANotYetValid)
 }
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
@@ -110,6 +115,11 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 		if err == nil {
 			break
 		}
+		if a.cfg.PKIDir != "" && caOutOfDate(err) {
+			// Files stay out of date until someone replaces them:
+			// refuse to start, with the dates, rather than retry.
+			return fmt.Errorf("controller: %w", err)
+		}
 		if c, ok := a.certOnDisk(); ok {
 			a.log.Warn("cannot renew the node certificate now; using the one on disk", "error", err, "expires", c.NotAfter)
 			break
@@ -160,7 +170,9 @@ func (a *Agent) certOnDisk() (*x509.Certificate, bool) {
 // renewCert issues the node certificate if it is missing, due, or no
 // longer matches the node's addresses or the CA.
 func (a *Agent) renewCert(ctx context.Context) error {
-	if a.ca == nil {
+	// A CA that went out of date is read again: it may have been
+	// replaced meanwhile.
+	if a.ca == nil || a.ca.ValidAt(a.now()) != nil {
 		ca, err := a.loadCA(ctx)
 		if err != nil {
 			return err

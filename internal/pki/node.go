@@ -25,12 +25,16 @@ func (f NodeFiles) Cert() string { return filepath.Join(f.Dir, "node.crt") }
 func (f NodeFiles) Key() string  { return filepath.Join(f.Dir, "node.key") }
 
 // EnsureNodeCert makes sure the files hold a certificate from ca for req,
-// valid at now and not yet due for renewal, issuing one if not. It
-// returns the certificate in use and whether it is new. The key is kept
+// valid at now and not yet due for renewal, issuing one if not; it
+// refuses a CA that is not valid at now. It returns the certificate in
+// use and whether it is new. The key is kept
 // across renewals, so a renewal replaces node.crt alone, atomically, and
 // etcd, which reads the files on every new connection, never sees a
 // certificate with the wrong key.
 func EnsureNodeCert(ca *CA, f NodeFiles, req CertRequest, now time.Time) (*x509.Certificate, bool, error) {
+	if err := ca.ValidAt(now); err != nil {
+		return nil, false, fmt.Errorf("%w; cannot issue the node certificate from it", err)
+	}
 	if err := os.MkdirAll(f.Dir, 0o700); err != nil {
 		return nil, false, fmt.Errorf("pki: %w", err)
 	}

@@ -33,7 +33,7 @@ func storeCA(t *testing.T, env *harness.Env) *pki.CA {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ca, err := pki.LoadStoreCA(t.Context(), s, func(err error) bool { return errors.Is(err, store.ErrNotFound) })
+	ca, err := pki.LoadStoreCA(t.Context(), s, func(err error) bool { return errors.Is(err, store.ErrNotFound) }, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
