@@ -99,11 +99,15 @@ func (a *Agent) certRequest() pki.CertRequest {
 }
 
 // setupTLS makes sure the node has a current certificate before the peer
-// API and etcd start, and sets up the credentials that use it. Without
+// API and etcd start, and sets up the credentials that use it. It warns
+// first when --insecure or --etcd-insecure turns TLS off. Without
 // the CA (the store unreachable, say), a certificate already on disk
 // still serves, and is renewed once the CA can be read; with none on
 // disk, it waits and retries, logging why.
 func (a *Agent) setupTLS(ctx context.Context) error {
+	if attrs := a.cfg.securityOff(); attrs != nil {
+		a.log.Warn(msgTLSOff, attrs...)
+	}
 	if !a.tlsEnabled() {
 		a.serverCreds, a.creds = insecure.NewCredentials(), insecure.NewCredentials()
 		return nil

@@ -161,3 +161,42 @@ func TestRenewCertReadsAnOutOfDateCAAgain(t *testing.T) {
 		t.Error("the agent kept the expired CA")
 	}
 }
+
+// An agent with TLS off for its peer API, etcd or both says so at start,
+// once, at warning level, with what is off and what it means.
+func TestSetupTLSWarnsWhenTLSIsOff(t *testing.T) {
+	tests := []struct {
+		name                   string
+		insecure, etcdInsecure bool
+		want                   []string // in the warning; nil: no warning
+	}{
+		{"TLS everywhere", false, false, nil},
+		{"--insecure alone", true, false, []string{"off=peer API", "flags=--insecure", "still-secured=etcd", "make it join, leave or restore"}},
+		{"--etcd-insecure alone", false, true, []string{"off=etcd", "flags=--etcd-insecure", "still-secured=peer API", "read and write every key"}},
+		{"both", true, true, []string{"off=peer API and etcd", "flags=--insecure --etcd-insecure", "still-secured=nothing", "join, leave or restore", "every key"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, rec := testAgent(t)
+			a.cfg.Insecure, a.cfg.EtcdInsecure = tt.insecure, tt.etcdInsecure
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			_ = a.setupTLS(ctx) // with TLS on for a part, it issues a certificate from a new CA in the store
+			lines := rec.find(msgTLSOff)
+			if tt.want == nil {
+				if len(lines) != 0 {
+					t.Fatalf("warned with TLS on everywhere: %v", lines)
+				}
+				return
+			}
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], "WARN") {
+				t.Fatalf("logged %v, want one warning", lines)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(lines[0], w) {
+					t.Errorf("%q does not say %q", lines[0], w)
+				}
+			}
+		})
+	}
+}
