@@ -147,15 +147,30 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 	if a.cfg.Insecure {
 		a.serverCreds, a.creds = insecure.NewCredentials(), insecure.NewCredentials()
 	} else {
-		a.serverCreds = credentials.NewTLS(pki.ServerConfig(files, pool, func(err error) {
-			a.log.Warn("peer API refused a connection", "error", err)
-		}))
+		a.refusals = newRefusalLog(refusalLogInterval, refusalLogMaxKeys, a.now)
+		a.serverCreds = credentials.NewTLS(pki.ServerConfig(files, pool, a.logRefusal))
 		a.creds = credentials.NewTLS(pki.NodeClientConfig(files, pool))
 	}
 	if !a.cfg.EtcdInsecure {
 		a.etcdTLS = pki.ClientConfig(files, pool)
 	}
 	return nil
+}
+
+// logRefusal logs a refused peer API handshake, as a.refusals allows:
+// the first of each client host and reason, then at most one a minute
+// with the count left out.
+func (a *Agent) logRefusal(remote net.Addr, err error) {
+	host := remoteHost(remote)
+	log, suppressed, pooled := a.refusals.allow(host, err.Error())
+	if !log {
+		return
+	}
+	attrs := []any{"remote", host, "error", err, "suppressed", suppressed, "suppressed-within", a.refusals.interval}
+	if pooled {
+		attrs = append(attrs, "pooled", "refusals from too many hosts at once; those past the first are counted together")
+	}
+	a.log.Warn("peer API refused a connection", attrs...)
 }
 
 // certOnDisk returns the node certificate on disk if it is still valid.

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -109,25 +110,42 @@ func (k *keyPair) get() (*tls.Certificate, error) {
 // ServerConfig is the TLS of a server that requires a client certificate
 // from the CA in pool. It verifies the client itself so that a refusal
 // says why (expired, another CA, none), and reports each refusal to
-// onReject when it is set.
-func ServerConfig(f NodeFiles, pool *x509.CertPool, onReject func(error)) *tls.Config {
+// onReject, when it is set, with the client's address (nil if unknown).
+// onReject runs on the handshake's goroutine, many at once.
+func ServerConfig(f NodeFiles, pool *x509.CertPool, onReject func(remote net.Addr, err error)) *tls.Config {
 	kp := &keyPair{certFile: f.Cert(), keyFile: f.Key()}
-	return &tls.Config{
+	verify := func(remote net.Addr) func([][]byte, [][]*x509.Certificate) error {
+		return func(raw [][]byte, _ [][]*x509.Certificate) error {
+			err := verifyRaw(pool, raw, time.Now())
+			if err != nil && onReject != nil {
+				onReject(remote, err)
+			}
+			return err
+		}
+	}
+	base := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return kp.get()
 		},
 		// Requested, and checked below even when missing, so that every
 		// refusal goes through verifyRaw and says why.
-		ClientAuth: tls.RequestClientCert,
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			err := verifyRaw(pool, raw, time.Now())
-			if err != nil && onReject != nil {
-				onReject(err)
-			}
-			return err
-		},
+		ClientAuth:            tls.RequestClientCert,
+		VerifyPeerCertificate: verify(nil),
 	}
+	cfg := base.Clone()
+	// Per connection, so that a refusal names the client.
+	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		var remote net.Addr
+		if hello.Conn != nil {
+			remote = hello.Conn.RemoteAddr()
+		}
+		// grpc's credentials add their ALPN protocol to this config too.
+		c := base.Clone()
+		c.VerifyPeerCertificate = verify(remote)
+		return c, nil
+	}
+	return cfg
 }
 
 // ClientConfig is the TLS of a client that presents the node certificate

@@ -254,7 +254,8 @@ func TestServerConfigRefusals(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var rejected error
-			srvCfg := ServerConfig(srvFiles, ca.Pool(), func(err error) { rejected = err })
+			var rejectedFrom net.Addr
+			srvCfg := ServerConfig(srvFiles, ca.Pool(), func(remote net.Addr, err error) { rejectedFrom, rejected = remote, err })
 			l, err := tls.Listen("tcp", "127.0.0.1:0", srvCfg)
 			if err != nil {
 				t.Fatal(err)
@@ -272,7 +273,14 @@ func TestServerConfigRefusals(t *testing.T) {
 			}()
 			cfg := tt.cfg.Clone()
 			cfg.ServerName = "127.0.0.1"
-			c, err := tls.Dial("tcp", l.Addr().String(), cfg)
+			raw, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			clientAddr := raw.LocalAddr().String()
+			c := tls.Client(raw, cfg)
+			err = c.Handshake()
 			if err == nil {
 				// TLS 1.3: a refused client learns it on its first read.
 				_, err = c.Read(make([]byte, 1))
@@ -290,6 +298,10 @@ func TestServerConfigRefusals(t *testing.T) {
 			}
 			if rejected == nil || !strings.Contains(rejected.Error(), tt.wantErr) {
 				t.Fatalf("the refusal reported %v, want %q", rejected, tt.wantErr)
+			}
+			// The refusal names the client: the address it dialed from.
+			if rejectedFrom == nil || rejectedFrom.String() != clientAddr {
+				t.Errorf("the refusal named %v, want the client %s", rejectedFrom, clientAddr)
 			}
 		})
 	}
