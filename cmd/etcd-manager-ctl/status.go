@@ -150,6 +150,7 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 		}
 	}
 	printMaintenance(w, st.Maintenance)
+	printWarnings(w, st.Warnings)
 	if len(st.Failing) > 0 {
 		fmt.Fprintf(w, "\nfailing on the leader (retried after a backoff; the rest goes on):\n")
 		for _, f := range st.Failing {
@@ -157,6 +158,17 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 		}
 	}
 	return nil
+}
+
+// printWarnings renders the leader's warnings.
+func printWarnings(w io.Writer, warnings []string) {
+	if len(warnings) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nwarnings from the leader:\n")
+	for _, l := range warnings {
+		fmt.Fprintf(w, "  %s\n", l)
+	}
 }
 
 // printMaintenance renders the leader's maintenance record.
@@ -225,6 +237,7 @@ func askAgents(ctx context.Context, recs []peer.Record, clusterName string, cred
 			if info.Leader {
 				st.Leader = info.NodeID
 				st.Failing = info.Failing
+				st.Warnings = info.Warnings
 				st.Maintenance = info.Maintenance
 			}
 		}()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -80,22 +81,30 @@ func loadClientFiles(caFile, certFile, keyFile string, now time.Time) (*tls.Conf
 	return pki.StaticClientConfig(pair, pool), nil
 }
 
-// loadCA reads the cluster's CA from --pki-dir or the backup store.
+// loadCA reads the cluster's CA from --pki-dir or the backup store, and
+// refuses one that is not valid now.
 func (o *options) loadCA(ctx context.Context) (*pki.CA, error) {
 	if o.pkiDir != "" {
-		return pki.LoadCADir(o.pkiDir)
+		return pki.LoadCADir(o.pkiDir, time.Now())
 	}
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return nil, err
 	}
 	defer s.Close()
-	ca, err := pki.LoadStoreCA(ctx, s, func(err error) bool { return errors.Is(err, store.ErrNotFound) })
+	ca, err := pki.LoadStoreCA(ctx, s, func(err error) bool { return errors.Is(err, store.ErrNotFound) }, time.Now())
 	if errors.Is(err, pki.ErrNoCA) {
 		return nil, fmt.Errorf("%w: the agents generate it when they first start with TLS; for agents started with --insecure, pass --insecure here too", err)
 	}
 	return ca, err
 }
+
+// Validity of the certificates issue-client-cert writes. They cannot be
+// revoked: nothing on the cluster records them, so they are kept short.
+const (
+	defaultClientCertValidity = 24 * time.Hour
+	maxClientCertValidity     = 90 * 24 * time.Hour
+)
 
 func issueClientCertCommand(o *options, stdout io.Writer) *cobra.Command {
 	var out, name string
@@ -105,14 +114,32 @@ func issueClientCertCommand(o *options, stdout io.Writer) *cobra.Command {
 		Short: "Write a client certificate from the cluster's CA, for etcdctl and other etcd clients",
 		Long: `issue-client-cert signs a client certificate with the cluster's CA (from
 --pki-dir, or the backup store's pki/ prefix) and writes ca.crt, client.crt
-and client.key (mode 0600) to --out. etcd requires a client certificate
-from that CA, so this is how an operator gets one for etcdctl.`,
+and client.key to --out. etcd requires a client certificate from that CA, so
+this is how an operator gets one for etcdctl.
+
+The certificate cannot be revoked, so keep --validity short: 24h by default,
+at most 2160h (90 days). --out is created with mode 0700 when missing, and
+refused when every user may write to it. Each file is written whole, through
+a new file renamed into place, the key with mode 0600; a symbolic link in
+place of a file is refused, not followed. It prints which CA signed (its
+serial, SHA-256 fingerprint and expiry), to compare with the agents' CA.`,
 		Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test issue-client-cert --out ./certs
   etcdctl --endpoints=https://127.0.0.1:4001 --cacert=certs/ca.crt --cert=certs/client.crt --key=certs/client.key get / --prefix`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
 				return errors.New("--out DIR is required")
+			}
+			if err := checkClientCertValidity(validity); err != nil {
+				return err
+			}
+			files := []clientFile{
+				{filepath.Join(out, "client.key"), nil, 0o600},
+				{filepath.Join(out, "client.crt"), nil, 0o644},
+				{filepath.Join(out, "ca.crt"), nil, 0o644},
+			}
+			if err := prepareOutDir(out, files); err != nil {
+				return err
 			}
 			ca, err := o.loadCA(cmd.Context())
 			if err != nil {
@@ -122,27 +149,81 @@ from that CA, so this is how an operator gets one for etcdctl.`,
 			if err != nil {
 				return err
 			}
+			files[0].data, files[1].data, files[2].data = keyPEM, certPEM, ca.CertPEM
 			if err := os.MkdirAll(out, 0o700); err != nil {
-				return err
+				return fmt.Errorf("--out: %w", err)
 			}
-			for _, f := range []struct {
-				name string
-				data []byte
-				mode os.FileMode
-			}{{"ca.crt", ca.CertPEM, 0o644}, {"client.crt", certPEM, 0o644}, {"client.key", keyPEM, 0o600}} {
-				if err := os.WriteFile(filepath.Join(out, f.name), f.data, f.mode); err != nil {
-					return err
+			for _, f := range files {
+				if err := pki.WriteFileAtomic(f.path, f.data, f.mode); err != nil {
+					return fmt.Errorf("--out: %w", err)
 				}
 			}
-			c, _ := pki.ParseCertPEM(certPEM)
-			_, err = fmt.Fprintf(stdout, "wrote %s, %s and %s (client %q, expires %s)\n",
-				filepath.Join(out, "ca.crt"), filepath.Join(out, "client.crt"), filepath.Join(out, "client.key"),
-				name, c.NotAfter.UTC().Format(time.RFC3339))
+			c, err := pki.ParseCertPEM(certPEM)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(stdout, "wrote %s, %s and %s (client %q, expires %s)\n"+
+				"issued by CA %q, serial %s, SHA-256 fingerprint %s, expires %s\n",
+				files[2].path, files[1].path, files[0].path, name, c.NotAfter.UTC().Format(time.RFC3339),
+				ca.Cert.Subject.CommonName, pki.Serial(ca.Cert), pki.Fingerprint(ca.Cert), ca.Cert.NotAfter.UTC().Format(time.RFC3339))
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&out, "out", "", "directory to write ca.crt, client.crt and client.key to")
+	cmd.Flags().StringVar(&out, "out", "", "directory to write ca.crt, client.crt and client.key to; created with mode 0700 when missing")
 	cmd.Flags().StringVar(&name, "name", "etcd-manager-client", "the certificate's common name, which etcd logs for the client")
-	cmd.Flags().DurationVar(&validity, "validity", 30*24*time.Hour, "how long the certificate is valid")
+	cmd.Flags().DurationVar(&validity, "validity", defaultClientCertValidity,
+		fmt.Sprintf("how long the certificate is valid, at most %s (90 days): it cannot be revoked, so keep it short", maxClientCertValidity))
 	return cmd
+}
+
+// clientFile is one file issue-client-cert writes.
+type clientFile struct {
+	path string
+	data []byte
+	mode os.FileMode
+}
+
+// checkClientCertValidity refuses a --validity that is not positive or
+// over the maximum.
+func checkClientCertValidity(v time.Duration) error {
+	switch {
+	case v <= 0:
+		return fmt.Errorf("--validity %s must be positive, such as %s", v, defaultClientCertValidity)
+	case v > maxClientCertValidity:
+		return fmt.Errorf("--validity %s is over the maximum of %s (90 days): a client certificate cannot be revoked, so issue a new one when it expires", v, maxClientCertValidity)
+	}
+	return nil
+}
+
+// prepareOutDir checks --out before anything is issued: it must be a
+// directory that not every user may write to (they could replace the key
+// once written), and none of the files may be a symbolic link or other
+// non-regular file, so that none is written unless all can be. A missing
+// folder is fine: it is created with mode 0700. --out itself may be a
+// link: the operator named it.
+func prepareOutDir(dir string, files []clientFile) error {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("--out: %w", err)
+	case !st.IsDir():
+		return fmt.Errorf("--out %s is not a directory", dir)
+	case st.Mode().Perm()&0o002 != 0:
+		return fmt.Errorf("--out %s may be written by every user, who could replace the key once written; use a folder only you can write to (a new one is created with mode 0700)", dir)
+	}
+	for _, f := range files {
+		st, err := os.Lstat(f.path)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			return fmt.Errorf("--out: %w", err)
+		case st.Mode()&fs.ModeSymlink != 0:
+			return fmt.Errorf("--out: %w: %s; remove the link, or use another --out", pki.ErrSymlink, f.path)
+		case !st.Mode().IsRegular():
+			return fmt.Errorf("--out: %s is not a regular file; remove it, or use another --out", f.path)
+		}
+	}
+	return nil
 }

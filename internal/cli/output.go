@@ -60,6 +60,9 @@ type ClusterStatus struct {
 	Unreachable []string `json:"unreachable,omitempty"`
 	// Failing are the leader's cluster changes that keep failing.
 	Failing []string `json:"failing,omitempty"`
+	// Warnings are the leader's lines about states a person should know
+	// of, such as a stalled peer URL switch.
+	Warnings []string `json:"warnings,omitempty"`
 	// Maintenance is the leader's record of defragmentations, hash
 	// comparisons and members rebuilt since it began to lead, and etcd's
 	// raised alarms.

@@ -52,6 +52,8 @@ type Agent struct {
 	ca                 *pki.CA
 	renewAt            time.Time
 	certExpiry         atomic.Int64
+	// refusals limits the log lines of refused peer API handshakes.
+	refusals *refusalLog
 
 	// wake asks the loop for a cycle now, after a peer API call changed
 	// this node.

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -96,11 +97,29 @@ func (c BackupAgentConfig) Validate() error {
 	if len(c.Endpoints) == 0 {
 		errs = append(errs, errors.New("--endpoints is required, for example --endpoints=https://10.0.0.1:2379"))
 	}
+	var plain, secure []string
 	for _, e := range c.Endpoints {
 		u, err := url.Parse(e)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			errs = append(errs, fmt.Errorf("--endpoints: %q is not an http(s)://host:port URL", e))
+			continue
 		}
+		if u.Scheme == "http" {
+			plain = append(plain, e)
+		} else {
+			secure = append(secure, e)
+		}
+	}
+	// etcd's client sends plain http to an http:// endpoint whatever TLS
+	// it is given: refuse rather than downgrade in silence.
+	switch tlsFlags := c.CACert != "" || c.Cert != "" || c.Key != ""; {
+	case len(plain) > 0 && tlsFlags:
+		errs = append(errs, fmt.Errorf("--endpoints %s: plain http, but --cacert, --cert or --key are given: "+
+			"the snapshot would travel unencrypted and the certificates be ignored; use https:// endpoints, or drop the TLS flags if etcd serves plain http only",
+			strings.Join(plain, ",")))
+	case len(plain) > 0 && len(secure) > 0:
+		errs = append(errs, fmt.Errorf("--endpoints mixes plain http (%s) with https (%s): some snapshots would travel unencrypted; use https:// throughout",
+			strings.Join(plain, ","), strings.Join(secure, ",")))
 	}
 	if (c.Cert == "") != (c.Key == "") {
 		errs = append(errs, errors.New("--cert and --key go together"))

@@ -326,6 +326,39 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// msgTLSOff is the warning an agent logs at start when --insecure or
+// --etcd-insecure turns TLS off; securityOff gives its attributes.
+const msgTLSOff = "TLS is turned off: that traffic is plaintext and unauthenticated"
+
+// securityOff describes what --insecure and --etcd-insecure turn off, as
+// the attributes of msgTLSOff; nil when TLS is on everywhere.
+func (c Config) securityOff() []any {
+	const (
+		peerRisk = "the agents' peer API is plaintext: anyone who can reach --address:--peer-port can read this node's status and make it join, leave or restore a cluster"
+		etcdRisk = "etcd's client and peer URLs are plain http: anyone who can reach them can read and write every key, and raft traffic between members is unauthenticated"
+	)
+	var off, flags, risks []string
+	if c.Insecure {
+		off, flags, risks = append(off, "peer API"), append(flags, "--"+flagInsecure), append(risks, peerRisk)
+	}
+	if c.EtcdInsecure {
+		off, flags, risks = append(off, "etcd"), append(flags, "--"+flagEtcdInsecure), append(risks, etcdRisk)
+	}
+	var on string
+	switch {
+	case len(off) == 0:
+		return nil
+	case !c.Insecure:
+		on = "peer API (mutual TLS)"
+	case !c.EtcdInsecure:
+		on = "etcd (https with client certificates)"
+	default:
+		on = "nothing"
+	}
+	return []any{"off", strings.Join(off, " and "), "flags", strings.Join(flags, " "), "still-secured", on,
+		"risk", strings.Join(risks, "; "), "fix", "drop the flag(s) on a network that is not wholly trusted; docs/security.md explains how to turn TLS on for a running cluster"}
+}
+
 func checkURL(raw string, insecure bool) error {
 	u, err := url.Parse(raw)
 	if err != nil {

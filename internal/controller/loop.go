@@ -93,6 +93,9 @@ type loop struct {
 	// lastInfo is the last info-level report, logged again only when it
 	// changes; warnings and errors are logged every cycle.
 	lastInfo string
+	// warnings are the status lines of the last plan's reports, shown by
+	// etcd-manager-ctl status while this agent leads.
+	warnings []string
 
 	procedures *procedure.Executor
 	members    *members
@@ -225,7 +228,9 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	lp.housekeeping(ctx, lp.store, obs)
 	lp.capture.sync(lp, obs)
 	lp.compact(ctx, obs)
-	for _, act := range plan.Plan(obs) {
+	actions := plan.Plan(obs)
+	lp.warnings = plan.StatusLines(actions)
+	for _, act := range actions {
 		if ctx.Err() != nil {
 			return false
 		}

@@ -641,6 +641,7 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 	if leader {
 		info.Failing = lp.failures.report()
 		sort.Strings(info.Failing)
+		info.Warnings = lp.warnings
 		m := lp.maint
 		info.Maintenance = &m
 	}

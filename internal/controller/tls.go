@@ -35,10 +35,10 @@ func (a *Agent) pkiFiles() pki.NodeFiles {
 func (a *Agent) tlsEnabled() bool { return !a.cfg.Insecure || !a.cfg.EtcdInsecure }
 
 // loadCA reads the CA from --pki-dir, or from the store, creating it
-// there on first use.
+// there on first use. Either refuses a CA that is not valid now.
 func (a *Agent) loadCA(ctx context.Context) (*pki.CA, error) {
 	if a.cfg.PKIDir != "" {
-		return pki.LoadCADir(a.cfg.PKIDir)
+		return pki.LoadCADir(a.cfg.PKIDir, a.now())
 	}
 	// A store of its own: the renewal goroutine must not share the
 	// loop's.
@@ -53,6 +53,11 @@ func (a *Agent) loadCA(ctx context.Context) (*pki.CA, error) {
 			"key", pki.StoreCAKey, "expires", ca.Cert.NotAfter)
 	}
 	return ca, err
+}
+
+// caOutOfDate reports whether err is about a CA that is not valid now.
+func caOutOfDate(err error) bool {
+	return errors.Is(err, pki.ErrCAExpired) || errors.Is(err, pki.ErrCANotYetValid)
 }
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
@@ -94,11 +99,15 @@ func (a *Agent) certRequest() pki.CertRequest {
 }
 
 // setupTLS makes sure the node has a current certificate before the peer
-// API and etcd start, and sets up the credentials that use it. Without
+// API and etcd start, and sets up the credentials that use it. It warns
+// first when --insecure or --etcd-insecure turns TLS off. Without
 // the CA (the store unreachable, say), a certificate already on disk
 // still serves, and is renewed once the CA can be read; with none on
 // disk, it waits and retries, logging why.
 func (a *Agent) setupTLS(ctx context.Context) error {
+	if attrs := a.cfg.securityOff(); attrs != nil {
+		a.log.Warn(msgTLSOff, attrs...)
+	}
 	if !a.tlsEnabled() {
 		a.serverCreds, a.creds = insecure.NewCredentials(), insecure.NewCredentials()
 		return nil
@@ -109,6 +118,11 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 		err := a.renewCert(ctx)
 		if err == nil {
 			break
+		}
+		if a.cfg.PKIDir != "" && caOutOfDate(err) {
+			// Files stay out of date until someone replaces them:
+			// refuse to start, with the dates, rather than retry.
+			return fmt.Errorf("controller: %w", err)
 		}
 		if c, ok := a.certOnDisk(); ok {
 			a.log.Warn("cannot renew the node certificate now; using the one on disk", "error", err, "expires", c.NotAfter)
@@ -133,15 +147,30 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 	if a.cfg.Insecure {
 		a.serverCreds, a.creds = insecure.NewCredentials(), insecure.NewCredentials()
 	} else {
-		a.serverCreds = credentials.NewTLS(pki.ServerConfig(files, pool, func(err error) {
-			a.log.Warn("peer API refused a connection", "error", err)
-		}))
+		a.refusals = newRefusalLog(refusalLogInterval, refusalLogMaxKeys, a.now)
+		a.serverCreds = credentials.NewTLS(pki.ServerConfig(files, pool, a.logRefusal))
 		a.creds = credentials.NewTLS(pki.NodeClientConfig(files, pool))
 	}
 	if !a.cfg.EtcdInsecure {
 		a.etcdTLS = pki.ClientConfig(files, pool)
 	}
 	return nil
+}
+
+// logRefusal logs a refused peer API handshake, as a.refusals allows:
+// the first of each client host and reason, then at most one a minute
+// with the count left out.
+func (a *Agent) logRefusal(remote net.Addr, err error) {
+	host := remoteHost(remote)
+	log, suppressed, pooled := a.refusals.allow(host, err.Error())
+	if !log {
+		return
+	}
+	attrs := []any{"remote", host, "error", err, "suppressed", suppressed, "suppressed-within", a.refusals.interval}
+	if pooled {
+		attrs = append(attrs, "pooled", "refusals from too many hosts at once; those past the first are counted together")
+	}
+	a.log.Warn("peer API refused a connection", attrs...)
 }
 
 // certOnDisk returns the node certificate on disk if it is still valid.
@@ -160,7 +189,9 @@ func (a *Agent) certOnDisk() (*x509.Certificate, bool) {
 // renewCert issues the node certificate if it is missing, due, or no
 // longer matches the node's addresses or the CA.
 func (a *Agent) renewCert(ctx context.Context) error {
-	if a.ca == nil {
+	// A CA that went out of date is read again: it may have been
+	// replaced meanwhile.
+	if a.ca == nil || a.ca.ValidAt(a.now()) != nil {
 		ca, err := a.loadCA(ctx)
 		if err != nil {
 			return err

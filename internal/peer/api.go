@@ -86,6 +86,10 @@ type NodeInfo struct {
 	// Failing are the leader's cluster changes that keep failing, each as
 	// "action: last error"; they back off while the rest goes on.
 	Failing []string `json:"failing,omitempty"`
+	// Warnings are the leader's lines about states a person should know
+	// of, such as a stalled peer URL switch, as its last plan reported
+	// them.
+	Warnings []string `json:"warnings,omitempty"`
 	// Maintenance is the leader's record of its maintenance work.
 	Maintenance *Maintenance `json:"maintenance,omitempty"`
 	// LocalMembers are the members its etcd knows, from its own copy of

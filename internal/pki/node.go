@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -25,16 +26,20 @@ func (f NodeFiles) Cert() string { return filepath.Join(f.Dir, "node.crt") }
 func (f NodeFiles) Key() string  { return filepath.Join(f.Dir, "node.key") }
 
 // EnsureNodeCert makes sure the files hold a certificate from ca for req,
-// valid at now and not yet due for renewal, issuing one if not. It
-// returns the certificate in use and whether it is new. The key is kept
+// valid at now and not yet due for renewal, issuing one if not; it
+// refuses a CA that is not valid at now. It returns the certificate in
+// use and whether it is new. The key is kept
 // across renewals, so a renewal replaces node.crt alone, atomically, and
 // etcd, which reads the files on every new connection, never sees a
 // certificate with the wrong key.
 func EnsureNodeCert(ca *CA, f NodeFiles, req CertRequest, now time.Time) (*x509.Certificate, bool, error) {
+	if err := ca.ValidAt(now); err != nil {
+		return nil, false, fmt.Errorf("%w; cannot issue the node certificate from it", err)
+	}
 	if err := os.MkdirAll(f.Dir, 0o700); err != nil {
 		return nil, false, fmt.Errorf("pki: %w", err)
 	}
-	if err := writeFileAtomic(f.CA(), ca.CertPEM, 0o644); err != nil {
+	if err := WriteFileAtomic(f.CA(), ca.CertPEM, 0o644); err != nil {
 		return nil, false, err
 	}
 	var key crypto.Signer
@@ -58,7 +63,7 @@ func EnsureNodeCert(ca *CA, f NodeFiles, req CertRequest, now time.Time) (*x509.
 		if err != nil {
 			return nil, false, err
 		}
-		if err := writeFileAtomic(f.Key(), kp, 0o600); err != nil {
+		if err := WriteFileAtomic(f.Key(), kp, 0o600); err != nil {
 			return nil, false, err
 		}
 	}
@@ -66,7 +71,7 @@ func EnsureNodeCert(ca *CA, f NodeFiles, req CertRequest, now time.Time) (*x509.
 	if err != nil {
 		return nil, false, err
 	}
-	if err := writeFileAtomic(f.Cert(), certPEM, 0o644); err != nil {
+	if err := WriteFileAtomic(f.Cert(), certPEM, 0o644); err != nil {
 		return nil, false, err
 	}
 	c, err := ParseCertPEM(certPEM)
@@ -105,25 +110,42 @@ func (k *keyPair) get() (*tls.Certificate, error) {
 // ServerConfig is the TLS of a server that requires a client certificate
 // from the CA in pool. It verifies the client itself so that a refusal
 // says why (expired, another CA, none), and reports each refusal to
-// onReject when it is set.
-func ServerConfig(f NodeFiles, pool *x509.CertPool, onReject func(error)) *tls.Config {
+// onReject, when it is set, with the client's address (nil if unknown).
+// onReject runs on the handshake's goroutine, many at once.
+func ServerConfig(f NodeFiles, pool *x509.CertPool, onReject func(remote net.Addr, err error)) *tls.Config {
 	kp := &keyPair{certFile: f.Cert(), keyFile: f.Key()}
-	return &tls.Config{
+	verify := func(remote net.Addr) func([][]byte, [][]*x509.Certificate) error {
+		return func(raw [][]byte, _ [][]*x509.Certificate) error {
+			err := verifyRaw(pool, raw, time.Now())
+			if err != nil && onReject != nil {
+				onReject(remote, err)
+			}
+			return err
+		}
+	}
+	base := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return kp.get()
 		},
 		// Requested, and checked below even when missing, so that every
 		// refusal goes through verifyRaw and says why.
-		ClientAuth: tls.RequestClientCert,
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			err := verifyRaw(pool, raw, time.Now())
-			if err != nil && onReject != nil {
-				onReject(err)
-			}
-			return err
-		},
+		ClientAuth:            tls.RequestClientCert,
+		VerifyPeerCertificate: verify(nil),
 	}
+	cfg := base.Clone()
+	// Per connection, so that a refusal names the client.
+	cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		var remote net.Addr
+		if hello.Conn != nil {
+			remote = hello.Conn.RemoteAddr()
+		}
+		// grpc's credentials add their ALPN protocol to this config too.
+		c := base.Clone()
+		c.VerifyPeerCertificate = verify(remote)
+		return c, nil
+	}
+	return cfg
 }
 
 // ClientConfig is the TLS of a client that presents the node certificate

@@ -6,14 +6,15 @@
 package pki
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -43,7 +45,15 @@ const (
 // Errors.
 var (
 	ErrNoCA = errors.New("pki: no CA")
+	// ErrCAExpired and ErrCANotYetValid mean the CA's certificate is not
+	// valid now: nothing it issues would be accepted.
+	ErrCAExpired     = errors.New("pki: CA expired")
+	ErrCANotYetValid = errors.New("pki: CA not valid yet")
 )
+
+// MaxStoreCASize bounds the read of the store's CA object (a key and a
+// certificate in PEM: a few KiB even with a large RSA key).
+const MaxStoreCASize = 64 << 10
 
 // CA is a certificate authority: its certificate and private key.
 type CA struct {
@@ -103,8 +113,60 @@ func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
 	return &CA{Cert: cert, CertPEM: firstBlock(certPEM, "CERTIFICATE"), Key: key}, nil
 }
 
-// LoadCADir reads dir/ca.crt and dir/ca.key (--pki-dir).
-func LoadCADir(dir string) (*CA, error) {
+// ValidAt checks that the CA's certificate is valid at now. The error
+// names the CA by subject and serial and gives its dates.
+func (ca *CA) ValidAt(now time.Time) error {
+	c := ca.Cert
+	switch {
+	case now.After(c.NotAfter):
+		return fmt.Errorf("%w: %s expired at %s, after being valid from %s", ErrCAExpired, Describe(c),
+			c.NotAfter.UTC().Format(time.RFC3339), c.NotBefore.UTC().Format(time.RFC3339))
+	case now.Before(c.NotBefore):
+		return fmt.Errorf("%w: %s is valid from %s to %s, and this machine's clock says %s", ErrCANotYetValid, Describe(c),
+			c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// Describe names a certificate for people: its subject's common name and
+// its serial.
+func Describe(c *x509.Certificate) string {
+	return fmt.Sprintf("%q (serial %s)", c.Subject.CommonName, Serial(c))
+}
+
+// Serial is a certificate's serial number in the form openssl prints:
+// upper-case hex pairs joined by colons.
+func Serial(c *x509.Certificate) string {
+	b := c.SerialNumber.Bytes()
+	if len(b) == 0 {
+		b = []byte{0}
+	}
+	return colonHex(b)
+}
+
+// Fingerprint is the SHA-256 of a certificate's DER, in the form
+// openssl x509 -noout -fingerprint -sha256 prints, so that the two can
+// be compared.
+func Fingerprint(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return colonHex(sum[:])
+}
+
+func colonHex(b []byte) string {
+	s := strings.ToUpper(hex.EncodeToString(b))
+	var out strings.Builder
+	for i := 0; i < len(s); i += 2 {
+		if i > 0 {
+			out.WriteByte(':')
+		}
+		out.WriteString(s[i : i+2])
+	}
+	return out.String()
+}
+
+// LoadCADir reads dir/ca.crt and dir/ca.key (--pki-dir), and refuses a
+// CA that is not valid at now.
+func LoadCADir(dir string, now time.Time) (*CA, error) {
 	crt, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
 	if err != nil {
 		return nil, fmt.Errorf("pki: --pki-dir: %w", err)
@@ -117,7 +179,18 @@ func LoadCADir(dir string) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (in %s)", err, dir)
 	}
+	if err := ca.ValidAt(now); err != nil {
+		return nil, fmt.Errorf("%w (in --pki-dir %s); %s", err, dir, validityAdvice(err, "put a current CA's ca.crt and ca.key there"))
+	}
 	return ca, nil
+}
+
+// validityAdvice says what to do about a CA that is not valid now.
+func validityAdvice(err error, replace string) string {
+	if errors.Is(err, ErrCANotYetValid) {
+		return "check this machine's clock, or use a CA that is valid now"
+	}
+	return replace
 }
 
 // KeyPEM is the CA's private key in PKCS#8 PEM.
@@ -301,9 +374,10 @@ func newSerial() (*big.Int, error) {
 }
 
 // Store keeps the generated CA. Create must succeed for exactly one of
-// several concurrent callers.
+// several concurrent callers; ReadMax refuses an object over max bytes,
+// naming it.
 type Store interface {
-	Read(ctx context.Context, key string) ([]byte, error)
+	ReadMax(ctx context.Context, key string, max int64) ([]byte, error)
 	Create(ctx context.Context, key string, data []byte) error
 	Write(ctx context.Context, key string, data []byte) error
 }
@@ -316,10 +390,12 @@ const (
 	StoreCACert = "pki/ca.crt"
 )
 
-// LoadStoreCA reads the CA kept in the store. isNotFound tells the
-// store's missing-object error apart; without a CA it returns ErrNoCA.
-func LoadStoreCA(ctx context.Context, s Store, isNotFound func(error) bool) (*CA, error) {
-	data, err := s.Read(ctx, StoreCAKey)
+// LoadStoreCA reads the CA kept in the store, at most MaxStoreCASize
+// bytes of it, and refuses one that is not valid at now. isNotFound tells
+// the store's missing-object error apart; without a CA it returns
+// ErrNoCA.
+func LoadStoreCA(ctx context.Context, s Store, isNotFound func(error) bool, now time.Time) (*CA, error) {
+	data, err := s.ReadMax(ctx, StoreCAKey, MaxStoreCASize)
 	if isNotFound(err) {
 		return nil, fmt.Errorf("%w in the backup store (%s)", ErrNoCA, StoreCAKey)
 	}
@@ -330,6 +406,11 @@ func LoadStoreCA(ctx context.Context, s Store, isNotFound func(error) bool) (*CA
 	if err != nil {
 		return nil, fmt.Errorf("%w (in %s)", err, StoreCAKey)
 	}
+	if err := ca.ValidAt(now); err != nil {
+		replace := fmt.Sprintf("no certificate it issues is accepted: start the agents with a current CA in --pki-dir, "+
+			"or move %s and %s aside so that the agents generate a new CA when they restart (clients then need new certificates)", StoreCAKey, StoreCACert)
+		return nil, fmt.Errorf("%w (in the backup store's %s); %s", err, StoreCAKey, validityAdvice(err, replace))
+	}
 	return ca, nil
 }
 
@@ -337,7 +418,7 @@ func LoadStoreCA(ctx context.Context, s Store, isNotFound func(error) bool) (*CA
 // none. Agents starting together agree on one CA: the first to create the
 // key object wins, and the others read it.
 func EnsureStoreCA(ctx context.Context, s Store, isNotFound, isExists func(error) bool, now time.Time) (ca *CA, created bool, err error) {
-	ca, err = LoadStoreCA(ctx, s, isNotFound)
+	ca, err = LoadStoreCA(ctx, s, isNotFound, now)
 	if err == nil || !errors.Is(err, ErrNoCA) {
 		return ca, false, err
 	}
@@ -352,7 +433,7 @@ func EnsureStoreCA(ctx context.Context, s Store, isNotFound, isExists func(error
 	err = s.Create(ctx, StoreCAKey, append(kp, gen.CertPEM...))
 	switch {
 	case isExists(err):
-		ca, err = LoadStoreCA(ctx, s, isNotFound)
+		ca, err = LoadStoreCA(ctx, s, isNotFound, now)
 		return ca, false, err
 	case err != nil:
 		return nil, false, fmt.Errorf("pki: store the CA: %w", err)
@@ -377,36 +458,4 @@ func SameNames(c *x509.Certificate, dns []string, ips []net.IP) bool {
 		}
 	}
 	return true
-}
-
-// writeFileAtomic replaces path with data: readers see the old or the
-// new content, never a mix.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
-		return nil
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return fmt.Errorf("pki: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("pki: %w", err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("pki: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("pki: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("pki: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("pki: %w", err)
-	}
-	return nil
 }

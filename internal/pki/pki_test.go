@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -131,13 +132,15 @@ func TestEnsureNodeCert(t *testing.T) {
 	}
 }
 
-// memStore is a store whose Create succeeds once per key.
+// memStore is a store whose Create succeeds once per key. It records the
+// bound of each ReadMax.
 type memStore struct {
 	mu      sync.Mutex
 	objects map[string][]byte
+	maxes   []int64
 }
 
-var errMissing, errExists = errors.New("missing"), errors.New("exists")
+var errMissing, errExists, errTooLarge = errors.New("missing"), errors.New("exists"), errors.New("too large")
 
 func (m *memStore) Read(_ context.Context, k string) ([]byte, error) {
 	m.mu.Lock()
@@ -146,6 +149,16 @@ func (m *memStore) Read(_ context.Context, k string) ([]byte, error) {
 		return d, nil
 	}
 	return nil, errMissing
+}
+func (m *memStore) ReadMax(ctx context.Context, k string, max int64) ([]byte, error) {
+	m.mu.Lock()
+	m.maxes = append(m.maxes, max)
+	m.mu.Unlock()
+	d, err := m.Read(ctx, k)
+	if err == nil && int64(len(d)) > max {
+		return nil, fmt.Errorf("%w: %s is %d bytes", errTooLarge, k, len(d))
+	}
+	return d, err
 }
 func (m *memStore) Create(_ context.Context, k string, d []byte) error {
 	m.mu.Lock()
@@ -167,7 +180,7 @@ func TestEnsureStoreCAOnceUnderRace(t *testing.T) {
 	s := &memStore{objects: map[string][]byte{}}
 	isNF := func(err error) bool { return errors.Is(err, errMissing) }
 	isEx := func(err error) bool { return errors.Is(err, errExists) }
-	if _, err := LoadStoreCA(t.Context(), s, isNF); !errors.Is(err, ErrNoCA) {
+	if _, err := LoadStoreCA(t.Context(), s, isNF, t0); !errors.Is(err, ErrNoCA) {
 		t.Fatalf("empty store: %v", err)
 	}
 	cas := make([]*CA, 8)
@@ -241,7 +254,8 @@ func TestServerConfigRefusals(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var rejected error
-			srvCfg := ServerConfig(srvFiles, ca.Pool(), func(err error) { rejected = err })
+			var rejectedFrom net.Addr
+			srvCfg := ServerConfig(srvFiles, ca.Pool(), func(remote net.Addr, err error) { rejectedFrom, rejected = remote, err })
 			l, err := tls.Listen("tcp", "127.0.0.1:0", srvCfg)
 			if err != nil {
 				t.Fatal(err)
@@ -259,7 +273,14 @@ func TestServerConfigRefusals(t *testing.T) {
 			}()
 			cfg := tt.cfg.Clone()
 			cfg.ServerName = "127.0.0.1"
-			c, err := tls.Dial("tcp", l.Addr().String(), cfg)
+			raw, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			clientAddr := raw.LocalAddr().String()
+			c := tls.Client(raw, cfg)
+			err = c.Handshake()
 			if err == nil {
 				// TLS 1.3: a refused client learns it on its first read.
 				_, err = c.Read(make([]byte, 1))
@@ -277,6 +298,10 @@ func TestServerConfigRefusals(t *testing.T) {
 			}
 			if rejected == nil || !strings.Contains(rejected.Error(), tt.wantErr) {
 				t.Fatalf("the refusal reported %v, want %q", rejected, tt.wantErr)
+			}
+			// The refusal names the client: the address it dialed from.
+			if rejectedFrom == nil || rejectedFrom.String() != clientAddr {
+				t.Errorf("the refusal named %v, want the client %s", rejectedFrom, clientAddr)
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Switching peer URLs. When an agent restarts with other --peer-urls than
@@ -20,6 +21,11 @@ import (
 // leadership on. A member that is down, its node back at another address
 // (a Kubernetes pod recreated with a new IP), is switched while it is down,
 // the others healthy: its etcd cannot serve the old address at all.
+
+// MsgPeerURLSwitchStalled is reported, at warning level and in status,
+// when a peer URL switch waits on a member unhealthy past the grace
+// period.
+const MsgPeerURLSwitchStalled = "peer URL switch stalled: a member has been unhealthy past the grace period"
 
 // SetPeerURLs registers a member's new peer URLs and has its node serve
 // them.
@@ -67,10 +73,32 @@ func planPeerURLs(o Observed) []Action {
 		next = todo[i]
 	}
 	// Every other member must be healthy: the switch restarts the member's
-	// etcd, and must not cost the quorum.
+	// etcd, and must not cost the quorum. A member that stays unhealthy
+	// past the grace period stalls the switch: the others keep their old
+	// URLs, plain http in a move to TLS, until it is back or replaced.
 	for _, m := range o.Cluster.Members {
 		if !m.Healthy && m.ID != next.m.ID {
-			return []Action{Report{Level: slog.LevelInfo, Msg: "peer URL switch waits for every member to be healthy", Attrs: []any{"member", m.Name}}}
+			if m.UnhealthyFor < o.Grace {
+				return []Action{Report{Level: slog.LevelInfo, Msg: "peer URL switch waits for every member to be healthy", Attrs: []any{"member", m.Name}}}
+			}
+			var waiting, old []string
+			toTLS := false
+			for _, c := range todo {
+				waiting = append(waiting, c.m.Name)
+				old = append(old, c.m.PeerURLs...)
+				toTLS = toTLS || (hasScheme(c.m.PeerURLs, "http") && hasScheme(c.n.PeerURLs, "https"))
+			}
+			keep := "keeps"
+			if len(waiting) > 1 {
+				keep = "keep"
+			}
+			status := fmt.Sprintf("peer URL switch stalled: member %s has been unhealthy for %s; until it is healthy or replaced, %s %s the old peer URLs %s",
+				m.Name, m.UnhealthyFor.Round(time.Second), strings.Join(waiting, ", "), keep, strings.Join(old, ","))
+			if toTLS {
+				status += ", so raft traffic to them is still plain http"
+			}
+			return []Action{Report{Level: slog.LevelWarn, Msg: MsgPeerURLSwitchStalled, Status: status,
+				Attrs: []any{"member", m.Name, "unhealthy-for", m.UnhealthyFor, "waiting", waiting, "old-peer-urls", old}}}
 		}
 	}
 	if next.n.ID == o.Self.ID && len(o.Cluster.Members) > 1 {
@@ -81,4 +109,9 @@ func planPeerURLs(o Observed) []Action {
 		}
 	}
 	return []Action{SetPeerURLs{NodeID: next.n.ID, MemberID: next.m.ID, URLs: next.n.PeerURLs}}
+}
+
+// hasScheme reports whether any of the URLs has the scheme.
+func hasScheme(urls []string, scheme string) bool {
+	return slices.ContainsFunc(urls, func(u string) bool { return strings.HasPrefix(u, scheme+"://") })
 }

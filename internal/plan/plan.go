@@ -352,6 +352,20 @@ type Report struct {
 	Level slog.Level
 	Msg   string
 	Attrs []any
+	// Status, when set, is a line for etcd-manager-ctl status: the leader
+	// shows it for as long as its plan keeps returning the report.
+	Status string
+}
+
+// StatusLines are the Status lines of the plan's reports, in order.
+func StatusLines(actions []Action) []string {
+	var out []string
+	for _, a := range actions {
+		if r, ok := a.(Report); ok && r.Status != "" {
+			out = append(out, r.Status)
+		}
+	}
+	return out
 }
 
 func (StartEtcd) String() string        { return "start-etcd" }

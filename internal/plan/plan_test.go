@@ -3,6 +3,7 @@ package plan
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -473,6 +474,59 @@ func TestPlanPeerURLSwitch(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := describe(Plan(tt.obs)); !strings.HasPrefix(got, tt.want) || (tt.want == "" && got != "") {
 				t.Fatalf("got  %q\nwant %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// A switch held up by a member unhealthy past the grace period is
+// stalled: a warning, with a line for status that says which members keep
+// which old URLs, and that raft traffic is still plain http; within the
+// grace, a member restarting is routine and only noted.
+func TestPlanPeerURLSwitchStalled(t *testing.T) {
+	secure := func(id string) Node {
+		n := node(id, "member")
+		n.PeerURLs = []string{"https://" + id + ":2380"}
+		return n
+	}
+	down := func(d time.Duration) Member {
+		m := member("c", false)
+		m.UnhealthyFor = d
+		return m
+	}
+	tests := []struct {
+		name       string
+		c          Member
+		peers      []Node
+		wantLevel  slog.Level
+		wantStatus string
+	}{
+		{"within the grace", down(59 * time.Second), []Node{secure("a"), secure("b"), node("c", "member")}, slog.LevelInfo, ""},
+		{"past the grace, from http", down(5 * time.Minute), []Node{secure("a"), secure("b"), node("c", "member")}, slog.LevelWarn,
+			"peer URL switch stalled: member c has been unhealthy for 5m0s; until it is healthy or replaced, a, b keep the old peer URLs " +
+				"http://a:2380,http://b:2380, so raft traffic to them is still plain http"},
+		{"past the grace, another port", down(time.Hour), func() []Node {
+			b := node("b", "member")
+			b.PeerURLs = []string{"http://b:2390"}
+			return []Node{node("a", "member"), b, node("c", "member")}
+		}(), slog.LevelWarn,
+			"peer URL switch stalled: member c has been unhealthy for 1h0m0s; until it is healthy or replaced, b keeps the old peer URLs http://b:2380"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Plan(leaderObs(3, cluster(member("a", true), member("b", true), tt.c), tt.peers...))
+			if len(got) != 1 {
+				t.Fatalf("plan %s, want one report", describe(got))
+			}
+			r, ok := got[0].(Report)
+			if !ok || r.Level != tt.wantLevel || r.Status != tt.wantStatus {
+				t.Fatalf("plan %s (status %q), want a report at %s with status\n%q", describe(got), r.Status, tt.wantLevel, tt.wantStatus)
+			}
+			if lines := StatusLines(got); (tt.wantStatus == "") != (len(lines) == 0) {
+				t.Errorf("StatusLines = %q", lines)
+			}
+			if tt.wantLevel == slog.LevelWarn && r.Msg != MsgPeerURLSwitchStalled {
+				t.Errorf("message %q, want %q", r.Msg, MsgPeerURLSwitchStalled)
 			}
 		})
 	}

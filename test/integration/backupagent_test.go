@@ -130,6 +130,8 @@ func TestBackupAgentFlags(t *testing.T) {
 		{[]string{"--backup-store=" + env.StoreURL, "--endpoints=https://127.0.0.1:2379", "--cert=/x"}, "--cert and --key go together"},
 		{[]string{"--backup-store=" + env.StoreURL, "--endpoints=https://127.0.0.1:2379", "--cacert=/no/such/ca.crt"}, "no such file"},
 		{[]string{"--backup-store=" + env.StoreURL, "--endpoints=http://127.0.0.1:2379", "--backup-retention=forever"}, "--backup-retention"},
+		// TLS flags with a plain http endpoint: refused, not downgraded.
+		{[]string{"--backup-store=" + env.StoreURL, "--endpoints=http://127.0.0.1:2379", "--cacert=" + env.AgentBin}, "plain http, but --cacert, --cert or --key are given"},
 	}
 	for _, tt := range tests {
 		out, err := runAgent(env, append([]string{"backup-agent"}, tt.args...)...)

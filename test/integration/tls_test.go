@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
@@ -33,7 +35,7 @@ func storeCA(t *testing.T, env *harness.Env) *pki.CA {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ca, err := pki.LoadStoreCA(t.Context(), s, func(err error) bool { return errors.Is(err, store.ErrNotFound) })
+	ca, err := pki.LoadStoreCA(t.Context(), s, func(err error) bool { return errors.Is(err, store.ErrNotFound) }, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,5 +383,88 @@ func TestSuppliedCA(t *testing.T) {
 	// Without --pki-dir, the ctl finds no CA in the store and says so.
 	if _, stderr, err := env.Ctl("status"); err == nil || !strings.Contains(stderr, "no CA in the backup store") {
 		t.Errorf("status without the CA: %v, %q", err, stderr)
+	}
+}
+
+// A move to TLS held up by a member that stays down. Agents started
+// without TLS say so at start. The leader waits for the member, and past
+// --member-failure-grace status says the switch is stalled, naming the
+// member and the members still on plain http peer URLs; once the member
+// is back with TLS, the switch completes and the warning goes.
+func TestStalledPeerURLSwitchWarns(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.Insecure = true
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{ExtraArgs: []string{"--member-failure-grace=5s"}})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	if n := strings.Count(allLogs(agents), "TLS is turned off: that traffic is plaintext and unauthenticated"); n != 3 {
+		t.Errorf("%d agents warned at start that TLS is off, want 3", n)
+	}
+
+	down := agents[2]
+	downID := down.NodeID()
+	down.Stop()
+	for _, a := range agents[:2] {
+		a.Stop()
+		a.Reconfigure(true)
+		a.Start()
+		harness.WaitFor(t, time.Minute, "agent "+a.Name+" to run etcd again", func() bool { return a.EtcdPID() != 0 })
+	}
+	env.Insecure = false
+	// Both members wait, the status line names them in node ID order.
+	waiting := []string{agents[0].NodeID(), agents[1].NodeID()}
+	slices.Sort(waiting)
+	want := "peer URL switch stalled: member " + downID + " has been unhealthy for "
+	wantWaiting := "until it is healthy or replaced, " + strings.Join(waiting, ", ") + " keep the old peer URLs http://"
+	var out string
+	harness.WaitFor(t, 2*time.Minute, "status to say the peer URL switch is stalled", func() bool {
+		out, _, _ = env.Ctl("status")
+		return strings.Contains(out, want) && strings.Contains(out, wantWaiting)
+	})
+	for _, want := range []string{"warnings from the leader:", "raft traffic to them is still plain http"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(allLogs(agents[:2]), plan.MsgPeerURLSwitchStalled) {
+		t.Error("the leader did not log the stalled switch")
+	}
+
+	down.Reconfigure(true)
+	down.Start()
+	harness.WaitFor(t, 3*time.Minute, "the switch to complete and the warning to go", func() bool {
+		out, _, err := env.Ctl("status")
+		return err == nil && strings.Count(out, " healthy ") == 3 && !strings.Contains(out, "stalled")
+	})
+	if n := strings.Count(allLogs(agents), "restarting etcd to serve new peer URLs"); n != 3 {
+		t.Errorf("%d members switched their peer URLs, want 3", n)
+	}
+}
+
+// An agent given an out-of-date CA with --pki-dir refuses to start, and
+// says why with the CA's dates.
+func TestOutOfDatePKIDirIsRefusedAtStart(t *testing.T) {
+	ca, err := pki.GenerateCA(time.Now().Add(-48*time.Hour), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	key, _ := ca.KeyPEM()
+	for name, data := range map[string][]byte{"ca.crt": ca.CertPEM, "ca.key": key} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := harness.NewEnv(t)
+	a := env.StartAgent("expired-ca", harness.AgentOptions{ExtraArgs: []string{"--pki-dir=" + dir}})
+	harness.WaitFor(t, 30*time.Second, "the agent to exit", func() bool { return !a.Running() })
+	if a.ExitErr() == nil {
+		t.Error("the agent exited cleanly")
+	}
+	log := a.Log()
+	for _, want := range []string{"pki: CA expired", "expired at " + ca.Cert.NotAfter.UTC().Format(time.RFC3339), "--pki-dir " + dir} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the agent's output lacks %q:\n%s", want, log)
+		}
 	}
 }

@@ -1,0 +1,202 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// logRecorder is a slog handler that keeps every record, for tests that
+// assert what an agent logged.
+type logRecorder struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r.Clone())
+	return nil
+}
+func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logRecorder) WithGroup(string) slog.Handler      { return h }
+
+// find returns the records with the message, each as "LEVEL k=v k=v".
+func (h *logRecorder) find(msg string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, r := range h.records {
+		if r.Message != msg {
+			continue
+		}
+		line := r.Level.String()
+		r.Attrs(func(a slog.Attr) bool {
+			line += fmt.Sprintf(" %s=%v", a.Key, a.Value)
+			return true
+		})
+		out = append(out, line)
+	}
+	return out
+}
+
+// testAgent is an agent with TLS on, a fresh data dir, and a log that
+// records.
+func testAgent(t *testing.T) (*Agent, *logRecorder) {
+	t.Helper()
+	c := validConfig()
+	c.Insecure, c.EtcdInsecure = false, false
+	c.DataDir = t.TempDir()
+	c.BackupStore = "file://" + filepath.Join(t.TempDir(), "store")
+	rec := &logRecorder{}
+	a := NewAgent(c, slog.New(rec))
+	a.nodeID = "node-1"
+	return a, rec
+}
+
+func writeCADir(t *testing.T, ca *pki.CA) string {
+	t.Helper()
+	dir := t.TempDir()
+	key, _ := ca.KeyPEM()
+	for name, data := range map[string][]byte{"ca.crt": ca.CertPEM, "ca.key": key} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func mustGenerateCA(t *testing.T, at time.Time, validity time.Duration) *pki.CA {
+	t.Helper()
+	ca, err := pki.GenerateCA(at, validity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// An agent given an out-of-date CA with --pki-dir refuses to start, with
+// the CA's dates in the error, instead of retrying for ever.
+func TestSetupTLSRefusesAnOutOfDatePKIDir(t *testing.T) {
+	now := time.Now()
+	tests := []struct {
+		name     string
+		ca       *pki.CA
+		wantIs   error
+		wantText string
+	}{
+		{"expired", mustGenerateCA(t, now.Add(-48*time.Hour), 24*time.Hour), pki.ErrCAExpired, "expired at " + now.Add(-24*time.Hour).UTC().Format("2006-01-02T15")},
+		{"not valid yet", mustGenerateCA(t, now.Add(48*time.Hour), 24*time.Hour), pki.ErrCANotYetValid, "check this machine's clock"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, _ := testAgent(t)
+			a.cfg.PKIDir = writeCADir(t, tt.ca)
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			err := a.setupTLS(ctx)
+			if !errors.Is(err, tt.wantIs) || !strings.Contains(err.Error(), tt.wantText) || !strings.Contains(err.Error(), "--pki-dir "+a.cfg.PKIDir) {
+				t.Fatalf("setupTLS: %v, want %v naming the folder and saying %q", err, tt.wantIs, tt.wantText)
+			}
+		})
+	}
+}
+
+// An expired CA in the store is not used, and the agent says why on every
+// attempt, at error level, naming the object and what to do.
+func TestSetupTLSReportsAnExpiredStoreCA(t *testing.T) {
+	a, rec := testAgent(t)
+	s, err := store.Open(t.Context(), a.cfg.BackupStore, store.Options{Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := mustGenerateCA(t, time.Now().Add(-48*time.Hour), 24*time.Hour)
+	key, _ := old.KeyPEM()
+	if err := s.Create(t.Context(), pki.StoreCAKey, append(key, old.CertPEM...)); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	if err := a.setupTLS(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("setupTLS: %v, want it to keep retrying until cancelled", err)
+	}
+	lines := rec.find("cannot issue the node certificate; retrying")
+	if len(lines) == 0 {
+		t.Fatal("nothing logged about the expired CA")
+	}
+	for _, want := range []string{"ERROR", "CA expired", "backup store's pki/ca.key", "move pki/ca.key and pki/ca.crt aside"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("%q does not say %q", lines[0], want)
+		}
+	}
+	if _, err := os.Stat(a.pkiFiles().Cert()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a node certificate was issued from the expired CA: %v", err)
+	}
+}
+
+// A CA that went out of date while the agent ran is read again at the
+// next renewal, so that a replaced CA is picked up.
+func TestRenewCertReadsAnOutOfDateCAAgain(t *testing.T) {
+	a, _ := testAgent(t)
+	current := mustGenerateCA(t, time.Now(), 24*time.Hour)
+	a.cfg.PKIDir = writeCADir(t, current)
+	a.ca = mustGenerateCA(t, time.Now().Add(-48*time.Hour), 24*time.Hour)
+	if err := a.renewCert(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if !a.ca.Cert.Equal(current.Cert) {
+		t.Error("the agent kept the expired CA")
+	}
+}
+
+// An agent with TLS off for its peer API, etcd or both says so at start,
+// once, at warning level, with what is off and what it means.
+func TestSetupTLSWarnsWhenTLSIsOff(t *testing.T) {
+	tests := []struct {
+		name                   string
+		insecure, etcdInsecure bool
+		want                   []string // in the warning; nil: no warning
+	}{
+		{"TLS everywhere", false, false, nil},
+		{"--insecure alone", true, false, []string{"off=peer API", "flags=--insecure", "still-secured=etcd", "make it join, leave or restore"}},
+		{"--etcd-insecure alone", false, true, []string{"off=etcd", "flags=--etcd-insecure", "still-secured=peer API", "read and write every key"}},
+		{"both", true, true, []string{"off=peer API and etcd", "flags=--insecure --etcd-insecure", "still-secured=nothing", "join, leave or restore", "every key"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, rec := testAgent(t)
+			a.cfg.Insecure, a.cfg.EtcdInsecure = tt.insecure, tt.etcdInsecure
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			_ = a.setupTLS(ctx) // with TLS on for a part, it issues a certificate from a new CA in the store
+			lines := rec.find(msgTLSOff)
+			if tt.want == nil {
+				if len(lines) != 0 {
+					t.Fatalf("warned with TLS on everywhere: %v", lines)
+				}
+				return
+			}
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], "WARN") {
+				t.Fatalf("logged %v, want one warning", lines)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(lines[0], w) {
+					t.Errorf("%q does not say %q", lines[0], w)
+				}
+			}
+		})
+	}
+}
