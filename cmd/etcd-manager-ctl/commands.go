@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -210,7 +211,7 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 	case "json":
 		return writeJSON(w, cs)
 	case "text":
-		_, err := fmt.Fprintf(w, "memberCount: %d\netcdVersion: %s\n", cs.MemberCount, cs.EtcdVersion)
+		err := fprintf(w, "memberCount: %d\netcdVersion: %s\n", cs.MemberCount, cs.EtcdVersion)
 		if err == nil && cs.AllowDumpRestore {
 			_, err = fmt.Fprintln(w, "allowDumpRestore: true")
 		}
@@ -218,13 +219,13 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 			_, err = fmt.Fprintln(w, "ordinalMembers: true")
 		}
 		if err == nil {
-			_, err = fmt.Fprintf(w, "compaction: %s\n", describeCompaction(cs))
+			err = fprintf(w, "compaction: %s\n", describeCompaction(cs))
 		}
 		if err == nil && len(cs.EtcdSettings) > 0 {
-			_, err = fmt.Fprintf(w, "etcdSettings: %s\n", cs.EtcdSettings)
+			err = fprintf(w, "etcdSettings: %s\n", cs.EtcdSettings)
 		}
 		if err == nil && cs.Defrag != nil {
-			_, err = fmt.Fprintf(w, "defrag: %s\n", cs.Defrag)
+			err = fprintf(w, "defrag: %s\n", cs.Defrag)
 		}
 		return err
 	default:
@@ -291,7 +292,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		}
 	case err != nil && (countSet && versionSet):
 		// Replacing a broken spec is how an operator repairs it.
-		fmt.Fprintf(stderr, "warning: replacing the unreadable spec in the store: %v\n", err)
+		fprintf(stderr, "warning: replacing the unreadable spec in the store: %v\n", err)
 	case err != nil:
 		return fmt.Errorf("%w; pass both --member-count and --etcd-version to replace it", err)
 	}
@@ -374,13 +375,12 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		return err
 	}
 	for _, w := range warnings {
-		fmt.Fprintln(stderr, "warning:", w)
+		fprintf(stderr, "warning: %s\n", w)
 	}
 	if err := s.WriteSpec(ctx, cs); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "cluster spec set in %s: %s\n", o.backupStore, cs)
-	return err
+	return fprintf(stdout, "cluster spec set in %s: %s\n", o.backupStore, cs)
 }
 
 func (o *options) checkVersion() error {
@@ -397,10 +397,17 @@ func (o *options) checkVersion() error {
 	return nil
 }
 
+// writeJSON prints v as indented JSON, with the characters a terminal
+// could act on escaped (see jsonSafe).
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(jsonSafe(b.Bytes()))
+	return err
 }
 
 func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges bool) error {

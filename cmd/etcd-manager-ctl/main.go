@@ -13,9 +13,16 @@ import (
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "etcd-manager-ctl:", err)
+		printError(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// printError prints the error that ends the ctl. Errors may quote the
+// store: the line breaks of errors joined together stay, whatever else a
+// terminal would act on is escaped.
+func printError(w io.Writer, err error) {
+	fmt.Fprintln(w, "etcd-manager-ctl:", printableLines(err.Error()))
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {

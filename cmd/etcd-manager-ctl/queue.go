@@ -195,7 +195,7 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 			last = q.Status
 			switch q.Status.State {
 			case spec.CommandDone:
-				fmt.Fprintln(w, q.Status.Backup)
+				fprintf(w, "%s\n", q.Status.Backup)
 				return true, nil
 			case spec.CommandFailed:
 				return true, fmt.Errorf("backup-now: command %s failed: %s", id, q.Status.Message)
@@ -248,7 +248,7 @@ func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout ti
 		case err == nil:
 			last = q.Status
 			for _, n := range q.Status.Defragmented[min(shown, len(q.Status.Defragmented)):] {
-				fmt.Fprintf(w, "defragmented %s\n", n)
+				fprintf(w, "defragmented %s\n", n)
 			}
 			shown = max(shown, len(q.Status.Defragmented))
 			switch q.Status.State {
@@ -339,7 +339,7 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 		if r.Backup != "" {
 			detail = "backup " + r.Backup + prefixed("; ", detail)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, r.Kind, r.State, dash(detail))
+		fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, r.Kind, r.State, dash(detail))
 	}
 	return tw.Flush()
 }
@@ -353,7 +353,7 @@ func (o *options) deleteCommand(ctx context.Context, w io.Writer, id string) err
 	if err := s.DeleteCommand(ctx, id); err != nil {
 		return fmt.Errorf("delete-command: %w", err)
 	}
-	fmt.Fprintf(w, "deleted command %s\n", id)
+	fprintf(w, "deleted command %s\n", id)
 	return nil
 }
 
@@ -382,7 +382,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		return fmt.Errorf("restore-backup: %w", err)
 	}
 	if point.ToRevision > 0 {
-		fmt.Fprintf(progress, "restoring timeline %s at revision %d: backup %s brought forward with captured changes\n", point.Timeline, point.ToRevision, name)
+		fprintf(progress, "restoring timeline %s at revision %d: backup %s brought forward with captured changes\n", point.Timeline, point.ToRevision, name)
 	}
 	cmd := spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: name, RestorePoint: point}}
 	// The format carries the spec to restore as; ours is the store's.
@@ -393,7 +393,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 	if err != nil {
 		return fmt.Errorf("restore-backup: queue the command: %w", err)
 	}
-	fmt.Fprintf(progress, "queued restore of %s as command %s\n", name, id)
+	fprintf(progress, "queued restore of %s as command %s\n", name, id)
 	if !wait {
 		fmt.Fprintln(w, id)
 		return nil
@@ -403,13 +403,13 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// The leader removes a restore command once it is complete.
-			fmt.Fprintf(w, "restored backup %s\n", name)
+			fprintf(w, "restored backup %s\n", name)
 			return true, nil
 		case err == nil && q.Status.State == spec.CommandFailed:
 			return true, fmt.Errorf("restore-backup: command %s failed: %s", id, q.Status.Message)
 		case err == nil && q.Status.Restore != nil && q.Status.Restore.Phase != lastPhase:
 			lastPhase = q.Status.Restore.Phase
-			fmt.Fprintf(progress, "restore %s: %s\n", id, lastPhase)
+			fprintf(progress, "restore %s: %s\n", id, lastPhase)
 		}
 		return false, nil
 	})
@@ -434,16 +434,16 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			fmt.Fprintf(w, "quorum recovered from %s\n", dash(node))
+			fprintf(w, "quorum recovered from %s\n", dash(node))
 			return true, nil
 		case err == nil && q.Status.State == spec.CommandFailed:
 			return true, fmt.Errorf("recover-quorum: command %s failed: %s", id, q.Status.Message)
 		case err == nil && q.Status.Node != "" && q.Status.Node != node:
 			node = q.Status.Node
-			fmt.Fprintf(progress, "recover-quorum %s: rebuilding from %s\n", id, node)
+			fprintf(progress, "recover-quorum %s: rebuilding from %s\n", id, node)
 		case err == nil && q.Status.State == spec.CommandPending && q.Status.Message != "" && q.Status.Message != note:
 			note = q.Status.Message
-			fmt.Fprintf(progress, "recover-quorum %s: %s\n", id, note)
+			fprintf(progress, "recover-quorum %s: %s\n", id, note)
 		}
 		return false, nil
 	})
