@@ -77,15 +77,9 @@ type Store struct {
 // read credentials from the driver's usual environment variables. A gs://
 // store goes to the emulator at STORAGE_EMULATOR_HOST if that is set.
 func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
-	u, err := url.Parse(rawURL)
+	u, err := parseURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("%w %q: %v", ErrBadURL, rawURL, err)
-	}
-	if u.Scheme == "" {
-		return nil, fmt.Errorf("%w %q: missing scheme; use file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix", ErrBadURL, rawURL)
-	}
-	if u.Fragment != "" || strings.HasSuffix(rawURL, "#") {
-		return nil, fmt.Errorf("%w %q: it has a fragment (#%s); a # in a path must be written %%23", ErrBadURL, rawURL, u.Fragment)
+		return nil, err
 	}
 	if u.Scheme == "file" {
 		return openFile(u, rawURL, opts)
