@@ -57,14 +57,20 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		Short: "Operate an etcd-manager cluster through its backup store",
 		Long: `etcd-manager-ctl reads and writes the backup store that etcd-manager agents
 watch. The store is the source of truth whenever etcd is down, so these
-commands work even then.`,
+commands work even then.
+
+Exit status: 0 on success; 2 when the command line is wrong (an unknown
+command or flag, a missing or malformed value, a --backup-store URL of a
+scheme other than file, s3, gs and azblob), which trying again cannot
+help; 1 when the command could not do its work (the store unreachable,
+a refusal, a failed command).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	fs := root.PersistentFlags()
-	fs.StringVar(&o.backupStore, "backup-store", "", "URL of the backup store, such as file:///var/lib/etcd-manager/backups/main or s3://bucket/prefix (required)")
+	fs.StringVar(&o.backupStore, "backup-store", "", "URL of the backup store: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix (required)")
 	fs.Int32Var(&o.memberCount, "member-count", 0, "number of etcd members (configure-cluster)")
 	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16 (configure-cluster)")
 	fs.StringVar(&o.etcdBinDir, "etcd-bin-dir", o.etcdBinDir, "directory where the agents' etcd installs live (etcd-v<version>/etcd); configure-cluster refuses a version that has none")
@@ -162,6 +168,7 @@ value (--quota-backend-bytes=) goes back to etcd's default.`,
 	)
 	root.AddCommand(queueCommands(o, stdout)...)
 	root.AddCommand(issueClientCertCommand(o, stdout))
+	asUsage(root)
 	return root
 }
 
@@ -169,7 +176,7 @@ value (--quota-backend-bytes=) goes back to etcd's default.`,
 // unreachable.
 func (o *options) openStore(ctx context.Context, create bool) (*store.Store, error) {
 	if o.backupStore == "" {
-		return nil, errors.New("--backup-store is required, for example --backup-store=file:///tmp/etcd-manager/backups/test")
+		return nil, usagef("--backup-store is required, for example --backup-store=file:///tmp/etcd-manager/backups/test")
 	}
 	var lastErr error
 	delay := 500 * time.Millisecond
@@ -229,7 +236,7 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 		}
 		return err
 	default:
-		return fmt.Errorf("--output %q: use text or json", o.output)
+		return usagef("--output %q: use text or json", o.output)
 	}
 }
 
@@ -251,7 +258,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	countSet, versionSet := fs.Changed("member-count"), fs.Changed("etcd-version")
 	modeSet, keepSet := fs.Changed("auto-compaction-mode"), fs.Changed("auto-compaction-retention")
 	if o.allowDumpRestore && !versionSet {
-		return errors.New("--allow-dump-restore goes with the --etcd-version it allows")
+		return usagef("--allow-dump-restore goes with the --etcd-version it allows")
 	}
 	defragFlags := []string{"auto-defrag", "defrag-min-reclaimable-bytes", "defrag-min-reclaimable-fraction", "defrag-quota-percent", "defrag-window", "defrag-window-duration"}
 	defragSet := slices.ContainsFunc(defragFlags, fs.Changed)
@@ -262,16 +269,16 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		}
 	}
 	if !countSet && !versionSet && !modeSet && !keepSet && len(settingsSet) == 0 && !defragSet {
-		return errors.New("configure-cluster needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention, a defrag policy flag or an etcd setting such as --quota-backend-bytes")
+		return usagef("configure-cluster needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention, a defrag policy flag or an etcd setting such as --quota-backend-bytes")
 	}
 	// Check the new values before touching the store.
 	if modeSet && keepSet {
 		if _, err := spec.ParseCompaction(o.compactionMode, o.compactionKeep); err != nil {
-			return err
+			return usageError{err}
 		}
 	}
 	if countSet && o.memberCount < 1 {
-		return fmt.Errorf("--member-count=%d: %w", o.memberCount, spec.ErrInvalidMemberCount)
+		return usagef("--member-count=%d: %w", o.memberCount, spec.ErrInvalidMemberCount)
 	}
 	if versionSet {
 		if err := o.checkVersion(); err != nil {
@@ -288,7 +295,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		if !countSet || !versionSet {
-			return errors.New("the store has no cluster spec yet, so configure-cluster needs both --member-count and --etcd-version")
+			return usagef("the store has no cluster spec yet, so configure-cluster needs both --member-count and --etcd-version")
 		}
 	case err != nil && (countSet && versionSet):
 		// Replacing a broken spec is how an operator repairs it.
@@ -316,7 +323,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 			return m
 		}
 		if !keepSet && cs.AutoCompactionRetention != "" && modeOf(o.compactionMode) != modeOf(cs.AutoCompactionMode) {
-			return fmt.Errorf("--auto-compaction-mode=%s changes what the retention %q means; pass --auto-compaction-retention too", o.compactionMode, cs.AutoCompactionRetention)
+			return usagef("--auto-compaction-mode=%s changes what the retention %q means; pass --auto-compaction-retention too", o.compactionMode, cs.AutoCompactionRetention)
 		}
 		cs.AutoCompactionMode = o.compactionMode
 	}
@@ -344,7 +351,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		if (fs.Changed("defrag-min-reclaimable-bytes") && o.defragPolicy.MinReclaimableBytes <= 0) ||
 			(fs.Changed("defrag-min-reclaimable-fraction") && o.defragPolicy.MinReclaimableFraction <= 0) ||
 			(fs.Changed("defrag-quota-percent") && o.defragPolicy.QuotaPercent <= 0) {
-			return errors.New("--defrag-min-reclaimable-bytes, --defrag-min-reclaimable-fraction and --defrag-quota-percent must be above 0; --auto-defrag=false turns the policy off")
+			return usagef("--defrag-min-reclaimable-bytes, --defrag-min-reclaimable-fraction and --defrag-quota-percent must be above 0; --auto-defrag=false turns the policy off")
 		}
 		p := cs.Defrag.Effective()
 		if fs.Changed("auto-defrag") {
@@ -386,7 +393,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 func (o *options) checkVersion() error {
 	v, err := spec.ParseSupportedVersion(o.etcdVersion)
 	if err != nil {
-		return fmt.Errorf("--etcd-version: %w", err)
+		return usagef("--etcd-version: %w", err)
 	}
 	if o.skipBinaryCheck {
 		return nil
@@ -445,6 +452,6 @@ func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges boo
 		}
 		return nil
 	default:
-		return fmt.Errorf("--output %q: use text or json", o.output)
+		return usagef("--output %q: use text or json", o.output)
 	}
 }

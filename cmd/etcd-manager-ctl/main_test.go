@@ -376,3 +376,61 @@ func TestPrintMaintenance(t *testing.T) {
 		})
 	}
 }
+
+// A command line that cannot work fails at once with exit status 2 and
+// says what to do; a store that cannot be reached is status 1.
+func TestExitStatus(t *testing.T) {
+	dir := t.TempDir()
+	blocker := filepath.Join(dir, "file")
+	if err := os.WriteFile(blocker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantMsg  []string
+	}{
+		{name: "unknown store scheme", args: []string{"--backup-store=ftp://host/backups", "--store-attempts=5", "get"}, wantCode: exitUsage,
+			wantMsg: []string{`"ftp://host/backups"`, `unsupported scheme "ftp"`, "file, s3, gs, azblob", "s3://bucket/prefix"}},
+		{name: "unknown store scheme, before a queue command", args: []string{"--backup-store=ftp://host/backups", "backup-now"}, wantCode: exitUsage, wantMsg: []string{`unsupported scheme "ftp"`}},
+		{name: "store URL without a scheme", args: []string{"--backup-store=/var/backups", "get"}, wantCode: exitUsage, wantMsg: []string{"missing scheme"}},
+		{name: "no store", args: []string{"get"}, wantCode: exitUsage, wantMsg: []string{"--backup-store is required"}},
+		{name: "unknown command", args: []string{"--backup-store=file:///x", "restore"}, wantCode: exitUsage, wantMsg: []string{`unknown command "restore"`, "--help"}},
+		{name: "unknown flag", args: []string{"--backup-store=file:///x", "get", "--colour"}, wantCode: exitUsage, wantMsg: []string{"unknown flag: --colour", "etcd-manager-ctl get --help"}},
+		{name: "an argument too many", args: []string{"--backup-store=file:///x", "get", "spec"}, wantCode: exitUsage, wantMsg: []string{"etcd-manager-ctl get: unknown command \"spec\""}},
+		{name: "member count zero", args: []string{"--backup-store=file:///x", "--member-count=0", "configure-cluster"}, wantCode: exitUsage, wantMsg: []string{"member count must be at least 1"}},
+		{name: "unreachable store", args: []string{"--backup-store=file://" + blocker + "/store", "--store-attempts=1", "get"}, wantCode: exitFailed, wantMsg: []string{"unreachable"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			var out, errOut bytes.Buffer
+			err := run(t.Context(), tt.args, &out, &errOut)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if took := time.Since(start); took > 400*time.Millisecond {
+				t.Errorf("took %s: a usage error must not be retried", took)
+			}
+			if got := exitCode(err); got != tt.wantCode {
+				t.Errorf("exit status %d, want %d (err %v)", got, tt.wantCode, err)
+			}
+			for _, want := range tt.wantMsg {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("err %q does not mention %q", err, want)
+				}
+			}
+		})
+	}
+	// Help is no error, and documents the statuses.
+	for _, args := range [][]string{{"--help"}, {"help"}, {"help", "get"}} {
+		var out, errOut bytes.Buffer
+		if err := run(t.Context(), args, &out, &errOut); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+		if args[0] == "--help" && !strings.Contains(out.String(), "Exit status: 0 on success; 2 when the command line is wrong") {
+			t.Errorf("--help does not document the exit status:\n%s", out.String())
+		}
+	}
+}

@@ -76,7 +76,7 @@ prints each phase and returns when the restore is complete or has failed.`,
 				name = args[0]
 			}
 			if name == "" && !pf.target() {
-				return errors.New("restore-backup: name a backup, or give --latest, --to-revision or --to-time")
+				return usagef("restore-backup: name a backup, or give --latest, --to-revision or --to-time")
 			}
 			return o.restoreBackup(cmd.Context(), stdout, cmd.ErrOrStderr(), name, pf, restoreWait, restoreTimeout)
 		},

@@ -104,7 +104,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	case "text":
 		return printStatus(w, st)
 	default:
-		return fmt.Errorf("--output %q: use text or json", o.output)
+		return usagef("--output %q: use text or json", o.output)
 	}
 }
 

@@ -30,7 +30,7 @@ const ephemeralValidity = time.Hour
 func (o *options) clientTLS(ctx context.Context) (*tls.Config, error) {
 	if o.cert != "" || o.key != "" || o.cacert != "" {
 		if o.cert == "" || o.key == "" || o.cacert == "" {
-			return nil, errors.New("--cacert, --cert and --key go together")
+			return nil, usagef("--cacert, --cert and --key go together")
 		}
 		return loadClientFiles(o.cacert, o.cert, o.key, time.Now())
 	}
@@ -112,7 +112,7 @@ from that CA, so this is how an operator gets one for etcdctl.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
-				return errors.New("--out DIR is required")
+				return usagef("--out DIR is required")
 			}
 			ca, err := o.loadCA(cmd.Context())
 			if err != nil {
