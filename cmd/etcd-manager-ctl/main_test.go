@@ -434,3 +434,87 @@ func TestExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// plantBackup writes the objects of a backup into the env's store; an
+// object whose content is nil is left out.
+func (e ctlEnv) plantBackup(t *testing.T, name string, meta, data []byte) {
+	t.Helper()
+	dir := filepath.Join(e.storeDir(), name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for object, content := range map[string][]byte{"_etcd_backup.meta": meta, "etcd.backup.gz": data} {
+		if content == nil {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, object), content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// restore-backup refuses at once, naming it, a backup no restore could
+// use, and queues nothing; a whole one is queued.
+func TestRestoreBackupRefusesWhatCannotBeRestored(t *testing.T) {
+	const name = "2026-11-22T05:00:00Z-000001"
+	meta := []byte(`{"etcdVersion":"3.6.16","timestamp":"1795410000"}`)
+	tests := []struct {
+		name       string
+		meta, data []byte
+		arg        string
+		wantErr    []string
+		wantQueued bool
+	}{
+		{name: "not in the store", arg: name, wantErr: []string{`no backup "` + name + `" in file://`, "list-backups prints the backups a restore can use", "nothing was queued"}},
+		{name: "not a backup's name", arg: "yesterday", wantErr: []string{`no backup "yesterday"`, "list-backups"}},
+		{name: "a path", arg: "../" + name, wantErr: []string{`no backup "../` + name + `"`}},
+		{name: "no meta", data: []byte("gz"), arg: name, wantErr: []string{"backup " + name + " in file://", "is not whole: it has no _etcd_backup.meta", "list-backups prints the complete backups"}},
+		{name: "no data", meta: meta, arg: name, wantErr: []string{"is not whole: it has no etcd.backup.gz"}},
+		{name: "junk meta", meta: []byte("{junk"), data: []byte("gz"), arg: name, wantErr: []string{"backup " + name + " cannot be restored", "_etcd_backup.meta is not valid JSON"}},
+		{name: "whole", meta: meta, data: []byte("gz"), arg: name, wantQueued: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newCtlEnv(t)
+			if _, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.16", "configure-cluster"); err != nil {
+				t.Fatal(err)
+			}
+			if tt.meta != nil || tt.data != nil {
+				e.plantBackup(t, name, tt.meta, tt.data)
+			}
+			// Without --wait=false, a queued restore would wait for 30 minutes.
+			args := []string{"restore-backup", "--", tt.arg}
+			if tt.wantQueued {
+				args = []string{"restore-backup", "--wait=false", tt.arg}
+			}
+			start := time.Now()
+			out, _, err := e.run(t, args...)
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("took %s", took)
+			}
+			if tt.wantQueued {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if list, _, _ := e.run(t, "list-commands"); !strings.Contains(list, strings.TrimSpace(out)) || !strings.Contains(list, "backup "+name) {
+					t.Errorf("list-commands printed %q, want the queued restore %q", list, out)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, want := range tt.wantErr {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("err %q does not mention %q", err, want)
+				}
+			}
+			if exitCode(err) != exitFailed {
+				t.Errorf("exit status %d", exitCode(err))
+			}
+			if list, _, _ := e.run(t, "list-commands", "-o", "json"); strings.TrimSpace(list) != "[]" {
+				t.Errorf("a refused restore queued a command: %s", list)
+			}
+		})
+	}
+}

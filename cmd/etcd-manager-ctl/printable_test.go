@@ -208,6 +208,23 @@ func TestHostileStoreTextIsEscaped(t *testing.T) {
 	var report bytes.Buffer
 	printError(&report, err)
 	checkTerminalSafe(t, "defrag's error", report.String())
+
+	const name = "2026-11-22T05:00:00Z-000001"
+	e.plantBackup(t, name, []byte(`{"etcdVersion":"3.6.16","timestamp":"1795410000"}`), []byte("gz"))
+	answer(spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: name}}.Kind(),
+		spec.CommandStatus{State: spec.CommandRunning, Restore: &spec.RestoreProgress{Phase: hostile}},
+		spec.CommandStatus{State: spec.CommandFailed, Message: hostile})
+	out, stderr, err = e.run(t, "restore-backup", "--timeout=20s", name)
+	if err == nil {
+		t.Fatal("restore-backup whose command failed succeeded")
+	}
+	checkTerminalSafe(t, "restore-backup", out+stderr)
+	if !strings.Contains(stderr, `: \x1b[2J`) {
+		t.Errorf("restore-backup printed no phase: %q", stderr)
+	}
+	report.Reset()
+	printError(&report, err)
+	checkTerminalSafe(t, "restore-backup's error", report.String())
 }
 
 // status prints what the agents report, and the addresses of the

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -54,7 +56,8 @@ that made it, the timeline each was restored from, up to where it branched.
 list-backups --ranges shows the timelines, where each branched, their captured
 ranges and any gaps. A target before the oldest
 backup, after the last captured revision or inside a gap is refused before
-anything is queued.
+anything is queued, as is a NAME that is not in the store or not whole
+(without its meta or its data: list-backups lists only whole backups).
 The agent holding the store lock then:
   1. fetches the backup and verifies it (sha256, gzip, snapshot); a bad backup
      fails the command and leaves the cluster untouched;
@@ -377,9 +380,20 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		return err
 	}
 	defer s.Close()
+	if name != "" {
+		if err := checkBackup(ctx, s, name); err != nil {
+			return fmt.Errorf("restore-backup: %w; nothing was queued", err)
+		}
+	}
+	named := name
 	name, point, err := resolvePoint(ctx, s, name, pf)
 	if err != nil {
 		return fmt.Errorf("restore-backup: %w", err)
+	}
+	if name != named {
+		if err := checkBackup(ctx, s, name); err != nil {
+			return fmt.Errorf("restore-backup: %w; nothing was queued", err)
+		}
 	}
 	if point.ToRevision > 0 {
 		fprintf(progress, "restoring timeline %s at revision %d: backup %s brought forward with captured changes\n", point.Timeline, point.ToRevision, name)
@@ -455,4 +469,33 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 		return fmt.Errorf("recover-quorum: not finished after %s%s; command %s stays queued (see list-commands, or delete-command %s)", timeout, why, id, id)
 	}
 	return err
+}
+
+// checkBackup refuses, before anything is queued, a backup no restore
+// could use: one that is not in the store, or not whole (without its meta,
+// as while it is written, or without its data). The leader checks it
+// again, and verifies what it holds, before it stops anything.
+func checkBackup(ctx context.Context, s *store.Store, name string) error {
+	_, err := backup.ReadMeta(ctx, s, name)
+	switch {
+	case errors.Is(err, backup.ErrNotFound):
+		// Objects without a meta are a backup being written, or one cut
+		// short. A name that is no path element lists nothing.
+		if name != "" && !strings.ContainsAny(name, "/\\") && !strings.HasPrefix(name, ".") {
+			if objs, lerr := s.List(ctx, name+"/", ""); lerr == nil && len(objs) > 0 {
+				return fmt.Errorf("backup %s in %s is not whole: it has no %s (it is being written, or was cut short); list-backups prints the complete backups", name, s.URL(), backup.MetaObject)
+			}
+		}
+		return fmt.Errorf("no backup %q in %s; list-backups prints the backups a restore can use", name, s.URL())
+	case errors.Is(err, backup.ErrCorrupt):
+		return fmt.Errorf("backup %s cannot be restored: %w", name, err)
+	case err != nil:
+		return err
+	}
+	if _, err := s.ModTime(ctx, name+"/"+backup.DataObject); errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("backup %s in %s is not whole: it has no %s; list-backups prints the complete backups", name, s.URL(), backup.DataObject)
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
