@@ -122,8 +122,13 @@ with the full backup it started from, and any gap between runs.`,
 			Use:   "get",
 			Short: "Show the cluster spec: member count and etcd version",
 			Args:  cobra.NoArgs,
+			Long: `get prints the cluster spec the backup store holds. When the spec is invalid
+(such as a member count of 0 or an etcd version this etcd-manager does not
+support), it is printed all the same, then get says why it is invalid and
+exits with status 1: the agents ignore an invalid spec and keep the cluster
+as it is until configure-cluster corrects it.`,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return o.get(cmd.Context(), stdout)
+				return o.get(cmd.Context(), stdout, cmd.ErrOrStderr())
 			},
 		},
 		listBackups,
@@ -201,7 +206,7 @@ func (o *options) openStore(ctx context.Context, create bool) (*store.Store, err
 	return nil, fmt.Errorf("%w (tried %d times)", lastErr, max(o.storeAttempts, 1))
 }
 
-func (o *options) get(ctx context.Context, w io.Writer) error {
+func (o *options) get(ctx context.Context, w, stderr io.Writer) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
@@ -214,7 +219,25 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	switch o.output {
+	if err := printSpec(w, cs, o.output); err != nil {
+		return err
+	}
+	// A spec that decodes may still be one the agents refuse: say so,
+	// and why, after showing it.
+	warnings, err := cs.Validate()
+	for _, warning := range warnings {
+		fprintf(stderr, "warning: %s\n", warning)
+	}
+	if err != nil {
+		return fmt.Errorf("the cluster spec in %s (%s) is invalid: %w; the agents ignore it and change nothing until it is corrected with configure-cluster (--member-count and --etcd-version together replace it)",
+			o.backupStore, store.KeySpec, err)
+	}
+	return nil
+}
+
+// printSpec prints the spec as get shows it.
+func printSpec(w io.Writer, cs spec.ClusterSpec, output string) error {
+	switch output {
 	case "json":
 		return writeJSON(w, cs)
 	case "text":
@@ -236,7 +259,7 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 		}
 		return err
 	default:
-		return usagef("--output %q: use text or json", o.output)
+		return usagef("--output %q: use text or json", output)
 	}
 }
 

@@ -518,3 +518,64 @@ func TestRestoreBackupRefusesWhatCannotBeRestored(t *testing.T) {
 		})
 	}
 }
+
+// get shows a stored spec the agents refuse, then says why, and exits
+// with status 1; a valid spec's warnings go to stderr.
+func TestGetInvalidSpec(t *testing.T) {
+	tests := []struct {
+		name        string
+		spec        string
+		wantOut     string // on stdout, in text
+		wantErr     string
+		wantWarning string
+	}{
+		{name: "member count zero", spec: `{"memberCount":0,"etcdVersion":"3.6.16"}`, wantOut: "memberCount: 0\n", wantErr: "member count must be at least 1 (got 0)"},
+		{name: "negative member count", spec: `{"memberCount":-1,"etcdVersion":"3.6.16"}`, wantOut: "memberCount: -1\n", wantErr: "member count must be at least 1 (got -1)"},
+		{name: "no version", spec: `{"memberCount":3}`, wantOut: "etcdVersion: \n", wantErr: "etcd version is required"},
+		{name: "unparsable version", spec: `{"memberCount":3,"etcdVersion":"3.six"}`, wantOut: "etcdVersion: 3.six\n", wantErr: "invalid etcd version"},
+		{name: "etcd v2", spec: `{"memberCount":3,"etcdVersion":"2.2.1"}`, wantOut: "etcdVersion: 2.2.1\n", wantErr: "etcd v2 is not supported"},
+		{name: "a malformed setting", spec: `{"memberCount":3,"etcdVersion":"3.6.16","etcdSettings":{"quota-backend-bytes":"8GiB"}}`, wantOut: "etcdSettings: quota-backend-bytes=8GiB\n", wantErr: "want a whole number"},
+		{name: "a bad compaction", spec: `{"memberCount":3,"etcdVersion":"3.6.16","autoCompactionMode":"hourly"}`, wantOut: "compaction: invalid", wantErr: `mode "hourly"`},
+		{name: "an even count is only a warning", spec: `{"memberCount":4,"etcdVersion":"3.6.16"}`, wantOut: "memberCount: 4\n", wantWarning: "even member count (4)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newCtlEnv(t)
+			if _, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.16", "configure-cluster"); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(e.storeDir(), "control", "etcd-cluster-spec"), []byte(tt.spec), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, output := range []string{"text", "json"} {
+				out, stderr, err := e.run(t, "get", "-o", output)
+				if output == "text" && !strings.Contains(out, tt.wantOut) {
+					t.Errorf("get printed %q, want it to show %q", out, tt.wantOut)
+				}
+				if output == "json" && !strings.Contains(out, `"memberCount"`) {
+					t.Errorf("get -o json printed %q, want the spec", out)
+				}
+				if tt.wantErr == "" {
+					if err != nil {
+						t.Fatalf("-o %s: %v", output, err)
+					}
+					if !strings.Contains(stderr, "warning: an "+tt.wantWarning) {
+						t.Errorf("-o %s: stderr %q lacks the warning %q", output, stderr, tt.wantWarning)
+					}
+					continue
+				}
+				if err == nil {
+					t.Fatalf("-o %s: get of an invalid spec succeeded", output)
+				}
+				for _, want := range []string{"the cluster spec in " + e.store + " (control/etcd-cluster-spec) is invalid: ", tt.wantErr, "configure-cluster"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("-o %s: err %q does not mention %q", output, err, want)
+					}
+				}
+				if exitCode(err) != exitFailed {
+					t.Errorf("exit status %d, want %d", exitCode(err), exitFailed)
+				}
+			}
+		})
+	}
+}
