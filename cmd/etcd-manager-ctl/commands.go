@@ -26,6 +26,7 @@ import (
 type options struct {
 	backupStore      string
 	memberCount      int32
+	force            bool
 	etcdVersion      string
 	etcdBinDir       string
 	skipBinaryCheck  bool
@@ -71,7 +72,8 @@ a refusal, a failed command).`,
 	root.SetErr(stderr)
 	fs := root.PersistentFlags()
 	fs.StringVar(&o.backupStore, "backup-store", "", "URL of the backup store: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix (required)")
-	fs.Int32Var(&o.memberCount, "member-count", 0, "number of etcd members (configure-cluster)")
+	fs.Int32Var(&o.memberCount, "member-count", 0, fmt.Sprintf("number of etcd members, at most %d without --force; etcd advises 3 or 5, 7 at most (configure-cluster)", spec.MaxMemberCount))
+	fs.BoolVar(&o.force, "force", false, fmt.Sprintf("let --member-count go above %d (configure-cluster)", spec.MaxMemberCount))
 	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16 (configure-cluster)")
 	fs.StringVar(&o.etcdBinDir, "etcd-bin-dir", o.etcdBinDir, "directory where the agents' etcd installs live (etcd-v<version>/etcd); configure-cluster refuses a version that has none")
 	fs.BoolVar(&o.ordinalMembers, "ordinal-members", false, "the agents are a StatefulSet's pods, named <set>-<ordinal> with --node-name: only ordinals below --member-count are members, and shrinking removes the highest ordinal first (configure-cluster; set by the Kubernetes operator)")
@@ -302,6 +304,10 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	}
 	if countSet && o.memberCount < 1 {
 		return usagef("--member-count=%d: %w", o.memberCount, spec.ErrInvalidMemberCount)
+	}
+	if countSet && o.memberCount > spec.MaxMemberCount && !o.force {
+		return usagef("--member-count=%d: %w: every write waits for a majority of the members, so each one more slows writes; etcd advises 3 or 5 members, 7 at most; add --force to set it anyway",
+			o.memberCount, spec.ErrTooManyMembers)
 	}
 	if versionSet {
 		if err := o.checkVersion(); err != nil {

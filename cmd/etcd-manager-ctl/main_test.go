@@ -81,6 +81,10 @@ func TestConfigureClusterBadInput(t *testing.T) {
 		{name: "member count zero", args: []string{"--member-count=0", "--etcd-version=3.6.16"}, wantErr: "member count must be at least 1"},
 		{name: "member count negative", args: []string{"--member-count=-3", "--etcd-version=3.6.16"}, wantErr: "member count must be at least 1"},
 		{name: "even member count warns", args: []string{"--member-count=2", "--etcd-version=3.6.16"}, wantWarning: "even member count (2)"},
+		{name: "nine members", args: []string{"--member-count=9", "--etcd-version=3.6.16"}},
+		{name: "more than nine members", args: []string{"--member-count=11", "--etcd-version=3.6.16"},
+			wantErr: "--member-count=11: spec: member count is above 9: every write waits for a majority of the members, so each one more slows writes; etcd advises 3 or 5 members, 7 at most; add --force to set it anyway"},
+		{name: "more than nine members, forced", args: []string{"--member-count=11", "--etcd-version=3.6.16", "--force"}, wantWarning: "a member count of 11 is above 9"},
 		{name: "no binary for version", args: []string{"--member-count=1", "--etcd-version=3.6.99"}, wantErr: "etcd-v3.6.99"},
 		{name: "v2", args: []string{"--member-count=1", "--etcd-version=2.2.1"}, wantErr: "etcd v2 is not supported"},
 		{name: "unparsable version", args: []string{"--member-count=1", "--etcd-version=3.six"}, wantErr: "invalid etcd version"},
@@ -115,6 +119,12 @@ func TestConfigureClusterBadInput(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tt.wantWarning == "" {
+				if strings.Contains(stderr, "member count") {
+					t.Errorf("stderr %q has a warning about the member count", stderr)
+				}
+				return
 			}
 			if !strings.Contains(stderr, "warning: ") || !strings.Contains(stderr, tt.wantWarning) {
 				t.Errorf("stderr %q lacks warning %q", stderr, tt.wantWarning)
@@ -577,5 +587,27 @@ func TestGetInvalidSpec(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A member count set with --force stays through other changes, with its
+// warning; setting it again needs --force again.
+func TestForcedMemberCountIsKept(t *testing.T) {
+	e := newCtlEnv(t)
+	if _, _, err := e.run(t, "--member-count=11", "--etcd-version=3.6.16", "--force", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, err := e.run(t, "--etcd-version=3.5.35", "configure-cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "warning: a member count of 11 is above 9") {
+		t.Errorf("stderr %q lacks the warning", stderr)
+	}
+	if out, stderr, err := e.run(t, "get"); err != nil || !strings.Contains(out, "memberCount: 11\n") || !strings.Contains(stderr, "above 9") {
+		t.Errorf("get printed %q, %q (%v)", out, stderr, err)
+	}
+	if _, _, err := e.run(t, "--member-count=13", "configure-cluster"); err == nil || !strings.Contains(err.Error(), "--force") {
+		t.Errorf("a larger count without --force: %v", err)
 	}
 }
