@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
-	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -28,8 +28,6 @@ type options struct {
 	memberCount      int32
 	force            bool
 	etcdVersion      string
-	etcdBinDir       string
-	skipBinaryCheck  bool
 	allowDumpRestore bool
 	ordinalMembers   bool
 	compactionMode   string
@@ -52,7 +50,7 @@ type options struct {
 }
 
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
-	o := &options{etcdBinDir: etcdproc.DefaultBinDir, output: "text", storeAttempts: 3}
+	o := &options{output: "text", storeAttempts: 3}
 	root := &cobra.Command{
 		Use:   "etcd-manager-ctl",
 		Short: "Operate an etcd-manager cluster through its backup store",
@@ -75,7 +73,6 @@ a refusal, a failed command).`,
 	fs.Int32Var(&o.memberCount, "member-count", 0, fmt.Sprintf("number of etcd members, at most %d without --force; etcd advises 3 or 5, 7 at most (configure-cluster)", spec.MaxMemberCount))
 	fs.BoolVar(&o.force, "force", false, fmt.Sprintf("let --member-count go above %d (configure-cluster)", spec.MaxMemberCount))
 	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16 (configure-cluster)")
-	fs.StringVar(&o.etcdBinDir, "etcd-bin-dir", o.etcdBinDir, "directory where the agents' etcd installs live (etcd-v<version>/etcd); configure-cluster refuses a version that has none")
 	fs.BoolVar(&o.ordinalMembers, "ordinal-members", false, "the agents are a StatefulSet's pods, named <set>-<ordinal> with --node-name: only ordinals below --member-count are members, and shrinking removes the highest ordinal first (configure-cluster; set by the Kubernetes operator)")
 	fs.BoolVar(&o.allowDumpRestore, "allow-dump-restore", false, "with --etcd-version: allow a version change no rolling change can make (such as 3.5 to 3.4) by dump and restore, which cuts clients off until the new cluster serves (configure-cluster)")
 	fs.StringVar(&o.compactionMode, "auto-compaction-mode", "", "compaction policy's mode, as etcd's flag: periodic (keep a span of time) or revision (keep a count of revisions); the agent compacts, keeping behind continuous capture (configure-cluster; default periodic)")
@@ -90,7 +87,17 @@ a refusal, a failed command).`,
 	for _, name := range spec.SettingNames() {
 		o.settings[name] = fs.String(name, "", spec.SettingHelp(name)+" (configure-cluster)")
 	}
-	fs.BoolVar(&o.skipBinaryCheck, "skip-binary-check", false, "let configure-cluster accept a version without looking for its binary here (when this machine is not an etcd node)")
+	for _, d := range deprecatedFlags {
+		d.add(fs)
+		_ = fs.MarkHidden(d.name)
+	}
+	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
+		for _, d := range deprecatedFlags {
+			if cmd.Flags().Changed(d.name) {
+				fprintf(stderr, "warning: --%s is deprecated and does nothing: %s; drop it\n", d.name, d.why)
+			}
+		}
+	}
 	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
 	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
 	fs.StringVar(&o.discovery, "discovery", "store", "how to find the agents (status): store, file:///DIR, static:HOST:PORT,... or dns:NAME, as the agents' --discovery")
@@ -164,7 +171,17 @@ etcd settings take etcd's own flag names and syntax: --` + strings.Join(spec.Set
 The leader rolls a change out one member at a time, followers first, moving
 leadership off a member before it restarts, as for a version change. A
 setting the spec's etcd version does not know is refused here. An empty
-value (--quota-backend-bytes=) goes back to etcd's default.`,
+value (--quota-backend-bytes=) goes back to etcd's default.
+
+--etcd-version is checked against the etcd versions each agent reports
+installed on its node, in its record in the store: this machine needs no
+etcd. A version that a node heard from in the last 10 minutes lacks is
+refused, naming the node. When no node has reported (no agent runs yet, or
+the agents are older than this ctl) it is accepted with a warning; the
+agents refuse it, before they stop anything, if a member lacks it.
+
+--member-count above 9 needs --force: etcd advises 3 or 5 members, 7 at
+most, as every write waits for a majority of them.`,
 			Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --member-count=1 --etcd-version=3.6.16 configure-cluster
   etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --quota-backend-bytes=8589934592 --snapshot-count=50000 configure-cluster`,
 			Args: cobra.NoArgs,
@@ -177,6 +194,20 @@ value (--quota-backend-bytes=) goes back to etcd's default.`,
 	root.AddCommand(issueClientCertCommand(o, stdout))
 	asUsage(root)
 	return root
+}
+
+// deprecatedFlags no longer do anything, but are still accepted, so that
+// scripts (and the Kubernetes operator, which passes --skip-binary-check)
+// keep working. They are hidden from --help, and using one prints a
+// warning on stderr, never on stdout, which scripts may read.
+var deprecatedFlags = []struct {
+	name, why string
+	add       func(*pflag.FlagSet)
+}{
+	{name: "etcd-bin-dir", why: "the ctl runs no etcd, and configure-cluster checks a version against what the nodes report installed",
+		add: func(fs *pflag.FlagSet) { fs.String("etcd-bin-dir", "", "deprecated, does nothing") }},
+	{name: "skip-binary-check", why: "configure-cluster checks a version against what the nodes report installed, not this machine",
+		add: func(fs *pflag.FlagSet) { fs.Bool("skip-binary-check", false, "deprecated, does nothing") }},
 }
 
 // openStore opens the backup store, retrying with backoff while it is
@@ -310,8 +341,8 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 			o.memberCount, spec.ErrTooManyMembers)
 	}
 	if versionSet {
-		if err := o.checkVersion(); err != nil {
-			return err
+		if _, err := spec.ParseSupportedVersion(o.etcdVersion); err != nil {
+			return usagef("--etcd-version: %w", err)
 		}
 	}
 
@@ -410,6 +441,11 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	if err != nil {
 		return err
 	}
+	if versionSet {
+		if err := checkInstalled(ctx, s, o.etcdVersion, time.Now(), stderr); err != nil {
+			return err
+		}
+	}
 	for _, w := range warnings {
 		fprintf(stderr, "warning: %s\n", w)
 	}
@@ -417,20 +453,6 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		return err
 	}
 	return fprintf(stdout, "cluster spec set in %s: %s\n", o.backupStore, cs)
-}
-
-func (o *options) checkVersion() error {
-	v, err := spec.ParseSupportedVersion(o.etcdVersion)
-	if err != nil {
-		return usagef("--etcd-version: %w", err)
-	}
-	if o.skipBinaryCheck {
-		return nil
-	}
-	if _, err := etcdproc.FindBinaries(o.etcdBinDir, v); err != nil {
-		return fmt.Errorf("--etcd-version=%s: %w (pass --skip-binary-check if this machine is not an etcd node)", o.etcdVersion, err)
-	}
-	return nil
 }
 
 // writeJSON prints v as indented JSON, with the characters a terminal

@@ -11,32 +11,20 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 )
 
-// ctlEnv is a file store and a folder of stand-in etcd installs. The ctl
-// only looks for the binary's path; it never runs it.
+// ctlEnv is a file store. The ctl needs no etcd installs.
 type ctlEnv struct {
-	store, binDir string
+	store string
 }
 
 func newCtlEnv(t *testing.T) ctlEnv {
 	t.Helper()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "bin")
-	for _, v := range []string{"3.6.16", "3.5.35"} {
-		d := filepath.Join(bin, "etcd-v"+v)
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(d, "etcd"), []byte("#!/bin/sh\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return ctlEnv{store: "file://" + filepath.Join(dir, "backups", "test"), binDir: bin}
+	return ctlEnv{store: "file://" + filepath.Join(t.TempDir(), "backups", "test")}
 }
 
 func (e ctlEnv) run(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	args = append([]string{"--backup-store=" + e.store, "--etcd-bin-dir=" + e.binDir, "--store-attempts=1"}, args...)
+	args = append([]string{"--backup-store=" + e.store, "--store-attempts=1"}, args...)
 	err = run(t.Context(), args, &out, &errOut)
 	return out.String(), errOut.String(), err
 }
@@ -85,7 +73,6 @@ func TestConfigureClusterBadInput(t *testing.T) {
 		{name: "more than nine members", args: []string{"--member-count=11", "--etcd-version=3.6.16"},
 			wantErr: "--member-count=11: spec: member count is above 9: every write waits for a majority of the members, so each one more slows writes; etcd advises 3 or 5 members, 7 at most; add --force to set it anyway"},
 		{name: "more than nine members, forced", args: []string{"--member-count=11", "--etcd-version=3.6.16", "--force"}, wantWarning: "a member count of 11 is above 9"},
-		{name: "no binary for version", args: []string{"--member-count=1", "--etcd-version=3.6.99"}, wantErr: "etcd-v3.6.99"},
 		{name: "v2", args: []string{"--member-count=1", "--etcd-version=2.2.1"}, wantErr: "etcd v2 is not supported"},
 		{name: "unparsable version", args: []string{"--member-count=1", "--etcd-version=3.six"}, wantErr: "invalid etcd version"},
 		{name: "new spec needs both flags", args: []string{"--member-count=1"}, wantErr: "needs both --member-count and --etcd-version"},
@@ -133,21 +120,117 @@ func TestConfigureClusterBadInput(t *testing.T) {
 	}
 }
 
-func TestMissingBinaryNamesTheFolder(t *testing.T) {
-	e := newCtlEnv(t)
-	_, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.99", "configure-cluster")
-	if err == nil {
-		t.Fatal("no error")
+// configure-cluster checks a version against what the nodes report in
+// their records, not against this machine, which has no etcd.
+func TestVersionCheckedAgainstTheNodes(t *testing.T) {
+	type rec struct {
+		node     string
+		versions []string
+		age      time.Duration
 	}
-	for _, want := range []string{e.binDir, filepath.Join(e.binDir, "etcd-v3.6.99", "etcd"), "--skip-binary-check"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
+	both := []string{"3.5.35", "3.6.16"}
+	tests := []struct {
+		name        string
+		records     []rec
+		args        []string
+		wantErr     []string
+		wantWarning []string
+		noWarning   bool
+	}{
+		{name: "no node has reported", args: []string{"--etcd-version=3.6.99"},
+			wantWarning: []string{"no node has reported its installed etcd versions in the last 10m0s", "etcd 3.6.99 is not checked against the nodes"}},
+		{name: "only agents older than the report", records: []rec{{node: "a"}, {node: "b"}}, args: []string{"--etcd-version=3.6.99"},
+			wantWarning: []string{"no node has reported"}},
+		{name: "every node has it", records: []rec{{"a", both, time.Second}, {"b", []string{"3.6.16"}, time.Minute}}, args: []string{"--etcd-version=3.6.16"}, noWarning: true},
+		{name: "a node lacks it", records: []rec{{"a", both, time.Second}, {"b", []string{"3.6.16"}, time.Second}, {"c", []string{"3.4.23"}, time.Second}},
+			args:    []string{"--etcd-version=3.5.35"},
+			wantErr: []string{"--etcd-version=3.5.35: no etcd 3.5.35 on node b (has 3.6.16), node c (has 3.4.23); install etcd-v3.5.35/etcd under each node's --etcd-bin-dir"}},
+		{name: "--skip-binary-check skips nothing", records: []rec{{"a", []string{"3.6.16"}, time.Second}}, args: []string{"--etcd-version=3.5.35", "--skip-binary-check"},
+			wantErr: []string{"no etcd 3.5.35 on node a"}},
+		{name: "a node not heard from lacks it", records: []rec{{"a", both, time.Second}, {"b", []string{"3.6.16"}, time.Hour}}, args: []string{"--etcd-version=3.5.35"},
+			wantWarning: []string{"node b (last heard from 1h0m0s ago), not heard from for over 10m0s, lacks etcd 3.5.35"}},
+		{name: "every node that reported is silent", records: []rec{{"a", []string{"3.6.16"}, time.Hour}}, args: []string{"--etcd-version=3.5.35"},
+			wantWarning: []string{"node a (last heard from 1h0m0s ago)", "no node has reported"}},
+		{name: "no version flag, no check", records: []rec{{"a", []string{"3.4.23"}, time.Second}}, args: []string{"--member-count=3"}, noWarning: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newCtlEnv(t)
+			if _, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.16", "configure-cluster"); err != nil {
+				t.Fatal(err)
+			}
+			s := e.open(t)
+			for _, r := range tt.records {
+				if err := peer.PublishToStore(t.Context(), s, peer.Record{NodeID: r.node, Address: "127.0.0.1:8000", EtcdVersions: r.versions}, time.Now().Add(-r.age)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, stderr, err := e.run(t, append(tt.args, "configure-cluster")...)
+			if tt.wantErr != nil {
+				if err == nil {
+					t.Fatal("no error")
+				}
+				for _, want := range tt.wantErr {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("err %q does not mention %q", err, want)
+					}
+				}
+				if exitCode(err) != exitFailed {
+					t.Errorf("exit status %d, want %d", exitCode(err), exitFailed)
+				}
+				if out, _, _ := e.run(t, "get"); !strings.Contains(out, "etcdVersion: 3.6.16\n") {
+					t.Errorf("a refused version was written: %s", out)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range tt.wantWarning {
+				if !strings.Contains(stderr, "warning: ") || !strings.Contains(stderr, want) {
+					t.Errorf("stderr %q lacks the warning %q", stderr, want)
+				}
+			}
+			if tt.noWarning && strings.Contains(stderr, "node") {
+				t.Errorf("stderr %q warns about the nodes", stderr)
+			}
+		})
+	}
+}
+
+// The flags of the old local check are still accepted, do nothing, say
+// so on stderr only, and are gone from --help.
+func TestDeprecatedFlags(t *testing.T) {
+	e := newCtlEnv(t)
+	out, stderr, err := e.run(t, "--member-count=1", "--etcd-version=3.6.99", "--etcd-bin-dir=/nonexistent", "--skip-binary-check", "configure-cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"warning: --etcd-bin-dir is deprecated and does nothing: the ctl runs no etcd",
+		"warning: --skip-binary-check is deprecated and does nothing: configure-cluster checks a version against what the nodes report installed, not this machine; drop it",
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr %q lacks %q", stderr, want)
 		}
 	}
-	// With the check skipped (a workstation that is not an etcd node), the
-	// spec is written.
-	if _, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.99", "--skip-binary-check", "configure-cluster"); err != nil {
+	if strings.Contains(out, "deprecated") {
+		t.Errorf("the deprecation went to stdout: %q", out)
+	}
+	// The operator's spelling, and the flag after the command name.
+	if _, _, err := e.run(t, "--member-count=3", "--etcd-version=3.6.16", "--ordinal-members=true", "--skip-binary-check", "configure-cluster"); err != nil {
 		t.Fatal(err)
+	}
+	if _, _, err := e.run(t, "--member-count=3", "configure-cluster", "--skip-binary-check"); err != nil {
+		t.Fatal(err)
+	}
+	// An ID printed alone on stdout stays alone.
+	if out, _, err = e.run(t, "backup-now", "--wait=false", "--etcd-bin-dir=/opt"); err != nil || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+		t.Errorf("backup-now --wait=false printed %q (%v)", out, err)
+	}
+	out, _, _ = e.run(t, "--help")
+	if strings.Contains(out, "skip-binary-check") || strings.Contains(out, "etcd-bin-dir") {
+		t.Errorf("--help shows a deprecated flag:\n%s", out)
 	}
 }
 
