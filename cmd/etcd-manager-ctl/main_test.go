@@ -136,6 +136,7 @@ func TestVersionCheckedAgainstTheNodes(t *testing.T) {
 		wantErr     []string
 		wantWarning []string
 		noWarning   bool
+		planted     map[string]string // raw records, by key
 	}{
 		{name: "no node has reported", args: []string{"--etcd-version=3.6.99"},
 			wantWarning: []string{"no node has reported its installed etcd versions in the last 10m0s", "etcd 3.6.99 is not checked against the nodes"}},
@@ -152,6 +153,14 @@ func TestVersionCheckedAgainstTheNodes(t *testing.T) {
 		{name: "every node that reported is silent", records: []rec{{"a", []string{"3.6.16"}, time.Hour}}, args: []string{"--etcd-version=3.5.35"},
 			wantWarning: []string{"node a (last heard from 1h0m0s ago)", "no node has reported"}},
 		{name: "no version flag, no check", records: []rec{{"a", []string{"3.4.23"}, time.Second}}, args: []string{"--member-count=3"}, noWarning: true},
+		{name: "a record with no time lacks it", planted: map[string]string{"discovery/x": `{"nodeId":"x","address":"127.0.0.1:8000","etcdVersions":["3.6.16"]}`},
+			args: []string{"--etcd-version=3.5.35"}, wantWarning: []string{"node x (its record says not when it was written)", "no node has reported"}},
+		{name: "an unreadable record", records: []rec{{"a", []string{"3.6.16"}, time.Second}}, planted: map[string]string{"discovery/huge": strings.Repeat(" ", 17<<10)},
+			args: []string{"--etcd-version=3.5.35"}, wantErr: []string{"no etcd 3.5.35 on node a"}},
+		{name: "an unreadable record beside good ones", records: []rec{{"a", []string{"3.6.16"}, time.Second}}, planted: map[string]string{"discovery/huge": strings.Repeat(" ", 17<<10)},
+			args: []string{"--etcd-version=3.6.16"}, wantWarning: []string{"cannot read every node's record", "discovery/huge"}},
+		{name: "hostile text in a record", planted: map[string]string{"discovery/h": `{"nodeId":"h\u001b[2J","address":"127.0.0.1:8000","updated":"` + time.Now().UTC().Format(time.RFC3339) + `","etcdVersions":["3.6.16","\u001b]0;x\u0007"]}`},
+			args: []string{"--etcd-version=3.5.35"}, wantErr: []string{`no etcd 3.5.35 on node h`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -162,6 +171,11 @@ func TestVersionCheckedAgainstTheNodes(t *testing.T) {
 			s := e.open(t)
 			for _, r := range tt.records {
 				if err := peer.PublishToStore(t.Context(), s, peer.Record{NodeID: r.node, Address: "127.0.0.1:8000", EtcdVersions: r.versions}, time.Now().Add(-r.age)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for key, data := range tt.planted {
+				if err := s.Write(t.Context(), key, []byte(data)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -178,6 +192,9 @@ func TestVersionCheckedAgainstTheNodes(t *testing.T) {
 				if exitCode(err) != exitFailed {
 					t.Errorf("exit status %d, want %d", exitCode(err), exitFailed)
 				}
+				var report bytes.Buffer
+				printError(&report, err)
+				checkTerminalSafe(t, "the error", report.String())
 				if out, _, _ := e.run(t, "get"); !strings.Contains(out, "etcdVersion: 3.6.16\n") {
 					t.Errorf("a refused version was written: %s", out)
 				}
@@ -186,6 +203,7 @@ func TestVersionCheckedAgainstTheNodes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			checkTerminalSafe(t, "stderr", stderr)
 			for _, want := range tt.wantWarning {
 				if !strings.Contains(stderr, "warning: ") || !strings.Contains(stderr, want) {
 					t.Errorf("stderr %q lacks the warning %q", stderr, want)

@@ -27,16 +27,16 @@ const reportMaxAge = 10 * time.Minute
 // lacks it, naming each such node with what it has. It warns on warn
 // when no node has reported (agents older than the report, or none
 // running), when a node not heard from for a while lacks it, and when
-// the records cannot be read.
+// records cannot be read: the agents check again in any case.
 func checkInstalled(ctx context.Context, s peer.BlobStore, version string, now time.Time, warn io.Writer) error {
 	v, err := spec.ParseVersion(version)
 	if err != nil {
 		return usagef("--etcd-version: %w", err)
 	}
 	recs, err := peer.StoreRecords(ctx, s)
-	if err != nil && len(recs) == 0 {
-		fprintf(warn, "warning: cannot read the nodes' records to check etcd %s against what they have installed: %v; the agents refuse it, before they stop anything, if a member lacks it\n", v, err)
-		return nil
+	if err != nil {
+		// Some records, or all, could not be read: check by the rest.
+		fprintf(warn, "warning: cannot read every node's record to check etcd %s against what it has installed: %v; the agents refuse it, before they stop anything, if a member lacks it\n", v, err)
 	}
 	var lacking, silent []string
 	reported := 0
@@ -51,7 +51,11 @@ func checkInstalled(ctx context.Context, s peer.BlobStore, version string, now t
 		}
 		if age := now.Sub(r.Updated); r.Updated.IsZero() || age > reportMaxAge {
 			if !has {
-				silent = append(silent, fmt.Sprintf("%s (last heard from %s ago)", node, age.Round(time.Second)))
+				when := "its record says not when it was written"
+				if !r.Updated.IsZero() {
+					when = fmt.Sprintf("last heard from %s ago", age.Round(time.Second))
+				}
+				silent = append(silent, fmt.Sprintf("%s (%s)", node, when))
 			}
 			continue
 		}
