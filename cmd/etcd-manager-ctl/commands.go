@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,10 +12,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
-	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -25,9 +26,8 @@ import (
 type options struct {
 	backupStore      string
 	memberCount      int32
+	force            bool
 	etcdVersion      string
-	etcdBinDir       string
-	skipBinaryCheck  bool
 	allowDumpRestore bool
 	ordinalMembers   bool
 	compactionMode   string
@@ -50,23 +50,29 @@ type options struct {
 }
 
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
-	o := &options{etcdBinDir: etcdproc.DefaultBinDir, output: "text", storeAttempts: 3}
+	o := &options{output: "text", storeAttempts: 3}
 	root := &cobra.Command{
 		Use:   "etcd-manager-ctl",
 		Short: "Operate an etcd-manager cluster through its backup store",
 		Long: `etcd-manager-ctl reads and writes the backup store that etcd-manager agents
 watch. The store is the source of truth whenever etcd is down, so these
-commands work even then.`,
+commands work even then.
+
+Exit status: 0 on success; 2 when the command line is wrong (an unknown
+command or flag, a missing or malformed value, a --backup-store URL of a
+scheme other than file, s3, gs and azblob), which trying again cannot
+help; 1 when the command could not do its work (the store unreachable,
+a refusal, a failed command).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	fs := root.PersistentFlags()
-	fs.StringVar(&o.backupStore, "backup-store", "", "URL of the backup store, such as file:///var/lib/etcd-manager/backups/main or s3://bucket/prefix (required)")
-	fs.Int32Var(&o.memberCount, "member-count", 0, "number of etcd members (configure-cluster)")
+	fs.StringVar(&o.backupStore, "backup-store", "", "URL of the backup store: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix (required)")
+	fs.Int32Var(&o.memberCount, "member-count", 0, fmt.Sprintf("number of etcd members, at most %d without --force; etcd advises 3 or 5, 7 at most (configure-cluster)", spec.MaxMemberCount))
+	fs.BoolVar(&o.force, "force", false, fmt.Sprintf("let --member-count go above %d (configure-cluster)", spec.MaxMemberCount))
 	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16 (configure-cluster)")
-	fs.StringVar(&o.etcdBinDir, "etcd-bin-dir", o.etcdBinDir, "directory where the agents' etcd installs live (etcd-v<version>/etcd); configure-cluster refuses a version that has none")
 	fs.BoolVar(&o.ordinalMembers, "ordinal-members", false, "the agents are a StatefulSet's pods, named <set>-<ordinal> with --node-name: only ordinals below --member-count are members, and shrinking removes the highest ordinal first (configure-cluster; set by the Kubernetes operator)")
 	fs.BoolVar(&o.allowDumpRestore, "allow-dump-restore", false, "with --etcd-version: allow a version change no rolling change can make (such as 3.5 to 3.4) by dump and restore, which cuts clients off until the new cluster serves (configure-cluster)")
 	fs.StringVar(&o.compactionMode, "auto-compaction-mode", "", "compaction policy's mode, as etcd's flag: periodic (keep a span of time) or revision (keep a count of revisions); the agent compacts, keeping behind continuous capture (configure-cluster; default periodic)")
@@ -81,7 +87,17 @@ commands work even then.`,
 	for _, name := range spec.SettingNames() {
 		o.settings[name] = fs.String(name, "", spec.SettingHelp(name)+" (configure-cluster)")
 	}
-	fs.BoolVar(&o.skipBinaryCheck, "skip-binary-check", false, "let configure-cluster accept a version without looking for its binary here (when this machine is not an etcd node)")
+	for _, d := range deprecatedFlags {
+		d.add(fs)
+		_ = fs.MarkHidden(d.name)
+	}
+	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
+		for _, d := range deprecatedFlags {
+			if cmd.Flags().Changed(d.name) {
+				fprintf(stderr, "warning: --%s is deprecated and does nothing: %s; drop it\n", d.name, d.why)
+			}
+		}
+	}
 	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
 	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
 	fs.StringVar(&o.discovery, "discovery", "store", "how to find the agents (status): store, file:///DIR, static:HOST:PORT,... or dns:NAME, as the agents' --discovery")
@@ -115,8 +131,13 @@ with the full backup it started from, and any gap between runs.`,
 			Use:   "get",
 			Short: "Show the cluster spec: member count and etcd version",
 			Args:  cobra.NoArgs,
+			Long: `get prints the cluster spec the backup store holds. When the spec is invalid
+(such as a member count of 0 or an etcd version this etcd-manager does not
+support), it is printed all the same, then get says why it is invalid and
+exits with status 1: the agents ignore an invalid spec and keep the cluster
+as it is until configure-cluster corrects it.`,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return o.get(cmd.Context(), stdout)
+				return o.get(cmd.Context(), stdout, cmd.ErrOrStderr())
 			},
 		},
 		listBackups,
@@ -150,7 +171,17 @@ etcd settings take etcd's own flag names and syntax: --` + strings.Join(spec.Set
 The leader rolls a change out one member at a time, followers first, moving
 leadership off a member before it restarts, as for a version change. A
 setting the spec's etcd version does not know is refused here. An empty
-value (--quota-backend-bytes=) goes back to etcd's default.`,
+value (--quota-backend-bytes=) goes back to etcd's default.
+
+--etcd-version is checked against the etcd versions each agent reports
+installed on its node, in its record in the store: this machine needs no
+etcd. A version that a node heard from in the last 10 minutes lacks is
+refused, naming the node. When no node has reported (no agent runs yet, or
+the agents are older than this ctl) it is accepted with a warning; the
+agents refuse it, before they stop anything, if a member lacks it.
+
+--member-count above 9 needs --force: etcd advises 3 or 5 members, 7 at
+most, as every write waits for a majority of them.`,
 			Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --member-count=1 --etcd-version=3.6.16 configure-cluster
   etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --quota-backend-bytes=8589934592 --snapshot-count=50000 configure-cluster`,
 			Args: cobra.NoArgs,
@@ -161,14 +192,29 @@ value (--quota-backend-bytes=) goes back to etcd's default.`,
 	)
 	root.AddCommand(queueCommands(o, stdout)...)
 	root.AddCommand(issueClientCertCommand(o, stdout))
+	asUsage(root)
 	return root
+}
+
+// deprecatedFlags no longer do anything, but are still accepted, so that
+// scripts (and the Kubernetes operator, which passes --skip-binary-check)
+// keep working. They are hidden from --help, and using one prints a
+// warning on stderr, never on stdout, which scripts may read.
+var deprecatedFlags = []struct {
+	name, why string
+	add       func(*pflag.FlagSet)
+}{
+	{name: "etcd-bin-dir", why: "the ctl runs no etcd, and configure-cluster checks a version against what the nodes report installed",
+		add: func(fs *pflag.FlagSet) { fs.String("etcd-bin-dir", "", "deprecated, does nothing") }},
+	{name: "skip-binary-check", why: "configure-cluster checks a version against what the nodes report installed, not this machine",
+		add: func(fs *pflag.FlagSet) { fs.Bool("skip-binary-check", false, "deprecated, does nothing") }},
 }
 
 // openStore opens the backup store, retrying with backoff while it is
 // unreachable.
 func (o *options) openStore(ctx context.Context, create bool) (*store.Store, error) {
 	if o.backupStore == "" {
-		return nil, errors.New("--backup-store is required, for example --backup-store=file:///tmp/etcd-manager/backups/test")
+		return nil, usagef("--backup-store is required, for example --backup-store=file:///tmp/etcd-manager/backups/test")
 	}
 	var lastErr error
 	delay := 500 * time.Millisecond
@@ -193,7 +239,7 @@ func (o *options) openStore(ctx context.Context, create bool) (*store.Store, err
 	return nil, fmt.Errorf("%w (tried %d times)", lastErr, max(o.storeAttempts, 1))
 }
 
-func (o *options) get(ctx context.Context, w io.Writer) error {
+func (o *options) get(ctx context.Context, w, stderr io.Writer) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
@@ -206,11 +252,29 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	switch o.output {
+	if err := printSpec(w, cs, o.output); err != nil {
+		return err
+	}
+	// A spec that decodes may still be one the agents refuse: say so,
+	// and why, after showing it.
+	warnings, err := cs.Validate()
+	for _, warning := range warnings {
+		fprintf(stderr, "warning: %s\n", warning)
+	}
+	if err != nil {
+		return fmt.Errorf("the cluster spec in %s (%s) is invalid: %w; the agents ignore it and change nothing until it is corrected with configure-cluster (--member-count and --etcd-version together replace it)",
+			o.backupStore, store.KeySpec, err)
+	}
+	return nil
+}
+
+// printSpec prints the spec as get shows it.
+func printSpec(w io.Writer, cs spec.ClusterSpec, output string) error {
+	switch output {
 	case "json":
 		return writeJSON(w, cs)
 	case "text":
-		_, err := fmt.Fprintf(w, "memberCount: %d\netcdVersion: %s\n", cs.MemberCount, cs.EtcdVersion)
+		err := fprintf(w, "memberCount: %d\netcdVersion: %s\n", cs.MemberCount, cs.EtcdVersion)
 		if err == nil && cs.AllowDumpRestore {
 			_, err = fmt.Fprintln(w, "allowDumpRestore: true")
 		}
@@ -218,17 +282,17 @@ func (o *options) get(ctx context.Context, w io.Writer) error {
 			_, err = fmt.Fprintln(w, "ordinalMembers: true")
 		}
 		if err == nil {
-			_, err = fmt.Fprintf(w, "compaction: %s\n", describeCompaction(cs))
+			err = fprintf(w, "compaction: %s\n", describeCompaction(cs))
 		}
 		if err == nil && len(cs.EtcdSettings) > 0 {
-			_, err = fmt.Fprintf(w, "etcdSettings: %s\n", cs.EtcdSettings)
+			err = fprintf(w, "etcdSettings: %s\n", cs.EtcdSettings)
 		}
 		if err == nil && cs.Defrag != nil {
-			_, err = fmt.Fprintf(w, "defrag: %s\n", cs.Defrag)
+			err = fprintf(w, "defrag: %s\n", cs.Defrag)
 		}
 		return err
 	default:
-		return fmt.Errorf("--output %q: use text or json", o.output)
+		return usagef("--output %q: use text or json", output)
 	}
 }
 
@@ -250,7 +314,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	countSet, versionSet := fs.Changed("member-count"), fs.Changed("etcd-version")
 	modeSet, keepSet := fs.Changed("auto-compaction-mode"), fs.Changed("auto-compaction-retention")
 	if o.allowDumpRestore && !versionSet {
-		return errors.New("--allow-dump-restore goes with the --etcd-version it allows")
+		return usagef("--allow-dump-restore goes with the --etcd-version it allows")
 	}
 	defragFlags := []string{"auto-defrag", "defrag-min-reclaimable-bytes", "defrag-min-reclaimable-fraction", "defrag-quota-percent", "defrag-window", "defrag-window-duration"}
 	defragSet := slices.ContainsFunc(defragFlags, fs.Changed)
@@ -261,20 +325,24 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		}
 	}
 	if !countSet && !versionSet && !modeSet && !keepSet && len(settingsSet) == 0 && !defragSet {
-		return errors.New("configure-cluster needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention, a defrag policy flag or an etcd setting such as --quota-backend-bytes")
+		return usagef("configure-cluster needs --member-count, --etcd-version, --auto-compaction-mode, --auto-compaction-retention, a defrag policy flag or an etcd setting such as --quota-backend-bytes")
 	}
 	// Check the new values before touching the store.
 	if modeSet && keepSet {
 		if _, err := spec.ParseCompaction(o.compactionMode, o.compactionKeep); err != nil {
-			return err
+			return usageError{err}
 		}
 	}
 	if countSet && o.memberCount < 1 {
-		return fmt.Errorf("--member-count=%d: %w", o.memberCount, spec.ErrInvalidMemberCount)
+		return usagef("--member-count=%d: %w", o.memberCount, spec.ErrInvalidMemberCount)
+	}
+	if countSet && o.memberCount > spec.MaxMemberCount && !o.force {
+		return usagef("--member-count=%d: %w: every write waits for a majority of the members, so each one more slows writes; etcd advises 3 or 5 members, 7 at most; add --force to set it anyway",
+			o.memberCount, spec.ErrTooManyMembers)
 	}
 	if versionSet {
-		if err := o.checkVersion(); err != nil {
-			return err
+		if _, err := spec.ParseSupportedVersion(o.etcdVersion); err != nil {
+			return usagef("--etcd-version: %w", err)
 		}
 	}
 
@@ -287,11 +355,11 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		if !countSet || !versionSet {
-			return errors.New("the store has no cluster spec yet, so configure-cluster needs both --member-count and --etcd-version")
+			return usagef("the store has no cluster spec yet, so configure-cluster needs both --member-count and --etcd-version")
 		}
 	case err != nil && (countSet && versionSet):
 		// Replacing a broken spec is how an operator repairs it.
-		fmt.Fprintf(stderr, "warning: replacing the unreadable spec in the store: %v\n", err)
+		fprintf(stderr, "warning: replacing the unreadable spec in the store: %v\n", err)
 	case err != nil:
 		return fmt.Errorf("%w; pass both --member-count and --etcd-version to replace it", err)
 	}
@@ -315,7 +383,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 			return m
 		}
 		if !keepSet && cs.AutoCompactionRetention != "" && modeOf(o.compactionMode) != modeOf(cs.AutoCompactionMode) {
-			return fmt.Errorf("--auto-compaction-mode=%s changes what the retention %q means; pass --auto-compaction-retention too", o.compactionMode, cs.AutoCompactionRetention)
+			return usagef("--auto-compaction-mode=%s changes what the retention %q means; pass --auto-compaction-retention too", o.compactionMode, cs.AutoCompactionRetention)
 		}
 		cs.AutoCompactionMode = o.compactionMode
 	}
@@ -343,7 +411,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		if (fs.Changed("defrag-min-reclaimable-bytes") && o.defragPolicy.MinReclaimableBytes <= 0) ||
 			(fs.Changed("defrag-min-reclaimable-fraction") && o.defragPolicy.MinReclaimableFraction <= 0) ||
 			(fs.Changed("defrag-quota-percent") && o.defragPolicy.QuotaPercent <= 0) {
-			return errors.New("--defrag-min-reclaimable-bytes, --defrag-min-reclaimable-fraction and --defrag-quota-percent must be above 0; --auto-defrag=false turns the policy off")
+			return usagef("--defrag-min-reclaimable-bytes, --defrag-min-reclaimable-fraction and --defrag-quota-percent must be above 0; --auto-defrag=false turns the policy off")
 		}
 		p := cs.Defrag.Effective()
 		if fs.Changed("auto-defrag") {
@@ -373,34 +441,31 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	if err != nil {
 		return err
 	}
+	if versionSet {
+		if err := checkInstalled(ctx, s, o.etcdVersion, time.Now(), stderr); err != nil {
+			return err
+		}
+	}
 	for _, w := range warnings {
-		fmt.Fprintln(stderr, "warning:", w)
+		fprintf(stderr, "warning: %s\n", w)
 	}
 	if err := s.WriteSpec(ctx, cs); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "cluster spec set in %s: %s\n", o.backupStore, cs)
-	return err
+	return fprintf(stdout, "cluster spec set in %s: %s\n", o.backupStore, cs)
 }
 
-func (o *options) checkVersion() error {
-	v, err := spec.ParseSupportedVersion(o.etcdVersion)
-	if err != nil {
-		return fmt.Errorf("--etcd-version: %w", err)
-	}
-	if o.skipBinaryCheck {
-		return nil
-	}
-	if _, err := etcdproc.FindBinaries(o.etcdBinDir, v); err != nil {
-		return fmt.Errorf("--etcd-version=%s: %w (pass --skip-binary-check if this machine is not an etcd node)", o.etcdVersion, err)
-	}
-	return nil
-}
-
+// writeJSON prints v as indented JSON, with the characters a terminal
+// could act on escaped (see jsonSafe).
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(jsonSafe(b.Bytes()))
+	return err
 }
 
 func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges bool) error {
@@ -438,6 +503,6 @@ func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges boo
 		}
 		return nil
 	default:
-		return fmt.Errorf("--output %q: use text or json", o.output)
+		return usagef("--output %q: use text or json", o.output)
 	}
 }

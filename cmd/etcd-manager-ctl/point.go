@@ -323,23 +323,23 @@ func listRanges(ctx context.Context, s *store.Store, w io.Writer, asJSON bool) e
 		return writeJSON(w, rs)
 	}
 	for _, r := range rs {
-		fmt.Fprintf(w, "timeline %s: %d full backups; restorable from revision %d (%s) to revision %d (%s)\n", r.Timeline, r.Backups,
+		fprintf(w, "timeline %s: %d full backups; restorable from revision %d (%s) to revision %d (%s)\n", r.Timeline, r.Backups,
 			r.EarliestRevision, rfcTime(r.EarliestTime), r.LatestRevision, rfcTime(r.LatestTime))
 		if b := r.Branch; b != nil {
 			bump := ""
 			if b.BumpRevision > 0 {
 				bump = fmt.Sprintf(", revisions bumped by %d to start at %d", b.BumpRevision, b.Start())
 			}
-			fmt.Fprintf(w, "  branched from timeline %s at its revision %d (restored %s from backup %s%s)\n", b.Parent, b.Revision, rfcTime(b.Time), dash(b.Backup), bump)
+			fprintf(w, "  branched from timeline %s at its revision %d (restored %s from backup %s%s)\n", b.Parent, b.Revision, rfcTime(b.Time), dash(b.Backup), bump)
 		}
 		if r.BranchError != "" {
-			fmt.Fprintf(w, "  branch record unreadable: %s\n", r.BranchError)
+			fprintf(w, "  branch record unreadable: %s\n", r.BranchError)
 		}
 		for _, run := range r.Runs {
-			fmt.Fprintf(w, "  captured revisions %d to %d (%s to %s), after backup %s\n", run.First, run.Last, rfcTime(run.FirstTime), rfcTime(run.LastTime), dash(run.Base))
+			fprintf(w, "  captured revisions %d to %d (%s to %s), after backup %s\n", run.First, run.Last, rfcTime(run.FirstTime), rfcTime(run.LastTime), dash(run.Base))
 		}
 		for _, g := range r.Gaps {
-			fmt.Fprintf(w, "  gap: revisions %d to %d cannot be restored\n", g.After+1, g.Before-1)
+			fprintf(w, "  gap: revisions %d to %d cannot be restored\n", g.After+1, g.Before-1)
 		}
 	}
 	return nil
@@ -349,14 +349,14 @@ func listRanges(ctx context.Context, s *store.Store, w io.Writer, asJSON bool) e
 func summarizeRanges(ctx context.Context, s *store.Store, w io.Writer) {
 	rs, err := ranges(ctx, s)
 	if err != nil {
-		fmt.Fprintf(w, "cannot read the captured ranges: %v\n", err)
+		fprintf(w, "cannot read the captured ranges: %v\n", err)
 		return
 	}
 	for _, r := range rs {
 		if len(r.Runs) == 0 || r.Backups == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "timeline %s: restorable to any revision from %d (%s) to %d (%s), %d gaps (list-backups --ranges)\n",
+		fprintf(w, "timeline %s: restorable to any revision from %d (%s) to %d (%s), %d gaps (list-backups --ranges)\n",
 			r.Timeline, r.EarliestRevision, rfcTime(r.EarliestTime), r.LatestRevision, rfcTime(r.LatestTime), len(r.Gaps))
 	}
 }

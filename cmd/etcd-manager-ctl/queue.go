@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -54,7 +56,8 @@ that made it, the timeline each was restored from, up to where it branched.
 list-backups --ranges shows the timelines, where each branched, their captured
 ranges and any gaps. A target before the oldest
 backup, after the last captured revision or inside a gap is refused before
-anything is queued.
+anything is queued, as is a NAME that is not in the store or not whole
+(without its meta or its data: list-backups lists only whole backups).
 The agent holding the store lock then:
   1. fetches the backup and verifies it (sha256, gzip, snapshot); a bad backup
      fails the command and leaves the cluster untouched;
@@ -76,7 +79,7 @@ prints each phase and returns when the restore is complete or has failed.`,
 				name = args[0]
 			}
 			if name == "" && !pf.target() {
-				return errors.New("restore-backup: name a backup, or give --latest, --to-revision or --to-time")
+				return usagef("restore-backup: name a backup, or give --latest, --to-revision or --to-time")
 			}
 			return o.restoreBackup(cmd.Context(), stdout, cmd.ErrOrStderr(), name, pf, restoreWait, restoreTimeout)
 		},
@@ -195,7 +198,7 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 			last = q.Status
 			switch q.Status.State {
 			case spec.CommandDone:
-				fmt.Fprintln(w, q.Status.Backup)
+				fprintf(w, "%s\n", q.Status.Backup)
 				return true, nil
 			case spec.CommandFailed:
 				return true, fmt.Errorf("backup-now: command %s failed: %s", id, q.Status.Message)
@@ -248,7 +251,7 @@ func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout ti
 		case err == nil:
 			last = q.Status
 			for _, n := range q.Status.Defragmented[min(shown, len(q.Status.Defragmented)):] {
-				fmt.Fprintf(w, "defragmented %s\n", n)
+				fprintf(w, "defragmented %s\n", n)
 			}
 			shown = max(shown, len(q.Status.Defragmented))
 			switch q.Status.State {
@@ -339,7 +342,7 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 		if r.Backup != "" {
 			detail = "backup " + r.Backup + prefixed("; ", detail)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, r.Kind, r.State, dash(detail))
+		fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, r.Kind, r.State, dash(detail))
 	}
 	return tw.Flush()
 }
@@ -353,7 +356,7 @@ func (o *options) deleteCommand(ctx context.Context, w io.Writer, id string) err
 	if err := s.DeleteCommand(ctx, id); err != nil {
 		return fmt.Errorf("delete-command: %w", err)
 	}
-	fmt.Fprintf(w, "deleted command %s\n", id)
+	fprintf(w, "deleted command %s\n", id)
 	return nil
 }
 
@@ -377,12 +380,23 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		return err
 	}
 	defer s.Close()
+	if name != "" {
+		if err := checkBackup(ctx, s, name); err != nil {
+			return fmt.Errorf("restore-backup: %w; nothing was queued", err)
+		}
+	}
+	named := name
 	name, point, err := resolvePoint(ctx, s, name, pf)
 	if err != nil {
 		return fmt.Errorf("restore-backup: %w", err)
 	}
+	if name != named {
+		if err := checkBackup(ctx, s, name); err != nil {
+			return fmt.Errorf("restore-backup: %w; nothing was queued", err)
+		}
+	}
 	if point.ToRevision > 0 {
-		fmt.Fprintf(progress, "restoring timeline %s at revision %d: backup %s brought forward with captured changes\n", point.Timeline, point.ToRevision, name)
+		fprintf(progress, "restoring timeline %s at revision %d: backup %s brought forward with captured changes\n", point.Timeline, point.ToRevision, name)
 	}
 	cmd := spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: name, RestorePoint: point}}
 	// The format carries the spec to restore as; ours is the store's.
@@ -393,7 +407,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 	if err != nil {
 		return fmt.Errorf("restore-backup: queue the command: %w", err)
 	}
-	fmt.Fprintf(progress, "queued restore of %s as command %s\n", name, id)
+	fprintf(progress, "queued restore of %s as command %s\n", name, id)
 	if !wait {
 		fmt.Fprintln(w, id)
 		return nil
@@ -403,13 +417,13 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// The leader removes a restore command once it is complete.
-			fmt.Fprintf(w, "restored backup %s\n", name)
+			fprintf(w, "restored backup %s\n", name)
 			return true, nil
 		case err == nil && q.Status.State == spec.CommandFailed:
 			return true, fmt.Errorf("restore-backup: command %s failed: %s", id, q.Status.Message)
 		case err == nil && q.Status.Restore != nil && q.Status.Restore.Phase != lastPhase:
 			lastPhase = q.Status.Restore.Phase
-			fmt.Fprintf(progress, "restore %s: %s\n", id, lastPhase)
+			fprintf(progress, "restore %s: %s\n", id, lastPhase)
 		}
 		return false, nil
 	})
@@ -434,16 +448,16 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			fmt.Fprintf(w, "quorum recovered from %s\n", dash(node))
+			fprintf(w, "quorum recovered from %s\n", dash(node))
 			return true, nil
 		case err == nil && q.Status.State == spec.CommandFailed:
 			return true, fmt.Errorf("recover-quorum: command %s failed: %s", id, q.Status.Message)
 		case err == nil && q.Status.Node != "" && q.Status.Node != node:
 			node = q.Status.Node
-			fmt.Fprintf(progress, "recover-quorum %s: rebuilding from %s\n", id, node)
+			fprintf(progress, "recover-quorum %s: rebuilding from %s\n", id, node)
 		case err == nil && q.Status.State == spec.CommandPending && q.Status.Message != "" && q.Status.Message != note:
 			note = q.Status.Message
-			fmt.Fprintf(progress, "recover-quorum %s: %s\n", id, note)
+			fprintf(progress, "recover-quorum %s: %s\n", id, note)
 		}
 		return false, nil
 	})
@@ -455,4 +469,33 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 		return fmt.Errorf("recover-quorum: not finished after %s%s; command %s stays queued (see list-commands, or delete-command %s)", timeout, why, id, id)
 	}
 	return err
+}
+
+// checkBackup refuses, before anything is queued, a backup no restore
+// could use: one that is not in the store, or not whole (without its meta,
+// as while it is written, or without its data). The leader checks it
+// again, and verifies what it holds, before it stops anything.
+func checkBackup(ctx context.Context, s *store.Store, name string) error {
+	_, err := backup.ReadMeta(ctx, s, name)
+	switch {
+	case errors.Is(err, backup.ErrNotFound):
+		// Objects without a meta are a backup being written, or one cut
+		// short. A name that is no path element lists nothing.
+		if name != "" && !strings.ContainsAny(name, "/\\") && !strings.HasPrefix(name, ".") {
+			if objs, lerr := s.List(ctx, name+"/", ""); lerr == nil && len(objs) > 0 {
+				return fmt.Errorf("backup %s in %s is not whole: it has no %s (it is being written, or was cut short); list-backups prints the complete backups", name, s.URL(), backup.MetaObject)
+			}
+		}
+		return fmt.Errorf("no backup %q in %s; list-backups prints the backups a restore can use", name, s.URL())
+	case errors.Is(err, backup.ErrCorrupt):
+		return fmt.Errorf("backup %s cannot be restored: %w", name, err)
+	case err != nil:
+		return err
+	}
+	if _, err := s.ModTime(ctx, name+"/"+backup.DataObject); errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("backup %s in %s is not whole: it has no %s; list-backups prints the complete backups", name, s.URL(), backup.DataObject)
+	} else if err != nil {
+		return err
+	}
+	return nil
 }

@@ -104,21 +104,21 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 	case "text":
 		return printStatus(w, st)
 	default:
-		return fmt.Errorf("--output %q: use text or json", o.output)
+		return usagef("--output %q: use text or json", o.output)
 	}
 }
 
 // printStatus renders the status as text.
 func printStatus(w io.Writer, st cli.ClusterStatus) error {
 	if st.Spec != nil {
-		fmt.Fprintf(w, "spec:   %s\n", st.Spec)
+		fprintf(w, "spec:   %s\n", st.Spec)
 	}
 	leader := st.Leader
 	if leader == "" {
 		leader = "(none)"
 	}
-	fmt.Fprintf(w, "leader: %s (etcd leader: %s)\n", leader, dash(st.EtcdLeader))
-	fmt.Fprintf(w, "cluster version: %s\n\n", dash(st.ClusterVersion))
+	fprintf(w, "leader: %s (etcd leader: %s)\n", leader, dash(st.EtcdLeader))
+	fprintf(w, "cluster version: %s\n\n", dash(st.ClusterVersion))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tADDRESS\tROLE\tETCD\tHEALTH\tDB SIZE\tCLOCK OFFSET\tCLIENT URL")
 	for _, a := range st.Agents {
@@ -129,24 +129,24 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 				health = "healthy"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Address, a.Role, dash(a.EtcdVersion), health, size(a.DBSize),
+		fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Address, a.Role, dash(a.EtcdVersion), health, size(a.DBSize),
 			a.ClockOffset.Round(time.Millisecond), dash(a.ClientURL))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if len(st.Unreachable) > 0 {
-		fmt.Fprintf(w, "\nunreachable: %s\n", strings.Join(st.Unreachable, ", "))
+		fprintf(w, "\nunreachable: %s\n", strings.Join(st.Unreachable, ", "))
 	}
 	for _, a := range st.Agents {
 		if st.Spec != nil && a.Role != cli.RoleStandby && !a.EtcdSettings.Equal(st.Spec.EtcdSettings) {
-			fmt.Fprintf(w, "\nagent %s runs etcd with other settings than the spec's, until the roll reaches it: [%s]\n", a.ID, a.EtcdSettings)
+			fprintf(w, "\nagent %s runs etcd with other settings than the spec's, until the roll reaches it: [%s]\n", a.ID, a.EtcdSettings)
 		}
 		if a.Procedure != "" {
-			fmt.Fprintf(w, "\nagent %s drives %s\n", a.ID, a.Procedure)
+			fprintf(w, "\nagent %s drives %s\n", a.ID, a.Procedure)
 		}
 		if a.LockRefused != "" {
-			fmt.Fprintf(w, "\nagent %s will not take the store lock: %s\n", a.ID, a.LockRefused)
+			fprintf(w, "\nagent %s will not take the store lock: %s\n", a.ID, a.LockRefused)
 		}
 	}
 	printMaintenance(w, st.Maintenance)
@@ -154,7 +154,7 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 	if len(st.Failing) > 0 {
 		fmt.Fprintf(w, "\nfailing on the leader (retried after a backoff; the rest goes on):\n")
 		for _, f := range st.Failing {
-			fmt.Fprintf(w, "  %s\n", f)
+			fprintf(w, "  %s\n", f)
 		}
 	}
 	return nil
@@ -177,7 +177,7 @@ func printMaintenance(w io.Writer, m *peer.Maintenance) {
 		return
 	}
 	if len(m.Alarms) > 0 {
-		fmt.Fprintf(w, "\netcd alarms: %s\n", strings.Join(m.Alarms, ", "))
+		fprintf(w, "\netcd alarms: %s\n", strings.Join(m.Alarms, ", "))
 	}
 	if m.LastDefrag == nil && m.LastHashCheck == nil && m.LastDiscard == nil {
 		return
@@ -188,14 +188,14 @@ func printMaintenance(w io.Writer, m *peer.Maintenance) {
 		if d.Isolated {
 			mode = "isolated"
 		}
-		fmt.Fprintf(w, "  last defragmentation: %s (%s) at %s, took %s, database %s -> %s\n", d.Node, mode, d.At.Format(time.RFC3339),
+		fprintf(w, "  last defragmentation: %s (%s) at %s, took %s, database %s -> %s\n", d.Node, mode, d.At.Format(time.RFC3339),
 			d.Duration.Round(time.Millisecond), size(d.SizeBefore), size(d.SizeAfter))
 	}
 	if h := m.LastHashCheck; h != nil {
-		fmt.Fprintf(w, "  last hash comparison: %s at revision %d, %s\n", h.Outcome, h.Revision, h.At.Format(time.RFC3339))
+		fprintf(w, "  last hash comparison: %s at revision %d, %s\n", h.Outcome, h.Revision, h.At.Format(time.RFC3339))
 	}
 	if d := m.LastDiscard; d != nil {
-		fmt.Fprintf(w, "  last member rebuilt for disagreeing data: %s at %s (%s)\n", d.Node, d.At.Format(time.RFC3339), d.Reason)
+		fprintf(w, "  last member rebuilt for disagreeing data: %s at %s (%s)\n", d.Node, d.At.Format(time.RFC3339), d.Reason)
 	}
 }
 

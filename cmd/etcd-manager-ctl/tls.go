@@ -31,7 +31,7 @@ const ephemeralValidity = time.Hour
 func (o *options) clientTLS(ctx context.Context) (*tls.Config, error) {
 	if o.cert != "" || o.key != "" || o.cacert != "" {
 		if o.cert == "" || o.key == "" || o.cacert == "" {
-			return nil, errors.New("--cacert, --cert and --key go together")
+			return nil, usagef("--cacert, --cert and --key go together")
 		}
 		return loadClientFiles(o.cacert, o.cert, o.key, time.Now())
 	}
@@ -128,7 +128,7 @@ serial, SHA-256 fingerprint and expiry), to compare with the agents' CA.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
-				return errors.New("--out DIR is required")
+				return usagef("--out DIR is required")
 			}
 			if err := checkClientCertValidity(validity); err != nil {
 				return err

@@ -93,6 +93,8 @@ func (c BackupAgentConfig) Validate() error {
 	var errs []error
 	if c.BackupStore == "" {
 		errs = append(errs, fmt.Errorf("--%s is required", flagBackupStore))
+	} else if err := store.CheckURL(c.BackupStore); err != nil {
+		errs = append(errs, fmt.Errorf("--%s: %w", flagBackupStore, err))
 	}
 	if len(c.Endpoints) == 0 {
 		errs = append(errs, errors.New("--endpoints is required, for example --endpoints=https://10.0.0.1:2379"))

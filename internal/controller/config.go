@@ -17,6 +17,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
@@ -245,6 +246,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BackupStore == "" {
 		errs = append(errs, fmt.Errorf("--%s is required, for example file:///var/lib/etcd-manager/backups/main", flagBackupStore))
+	} else if err := store.CheckURL(c.BackupStore); err != nil {
+		// Refused now: retrying would never make it reachable.
+		errs = append(errs, fmt.Errorf("--%s: %w", flagBackupStore, err))
 	}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir is required"))

@@ -45,6 +45,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "no cluster name", mutate: func(c *Config) { c.ClusterName = "" }, wantErr: "--cluster-name"},
 		{name: "bad cluster name", mutate: func(c *Config) { c.ClusterName = "Main_1" }, wantErr: "--cluster-name"},
 		{name: "no backup store", mutate: func(c *Config) { c.BackupStore = "" }, wantErr: "--backup-store is required"},
+		{name: "backup store of an unknown scheme", mutate: func(c *Config) { c.BackupStore = "ftp://host/backups" }, wantErr: `--backup-store: store: invalid backup store URL "ftp://host/backups": unsupported scheme "ftp"`},
+		{name: "backup store with a relative path", mutate: func(c *Config) { c.BackupStore = "file://backups" }, wantErr: "absolute path"},
 		{name: "no data dir", mutate: func(c *Config) { c.DataDir = "" }, wantErr: "--data-dir is required"},
 		{name: "bad address", mutate: func(c *Config) { c.Address = "localhost:1" }, wantErr: "--address"},
 		{name: "etcd over TLS with http URLs", mutate: func(c *Config) { c.EtcdInsecure = false }, wantErr: "scheme must be https"},
@@ -116,5 +118,24 @@ func TestCertRequestNames(t *testing.T) {
 	}
 	if !slices.Contains(req.DNSNames, "node-1.example") || !slices.Contains(req.DNSNames, "localhost") {
 		t.Errorf("certificate names = %v, want node-1.example and localhost", req.DNSNames)
+	}
+}
+
+// The backup agent refuses a store it could never open at start, too.
+func TestBackupAgentConfigChecksTheStoreURL(t *testing.T) {
+	for _, tt := range []struct{ url, wantErr string }{
+		{url: "s3://bucket/backups"},
+		{url: "ftp://host/backups", wantErr: `--backup-store: store: invalid backup store URL "ftp://host/backups": unsupported scheme "ftp"`},
+	} {
+		c := DefaultBackupAgent()
+		c.BackupStore, c.Endpoints = tt.url, []string{"http://127.0.0.1:2379"}
+		c.Complete()
+		err := c.Validate()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%s: %v", tt.url, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%s: err = %v, want it to mention %q", tt.url, err, tt.wantErr)
+		}
 	}
 }

@@ -327,7 +327,10 @@ func (lp *loop) publishEvery() time.Duration {
 // read what it last saw, and announces it to the discovery provider. It
 // does so every publishEvery, and at once when what it reports changes.
 func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
-	rec := peer.Record{NodeID: self.ID, ClusterName: lp.cfg.ClusterName, Address: lp.peerAddress(),
+	// The installed versions let configure-cluster check a version on a
+	// machine with no etcd; a change of them waits for the periodic
+	// publish.
+	rec := peer.Record{NodeID: self.ID, ClusterName: lp.cfg.ClusterName, Address: lp.peerAddress(), EtcdVersions: self.Installed,
 		Etcd: &peer.EtcdReport{HasData: self.HasData, Healthy: self.Healthy, RaftLeader: self.RaftLeader, NoLeaderFor: self.NoLeaderFor}}
 	if m := self.Member; m != nil {
 		rec.Etcd.ClusterToken = m.ClusterToken

@@ -29,6 +29,50 @@ type Record struct {
 	// Etcd is what the agent's etcd looked like when it published: the
 	// evidence a recover-quorum weighs about agents it cannot reach.
 	Etcd *EtcdReport `json:"etcd,omitempty"`
+	// EtcdVersions are the etcd versions installed on the agent's node
+	// (under its --etcd-bin-dir), oldest first: what configure-cluster
+	// checks a version against, on a machine that need have none. At
+	// most MaxReportedVersions, the newest; none from agents older than
+	// this field.
+	EtcdVersions []string `json:"etcdVersions,omitempty"`
+}
+
+// MaxReportedVersions bounds Record.EtcdVersions, so that a record stays
+// far below the size at which readers refuse it (16 KiB): a node with
+// more installs reports its newest.
+const MaxReportedVersions = 64
+
+// bounded is the record as it is published: at most MaxReportedVersions
+// versions, the newest.
+func (r Record) bounded() Record {
+	if n := len(r.EtcdVersions); n > MaxReportedVersions {
+		r.EtcdVersions = r.EtcdVersions[n-MaxReportedVersions:]
+	}
+	return r
+}
+
+// HasEtcd says whether the agent reported etcd v installed on its node.
+// known is false when its record cannot tell: it reports no versions (an
+// agent older than Record.EtcdVersions), or v is older than the oldest of
+// a list cut at MaxReportedVersions.
+func (r Record) HasEtcd(v spec.Version) (has, known bool) {
+	var oldest *spec.Version
+	for _, s := range r.EtcdVersions {
+		got, err := spec.ParseVersion(s)
+		if err != nil {
+			continue
+		}
+		if got.Compare(v) == 0 {
+			return true, true
+		}
+		if oldest == nil || got.Compare(*oldest) < 0 {
+			oldest = &got
+		}
+	}
+	if oldest == nil || (len(r.EtcdVersions) >= MaxReportedVersions && v.Compare(*oldest) < 0) {
+		return false, false
+	}
+	return false, true
 }
 
 // EtcdReport is an agent's membership and its etcd's view, as published
@@ -165,6 +209,7 @@ func (d *dirDiscovery) Publish(_ context.Context, self Record) error {
 	if err := os.MkdirAll(d.dir, 0o755); err != nil {
 		return fmt.Errorf("peer: discovery dir: %w", err)
 	}
+	self = self.bounded()
 	self.Updated = d.now().UTC()
 	self.Format = spec.FormatBase
 	data, err := json.Marshal(self)
@@ -237,6 +282,7 @@ func (d *storeDiscovery) Publish(ctx context.Context, self Record) error {
 // prefix, whatever discovery the agents use: it is also the evidence of
 // what the agent saw.
 func PublishToStore(ctx context.Context, s BlobStore, self Record, now time.Time) error {
+	self = self.bounded()
 	self.Updated = now.UTC()
 	self.Format = spec.FormatBase
 	data, err := json.Marshal(self)

@@ -2,11 +2,13 @@ package peer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -411,5 +413,105 @@ func TestStoreRecordsAndPrune(t *testing.T) {
 	}
 	if recs, _ := StoreRecords(t.Context(), mem); len(recs) != 1 || recs[0].NodeID != "a" {
 		t.Errorf("left: %+v", recs)
+	}
+}
+
+// A record carries its node's installed etcd versions, the newest
+// MaxReportedVersions of them, through either publishing provider; a
+// record without them (an older agent's) has no such field at all.
+func TestRecordEtcdVersions(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	mem := &memStore{objs: map[string][]byte{}}
+	many := make([]string, 0, 100)
+	for i := range 100 {
+		many = append(many, fmt.Sprintf("3.%d.%d", 4+i/50, i%50))
+	}
+	for name, specStr := range map[string]string{"store": "store", "dir": "file://" + filepath.Join(t.TempDir(), "discovery")} {
+		t.Run(name, func(t *testing.T) {
+			d, err := ParseDiscovery(specStr, DiscoveryOptions{Store: func(context.Context) (BlobStore, error) { return mem, nil }, Now: func() time.Time { return now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range []Record{
+				{NodeID: "a", Address: "127.0.0.1:8000", EtcdVersions: []string{"3.5.35", "3.6.16"}},
+				{NodeID: "b", Address: "127.0.0.2:8000", EtcdVersions: many},
+				{NodeID: "c", Address: "127.0.0.3:8000"},
+			} {
+				if err := d.Publish(t.Context(), r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			recs, err := d.Poll(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string][]string{}
+			for _, r := range recs {
+				got[r.NodeID] = r.EtcdVersions
+			}
+			if !slices.Equal(got["a"], []string{"3.5.35", "3.6.16"}) {
+				t.Errorf("a reported %v", got["a"])
+			}
+			if len(got["b"]) != MaxReportedVersions || got["b"][MaxReportedVersions-1] != "3.5.49" || got["b"][0] != many[100-MaxReportedVersions] {
+				t.Errorf("b reported %d versions, %v; want the newest %d", len(got["b"]), got["b"], MaxReportedVersions)
+			}
+			if got["c"] != nil {
+				t.Errorf("c reported %v", got["c"])
+			}
+		})
+	}
+	// The largest record stays far below what readers accept.
+	data, err := json.Marshal(Record{NodeID: strings.Repeat("n", 63), ClusterName: strings.Repeat("c", 63), Address: "[2001:db8::1]:8000",
+		Etcd: &EtcdReport{ClusterToken: strings.Repeat("t", 64)}, EtcdVersions: many}.bounded())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) > maxRecordSize/4 {
+		t.Errorf("a record with %d versions is %d bytes; readers refuse one over %d", MaxReportedVersions, len(data), maxRecordSize)
+	}
+	// Backward compatible: no field without versions, and an older
+	// agent's record reads with none.
+	data, _ = json.Marshal(Record{NodeID: "c", Address: "127.0.0.3:8000"})
+	if strings.Contains(string(data), "etcdVersions") {
+		t.Errorf("a record without versions encodes as %s", data)
+	}
+	r, ok, err := decodeRecord([]byte(`{"nodeId":"old","address":"127.0.0.4:8000","updated":"2026-01-01T00:00:00Z"}`), 0, now)
+	if !ok || err != nil || r.EtcdVersions != nil {
+		t.Errorf("an older agent's record: %+v, %v, %v", r, ok, err)
+	}
+}
+
+func TestRecordHasEtcd(t *testing.T) {
+	full := make([]string, 0, MaxReportedVersions)
+	for i := range MaxReportedVersions {
+		full = append(full, fmt.Sprintf("3.5.%d", i+10))
+	}
+	tests := []struct {
+		name            string
+		versions        []string
+		v               string
+		wantHas, wantOK bool
+	}{
+		{name: "installed", versions: []string{"3.5.35", "3.6.16"}, v: "3.6.16", wantHas: true, wantOK: true},
+		{name: "missing", versions: []string{"3.5.35", "3.6.16"}, v: "3.7.3", wantOK: true},
+		{name: "missing and older than all", versions: []string{"3.5.35", "3.6.16"}, v: "3.4.23", wantOK: true},
+		{name: "an older agent reports nothing", v: "3.6.16"},
+		{name: "junk only", versions: []string{"latest", "\x1b[2J"}, v: "3.6.16"},
+		{name: "junk beside a version", versions: []string{"latest", "3.6.16"}, v: "3.6.16", wantHas: true, wantOK: true},
+		{name: "older than a list cut short", versions: full, v: "3.4.23"},
+		{name: "newer than a list cut short", versions: full, v: "3.7.3", wantOK: true},
+		{name: "in a list cut short", versions: full, v: "3.5.20", wantHas: true, wantOK: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, err := spec.ParseVersion(tt.v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			has, ok := Record{EtcdVersions: tt.versions}.HasEtcd(v)
+			if has != tt.wantHas || ok != tt.wantOK {
+				t.Errorf("HasEtcd(%s) = %t, %t; want %t, %t", tt.v, has, ok, tt.wantHas, tt.wantOK)
+			}
+		})
 	}
 }

@@ -16,10 +16,21 @@ import (
 	"strings"
 )
 
+// MaxMemberCount is the largest member count configure-cluster sets
+// unless forced. etcd advises 3 or 5 members, 7 at most: every write
+// waits for a majority of them, and the leader sends each one every
+// entry, so a member more slows writes and tolerates no more failures
+// than the even count below it does. The agents run a forced larger
+// count, with a warning.
+const MaxMemberCount = 9
+
 // Errors returned by validation. Each carries the "spec:" prefix.
 var (
 	ErrInvalidMemberCount = errors.New("spec: member count must be at least 1")
 	ErrMissingVersion     = errors.New("spec: etcd version is required")
+	// ErrTooManyMembers is configure-cluster's refusal of a member count
+	// above MaxMemberCount that is not forced.
+	ErrTooManyMembers = fmt.Errorf("spec: member count is above %d", MaxMemberCount)
 )
 
 // ClusterSpec is the desired state of the cluster, kept at
@@ -115,6 +126,11 @@ func (s ClusterSpec) Validate() (warnings []string, err error) {
 	}
 	if w := compactionWarning(policy); w != "" {
 		warnings = append(warnings, w)
+	}
+	if s.MemberCount > MaxMemberCount {
+		warnings = append(warnings, fmt.Sprintf(
+			"a member count of %d is above %d: every write waits for a majority of the members, so each one more slows writes; etcd advises 3 or 5 members, 7 at most",
+			s.MemberCount, MaxMemberCount))
 	}
 	if s.MemberCount%2 == 0 {
 		warnings = append(warnings, fmt.Sprintf(

@@ -154,6 +154,8 @@ func TestClusterSpecValidate(t *testing.T) {
 		{name: "negative members", spec: ClusterSpec{MemberCount: -1, EtcdVersion: "3.6.16"}, wantErr: ErrInvalidMemberCount},
 		{name: "even members warn", spec: ClusterSpec{MemberCount: 4, EtcdVersion: "3.6.16"}, wantWarning: "even member count (4)"},
 		{name: "two members warn", spec: ClusterSpec{MemberCount: 2, EtcdVersion: "3.6.16"}, wantWarning: "even member count (2)"},
+		{name: "nine members", spec: ClusterSpec{MemberCount: MaxMemberCount, EtcdVersion: "3.6.16"}},
+		{name: "more than nine members warn", spec: ClusterSpec{MemberCount: 11, EtcdVersion: "3.6.16"}, wantWarning: "a member count of 11 is above 9: every write waits for a majority of the members, so each one more slows writes; etcd advises 3 or 5 members, 7 at most"},
 		{name: "no version", spec: ClusterSpec{MemberCount: 1, EtcdVersion: ""}, wantErr: ErrMissingVersion},
 		{name: "v2", spec: ClusterSpec{MemberCount: 1, EtcdVersion: "2.2.1"}, wantErr: ErrV2Unsupported},
 		{name: "unparsable", spec: ClusterSpec{MemberCount: 1, EtcdVersion: "three"}, wantErr: ErrInvalidVersion},

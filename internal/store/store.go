@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/fileblob"
@@ -77,15 +78,9 @@ type Store struct {
 // read credentials from the driver's usual environment variables. A gs://
 // store goes to the emulator at STORAGE_EMULATOR_HOST if that is set.
 func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
-	u, err := url.Parse(rawURL)
+	u, err := parseURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("%w %q: %v", ErrBadURL, rawURL, err)
-	}
-	if u.Scheme == "" {
-		return nil, fmt.Errorf("%w %q: missing scheme; use file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix", ErrBadURL, rawURL)
-	}
-	if u.Fragment != "" || strings.HasSuffix(rawURL, "#") {
-		return nil, fmt.Errorf("%w %q: it has a fragment (#%s); a # in a path must be written %%23", ErrBadURL, rawURL, u.Fragment)
+		return nil, err
 	}
 	if u.Scheme == "file" {
 		return openFile(u, rawURL, opts)
@@ -164,13 +159,18 @@ func cloudBucketURL(u *url.URL) (string, error) {
 	return c.String(), nil
 }
 
-func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
-	if u.Host != "" && u.Host != "localhost" {
-		return nil, fmt.Errorf("%w %q: a file URL needs an absolute path, as in file:///var/lib/etcd-backups", ErrBadURL, rawURL)
+// fileDir is the directory of a file URL, which must be absolute.
+func fileDir(u *url.URL, rawURL string) (string, error) {
+	if (u.Host != "" && u.Host != "localhost") || !filepath.IsAbs(u.Path) {
+		return "", fmt.Errorf("%w %q: a file URL needs an absolute path, as in file:///var/lib/etcd-backups", ErrBadURL, rawURL)
 	}
-	dir := filepath.Clean(u.Path)
-	if !filepath.IsAbs(dir) {
-		return nil, fmt.Errorf("%w %q: a file URL needs an absolute path", ErrBadURL, rawURL)
+	return filepath.Clean(u.Path), nil
+}
+
+func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
+	dir, err := fileDir(u, rawURL)
+	if err != nil {
+		return nil, err
 	}
 	if opts.Create {
 		// The store holds every key of etcd, and pki/ the CA's key: only
@@ -418,10 +418,14 @@ func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, t
 // are 0600.
 const fileDirMode = 0o700
 
-// validKey reports whether key stays inside the store: no empty, . or
-// .. segment, and no leading slash.
+// validKey reports whether key stays inside the store (no empty, . or
+// .. segment, and no leading slash) and is its own file name: fileblob,
+// which reads and lists the objects written here, escapes control
+// characters, invalid UTF-8 and "__0x" into another name. No key this
+// program makes has any of them.
 func validKey(key string) bool {
-	if key == "" {
+	if key == "" || !utf8.ValidString(key) || strings.Contains(key, "__0x") ||
+		strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 }) {
 		return false
 	}
 	for _, seg := range strings.Split(key, "/") {

@@ -144,7 +144,8 @@ func TestOpenErrors(t *testing.T) {
 		{name: "missing dir, read", url: "file://" + filepath.Join(tmp, "nope"), wantErr: ErrUnreachable, wantMsg: "does not exist"},
 		{name: "path is a file", url: "file://" + file, wantErr: ErrUnreachable, wantMsg: "not a directory"},
 		{name: "parent is a file", url: "file://" + filepath.Join(file, "sub"), opts: Options{Create: true}, wantErr: ErrUnreachable},
-		{name: "unknown scheme", url: "ftp://host/x", wantErr: ErrUnreachable},
+		{name: "unknown scheme", url: "ftp://host/x", wantErr: ErrBadURL, wantMsg: `unsupported scheme "ftp"; the schemes are file, s3, gs, azblob`},
+		{name: "http is no store", url: "https://bucket.example.com/x", wantErr: ErrBadURL, wantMsg: `unsupported scheme "https"`},
 		{name: "fragment", url: "file://" + tmp + "/run#2/store", wantErr: ErrBadURL, wantMsg: "%23"},
 	}
 	for _, tt := range tests {
@@ -159,6 +160,41 @@ func TestOpenErrors(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Errorf("err = %q, want it to mention %q", err, tt.wantMsg)
+			}
+		})
+	}
+}
+
+// CheckURL refuses what Open could never open, without opening anything.
+func TestCheckURL(t *testing.T) {
+	tests := []struct {
+		name, url, wantMsg string
+	}{
+		{name: "file", url: "file:///var/lib/etcd-backups"},
+		{name: "file on localhost", url: "file://localhost/var/lib/etcd-backups"},
+		{name: "s3 with a prefix and an endpoint", url: "s3://bucket/cluster/main?endpoint=http://127.0.0.1:9000&use_path_style=true"},
+		{name: "gs", url: "gs://bucket/main"},
+		{name: "azblob", url: "azblob://container"},
+		{name: "unknown scheme", url: "ftp://host/x", wantMsg: `unsupported scheme "ftp"; the schemes are file, s3, gs, azblob: use file:///path`},
+		{name: "scheme in capitals", url: "FTP://host/x", wantMsg: `unsupported scheme "ftp"`},
+		{name: "no scheme", url: "bucket/x", wantMsg: "missing scheme"},
+		{name: "relative file", url: "file://relative/path", wantMsg: "absolute path"},
+		{name: "file without a path", url: "file://", wantMsg: "absolute path"},
+		{name: "no bucket", url: "s3:///x", wantMsg: "no bucket or container name"},
+		{name: "two prefixes", url: "gs://bucket/a?prefix=b/", wantMsg: "not both"},
+		{name: "fragment", url: "file:///tmp/run#2", wantMsg: "%23"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckURL(tt.url)
+			if tt.wantMsg == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrBadURL) || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("CheckURL(%q) = %v, want ErrBadURL mentioning %q", tt.url, err, tt.wantMsg)
 			}
 		})
 	}
@@ -460,8 +496,9 @@ func TestFileStorePermissions(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(dir, "control")); len(entries) != 1 {
 		t.Errorf("control/ holds %v after a failed upload", entries)
 	}
-	// Keys that would leave the store are refused.
-	for _, key := range []string{"../x", "a/../../x", "/x", "a//b", ""} {
+	// Keys that would leave the store, or that fileblob would read under
+	// another name, are refused.
+	for _, key := range []string{"../x", "a/../../x", "/x", "a//b", "", "a/\x1bb", "a/__0x2f__", "a/\xff"} {
 		if err := s.Write(ctx, key, nil); err == nil {
 			t.Errorf("Write(%q) succeeded", key)
 		}

@@ -18,6 +18,8 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -218,19 +220,36 @@ func TestRestoreBadInput(t *testing.T) {
 	writeBackup("2020-01-01T00:00:00Z-000007", gz, withField(`size=1125899906842624`))
 	writeBackup("2020-01-01T00:00:00Z-000008", gz, withField(`pad="`+strings.Repeat("x", 300<<10)+`"`))
 
+	// What the ctl can tell from the store (a backup missing, or not
+	// whole) it refuses itself, queueing nothing; the leader refuses the
+	// same restore queued by another tool. The rest only the leader finds.
 	tests := []struct {
 		name, backup string
-		want         []string
+		want         []string // from the leader
+		wantCtl      []string // from the ctl, when it refuses
 	}{
-		{"not found", "2020-01-01T00:00:00Z-000009", []string{"2020-01-01T00:00:00Z-000009", "not found"}},
-		{"flipped byte", "2020-01-01T00:00:00Z-000001", []string{"2020-01-01T00:00:00Z-000001/etcd.backup.gz"}},
-		{"truncated", "2020-01-01T00:00:00Z-000002", []string{"2020-01-01T00:00:00Z-000002/etcd.backup.gz"}},
-		{"meta without data", "2020-01-01T00:00:00Z-000003", []string{"2020-01-01T00:00:00Z-000003", "has a meta but no"}},
-		{"bomb with a kops meta", "2020-01-01T00:00:00Z-000004", []string{"2020-01-01T00:00:00Z-000004/etcd.backup.gz", fmt.Sprintf("unpacked to over %d bytes, the agent's maximum", maxSnapshot)}},
-		{"bomb with our meta", "2020-01-01T00:00:00Z-000005", []string{"2020-01-01T00:00:00Z-000005/etcd.backup.gz", "more than the", "bytes its meta records"}},
-		{"token out of the data dir", "2020-01-01T00:00:00Z-000006", []string{"2020-01-01T00:00:00Z-000006/_etcd_backup.meta", `cluster token "../../../victim"`}},
-		{"a size over the free space", "2020-01-01T00:00:00Z-000007", []string{"2020-01-01T00:00:00Z-000007/etcd.backup.gz", "unpacks to 1125899906842624 bytes (its meta)"}},
-		{"an oversized meta", "2020-01-01T00:00:00Z-000008", []string{"2020-01-01T00:00:00Z-000008/_etcd_backup.meta", "no valid one is over"}},
+		{"not found", "2020-01-01T00:00:00Z-000009", []string{"2020-01-01T00:00:00Z-000009", "not found"},
+			[]string{`no backup "2020-01-01T00:00:00Z-000009" in`, "list-backups"}},
+		{"flipped byte", "2020-01-01T00:00:00Z-000001", []string{"2020-01-01T00:00:00Z-000001/etcd.backup.gz"}, nil},
+		{"truncated", "2020-01-01T00:00:00Z-000002", []string{"2020-01-01T00:00:00Z-000002/etcd.backup.gz"}, nil},
+		{"meta without data", "2020-01-01T00:00:00Z-000003", []string{"2020-01-01T00:00:00Z-000003", "has a meta but no"},
+			[]string{"backup 2020-01-01T00:00:00Z-000003 in", "is not whole: it has no etcd.backup.gz"}},
+		{"bomb with a kops meta", "2020-01-01T00:00:00Z-000004", []string{"2020-01-01T00:00:00Z-000004/etcd.backup.gz", fmt.Sprintf("unpacked to over %d bytes, the agent's maximum", maxSnapshot)}, nil},
+		{"bomb with our meta", "2020-01-01T00:00:00Z-000005", []string{"2020-01-01T00:00:00Z-000005/etcd.backup.gz", "more than the", "bytes its meta records"}, nil},
+		{"token out of the data dir", "2020-01-01T00:00:00Z-000006", []string{"2020-01-01T00:00:00Z-000006/_etcd_backup.meta", `cluster token "../../../victim"`},
+			[]string{"backup 2020-01-01T00:00:00Z-000006 cannot be restored", `cluster token "../../../victim"`}},
+		{"a size over the free space", "2020-01-01T00:00:00Z-000007", []string{"2020-01-01T00:00:00Z-000007/etcd.backup.gz", "unpacks to 1125899906842624 bytes (its meta)"}, nil},
+		{"an oversized meta", "2020-01-01T00:00:00Z-000008", []string{"2020-01-01T00:00:00Z-000008/_etcd_backup.meta", "no valid one is over"},
+			[]string{"backup 2020-01-01T00:00:00Z-000008 cannot be restored", "no valid one is over"}},
+	}
+	restoreLine := func(backup string) string {
+		cmds := env.MustCtl("list-commands")
+		for _, l := range strings.Split(cmds, "\n") {
+			if strings.Contains(l, "restore-backup") && strings.Contains(l, backup) {
+				return l
+			}
+		}
+		return ""
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -238,20 +257,41 @@ func TestRestoreBadInput(t *testing.T) {
 			if err == nil {
 				t.Fatalf("restore-backup %s succeeded: %s", tt.backup, out)
 			}
+			if tt.wantCtl != nil {
+				for _, w := range append(tt.wantCtl, "nothing was queued") {
+					if !strings.Contains(errOut, w) {
+						t.Errorf("the ctl's error lacks %q:\n%s", w, errOut)
+					}
+				}
+				if line := restoreLine(tt.backup); line != "" {
+					t.Fatalf("the ctl refused the restore, yet queued it: %s", line)
+				}
+				// Queued by another tool, the leader fails it.
+				s, err := store.Open(t.Context(), env.StoreURL, store.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				if _, err := s.AddCommand(t.Context(), spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: tt.backup}}, time.Now()); err != nil {
+					t.Fatal(err)
+				}
+				harness.WaitFor(t, 2*time.Minute, "the leader to fail the restore of "+tt.backup, func() bool {
+					return strings.Contains(restoreLine(tt.backup), "failed")
+				})
+				for _, w := range append(tt.want, "the cluster was not touched") {
+					if line := restoreLine(tt.backup); !strings.Contains(line, w) {
+						t.Errorf("list-commands does not show the failed restore of %s with %q:\n%s", tt.backup, w, line)
+					}
+				}
+				return
+			}
 			for _, w := range append(tt.want, "failed", "the cluster was not touched") {
 				if !strings.Contains(errOut, w) {
 					t.Errorf("the error lacks %q:\n%s", w, errOut)
 				}
 			}
-			cmds := env.MustCtl("list-commands")
-			var line string
-			for _, l := range strings.Split(cmds, "\n") {
-				if strings.Contains(l, "restore-backup") && strings.Contains(l, tt.backup) {
-					line = l
-				}
-			}
-			if !strings.Contains(line, "failed") || !strings.Contains(line, tt.want[0]) {
-				t.Errorf("list-commands does not show the failed restore of %s with its reason:\n%s", tt.backup, cmds)
+			if line := restoreLine(tt.backup); !strings.Contains(line, "failed") || !strings.Contains(line, tt.want[0]) {
+				t.Errorf("list-commands does not show the failed restore of %s with its reason:\n%s", tt.backup, line)
 			}
 		})
 	}

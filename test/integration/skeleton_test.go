@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,7 +12,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -226,10 +229,16 @@ func TestMalformedSpecKeepsEtcdRunning(t *testing.T) {
 }
 
 // A spec naming a version with no binary is refused by the agent too (for
-// specs written by other tools), naming the folder it looked in.
+// specs written by other tools, or before any agent reported), naming the
+// folder it looked in. Once the agent has published its installed
+// versions in its discovery record, the ctl refuses the version itself,
+// naming the node, with no etcd of its own.
 func TestSpecVersionWithoutBinary(t *testing.T) {
 	env := harness.NewEnv(t)
-	env.MustCtl("--member-count=1", "--etcd-version=3.6.99", "--skip-binary-check", "configure-cluster")
+	_, errOut, err := env.Ctl("--member-count=1", "--etcd-version=3.6.99", "configure-cluster")
+	if err != nil || !strings.Contains(errOut, "warning: no node has reported its installed etcd versions") {
+		t.Fatalf("configure-cluster before any agent ran: %v; stderr %q", err, errOut)
+	}
 	a := env.StartAgent("1", harness.AgentOptions{})
 	a.WaitLog("no etcd binary for etcd 3.6.99 in "+env.BinDir, 3, startTimeout)
 	if a.EtcdPID() != 0 {
@@ -238,12 +247,33 @@ func TestSpecVersionWithoutBinary(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(env.StoreDir, "control", "etcd-cluster-created")); err == nil {
 		t.Error("cluster marked created although nothing could start")
 	}
-	// The ctl refuses the same version, naming the folder.
-	_, _, err := env.Ctl("--member-count=1", "--etcd-version=3.6.99", "configure-cluster")
-	if err == nil {
-		t.Error("ctl accepted a version with no binary")
+	// The agent's record lists what its --etcd-bin-dir holds.
+	var rec peer.Record
+	harness.WaitFor(t, startTimeout, "the agent's record with its etcd versions", func() bool {
+		s, err := store.Open(t.Context(), env.StoreURL, store.Options{})
+		if err != nil {
+			return false
+		}
+		defer s.Close()
+		recs, _ := peer.StoreRecords(t.Context(), s)
+		for _, r := range recs {
+			if r.Address == a.PeerAPI && len(r.EtcdVersions) > 0 {
+				rec = r
+				return true
+			}
+		}
+		return false
+	})
+	if !slices.Contains(rec.EtcdVersions, harness.DefaultEtcdVersion) || slices.Contains(rec.EtcdVersions, "3.6.99") {
+		t.Errorf("the agent reports %v installed", rec.EtcdVersions)
 	}
-	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	// The ctl, given a bin dir with no etcd at all, refuses the version by
+	// the record, naming the node.
+	_, errOut, err = env.Ctl("--member-count=1", "--etcd-version=3.6.99", "--etcd-bin-dir=/nonexistent", "configure-cluster")
+	if err == nil || !strings.Contains(errOut, "no etcd 3.6.99 on node "+rec.NodeID+" (has ") {
+		t.Errorf("ctl with a version the node lacks: %v; stderr %q", err, errOut)
+	}
+	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "--etcd-bin-dir=/nonexistent", "configure-cluster")
 	a.WaitHealthy(startTimeout)
 }
 
