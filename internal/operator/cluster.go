@@ -180,6 +180,10 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 				o.Store, o.StoreKnown = cs, true
 			case errors.Is(err, ErrNoSpec):
 				o.StoreKnown = true
+			case errors.Is(err, ErrInvalidSpec):
+				// Written afresh from the EtcdCluster, as if none.
+				lg.Info("the store's cluster spec is invalid; replacing it", "reason", err.Error())
+				o.StoreKnown = true
 			default:
 				podErr = err
 			}

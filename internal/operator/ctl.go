@@ -37,6 +37,10 @@ const execTimeout = time.Minute
 // ErrNoSpec means the store holds no cluster spec yet.
 var ErrNoSpec = errors.New("operator: the store has no cluster spec yet")
 
+// ErrInvalidSpec means the store's cluster spec is invalid: the agents
+// ignore it, and the operator replaces it with the EtcdCluster's.
+var ErrInvalidSpec = errors.New("operator: the store's cluster spec is invalid")
+
 // Ctl drives a cluster's store with etcd-manager-ctl, run inside one of
 // its member pods, where the store's credentials and volume already are:
 // the operator itself needs neither.
@@ -52,6 +56,9 @@ func (c Ctl) Spec(ctx context.Context, cl *v1alpha1.EtcdCluster, pod string) (*s
 	if err != nil {
 		if strings.Contains(err.Error(), "no cluster spec in") {
 			return nil, ErrNoSpec
+		}
+		if strings.Contains(err.Error(), ") is invalid: ") {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
 		}
 		return nil, err
 	}
