@@ -717,7 +717,7 @@ func backupNow(t *testing.T, env *harness.Env) (float64, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), backupTimeout+time.Minute)
 	defer cancel()
-	args := []string{"--backup-store=" + env.StoreURL, "--etcd-bin-dir=" + env.BinDir, "backup-now", "--timeout=" + backupTimeout.String()}
+	args := []string{"--backup-store=" + env.StoreURL, "backup-now", "--timeout=" + backupTimeout.String()}
 	if env.Insecure {
 		args = append(args, "--insecure")
 	}
@@ -1084,7 +1084,7 @@ func restoreBackup(t *testing.T, env *harness.Env, name string, point ...string)
 	if len(point) > 0 {
 		target = point
 	}
-	args := append(append([]string{"--backup-store=" + env.StoreURL, "--etcd-bin-dir=" + env.BinDir, "restore-backup"}, target...), "--timeout="+restoreTimeout.String())
+	args := append(append([]string{"--backup-store=" + env.StoreURL, "restore-backup"}, target...), "--timeout="+restoreTimeout.String())
 	if env.Insecure {
 		args = append(args, "--insecure")
 	}

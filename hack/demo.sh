@@ -55,8 +55,7 @@ for i in $(seq 1 "$members"); do
   echo "demo: agent $i started on 127.0.0.$i (pid $!), log in .demo/logs/agent-$i.log"
 done
 
-bin/etcd-manager-ctl -member-count="$members" --backup-store="$store" -etcd-version="$version" \
-  --etcd-bin-dir="$root/bin" configure-cluster
+bin/etcd-manager-ctl -member-count="$members" --backup-store="$store" -etcd-version="$version" configure-cluster
 
 echo -n "demo: waiting for $members healthy members "
 for i in $(seq 1 90); do

@@ -72,7 +72,7 @@ func (c Ctl) Spec(ctx context.Context, cl *v1alpha1.EtcdCluster, pod string) (*s
 // WriteSpec writes the cluster spec to the store.
 func (c Ctl) WriteSpec(ctx context.Context, cl *v1alpha1.EtcdCluster, pod string, cs spec.ClusterSpec) error {
 	args := []string{fmt.Sprintf("--member-count=%d", cs.MemberCount), "--etcd-version=" + cs.EtcdVersion,
-		fmt.Sprintf("--ordinal-members=%t", cs.OrdinalMembers), "--skip-binary-check"}
+		fmt.Sprintf("--ordinal-members=%t", cs.OrdinalMembers)}
 	if cs.AllowDumpRestore {
 		args = append(args, "--allow-dump-restore")
 	}

@@ -198,7 +198,7 @@ func NewEnv(t testing.TB) *Env {
 
 // Ctl runs etcd-manager-ctl against the env's store and etcd installs.
 func (e *Env) Ctl(args ...string) (stdout, stderr string, err error) {
-	full := append([]string{"--backup-store=" + e.StoreURL, "--etcd-bin-dir=" + e.BinDir}, args...)
+	full := append([]string{"--backup-store=" + e.StoreURL}, args...)
 	if e.Insecure {
 		full = append(full, "--insecure")
 	}
