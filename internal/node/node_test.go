@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 func TestListenPeerURLs(t *testing.T) {
@@ -72,6 +74,12 @@ func TestNodeRefusesOlderTerms(t *testing.T) {
 	}
 	if err := n.Leave(ctx, peer.LeaveRequest{Term: 9, Token: "tok"}); !errors.Is(err, peer.ErrStaleTerm) {
 		t.Errorf("a call under term 9 after a fence of 10: %v, want ErrStaleTerm", err)
+	}
+	// A term beyond any agent's, obeyed, would refuse every later driver.
+	for _, term := range []int64{spec.MaxTerm + 1, math.MaxInt64, -3} {
+		if err := n.Fence(ctx, peer.FenceRequest{Term: term}); err == nil || !strings.Contains(err.Error(), "no agent takes such a term") {
+			t.Errorf("a fence of term %d: %v", term, err)
+		}
 	}
 	if n.ObeyedTerm() != 10 {
 		t.Errorf("ObeyedTerm = %d, want 10", n.ObeyedTerm())
