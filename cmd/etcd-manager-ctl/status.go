@@ -149,6 +149,7 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 			fprintf(w, "\nagent %s will not take the store lock: %s\n", a.ID, a.LockRefused)
 		}
 	}
+	printCerts(w, st.Agents, time.Now())
 	printMaintenance(w, st.Maintenance)
 	printWarnings(w, st.Warnings)
 	if len(st.Failing) > 0 {
@@ -167,8 +168,36 @@ func printWarnings(w io.Writer, warnings []string) {
 	}
 	fmt.Fprintf(w, "\nwarnings from the leader:\n")
 	for _, l := range warnings {
-		fmt.Fprintf(w, "  %s\n", l)
+		fprintf(w, "  %s\n", l)
 	}
+}
+
+// printCerts renders each agent's node certificate and CA: during a CA
+// rotation, which nodes have moved. Nothing without TLS.
+func printCerts(w io.Writer, agents []cli.AgentStatus, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	header := false
+	for _, a := range agents {
+		c := a.Cert
+		if c == nil {
+			continue
+		}
+		if !header {
+			fmt.Fprintf(tw, "\nID\tCERT EXPIRES\tCA\tCA EXPIRES\n")
+			header = true
+		}
+		fprintf(tw, "%s\t%s\t%s\t%s\n", a.ID, expiry(c.NotAfter, now), c.CA, expiry(c.CANotAfter, now))
+	}
+	tw.Flush()
+}
+
+// expiry is a date with the time left until it, in days.
+func expiry(t, now time.Time) string {
+	left := t.Sub(now)
+	if left <= 0 {
+		return t.Format(time.DateOnly) + " (expired)"
+	}
+	return fmt.Sprintf("%s (in %dd)", t.Format(time.DateOnly), int(left.Hours()/24))
 }
 
 // printMaintenance renders the leader's maintenance record.
@@ -250,7 +279,7 @@ func askAgents(ctx context.Context, recs []peer.Record, clusterName string, cred
 func agentFromInfo(addr string, info peer.NodeInfo) cli.AgentStatus {
 	a := cli.AgentStatus{ID: info.NodeID, Address: addr, Role: role(info), EtcdVersion: info.EtcdVersion,
 		Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
-		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID}
+		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID, Cert: info.Cert}
 	if len(info.ClientURLs) > 0 && info.Member != nil {
 		a.ClientURL = info.ClientURLs[0]
 	}

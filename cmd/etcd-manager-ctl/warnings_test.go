@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/cli"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 )
 
 // The leader's warnings, such as a stalled peer URL switch, are shown in
@@ -43,5 +45,38 @@ func TestStatusShowsTheLeadersWarnings(t *testing.T) {
 				t.Errorf("JSON %s: warnings %q, %v", j.String(), back.Warnings, err)
 			}
 		})
+	}
+}
+
+// status shows each node's certificate and CA with their expiry, so that
+// a node left on an old CA, or a certificate close to its end, stands
+// out; agents without TLS show nothing.
+func TestPrintCerts(t *testing.T) {
+	now := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
+	ca := `"etcd-manager CA" AB:CD:EF:01`
+	agents := []cli.AgentStatus{
+		{ID: "a", Cert: &peer.CertInfo{NotAfter: now.Add(300 * 24 * time.Hour), CA: ca, CANotAfter: now.Add(3650 * 24 * time.Hour)}},
+		{ID: "b", Cert: &peer.CertInfo{NotAfter: now.Add(-time.Hour), CA: `"old CA" 12:34:56:78`, CANotAfter: now.Add(24 * time.Hour)}},
+		{ID: "c"},
+	}
+	var b strings.Builder
+	printCerts(&b, agents, now)
+	out := b.String()
+	for _, want := range []string{
+		"ID  CERT EXPIRES",
+		"a   2027-09-19 (in 300d)  " + ca + "  2036-11-20 (in 3650d)",
+		`b   2026-11-22 (expired)  "old CA" 12:34:56:78`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\nc ") {
+		t.Errorf("an agent without TLS has a line:\n%s", out)
+	}
+	b.Reset()
+	printCerts(&b, agents[2:], now)
+	if b.Len() != 0 {
+		t.Errorf("printed %q without any certificate", b.String())
 	}
 }

@@ -34,6 +34,9 @@ type AgentStatus struct {
 	EtcdLeader bool `json:"etcdLeader,omitempty"`
 	// EtcdSettings are the spec's etcd settings its etcd runs with.
 	EtcdSettings spec.Settings `json:"etcdSettings,omitempty"`
+	// Cert is the node certificate the agent uses and its CA, when it
+	// runs TLS.
+	Cert *peer.CertInfo `json:"cert,omitempty"`
 }
 
 // Agent roles in AgentStatus.Role.

@@ -50,6 +50,7 @@ type Agent struct {
 	creds, serverCreds credentials.TransportCredentials
 	etcdTLS            *tls.Config
 	ca                 *pki.CA
+	certInfo           atomic.Pointer[peer.CertInfo]
 	renewAt            time.Time
 	certExpiry         atomic.Int64
 	// refusals limits the log lines of refused peer API handshakes.

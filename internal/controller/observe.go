@@ -640,6 +640,7 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		LocalMembers:         toRefs(self.LocalMembers),
 		Procedure:            procedure,
 		NoLeaderFor:          self.NoLeaderFor,
+		Cert:                 lp.certInfo.Load(),
 	}
 	if leader {
 		info.Failing = lp.failures.report()

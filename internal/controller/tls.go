@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -208,6 +209,7 @@ func (a *Agent) renewCert(ctx context.Context) error {
 	}
 	a.certExpiry.Store(c.NotAfter.Unix())
 	a.met.certExpiry.Set(float64(c.NotAfter.Unix()))
+	a.certInfo.Store(&peer.CertInfo{NotAfter: c.NotAfter.UTC(), CA: pki.ShortName(a.ca.Cert), CANotAfter: a.ca.Cert.NotAfter.UTC()})
 	a.renewAt = pki.RenewAt(c)
 	return nil
 }

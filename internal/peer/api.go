@@ -113,6 +113,17 @@ type NodeInfo struct {
 	// NoLeaderFor is how long the node's etcd, a member, has seen no raft
 	// leader without a break; 0 while it sees one.
 	NoLeaderFor time.Duration `json:"noLeaderFor,omitempty"`
+	// Cert is the node certificate the agent uses, nil without TLS.
+	Cert *CertInfo `json:"cert,omitempty"`
+}
+
+// CertInfo is a node's certificate and the CA that issued it.
+type CertInfo struct {
+	NotAfter time.Time `json:"notAfter"`
+	// CA names the CA: its common name and the start of its SHA-256
+	// fingerprint, as openssl prints it.
+	CA         string    `json:"ca"`
+	CANotAfter time.Time `json:"caNotAfter"`
 }
 
 // MemberRef names an etcd member: its name (the node ID) and peer URLs.

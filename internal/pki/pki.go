@@ -134,6 +134,12 @@ func Describe(c *x509.Certificate) string {
 	return fmt.Sprintf("%q (serial %s)", c.Subject.CommonName, Serial(c))
 }
 
+// ShortName names a CA in a line of status: its common name and the
+// first four bytes of its fingerprint, enough to tell two CAs apart.
+func ShortName(c *x509.Certificate) string {
+	return fmt.Sprintf("%q %s", c.Subject.CommonName, Fingerprint(c)[:11])
+}
+
 // Serial is a certificate's serial number in the form openssl prints:
 // upper-case hex pairs joined by colons.
 func Serial(c *x509.Certificate) string {

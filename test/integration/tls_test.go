@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
@@ -255,8 +257,24 @@ func TestCertRotation(t *testing.T) {
 	agents[1].Start()
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	put(t, clusterClient(t, agents), "/rotation/after", "ok")
-	if out := env.MustCtl("status"); strings.Count(out, "healthy") < 3 {
+	if out := env.MustCtl("status"); strings.Count(out, "healthy") < 3 || !strings.Contains(out, "CERT EXPIRES") {
 		t.Errorf("status after rotation:\n%s", out)
+	}
+	// status shows each node's certificate in use, renewed, and one CA.
+	var st cli.ClusterStatus
+	if err := json.Unmarshal([]byte(env.MustCtl("status", "--output=json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	cas := map[string]bool{}
+	for _, a := range st.Agents {
+		if a.Cert == nil || !a.Cert.NotAfter.After(firstCert.NotAfter) || a.Cert.CANotAfter.Before(time.Now().Add(24*time.Hour)) {
+			t.Errorf("agent %s: status shows the certificate %+v, want one renewed after %s from a CA valid for long", a.ID, a.Cert, firstCert.NotAfter)
+			continue
+		}
+		cas[a.Cert.CA] = true
+	}
+	if len(cas) != 1 {
+		t.Errorf("status shows the CAs %v, want one", cas)
 	}
 	w.check(t, clusterClient(t, agents))
 	if w.failed > 0 {
