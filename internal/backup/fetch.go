@@ -81,11 +81,13 @@ type FetchOptions struct {
 	// cap of its own).
 	MaxBytes int64
 	// Reserve is the space Fetch leaves free on dir's file system, for
-	// whatever else uses that disk: a live etcd, say.
+	// whatever else uses that disk (a live etcd, say): at most a tenth of
+	// that file system, so that a small disk can still hold a small
+	// backup.
 	Reserve int64
-	// FreeBytes reports the space left on dir's file system
-	// (etcdproc.FreeBytes when nil).
-	FreeBytes func(dir string) (int64, error)
+	// DiskSpace reports the space left on dir's file system and its size
+	// (etcdproc.DiskSpace when nil).
+	DiskSpace func(dir string) (free, total int64, err error)
 }
 
 // Fetch downloads a backup into dir as a verified snapshot db and returns
@@ -143,14 +145,15 @@ type limit struct {
 }
 
 func (o FetchOptions) limit(dir string, meta Meta, key string) (limit, error) {
-	freeBytes := o.FreeBytes
-	if freeBytes == nil {
-		freeBytes = etcdproc.FreeBytes
+	diskSpace := o.DiskSpace
+	if diskSpace == nil {
+		diskSpace = etcdproc.DiskSpace
 	}
-	free, err := freeBytes(dir)
+	free, total, err := diskSpace(dir)
 	if err != nil {
 		return limit{}, fmt.Errorf("backup: %w", err)
 	}
+	o.Reserve = min(o.Reserve, total/10)
 	room := free - o.Reserve
 	if meta.Size > 0 && meta.Size > room {
 		return limit{}, fmt.Errorf("%w: %s unpacks to %d bytes (its meta), but %s has %d bytes free and %d must stay free", ErrTempFull, key, meta.Size, dir, free, o.Reserve)

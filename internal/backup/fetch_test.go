@@ -78,15 +78,19 @@ func TestFetch(t *testing.T) {
 		{name: "bomb with a kops meta, past the maximum", objects: map[string][]byte{DataObject: bomb, MetaObject: kopsMeta},
 			opts: FetchOptions{MaxBytes: 1 << 20}, wantErr: ErrTooLarge, errSubstr: "over 1048576 bytes, the agent's maximum (--max-snapshot-bytes)"},
 		{name: "bomb with a kops meta, past the free space", objects: map[string][]byte{DataObject: bomb, MetaObject: kopsMeta},
-			opts: FetchOptions{Reserve: 1 << 20, FreeBytes: freeOf(3 << 20)}, wantErr: ErrTempFull, errSubstr: "over 2097152 bytes, the space"},
+			opts: FetchOptions{Reserve: 1 << 20, DiskSpace: freeOf(3 << 20)}, wantErr: ErrTempFull, errSubstr: "over 2097152 bytes, the space"},
 		{name: "a meta's size over the free space", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"size":10737418240`)},
-			opts: FetchOptions{Reserve: gib, FreeBytes: freeOf(2 * gib)}, wantErr: ErrTempFull, errSubstr: "unpacks to 10737418240 bytes (its meta)"},
+			opts: FetchOptions{Reserve: gib, DiskSpace: freeOf(2 * gib)}, wantErr: ErrTempFull, errSubstr: "unpacks to 10737418240 bytes (its meta)"},
 		{name: "a meta's size over the maximum", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"size":10737418240`)},
 			opts: FetchOptions{MaxBytes: gib}, wantErr: ErrTooLarge, errSubstr: "over the agent's maximum of 1073741824"},
 		{name: "no room at all", objects: map[string][]byte{DataObject: good, MetaObject: kopsMeta},
-			opts: FetchOptions{Reserve: gib, FreeBytes: freeOf(gib / 2)}, wantErr: ErrTempFull, errSubstr: "no room to unpack"},
+			opts: FetchOptions{Reserve: gib, DiskSpace: freeOf(gib / 2)}, wantErr: ErrTempFull, errSubstr: "no room to unpack"},
+		{name: "a small disk keeps a tenth free, not a whole reserve", objects: map[string][]byte{DataObject: good, MetaObject: kopsMeta},
+			opts: FetchOptions{Reserve: gib, DiskSpace: func(string) (int64, int64, error) { return 600 << 20, 1 << 30, nil }}},
+		{name: "a small disk nearly full", objects: map[string][]byte{DataObject: good, MetaObject: kopsMeta},
+			opts: FetchOptions{Reserve: gib, DiskSpace: func(string) (int64, int64, error) { return 100 << 20, 1 << 30, nil }}, wantErr: ErrTempFull, errSubstr: "no room to unpack"},
 		{name: "good backup at its exact size", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"size":262144`)},
-			opts: FetchOptions{MaxBytes: 256 << 10, FreeBytes: freeOf(256 << 10)}},
+			opts: FetchOptions{MaxBytes: 256 << 10, DiskSpace: freeOf(256 << 10)}},
 
 		// A meta is read from the store: what becomes a path or a
 		// bound is checked.
@@ -139,6 +143,7 @@ func TestFetch(t *testing.T) {
 	}
 }
 
-func freeOf(n int64) func(string) (int64, error) {
-	return func(string) (int64, error) { return n, nil }
+// freeOf is a disk of 100 GiB with n bytes free.
+func freeOf(n int64) func(string) (int64, int64, error) {
+	return func(string) (int64, int64, error) { return n, 100 << 30, nil }
 }

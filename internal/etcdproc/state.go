@@ -280,9 +280,16 @@ func syncDir(dir string) error {
 // FreeBytes is the space an unprivileged writer may still use on the
 // file system that holds dir.
 func FreeBytes(dir string) (int64, error) {
+	free, _, err := DiskSpace(dir)
+	return free, err
+}
+
+// DiskSpace is the space an unprivileged writer may still use on the
+// file system that holds dir, and that file system's size.
+func DiskSpace(dir string) (free, total int64, err error) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("etcdproc: free space of %s: %w", dir, err)
+		return 0, 0, fmt.Errorf("etcdproc: free space of %s: %w", dir, err)
 	}
-	return int64(st.Bavail) * int64(st.Bsize), nil
+	return int64(st.Bavail) * int64(st.Bsize), int64(st.Blocks) * int64(st.Bsize), nil
 }

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -44,6 +45,9 @@ var (
 	// ErrTooLarge means an object is larger than any valid one of its
 	// kind: it is refused unread, and named.
 	ErrTooLarge = errors.New("store: object is too large")
+	// ErrBadKey means a key a file:// store cannot hold as its own file
+	// name; retrying does not help.
+	ErrBadKey = errors.New("store: invalid object key")
 )
 
 // Size limits of the small objects the agents and the ctl read, far above
@@ -367,6 +371,9 @@ func (s *Store) createFileFrom(key string, r io.Reader) error {
 		}
 		return s.wrap("create", key, err)
 	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return s.wrap("create", key, err)
+	}
 	return nil
 }
 
@@ -379,7 +386,20 @@ func (s *Store) putFile(ctx context.Context, key string, r io.Reader) error {
 		return err
 	}
 	defer os.Remove(tmp)
-	return os.Rename(tmp, path)
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir makes a rename or link in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // writeTemp writes r, whole and synced, to a temporary file of mode 0600
@@ -387,7 +407,7 @@ func (s *Store) putFile(ctx context.Context, key string, r io.Reader) error {
 // are 0700.
 func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, tmp string, err error) {
 	if !validKey(key) {
-		return "", "", fmt.Errorf("%q is not an object key", key)
+		return "", "", fmt.Errorf("%w %q: it would leave the store, or be written under another file name than it is read from", ErrBadKey, key)
 	}
 	path = filepath.Join(s.dir, filepath.FromSlash(key))
 	if err := os.MkdirAll(filepath.Dir(path), fileDirMode); err != nil {
@@ -414,6 +434,10 @@ func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, t
 	return path, f.Name(), nil
 }
 
+// fileblobEscapeRE matches what fileblob could read as one of its
+// escapes.
+var fileblobEscapeRE = regexp.MustCompile(`__0x[^_]*__`)
+
 // fileDirMode is the mode of a file:// store's directories; its objects
 // are 0600.
 const fileDirMode = 0o700
@@ -421,11 +445,12 @@ const fileDirMode = 0o700
 // validKey reports whether key stays inside the store (no empty, . or
 // .. segment, and no leading slash) and is its own file name: fileblob,
 // which reads and lists the objects written here, escapes control
-// characters, invalid UTF-8 and "__0x" into another name. No key this
-// program makes has any of them.
+// characters, a slash after "..", "//", a trailing slash and what looks
+// like its escapes (__0x<hex>__) into another name, and reads invalid
+// UTF-8 as another string. No key this program makes has any of them.
 func validKey(key string) bool {
-	if key == "" || !utf8.ValidString(key) || strings.Contains(key, "__0x") ||
-		strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 }) {
+	if key == "" || !utf8.ValidString(key) || strings.Contains(key, "../") || strings.HasSuffix(key, "/") ||
+		fileblobEscapeRE.MatchString(key) || strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 }) {
 		return false
 	}
 	for _, seg := range strings.Split(key, "/") {
@@ -544,6 +569,9 @@ func (s *Store) CreateCreated(ctx context.Context, c spec.ClusterCreated) error 
 }
 
 func (s *Store) wrap(op, key string, err error) error {
+	if errors.Is(err, ErrBadKey) {
+		return fmt.Errorf("%w (%s in %s)", err, op, s.url)
+	}
 	if gcerrors.Code(err) == gcerrors.NotFound {
 		return fmt.Errorf("%w: %s in %s", ErrNotFound, key, s.url)
 	}

@@ -498,9 +498,22 @@ func TestFileStorePermissions(t *testing.T) {
 	}
 	// Keys that would leave the store, or that fileblob would read under
 	// another name, are refused.
-	for _, key := range []string{"../x", "a/../../x", "/x", "a//b", "", "a/\x1bb", "a/__0x2f__", "a/\xff"} {
-		if err := s.Write(ctx, key, nil); err == nil {
-			t.Errorf("Write(%q) succeeded", key)
+	for _, key := range []string{"../x", "a/../../x", "/x", "a//b", "", "a/", "x../y", "a/\x1bb", "a/__0x2f__", "a/\xff"} {
+		if err := s.Write(ctx, key, nil); !errors.Is(err, ErrBadKey) {
+			t.Errorf("Write(%q): %v, want ErrBadKey", key, err)
+		}
+		if err := s.Create(ctx, key, nil); !errors.Is(err, ErrBadKey) {
+			t.Errorf("Create(%q): %v, want ErrBadKey", key, err)
+		}
+	}
+	// Names that only look like those are kept, and read back.
+	for _, key := range []string{"a/__0xzz", "a/x..y", "a/.hidden", "a/b_0x2f"} {
+		if err := s.Write(ctx, key, []byte(key)); err != nil {
+			t.Errorf("Write(%q): %v", key, err)
+			continue
+		}
+		if got, err := s.ReadMax(ctx, key, 100); err != nil || string(got) != key {
+			t.Errorf("ReadMax(%q) = %q, %v", key, got, err)
 		}
 	}
 }
