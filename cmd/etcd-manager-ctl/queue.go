@@ -201,7 +201,7 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 				fprintf(w, "%s\n", q.Status.Backup)
 				return true, nil
 			case spec.CommandFailed:
-				return true, fmt.Errorf("backup-now: command %s failed: %s", id, q.Status.Message)
+				return true, fmt.Errorf("backup-now: command %s failed: %s", id, printable(q.Status.Message))
 			}
 		}
 		return false, nil
@@ -217,7 +217,7 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 			if cmds, err := s.ListCommands(ctx); err == nil {
 				for _, q := range cmds {
 					if q.ID != id && q.Command.BackupNow != nil && q.Status.State == spec.CommandRunning && q.Status.Message != "" {
-						why = "the leader waits to retry after a failed backup: " + q.Status.Message
+						why = "the leader waits to retry after a failed backup: " + printable(q.Status.Message)
 					}
 				}
 			}
@@ -258,7 +258,7 @@ func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout ti
 			case spec.CommandDone:
 				return true, nil
 			case spec.CommandFailed:
-				return true, fmt.Errorf("defrag: command %s failed: %s", id, q.Status.Message)
+				return true, fmt.Errorf("defrag: command %s failed: %s", id, printable(q.Status.Message))
 			}
 		}
 		return false, nil
@@ -420,7 +420,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 			fprintf(w, "restored backup %s\n", name)
 			return true, nil
 		case err == nil && q.Status.State == spec.CommandFailed:
-			return true, fmt.Errorf("restore-backup: command %s failed: %s", id, q.Status.Message)
+			return true, fmt.Errorf("restore-backup: command %s failed: %s", id, printable(q.Status.Message))
 		case err == nil && q.Status.Restore != nil && q.Status.Restore.Phase != lastPhase:
 			lastPhase = q.Status.Restore.Phase
 			fprintf(progress, "restore %s: %s\n", id, lastPhase)
@@ -451,7 +451,7 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 			fprintf(w, "quorum recovered from %s\n", dash(node))
 			return true, nil
 		case err == nil && q.Status.State == spec.CommandFailed:
-			return true, fmt.Errorf("recover-quorum: command %s failed: %s", id, q.Status.Message)
+			return true, fmt.Errorf("recover-quorum: command %s failed: %s", id, printable(q.Status.Message))
 		case err == nil && q.Status.Node != "" && q.Status.Node != node:
 			node = q.Status.Node
 			fprintf(progress, "recover-quorum %s: rebuilding from %s\n", id, node)

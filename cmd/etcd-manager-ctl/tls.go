@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -131,7 +132,7 @@ serial, SHA-256 fingerprint and expiry), to compare with the agents' CA.`,
 				return usagef("--out DIR is required")
 			}
 			if err := checkClientCertValidity(validity); err != nil {
-				return err
+				return usageError{err}
 			}
 			files := []clientFile{
 				{filepath.Join(out, "client.key"), nil, 0o600},
@@ -195,6 +196,14 @@ func checkClientCertValidity(v time.Duration) error {
 	return nil
 }
 
+// ownerOf is the user ID owning a file, or -1 when it is unknown.
+func ownerOf(fi fs.FileInfo) int {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid)
+	}
+	return -1
+}
+
 // prepareOutDir checks --out before anything is issued: it must be a
 // directory that not every user may write to (they could replace the key
 // once written), and none of the files may be a symbolic link or other
@@ -212,6 +221,8 @@ func prepareOutDir(dir string, files []clientFile) error {
 		return fmt.Errorf("--out %s is not a directory", dir)
 	case st.Mode().Perm()&0o002 != 0:
 		return fmt.Errorf("--out %s may be written by every user, who could replace the key once written; use a folder only you can write to (a new one is created with mode 0700)", dir)
+	case ownerOf(st) != os.Geteuid():
+		return fmt.Errorf("--out %s belongs to user %d, not to you (%d): its owner could replace the key or the CA once written; use a folder of your own (a new one is created with mode 0700)", dir, ownerOf(st), os.Geteuid())
 	}
 	for _, f := range files {
 		st, err := os.Lstat(f.path)

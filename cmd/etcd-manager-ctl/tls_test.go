@@ -133,8 +133,8 @@ func TestIssueClientCertValidity(t *testing.T) {
 			before := time.Now()
 			_, _, err := e.run(t, append([]string{"--pki-dir=" + pkiDir, "issue-client-cert", "--out", out}, tt.args...)...)
 			if tt.wantText != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantText) {
-					t.Fatalf("issue-client-cert %v: %v, want an error saying %q", tt.args, err, tt.wantText)
+				if err == nil || !strings.Contains(err.Error(), tt.wantText) || exitCode(err) != exitUsage {
+					t.Fatalf("issue-client-cert %v: %v (exit %d), want a usage error saying %q", tt.args, err, exitCode(err), tt.wantText)
 				}
 				if _, err := os.Stat(out); !errors.Is(err, os.ErrNotExist) {
 					t.Errorf("files were written: %v", err)
@@ -225,6 +225,13 @@ func TestIssueClientCertFiles(t *testing.T) {
 			}
 			return d, ""
 		}, nil, "may be written by every user"},
+		{"a folder of another user", func(t *testing.T) (string, string) {
+			d := existing(t)
+			if err := os.Chown(d, 65534, 65534); err != nil {
+				t.Fatalf("chown (the tests run as root): %v", err)
+			}
+			return d, ""
+		}, nil, "belongs to user 65534, not to you"},
 		{"--out is a file", func(t *testing.T) (string, string) {
 			return victim(t), ""
 		}, nil, "is not a directory"},

@@ -33,7 +33,7 @@ func TestStatusShowsTheLeadersWarnings(t *testing.T) {
 			if tt.want == "" && strings.Contains(b.String(), "warnings") {
 				t.Errorf("printed warnings when there are none:\n%s", b.String())
 			}
-			if !strings.Contains(b.String(), tt.want) {
+			if tt.want != "" && !strings.Contains(b.String(), tt.want) {
 				t.Errorf("output lacks %q:\n%s", tt.want, b.String())
 			}
 			var j strings.Builder
