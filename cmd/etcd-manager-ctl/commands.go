@@ -363,6 +363,9 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	case err != nil:
 		return fmt.Errorf("%w; pass both --member-count and --etcd-version to replace it", err)
 	}
+	// The nodes are checked for a version the spec does not ask for yet:
+	// the operator passes the version it already runs with every change.
+	newVersion := versionSet && cs.EtcdVersion != o.etcdVersion
 	if countSet {
 		cs.MemberCount = o.memberCount
 	}
@@ -441,7 +444,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	if err != nil {
 		return err
 	}
-	if versionSet {
+	if newVersion {
 		if err := checkInstalled(ctx, s, o.etcdVersion, time.Now(), stderr); err != nil {
 			return err
 		}

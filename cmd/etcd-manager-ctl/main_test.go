@@ -127,6 +127,7 @@ func TestVersionCheckedAgainstTheNodes(t *testing.T) {
 		node     string
 		versions []string
 		age      time.Duration
+		standby  bool
 	}
 	both := []string{"3.5.35", "3.6.16"}
 	tests := []struct {
@@ -142,24 +143,26 @@ func TestVersionCheckedAgainstTheNodes(t *testing.T) {
 			wantWarning: []string{"no node has reported its installed etcd versions in the last 10m0s", "etcd 3.6.99 is not checked against the nodes"}},
 		{name: "only agents older than the report", records: []rec{{node: "a"}, {node: "b"}}, args: []string{"--etcd-version=3.6.99"},
 			wantWarning: []string{"no node has reported"}},
-		{name: "every node has it", records: []rec{{"a", both, time.Second}, {"b", []string{"3.6.16"}, time.Minute}}, args: []string{"--etcd-version=3.6.16"}, noWarning: true},
-		{name: "a node lacks it", records: []rec{{"a", both, time.Second}, {"b", []string{"3.6.16"}, time.Second}, {"c", []string{"3.4.23"}, time.Second}},
+		{name: "every node has it", records: []rec{{"a", both, time.Second, false}, {"b", both, time.Minute, false}}, args: []string{"--etcd-version=3.5.35"}, noWarning: true},
+		{name: "the spec's own version is not checked again", records: []rec{{"a", []string{"3.5.35"}, time.Second, false}}, args: []string{"--etcd-version=3.6.16", "--member-count=3"}, noWarning: true},
+		{name: "a standby lacks it", records: []rec{{"a", both, time.Second, false}, {"s", []string{"3.6.16"}, time.Second, true}}, args: []string{"--etcd-version=3.5.35"}, noWarning: true},
+		{name: "a node lacks it", records: []rec{{"a", both, time.Second, false}, {"b", []string{"3.6.16"}, time.Second, false}, {"c", []string{"3.4.23"}, time.Second, false}},
 			args:    []string{"--etcd-version=3.5.35"},
 			wantErr: []string{"--etcd-version=3.5.35: no etcd 3.5.35 on node b (has 3.6.16), node c (has 3.4.23); install etcd-v3.5.35/etcd under each node's --etcd-bin-dir"}},
-		{name: "--skip-binary-check skips nothing", records: []rec{{"a", []string{"3.6.16"}, time.Second}}, args: []string{"--etcd-version=3.5.35", "--skip-binary-check"},
+		{name: "--skip-binary-check skips nothing", records: []rec{{"a", []string{"3.6.16"}, time.Second, false}}, args: []string{"--etcd-version=3.5.35", "--skip-binary-check"},
 			wantErr: []string{"no etcd 3.5.35 on node a"}},
-		{name: "a node not heard from lacks it", records: []rec{{"a", both, time.Second}, {"b", []string{"3.6.16"}, time.Hour}}, args: []string{"--etcd-version=3.5.35"},
+		{name: "a node not heard from lacks it", records: []rec{{"a", both, time.Second, false}, {"b", []string{"3.6.16"}, time.Hour, false}}, args: []string{"--etcd-version=3.5.35"},
 			wantWarning: []string{"node b (last heard from 1h0m0s ago), not heard from for over 10m0s, lacks etcd 3.5.35"}},
-		{name: "every node that reported is silent", records: []rec{{"a", []string{"3.6.16"}, time.Hour}}, args: []string{"--etcd-version=3.5.35"},
+		{name: "every node that reported is silent", records: []rec{{"a", []string{"3.6.16"}, time.Hour, false}}, args: []string{"--etcd-version=3.5.35"},
 			wantWarning: []string{"node a (last heard from 1h0m0s ago)", "no node has reported"}},
-		{name: "no version flag, no check", records: []rec{{"a", []string{"3.4.23"}, time.Second}}, args: []string{"--member-count=3"}, noWarning: true},
+		{name: "no version flag, no check", records: []rec{{"a", []string{"3.4.23"}, time.Second, false}}, args: []string{"--member-count=3"}, noWarning: true},
 		{name: "a record with no time lacks it", planted: map[string]string{"discovery/x": `{"nodeId":"x","address":"127.0.0.1:8000","etcdVersions":["3.6.16"]}`},
 			args: []string{"--etcd-version=3.5.35"}, wantWarning: []string{"node x (its record says not when it was written)", "no node has reported"}},
-		{name: "an unreadable record", records: []rec{{"a", []string{"3.6.16"}, time.Second}}, planted: map[string]string{"discovery/huge": strings.Repeat(" ", 17<<10)},
+		{name: "an unreadable record", records: []rec{{"a", []string{"3.6.16"}, time.Second, false}}, planted: map[string]string{"discovery/huge": strings.Repeat(" ", 17<<10)},
 			args: []string{"--etcd-version=3.5.35"}, wantErr: []string{"no etcd 3.5.35 on node a"}},
-		{name: "an unreadable record beside good ones", records: []rec{{"a", []string{"3.6.16"}, time.Second}}, planted: map[string]string{"discovery/huge": strings.Repeat(" ", 17<<10)},
-			args: []string{"--etcd-version=3.6.16"}, wantWarning: []string{"cannot read every node's record", "discovery/huge"}},
-		{name: "hostile text in a record", planted: map[string]string{"discovery/h": `{"nodeId":"h\u001b[2J","address":"127.0.0.1:8000","updated":"` + time.Now().UTC().Format(time.RFC3339) + `","etcdVersions":["3.6.16","\u001b]0;x\u0007"]}`},
+		{name: "an unreadable record beside good ones", records: []rec{{"a", both, time.Second, false}}, planted: map[string]string{"discovery/huge": strings.Repeat(" ", 17<<10)},
+			args: []string{"--etcd-version=3.5.35"}, wantWarning: []string{"cannot read every node's record", "discovery/huge"}},
+		{name: "hostile text in a record", planted: map[string]string{"discovery/h": `{"nodeId":"h\u001b[2J","address":"127.0.0.1:8000","updated":"` + time.Now().UTC().Format(time.RFC3339) + `","etcdVersions":["3.6.16","\u001b]0;x\u0007"],"etcd":{"clusterToken":"t"}}`},
 			args: []string{"--etcd-version=3.5.35"}, wantErr: []string{`no etcd 3.5.35 on node h`}},
 	}
 	for _, tt := range tests {
@@ -170,7 +173,11 @@ func TestVersionCheckedAgainstTheNodes(t *testing.T) {
 			}
 			s := e.open(t)
 			for _, r := range tt.records {
-				if err := peer.PublishToStore(t.Context(), s, peer.Record{NodeID: r.node, Address: "127.0.0.1:8000", EtcdVersions: r.versions}, time.Now().Add(-r.age)); err != nil {
+				pr := peer.Record{NodeID: r.node, Address: "127.0.0.1:8000", EtcdVersions: r.versions}
+				if !r.standby {
+					pr.Etcd = &peer.EtcdReport{ClusterToken: "tok"}
+				}
+				if err := peer.PublishToStore(t.Context(), s, pr, time.Now().Add(-r.age)); err != nil {
 					t.Fatal(err)
 				}
 			}

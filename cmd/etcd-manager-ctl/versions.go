@@ -23,8 +23,9 @@ import (
 // is down or gone, whose lack of the version is only warned about.
 const reportMaxAge = 10 * time.Minute
 
-// checkInstalled refuses version when a node that reported recently
-// lacks it, naming each such node with what it has. It warns on warn
+// checkInstalled refuses version when a member's node that reported
+// recently lacks it, naming each such node with what it has; a standby
+// lacking it only cannot become a member. It warns on warn
 // when no node has reported (agents older than the report, or none
 // running), when a node not heard from for a while lacks it, and when
 // records cannot be read: the agents check again in any case.
@@ -60,7 +61,7 @@ func checkInstalled(ctx context.Context, s peer.BlobStore, version string, now t
 			continue
 		}
 		reported++
-		if !has {
+		if !has && r.Etcd != nil && r.Etcd.ClusterToken != "" {
 			lacking = append(lacking, fmt.Sprintf("%s (has %s)", node, strings.Join(r.EtcdVersions, ", ")))
 		}
 	}

@@ -180,11 +180,10 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 				o.Store, o.StoreKnown = cs, true
 			case errors.Is(err, ErrNoSpec):
 				o.StoreKnown = true
-			case errors.Is(err, ErrInvalidSpec):
-				// Written afresh from the EtcdCluster, as if none.
-				lg.Info("the store's cluster spec is invalid; replacing it", "reason", err.Error())
-				o.StoreKnown = true
 			default:
+				// An invalid spec too: its fields the EtcdCluster does not
+				// own (etcd settings set with the ctl, say) would be lost
+				// if it were written afresh, so a person decides.
 				podErr = err
 			}
 		}
@@ -293,6 +292,8 @@ func (r *ClusterReconciler) observeStatus(ctx context.Context, c *v1alpha1.EtcdC
 		setCondition(st, c.Generation, v1alpha1.ConditionAvailable, metav1.ConditionFalse, "NoQuorum", fmt.Sprintf("%d of %d members healthy", st.ReadyReplicas, want))
 	}
 	switch {
+	case errors.Is(podErr, ErrInvalidSpec):
+		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "StoreSpecInvalid", podErr.Error())
 	case podErr != nil:
 		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "StoreUnreachable", podErr.Error())
 	case status != nil && (st.ReadyReplicas < want || len(status.Unreachable) > 0):

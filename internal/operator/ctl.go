@@ -38,7 +38,9 @@ const execTimeout = time.Minute
 var ErrNoSpec = errors.New("operator: the store has no cluster spec yet")
 
 // ErrInvalidSpec means the store's cluster spec is invalid: the agents
-// ignore it, and the operator replaces it with the EtcdCluster's.
+// ignore it. The operator reports it (condition Degraded, reason
+// StoreSpecInvalid) rather than replace it and lose the fields it does
+// not own.
 var ErrInvalidSpec = errors.New("operator: the store's cluster spec is invalid")
 
 // Ctl drives a cluster's store with etcd-manager-ctl, run inside one of
