@@ -2,6 +2,7 @@ package operator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -394,6 +395,11 @@ func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore,
 	}
 	st.ReplacedClusterID = healthyClusterID(status)
 	id, err := r.Ctl.RestoreBackup(ctx, c, pod, rs.Spec.BackupName)
+	if errors.Is(err, ErrBackupRefused) {
+		st.Phase, st.Message = v1alpha1.RestoreFailed, err.Error()
+		r.Events.Eventf(c, rs, corev1.EventTypeWarning, reasonRestoreFailed, "Restore", "%s", st.Message)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("cannot queue the restore: %w", err)
 	}

@@ -108,8 +108,21 @@ func (c Ctl) BackupNow(ctx context.Context, cl *v1alpha1.EtcdCluster, pod string
 // RestoreBackup queues a restore of the named backup and returns the
 // command's ID.
 func (c Ctl) RestoreBackup(ctx context.Context, cl *v1alpha1.EtcdCluster, pod, backup string) (string, error) {
-	return c.queue(ctx, cl, pod, "restore-backup", "--wait=false", "--", backup)
+	id, err := c.queue(ctx, cl, pod, "restore-backup", "--wait=false", "--", backup)
+	if err != nil {
+		for _, refused := range []string{"is not whole:", "cannot be restored:", "no backup "} {
+			if strings.Contains(err.Error(), refused) {
+				return "", fmt.Errorf("%w: %w", ErrBackupRefused, err)
+			}
+		}
+	}
+	return id, err
 }
+
+// ErrBackupRefused means the ctl refused to queue a restore of a backup
+// that cannot be restored (damaged, not whole, or gone): trying again
+// does not help.
+var ErrBackupRefused = errors.New("operator: the backup cannot be restored")
 
 // MoveLeader hands raft leadership from the member in pod to the member
 // of ID to (hex), with the etcdctl of the version the cluster runs.

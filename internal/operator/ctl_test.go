@@ -48,3 +48,26 @@ func TestCtlSpec(t *testing.T) {
 		})
 	}
 }
+
+// A restore the ctl refuses for the backup itself fails the EtcdRestore;
+// any other failure is retried.
+func TestCtlRestoreBackupRefused(t *testing.T) {
+	cl := &v1alpha1.EtcdCluster{ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "ns"}}
+	for _, tc := range []struct {
+		name    string
+		err     error
+		refused bool
+	}{
+		{"not whole", errors.New("operator: restore-backup in ns/main-0: exit 1: backup 2026-01-01T00:00:00Z-000001 in s3://b/p is not whole: it has no etcd.backup.gz"), true},
+		{"corrupt meta", errors.New("operator: restore-backup in ns/main-0: exit 1: backup 2026-01-01T00:00:00Z-000001 cannot be restored: backup: snapshot is corrupt"), true},
+		{"gone", errors.New(`operator: restore-backup in ns/main-0: exit 1: no backup "2026-01-01T00:00:00Z-000001" in s3://b/p`), true},
+		{"the store is down", errors.New("operator: restore-backup in ns/main-0: exit 1: store: backup store unreachable"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Ctl{Exec: execReply{err: tc.err}}.RestoreBackup(t.Context(), cl, "main-0", "2026-01-01T00:00:00Z-000001")
+			if got := errors.Is(err, ErrBackupRefused); got != tc.refused {
+				t.Fatalf("%v: refused = %v, want %v", err, got, tc.refused)
+			}
+		})
+	}
+}
