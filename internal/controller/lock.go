@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -382,4 +383,21 @@ func (l *lease) Renew(ctx context.Context) error {
 		return fmt.Errorf("%w: %w: the store lock (term %d) has passed to another agent", procedure.ErrFenced, ErrNotLeader, held)
 	}
 	return nil
+}
+
+// statusTermSlack is how far above every term seen a status's term may
+// raise the floor: drivers whose statuses count took their terms one by
+// one above the nodes' obeyed ones.
+const statusTermSlack = 1 << 20
+
+// statusFloor is the term floor once a command status of term t is
+// seen. A status far above every term seen (the nodes' obeyed terms and
+// earlier statuses) was not written by a driver: one such object would
+// otherwise push the terms to their maximum and wedge the lock.
+func statusFloor(floor, t int64, log *slog.Logger) int64 {
+	if t > floor+statusTermSlack {
+		log.Warn("ignoring a command status whose term is far above every term seen", "term", t, "floor", floor)
+		return floor
+	}
+	return max(floor, t)
 }

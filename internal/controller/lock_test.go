@@ -3,6 +3,8 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
 	"path/filepath"
 	"strings"
@@ -314,5 +316,23 @@ func TestLeaderLockFloor(t *testing.T) {
 	clock.Add(time.Second)
 	if term, err := a.Acquire(ctx, s); err != nil || term != 13 {
 		t.Fatalf("a holder under a floor of 12: term %d, %v; want 13", term, err)
+	}
+}
+
+// A status far above every term seen does not raise the floor: one
+// object must not push the terms to their maximum.
+func TestStatusFloor(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tc := range []struct{ floor, term, want int64 }{
+		{0, 5, 5},
+		{5, 3, 5},
+		{10, 10 + statusTermSlack, 10 + statusTermSlack},
+		{10, 11 + statusTermSlack, 10},
+		{0, maxTerm, 0},
+		{0, maxTerm - 1, 0},
+	} {
+		if got := statusFloor(tc.floor, tc.term, log); got != tc.want {
+			t.Errorf("statusFloor(%d, %d) = %d, want %d", tc.floor, tc.term, got, tc.want)
+		}
 	}
 }

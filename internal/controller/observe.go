@@ -139,7 +139,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		obs.Commands = cmds
 		lp.lastQueueRead = lp.now()
 		for _, c := range cmds {
-			lp.termFloor = max(lp.termFloor, c.StatusTerm)
+			lp.termFloor = statusFloor(lp.termFloor, c.StatusTerm, lp.log)
 		}
 	}
 	// Evidence about agents this one cannot reach: what they last
