@@ -110,8 +110,7 @@ func TestEnsureNodeCertAddsAndKeepsTheMarker(t *testing.T) {
 	if err != nil || !fresh || !CarriesName(c, NodeMarker("main")) {
 		t.Fatalf("upgrade: fresh=%v, names %v, %v; want a new certificate with the marker", fresh, c.DNSNames, err)
 	}
-	c, fresh, err = EnsureNodeCert(ca, f, marked, t0.Add(2*time.Minute))
-	if err != nil || fresh {
+	if _, fresh, err = EnsureNodeCert(ca, f, marked, t0.Add(2*time.Minute)); err != nil || fresh {
 		t.Fatalf("a marked certificate was reissued before it was due: fresh=%v, %v", fresh, err)
 	}
 	for i, at := range []time.Time{t0.Add(22 * time.Minute), t0.Add(43 * time.Minute)} {
