@@ -117,8 +117,8 @@ func planPeerCertCheck(o Observed) []Action {
 			}
 		}
 		status := fmt.Sprintf("peer certificate check: %s %s no node marker on its certificate (an etcd-manager older than the others?), and %s refuse its raft traffic; "+
-			"turning their check off one at a time would lose quorum: run the same etcd-manager on %s again, or restart the agents of %s with --etcd-peer-cert-check=false",
-			strings.Join(cutOff, ", "), pluralVerb(cutOff, "has", "have"), strings.Join(requiring, ", "), strings.Join(cutOff, ", "), strings.Join(requiring, ", "))
+			"turning their check off one at a time would lose quorum: run the same etcd-manager on %s again (to downgrade, first set --etcd-peer-cert-check=false on every agent)",
+			strings.Join(cutOff, ", "), pluralVerb(cutOff, "has", "have"), strings.Join(requiring, ", "), strings.Join(cutOff, ", "))
 		return []Action{Report{Level: slog.LevelWarn, Msg: MsgPeerCertCheckStalled, Status: status,
 			Attrs: []any{"cut-off", cutOff, "requiring", requiring}}}
 	}
