@@ -331,6 +331,9 @@ func TestInsecureToSecureSwitch(t *testing.T) {
 	if n := strings.Count(allLogs(agents), "restarting etcd to serve new peer URLs"); n != 3 {
 		t.Errorf("%d members switched their peer URLs, want 3", n)
 	}
+	// Once all serve https with node certificates, the leader has each
+	// member's peer port take only node certificates.
+	waitCmdline(t, agents, []string{"--peer-cert-allowed-hostname=" + pki.NodeMarker("test")}, nil)
 	// Plain http is gone.
 	plain, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.Replace(agents[0].ClientURL, "https://", "http://", 1)}, DialTimeout: time.Second, Logger: zap.NewNop()})
 	if err == nil {
