@@ -379,6 +379,9 @@ func TestSuppliedCA(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(env.StoreDir, "pki")); !os.IsNotExist(err) {
 		t.Errorf("the store's pki/ was written although the CA was supplied: %v", err)
 	}
+	// The node certificates carry the node marker whatever the CA, and
+	// the peer ports require it.
+	waitCmdline(t, agents, []string{"--peer-cert-allowed-hostname=" + pki.NodeMarker("test")}, nil)
 	harness.WaitFor(t, 20*time.Second, "status with --pki-dir to show 3 healthy members", func() bool {
 		out, _, err := env.Ctl("--pki-dir="+dir, "status")
 		return err == nil && strings.Count(out, " healthy ") == 3
