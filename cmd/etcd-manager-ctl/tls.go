@@ -116,7 +116,10 @@ func issueClientCertCommand(o *options, stdout io.Writer) *cobra.Command {
 		Long: `issue-client-cert signs a client certificate with the cluster's CA (from
 --pki-dir, or the backup store's pki/ prefix) and writes ca.crt, client.crt
 and client.key to --out. etcd requires a client certificate from that CA, so
-this is how an operator gets one for etcdctl.
+this is how an operator gets one for etcdctl. It is a client certificate
+only: the agents let it read status and nothing more, and etcd's peer port
+refuses it, as it requires a name that only node certificates carry (so
+--name may not be one under etcd-manager.internal).
 
 The certificate cannot be revoked, so keep --validity short: 24h by default,
 at most 2160h (90 days). --out is created with mode 0700 when missing, and
@@ -133,6 +136,9 @@ serial, SHA-256 fingerprint and expiry), to compare with the agents' CA.`,
 			}
 			if err := checkClientCertValidity(validity); err != nil {
 				return usageError{err}
+			}
+			if pki.IsReservedName(name) {
+				return usagef("--name %q: names under %s are reserved for node certificates, which etcd's peer port accepts; choose another", name, pki.ReservedDomain)
 			}
 			files := []clientFile{
 				{filepath.Join(out, "client.key"), nil, 0o600},

@@ -302,3 +302,35 @@ func TestIssueClientCertNamesTheCA(t *testing.T) {
 		}
 	}
 }
+
+// issue-client-cert never writes a certificate that etcd's peer port
+// would take for a node's: it has no SANs, and a --name under the
+// reserved domain is refused before anything is written.
+func TestIssueClientCertCannotCarryTheNodeMarker(t *testing.T) {
+	ca := mustCA(t, time.Now(), 365*24*time.Hour)
+	pkiDir := writeCADir(t, ca)
+	for _, name := range []string{pki.NodeMarker("test"), "Node.Test.Etcd-Manager.Internal.", "*.test.etcd-manager.internal"} {
+		e := newCtlEnv(t)
+		out := filepath.Join(t.TempDir(), "certs")
+		_, _, err := e.run(t, "--pki-dir="+pkiDir, "issue-client-cert", "--out", out, "--name", name)
+		if err == nil || !strings.Contains(err.Error(), "reserved for node certificates") || exitCode(err) != exitUsage {
+			t.Errorf("--name %q: %v, want a usage error saying it is reserved", name, err)
+		}
+		if _, err := os.Stat(out); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("--name %q: files were written: %v", name, err)
+		}
+	}
+	e := newCtlEnv(t)
+	out := filepath.Join(t.TempDir(), "certs")
+	if _, _, err := e.run(t, "--pki-dir="+pkiDir, "issue-client-cert", "--out", out, "--name", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(filepath.Join(out, "client.crt"))
+	c, err := pki.ParseCertPEM(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.DNSNames) != 0 || len(c.IPAddresses) != 0 || pki.CarriesName(c, pki.NodeMarker("test")) || pki.PeerRole(c) != pki.RoleClient {
+		t.Errorf("the client certificate has names %v %v and role %q; want none, and the client role", c.DNSNames, c.IPAddresses, pki.PeerRole(c))
+	}
+}

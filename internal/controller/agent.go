@@ -53,6 +53,9 @@ type Agent struct {
 	certInfo           atomic.Pointer[peer.CertInfo]
 	renewAt            time.Time
 	certExpiry         atomic.Int64
+	// certMarked is set while the node certificate on disk carries the
+	// node marker (read by the loop, set by renewals).
+	certMarked atomic.Bool
 	// refusals limits the log lines of refused peer API handshakes.
 	refusals *refusalLog
 
@@ -119,6 +122,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		EtcdCorruptCheckInterval: a.cfg.EtcdCorruptCheckInterval,
 		EtcdStopTimeout:          a.cfg.EtcdStopTimeout,
 		EtcdTLS:                  a.etcdTLSFiles(),
+		PeerCertCheckOff:         !a.cfg.EtcdPeerCertCheck,
 		ClientTLS:                a.etcdTLS,
 		CheckData:                childDataChecker(),
 	}, layout, st, storeFetcher{url: a.cfg.BackupStore, opts: a.cfg.fetchOptions(verify), log: a.log}, a.log, a.now, a.poke)

@@ -54,6 +54,11 @@ type Config struct {
 
 	Insecure     bool
 	EtcdInsecure bool
+	// EtcdPeerCertCheck lets the leader have etcd's peer port take only
+	// node certificates, once every member's carries the node marker;
+	// false on any agent keeps (or turns) the check off for the whole
+	// cluster, as before a downgrade to an etcd-manager without it.
+	EtcdPeerCertCheck bool
 	// PKIDir holds a CA (ca.crt, ca.key) supplied as files; without it the
 	// CA is generated once into the backup store's pki/ prefix.
 	PKIDir string
@@ -169,6 +174,7 @@ func Default() Config {
 		EtcdCorruptCheckInterval: DefaultEtcdCorruptCheckInterval,
 		HashCheckInterval:        DefaultHashCheckInterval,
 		CertValidity:             pki.DefaultCertValidity,
+		EtcdPeerCertCheck:        true,
 		Trash:                    etcdproc.TrashPolicy{MaxAge: DefaultTrashMaxAge},
 		MaxSnapshotBytes:         DefaultMaxSnapshotBytes,
 	}
@@ -191,6 +197,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.ListenPeerURLs, flagListenPeerURLs, c.ListenPeerURLs, "URLs etcd binds for raft traffic when they differ from the --peer-urls it advertises, as behind NAT or a proxy (default: the --peer-urls)")
 	fs.BoolVar(&c.Insecure, flagInsecure, c.Insecure, "run the agents' peer API without TLS; by default it uses mutual TLS with certificates from the cluster's CA")
 	fs.BoolVar(&c.EtcdInsecure, flagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http; by default they are https and require client certificates from the cluster's CA")
+	fs.BoolVar(&c.EtcdPeerCertCheck, "etcd-peer-cert-check", c.EtcdPeerCertCheck, "let the leader make etcd's peer port accept only node certificates (the name "+pki.NodeMarker("<cluster-name>")+", which no operator's certificate carries), once every member's agent has one; false on any agent turns the check off for the whole cluster, one member at a time, as before a downgrade to an etcd-manager without it")
 	fs.StringVar(&c.PKIDir, "pki-dir", c.PKIDir, "directory holding the cluster's CA as ca.crt and ca.key; when empty, the CA is generated once and kept in the backup store under pki/ (guard that prefix as you would the key)")
 	fs.DurationVar(&c.CertValidity, "cert-validity", c.CertValidity, "validity of the node certificates the agent issues itself; each is renewed two thirds into its life, with no restart")
 	fs.StringVar(&c.EtcdBinDir, "etcd-bin-dir", c.EtcdBinDir, "directory holding etcd installs as etcd-v<version>/etcd (or etcd-v<version>-linux-amd64/etcd), with etcdctl and etcdutl beside it")

@@ -308,6 +308,8 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 		return lp.changed(lp.members.setVersion(ctx, obs, act))
 	case plan.SetMemberSettings:
 		return lp.changed(lp.members.setSettings(ctx, obs, act))
+	case plan.SetPeerCertCheck:
+		return lp.changed(lp.members.setPeerCertCheck(ctx, obs, act))
 	case plan.DefragMember:
 		return lp.defrag(ctx, obs, act)
 	case plan.FinishDefrag:
@@ -349,7 +351,7 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 // procedure steps (which a restore needs, in order) are not counted.
 func (lp *loop) noteOutcome(act plan.Action, err error) {
 	switch act := act.(type) {
-	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion, plan.SetMemberSettings,
+	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion, plan.SetMemberSettings, plan.SetPeerCertCheck,
 		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade, plan.DefragMember, plan.RecoverSpace, plan.DisarmNoSpace,
 		plan.CheckHashes, plan.DiscardMemberData, plan.DisarmCorrupt:
 	case plan.SetQuarantine:

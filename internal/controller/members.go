@@ -48,6 +48,7 @@ type memberAPI interface {
 	SetSettings(ctx context.Context, req peer.SettingsRequest) error
 	DiscardData(ctx context.Context, req peer.DiscardRequest) error
 	SetPeerURLs(ctx context.Context, req peer.PeerURLsRequest) error
+	SetPeerCertCheck(ctx context.Context, req peer.PeerCertCheckRequest) error
 }
 
 // creationMarker is the store's once-only creation marker, written
@@ -161,6 +162,8 @@ func (m *members) create(ctx context.Context, obs plan.Observed, act plan.Create
 		NewCluster:     true,
 		Pending:        true,
 		Settings:       specSettings(obs, v),
+		// Every chosen node's certificate carries it (see plan).
+		PeerCertHostname: act.PeerCertHostname,
 	}
 	m.log.Info("creating cluster", "cluster-token", token, "version", v.String(), "members", act.Members, "lock-term", m.creation.Term())
 	var prepared []plan.Node
@@ -314,13 +317,19 @@ func (m *members) add(ctx context.Context, obs plan.Observed, act plan.AddMember
 	if cur == nil {
 		return fmt.Errorf("%w: this node left the cluster", ErrNotLeader)
 	}
-	// A new member starts as the leader runs (version and settings); a
-	// change under way reaches it like any other member.
+	// A new member starts as the leader runs (version, settings and the
+	// peer certificate check, if its certificate allows); a change under
+	// way reaches it like any other member.
+	check := cur.PeerCertHostname
+	if n.CertMarker != check {
+		check = ""
+	}
 	return m.join(ctx, n, peer.JoinRequest{Member: etcdproc.MemberState{
-		ClusterToken:   cur.ClusterToken,
-		EtcdVersion:    cur.EtcdVersion,
-		InitialCluster: strings.Join(initial, ","),
-		Settings:       maps.Clone(cur.Settings),
+		ClusterToken:     cur.ClusterToken,
+		EtcdVersion:      cur.EtcdVersion,
+		InitialCluster:   strings.Join(initial, ","),
+		Settings:         maps.Clone(cur.Settings),
+		PeerCertHostname: check,
 	}})
 }
 
@@ -433,6 +442,26 @@ func (m *members) setSettings(ctx context.Context, obs plan.Observed, act plan.S
 	m.log.Info("restarting a member with new etcd settings", "node", n.ID, "settings", act.Settings.String())
 	return m.call(ctx, n, func(ctx context.Context, api memberAPI) error {
 		return api.SetSettings(ctx, peer.SettingsRequest{LeaderID: m.selfID, Token: obs.Cluster.Token, Settings: act.Settings})
+	})
+}
+
+// setPeerCertCheck has a member's node restart etcd with another peer
+// certificate check.
+func (m *members) setPeerCertCheck(ctx context.Context, obs plan.Observed, act plan.SetPeerCertCheck) error {
+	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	if err != nil {
+		return err
+	}
+	if _, err := m.leader(ctx); err != nil {
+		return err
+	}
+	if act.Hostname != "" {
+		m.log.Info("restarting a member to accept only node certificates on its etcd peer port", "node", n.ID, "peer-cert-allowed-hostname", act.Hostname)
+	} else {
+		m.log.Warn("restarting a member to accept any certificate from the CA on its etcd peer port: a member's agent lacks the node marker or asked for the check off", "node", n.ID)
+	}
+	return m.call(ctx, n, func(ctx context.Context, api memberAPI) error {
+		return api.SetPeerCertCheck(ctx, peer.PeerCertCheckRequest{LeaderID: m.selfID, Token: obs.Cluster.Token, Hostname: act.Hostname})
 	})
 }
 

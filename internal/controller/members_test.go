@@ -46,10 +46,15 @@ func (f *fakeMarker) ReadCreated(context.Context) (spec.ClusterCreated, error) {
 type recordingNode struct {
 	id    string
 	calls *[]string
+	// joins, when set, receives each join's request.
+	joins *[]peer.JoinRequest
 }
 
 func (r recordingNode) Join(_ context.Context, req peer.JoinRequest) error {
 	*r.calls = append(*r.calls, "join "+r.id)
+	if r.joins != nil {
+		*r.joins = append(*r.joins, req)
+	}
 	return nil
 }
 func (r recordingNode) Leave(_ context.Context, req peer.LeaveRequest) error {
@@ -60,6 +65,9 @@ func (r recordingNode) SetVersion(context.Context, peer.VersionRequest) error   
 func (r recordingNode) SetSettings(context.Context, peer.SettingsRequest) error { return nil }
 func (r recordingNode) DiscardData(context.Context, peer.DiscardRequest) error  { return nil }
 func (r recordingNode) SetPeerURLs(context.Context, peer.PeerURLsRequest) error { return nil }
+func (r recordingNode) SetPeerCertCheck(context.Context, peer.PeerCertCheckRequest) error {
+	return nil
+}
 
 // The creation marker already there is checked against its token: our
 // own (an SDK retry of a write that did succeed) is success; another
@@ -92,6 +100,33 @@ func TestCreateChecksTheMarkersToken(t *testing.T) {
 				t.Errorf("calls = %q, want %q", calls, tt.wantCall)
 			}
 		})
+	}
+}
+
+// A creation the plan says may require the node marker from the start
+// has every member's etcd require it.
+func TestCreateCarriesThePeerCertCheck(t *testing.T) {
+	var calls []string
+	var joins []peer.JoinRequest
+	m := &members{
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)), now: time.Now, selfID: "a",
+		call: func(ctx context.Context, n plan.Node, call func(context.Context, memberAPI) error) error {
+			return call(ctx, recordingNode{id: n.ID, calls: &calls, joins: &joins})
+		},
+		creation: &fakeMarker{},
+	}
+	obs := plan.Observed{Peers: []plan.Node{{ID: "a", PeerURLs: []string{"http://a:2380"}}, {ID: "b", PeerURLs: []string{"http://b:2380"}}}}
+	const marker = "node.main.etcd-manager.internal"
+	if err := m.create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16", PeerCertHostname: marker}); err != nil {
+		t.Fatal(err)
+	}
+	if len(joins) != 2 {
+		t.Fatalf("joins %+v", joins)
+	}
+	for _, j := range joins {
+		if j.Member.PeerCertHostname != marker {
+			t.Errorf("join of a new cluster's member requires %q of peers, want %q", j.Member.PeerCertHostname, marker)
+		}
 	}
 }
 

@@ -174,6 +174,10 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		QuarantineURLs: lp.cfg.QuarantineClientURLs,
 		Member:         membership(st.Member),
 		Installed:      etcdproc.InstalledVersions(lp.cfg.EtcdBinDir),
+		// The node certificate is renewed apart from the loop; the
+		// marker never leaves it once there.
+		CertMarker:       lp.certMarker(),
+		PeerCertCheckOff: !lp.cfg.EtcdPeerCertCheck,
 	}
 	if m := st.Member; m != nil {
 		self.HasData = lp.node.Layout().HasEtcdData(m.ClusterToken)
@@ -462,7 +466,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
 		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Revision: info.Revision, Installed: info.Installed,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
-		NoLeaderFor: info.NoLeaderFor,
+		NoLeaderFor: info.NoLeaderFor, CertMarker: info.CertMarker, PeerCertCheckOff: info.PeerCertCheckOff,
 	}
 }
 
@@ -641,6 +645,8 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		Procedure:            procedure,
 		NoLeaderFor:          self.NoLeaderFor,
 		Cert:                 lp.certInfo.Load(),
+		CertMarker:           self.CertMarker,
+		PeerCertCheckOff:     self.PeerCertCheckOff,
 	}
 	if leader {
 		info.Failing = lp.failures.report()
@@ -673,6 +679,9 @@ func membership(m *etcdproc.MemberState) *plan.Membership {
 		ForceNewCluster: m.ForceNewCluster,
 		V2Until:         m.V2Until,
 		Settings:        m.Settings,
+		// An older agent's state has none: its etcd takes any peer
+		// certificate from the CA.
+		PeerCertHostname: m.PeerCertHostname,
 	}
 }
 

@@ -96,7 +96,24 @@ func (a *Agent) certRequest() pki.CertRequest {
 	if h, err := os.Hostname(); err == nil {
 		add(h)
 	}
+	// The name etcd's peer port requires of node certificates once every
+	// member's carries it; an older certificate without it is reissued at
+	// start, as for any change of names.
+	add(a.nodeMarker())
 	return pki.CertRequest{CommonName: a.nodeID, Role: pki.RoleNode, DNSNames: dns, IPs: ips, Validity: a.cfg.CertValidity}
+}
+
+// nodeMarker is the name only this cluster's node certificates carry.
+func (a *Agent) nodeMarker() string { return pki.NodeMarker(a.cfg.ClusterName) }
+
+// certMarker is the node marker for the leader to require of etcd's
+// peers, as this node reports it: empty while etcd runs without TLS, or
+// its certificate lacks the marker.
+func (a *Agent) certMarker() string {
+	if a.cfg.EtcdInsecure || !a.certMarked.Load() {
+		return ""
+	}
+	return a.nodeMarker()
 }
 
 // setupTLS makes sure the node has a current certificate before the peer
@@ -127,6 +144,7 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 		}
 		if c, ok := a.certOnDisk(); ok {
 			a.log.Warn("cannot renew the node certificate now; using the one on disk", "error", err, "expires", c.NotAfter)
+			a.certMarked.Store(pki.CarriesName(c, a.nodeMarker()))
 			break
 		}
 		a.log.Error("cannot issue the node certificate; retrying", "error", err, "retry-in", delay)
@@ -154,6 +172,11 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 	}
 	if !a.cfg.EtcdInsecure {
 		a.etcdTLS = pki.ClientConfig(files, pool)
+		if !a.cfg.EtcdPeerCertCheck {
+			a.log.Warn("etcd's peer port is to accept any certificate from the CA, an operator's too: --etcd-peer-cert-check=false turns the node certificate check off for the whole cluster",
+				"risk", "whoever holds a client certificate from the CA (issue-client-cert) can send raft traffic to etcd",
+				"fix", "drop --etcd-peer-cert-check=false once every agent runs this etcd-manager or later")
+		}
 	}
 	return nil
 }
@@ -208,6 +231,7 @@ func (a *Agent) renewCert(ctx context.Context) error {
 		a.log.Info("issued the node certificate", "expires", c.NotAfter, "renew-at", pki.RenewAt(c))
 	}
 	a.certExpiry.Store(c.NotAfter.Unix())
+	a.certMarked.Store(pki.CarriesName(c, a.nodeMarker()))
 	a.met.certExpiry.Set(float64(c.NotAfter.Unix()))
 	a.certInfo.Store(&peer.CertInfo{NotAfter: c.NotAfter.UTC(), CA: pki.ShortName(a.ca.Cert), CANotAfter: a.ca.Cert.NotAfter.UTC()})
 	a.renewAt = pki.RenewAt(c)

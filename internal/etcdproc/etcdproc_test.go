@@ -375,6 +375,35 @@ func TestSpecArgs(t *testing.T) {
 	}
 }
 
+// A peer certificate name is required only over TLS, as one
+// --peer-cert-allowed-hostname.
+func TestSpecArgsPeerCertHostname(t *testing.T) {
+	sp := Spec{Name: "n1", DataDir: "/d", ClientURLs: []string{"https://127.0.0.1:4001"}, PeerURLs: []string{"https://127.0.0.1:2380"}}
+	tls := &TLSFiles{CA: "/p/ca.crt", Cert: "/p/node.crt", Key: "/p/node.key"}
+	const flag = "--peer-cert-allowed-hostname"
+	for _, tt := range []struct {
+		name     string
+		tls      *TLSFiles
+		hostname string
+		want     string
+	}{
+		{"TLS, no name: any certificate from the CA", tls, "", ""},
+		{"TLS and a name", tls, "node.main.etcd-manager.internal", flag + "=node.main.etcd-manager.internal"},
+		{"plain http: nothing to check", nil, "node.main.etcd-manager.internal", ""},
+	} {
+		sp.TLS, sp.PeerCertHostname = tt.tls, tt.hostname
+		var got []string
+		for _, a := range sp.Args() {
+			if strings.HasPrefix(a, flag) {
+				got = append(got, a)
+			}
+		}
+		if want := []string{tt.want}; (tt.want == "" && len(got) != 0) || (tt.want != "" && !slices.Equal(got, want)) {
+			t.Errorf("%s: %v, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
 // The spec's settings follow etcd-manager's own flags; a snapshot count
 // among them wins over the agent's --etcd-snapshot-count.
 func TestSpecArgsSettings(t *testing.T) {

@@ -56,6 +56,12 @@ type Spec struct {
 	// TLS, when set, is the node certificate etcd serves clients and
 	// peers with, and requires of them (https URLs).
 	TLS *TLSFiles
+	// PeerCertHostname, with TLS, is a name etcd requires of every peer
+	// certificate, its peers' as clients and as servers alike
+	// (--peer-cert-allowed-hostname, x509's hostname check on the SANs):
+	// the node marker, so that only node certificates carry raft
+	// traffic. Empty takes any certificate from the CA.
+	PeerCertHostname string
 	// RequireData refuses every start, the supervisor's restarts included,
 	// unless DataDir holds etcd's data: set once etcd has run on it, so
 	// that lost data is never met by a member with an empty log.
@@ -127,6 +133,10 @@ func (s Spec) Args() []string {
 		args = append(args,
 			"--cert-file="+t.Cert, "--key-file="+t.Key, "--trusted-ca-file="+t.CA, "--client-cert-auth=true",
 			"--peer-cert-file="+t.Cert, "--peer-key-file="+t.Key, "--peer-trusted-ca-file="+t.CA, "--peer-client-cert-auth=true")
+		if s.PeerCertHostname != "" {
+			// One name: etcd 3.4 takes only one (3.5 and later, a list).
+			args = append(args, "--peer-cert-allowed-hostname="+s.PeerCertHostname)
+		}
 	}
 	return args
 }

@@ -68,6 +68,11 @@ type MemberState struct {
 	// Since is when this membership began (a join, a creation, a
 	// restore): data in the trash from before it is superseded.
 	Since time.Time `json:"since,omitzero"`
+	// PeerCertHostname is the name this member's etcd requires of peer
+	// certificates (the node marker), as the leader last set it; empty
+	// while it takes any certificate from the CA. Older agents ignore
+	// it: their etcd takes any.
+	PeerCertHostname string `json:"peerCertHostname,omitempty"`
 }
 
 // Layout is the folder structure under --data-dir:

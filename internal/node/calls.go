@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -320,6 +322,68 @@ func (n *Node) SetSettings(ctx context.Context, req peer.SettingsRequest) error 
 	n.log.Warn("restarting etcd with new settings", "from", from, "to", want.String(), "leader", req.LeaderID)
 	defer n.poke()
 	return n.startEtcdLocked(ctx)
+}
+
+// SetPeerCertCheck serves the peer API: restart etcd requiring
+// req.Hostname of peer certificates, or taking any certificate from the
+// CA when it is empty. The node refuses to require a name its own
+// certificate does not carry (its peers would refuse it in turn, once
+// they require it too), and to require one at all when etcd runs without
+// TLS or its agent asked for the check off. Idempotent: a member already
+// running so is left alone.
+func (n *Node) SetPeerCertCheck(ctx context.Context, req peer.PeerCertCheckRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur := n.state.Member
+	if cur == nil || cur.ClusterToken != req.Token {
+		return fmt.Errorf("node: set the peer certificate check for cluster %s: this node is not its member", req.Token)
+	}
+	if req.Hostname != "" {
+		if err := n.checkOwnCert(req.Hostname); err != nil {
+			return err
+		}
+	}
+	if cur.PeerCertHostname == req.Hostname && n.proc.Status().Wanted {
+		return nil
+	}
+	m := *cur
+	m.PeerCertHostname = req.Hostname
+	st := n.state
+	st.Member = &m
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	if req.Hostname != "" {
+		n.log.Warn("restarting etcd to accept only node certificates on its peer port", "peer-cert-allowed-hostname", req.Hostname, "leader", req.LeaderID)
+	} else {
+		n.log.Warn("restarting etcd to accept any certificate from the CA on its peer port", "from", cur.PeerCertHostname, "leader", req.LeaderID)
+	}
+	defer n.poke()
+	return n.startEtcdLocked(ctx)
+}
+
+// checkOwnCert checks that this node may have etcd require name of its
+// peers: etcd runs with TLS, the agent did not ask for the check off,
+// and the node's own certificate carries the name.
+func (n *Node) checkOwnCert(name string) error {
+	switch {
+	case n.cfg.EtcdTLS == nil:
+		return errors.New("node: etcd runs without TLS here (--etcd-insecure); it has no peer certificates to check")
+	case n.cfg.PeerCertCheckOff:
+		return errors.New("node: this agent runs with --etcd-peer-cert-check=false; its etcd takes any peer certificate from the CA")
+	}
+	data, err := os.ReadFile(n.cfg.EtcdTLS.Cert)
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	c, err := pki.ParseCertPEM(data)
+	if err != nil {
+		return fmt.Errorf("node: %s: %w", n.cfg.EtcdTLS.Cert, err)
+	}
+	if !pki.CarriesName(c, name) {
+		return fmt.Errorf("node: this node's certificate %s does not carry %s (names %v); requiring it of peers would cut this member off", n.cfg.EtcdTLS.Cert, name, c.DNSNames)
+	}
+	return nil
 }
 
 // recordV2UntilLocked waits for the restarted etcd to report its raft

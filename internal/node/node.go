@@ -50,6 +50,10 @@ type Config struct {
 	EtcdStopTimeout          time.Duration
 	// EtcdTLS are the files etcd serves with; nil runs it over plain http.
 	EtcdTLS *etcdproc.TLSFiles
+	// PeerCertCheckOff refuses the leader's requests to have etcd require
+	// the node marker of peer certificates: the agent asked for the check
+	// off (--etcd-peer-cert-check=false).
+	PeerCertCheckOff bool
 	// ClientTLS is the TLS of this node's own calls to its etcd; nil with
 	// plain http.
 	ClientTLS *tls.Config
@@ -536,6 +540,7 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) (etcdpr
 		Checks:               checks,
 		Settings:             settings,
 		TLS:                  n.cfg.EtcdTLS,
+		PeerCertHostname:     m.PeerCertHostname,
 		RequireData:          m.HasRun,
 	}, nil
 }

@@ -113,6 +113,13 @@ type NodeInfo struct {
 	// NoLeaderFor is how long the node's etcd, a member, has seen no raft
 	// leader without a break; 0 while it sees one.
 	NoLeaderFor time.Duration `json:"noLeaderFor,omitempty"`
+	// CertMarker is the node marker (pki.NodeMarker) that the node
+	// certificate its etcd uses carries; empty without TLS for etcd.
+	// Agents older than the marker report none. PeerCertCheckOff is set
+	// when the agent asks for its cluster's etcd to take any peer
+	// certificate from the CA (--etcd-peer-cert-check=false).
+	CertMarker       string `json:"certMarker,omitempty"`
+	PeerCertCheckOff bool   `json:"peerCertCheckOff,omitempty"`
 	// Cert is the node certificate the agent uses, nil without TLS.
 	Cert *CertInfo `json:"cert,omitempty"`
 }
@@ -272,6 +279,16 @@ type PeerURLsRequest struct {
 	URLs        []string `json:"urls"`
 }
 
+// PeerCertCheckRequest tells a member's agent to restart its etcd
+// requiring Hostname of peer certificates (--peer-cert-allowed-hostname),
+// or, with Hostname empty, taking any certificate from the CA.
+type PeerCertCheckRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Token       string `json:"token"`
+	Hostname    string `json:"hostname"`
+}
+
 // FenceRequest tells a node that a procedure's driver of Term has taken
 // over: from now on it refuses calls of older terms. It changes nothing
 // else.
@@ -338,6 +355,7 @@ type Handler interface {
 	DiscardData(ctx context.Context, req DiscardRequest) error
 	Defrag(ctx context.Context, req DefragRequest) (DefragResult, error)
 	SetPeerURLs(ctx context.Context, req PeerURLsRequest) error
+	SetPeerCertCheck(ctx context.Context, req PeerCertCheckRequest) error
 	Fence(ctx context.Context, req FenceRequest) error
 }
 
@@ -441,6 +459,12 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 				}
 				return &Empty{}, s.h.SetPeerURLs(ctx, *r)
 			})},
+			{MethodName: "SetPeerCertCheck", Handler: unary(func(ctx context.Context, r *PeerCertCheckRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.SetPeerCertCheck(ctx, *r)
+			})},
 			{MethodName: "Fence", Handler: unary(func(ctx context.Context, r *FenceRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
@@ -455,16 +479,17 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 // A tokenRequest acts on the cluster with its token.
 type tokenRequest interface{ clusterToken() string }
 
-func (r *JoinRequest) clusterToken() string       { return r.Member.ClusterToken }
-func (r *LeaveRequest) clusterToken() string      { return r.Token }
-func (r *RestoreRequest) clusterToken() string    { return r.Member.ClusterToken }
-func (r *QuarantineRequest) clusterToken() string { return r.Token }
-func (r *RecoverRequest) clusterToken() string    { return r.Token }
-func (r *VersionRequest) clusterToken() string    { return r.Token }
-func (r *SettingsRequest) clusterToken() string   { return r.Token }
-func (r *DiscardRequest) clusterToken() string    { return r.Token }
-func (r *DefragRequest) clusterToken() string     { return r.Token }
-func (r *PeerURLsRequest) clusterToken() string   { return r.Token }
+func (r *JoinRequest) clusterToken() string          { return r.Member.ClusterToken }
+func (r *LeaveRequest) clusterToken() string         { return r.Token }
+func (r *RestoreRequest) clusterToken() string       { return r.Member.ClusterToken }
+func (r *QuarantineRequest) clusterToken() string    { return r.Token }
+func (r *RecoverRequest) clusterToken() string       { return r.Token }
+func (r *VersionRequest) clusterToken() string       { return r.Token }
+func (r *SettingsRequest) clusterToken() string      { return r.Token }
+func (r *DiscardRequest) clusterToken() string       { return r.Token }
+func (r *DefragRequest) clusterToken() string        { return r.Token }
+func (r *PeerURLsRequest) clusterToken() string      { return r.Token }
+func (r *PeerCertCheckRequest) clusterToken() string { return r.Token }
 
 func (s *Server) checkCluster(name string) error {
 	if name != s.clusterName {
@@ -655,6 +680,16 @@ func (c *Client) SetPeerURLs(ctx context.Context, req PeerURLsRequest) error {
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetPeerURLs", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: set peer URLs on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// SetPeerCertCheck tells the agent to restart its etcd with another
+// peer certificate check.
+func (c *Client) SetPeerCertCheck(ctx context.Context, req PeerCertCheckRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetPeerCertCheck", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: set the peer certificate check on %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

@@ -63,6 +63,10 @@ func (r *recorder) SetPeerURLs(_ context.Context, req PeerURLsRequest) error {
 	r.add("SetPeerURLs(" + req.Token + ")")
 	return nil
 }
+func (r *recorder) SetPeerCertCheck(_ context.Context, req PeerCertCheckRequest) error {
+	r.add("SetPeerCertCheck(" + req.Token + "," + req.Hostname + ")")
+	return nil
+}
 func (r *recorder) Fence(_ context.Context, req FenceRequest) error {
 	r.add(fmt.Sprintf("Fence(%d)", req.Term))
 	return nil
@@ -145,10 +149,13 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if err := c.SetVersion(ctx, VersionRequest{Token: "tok", Version: "3.7.3"}); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.SetPeerCertCheck(ctx, PeerCertCheckRequest{Token: "tok", Hostname: "node.main.etcd-manager.internal"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Fence(ctx, FenceRequest{Term: 9}); err != nil {
 		t.Fatal(err)
 	}
-	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok) SetSettings(tok,5) DiscardData(tok,ab) Defrag(tok,ab,100) SetVersion(tok,3.7.3) Fence(9)"
+	want := "Info() Join(L,tok) Join(L,busy) Leave(tok,why) Restore(b1,new) Quarantine(new,false) Recover(tok) SetSettings(tok,5) DiscardData(tok,ab) Defrag(tok,ab,100) SetVersion(tok,3.7.3) SetPeerCertCheck(tok,node.main.etcd-manager.internal) Fence(9)"
 	if got := strings.Join(rec.calls, " "); got != want {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
@@ -159,7 +166,7 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	if _, err := other.Info(ctx); err == nil || !strings.Contains(err.Error(), "another cluster") {
 		t.Errorf("cross-cluster info: %v", err)
 	}
-	if len(rec.calls) != 12 {
+	if len(rec.calls) != 13 {
 		t.Errorf("handler ran for another cluster: %v", rec.calls)
 	}
 }

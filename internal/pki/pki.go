@@ -45,6 +45,9 @@ const (
 // Errors.
 var (
 	ErrNoCA = errors.New("pki: no CA")
+	// ErrReservedName means a certificate other than a node's would
+	// carry a name under ReservedDomain.
+	ErrReservedName = errors.New("pki: name reserved for node certificates")
 	// ErrCAExpired and ErrCANotYetValid mean the CA's certificate is not
 	// valid now: nothing it issues would be accepted.
 	ErrCAExpired     = errors.New("pki: CA expired")
@@ -220,10 +223,20 @@ type CertRequest struct {
 
 // Issue signs a certificate for key (a new P-256 key when nil) and
 // returns the certificate and key in PEM. Node certificates serve and
-// authenticate as clients; client certificates only authenticate.
+// authenticate as clients; client certificates only authenticate. Only
+// a node certificate may carry a name under ReservedDomain, such as the
+// NodeMarker that etcd's peer port requires: any other is refused with
+// ErrReservedName.
 func (ca *CA) Issue(req CertRequest, key crypto.Signer, now time.Time) (certPEM, keyPEMOut []byte, err error) {
 	if req.Validity <= 0 {
 		return nil, nil, errors.New("pki: a certificate needs a positive validity")
+	}
+	if req.Role != RoleNode {
+		for _, name := range append([]string{req.CommonName}, req.DNSNames...) {
+			if IsReservedName(name) {
+				return nil, nil, fmt.Errorf("%w: %q is under %s, which only node certificates may carry", ErrReservedName, name, ReservedDomain)
+			}
+		}
 	}
 	if key == nil {
 		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
@@ -263,6 +276,35 @@ func (ca *CA) Issue(req CertRequest, key crypto.Signer, now time.Time) (certPEM,
 		return nil, nil, err
 	}
 	return pemBlock("CERTIFICATE", der), kp, nil
+}
+
+// ReservedDomain holds the names only node certificates carry. .internal
+// is reserved for private use (ICANN, 2024): no public CA issues names
+// under it and no host on the Internet has one.
+const ReservedDomain = "etcd-manager.internal"
+
+// NodeMarker is the name every node certificate of cluster carries as a
+// DNS SAN, and that etcd requires of peer certificates
+// (--peer-cert-allowed-hostname) once every member's certificate has it.
+// Operators' certificates never carry it (see Issue), so they cannot
+// send raft traffic. It names the cluster, so that a node of another
+// cluster sharing the CA (--pki-dir) is refused too.
+func NodeMarker(cluster string) string { return "node." + cluster + "." + ReservedDomain }
+
+// IsReservedName reports whether name (a DNS name or a common name, a
+// wildcard included) lies under ReservedDomain, whatever its case and a
+// trailing dot.
+func IsReservedName(name string) bool {
+	n := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
+	return n == ReservedDomain || strings.HasSuffix(n, "."+ReservedDomain)
+}
+
+// CarriesName reports whether c would pass etcd's
+// --peer-cert-allowed-hostname=name check, which is x509's VerifyHostname:
+// a DNS SAN (or, for an IP, an IP SAN) that matches; never the common
+// name.
+func CarriesName(c *x509.Certificate, name string) bool {
+	return name != "" && c.VerifyHostname(name) == nil
 }
 
 // RenewAt is when a certificate is due for renewal: two thirds into its

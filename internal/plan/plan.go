@@ -179,6 +179,10 @@ type Membership struct {
 	V2Until uint64
 	// Settings are the spec's etcd settings the member runs with.
 	Settings spec.Settings
+	// PeerCertHostname is the name the member's etcd requires of peer
+	// certificates, empty while it takes any from the CA (see
+	// planPeerCertCheck).
+	PeerCertHostname string
 }
 
 // Node is one agent as observed.
@@ -228,6 +232,13 @@ type Node struct {
 	// NoLeaderFor is how long its etcd, a member, has seen no raft leader
 	// without a break.
 	NoLeaderFor time.Duration
+	// CertMarker is the node marker its certificate carries, which
+	// etcd can require of peers; empty when it carries none (an older
+	// agent, or etcd without TLS). PeerCertCheckOff is set when its agent
+	// asks for etcd to take any certificate from the CA instead
+	// (--etcd-peer-cert-check=false).
+	CertMarker       string
+	PeerCertCheckOff bool
 }
 
 // ClusterView is the etcd cluster as its raft leader sees it.
@@ -289,9 +300,12 @@ type AbandonPending struct {
 }
 
 // CreateCluster creates a new cluster of the given nodes and version.
+// PeerCertHostname, when set, is required of peer certificates by every
+// member from the start: all the nodes carry it.
 type CreateCluster struct {
-	Members []string
-	Version string
+	Members          []string
+	Version          string
+	PeerCertHostname string
 }
 
 // AddMember adds a standby node to the cluster as a learner.
@@ -591,7 +605,11 @@ func planNoCluster(o Observed) []Action {
 		return []Action{Report{Level: slog.LevelInfo, Msg: "waiting for enough agents to create the cluster", Attrs: []any{"have", len(ids), "want", want}}}
 	}
 	sort.Strings(ids)
-	return []Action{CreateCluster{Members: ids[:want], Version: o.Spec.EtcdVersion}}
+	chosen, err := FindNodes(o.Peers, ids[:want])
+	if err != nil {
+		return nil // the IDs come from o.Peers
+	}
+	return []Action{CreateCluster{Members: ids[:want], Version: o.Spec.EtcdVersion, PeerCertHostname: PeerCertHostname(chosen)}}
 }
 
 // planCluster runs on the agent beside etcd's raft leader. A membership
@@ -736,6 +754,9 @@ func planMembership(o Observed) []Action {
 			next = planSettings(o)
 		}
 		if len(next) == 0 {
+			next = planPeerCertCheck(o)
+		}
+		if len(next) == 0 {
 			next = planDefrag(o)
 		}
 		steps = append(steps, next...)
@@ -758,9 +779,11 @@ type membershipPlan struct {
 	byName   map[string]Member
 	peerByID map[string]Node
 	// standbys can join; unfit are the IDs of those without the etcd
-	// binaries to.
+	// binaries to, and unmarked of those whose certificate the members'
+	// etcd would refuse on its peer port.
 	standbys []Node
 	unfit    []string
+	unmarked []string
 	actions  []Action
 }
 
@@ -774,7 +797,7 @@ func newMembershipPlan(o Observed) *membershipPlan {
 	for _, n := range o.Peers {
 		p.peerByID[n.ID] = n
 	}
-	p.standbys, p.unfit = standbyNodes(o)
+	p.standbys, p.unfit, p.unmarked = standbyNodes(o)
 	return p
 }
 
@@ -1026,6 +1049,9 @@ func (p *membershipPlan) grow() Action {
 	switch {
 	case slices.ContainsFunc(p.c.Members, func(m Member) bool { return !m.Healthy || m.IsLearner }):
 		p.actions = append(p.actions, Report{Level: slog.LevelInfo, Msg: "waiting for every member to be healthy before adding one", Attrs: attrs})
+	case len(p.standbys) == 0 && len(p.unmarked) > 0:
+		p.actions = append(p.actions, Report{Level: slog.LevelWarn, Msg: "the spec asks for more members, but the members' etcd requires the node marker on peer certificates, and no standby agent's certificate carries it (an older etcd-manager?)",
+			Attrs: append(attrs, "standbys", p.unmarked)})
 	case len(p.standbys) == 0 && len(p.unfit) > 0:
 		p.actions = append(p.actions, Report{Level: slog.LevelWarn, Msg: "the spec asks for more members, but no standby agent has the etcd binaries to join",
 			Attrs: append(attrs, "standbys", p.unfit)})
@@ -1063,6 +1089,8 @@ func ActionKey(a Action) string {
 		return "set-quarantine " + a.Token
 	case SetMemberSettings:
 		return "set-member-settings " + a.NodeID
+	case SetPeerCertCheck:
+		return "set-peer-cert-check " + a.NodeID
 	case DefragMember:
 		return "defrag-member " + a.NodeID
 	case RecoverSpace:
@@ -1089,12 +1117,19 @@ func backingOff(a Action, why string) Report {
 
 // standbyNodes are reachable agents with no membership whose peer URLs no
 // member uses, sorted by ID: those that have the etcd binaries to join
-// (the version the members run, and the spec's) and, apart, the IDs of
-// those that lack them.
-func standbyNodes(o Observed) (fit []Node, unfit []string) {
+// (the version the members run, and the spec's) and a certificate every
+// member's etcd takes on its peer port and, apart, the IDs of those that
+// lack the binaries (unfit) or the certificate (unmarked).
+func standbyNodes(o Observed) (fit []Node, unfit, unmarked []string) {
 	need := []string{o.Spec.EtcdVersion}
 	if m := o.Self.Member; m != nil && m.EtcdVersion != o.Spec.EtcdVersion {
 		need = append(need, m.EtcdVersion)
+	}
+	var required []string
+	for _, p := range o.Peers {
+		if m := p.Member; m != nil && m.ClusterToken == o.Cluster.Token && m.PeerCertHostname != "" && !slices.Contains(required, m.PeerCertHostname) {
+			required = append(required, m.PeerCertHostname)
+		}
 	}
 	for _, p := range o.Peers {
 		if p.Member != nil || !ordinalFits(o.Spec, p.ID) {
@@ -1111,11 +1146,16 @@ func standbyNodes(o Observed) (fit []Node, unfit []string) {
 			unfit = append(unfit, p.ID)
 			continue
 		}
+		if slices.ContainsFunc(required, func(name string) bool { return p.CertMarker != name }) {
+			unmarked = append(unmarked, p.ID)
+			continue
+		}
 		fit = append(fit, p)
 	}
 	sort.Slice(fit, func(i, j int) bool { return fit[i].ID < fit[j].ID })
 	sort.Strings(unfit)
-	return fit, unfit
+	sort.Strings(unmarked)
+	return fit, unfit, unmarked
 }
 
 // ordinalFits says whether node id may be a member: always, unless the

@@ -158,6 +158,9 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 		if c.Command.RestoreBackup != nil {
 			name, point = c.Command.RestoreBackup.Backup, c.Command.RestoreBackup.RestorePoint
 		}
+		// The new cluster requires the node marker of peer certificates
+		// from the start when every one of its nodes carries it.
+		nodes, _ := plan.FindNodes(obs.Peers, act.NodeIDs)
 		req := peer.RestoreRequest{
 			LeaderID: e.SelfID,
 			Term:     term,
@@ -165,7 +168,7 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 			Point:    point,
 			Member: etcdproc.MemberState{
 				ClusterToken: p.Token, EtcdVersion: p.EtcdVersion, InitialCluster: p.InitialCluster, Quarantined: true,
-				Settings: restoreSettings(obs, p.EtcdVersion),
+				Settings: restoreSettings(obs, p.EtcdVersion), PeerCertHostname: plan.PeerCertHostname(nodes),
 			},
 		}
 		return onNodes(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error {

@@ -353,6 +353,18 @@ func (a *Agent) Reconfigure(secure bool) {
 	a.configure(secure)
 }
 
+// SetExtraArgs replaces a stopped agent's extra arguments (AgentOptions'
+// ExtraArgs), keeping the rest of its command line, as an operator
+// changing a flag before a restart would.
+func (a *Agent) SetExtraArgs(args ...string) {
+	a.env.t.Helper()
+	if a.Running() {
+		a.env.t.Fatalf("agent %s must be stopped to change its flags", a.Name)
+	}
+	a.opts.ExtraArgs = args
+	a.configure(strings.HasPrefix(a.PeerURL, "https://"))
+}
+
 // Start (re)starts the agent process with its original arguments.
 func (a *Agent) Start() {
 	t := a.env.t

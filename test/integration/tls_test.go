@@ -349,6 +349,9 @@ func TestInsecureToSecureSwitch(t *testing.T) {
 	if n := strings.Count(allLogs(agents), "restarting etcd to serve new peer URLs"); n != 3 {
 		t.Errorf("%d members switched their peer URLs, want 3", n)
 	}
+	// Once all serve https with node certificates, the leader has each
+	// member's peer port take only node certificates.
+	waitCmdline(t, agents, []string{"--peer-cert-allowed-hostname=" + pki.NodeMarker("test")}, nil)
 	// Plain http is gone.
 	plain, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.Replace(agents[0].ClientURL, "https://", "http://", 1)}, DialTimeout: time.Second, Logger: zap.NewNop()})
 	if err == nil {
@@ -394,6 +397,9 @@ func TestSuppliedCA(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(env.StoreDir, "pki")); !os.IsNotExist(err) {
 		t.Errorf("the store's pki/ was written although the CA was supplied: %v", err)
 	}
+	// The node certificates carry the node marker whatever the CA, and
+	// the peer ports require it.
+	waitCmdline(t, agents, []string{"--peer-cert-allowed-hostname=" + pki.NodeMarker("test")}, nil)
 	harness.WaitFor(t, 20*time.Second, "status with --pki-dir to show 3 healthy members", func() bool {
 		out, _, err := env.Ctl("--pki-dir="+dir, "status")
 		return err == nil && strings.Count(out, " healthy ") == 3
