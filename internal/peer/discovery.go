@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -248,7 +249,11 @@ func (d *dirDiscovery) Poll(context.Context) ([]Record, error) {
 		if e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(d.dir, e.Name()))
+		data, err := readFileMax(filepath.Join(d.dir, e.Name()), maxRecordSize)
+		if errors.Is(err, errRecordTooLarge) {
+			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
+			continue
+		}
 		if err != nil {
 			continue
 		}
@@ -261,6 +266,27 @@ func (d *dirDiscovery) Poll(context.Context) ([]Record, error) {
 		}
 	}
 	return recs, errors.Join(errs...)
+}
+
+// errRecordTooLarge is a record file over maxRecordSize.
+var errRecordTooLarge = fmt.Errorf("peer: discovery record over %d bytes", maxRecordSize)
+
+// readFileMax reads a file of at most max bytes: anyone who can write
+// the shared folder could leave a huge one there.
+func readFileMax(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > max {
+		return nil, errRecordTooLarge
+	}
+	return data, nil
 }
 
 // storeDiscovery keeps records under discovery/ in the backup store.

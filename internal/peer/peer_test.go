@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -317,6 +318,18 @@ func TestPublishingProviders(t *testing.T) {
 	recs, err := d.Poll(t.Context())
 	if len(recs) != 3 || !errors.Is(err, spec.ErrNewerFormat) {
 		t.Errorf("poll with a newer record: %v, %v; want 3 records and ErrNewerFormat", addrs(recs), err)
+	}
+	// A huge file in the shared folder is read only up to the bound, and
+	// named; the other records still count.
+	if err := os.Remove(filepath.Join(dir, "z")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "huge"), bytes.Repeat([]byte(" "), 64<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recs, err = d.Poll(t.Context())
+	if len(recs) != 3 || !errors.Is(err, errRecordTooLarge) || !strings.Contains(err.Error(), "huge") {
+		t.Errorf("poll with a huge file: %v, %v; want 3 records and the file named", addrs(recs), err)
 	}
 }
 
