@@ -15,6 +15,7 @@ import (
 
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -64,6 +65,10 @@ func decodeMeta(name string, data []byte) (Meta, error) {
 		bad = "a size, revision or key count is negative"
 	case meta.SHA256 != "" && !sha256RE.MatchString(meta.SHA256):
 		bad = "sha256 " + spec.QuoteShort(meta.SHA256) + " is not 64 hex digits"
+	case meta.Encryption != nil:
+		if err := meta.Encryption.Validate(); err != nil {
+			bad = err.Error()
+		}
 	}
 	if bad != "" {
 		return meta, fmt.Errorf("%w: %s/%s: its %s", ErrCorrupt, name, MetaObject, bad)
@@ -86,6 +91,8 @@ type FetchOptions struct {
 	// FreeBytes reports the space left on dir's file system
 	// (etcdproc.FreeBytes when nil).
 	FreeBytes func(dir string) (int64, error)
+	// Keys decrypt an encrypted backup (nil: plaintext backups only).
+	Keys *crypt.Keyring
 }
 
 // Fetch downloads a backup into dir as a verified snapshot db and returns
@@ -94,15 +101,22 @@ type FetchOptions struct {
 // be whole, and the snapshot must pass verify. The object is untrusted,
 // so the snapshot written stops at the smallest of the meta's size, the
 // free space less opts.Reserve and opts.MaxBytes; a meta that records a
-// size larger than the space is refused before anything is read. Any
-// failure names the backup and the object, and wraps ErrNotFound,
-// ErrCorrupt, ErrTooLarge or ErrTempFull.
+// size larger than the space is refused before anything is read. An
+// encrypted backup whose key opts.Keys lacks is refused before anything
+// is read too, with a *crypt.NoKeyError naming the key (ErrNoKey); the
+// bounds apply to what it decrypts and unpacks to, and an object that
+// does not decrypt is ErrCorrupt. Any failure names the backup and the
+// object, and wraps ErrNotFound, ErrCorrupt, ErrTooLarge, ErrTempFull or
+// ErrNoKey.
 func Fetch(ctx context.Context, s Reader, name, dir string, opts FetchOptions) (string, Meta, error) {
 	meta, err := ReadMeta(ctx, s, name)
 	if err != nil {
 		return "", meta, err
 	}
 	key := name + "/" + DataObject
+	if err := opts.Keys.Check("backup "+name, meta.Encryption); err != nil {
+		return "", meta, fmt.Errorf("backup: %w", err)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", meta, fmt.Errorf("backup: %w", err)
 	}
@@ -119,7 +133,7 @@ func Fetch(ctx context.Context, s Reader, name, dir string, opts FetchOptions) (
 	}
 	defer r.Close()
 	path := filepath.Join(dir, "snapshot.db")
-	if err := gunzipTo(path, r, meta, key, lim); err != nil {
+	if err := gunzipTo(path, r, meta, key, lim, opts.Keys); err != nil {
 		os.Remove(path)
 		return "", meta, err
 	}
@@ -177,9 +191,10 @@ func (o FetchOptions) limit(dir string, meta Meta, key string) (limit, error) {
 	return lim, nil
 }
 
-// gunzipTo writes the gunzipped stream r to path, checking the
-// compressed bytes' sha256 against the meta's and stopping past lim.
-func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit) error {
+// gunzipTo writes the gunzipped stream r, decrypted first when the meta
+// says it is encrypted, to path, checking the stored bytes' sha256
+// against the meta's and stopping past lim.
+func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *crypt.Keyring) error {
 	h := sha256.New()
 	counted := &countWriter{}
 	src := &errRecorder{r: io.TeeReader(r, io.MultiWriter(h, counted))}
@@ -187,9 +202,18 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit) error 
 		if src.err != nil {
 			return fmt.Errorf("backup: read %s: %w", key, src.err) // the store, not the data
 		}
+		if errors.Is(err, crypt.ErrCorrupt) {
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
 		return fmt.Errorf("%w: %s is truncated or damaged: %v", ErrCorrupt, key, err)
 	}
-	zr, err := gzip.NewReader(src)
+	// Decrypt reads age's header now: an object not encrypted to the key
+	// its meta names fails before anything is written.
+	plain, err := keys.Decrypt(src, meta.Encryption, key)
+	if err != nil {
+		return corrupt(err)
+	}
+	zr, err := gzip.NewReader(plain)
 	if err != nil {
 		return corrupt(err)
 	}
@@ -215,7 +239,11 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit) error 
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
-	// Whatever follows the gzip stream still counts towards the hash.
+	// Whatever follows the gzip stream still counts towards the hash; an
+	// encrypted one must end where its last chunk authenticates.
+	if _, err := io.Copy(io.Discard, plain); err != nil {
+		return corrupt(err)
+	}
 	if _, err := io.Copy(io.Discard, src); err != nil {
 		return corrupt(err)
 	}

@@ -203,6 +203,15 @@ func (r *Keyring) WriteKeyID() string {
 	return r.write.id
 }
 
+// WriteInfo is the Info of what the keyring encrypts, nil when it does
+// not encrypt.
+func (r *Keyring) WriteInfo() *Info {
+	if !r.Encrypting() {
+		return nil
+	}
+	return &Info{Scheme: Scheme, KeyID: r.write.id}
+}
+
 // IDs are the IDs of the keys held, the writing key first.
 func (r *Keyring) IDs() []string {
 	if r == nil {
@@ -266,6 +275,7 @@ func (r *Keyring) Check(object string, info *Info) error {
 
 // Encrypt returns a writer that encrypts what is written to it into dst,
 // and the Info to record beside the object; Close writes the last chunk.
+// It writes age's header to dst before it returns.
 // A keyring that does not encrypt passes what is written through, and
 // the Info is nil.
 func (r *Keyring) Encrypt(dst io.Writer) (io.WriteCloser, *Info, error) {
@@ -276,7 +286,7 @@ func (r *Keyring) Encrypt(dst io.Writer) (io.WriteCloser, *Info, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("crypt: encrypt: %w", err)
 	}
-	return w, &Info{Scheme: Scheme, KeyID: r.write.id}, nil
+	return w, r.WriteInfo(), nil
 }
 
 // EncryptReader is Encrypt for a reader: reading it reads src and yields
@@ -289,7 +299,7 @@ func (r *Keyring) EncryptReader(src io.Reader) (io.Reader, *Info, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("crypt: encrypt: %w", err)
 	}
-	return er, &Info{Scheme: Scheme, KeyID: r.write.id}, nil
+	return er, r.WriteInfo(), nil
 }
 
 type nopCloser struct{ io.Writer }
