@@ -167,7 +167,7 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 			return "", point, fmt.Errorf("%w: --to-time %s is after the last captured point of timeline %s (revision %d at %s); use --latest",
 				wal.ErrRange, at.UTC().Format(time.RFC3339Nano), timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
 		}
-		rev, _, err := wal.RevisionAt(ctx, s, timeline, at)
+		rev, _, err := wal.RevisionAt(ctx, s, timeline, at, nil)
 		if err != nil {
 			return "", point, err
 		}

@@ -211,7 +211,7 @@ func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.Restore
 		return path, meta, err
 	}
 	start := time.Now()
-	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision)
+	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision, opts.Keys)
 	if err != nil {
 		return "", meta, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
 	}
