@@ -174,6 +174,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		QuarantineURLs: lp.cfg.QuarantineClientURLs,
 		Member:         membership(st.Member),
 		Installed:      etcdproc.InstalledVersions(lp.cfg.EtcdBinDir),
+		BackupKeys:     lp.keys.IDs(),
 	}
 	if m := st.Member; m != nil {
 		self.HasData = lp.node.Layout().HasEtcdData(m.ClusterToken)
@@ -460,7 +461,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
 		Member: membership(info.Member), HasData: info.HasData, DataLost: info.DataLost, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
-		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Revision: info.Revision, Installed: info.Installed,
+		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Revision: info.Revision, Installed: info.Installed, BackupKeys: info.BackupKeys,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
 		NoLeaderFor: info.NoLeaderFor,
 	}
@@ -637,6 +638,7 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		DBSize:               local.DBSize,
 		Leader:               leader,
 		Installed:            self.Installed,
+		BackupKeys:           self.BackupKeys,
 		LocalMembers:         toRefs(self.LocalMembers),
 		Procedure:            procedure,
 		NoLeaderFor:          self.NoLeaderFor,
