@@ -89,4 +89,7 @@ type BackupRow struct {
 	CompressedSize int64   `json:"compressedSize"`
 	Revision       int64   `json:"revision"`
 	AgeSeconds     float64 `json:"ageSeconds"`
+	// EncryptionKeyID names the key the backup is encrypted with, when it
+	// is.
+	EncryptionKeyID string `json:"encryptionKeyId,omitempty"`
 }
