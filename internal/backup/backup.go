@@ -322,35 +322,40 @@ func upload(ctx context.Context, s Store, key, path string, keys *crypt.Keyring)
 	pr, pw := io.Pipe()
 	h := sha256.New()
 	counter := &countWriter{}
-	go func() {
-		// age writes its header at once: to the pipe, so not before Put
-		// reads it.
-		enc, _, err := keys.Encrypt(io.MultiWriter(pw, h, counter))
+	// Compression comes before encryption: ciphertext does not compress.
+	// The gzip is made in a goroutine of its own; a plaintext one is
+	// hashed there too, an encrypted one is encrypted and hashed as Put
+	// reads it, so that gzip and ChaCha20-Poly1305 (about 300 MiB/s on
+	// these machines) run on two cores.
+	var body io.Reader = pr
+	gzOut := io.MultiWriter(pw, h, counter)
+	var info *crypt.Info
+	if keys.Encrypting() {
+		gzOut = pw
+		enc, i, err := keys.EncryptReader(pr)
 		if err != nil {
-			pw.CloseWithError(err)
-			return
+			return "", 0, nil, fmt.Errorf("backup: %w", err)
 		}
+		body, info = io.TeeReader(enc, io.MultiWriter(h, counter)), i
+	}
+	go func() {
 		// klauspost's gzip at BestSpeed writes standard gzip many times
 		// faster than the standard library's (2 GiB/s against 70 MiB/s on
 		// hex text here), for a little less compression: the upload should
-		// not wait on the CPU. Compression comes before encryption:
-		// ciphertext does not compress.
-		gz, _ := kgzip.NewWriterLevel(enc, kgzip.BestSpeed)
-		_, err = io.Copy(gz, f)
+		// not wait on the CPU.
+		gz, _ := kgzip.NewWriterLevel(gzOut, kgzip.BestSpeed)
+		_, err := io.Copy(gz, f)
 		if err == nil {
 			err = gz.Close()
 		}
-		if err == nil {
-			err = enc.Close() // the last chunk
-		}
 		pw.CloseWithError(err) // nil: a clean EOF
 	}()
-	err = s.Put(ctx, key, pr)
+	err = s.Put(ctx, key, body)
 	pr.CloseWithError(errors.New("backup: upload ended")) // unblocks the gzip goroutine if Put stopped early
 	if err != nil {
 		return "", 0, nil, fmt.Errorf("backup: upload %s: %w", key, err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), counter.n, keys.WriteInfo(), nil
+	return hex.EncodeToString(h.Sum(nil)), counter.n, info, nil
 }
 
 type countWriter struct{ n int64 }

@@ -303,3 +303,30 @@ func TestMetaEncryptionIsChecked(t *testing.T) {
 		}
 	}
 }
+
+// The read-ahead that decrypts beside the unpacking passes every byte
+// in order, then the source's error, and stops when closed early.
+func TestReadAhead(t *testing.T) {
+	data := make([]byte, 1<<20+12345)
+	rand.Read(data)
+	boom := errors.New("store gone")
+	ra := newReadAhead(io.MultiReader(bytes.NewReader(data), errReader{boom}))
+	got, err := io.ReadAll(ra)
+	ra.Close()
+	if !bytes.Equal(got, data) || !errors.Is(err, boom) {
+		t.Fatalf("read %d of %d bytes, err %v; want all, then %v", len(got), len(data), err, boom)
+	}
+	ra = newReadAhead(bytes.NewReader(data))
+	if got, err := io.ReadAll(ra); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read %d of %d bytes, err %v", len(got), len(data), err)
+	}
+	ra.Close()
+	ra = newReadAhead(io.MultiReader(bytes.NewReader(data), bytes.NewReader(data), bytes.NewReader(data)))
+	io.ReadFull(ra, make([]byte, 1000))
+	ra.Close() // with chunks still queued
+	ra.Close()
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }

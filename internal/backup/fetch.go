@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 
@@ -199,8 +200,8 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *
 	counted := &countWriter{}
 	src := &errRecorder{r: io.TeeReader(r, io.MultiWriter(h, counted))}
 	corrupt := func(err error) error {
-		if src.err != nil {
-			return fmt.Errorf("backup: read %s: %w", key, src.err) // the store, not the data
+		if serr := src.Err(); serr != nil {
+			return fmt.Errorf("backup: read %s: %w", key, serr) // the store, not the data
 		}
 		if errors.Is(err, crypt.ErrCorrupt) {
 			return fmt.Errorf("%w: %w", ErrCorrupt, err)
@@ -212,6 +213,14 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *
 	plain, err := keys.Decrypt(src, meta.Encryption, key)
 	if err != nil {
 		return corrupt(err)
+	}
+	if meta.Encryption != nil {
+		// Reading and decrypting in a goroutine of its own lets unpacking
+		// run beside it, on another core: ChaCha20-Poly1305 alone runs at
+		// about 300 MiB/s on these machines.
+		ra := newReadAhead(plain)
+		defer ra.Close()
+		plain = ra
 	}
 	zr, err := gzip.NewReader(plain)
 	if err != nil {
@@ -259,15 +268,105 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *
 }
 
 // errRecorder remembers the error of the reader it wraps, other than EOF.
+// Err may be called from another goroutine than Read's.
 type errRecorder struct {
 	r   io.Reader
+	mu  sync.Mutex
 	err error
 }
 
 func (e *errRecorder) Read(p []byte) (int, error) {
 	n, err := e.r.Read(p)
 	if err != nil && err != io.EOF {
+		e.mu.Lock()
 		e.err = err
+		e.mu.Unlock()
 	}
 	return n, err
+}
+
+// Err is the error recorded, nil when none.
+func (e *errRecorder) Err() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
+}
+
+// readAhead reads its source in a goroutine of its own, a few chunks
+// ahead of its reader. Read is for one goroutine. Close stops the
+// goroutine and waits for it to leave the source, so the source may be
+// closed after it. An error of the source comes after the data read
+// before it.
+type readAhead struct {
+	full chan aheadChunk
+	free chan []byte
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+	// buf is the chunk being read, cur what is left of it.
+	buf, cur []byte
+	err      error
+}
+
+type aheadChunk struct {
+	b   []byte
+	err error
+}
+
+func newReadAhead(r io.Reader) *readAhead {
+	const size, depth = 256 << 10, 4
+	ra := &readAhead{full: make(chan aheadChunk, depth), free: make(chan []byte, depth+1), stop: make(chan struct{}), done: make(chan struct{})}
+	for range depth + 1 {
+		ra.free <- make([]byte, size)
+	}
+	go ra.fill(r)
+	return ra
+}
+
+func (ra *readAhead) fill(r io.Reader) {
+	defer close(ra.done)
+	for {
+		var b []byte
+		select {
+		case b = <-ra.free:
+		case <-ra.stop:
+			return
+		}
+		n, err := io.ReadFull(r, b)
+		if err == io.ErrUnexpectedEOF {
+			err = io.EOF // a last, short chunk
+		}
+		select {
+		case ra.full <- aheadChunk{b: b[:n], err: err}:
+		case <-ra.stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (ra *readAhead) Read(p []byte) (int, error) {
+	for len(ra.cur) == 0 {
+		if ra.err != nil {
+			return 0, ra.err
+		}
+		if ra.buf != nil {
+			ra.free <- ra.buf[:cap(ra.buf)] // never blocks: free holds every buffer
+			ra.buf = nil
+		}
+		c := <-ra.full
+		ra.buf, ra.cur, ra.err = c.b, c.b, c.err
+	}
+	n := copy(p, ra.cur)
+	ra.cur = ra.cur[n:]
+	return n, nil
+}
+
+// Close stops the read-ahead, once its goroutine is out of the source's
+// Read; it is idempotent.
+func (ra *readAhead) Close() {
+	ra.once.Do(func() { close(ra.stop) })
+	<-ra.done
 }
