@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/etcd-manager/etcd-manager/internal/crypt/crypttest"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 )
 
 // The ctl reads metas only, and needs no key: it shows which key a backup
@@ -46,5 +47,14 @@ func TestCtlAndEncryptedBackups(t *testing.T) {
 	}
 	if list, _, _ := e.run(t, "list-commands", "-o", "json"); strings.TrimSpace(list) != "[]" {
 		t.Errorf("a refused restore queued a command: %s", list)
+	}
+}
+
+// status -o json shows the key IDs each agent holds, to follow a key
+// rotation across the agents.
+func TestStatusShowsBackupKeys(t *testing.T) {
+	a := agentFromInfo("10.0.0.1:8000", peer.NodeInfo{NodeID: "a", BackupKeys: []string{"age:0123456789abcdef", "age:fedcba9876543210"}})
+	if len(a.BackupKeys) != 2 || a.BackupKeys[0] != "age:0123456789abcdef" {
+		t.Fatalf("BackupKeys = %v", a.BackupKeys)
 	}
 }

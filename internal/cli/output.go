@@ -34,6 +34,9 @@ type AgentStatus struct {
 	EtcdLeader bool `json:"etcdLeader,omitempty"`
 	// EtcdSettings are the spec's etcd settings its etcd runs with.
 	EtcdSettings spec.Settings `json:"etcdSettings,omitempty"`
+	// BackupKeys are the IDs of the encryption keys the agent holds for
+	// backups and captured segments, its writing key first.
+	BackupKeys []string `json:"backupKeys,omitempty"`
 }
 
 // Agent roles in AgentStatus.Role.
