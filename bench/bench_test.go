@@ -124,6 +124,7 @@ var benchGroups = []struct {
 	{[]string{"replace-member"}, func(t *testing.T, sc scale) []Result { return []Result{benchReplaceMember(t, sc)} }},
 	{[]string{"backup-file-1gib", "backup-s3-1gib", "agent-backup-peak-rss"}, benchBackups},
 	{[]string{"restore-1gib"}, func(t *testing.T, sc scale) []Result { return []Result{benchRestore(t, sc)} }},
+	{[]string{"backup-encrypted", "restore-fetch-encrypted"}, benchEncryption},
 	{[]string{"rolling-upgrade", "rolling-upgrade-stall"}, benchRollingUpgrade},
 	{[]string{"agent-idle-rss", "agent-idle-cpu"}, benchIdle},
 	{[]string{"rpo-p99", "capture-overhead", "agent-capture-rss"}, benchCaptureLoad},

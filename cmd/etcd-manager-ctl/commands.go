@@ -494,8 +494,12 @@ func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges boo
 	case "json":
 		rows := []cli.BackupRow{}
 		for _, i := range infos {
-			rows = append(rows, cli.BackupRow{Name: i.Name, EtcdVersion: i.Meta.EtcdVersion, Size: i.Meta.Size, CompressedSize: i.Meta.CompressedSize,
-				Revision: i.Meta.Revision, AgeSeconds: now.Sub(time.Unix(int64(i.Meta.Timestamp), 0)).Seconds()})
+			row := cli.BackupRow{Name: i.Name, EtcdVersion: i.Meta.EtcdVersion, Size: i.Meta.Size, CompressedSize: i.Meta.CompressedSize,
+				Revision: i.Meta.Revision, AgeSeconds: now.Sub(time.Unix(int64(i.Meta.Timestamp), 0)).Seconds()}
+			if e := i.Meta.Encryption; e != nil {
+				row.EncryptionKeyID = e.KeyID
+			}
+			rows = append(rows, row)
 		}
 		return writeJSON(w, rows)
 	case "text":

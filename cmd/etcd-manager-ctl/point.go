@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/wal"
@@ -21,6 +22,25 @@ type pointFlags struct {
 	timeline      string
 	bump          int64
 	markCompacted bool
+	// keyFiles hold the keys to read encrypted segments with, which
+	// --to-time needs to find its revision.
+	keyFiles []string
+}
+
+// keyring reads the key files given, nil when there are none.
+func (p pointFlags) keyring() (*crypt.Keyring, error) {
+	var keys []*crypt.Key
+	for _, f := range p.keyFiles {
+		k, err := crypt.LoadKeyFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("--backup-decryption-key-file: %w", err)
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	return crypt.NewKeyring(nil, keys...), nil
 }
 
 // target reports whether a point to restore to is given.
@@ -42,6 +62,13 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 	}
 	if pf.toRevision < 0 {
 		return "", point, fmt.Errorf("--to-revision %d: revisions start at 1", pf.toRevision)
+	}
+	if len(pf.keyFiles) > 0 && pf.toTime == "" {
+		return "", point, errors.New("--backup-decryption-key-file is only for --to-time, which reads the times inside captured segments; the agents decrypt the rest with their own keys")
+	}
+	keys, err := pf.keyring()
+	if err != nil {
+		return "", point, err
 	}
 	if n == 0 {
 		if pf.timeline != "" {
@@ -106,7 +133,7 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 				continue
 			}
 		}
-		got, p, err := resolveOn(ctx, s, infos, link.Timeline, name, pf, at, limit, point)
+		got, p, err := resolveOn(ctx, s, infos, link.Timeline, name, pf, at, limit, point, keys)
 		if errors.Is(err, errBeforeBackups) && br != nil && pf.toTime != "" {
 			// After the restore began but before its first backup: the
 			// state it restored.
@@ -131,7 +158,7 @@ func targetString(pf pointFlags) string {
 // resolveOn resolves the target on one timeline; limit, when set, is the
 // last revision of it that belongs to the history (a newer timeline
 // branched there).
-func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timeline, name string, pf pointFlags, at time.Time, limit int64, point spec.RestorePoint) (string, spec.RestorePoint, error) {
+func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timeline, name string, pf pointFlags, at time.Time, limit int64, point spec.RestorePoint, keys *crypt.Keyring) (string, spec.RestorePoint, error) {
 	var own []backup.Info
 	for _, in := range infos {
 		if in.Meta.ClusterToken == timeline {
@@ -167,7 +194,13 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 			return "", point, fmt.Errorf("%w: --to-time %s is after the last captured point of timeline %s (revision %d at %s); use --latest",
 				wal.ErrRange, at.UTC().Format(time.RFC3339Nano), timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
 		}
-		rev, _, err := wal.RevisionAt(ctx, s, timeline, at)
+		rev, _, err := wal.RevisionAt(ctx, s, timeline, at, keys)
+		var nk *crypt.NoKeyError
+		if errors.As(err, &nk) {
+			return "", point, fmt.Errorf("--to-time %s: the revision captured at that time is found from the times inside the captured segments, and %v: "+
+				"give etcd-manager-ctl --backup-decryption-key-file with key %s, or restore with --to-revision (list-backups --ranges shows what each timeline holds); nothing was queued",
+				pf.toTime, err, nk.KeyID)
+		}
 		if err != nil {
 			return "", point, err
 		}

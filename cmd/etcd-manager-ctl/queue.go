@@ -89,6 +89,7 @@ prints each phase and returns when the restore is complete or has failed.`,
 	restore.Flags().StringVar(&pf.toTime, "to-time", "", "restore the state at this moment (RFC3339): the last revision captured at or before it")
 	restore.Flags().StringVar(&pf.timeline, "timeline", "", "the timeline (cluster token) to resolve the target on (default: the newest backup's, the current cluster's)")
 	restore.Flags().Int64Var(&pf.bump, "bump-revision", 0, "etcd's --bump-revision: raise the restored revision by this much, so that watching clients (Kubernetes) never see a revision twice; needs --mark-compacted and etcd 3.5 or later")
+	restore.Flags().StringSliceVar(&pf.keyFiles, "backup-decryption-key-file", nil, "with --to-time, a file holding the age key the captured segments are encrypted with, to read the times inside them (repeat for several); nothing else the ctl does needs a key")
 	restore.Flags().BoolVar(&pf.markCompacted, "mark-compacted", false, "etcd's --mark-compacted: mark the restored revision compacted, so that watches from before the restore fail and start again")
 	restore.Flags().BoolVar(&restoreWait, "wait", true, "wait until the restore is complete or has failed")
 	restore.Flags().DurationVar(&restoreTimeout, "timeout", 30*time.Minute, "how long --wait waits; the restore goes on after it")

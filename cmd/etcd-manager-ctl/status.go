@@ -279,7 +279,8 @@ func askAgents(ctx context.Context, recs []peer.Record, clusterName string, cred
 func agentFromInfo(addr string, info peer.NodeInfo) cli.AgentStatus {
 	a := cli.AgentStatus{ID: info.NodeID, Address: addr, Role: role(info), EtcdVersion: info.EtcdVersion,
 		Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
-		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID, Cert: info.Cert}
+		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID,
+		Cert: info.Cert, BackupKeys: info.BackupKeys}
 	if len(info.ClientURLs) > 0 && info.Member != nil {
 		a.ClientURL = info.ClientURLs[0]
 	}

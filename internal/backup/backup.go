@@ -4,7 +4,9 @@
 //	<name>/etcd.backup.gz      gzip of an etcd v3 snapshot db
 //	<name>/_etcd_backup.meta   JSON, written last: a backup without it does not exist
 //
-// where <name> is <RFC3339 UTC>-<6-digit sequence>.
+// where <name> is <RFC3339 UTC>-<6-digit sequence>. With an encryption key
+// (see package crypt), etcd.backup.gz is the gzip encrypted with age, and
+// the meta names the key; the meta itself stays plaintext.
 package backup
 
 import (
@@ -32,6 +34,7 @@ import (
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -51,6 +54,9 @@ var (
 	ErrTempFull = errors.New("backup: temp disk full")
 	// ErrTooLarge means a backup unpacks to more than the agent allows.
 	ErrTooLarge = errors.New("backup: backup too large")
+	// ErrNoKey means a backup is encrypted with a key the agent does not
+	// hold; errors.As finds the *crypt.NoKeyError with the key's ID.
+	ErrNoKey = crypt.ErrNoKey
 )
 
 // Meta is the _etcd_backup.meta object. The first three fields are the
@@ -60,7 +66,8 @@ type Meta struct {
 	Timestamp   spec.Int64        `json:"timestamp"`
 	ClusterSpec *spec.ClusterSpec `json:"clusterSpec,omitempty"`
 
-	// SHA256 is the hex sha256 of the etcd.backup.gz object.
+	// SHA256 is the hex sha256 of the etcd.backup.gz object, as stored
+	// (encrypted, when it is).
 	SHA256 string `json:"sha256,omitempty"`
 	// Size is the snapshot db's size, CompressedSize the object's.
 	Size           int64  `json:"size,omitempty"`
@@ -68,6 +75,9 @@ type Meta struct {
 	Revision       int64  `json:"revision,omitempty"`
 	TotalKeys      int    `json:"totalKeys,omitempty"`
 	ClusterToken   string `json:"clusterToken,omitempty"`
+	// Encryption names the key the object is encrypted with; nil when it
+	// is not.
+	Encryption *crypt.Info `json:"encryption,omitempty"`
 }
 
 // Store is the part of the backup store backups need.
@@ -111,6 +121,8 @@ type Request struct {
 	// the database maps the whole file, so a long-lived caller verifies in
 	// a child process (VerifyCommand) to keep its own memory flat.
 	Verify VerifyFunc
+	// Keys encrypt the backup when they hold a writing key.
+	Keys *crypt.Keyring
 }
 
 // VerifyFunc checks a snapshot file, as Verify does.
@@ -213,36 +225,46 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	began = time.Now()
-	sum, compressed, err := upload(ctx, s, name+"/"+DataObject, db)
-	if err != nil {
-		return Info{}, err
-	}
-	stages.Upload = time.Since(began)
 	if req.EtcdVersion != "" {
 		version = req.EtcdVersion
 	}
 	meta := Meta{
-		EtcdVersion:    strings.TrimPrefix(version, "v"),
-		Timestamp:      spec.Int64(req.Now.Unix()),
-		ClusterSpec:    req.ClusterSpec,
-		SHA256:         sum,
-		Size:           st.Size(),
-		CompressedSize: compressed,
-		Revision:       status.Revision,
-		TotalKeys:      status.TotalKey,
-		ClusterToken:   req.ClusterToken,
+		EtcdVersion:  strings.TrimPrefix(version, "v"),
+		Timestamp:    spec.Int64(req.Now.Unix()),
+		ClusterSpec:  req.ClusterSpec,
+		Size:         st.Size(),
+		Revision:     status.Revision,
+		TotalKeys:    status.TotalKey,
+		ClusterToken: req.ClusterToken,
 	}
-	data, err := json.Marshal(meta)
+	began = time.Now()
+	meta, err = write(ctx, s, name, db, req.Keys, meta)
 	if err != nil {
-		return Info{}, fmt.Errorf("backup: encode meta: %w", err)
+		return Info{}, err
 	}
-	if err := s.Write(ctx, name+"/"+MetaObject, data); err != nil {
-		return Info{}, fmt.Errorf("backup: write meta of %s: %w", name, err)
-	}
+	stages.Upload = time.Since(began)
 	// The claim has done its work; one left behind is harmless.
 	_ = s.Delete(ctx, name+"/"+ClaimObject)
 	return Info{Name: name, Meta: meta, Stages: stages}, nil
+}
+
+// write uploads the snapshot db as backup name's data object, gzipped and,
+// with a writing key, encrypted, then its meta, which gets the object's
+// sha256, size and encryption.
+func write(ctx context.Context, s Store, name, db string, keys *crypt.Keyring, meta Meta) (Meta, error) {
+	sum, compressed, enc, err := upload(ctx, s, name+"/"+DataObject, db, keys)
+	if err != nil {
+		return meta, err
+	}
+	meta.SHA256, meta.CompressedSize, meta.Encryption = sum, compressed, enc
+	data, err := json.Marshal(meta)
+	if err != nil {
+		return meta, fmt.Errorf("backup: encode meta: %w", err)
+	}
+	if err := s.Write(ctx, name+"/"+MetaObject, data); err != nil {
+		return meta, fmt.Errorf("backup: write meta of %s: %w", name, err)
+	}
+	return meta, nil
 }
 
 // Verify checks a snapshot db file: the sha256 trailer etcd appends to a
@@ -287,36 +309,53 @@ func checkTrailer(path string) error {
 	return nil
 }
 
-// upload gzips the file into the store and returns the object's sha256
-// and size. The gzip stream is made as it is uploaded, so memory stays
-// flat whatever the size; if anything fails, nothing is committed.
-func upload(ctx context.Context, s Store, key, path string) (string, int64, error) {
+// upload gzips the file into the store, encrypting the gzip when keys
+// hold a writing key, and returns the object's sha256 and size, and its
+// encryption. The stream is made as it is uploaded, so memory stays flat
+// whatever the size; if anything fails, nothing is committed.
+func upload(ctx context.Context, s Store, key, path string, keys *crypt.Keyring) (string, int64, *crypt.Info, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", 0, fmt.Errorf("backup: %w", err)
+		return "", 0, nil, fmt.Errorf("backup: %w", err)
 	}
 	defer f.Close()
 	pr, pw := io.Pipe()
 	h := sha256.New()
 	counter := &countWriter{}
+	// Compression comes before encryption: ciphertext does not compress.
+	// The gzip is made in a goroutine of its own; a plaintext one is
+	// hashed there too, an encrypted one is encrypted and hashed as Put
+	// reads it, so that gzip and ChaCha20-Poly1305 (about 300 MiB/s on
+	// these machines) run on two cores.
+	var body io.Reader = pr
+	gzOut := io.MultiWriter(pw, h, counter)
+	var info *crypt.Info
+	if keys.Encrypting() {
+		gzOut = pw
+		enc, i, err := keys.EncryptReader(pr)
+		if err != nil {
+			return "", 0, nil, fmt.Errorf("backup: %w", err)
+		}
+		body, info = io.TeeReader(enc, io.MultiWriter(h, counter)), i
+	}
 	go func() {
 		// klauspost's gzip at BestSpeed writes standard gzip many times
 		// faster than the standard library's (2 GiB/s against 70 MiB/s on
 		// hex text here), for a little less compression: the upload should
 		// not wait on the CPU.
-		gz, _ := kgzip.NewWriterLevel(io.MultiWriter(pw, h, counter), kgzip.BestSpeed)
+		gz, _ := kgzip.NewWriterLevel(gzOut, kgzip.BestSpeed)
 		_, err := io.Copy(gz, f)
 		if err == nil {
 			err = gz.Close()
 		}
 		pw.CloseWithError(err) // nil: a clean EOF
 	}()
-	err = s.Put(ctx, key, pr)
+	err = s.Put(ctx, key, body)
 	pr.CloseWithError(errors.New("backup: upload ended")) // unblocks the gzip goroutine if Put stopped early
 	if err != nil {
-		return "", 0, fmt.Errorf("backup: upload %s: %w", key, err)
+		return "", 0, nil, fmt.Errorf("backup: upload %s: %w", key, err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), counter.n, nil
+	return hex.EncodeToString(h.Sum(nil)), counter.n, info, nil
 }
 
 type countWriter struct{ n int64 }

@@ -12,9 +12,11 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -64,6 +66,10 @@ func decodeMeta(name string, data []byte) (Meta, error) {
 		bad = "a size, revision or key count is negative"
 	case meta.SHA256 != "" && !sha256RE.MatchString(meta.SHA256):
 		bad = "sha256 " + spec.QuoteShort(meta.SHA256) + " is not 64 hex digits"
+	case meta.Encryption != nil:
+		if err := meta.Encryption.Validate(); err != nil {
+			bad = err.Error()
+		}
 	}
 	if bad != "" {
 		return meta, fmt.Errorf("%w: %s/%s: its %s", ErrCorrupt, name, MetaObject, bad)
@@ -88,6 +94,8 @@ type FetchOptions struct {
 	// DiskSpace reports the space left on dir's file system and its size
 	// (etcdproc.DiskSpace when nil).
 	DiskSpace func(dir string) (free, total int64, err error)
+	// Keys decrypt an encrypted backup (nil: plaintext backups only).
+	Keys *crypt.Keyring
 }
 
 // Fetch downloads a backup into dir as a verified snapshot db and returns
@@ -96,15 +104,22 @@ type FetchOptions struct {
 // be whole, and the snapshot must pass verify. The object is untrusted,
 // so the snapshot written stops at the smallest of the meta's size, the
 // free space less opts.Reserve and opts.MaxBytes; a meta that records a
-// size larger than the space is refused before anything is read. Any
-// failure names the backup and the object, and wraps ErrNotFound,
-// ErrCorrupt, ErrTooLarge or ErrTempFull.
+// size larger than the space is refused before anything is read. An
+// encrypted backup whose key opts.Keys lacks is refused before anything
+// is read too, with a *crypt.NoKeyError naming the key (ErrNoKey); the
+// bounds apply to what it decrypts and unpacks to, and an object that
+// does not decrypt is ErrCorrupt. Any failure names the backup and the
+// object, and wraps ErrNotFound, ErrCorrupt, ErrTooLarge, ErrTempFull or
+// ErrNoKey.
 func Fetch(ctx context.Context, s Reader, name, dir string, opts FetchOptions) (string, Meta, error) {
 	meta, err := ReadMeta(ctx, s, name)
 	if err != nil {
 		return "", meta, err
 	}
 	key := name + "/" + DataObject
+	if err := opts.Keys.Check("backup "+name, meta.Encryption); err != nil {
+		return "", meta, fmt.Errorf("backup: %w", err)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", meta, fmt.Errorf("backup: %w", err)
 	}
@@ -121,7 +136,7 @@ func Fetch(ctx context.Context, s Reader, name, dir string, opts FetchOptions) (
 	}
 	defer r.Close()
 	path := filepath.Join(dir, "snapshot.db")
-	if err := gunzipTo(path, r, meta, key, lim); err != nil {
+	if err := gunzipTo(path, r, meta, key, lim, opts.Keys); err != nil {
 		os.Remove(path)
 		return "", meta, err
 	}
@@ -180,19 +195,37 @@ func (o FetchOptions) limit(dir string, meta Meta, key string) (limit, error) {
 	return lim, nil
 }
 
-// gunzipTo writes the gunzipped stream r to path, checking the
-// compressed bytes' sha256 against the meta's and stopping past lim.
-func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit) error {
+// gunzipTo writes the gunzipped stream r, decrypted first when the meta
+// says it is encrypted, to path, checking the stored bytes' sha256
+// against the meta's and stopping past lim.
+func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *crypt.Keyring) error {
 	h := sha256.New()
 	counted := &countWriter{}
 	src := &errRecorder{r: io.TeeReader(r, io.MultiWriter(h, counted))}
 	corrupt := func(err error) error {
-		if src.err != nil {
-			return fmt.Errorf("backup: read %s: %w", key, src.err) // the store, not the data
+		if serr := src.Err(); serr != nil {
+			return fmt.Errorf("backup: read %s: %w", key, serr) // the store, not the data
+		}
+		if errors.Is(err, crypt.ErrCorrupt) {
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 		return fmt.Errorf("%w: %s is truncated or damaged: %v", ErrCorrupt, key, err)
 	}
-	zr, err := gzip.NewReader(src)
+	// Decrypt reads age's header now: an object not encrypted to the key
+	// its meta names fails before anything is written.
+	plain, err := keys.Decrypt(src, meta.Encryption, key)
+	if err != nil {
+		return corrupt(err)
+	}
+	if meta.Encryption != nil {
+		// Reading and decrypting in a goroutine of its own lets unpacking
+		// run beside it, on another core: ChaCha20-Poly1305 alone runs at
+		// about 300 MiB/s on these machines.
+		ra := newReadAhead(plain)
+		defer ra.Close()
+		plain = ra
+	}
+	zr, err := gzip.NewReader(plain)
 	if err != nil {
 		return corrupt(err)
 	}
@@ -218,7 +251,11 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit) error 
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
-	// Whatever follows the gzip stream still counts towards the hash.
+	// Whatever follows the gzip stream still counts towards the hash; an
+	// encrypted one must end where its last chunk authenticates.
+	if _, err := io.Copy(io.Discard, plain); err != nil {
+		return corrupt(err)
+	}
 	if _, err := io.Copy(io.Discard, src); err != nil {
 		return corrupt(err)
 	}
@@ -234,15 +271,105 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit) error 
 }
 
 // errRecorder remembers the error of the reader it wraps, other than EOF.
+// Err may be called from another goroutine than Read's.
 type errRecorder struct {
 	r   io.Reader
+	mu  sync.Mutex
 	err error
 }
 
 func (e *errRecorder) Read(p []byte) (int, error) {
 	n, err := e.r.Read(p)
 	if err != nil && err != io.EOF {
+		e.mu.Lock()
 		e.err = err
+		e.mu.Unlock()
 	}
 	return n, err
+}
+
+// Err is the error recorded, nil when none.
+func (e *errRecorder) Err() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
+}
+
+// readAhead reads its source in a goroutine of its own, a few chunks
+// ahead of its reader. Read is for one goroutine. Close stops the
+// goroutine and waits for it to leave the source, so the source may be
+// closed after it. An error of the source comes after the data read
+// before it.
+type readAhead struct {
+	full chan aheadChunk
+	free chan []byte
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+	// buf is the chunk being read, cur what is left of it.
+	buf, cur []byte
+	err      error
+}
+
+type aheadChunk struct {
+	b   []byte
+	err error
+}
+
+func newReadAhead(r io.Reader) *readAhead {
+	const size, depth = 256 << 10, 4
+	ra := &readAhead{full: make(chan aheadChunk, depth), free: make(chan []byte, depth+1), stop: make(chan struct{}), done: make(chan struct{})}
+	for range depth + 1 {
+		ra.free <- make([]byte, size)
+	}
+	go ra.fill(r)
+	return ra
+}
+
+func (ra *readAhead) fill(r io.Reader) {
+	defer close(ra.done)
+	for {
+		var b []byte
+		select {
+		case b = <-ra.free:
+		case <-ra.stop:
+			return
+		}
+		n, err := io.ReadFull(r, b)
+		if err == io.ErrUnexpectedEOF {
+			err = io.EOF // a last, short chunk
+		}
+		select {
+		case ra.full <- aheadChunk{b: b[:n], err: err}:
+		case <-ra.stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (ra *readAhead) Read(p []byte) (int, error) {
+	for len(ra.cur) == 0 {
+		if ra.err != nil {
+			return 0, ra.err
+		}
+		if ra.buf != nil {
+			ra.free <- ra.buf[:cap(ra.buf)] // never blocks: free holds every buffer
+			ra.buf = nil
+		}
+		c := <-ra.full
+		ra.buf, ra.cur, ra.err = c.b, c.b, c.err
+	}
+	n := copy(p, ra.cur)
+	ra.cur = ra.cur[n:]
+	return n, nil
+}
+
+// Close stops the read-ahead, once its goroutine is out of the source's
+// Read; it is idempotent.
+func (ra *readAhead) Close() {
+	ra.once.Do(func() { close(ra.stop) })
+	<-ra.done
 }

@@ -37,6 +37,9 @@ type AgentStatus struct {
 	// Cert is the node certificate the agent uses and its CA, when it
 	// runs TLS.
 	Cert *peer.CertInfo `json:"cert,omitempty"`
+	// BackupKeys are the IDs of the encryption keys the agent holds for
+	// backups and captured segments, its writing key first.
+	BackupKeys []string `json:"backupKeys,omitempty"`
 }
 
 // Agent roles in AgentStatus.Role.
@@ -92,4 +95,7 @@ type BackupRow struct {
 	CompressedSize int64   `json:"compressedSize"`
 	Revision       int64   `json:"revision"`
 	AgeSeconds     float64 `json:"ageSeconds"`
+	// EncryptionKeyID names the key the backup is encrypted with, when it
+	// is.
+	EncryptionKeyID string `json:"encryptionKeyId,omitempty"`
 }

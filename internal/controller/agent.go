@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
@@ -58,6 +60,9 @@ type Agent struct {
 	certMarked atomic.Bool
 	// refusals limits the log lines of refused peer API handshakes.
 	refusals *refusalLog
+	// keys encrypt the backups and segments this agent writes, and
+	// decrypt those it reads; read from their files by Run.
+	keys *crypt.Keyring
 
 	// wake asks the loop for a cycle now, after a peer API call changed
 	// this node.
@@ -85,6 +90,12 @@ func (a *Agent) peerAddress() string {
 // use by another agent, an unreadable state file, a peer port in use);
 // everything else is logged and retried.
 func (a *Agent) Run(ctx context.Context) error {
+	keys, err := a.cfg.Backup.Keyring()
+	if err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	a.keys = keys
+	logKeys(a.log, keys)
 	layout := etcdproc.Layout{Root: a.cfg.DataDir}
 	unlock, err := layout.Lock()
 	if err != nil {
@@ -125,7 +136,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		PeerCertCheckOff:         !a.cfg.EtcdPeerCertCheck,
 		ClientTLS:                a.etcdTLS,
 		CheckData:                childDataChecker(),
-	}, layout, st, storeFetcher{url: a.cfg.BackupStore, opts: a.cfg.fetchOptions(verify), log: a.log}, a.log, a.now, a.poke)
+	}, layout, st, storeFetcher{url: a.cfg.BackupStore, opts: a.cfg.fetchOptions(verify, a.keys), log: a.log}, a.log, a.now, a.poke)
 	lp, err := newLoop(a, n, verify)
 	if err != nil {
 		return err
@@ -198,32 +209,42 @@ func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoin
 		return "", err
 	}
 	defer s.Close()
-	path, _, err := fetchPoint(ctx, s, name, p, dir, f.opts, f.log)
+	path, _, _, err := fetchPoint(ctx, s, name, p, dir, f.opts, f.log)
 	return path, err
 }
 
 // fetchOptions bound what a backup fetched for a restore may unpack on
-// the data dir's disk.
-func (c Config) fetchOptions(verify backup.VerifyFunc) backup.FetchOptions {
-	return backup.FetchOptions{Verify: verify, MaxBytes: c.MaxSnapshotBytes, Reserve: fetchReserve}
+// the data dir's disk, and decrypt it with keys.
+func (c Config) fetchOptions(verify backup.VerifyFunc, keys *crypt.Keyring) backup.FetchOptions {
+	return backup.FetchOptions{Verify: verify, MaxBytes: c.MaxSnapshotBytes, Reserve: fetchReserve, Keys: keys}
 }
 
 // fetchPoint fetches and verifies a backup, and brings it forward to the
-// point's revision with the captured segments.
-func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, opts backup.FetchOptions, log *slog.Logger) (string, backup.Meta, error) {
+// point's revision with the captured segments. It returns the IDs of the
+// encryption keys the backup and the segments needed.
+func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, opts backup.FetchOptions, log *slog.Logger) (string, backup.Meta, []string, error) {
 	path, meta, err := backup.Fetch(ctx, s, name, dir, opts)
+	var keys []string
+	if meta.Encryption != nil {
+		keys = append(keys, meta.Encryption.KeyID)
+	}
 	if err != nil || p.ToRevision == 0 {
-		return path, meta, err
+		return path, meta, keys, err
 	}
 	start := time.Now()
-	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision)
+	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision, opts.Keys)
 	if err != nil {
-		return "", meta, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
+		return "", meta, keys, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
+	}
+	for _, k := range applied.Keys {
+		if !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
 	}
 	log.Info("backup brought forward with captured changes", "backup", name, "timeline", p.Timeline, "from-revision", applied.From,
 		"to-revision", applied.To, "revisions", applied.Revisions, "segments", applied.Segments, "leases", applied.Leases,
 		"digest-checked-at", applied.Digest, "duration", time.Since(start).Round(time.Millisecond))
-	return path, meta, nil
+	return path, meta, keys, nil
 }
 
 // errWait means an action found its precondition not yet met (a learner

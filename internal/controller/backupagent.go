@@ -198,13 +198,19 @@ func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger) *BackupAgent {
 }
 
 // Run backs up until ctx is cancelled. Problems with etcd or the store are
-// logged and retried; only bad TLS files or a busy metrics address stop
-// it.
+// logged and retried; only bad TLS or key files or a busy metrics address
+// stop it.
 func (b *BackupAgent) Run(ctx context.Context) error {
 	var err error
 	if b.tls, err = b.cfg.tlsConfig(); err != nil {
 		return err
 	}
+	keys, err := b.cfg.Backup.Keyring()
+	if err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	b.backups.keys, b.capture.keys = keys, keys
+	logKeys(b.log, keys)
 	if b.cfg.MetricsAddress != "" {
 		stop, err := b.met.serve(b.cfg.MetricsAddress, func() (bool, string) { return true, "backup agent running" }, false)
 		if err != nil {

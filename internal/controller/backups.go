@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -56,6 +57,8 @@ type backups struct {
 	maxRetry   time.Duration
 
 	verify backup.VerifyFunc
+	// keys encrypt the backups taken, when they hold a writing key.
+	keys *crypt.Keyring
 
 	lastOK, lastFailure time.Time
 	failures            int // consecutive
@@ -102,6 +105,9 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	if req.Verify == nil {
 		req.Verify = b.verify
 	}
+	if req.Keys == nil {
+		req.Keys = b.keys
+	}
 	info, err := backup.Take(ctx, s, req)
 	if err != nil {
 		b.lastFailure = b.now()
@@ -117,7 +123,11 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	b.met.backupLastOK.Set(float64(b.lastOK.Unix()))
 	b.met.backupDuration.Set(took.Seconds())
 	b.met.backupSize.Set(float64(info.Meta.Size))
-	b.log.Info("backup taken", "name", info.Name, "reason", reason, "size", info.Meta.Size,
+	keyID := ""
+	if e := info.Meta.Encryption; e != nil {
+		keyID = e.KeyID
+	}
+	b.log.Info("backup taken", "name", info.Name, "reason", reason, "size", info.Meta.Size, "encryption-key-id", keyID,
 		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", took.Round(time.Millisecond),
 		"snapshot", info.Stages.Snapshot.Round(time.Millisecond), "verify", info.Stages.Verify.Round(time.Millisecond), "upload", info.Stages.Upload.Round(time.Millisecond))
 	setStatus(spec.CommandStatus{State: spec.CommandDone, Backup: info.Name})

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -28,6 +29,9 @@ type capturer struct {
 	now func() time.Time
 	dir string
 	url string
+	// keys encrypt the segments uploaded and merged, and decrypt those
+	// merged; set before upload runs.
+	keys *crypt.Keyring
 
 	mu       sync.Mutex
 	wal      *wal.Capture // set once the store is open
@@ -112,6 +116,7 @@ func (c *capturer) upload(ctx context.Context) {
 				c.log.Error("continuous capture is off: its spool is unusable", "dir", c.dir, "error", err)
 				return
 			}
+			w.Keys = c.keys
 			c.mu.Lock()
 			c.wal, c.store = w, s
 			c.mu.Unlock()
@@ -251,7 +256,7 @@ func (c *capturer) merge(ctx context.Context, s *store.Store, token string) {
 	if c.cfg.MergeInterval <= 0 || len(c.cfg.MergeWindows) == 0 {
 		return
 	}
-	m := &wal.Merger{Store: s, Dir: filepath.Join(c.dir, "merge"), Windows: c.cfg.MergeWindows, Log: c.log}
+	m := &wal.Merger{Store: s, Dir: filepath.Join(c.dir, "merge"), Windows: c.cfg.MergeWindows, Log: c.log, Keys: c.keys}
 	// A disagreement that persists is said again hourly, not every pass.
 	lastKept, keptSaid := 0, time.Time{}
 	for {

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
@@ -412,7 +413,19 @@ type BackupConfig struct {
 	// RetryDelay is the wait after a failed backup; it doubles with each
 	// further failure, up to Interval.
 	RetryDelay time.Duration
+	// EncryptionKeyFile holds the age key that backups and captured
+	// segments are encrypted with (none: they are not encrypted).
+	EncryptionKeyFile string
+	// DecryptionKeyFiles hold more keys, only to read backups and
+	// segments written with them: older keys, during a rotation.
+	DecryptionKeyFiles []string
 }
+
+// Flags of the encryption keys, named in error messages as well.
+const (
+	flagEncryptionKeyFile  = "backup-encryption-key-file"
+	flagDecryptionKeyFiles = "backup-decryption-key-file"
+)
 
 // Backup defaults.
 const (
@@ -429,6 +442,8 @@ func (c *BackupConfig) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.Interval, "backup-interval", c.Interval, "time between periodic full backups to the backup store; the managing agent also backs up before every membership change")
 	fs.StringVar(&c.Retention, "backup-retention", c.Retention, "which backups to keep: default (everything under 1h, hourly for 7d, daily for 90d), exponential (hourly for 24h, daily for 7d, weekly for 4w) or count:N; the newest, and any a queued restore names, are always kept")
 	fs.DurationVar(&c.RetryDelay, "backup-retry-delay", c.RetryDelay, "wait after a failed backup before the next attempt; it doubles with each further failure, up to --backup-interval")
+	fs.StringVar(&c.EncryptionKeyFile, flagEncryptionKeyFile, c.EncryptionKeyFile, "file holding an age key (as age-keygen writes it, mode 0600) to encrypt backups and captured segments with, and to read them; read at start (default: no encryption; see docs/security.md)")
+	fs.StringSliceVar(&c.DecryptionKeyFiles, flagDecryptionKeyFiles, c.DecryptionKeyFiles, "file holding an older age key, only to read the backups and captured segments it encrypted, as during a key rotation; repeat the flag for several")
 }
 
 // Validate reports every problem with the backup settings.
@@ -443,7 +458,57 @@ func (c BackupConfig) Validate() []error {
 	if c.RetryDelay < time.Second {
 		errs = append(errs, errors.New("--backup-retry-delay must be at least 1s"))
 	}
+	if _, err := c.Keyring(); err != nil {
+		errs = append(errs, err)
+	}
 	return errs
+}
+
+// Keyring reads the key files: the encryption key writes and reads, the
+// decryption keys only read. With neither, it is nil: backups are written
+// in plaintext and only plaintext ones can be read.
+func (c BackupConfig) Keyring() (*crypt.Keyring, error) {
+	var write *crypt.Key
+	var errs []error
+	if c.EncryptionKeyFile != "" {
+		k, err := crypt.LoadKeyFile(c.EncryptionKeyFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", flagEncryptionKeyFile, err))
+		}
+		write = k
+	}
+	var read []*crypt.Key
+	for _, f := range c.DecryptionKeyFiles {
+		if f == "" {
+			errs = append(errs, fmt.Errorf("--%s: an empty file name", flagDecryptionKeyFiles))
+			continue
+		}
+		k, err := crypt.LoadKeyFile(f)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", flagDecryptionKeyFiles, err))
+			continue
+		}
+		read = append(read, k)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if write == nil && len(read) == 0 {
+		return nil, nil
+	}
+	return crypt.NewKeyring(write, read...), nil
+}
+
+// logKeys says at start whether backups are encrypted, and with which
+// keys: their IDs, never the keys.
+func logKeys(log *slog.Logger, keys *crypt.Keyring) {
+	switch {
+	case keys.Encrypting():
+		log.Info("backups and captured segments are encrypted at rest", "key-id", keys.WriteKeyID(), "readable-key-ids", keys.IDs())
+	case keys != nil:
+		log.Warn("backups and captured segments are written unencrypted: there is no --"+flagEncryptionKeyFile+"; older encrypted ones stay readable",
+			"readable-key-ids", keys.IDs())
+	}
 }
 
 // newBackups returns the backup taker for these settings.

@@ -115,6 +115,7 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 	}
 	lp.backups = a.cfg.Backup.newBackups(a.log, a.met, func() time.Time { return a.now() })
 	lp.backups.verify = verify
+	lp.backups.keys = a.keys
 	lp.lease = &lease{
 		lock:  &LeaderLock{NodeID: n.ID(), TTL: a.cfg.LeaderLease, Now: a.now, Floor: func() int64 { return lp.termFloor }},
 		store: func() lockStore { return lp.store },
@@ -144,16 +145,18 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 			RenewEvery: max(a.cfg.LeaderLease/6, 100*time.Millisecond),
 			Metrics:    procedure.NewMetrics(a.met.reg),
 		},
-		Nodes:     lp,
-		Backups:   procedureBackups{lp},
-		SelfID:    n.ID(),
-		ClientTLS: a.etcdTLS,
-		Log:       a.log,
-		Now:       a.now,
-		Changed:   func() { lp.lastChange = a.now() },
+		Nodes:      lp,
+		Backups:    procedureBackups{lp},
+		SelfID:     n.ID(),
+		ClientTLS:  a.etcdTLS,
+		WriteKeyID: a.keys.WriteKeyID(),
+		Log:        a.log,
+		Now:        a.now,
+		Changed:    func() { lp.lastChange = a.now() },
 	}
 	lp.members = newMembers(lp)
 	lp.capture = newCapturer(a.cfg.Capture, a.cfg.DataDir, a.cfg.BackupStore, a.log, a.now, a.met.reg)
+	lp.capture.keys = a.keys
 	lp.compaction = newCompactor(a.cfg.Compaction, a.log, a.now, a.met.reg)
 	return lp, nil
 }
@@ -518,18 +521,18 @@ func (r storeRecords) DeleteCommand(ctx context.Context, id string) error {
 // loop's store and backup taker.
 type procedureBackups struct{ lp *loop }
 
-func (b procedureBackups) Validate(ctx context.Context, name string, p spec.RestorePoint) (backup.Meta, error) {
+func (b procedureBackups) Validate(ctx context.Context, name string, p spec.RestorePoint) (procedure.Validated, error) {
 	s, err := b.lp.openStore(ctx)
 	if err != nil {
-		return backup.Meta{}, err
+		return procedure.Validated{}, err
 	}
 	dir, err := node.TempDir(b.lp.cfg.DataDir, "validate-")
 	if err != nil {
-		return backup.Meta{}, err
+		return procedure.Validated{}, err
 	}
 	defer os.RemoveAll(dir)
-	_, meta, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.verify), b.lp.log)
-	return meta, err
+	_, meta, keys, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.verify, b.lp.keys), b.lp.log)
+	return procedure.Validated{Meta: meta, Keys: keys}, err
 }
 
 func (b procedureBackups) RecordBranch(ctx context.Context, br wal.Branch) error {

@@ -178,6 +178,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		// marker never leaves it once there.
 		CertMarker:       lp.certMarker(),
 		PeerCertCheckOff: !lp.cfg.EtcdPeerCertCheck,
+		BackupKeys:       lp.keys.IDs(),
 	}
 	if m := st.Member; m != nil {
 		self.HasData = lp.node.Layout().HasEtcdData(m.ClusterToken)
@@ -464,7 +465,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
 		Member: membership(info.Member), HasData: info.HasData, DataLost: info.DataLost, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
-		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Revision: info.Revision, Installed: info.Installed,
+		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Revision: info.Revision, Installed: info.Installed, BackupKeys: info.BackupKeys,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
 		NoLeaderFor: info.NoLeaderFor, CertMarker: info.CertMarker, PeerCertCheckOff: info.PeerCertCheckOff,
 	}
@@ -641,6 +642,7 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		DBSize:               local.DBSize,
 		Leader:               leader,
 		Installed:            self.Installed,
+		BackupKeys:           self.BackupKeys,
 		LocalMembers:         toRefs(self.LocalMembers),
 		Procedure:            procedure,
 		NoLeaderFor:          self.NoLeaderFor,

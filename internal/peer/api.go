@@ -83,6 +83,9 @@ type NodeInfo struct {
 	Leader bool `json:"leader"`
 	// Installed are the etcd versions installed on this node.
 	Installed []string `json:"installed,omitempty"`
+	// BackupKeys are the IDs (not the keys) of the encryption keys the
+	// agent holds for backups and captured segments.
+	BackupKeys []string `json:"backupKeys,omitempty"`
 	// Failing are the leader's cluster changes that keep failing, each as
 	// "action: last error"; they back off while the rest goes on.
 	Failing []string `json:"failing,omitempty"`

@@ -226,6 +226,9 @@ type Node struct {
 	ClusterVersion string
 	// Installed are the etcd versions installed on the node.
 	Installed []string
+	// BackupKeys are the IDs of the encryption keys its agent holds for
+	// backups and captured segments.
+	BackupKeys []string
 	// LocalMembers are the members its etcd knows, from its own copy of
 	// the membership (a read that needs no quorum): names and peer URLs.
 	LocalMembers []Member

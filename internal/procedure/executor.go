@@ -40,12 +40,21 @@ type Backups interface {
 	// its disk wraps backup.ErrTooLarge or backup.ErrTempFull.
 	// With a point, the backup is brought forward to it as a restore
 	// would, and a fault in the segments wraps wal.ErrCorrupt, ErrGap or
-	// ErrRange.
-	Validate(ctx context.Context, name string, p spec.RestorePoint) (backup.Meta, error)
+	// ErrRange. A backup or segment encrypted with a key this agent does
+	// not hold wraps backup.ErrNoKey.
+	Validate(ctx context.Context, name string, p spec.RestorePoint) (Validated, error)
 	// Take takes a full backup through the etcd member from.
 	Take(ctx context.Context, from Source, reason string) (backup.Info, error)
 	// RecordBranch records where a restored cluster's timeline began.
 	RecordBranch(ctx context.Context, b wal.Branch) error
+}
+
+// Validated is what checking a restore's backup found.
+type Validated struct {
+	Meta backup.Meta
+	// Keys are the IDs of the encryption keys the backup and the segments
+	// applied need: every node that restores them needs them too.
+	Keys []string
 }
 
 // Source is the etcd member a backup is taken from.
@@ -73,6 +82,10 @@ type Executor struct {
 	// Changed is told when a procedure changed the cluster's membership,
 	// so that the next membership change waits for a fresh backup.
 	Changed func()
+	// WriteKeyID is the ID of the key the backups this agent takes are
+	// encrypted with ("" when they are not): a dump-restore's nodes need
+	// it.
+	WriteKeyID string
 }
 
 // Call timeouts for the nodes' side of each step.

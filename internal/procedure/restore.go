@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -32,7 +34,11 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 	}
 	return e.Runner.Do(ctx, Restore, c, "", func(ctx context.Context, term int64) error {
 		point := c.Command.RestoreBackup.RestorePoint
-		meta, err := e.Backups.Validate(ctx, act.Backup, point)
+		checked, err := e.Backups.Validate(ctx, act.Backup, point)
+		meta := checked.Meta
+		if errors.Is(err, backup.ErrNoKey) {
+			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore: %v; %s; the cluster was not touched", err, keyHint))
+		}
 		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) ||
 			errors.Is(err, backup.ErrTooLarge) || errors.Is(err, backup.ErrTempFull) ||
 			errors.Is(err, wal.ErrCorrupt) || errors.Is(err, wal.ErrGap) || errors.Is(err, wal.ErrRange) {
@@ -40,6 +46,10 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		}
 		if err != nil {
 			return err
+		}
+		// Every node restores the backup itself: each needs its keys.
+		if lacking := lackingKeys(obs, act.Members, checked.Keys); lacking != "" {
+			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore backup %s: %s; %s; the cluster was not touched", act.Backup, lacking, keyHint))
 		}
 		v, err := spec.ParseSupportedVersion(obs.Spec.EtcdVersion)
 		if err != nil {
@@ -63,6 +73,33 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 			"cluster-token", progress.Token, "members", progress.Members, "lock-term", term)
 		return e.Runner.Record(ctx, Restore, act.ID, "", st, spec.RestoreStopping, "restore-"+spec.RestoreStopping)
 	})
+}
+
+// keyHint says how to give the agents a key they lack.
+const keyHint = "start the agents with --backup-encryption-key-file or --backup-decryption-key-file holding that key (see docs/security.md)"
+
+// lackingKeys says which of the nodes members lack which of the keys, as
+// they report them: "" when none does.
+func lackingKeys(obs plan.Observed, members, keys []string) string {
+	var out []string
+	for _, k := range keys {
+		var nodes []string
+		held := ""
+		for _, n := range obs.Peers {
+			if slices.Contains(members, n.ID) && !slices.Contains(n.BackupKeys, k) {
+				nodes = append(nodes, n.ID)
+				if len(n.BackupKeys) == 0 {
+					held += fmt.Sprintf("; %s holds no key", n.ID)
+				} else {
+					held += fmt.Sprintf("; %s holds [%s]", n.ID, strings.Join(n.BackupKeys, ", "))
+				}
+			}
+		}
+		if len(nodes) > 0 {
+			out = append(out, fmt.Sprintf("it is encrypted with key %s, which the agents of %s do not hold%s", k, strings.Join(nodes, ", "), held))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // choose makes the choice of a restore or dump-restore: a new cluster of
@@ -270,6 +307,13 @@ func (e *Executor) prepareDumpRestore(ctx context.Context, obs plan.Observed, ac
 		v, err := spec.ParseSupportedVersion(c.Command.DumpRestore.EtcdVersion)
 		if err != nil {
 			return err
+		}
+		// Every node restores the dump, encrypted with this agent's key:
+		// wait, untouched, until each holds it.
+		if e.WriteKeyID != "" {
+			if lacking := lackingKeys(obs, act.Members, []string{e.WriteKeyID}); lacking != "" {
+				return fmt.Errorf("procedure: dump-restore %s waits: its backup would be encrypted, and %s; %s", act.ID, lacking, keyHint)
+			}
 		}
 		progress, err := e.choose(ctx, obs, act.ID, spec.RestoreQuarantining, act.Members, v, act.OldToken)
 		if err != nil {

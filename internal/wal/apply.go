@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -18,6 +19,8 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/schema"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 )
 
 // Applied says what Apply did.
@@ -33,6 +36,9 @@ type Applied struct {
 	// result was checked against: the newest after the snapshot and at
 	// or before the target; 0 when there was none.
 	Digest int64
+	// Keys are the IDs of the keys of the encrypted segments read: every
+	// node that applies the same segments needs them.
+	Keys []string
 }
 
 // SnapshotRevision is the etcd revision of a snapshot whose status
@@ -62,8 +68,9 @@ const (
 // restore brings back every lease with its granted TTL and keys. The
 // segments are checked as they are read (sha256, chain, order); any
 // fault is an error wrapping ErrCorrupt or ErrGap, and the file is then
-// of no use.
-func Apply(ctx context.Context, s Store, path, timeline string, to int64) (Applied, error) {
+// of no use. Encrypted segments are decrypted with keys; one whose key is
+// not held is an error wrapping ErrNoKey.
+func Apply(ctx context.Context, s Store, path, timeline string, to int64, keys *crypt.Keyring) (Applied, error) {
 	out := Applied{}
 	refs, err := List(ctx, s, timeline)
 	if err != nil {
@@ -76,7 +83,7 @@ func Apply(ctx context.Context, s Store, path, timeline string, to int64) (Appli
 	if err != nil {
 		return out, fmt.Errorf("wal: open snapshot %s: %w", path, err)
 	}
-	a := &applier{db: db, leases: map[int64]int64{}, ttls: map[int64]int64{}, revoked: map[int64]bool{}, referenced: map[int64]bool{}}
+	a := &applier{db: db, keys: keys, leases: map[int64]int64{}, ttls: map[int64]int64{}, revoked: map[int64]bool{}, referenced: map[int64]bool{}}
 	err = a.apply(ctx, s, refs, timeline, to, &out)
 	if a.tx != nil {
 		// Failed midway: bbolt's Close waits for an open write
@@ -94,8 +101,9 @@ func Apply(ctx context.Context, s Store, path, timeline string, to int64) (Appli
 }
 
 type applier struct {
-	db *bolt.DB
-	tx *bolt.Tx
+	db   *bolt.DB
+	tx   *bolt.Tx
+	keys *crypt.Keyring
 	// leases are those live at the point reached, with their TTLs; ttls
 	// every TTL learned; revoked the leases known gone; referenced those
 	// a key written was attached to.
@@ -242,7 +250,7 @@ func (a *applier) readBase() (int64, error) {
 // segment applies one segment's revisions after *covered up to to, and
 // reports whether the segment ended exactly at to.
 func (a *applier) segment(ctx context.Context, s Store, ref Ref, to int64, covered *int64, chain *[]byte, out *Applied) (bool, error) {
-	seg, rc, err := openSegment(ctx, s, ref)
+	seg, rc, err := openSegment(ctx, s, ref, a.keys)
 	if isNotFound(err) && ref.First <= *covered {
 		return false, nil // merged into the segment applied before it, then deleted
 	}
@@ -254,6 +262,9 @@ func (a *applier) segment(ctx context.Context, s Store, ref Ref, to int64, cover
 		return false, nil // all applied from another segment already
 	}
 	out.Segments++
+	if e := seg.Header.Encryption; e != nil && !slices.Contains(out.Keys, e.KeyID) {
+		out.Keys = append(out.Keys, e.KeyID)
+	}
 	beyond := false
 	for {
 		before := seg.Chain()
@@ -303,7 +314,7 @@ func (a *applier) segment(ctx context.Context, s Store, ref Ref, to int64, cover
 // leadingLeases applies the lease records at the head of the segment
 // after the target, up to its first revision.
 func (a *applier) leadingLeases(ctx context.Context, s Store, ref Ref, to int64) error {
-	seg, rc, err := openSegment(ctx, s, ref)
+	seg, rc, err := openSegment(ctx, s, ref, a.keys)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -125,6 +126,8 @@ type Capture struct {
 	Store Store
 	Log   *slog.Logger
 	Now   func() time.Time
+	// Keys, with a writing key, encrypt the segments uploaded.
+	Keys *crypt.Keyring
 
 	mu     sync.Mutex
 	status Status
@@ -717,7 +720,7 @@ func (e *conflictError) Error() string {
 // conflictError says where to trim it.
 func (c *Capture) upload(ctx context.Context, s spooled) error {
 	key := KeyOf(s.Header)
-	r, err := s.open()
+	r, err := s.object(c.Keys)
 	if err != nil {
 		return err
 	}

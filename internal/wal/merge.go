@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 )
 
 // Merging. Capture cuts a segment every 200ms: hundreds of thousands of
@@ -109,7 +111,7 @@ func planMerge(segs []Header, windows []time.Duration, now time.Time, maxBytes i
 		}
 		for _, h := range live {
 			// A format 1 segment chains differently: it is left as it is.
-			if h.Level >= level || taken[KeyOf(h)] || h.Format < FormatVersion {
+			if h.Level >= level || taken[KeyOf(h)] || h.Format < 2 {
 				flush()
 				continue
 			}
@@ -136,6 +138,9 @@ type Merger struct {
 	// Windows are the merge windows of levels 1, 2, ...
 	Windows []time.Duration
 	Log     *slog.Logger
+	// Keys decrypt the sources and, with a writing key, encrypt the
+	// merged segments.
+	Keys *crypt.Keyring
 
 	// Segments never change once written: their headers are kept, and so
 	// are the sources found to disagree with what covers them (by source
@@ -248,7 +253,7 @@ func (m *Merger) merge(ctx context.Context, g mergeGroup) (Header, error) {
 	}
 	merged := spooled{Header: h, path: filepath.Join(m.Dir, spoolName(h.Timeline, h.First))}
 	defer merged.remove()
-	r, err := merged.open()
+	r, err := merged.object(m.Keys)
 	if err != nil {
 		return h, err
 	}
@@ -269,7 +274,7 @@ func (m *Merger) merge(ctx context.Context, g mergeGroup) (Header, error) {
 // it goes, and calls f with each record and the reader (for its chain).
 func (m *Merger) eachRecord(ctx context.Context, h Header, f func(Record, *Reader) error) error {
 	ref, _ := parseKey(KeyOf(h))
-	seg, rc, err := openSegment(ctx, m.Store, ref)
+	seg, rc, err := openSegment(ctx, m.Store, ref, m.Keys)
 	if err != nil {
 		return err
 	}

@@ -171,7 +171,7 @@ func records(t *testing.T, s Store) []Record {
 	var out []Record
 	var covered int64
 	for _, ref := range refs {
-		seg, rc, err := openSegment(context.Background(), s, ref)
+		seg, rc, err := openSegment(context.Background(), s, ref, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 )
 
 // Run is a stretch of a timeline's segments with no gap: capture started
@@ -73,20 +75,21 @@ func runs(ctx context.Context, s Store, timeline string) ([]Run, error) {
 }
 
 // RevisionAt is the last revision of the timeline captured at or before
-// t, and false when none was.
-func RevisionAt(ctx context.Context, s Store, timeline string, t time.Time) (int64, bool, error) {
+// t, and false when none was. It reads the times inside one segment, so
+// an encrypted one needs its key in keys (ErrNoKey otherwise).
+func RevisionAt(ctx context.Context, s Store, timeline string, t time.Time, keys *crypt.Keyring) (int64, bool, error) {
 	type found struct {
 		rev int64
 		ok  bool
 	}
 	f, err := relisting(func() (found, error) {
-		rev, ok, err := revisionAt(ctx, s, timeline, t)
+		rev, ok, err := revisionAt(ctx, s, timeline, t, keys)
 		return found{rev, ok}, err
 	})
 	return f.rev, f.ok, err
 }
 
-func revisionAt(ctx context.Context, s Store, timeline string, t time.Time) (int64, bool, error) {
+func revisionAt(ctx context.Context, s Store, timeline string, t time.Time, keys *crypt.Keyring) (int64, bool, error) {
 	runs, err := runs(ctx, s, timeline)
 	if err != nil {
 		return 0, false, err
@@ -115,15 +118,15 @@ func revisionAt(ctx context.Context, s Store, timeline string, t time.Time) (int
 				hi = mid - 1
 			}
 		}
-		return revisionIn(ctx, s, run.refs[lo], want)
+		return revisionIn(ctx, s, run.refs[lo], want, keys)
 	}
 	return 0, false, nil
 }
 
 // revisionIn scans one segment for the last revision observed at or
 // before want.
-func revisionIn(ctx context.Context, s Store, ref Ref, want int64) (int64, bool, error) {
-	seg, rc, err := openSegment(ctx, s, ref)
+func revisionIn(ctx context.Context, s Store, ref Ref, want int64, keys *crypt.Keyring) (int64, bool, error) {
+	seg, rc, err := openSegment(ctx, s, ref, keys)
 	if err != nil {
 		return 0, false, err
 	}

@@ -28,6 +28,12 @@
 // whichever leader wrote them. Lease records come from polling, which two
 // leaders do differently; they are outside the chain, covered by their
 // segment's sha256.
+//
+// With an encryption key (see package crypt), the body is encrypted with
+// age as it is uploaded: the header stays plaintext, so that listing,
+// resuming, pruning and merging plans need no key, and names the key;
+// such a segment is of FormatEncrypted. The spool on local disk stays
+// plaintext, as etcd's own data beside it is.
 package wal
 
 import (
@@ -42,6 +48,7 @@ import (
 	"hash"
 	"io"
 
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -54,12 +61,20 @@ var (
 	ErrGap = errors.New("wal: revisions are missing")
 	// ErrRange means a restore target lies outside what can be reached.
 	ErrRange = errors.New("wal: target is out of range")
+	// ErrNoKey means a segment is encrypted with a key this process does
+	// not hold; errors.As finds the *crypt.NoKeyError with the key's ID.
+	ErrNoKey = crypt.ErrNoKey
 )
 
-// FormatVersion is the segment format this package writes; it reads
-// every format up to it. Format 2 added digest records, and left the
-// observed time out of the hash chain.
+// FormatVersion is the format of the plaintext segments this package
+// writes. Format 2 added digest records, and left the observed time out
+// of the hash chain.
 const FormatVersion = 2
+
+// FormatEncrypted is the format of a segment whose body is encrypted:
+// format 2 once decrypted. Readers before it refuse such a segment by its
+// format rather than misread its body.
+const FormatEncrypted = 3
 
 // Bounds on what is read from a segment: far above any valid one.
 const (
@@ -91,6 +106,9 @@ type Header struct {
 	// Base is set on the first segment of a run: capture started right
 	// after this full backup.
 	Base *Base `json:"base,omitempty"`
+	// Encryption names the key the body is encrypted with (format 3);
+	// BodySize and SHA256 describe the body decrypted.
+	Encryption *crypt.Info `json:"encryption,omitempty"`
 }
 
 // Base is the full backup a run of segments starts from.
@@ -110,8 +128,10 @@ func RunStart(timeline string, rev int64) string {
 // Validate checks a header read from the store.
 func (h Header) Validate() error {
 	switch {
-	case h.Format < 1 || h.Format > FormatVersion:
-		return fmt.Errorf("%w: format %d, this etcd-manager reads 1 to %d", ErrCorrupt, h.Format, FormatVersion)
+	case h.Format < 1 || h.Format > FormatEncrypted:
+		return fmt.Errorf("%w: format %d, this etcd-manager reads 1 to %d", ErrCorrupt, h.Format, FormatEncrypted)
+	case (h.Format == FormatEncrypted) != (h.Encryption != nil):
+		return fmt.Errorf("%w: format %d with encryption %v: only format %d is encrypted, and it always is", ErrCorrupt, h.Format, h.Encryption != nil, FormatEncrypted)
 	case !spec.ValidClusterToken(h.Timeline):
 		return fmt.Errorf("%w: timeline %q is not a cluster token", ErrCorrupt, h.Timeline)
 	case h.First < 1 || h.Last < h.First:
@@ -124,6 +144,11 @@ func (h Header) Validate() error {
 		return fmt.Errorf("%w: sha256, prev and chain must be 64 hex digits", ErrCorrupt)
 	case h.Base != nil && (h.Base.Revision != h.First-1 || h.Prev != RunStart(h.Timeline, h.Base.Revision)):
 		return fmt.Errorf("%w: the run's base (revision %d) does not precede revision %d", ErrCorrupt, h.Base.Revision, h.First)
+	}
+	if h.Encryption != nil {
+		if err := h.Encryption.Validate(); err != nil {
+			return fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
 	}
 	return nil
 }
@@ -247,15 +272,25 @@ func (c countingReader) Read(p []byte) (int, error) {
 }
 
 // NewReader reads the header of the segment in r; name labels errors.
-func NewReader(r io.Reader, name string) (*Reader, error) {
+// An encrypted body is decrypted with keys (nil: none held): a key not
+// held is a *crypt.NoKeyError (ErrNoKey) before the body is read, and a
+// body that does not decrypt is ErrCorrupt.
+func NewReader(r io.Reader, name string, keys *crypt.Keyring) (*Reader, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	h, err := readHeader(br, name)
 	if err != nil {
 		return nil, err
 	}
+	body, err := keys.Decrypt(br, h.Encryption, "segment "+name)
+	if errors.Is(err, crypt.ErrCorrupt) {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("wal: %w", err)
+	}
 	prev, _ := hex.DecodeString(h.Prev)
 	sr := &Reader{Header: h, name: name, body: sha256.New(), chain: prev, last: h.First - 1}
-	sr.r = bufio.NewReaderSize(countingReader{r: br, h: sr.body, n: &sr.read}, 64<<10)
+	sr.r = bufio.NewReaderSize(countingReader{r: body, h: sr.body, n: &sr.read}, 64<<10)
 	return sr, nil
 }
 
@@ -403,6 +438,9 @@ func (s *Reader) Next() (Record, error) {
 }
 
 func (s *Reader) readErr(err error) error {
+	if errors.Is(err, crypt.ErrCorrupt) {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: %s is truncated after revision %d", ErrCorrupt, s.name, s.last)
 	}

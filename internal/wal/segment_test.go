@@ -54,7 +54,7 @@ func objectBytes(t *testing.T, s spooled) []byte {
 }
 
 func readAll(data []byte) ([]Record, *Reader, error) {
-	rd, err := NewReader(bytes.NewReader(data), "seg")
+	rd, err := NewReader(bytes.NewReader(data), "seg", nil)
 	if err != nil {
 		return nil, nil, err
 	}

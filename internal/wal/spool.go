@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 )
 
 // The spool is a local directory of cut segments waiting for upload,
@@ -159,6 +161,46 @@ func (s spooled) open() (io.ReadCloser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wal: spool: %w", err)
 	}
+	f, err := s.openBody()
+	if err != nil {
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(append(data, '\n')), io.LimitReader(f, s.Header.BodySize)), f}, nil
+}
+
+// object streams the segment as its store object: as open does, or with
+// a writing key the header, of FormatEncrypted and naming the key, then
+// the body encrypted.
+func (s spooled) object(keys *crypt.Keyring) (io.ReadCloser, error) {
+	if !keys.Encrypting() {
+		return s.open()
+	}
+	body, err := s.openBody()
+	if err != nil {
+		return nil, err
+	}
+	enc, info, err := keys.EncryptReader(io.LimitReader(body, s.Header.BodySize))
+	if err != nil {
+		body.Close()
+		return nil, fmt.Errorf("wal: %w", err)
+	}
+	h := s.Header
+	h.Format, h.Encryption = FormatEncrypted, info
+	data, err := json.Marshal(h)
+	if err != nil {
+		body.Close()
+		return nil, fmt.Errorf("wal: spool: %w", err)
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(append(data, '\n')), enc), body}, nil
+}
+
+func (s spooled) openBody() (*os.File, error) {
 	name := s.path + spoolExt
 	if s.legacy {
 		name = s.path + legacyBody
@@ -167,10 +209,7 @@ func (s spooled) open() (io.ReadCloser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wal: spool: %w", err)
 	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(append(data, '\n')), io.LimitReader(f, s.Header.BodySize)), f}, nil
+	return f, nil
 }
 
 func (s spooled) remove() error {
@@ -328,7 +367,7 @@ func trimSpooled(dir string, s spooled, after int64, want string) (spooled, bool
 		return s, false, err
 	}
 	defer r.Close()
-	rd, err := NewReader(r, s.path)
+	rd, err := NewReader(r, s.path, nil)
 	if err != nil {
 		return s, false, err
 	}

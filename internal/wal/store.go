@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -132,14 +133,14 @@ func ReadHeaderAt(ctx context.Context, s Store, key string) (Header, error) {
 	return h, checkName(ref, h)
 }
 
-// openSegment opens the segment ref names for reading; the caller closes
-// the returned closer.
-func openSegment(ctx context.Context, s Store, ref Ref) (*Reader, io.Closer, error) {
+// openSegment opens the segment ref names for reading, decrypting it with
+// keys when it is encrypted; the caller closes the returned closer.
+func openSegment(ctx context.Context, s Store, ref Ref, keys *crypt.Keyring) (*Reader, io.Closer, error) {
 	rc, err := s.Reader(ctx, ref.Key)
 	if err != nil {
 		return nil, nil, fmt.Errorf("wal: %w", err)
 	}
-	seg, err := NewReader(rc, ref.Key)
+	seg, err := NewReader(rc, ref.Key, keys)
 	if err == nil {
 		err = checkName(ref, seg.Header)
 	}

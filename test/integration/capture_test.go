@@ -140,7 +140,7 @@ func TestCaptureAcrossFaults(t *testing.T) {
 	}
 	for range 5 {
 		at := runs[0].FirstTime.Add(time.Duration(rng.Int64N(int64(runs[0].LastTime.Sub(runs[0].FirstTime)))))
-		rev, ok, err := wal.RevisionAt(ctx, s, tl, at)
+		rev, ok, err := wal.RevisionAt(ctx, s, tl, at, nil)
 		if err != nil || !ok {
 			t.Fatalf("revision at %s: %d %v %v", at, rev, ok, err)
 		}
@@ -360,7 +360,7 @@ func TestCaptureCatchesUp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sr, err := wal.NewReader(r, ref.Key)
+		sr, err := wal.NewReader(r, ref.Key, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -116,7 +116,7 @@ func testSegments(t *testing.T, ctx context.Context, s *store.Store, etcd *clien
 		if sum := sha256.Sum256(body); hex.EncodeToString(sum[:]) != h.SHA256 || int64(len(body)) != h.BodySize {
 			t.Fatalf("%s: body of %d bytes does not match its header's sha256 and size %d", ref.Key, len(body), h.BodySize)
 		}
-		rd, err := wal.NewReader(bytes.NewReader(data), ref.Key)
+		rd, err := wal.NewReader(bytes.NewReader(data), ref.Key, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,160 @@
+package controller
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/etcd-manager/etcd-manager/internal/crypt/crypttest"
+)
+
+// The key flags exist on the managing agent and the backup agent alike,
+// and parse as documented: one encryption key, decryption keys repeated.
+func TestKeyFlags(t *testing.T) {
+	dir := t.TempDir()
+	cur, curID := crypttest.KeyFile(t, dir, "current.key")
+	old1, old1ID := crypttest.KeyFile(t, dir, "old1.key")
+	old2, old2ID := crypttest.KeyFile(t, dir, "old2.key")
+	args := []string{"--backup-encryption-key-file=" + cur, "--backup-decryption-key-file=" + old1, "--backup-decryption-key-file", old2}
+
+	agent := Default()
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	agent.AddFlags(fs)
+	backupAgent := DefaultBackupAgent()
+	bfs := pflag.NewFlagSet("backup-agent", pflag.ContinueOnError)
+	backupAgent.AddFlags(bfs)
+	for name, set := range map[string]struct {
+		fs  *pflag.FlagSet
+		cfg *BackupConfig
+	}{"agent": {fs, &agent.Backup}, "backup-agent": {bfs, &backupAgent.Backup}} {
+		for _, f := range []string{flagEncryptionKeyFile, flagDecryptionKeyFiles} {
+			if fl := set.fs.Lookup(f); fl == nil || len(fl.Usage) < 20 {
+				t.Fatalf("%s: --%s is missing or has no help", name, f)
+			}
+		}
+		if err := set.fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		keys, err := set.cfg.Keyring()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := keys.IDs(), []string{curID, old1ID, old2ID}; !slices.Equal(got, want) || keys.WriteKeyID() != curID {
+			t.Errorf("%s: keys %v writing with %s, want %v writing with %s", name, got, keys.WriteKeyID(), want, curID)
+		}
+	}
+	// No flag: no keyring, plaintext as before.
+	if keys, err := Default().Backup.Keyring(); keys != nil || err != nil {
+		t.Errorf("without key files: %v, %v", keys.IDs(), err)
+	}
+	// Only decryption keys: reads old backups, writes plaintext.
+	c := DefaultBackupConfig()
+	c.DecryptionKeyFiles = []string{old1}
+	keys, err := c.Keyring()
+	if err != nil || keys.Encrypting() || !keys.Has(old1ID) {
+		t.Errorf("with a decryption key only: encrypting %v, keys %v, %v", keys.Encrypting(), keys.IDs(), err)
+	}
+}
+
+// The key files are checked when the configuration is validated, with
+// every problem named at once, and the key never in a message.
+func TestConfigValidateKeyFiles(t *testing.T) {
+	dir := t.TempDir()
+	good, _ := crypttest.KeyFile(t, dir, "good.key")
+	secret, _ := os.ReadFile(good)
+	write := func(name string, data []byte, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	shared := write("shared.key", secret, 0o644)
+	groupRead := write("group.key", secret, 0o640)
+	huge := write("huge.key", bytes.Repeat([]byte("#\n"), 40<<10), 0o600)
+	junk := write("junk.key", []byte("not a key\n"), 0o600)
+	tests := []struct {
+		name    string
+		enc     string
+		dec     []string
+		wantErr []string
+	}{
+		{name: "good encryption key", enc: good},
+		{name: "good keys both ways", enc: good, dec: []string{good}},
+		{name: "missing file", enc: filepath.Join(dir, "nope"), wantErr: []string{"--backup-encryption-key-file", "no such file"}},
+		{name: "world readable", enc: shared, wantErr: []string{"--backup-encryption-key-file", "shared.key has mode 0644", "group or others may access it", "chmod 600"}},
+		{name: "group readable", dec: []string{groupRead}, wantErr: []string{"--backup-decryption-key-file", "group.key has mode 0640"}},
+		{name: "too large", enc: huge, wantErr: []string{"huge.key is 81920 bytes, over the 65536"}},
+		{name: "not a key", dec: []string{good, junk}, wantErr: []string{"--backup-decryption-key-file", "junk.key holds no usable age key", "age-keygen"}},
+		{name: "every problem at once", enc: shared, dec: []string{junk}, wantErr: []string{"shared.key has mode", "junk.key holds no usable"}},
+		{name: "a directory", enc: dir, wantErr: []string{"is not a regular file"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, kind := range []string{"agent", "backup-agent"} {
+				var err error
+				if kind == "agent" {
+					c := validConfig()
+					c.Backup.EncryptionKeyFile, c.Backup.DecryptionKeyFiles = tt.enc, tt.dec
+					err = c.Validate()
+				} else {
+					c := DefaultBackupAgent()
+					c.BackupStore, c.Endpoints = "file:///tmp/x", []string{"http://127.0.0.1:2379"}
+					c.Backup.EncryptionKeyFile, c.Backup.DecryptionKeyFiles = tt.enc, tt.dec
+					c.Complete()
+					err = c.Validate()
+				}
+				if len(tt.wantErr) == 0 {
+					if err != nil {
+						t.Fatalf("%s: %v", kind, err)
+					}
+					continue
+				}
+				if err == nil {
+					t.Fatalf("%s: Validate accepted it", kind)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("%s: %q lacks %q", kind, err, w)
+					}
+				}
+				if strings.Contains(err.Error(), "AGE-SECRET-KEY") {
+					t.Errorf("%s: the error quotes the key: %v", kind, err)
+				}
+			}
+		})
+	}
+}
+
+// The agent says at start whether it encrypts, with key IDs only.
+func TestLogKeys(t *testing.T) {
+	dir := t.TempDir()
+	cur, curID := crypttest.KeyFile(t, dir, "current.key")
+	secret, _ := os.ReadFile(cur)
+	c := DefaultBackupConfig()
+	c.EncryptionKeyFile = cur
+	keys, err := c.Keyring()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	logKeys(slog.New(slog.NewTextHandler(&buf, nil)), keys)
+	out := buf.String()
+	if !strings.Contains(out, "encrypted at rest") || !strings.Contains(out, curID) {
+		t.Errorf("log = %q, want the key ID", out)
+	}
+	for _, l := range strings.Split(string(secret), "\n") {
+		if strings.HasPrefix(l, "AGE-SECRET-KEY") && strings.Contains(out, l) {
+			t.Fatal("the key was logged")
+		}
+	}
+}
