@@ -168,16 +168,16 @@ func (o FetchOptions) limit(dir string, meta Meta, key string) (limit, error) {
 	if err != nil {
 		return limit{}, fmt.Errorf("backup: %w", err)
 	}
-	o.Reserve = min(o.Reserve, total/10)
-	room := free - o.Reserve
+	reserve := min(o.Reserve, total/10)
+	room := free - reserve
 	if meta.Size > 0 && meta.Size > room {
-		return limit{}, fmt.Errorf("%w: %s unpacks to %d bytes (its meta), but %s has %d bytes free and %d must stay free", ErrTempFull, key, meta.Size, dir, free, o.Reserve)
+		return limit{}, fmt.Errorf("%w: %s unpacks to %d bytes (its meta), but %s has %d bytes free and %d must stay free", ErrTempFull, key, meta.Size, dir, free, reserve)
 	}
 	if o.MaxBytes > 0 && meta.Size > o.MaxBytes {
 		return limit{}, fmt.Errorf("%w: %s unpacks to %d bytes (its meta), over the agent's maximum of %d (--max-snapshot-bytes)", ErrTooLarge, key, meta.Size, o.MaxBytes)
 	}
 	lim := limit{bytes: room, over: func(n int64) error {
-		return fmt.Errorf("%w: %s unpacked to over %d bytes, the space %s has beyond the %d that must stay free; stopped there", ErrTempFull, key, n-1, dir, o.Reserve)
+		return fmt.Errorf("%w: %s unpacked to over %d bytes, the space %s has beyond the %d that must stay free; stopped there", ErrTempFull, key, n-1, dir, reserve)
 	}}
 	if o.MaxBytes > 0 && o.MaxBytes < lim.bytes {
 		lim = limit{bytes: o.MaxBytes, over: func(n int64) error {
@@ -190,7 +190,7 @@ func (o FetchOptions) limit(dir string, meta Meta, key string) (limit, error) {
 		}}
 	}
 	if lim.bytes <= 0 {
-		return limit{}, fmt.Errorf("%w: %s has %d bytes free and %d must stay free; no room to unpack %s", ErrTempFull, dir, free, o.Reserve, key)
+		return limit{}, fmt.Errorf("%w: %s has %d bytes free and %d must stay free; no room to unpack %s", ErrTempFull, dir, free, reserve, key)
 	}
 	return lim, nil
 }

@@ -93,22 +93,29 @@ func (r *recorder) SetVersion(_ context.Context, req VersionRequest) error {
 	return nil
 }
 
-func TestPeerAPIOverLoopback(t *testing.T) {
+// servePeerAPI serves the peer API of cluster "main" on loopback with
+// rec as the handler, and returns a client of it and its address.
+func servePeerAPI(t *testing.T, rec *recorder) (*Client, string) {
+	t.Helper()
 	creds := InsecureCredentials()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &recorder{}
 	srv := NewServer(creds, "main", rec)
 	go srv.Serve(l)
 	t.Cleanup(srv.Stop)
-
 	c, err := Dial(l.Addr().String(), "main", creds)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return c, l.Addr().String()
+}
+
+func TestPeerAPIOverLoopback(t *testing.T) {
+	rec := &recorder{}
+	c, addr := servePeerAPI(t, rec)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	info, err := c.Info(ctx)
@@ -162,7 +169,7 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 	}
 
 	// An agent of another cluster is refused before the handler runs.
-	other, _ := Dial(l.Addr().String(), "events", creds)
+	other, _ := Dial(addr, "events", InsecureCredentials())
 	defer other.Close()
 	if _, err := other.Info(ctx); err == nil || !strings.Contains(err.Error(), "another cluster") {
 		t.Errorf("cross-cluster info: %v", err)
@@ -176,20 +183,8 @@ func TestPeerAPIOverLoopback(t *testing.T) {
 // before the handler runs when the token could leave the node's data
 // folders.
 func TestPeerAPIRefusesHostileTokens(t *testing.T) {
-	creds := InsecureCredentials()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := &recorder{}
-	srv := NewServer(creds, "main", rec)
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
-	c, err := Dial(l.Addr().String(), "main", creds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := servePeerAPI(t, rec)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	for _, bad := range []string{"../../../victim", "", "a/b", "\x1b[2J"} {
