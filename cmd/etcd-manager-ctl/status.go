@@ -17,6 +17,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -57,6 +58,9 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 		defer s.Close()
 		if cs, err := s.ReadSpec(ctx); err == nil {
 			st.Spec = &cs
+		}
+		if r, err := pki.LoadRotation(ctx, s, isNotFound); err == nil && r != nil {
+			st.CARotation = r.Phase
 		}
 	}
 	disc, err := peer.ParseDiscovery(o.discovery, peer.DiscoveryOptions{
@@ -150,6 +154,9 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 		}
 	}
 	printCerts(w, st.Agents, time.Now())
+	if st.CARotation != "" {
+		fprintf(w, "\nCA rotation at phase %s: %s\n", st.CARotation, rotationNext(st.CARotation))
+	}
 	printMaintenance(w, st.Maintenance)
 	printWarnings(w, st.Warnings)
 	if len(st.Failing) > 0 {
@@ -183,12 +190,25 @@ func printCerts(w io.Writer, agents []cli.AgentStatus, now time.Time) {
 			continue
 		}
 		if !header {
-			fmt.Fprintf(tw, "\nID\tCERT EXPIRES\tCA\tCA EXPIRES\n")
+			fmt.Fprintf(tw, "\nID\tCERT EXPIRES\tCA\tCA EXPIRES\tTRUSTS\tETCD TRUSTS\n")
 			header = true
 		}
-		fprintf(tw, "%s\t%s\t%s\t%s\n", a.ID, expiry(c.NotAfter, now), c.CA, expiry(c.CANotAfter, now))
+		fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, expiry(c.NotAfter, now), c.CA, expiry(c.CANotAfter, now), shortFPs(a.Trust), shortFPs(a.EtcdTrust))
 	}
 	tw.Flush()
+}
+
+// shortFPs names CAs by the start of their fingerprints, as the CA
+// column does.
+func shortFPs(fps []string) string {
+	if len(fps) == 0 {
+		return "-"
+	}
+	out := make([]string, len(fps))
+	for i, fp := range fps {
+		out[i] = fp[:min(len(fp), 11)]
+	}
+	return strings.Join(out, ",")
 }
 
 // expiry is a date with the time left until it, in days.
@@ -280,7 +300,7 @@ func agentFromInfo(addr string, info peer.NodeInfo) cli.AgentStatus {
 	a := cli.AgentStatus{ID: info.NodeID, Address: addr, Role: role(info), EtcdVersion: info.EtcdVersion,
 		Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
 		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID,
-		Cert: info.Cert, BackupKeys: info.BackupKeys}
+		Cert: info.Cert, BackupKeys: info.BackupKeys, Trust: info.Trust, EtcdTrust: info.EtcdTrust}
 	if len(info.ClientURLs) > 0 && info.Member != nil {
 		a.ClientURL = info.ClientURLs[0]
 	}

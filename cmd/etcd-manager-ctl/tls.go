@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/etcd-manager/etcd-manager/internal/pki"
-	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // The ctl presents a client certificate to the agents' peer API (status)
@@ -36,10 +35,11 @@ func (o *options) clientTLS(ctx context.Context) (*tls.Config, error) {
 		}
 		return loadClientFiles(o.cacert, o.cert, o.key, time.Now())
 	}
-	ca, err := o.loadCA(ctx)
+	st, err := o.loadTrust(ctx)
 	if err != nil {
 		return nil, err
 	}
+	ca := st.CA
 	host, _ := os.Hostname()
 	certPEM, keyPEM, err := ca.Issue(pki.CertRequest{CommonName: "etcd-manager-ctl@" + host, Role: pki.RoleClient, Validity: ephemeralValidity}, nil, time.Now())
 	if err != nil {
@@ -49,7 +49,10 @@ func (o *options) clientTLS(ctx context.Context) (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pki.StaticClientConfig(pair, ca.Pool()), nil
+	// While a CA rotation runs, nodes hold certificates from either CA.
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(st.Trust)
+	return pki.StaticClientConfig(pair, pool), nil
 }
 
 // loadClientFiles reads a client certificate and the CA to trust, and
@@ -82,22 +85,27 @@ func loadClientFiles(caFile, certFile, keyFile string, now time.Time) (*tls.Conf
 	return pki.StaticClientConfig(pair, pool), nil
 }
 
-// loadCA reads the cluster's CA from --pki-dir or the backup store, and
-// refuses one that is not valid now.
-func (o *options) loadCA(ctx context.Context) (*pki.CA, error) {
+// loadTrust reads the cluster's CA from --pki-dir or the backup store,
+// and refuses one that is not valid now, with the CAs to trust: both of
+// a rotation's while one runs.
+func (o *options) loadTrust(ctx context.Context) (pki.StoreTrust, error) {
 	if o.pkiDir != "" {
-		return pki.LoadCADir(o.pkiDir, time.Now())
+		ca, err := pki.LoadCADir(o.pkiDir, time.Now())
+		if err != nil {
+			return pki.StoreTrust{}, err
+		}
+		return pki.StoreTrust{CA: ca, Trust: ca.CertPEM}, nil
 	}
 	s, err := o.openStore(ctx, false)
 	if err != nil {
-		return nil, err
+		return pki.StoreTrust{}, err
 	}
 	defer s.Close()
-	ca, err := pki.LoadStoreCA(ctx, s, func(err error) bool { return errors.Is(err, store.ErrNotFound) }, time.Now())
+	st, err := pki.LoadStoreTrust(ctx, s, isNotFound, time.Now())
 	if errors.Is(err, pki.ErrNoCA) {
-		return nil, fmt.Errorf("%w: the agents generate it when they first start with TLS; for agents started with --insecure, pass --insecure here too", err)
+		return st, fmt.Errorf("%w: the agents generate it when they first start with TLS; for agents started with --insecure, pass --insecure here too", err)
 	}
-	return ca, err
+	return st, err
 }
 
 // Validity of the certificates issue-client-cert writes. They cannot be
@@ -148,15 +156,16 @@ serial, SHA-256 fingerprint and expiry), to compare with the agents' CA.`,
 			if err := prepareOutDir(out, files); err != nil {
 				return err
 			}
-			ca, err := o.loadCA(cmd.Context())
+			st, err := o.loadTrust(cmd.Context())
 			if err != nil {
 				return err
 			}
+			ca := st.CA
 			certPEM, keyPEM, err := ca.Issue(pki.CertRequest{CommonName: name, Role: pki.RoleClient, Validity: validity}, nil, time.Now())
 			if err != nil {
 				return err
 			}
-			files[0].data, files[1].data, files[2].data = keyPEM, certPEM, ca.CertPEM
+			files[0].data, files[1].data, files[2].data = keyPEM, certPEM, st.Trust
 			if err := os.MkdirAll(out, 0o700); err != nil {
 				return fmt.Errorf("--out: %w", err)
 			}
@@ -173,6 +182,13 @@ serial, SHA-256 fingerprint and expiry), to compare with the agents' CA.`,
 				"issued by CA %q, serial %s, SHA-256 fingerprint %s, expires %s\n",
 				files[2].path, files[1].path, files[0].path, name, c.NotAfter.UTC().Format(time.RFC3339),
 				ca.Cert.Subject.CommonName, pki.Serial(ca.Cert), pki.Fingerprint(ca.Cert), ca.Cert.NotAfter.UTC().Format(time.RFC3339))
+			if r := st.Rotation; err == nil && r != nil && r.Phase != pki.PhaseDropOld {
+				fprintf(stdout, "a CA rotation is at phase %s: ca.crt holds both its CAs, the old %s and the new %s\n",
+					r.Phase, pki.Describe(r.Old()), pki.Describe(r.New()))
+				if ca.Cert.Equal(r.Old()) {
+					fprintf(stdout, "this certificate is from the old CA, which the cluster stops trusting at rotate-ca finish: issue another after rotate-ca continue\n")
+				}
+			}
 			return err
 		},
 	}

@@ -40,6 +40,10 @@ type AgentStatus struct {
 	// BackupKeys are the IDs of the encryption keys the agent holds for
 	// backups and captured segments, its writing key first.
 	BackupKeys []string `json:"backupKeys,omitempty"`
+	// Trust are the SHA-256 fingerprints of the CAs the agent trusts,
+	// and EtcdTrust those its etcd was started with.
+	Trust     []string `json:"trust,omitempty"`
+	EtcdTrust []string `json:"etcdTrust,omitempty"`
 }
 
 // Agent roles in AgentStatus.Role.
@@ -73,6 +77,8 @@ type ClusterStatus struct {
 	// comparisons and members rebuilt since it began to lead, and etcd's
 	// raised alarms.
 	Maintenance *peer.Maintenance `json:"maintenance,omitempty"`
+	// CARotation is the phase of the CA rotation in progress, if any.
+	CARotation string `json:"caRotation,omitempty"`
 }
 
 // CommandRow is one queued command in `list-commands`.

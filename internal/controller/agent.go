@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,10 +52,15 @@ type Agent struct {
 	// TLS of etcd clients (nil with --etcd-insecure). See tls.go.
 	creds, serverCreds credentials.TransportCredentials
 	etcdTLS            *tls.Config
-	ca                 *pki.CA
-	certInfo           atomic.Pointer[peer.CertInfo]
-	renewAt            time.Time
-	certExpiry         atomic.Int64
+	// certMu serializes renewals (renewLoop) and CA rotation steps
+	// (SyncCA), and guards ca, trust and renewAt.
+	certMu sync.Mutex
+	ca     *pki.CA
+	// trust is the PEM of the CAs the node trusts, as last read.
+	trust      []byte
+	certInfo   atomic.Pointer[peer.CertInfo]
+	renewAt    time.Time
+	certExpiry atomic.Int64
 	// certMarked is set while the node certificate on disk carries the
 	// node marker (read by the loop, set by renewals).
 	certMarked atomic.Bool
@@ -121,6 +127,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		go a.renewLoop(ctx)
 	}
 	verify := childVerifier()
+	var keeper node.CAKeeper
+	if a.tlsEnabled() {
+		keeper = caKeeper{a}
+	}
 	n := node.New(node.Config{
 		DataDir:                  a.cfg.DataDir,
 		EtcdBinDir:               a.cfg.EtcdBinDir,
@@ -136,6 +146,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		PeerCertCheckOff:         !a.cfg.EtcdPeerCertCheck,
 		ClientTLS:                a.etcdTLS,
 		CheckData:                childDataChecker(),
+		CA:                       keeper,
 	}, layout, st, storeFetcher{url: a.cfg.BackupStore, opts: a.cfg.fetchOptions(verify, a.keys), log: a.log}, a.log, a.now, a.poke)
 	lp, err := newLoop(a, n, verify)
 	if err != nil {

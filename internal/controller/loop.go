@@ -313,6 +313,10 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 		return lp.changed(lp.members.setSettings(ctx, obs, act))
 	case plan.SetPeerCertCheck:
 		return lp.changed(lp.members.setPeerCertCheck(ctx, obs, act))
+	case plan.SyncCA:
+		return lp.members.syncCA(ctx, obs, act)
+	case plan.AdvanceCARotation:
+		return lp.advanceCARotation(ctx, act)
 	case plan.DefragMember:
 		return lp.defrag(ctx, obs, act)
 	case plan.FinishDefrag:
@@ -356,7 +360,7 @@ func (lp *loop) noteOutcome(act plan.Action, err error) {
 	switch act := act.(type) {
 	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion, plan.SetMemberSettings, plan.SetPeerCertCheck,
 		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade, plan.DefragMember, plan.RecoverSpace, plan.DisarmNoSpace,
-		plan.CheckHashes, plan.DiscardMemberData, plan.DisarmCorrupt:
+		plan.CheckHashes, plan.DiscardMemberData, plan.DisarmCorrupt, plan.SyncCA, plan.AdvanceCARotation:
 	case plan.SetQuarantine:
 		if act.ID != "" {
 			return

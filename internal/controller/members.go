@@ -49,6 +49,7 @@ type memberAPI interface {
 	DiscardData(ctx context.Context, req peer.DiscardRequest) error
 	SetPeerURLs(ctx context.Context, req peer.PeerURLsRequest) error
 	SetPeerCertCheck(ctx context.Context, req peer.PeerCertCheckRequest) error
+	SyncCA(ctx context.Context, req peer.CARequest) error
 }
 
 // creationMarker is the store's once-only creation marker, written

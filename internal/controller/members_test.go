@@ -68,6 +68,7 @@ func (r recordingNode) SetPeerURLs(context.Context, peer.PeerURLsRequest) error 
 func (r recordingNode) SetPeerCertCheck(context.Context, peer.PeerCertCheckRequest) error {
 	return nil
 }
+func (r recordingNode) SyncCA(context.Context, peer.CARequest) error { return nil }
 
 // The creation marker already there is checked against its token: our
 // own (an SDK retry of a write that did succeed) is success; another

@@ -121,6 +121,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		obs.BackupFailedRecently = b.failedRecently()
 		obs.VersionBackup = lp.versionBackup
 		obs.Backoff = lp.failures.backingOff(lp.now())
+		obs.CARotation, obs.CARotationErr = lp.observeCARotation(ctx, s)
 	}
 	// The command queue matters to an agent that leads or may lead: the
 	// etcd leader, any agent while no etcd runs, and the lock holder.
@@ -179,6 +180,12 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		CertMarker:       lp.certMarker(),
 		PeerCertCheckOff: !lp.cfg.EtcdPeerCertCheck,
 		BackupKeys:       lp.keys.IDs(),
+		Trust:            lp.trustReport(),
+		EtcdTrust:        lp.node.EtcdTrust(),
+		CAFromDir:        lp.cfg.PKIDir != "" && lp.tlsEnabled(),
+	}
+	if ci := lp.certInfo.Load(); ci != nil {
+		self.CertCA = ci.CAFingerprint
 	}
 	if m := st.Member; m != nil {
 		self.HasData = lp.node.Layout().HasEtcdData(m.ClusterToken)
@@ -461,14 +468,19 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 }
 
 func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
-	return plan.Node{
+	n := plan.Node{
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
 		Member: membership(info.Member), HasData: info.HasData, DataLost: info.DataLost, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
 		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Revision: info.Revision, Installed: info.Installed, BackupKeys: info.BackupKeys,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
 		NoLeaderFor: info.NoLeaderFor, CertMarker: info.CertMarker, PeerCertCheckOff: info.PeerCertCheckOff,
+		Trust: info.Trust, EtcdTrust: info.EtcdTrust, CAFromDir: info.CAFromDir,
 	}
+	if info.Cert != nil {
+		n.CertCA = info.Cert.CAFingerprint
+	}
+	return n
 }
 
 func (lp *loop) peerClient(addr string) (*peer.Client, error) {
@@ -649,6 +661,9 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		Cert:                 lp.certInfo.Load(),
 		CertMarker:           self.CertMarker,
 		PeerCertCheckOff:     self.PeerCertCheckOff,
+		Trust:                self.Trust,
+		EtcdTrust:            self.EtcdTrust,
+		CAFromDir:            self.CAFromDir,
 	}
 	if leader {
 		info.Failing = lp.failures.report()

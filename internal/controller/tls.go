@@ -35,25 +35,34 @@ func (a *Agent) pkiFiles() pki.NodeFiles {
 
 func (a *Agent) tlsEnabled() bool { return !a.cfg.Insecure || !a.cfg.EtcdInsecure }
 
-// loadCA reads the CA from --pki-dir, or from the store, creating it
-// there on first use. Either refuses a CA that is not valid now.
-func (a *Agent) loadCA(ctx context.Context) (*pki.CA, error) {
+// loadTrust reads the CA from --pki-dir, or from the store, creating it
+// there on first use, with the CAs to trust (more than the CA while a
+// rotation runs). Either refuses a CA that is not valid now.
+func (a *Agent) loadTrust(ctx context.Context) (pki.StoreTrust, error) {
 	if a.cfg.PKIDir != "" {
-		return pki.LoadCADir(a.cfg.PKIDir, a.now())
+		ca, err := pki.LoadCADir(a.cfg.PKIDir, a.now())
+		if err != nil {
+			return pki.StoreTrust{}, err
+		}
+		return pki.StoreTrust{CA: ca, Trust: ca.CertPEM}, nil
 	}
 	// A store of its own: the renewal goroutine must not share the
 	// loop's.
 	s, err := store.Open(ctx, a.cfg.BackupStore, store.Options{Create: true})
 	if err != nil {
-		return nil, err
+		return pki.StoreTrust{}, err
 	}
 	defer s.Close()
 	ca, created, err := pki.EnsureStoreCA(ctx, s, isNotFound, isExists, a.now())
+	if err != nil {
+		return pki.StoreTrust{}, err
+	}
 	if created {
 		a.log.Warn("generated the cluster's CA and stored it in the backup store; its pki/ prefix holds the CA key, so guard it",
 			"key", pki.StoreCAKey, "expires", ca.Cert.NotAfter)
+		return pki.StoreTrust{CA: ca, Trust: ca.CertPEM}, nil
 	}
-	return ca, err
+	return pki.LoadStoreTrust(ctx, s, isNotFound, a.now())
 }
 
 // caOutOfDate reports whether err is about a CA that is not valid now.
@@ -155,23 +164,20 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 		}
 		delay = min(2*delay, 30*time.Second)
 	}
-	caPEM, err := os.ReadFile(files.CA())
-	if err != nil {
+	// Read at each handshake, so that a CA rotation needs no restart.
+	trust := pki.TrustFile(files.CA())
+	if _, err := trust.Pool(); err != nil {
 		return fmt.Errorf("controller: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return fmt.Errorf("controller: %s holds no certificate", files.CA())
 	}
 	if a.cfg.Insecure {
 		a.serverCreds, a.creds = insecure.NewCredentials(), insecure.NewCredentials()
 	} else {
 		a.refusals = newRefusalLog(refusalLogInterval, refusalLogMaxKeys, a.now)
-		a.serverCreds = credentials.NewTLS(pki.ServerConfig(files, pool, a.logRefusal))
-		a.creds = credentials.NewTLS(pki.NodeClientConfig(files, pool))
+		a.serverCreds = credentials.NewTLS(pki.ServerConfig(files, trust, a.logRefusal))
+		a.creds = credentials.NewTLS(pki.NodeClientConfig(files, trust))
 	}
 	if !a.cfg.EtcdInsecure {
-		a.etcdTLS = pki.ClientConfig(files, pool)
+		a.etcdTLS = pki.ClientConfig(files, trust)
 		if !a.cfg.EtcdPeerCertCheck {
 			a.log.Warn("etcd's peer port is to accept any certificate from the CA, an operator's too: --etcd-peer-cert-check=false turns the node certificate check off for the whole cluster",
 				"risk", "whoever holds a client certificate from the CA (issue-client-cert) can send raft traffic to etcd",
@@ -213,29 +219,92 @@ func (a *Agent) certOnDisk() (*x509.Certificate, bool) {
 // renewCert issues the node certificate if it is missing, due, or no
 // longer matches the node's addresses or the CA.
 func (a *Agent) renewCert(ctx context.Context) error {
+	a.certMu.Lock()
+	defer a.certMu.Unlock()
 	// A CA that went out of date is read again: it may have been
 	// replaced meanwhile.
 	if a.ca == nil || a.ca.ValidAt(a.now()) != nil {
-		ca, err := a.loadCA(ctx)
+		st, err := a.loadTrust(ctx)
 		if err != nil {
 			return err
 		}
-		a.ca = ca
+		a.ca, a.trust = st.CA, st.Trust
 	}
-	c, fresh, err := pki.EnsureNodeCert(a.ca, a.pkiFiles(), a.certRequest(), a.now())
+	return a.ensureCertLocked()
+}
+
+// ensureCertLocked issues the node certificate from a.ca as needed, and
+// writes a.trust; callers hold certMu.
+func (a *Agent) ensureCertLocked() error {
+	c, fresh, err := pki.EnsureNodeCert(a.ca, a.trust, a.pkiFiles(), a.certRequest(), a.now())
 	if err != nil {
 		return err
 	}
 	if fresh {
 		a.met.certRenewals.Inc()
-		a.log.Info("issued the node certificate", "expires", c.NotAfter, "renew-at", pki.RenewAt(c))
+		a.log.Info("issued the node certificate", "expires", c.NotAfter, "renew-at", pki.RenewAt(c), "ca", pki.ShortName(a.ca.Cert))
 	}
 	a.certExpiry.Store(c.NotAfter.Unix())
 	a.certMarked.Store(pki.CarriesName(c, a.nodeMarker()))
 	a.met.certExpiry.Set(float64(c.NotAfter.Unix()))
-	a.certInfo.Store(&peer.CertInfo{NotAfter: c.NotAfter.UTC(), CA: pki.ShortName(a.ca.Cert), CANotAfter: a.ca.Cert.NotAfter.UTC()})
+	a.certInfo.Store(&peer.CertInfo{NotAfter: c.NotAfter.UTC(), CA: pki.ShortName(a.ca.Cert), CANotAfter: a.ca.Cert.NotAfter.UTC(),
+		CAFingerprint: pki.Fingerprint(a.ca.Cert)})
 	a.renewAt = pki.RenewAt(c)
 	return nil
+}
+
+// ErrCAMismatch means this node read another CA or trust from the store
+// than the leader that asked it to take them up; the leader asks again.
+var ErrCAMismatch = errors.New("controller: the store's CA is not the one the leader read")
+
+// caKeeper takes up the store's CA and trust for the node (see
+// node.CAKeeper).
+type caKeeper struct{ a *Agent }
+
+// Sync reads the store's CA and trust again, checks that they are those
+// the leader read, and writes them to the node's files: a new issuing CA
+// gets the node a new key and certificate.
+func (k caKeeper) Sync(ctx context.Context, trust []string, issuer string) error {
+	a := k.a
+	if a.cfg.PKIDir != "" {
+		return errors.New("controller: this agent takes its CA from --pki-dir, so a CA rotation through the store cannot reach it; " +
+			"rotate a --pki-dir CA by replacing its files on every node")
+	}
+	a.certMu.Lock()
+	defer a.certMu.Unlock()
+	st, err := a.loadTrust(ctx)
+	if err != nil {
+		return err
+	}
+	got, gotIssuer := pki.Fingerprints(st.Trust), pki.Fingerprint(st.CA.Cert)
+	if !slices.Equal(got, sortedCopy(trust)) || gotIssuer != issuer {
+		return fmt.Errorf("%w: this node read CAs %v issued by %s, the leader %v issued by %s", ErrCAMismatch, got, gotIssuer, trust, issuer)
+	}
+	from := ""
+	if a.ca != nil {
+		from = pki.ShortName(a.ca.Cert)
+	}
+	a.ca, a.trust = st.CA, st.Trust
+	if err := a.ensureCertLocked(); err != nil {
+		return err
+	}
+	a.log.Info("took up the store's CA", "issuer", pki.ShortName(st.CA.Cert), "from", from, "trusted", len(got))
+	return nil
+}
+
+func sortedCopy(s []string) []string {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	return slices.Compact(c)
+}
+
+// trustReport is what the node reports of its CAs: the fingerprints its
+// trust file holds, nil without TLS.
+func (a *Agent) trustReport() []string {
+	if !a.tlsEnabled() {
+		return nil
+	}
+	return pki.FileFingerprints(a.pkiFiles().CA())
 }
 
 // renewLoop renews the node certificate when it is due, apart from the
@@ -250,7 +319,10 @@ func (a *Agent) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if a.now().Before(a.renewAt) {
+		a.certMu.Lock()
+		due := !a.now().Before(a.renewAt)
+		a.certMu.Unlock()
+		if !due {
 			continue
 		}
 		if err := a.renewCert(ctx); err != nil {

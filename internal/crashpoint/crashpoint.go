@@ -19,9 +19,11 @@ const Env = "ETCD_MANAGER_TEST_CRASH_AT"
 
 // Here SIGKILLs the agent when Env names this point. Its etcd dies with
 // it (the child's parent-death signal). It returns only when Env names
-// another point, or none.
+// another point, or none. Env may be point@claim, as for PauseEnv: only
+// the first process to create the claim file crashes, once.
 func Here(log *slog.Logger, name string) {
-	if os.Getenv(Env) != name {
+	point, claim, _ := strings.Cut(os.Getenv(Env), "@")
+	if point != name || !claimed(claim) {
 		return
 	}
 	log.Error("test hook: crashing here", "point", name)
@@ -45,13 +47,8 @@ func Pause(log *slog.Logger, name string) {
 		if point != name {
 			continue
 		}
-		if claim != "" {
-			f, err := os.OpenFile(claim, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-			if err != nil {
-				return // another process paused here already
-			}
-			fmt.Fprintf(f, "%d\n", os.Getpid())
-			f.Close()
+		if !claimed(claim) {
+			return // another process paused here already
 		}
 		log.Error("test hook: pausing here", "point", name, "pid", os.Getpid())
 		// Signal this very thread: a process-directed SIGSTOP may let it
@@ -63,4 +60,19 @@ func Pause(log *slog.Logger, name string) {
 		log.Warn("test hook: resumed", "point", name)
 		return
 	}
+}
+
+// claimed creates the claim file, if one is named, and reports whether
+// this process did: the first to pass a point claims it.
+func claimed(claim string) bool {
+	if claim == "" {
+		return true
+	}
+	f, err := os.OpenFile(claim, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return false
+	}
+	fmt.Fprintf(f, "%d\n", os.Getpid())
+	f.Close()
+	return true
 }

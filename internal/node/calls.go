@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
@@ -358,6 +359,45 @@ func (n *Node) SetPeerCertCheck(ctx context.Context, req peer.PeerCertCheckReque
 	} else {
 		n.log.Warn("restarting etcd to accept any certificate from the CA on its peer port", "from", cur.PeerCertHostname, "leader", req.LeaderID)
 	}
+	defer n.poke()
+	return n.startEtcdLocked(ctx)
+}
+
+// EtcdTrust are the fingerprints of the CAs etcd was last started with,
+// nil before it started or without TLS.
+func (n *Node) EtcdTrust() []string {
+	if p := n.etcdTrust.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// SyncCA serves the peer API: take up the store's CA and trust (a CA
+// rotation step), then, with req.RestartEtcd, restart a member's etcd
+// that runs with other CAs than its trust file now holds, as etcd reads
+// them only when it starts. Idempotent: files that are as the store says
+// are left alone, and so is an etcd that already trusts them.
+func (n *Node) SyncCA(ctx context.Context, req peer.CARequest) error {
+	if n.cfg.CA == nil {
+		return errors.New("node: this agent runs without TLS (--insecure and --etcd-insecure); it has no CA to rotate")
+	}
+	if err := n.cfg.CA.Sync(ctx, req.Trust, req.Issuer); err != nil {
+		return err
+	}
+	if !req.RestartEtcd || n.cfg.EtcdTLS == nil {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur := n.state.Member
+	if cur == nil || cur.ClusterToken != req.Token || !n.proc.Status().Wanted {
+		return nil
+	}
+	now := pki.FileFingerprints(n.cfg.EtcdTLS.CA)
+	if slices.Equal(n.EtcdTrust(), now) {
+		return nil
+	}
+	n.log.Warn("restarting etcd to take up the CAs it is to trust", "from", n.EtcdTrust(), "to", now, "leader", req.LeaderID)
 	defer n.poke()
 	return n.startEtcdLocked(ctx)
 }

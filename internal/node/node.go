@@ -25,6 +25,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -60,6 +61,18 @@ type Config struct {
 	// CheckData checks a member's database after an unclean exit; nil
 	// checks in this process (etcdproc.CheckData).
 	CheckData etcdproc.DataChecker
+	// CA takes up the store's CA and trust for a CA rotation; nil
+	// without TLS.
+	CA CAKeeper
+}
+
+// CAKeeper keeps the node's certificate files as the store says: the
+// CA that issues its certificate and the CAs it trusts.
+type CAKeeper interface {
+	// Sync reads the store's CA and trust again and writes them to the
+	// node's files, refusing when they are not the ones the leader read
+	// (trust and issuer, SHA-256 fingerprints).
+	Sync(ctx context.Context, trust []string, issuer string) error
 }
 
 // BackupFetcher fetches a backup from the store and verifies it,
@@ -99,6 +112,9 @@ type Node struct {
 	// dataRevision is the revision of the member's data when etcd last
 	// started on it (0: unknown).
 	dataRevision atomic.Int64
+	// etcdTrust are the fingerprints of the CAs in the trust file when
+	// etcd last started, which it keeps until it restarts.
+	etcdTrust atomic.Pointer[[]string]
 	// peerHTTP reads other members' peer ports; guarded by mu.
 	peerHTTP *http.Client
 	// isolated is set while etcd serves only its quarantine client URLs
@@ -445,6 +461,10 @@ func (n *Node) startEtcdLocked(ctx context.Context) error {
 	sp, err := n.etcdSpec(bins, m)
 	if err != nil {
 		return err
+	}
+	if tf := n.cfg.EtcdTLS; tf != nil {
+		fps := pki.FileFingerprints(tf.CA)
+		n.etcdTrust.Store(&fps)
 	}
 	if err := n.proc.Start(ctx, sp); err != nil {
 		return err

@@ -26,7 +26,7 @@ func TestSetPeerCertCheckRefusals(t *testing.T) {
 	files := func(names ...string) *etcdproc.TLSFiles {
 		f := pki.NodeFiles{Dir: t.TempDir()}
 		req := pki.CertRequest{CommonName: "n1", Role: pki.RoleNode, DNSNames: names, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: time.Hour}
-		if _, _, err := pki.EnsureNodeCert(ca, f, req, now); err != nil {
+		if _, _, err := pki.EnsureNodeCert(ca, nil, f, req, now); err != nil {
 			t.Fatal(err)
 		}
 		return &etcdproc.TLSFiles{CA: f.CA(), Cert: f.Cert(), Key: f.Key()}

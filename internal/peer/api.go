@@ -125,6 +125,13 @@ type NodeInfo struct {
 	PeerCertCheckOff bool   `json:"peerCertCheckOff,omitempty"`
 	// Cert is the node certificate the agent uses, nil without TLS.
 	Cert *CertInfo `json:"cert,omitempty"`
+	// Trust are the SHA-256 fingerprints of the CAs the agent trusts
+	// (its ca.crt), and EtcdTrust those its etcd was started with, which
+	// it keeps until it restarts; both nil without TLS. CAFromDir is set
+	// when the agent takes its CA from --pki-dir, not the store.
+	Trust     []string `json:"trust,omitempty"`
+	EtcdTrust []string `json:"etcdTrust,omitempty"`
+	CAFromDir bool     `json:"caFromDir,omitempty"`
 }
 
 // CertInfo is a node's certificate and the CA that issued it.
@@ -134,6 +141,8 @@ type CertInfo struct {
 	// fingerprint, as openssl prints it.
 	CA         string    `json:"ca"`
 	CANotAfter time.Time `json:"caNotAfter"`
+	// CAFingerprint is the issuing CA's whole SHA-256 fingerprint.
+	CAFingerprint string `json:"caFingerprint,omitempty"`
 }
 
 // MemberRef names an etcd member: its name (the node ID) and peer URLs.
@@ -292,6 +301,22 @@ type PeerCertCheckRequest struct {
 	Hostname    string `json:"hostname"`
 }
 
+// CARequest tells a node to read the CA and the CAs to trust from the
+// store again (a CA rotation), and to write them to its files, with a
+// new key and certificate when the issuing CA changed. Trust and Issuer
+// are the SHA-256 fingerprints the leader read: a node that reads
+// otherwise refuses, and is asked again. With RestartEtcd, a member of
+// the cluster with Token whose etcd runs with other CAs than its file
+// holds now restarts it (etcd reads them only when it starts).
+type CARequest struct {
+	ClusterName string   `json:"clusterName"`
+	LeaderID    string   `json:"leaderId"`
+	Token       string   `json:"token"`
+	Trust       []string `json:"trust"`
+	Issuer      string   `json:"issuer"`
+	RestartEtcd bool     `json:"restartEtcd,omitempty"`
+}
+
 // FenceRequest tells a node that a procedure's driver of Term has taken
 // over: from now on it refuses calls of older terms. It changes nothing
 // else.
@@ -359,6 +384,7 @@ type Handler interface {
 	Defrag(ctx context.Context, req DefragRequest) (DefragResult, error)
 	SetPeerURLs(ctx context.Context, req PeerURLsRequest) error
 	SetPeerCertCheck(ctx context.Context, req PeerCertCheckRequest) error
+	SyncCA(ctx context.Context, req CARequest) error
 	Fence(ctx context.Context, req FenceRequest) error
 }
 
@@ -468,6 +494,12 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 				}
 				return &Empty{}, s.h.SetPeerCertCheck(ctx, *r)
 			})},
+			{MethodName: "SyncCA", Handler: unary(func(ctx context.Context, r *CARequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.SyncCA(ctx, *r)
+			})},
 			{MethodName: "Fence", Handler: unary(func(ctx context.Context, r *FenceRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
@@ -493,6 +525,7 @@ func (r *DiscardRequest) clusterToken() string       { return r.Token }
 func (r *DefragRequest) clusterToken() string        { return r.Token }
 func (r *PeerURLsRequest) clusterToken() string      { return r.Token }
 func (r *PeerCertCheckRequest) clusterToken() string { return r.Token }
+func (r *CARequest) clusterToken() string            { return r.Token }
 
 func (s *Server) checkCluster(name string) error {
 	if name != s.clusterName {
@@ -693,6 +726,16 @@ func (c *Client) SetPeerCertCheck(ctx context.Context, req PeerCertCheckRequest)
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SetPeerCertCheck", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: set the peer certificate check on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// SyncCA tells the agent to take up the store's CA and trust, as a CA
+// rotation goes.
+func (c *Client) SyncCA(ctx context.Context, req CARequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/SyncCA", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: sync the CA on %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

@@ -30,7 +30,7 @@ func TestPeerAPIAuthorizesByRoleNotName(t *testing.T) {
 	srvFiles := pki.NodeFiles{Dir: t.TempDir()}
 	nodeReq := pki.CertRequest{CommonName: "n1", Role: pki.RoleNode, DNSNames: []string{"localhost", pki.NodeMarker("main")},
 		IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: time.Hour}
-	if _, _, err := pki.EnsureNodeCert(ca, srvFiles, nodeReq, now); err != nil {
+	if _, _, err := pki.EnsureNodeCert(ca, nil, srvFiles, nodeReq, now); err != nil {
 		t.Fatal(err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -38,7 +38,7 @@ func TestPeerAPIAuthorizesByRoleNotName(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
-	srv := NewServer(credentials.NewTLS(pki.ServerConfig(srvFiles, ca.Pool(), nil)), "main", rec)
+	srv := NewServer(credentials.NewTLS(pki.ServerConfig(srvFiles, pki.TrustPool(ca.Pool()), nil)), "main", rec)
 	go srv.Serve(l)
 	t.Cleanup(srv.Stop)
 

@@ -68,6 +68,10 @@ func (r *recorder) SetPeerCertCheck(_ context.Context, req PeerCertCheckRequest)
 	r.add("SetPeerCertCheck(" + req.Token + "," + req.Hostname + ")")
 	return nil
 }
+func (r *recorder) SyncCA(_ context.Context, req CARequest) error {
+	r.add("SyncCA(" + req.Token + "," + req.Issuer + ")")
+	return nil
+}
 func (r *recorder) Fence(_ context.Context, req FenceRequest) error {
 	r.add(fmt.Sprintf("Fence(%d)", req.Term))
 	return nil

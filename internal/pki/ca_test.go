@@ -168,7 +168,7 @@ func TestLoadStoreCA(t *testing.T) {
 func TestEnsureNodeCertRefusesAnOutOfDateCA(t *testing.T) {
 	ca := caAt(t, t0, time.Hour)
 	f := NodeFiles{Dir: filepath.Join(t.TempDir(), "pki")}
-	_, _, err := EnsureNodeCert(ca, f, nodeReq(time.Hour), t0.Add(2*time.Hour))
+	_, _, err := EnsureNodeCert(ca, nil, f, nodeReq(time.Hour), t0.Add(2*time.Hour))
 	if !errors.Is(err, ErrCAExpired) || !strings.Contains(err.Error(), "cannot issue the node certificate") {
 		t.Fatalf("EnsureNodeCert with an expired CA: %v", err)
 	}

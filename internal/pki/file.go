@@ -26,45 +26,93 @@ var ErrSymlink = errors.New("pki: refusing to write through a symbolic link")
 // connection (etcd's) keep their modification time. The folder must
 // exist; it may itself be reached through a link, as the caller named it.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	st, err := os.Lstat(path)
-	switch {
-	case err == nil && st.Mode()&fs.ModeSymlink != 0:
-		return fmt.Errorf("%w: %s; remove the link, or write elsewhere", ErrSymlink, path)
-	case err == nil && !st.Mode().IsRegular():
-		return fmt.Errorf("pki: %s is not a regular file (%s); remove it, or write elsewhere", path, st.Mode().Type())
-	case err == nil && st.Mode().Perm() == perm:
-		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
-			return nil
+	return WriteFilesAtomic(FileData{path, data, perm})
+}
+
+// FileData is one file for WriteFilesAtomic.
+type FileData struct {
+	Path string
+	Data []byte
+	Perm os.FileMode
+}
+
+// WriteFilesAtomic writes files as WriteFileAtomic does, with every new
+// file written and synced before the first rename, so that the renames
+// follow each other at once: a reader of a key and its certificate sees
+// a mismatched pair only for the instant between two renames. A file is
+// refused, and none is written, when any is a link or not a regular file.
+func WriteFilesAtomic(files ...FileData) error {
+	var todo []FileData
+	for _, f := range files {
+		st, err := os.Lstat(f.Path)
+		switch {
+		case err == nil && st.Mode()&fs.ModeSymlink != 0:
+			return fmt.Errorf("%w: %s; remove the link, or write elsewhere", ErrSymlink, f.Path)
+		case err == nil && !st.Mode().IsRegular():
+			return fmt.Errorf("pki: %s is not a regular file (%s); remove it, or write elsewhere", f.Path, st.Mode().Type())
+		case err == nil && st.Mode().Perm() == f.Perm:
+			if old, err := os.ReadFile(f.Path); err == nil && bytes.Equal(old, f.Data) {
+				continue
+			}
+		case err != nil && !errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("pki: %w", err)
 		}
-	case err != nil && !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("pki: %w", err)
+		todo = append(todo, f)
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*") // O_EXCL, 0600
+	tmps := make([]string, 0, len(todo))
+	defer func() {
+		for _, t := range tmps {
+			os.Remove(t) // a no-op once renamed
+		}
+	}()
+	for _, f := range todo {
+		t, err := writeTemp(f)
+		if err != nil {
+			return err
+		}
+		tmps = append(tmps, t)
+	}
+	dirs := map[string]bool{}
+	for i, f := range todo {
+		if err := os.Rename(tmps[i], f.Path); err != nil {
+			return fmt.Errorf("pki: %w", err)
+		}
+		dirs[filepath.Dir(f.Path)] = true
+	}
+	for dir := range dirs {
+		if err := syncDir(dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeTemp writes f's data to a new file beside it, created exclusively
+// with mode 0600, then set to f's mode and synced; it returns its name.
+func writeTemp(f FileData) (string, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(f.Path), "."+filepath.Base(f.Path)+"-*") // O_EXCL, 0600
 	if err != nil {
-		return fmt.Errorf("pki: %w", err)
+		return "", fmt.Errorf("pki: %w", err)
 	}
-	defer os.Remove(tmp.Name()) // a no-op once renamed
-	fail := func(err error) error {
+	fail := func(err error) (string, error) {
 		tmp.Close()
-		return fmt.Errorf("pki: write %s: %w", path, err)
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("pki: write %s: %w", f.Path, err)
 	}
-	if _, err := tmp.Write(data); err != nil {
+	if _, err := tmp.Write(f.Data); err != nil {
 		return fail(err)
 	}
-	if err := tmp.Chmod(perm); err != nil {
+	if err := tmp.Chmod(f.Perm); err != nil {
 		return fail(err)
 	}
 	if err := tmp.Sync(); err != nil {
 		return fail(err)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("pki: write %s: %w", path, err)
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("pki: write %s: %w", f.Path, err)
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("pki: %w", err)
-	}
-	return syncDir(dir)
+	return tmp.Name(), nil
 }
 
 // syncDir makes a rename in dir durable.

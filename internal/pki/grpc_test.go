@@ -19,12 +19,12 @@ func TestServerConfigServesGRPC(t *testing.T) {
 	ca := mustCAAt(t, now.Add(-time.Hour))
 	srv, cli := NodeFiles{Dir: t.TempDir()}, NodeFiles{Dir: t.TempDir()}
 	for _, f := range []NodeFiles{srv, cli} {
-		if _, _, err := EnsureNodeCert(ca, f, nodeReq(time.Hour), now); err != nil {
+		if _, _, err := EnsureNodeCert(ca, nil, f, nodeReq(time.Hour), now); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var refused []error
-	s := grpc.NewServer(grpc.Creds(credentials.NewTLS(ServerConfig(srv, ca.Pool(), func(_ net.Addr, err error) { refused = append(refused, err) }))))
+	s := grpc.NewServer(grpc.Creds(credentials.NewTLS(ServerConfig(srv, TrustPool(ca.Pool()), func(_ net.Addr, err error) { refused = append(refused, err) }))))
 	healthpb.RegisterHealthServer(s, health.NewServer())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -32,7 +32,7 @@ func TestServerConfigServesGRPC(t *testing.T) {
 	}
 	go func() { _ = s.Serve(l) }()
 	defer s.Stop()
-	cc, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(NodeClientConfig(cli, ca.Pool()))))
+	cc, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(NodeClientConfig(cli, TrustPool(ca.Pool())))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,21 +100,21 @@ func TestEnsureNodeCertAddsAndKeepsTheMarker(t *testing.T) {
 	ca := mustCA(t)
 	f := NodeFiles{Dir: t.TempDir()}
 	old := nodeReq(30 * time.Minute)
-	if _, _, err := EnsureNodeCert(ca, f, old, t0); err != nil {
+	if _, _, err := EnsureNodeCert(ca, nil, f, old, t0); err != nil {
 		t.Fatal(err)
 	}
 	key, _ := os.ReadFile(f.Key())
 	marked := old
 	marked.DNSNames = append([]string{NodeMarker("main")}, old.DNSNames...)
-	c, fresh, err := EnsureNodeCert(ca, f, marked, t0.Add(time.Minute))
+	c, fresh, err := EnsureNodeCert(ca, nil, f, marked, t0.Add(time.Minute))
 	if err != nil || !fresh || !CarriesName(c, NodeMarker("main")) {
 		t.Fatalf("upgrade: fresh=%v, names %v, %v; want a new certificate with the marker", fresh, c.DNSNames, err)
 	}
-	if _, fresh, err = EnsureNodeCert(ca, f, marked, t0.Add(2*time.Minute)); err != nil || fresh {
+	if _, fresh, err = EnsureNodeCert(ca, nil, f, marked, t0.Add(2*time.Minute)); err != nil || fresh {
 		t.Fatalf("a marked certificate was reissued before it was due: fresh=%v, %v", fresh, err)
 	}
 	for i, at := range []time.Time{t0.Add(22 * time.Minute), t0.Add(43 * time.Minute)} {
-		c, fresh, err = EnsureNodeCert(ca, f, marked, at)
+		c, fresh, err = EnsureNodeCert(ca, nil, f, marked, at)
 		if err != nil || !fresh {
 			t.Fatalf("renewal %d: fresh=%v, %v", i+1, fresh, err)
 		}

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 )
@@ -26,34 +27,50 @@ func (f NodeFiles) Cert() string { return filepath.Join(f.Dir, "node.crt") }
 func (f NodeFiles) Key() string  { return filepath.Join(f.Dir, "node.key") }
 
 // EnsureNodeCert makes sure the files hold a certificate from ca for req,
-// valid at now and not yet due for renewal, issuing one if not; it
-// refuses a CA that is not valid at now. It returns the certificate in
-// use and whether it is new. The key is kept
-// across renewals, so a renewal replaces node.crt alone, atomically, and
-// etcd, which reads the files on every new connection, never sees a
-// certificate with the wrong key.
-func EnsureNodeCert(ca *CA, f NodeFiles, req CertRequest, now time.Time) (*x509.Certificate, bool, error) {
+// valid at now and not yet due for renewal, issuing one if not, and that
+// ca.crt holds trust: the PEM of the CAs the node trusts, which must
+// include ca (nil trusts ca alone). It refuses a CA that is not valid at
+// now. It returns the certificate in use and whether it is new.
+//
+// A renewal by the same CA keeps the key, so it replaces node.crt alone,
+// atomically, and etcd, which reads the files on every new connection,
+// never sees a certificate with the wrong key. A certificate from another
+// CA (a CA rotation) gets a new key as well: both files are written
+// before either is renamed into place, so a reader sees a mismatched pair
+// only for the instant between the two renames, and retries.
+func EnsureNodeCert(ca *CA, trust []byte, f NodeFiles, req CertRequest, now time.Time) (*x509.Certificate, bool, error) {
 	if err := ca.ValidAt(now); err != nil {
 		return nil, false, fmt.Errorf("%w; cannot issue the node certificate from it", err)
+	}
+	if trust == nil {
+		trust = ca.CertPEM
+	}
+	if !slices.Contains(Fingerprints(trust), Fingerprint(ca.Cert)) {
+		return nil, false, fmt.Errorf("pki: the CAs to trust do not include %s, which issues the node certificate", Describe(ca.Cert))
 	}
 	if err := os.MkdirAll(f.Dir, 0o700); err != nil {
 		return nil, false, fmt.Errorf("pki: %w", err)
 	}
-	if err := WriteFileAtomic(f.CA(), ca.CertPEM, 0o644); err != nil {
+	if err := WriteFileAtomic(f.CA(), trust, 0o644); err != nil {
 		return nil, false, err
 	}
 	var key crypto.Signer
 	if data, err := os.ReadFile(f.Key()); err == nil {
 		key, _ = parseKeyPEM(data) // an unreadable key is replaced
 	}
-	if key != nil {
-		if data, err := os.ReadFile(f.Cert()); err == nil {
-			if c, err := ParseCertPEM(data); err == nil && ca.Verify(c, req.Role, now) == nil &&
-				publicKeysEqual(c.PublicKey, key.Public()) && SameNames(c, req.DNSNames, req.IPs) && now.Before(RenewAt(c)) {
-				return c, false, nil
-			}
-		}
-	} else {
+	var old *x509.Certificate
+	if data, err := os.ReadFile(f.Cert()); err == nil {
+		old, _ = ParseCertPEM(data)
+	}
+	if key != nil && old != nil && publicKeysEqual(old.PublicKey, key.Public()) && ca.Verify(old, req.Role, now) == nil &&
+		SameNames(old, req.DNSNames, req.IPs) && now.Before(RenewAt(old)) {
+		return old, false, nil
+	}
+	// The key is kept only for a certificate of the same CA.
+	sameCA := key != nil && old != nil && publicKeysEqual(old.PublicKey, key.Public()) &&
+		old.CheckSignatureFrom(ca.Cert) == nil
+	files := []FileData{}
+	if !sameCA {
 		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			return nil, false, fmt.Errorf("pki: key: %w", err)
@@ -63,15 +80,14 @@ func EnsureNodeCert(ca *CA, f NodeFiles, req CertRequest, now time.Time) (*x509.
 		if err != nil {
 			return nil, false, err
 		}
-		if err := WriteFileAtomic(f.Key(), kp, 0o600); err != nil {
-			return nil, false, err
-		}
+		files = append(files, FileData{f.Key(), kp, 0o600})
 	}
 	certPEM, _, err := ca.Issue(req, key, now)
 	if err != nil {
 		return nil, false, err
 	}
-	if err := WriteFileAtomic(f.Cert(), certPEM, 0o644); err != nil {
+	files = append(files, FileData{f.Cert(), certPEM, 0o644})
+	if err := WriteFilesAtomic(files...); err != nil {
 		return nil, false, err
 	}
 	c, err := ParseCertPEM(certPEM)
@@ -108,15 +124,15 @@ func (k *keyPair) get() (*tls.Certificate, error) {
 }
 
 // ServerConfig is the TLS of a server that requires a client certificate
-// from the CA in pool. It verifies the client itself so that a refusal
-// says why (expired, another CA, none), and reports each refusal to
-// onReject, when it is set, with the client's address (nil if unknown).
-// onReject runs on the handshake's goroutine, many at once.
-func ServerConfig(f NodeFiles, pool *x509.CertPool, onReject func(remote net.Addr, err error)) *tls.Config {
+// from a CA that trust holds. It verifies the client itself so that a
+// refusal says why (expired, another CA, none), and reports each refusal
+// to onReject, when it is set, with the client's address (nil if
+// unknown). onReject runs on the handshake's goroutine, many at once.
+func ServerConfig(f NodeFiles, trust *Trust, onReject func(remote net.Addr, err error)) *tls.Config {
 	kp := &keyPair{certFile: f.Cert(), keyFile: f.Key()}
 	verify := func(remote net.Addr) func([][]byte, [][]*x509.Certificate) error {
 		return func(raw [][]byte, _ [][]*x509.Certificate) error {
-			err := verifyRaw(pool, raw, time.Now())
+			err := verifyRaw(trust, raw, time.Now())
 			if err != nil && onReject != nil {
 				onReject(remote, err)
 			}
@@ -148,38 +164,65 @@ func ServerConfig(f NodeFiles, pool *x509.CertPool, onReject func(remote net.Add
 	return cfg
 }
 
-// ClientConfig is the TLS of a client that presents the node certificate
-// and trusts the CA in pool.
-func ClientConfig(f NodeFiles, pool *x509.CertPool) *tls.Config {
+// ClientConfig is the TLS of a node's calls to etcd: it presents the
+// node certificate, and takes a server that presents a node certificate
+// from a CA that trust holds, and, when it was dialled by name, carries
+// that name. Trust is read at each handshake (tls.Config's RootCAs would
+// be fixed), so a CA rotation needs no restart. A server reached at an
+// IP address is checked for the node role instead of the address: every
+// node certificate comes from the same CA, so the address would add no
+// assurance, as for the peer API (NodeClientConfig).
+func ClientConfig(f NodeFiles, trust *Trust) *tls.Config {
 	kp := &keyPair{certFile: f.Cert(), keyFile: f.Key()}
 	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		RootCAs:    pool,
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: true, // replaced by VerifyConnection
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return kp.get()
+		},
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("pki: the server presented no certificate")
+			}
+			c := cs.PeerCertificates[0]
+			if err := verifyTrusted(trust, c, RoleNode, time.Now()); err != nil {
+				return err
+			}
+			if cs.ServerName != "" {
+				if err := c.VerifyHostname(cs.ServerName); err != nil {
+					return fmt.Errorf("pki: %w", err)
+				}
+			}
+			return nil
 		},
 	}
 }
 
 // NodeClientConfig is the TLS of an agent calling another agent's peer
-// API. It trusts any node certificate from the CA, whatever address it was
-// reached at: agents find each other through discovery, behind NAT or
-// proxies, and every node holds a node certificate from the same CA
-// anyway, so the name check would add no assurance.
-func NodeClientConfig(f NodeFiles, pool *x509.CertPool) *tls.Config {
-	cfg := ClientConfig(f, pool)
-	cfg.InsecureSkipVerify = true // replaced by the check below
-	cfg.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
-		if len(raw) == 0 {
-			return errors.New("pki: the agent presented no certificate")
-		}
-		c, err := x509.ParseCertificate(raw[0])
-		if err != nil {
-			return fmt.Errorf("pki: the agent's certificate is unreadable: %w", err)
-		}
-		return verifyAgainst(pool, c, RoleNode, time.Now())
+// API. It trusts any node certificate from a CA that trust holds,
+// whatever address it was reached at: agents find each other through
+// discovery, behind NAT or proxies, and every node holds a node
+// certificate from the same CA anyway, so the name check would add no
+// assurance.
+func NodeClientConfig(f NodeFiles, trust *Trust) *tls.Config {
+	kp := &keyPair{certFile: f.Cert(), keyFile: f.Key()}
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: true, // replaced by the check below
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return kp.get()
+		},
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 {
+				return errors.New("pki: the agent presented no certificate")
+			}
+			c, err := x509.ParseCertificate(raw[0])
+			if err != nil {
+				return fmt.Errorf("pki: the agent's certificate is unreadable: %w", err)
+			}
+			return verifyTrusted(trust, c, RoleNode, time.Now())
+		},
 	}
-	return cfg
 }
 
 // StaticClientConfig is the TLS of a client that presents cert and trusts
@@ -188,7 +231,16 @@ func StaticClientConfig(cert tls.Certificate, pool *x509.CertPool) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{cert}}
 }
 
-func verifyRaw(pool *x509.CertPool, raw [][]byte, now time.Time) error {
+// verifyTrusted checks c against the CAs trust holds now.
+func verifyTrusted(trust *Trust, c *x509.Certificate, role string, now time.Time) error {
+	pool, err := trust.Pool()
+	if err != nil {
+		return err
+	}
+	return verifyAgainst(pool, c, role, now)
+}
+
+func verifyRaw(trust *Trust, raw [][]byte, now time.Time) error {
 	if len(raw) == 0 {
 		return errors.New("pki: the client presented no certificate")
 	}
@@ -196,7 +248,7 @@ func verifyRaw(pool *x509.CertPool, raw [][]byte, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("pki: the client's certificate is unreadable: %w", err)
 	}
-	return verifyAgainst(pool, c, "", now)
+	return verifyTrusted(trust, c, "", now)
 }
 
 // PeerRole returns the role of a verified client certificate chain's

@@ -89,7 +89,7 @@ func TestEnsureNodeCert(t *testing.T) {
 	ca := mustCA(t)
 	f := NodeFiles{Dir: t.TempDir()}
 	req := nodeReq(30 * time.Minute)
-	c1, fresh, err := EnsureNodeCert(ca, f, req, t0)
+	c1, fresh, err := EnsureNodeCert(ca, nil, f, req, t0)
 	if err != nil || !fresh {
 		t.Fatalf("first: fresh=%v, %v", fresh, err)
 	}
@@ -103,19 +103,22 @@ func TestEnsureNodeCert(t *testing.T) {
 		req       CertRequest
 		ca        *CA
 		wantFresh bool
+		// newKey: a renewal by the same CA keeps the key, so that
+		// node.crt alone changes; another CA (a rotation) gets a new one.
+		newKey bool
 	}{
-		{"before two thirds of its life: kept", t0.Add(19 * time.Minute), req, ca, false},
-		{"past two thirds: renewed", t0.Add(21 * time.Minute), req, ca, true},
+		{"before two thirds of its life: kept", t0.Add(19 * time.Minute), req, ca, false, false},
+		{"past two thirds: renewed", t0.Add(21 * time.Minute), req, ca, true, false},
 		{"an added address: reissued", t0.Add(22 * time.Minute), func() CertRequest {
 			r := req
 			r.IPs = append(r.IPs, net.ParseIP("127.0.0.9"))
 			return r
-		}(), ca, true},
-		{"another CA: reissued", t0.Add(23 * time.Minute), req, mustCA(t), true},
+		}(), ca, true, false},
+		{"another CA: reissued with a new key", t0.Add(23 * time.Minute), req, mustCA(t), true, true},
 	}
-	prev := c1
+	prev, prevKey := c1, key1
 	for _, s := range steps {
-		c, fresh, err := EnsureNodeCert(s.ca, f, s.req, s.at)
+		c, fresh, err := EnsureNodeCert(s.ca, nil, f, s.req, s.at)
 		if err != nil || fresh != s.wantFresh {
 			t.Fatalf("%s: fresh=%v, %v", s.name, fresh, err)
 		}
@@ -125,10 +128,14 @@ func TestEnsureNodeCert(t *testing.T) {
 		if err := s.ca.Verify(c, RoleNode, s.at); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
-		prev = c
-	}
-	if key, _ := os.ReadFile(f.Key()); string(key) != string(key1) {
-		t.Error("renewal replaced the key; it must keep it so node.crt alone changes")
+		key, _ := os.ReadFile(f.Key())
+		if changed := string(key) != string(prevKey); changed != s.newKey {
+			t.Errorf("%s: key replaced=%v, want %v", s.name, changed, s.newKey)
+		}
+		if pair, err := tls.LoadX509KeyPair(f.Cert(), f.Key()); err != nil || pair.Leaf == nil {
+			t.Errorf("%s: the files do not make a pair: %v", s.name, err)
+		}
+		prev, prevKey = c, key
 	}
 }
 
@@ -222,7 +229,7 @@ func TestServerConfigRefusals(t *testing.T) {
 	now := time.Now()
 	ca, other := mustCAAt(t, now.Add(-3*time.Hour)), mustCAAt(t, now.Add(-3*time.Hour))
 	srvFiles := NodeFiles{Dir: t.TempDir()}
-	if _, _, err := EnsureNodeCert(ca, srvFiles, nodeReq(time.Hour), now); err != nil {
+	if _, _, err := EnsureNodeCert(ca, nil, srvFiles, nodeReq(time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
 	trusted := ca.Pool()
@@ -255,7 +262,7 @@ func TestServerConfigRefusals(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var rejected error
 			var rejectedFrom net.Addr
-			srvCfg := ServerConfig(srvFiles, ca.Pool(), func(remote net.Addr, err error) { rejectedFrom, rejected = remote, err })
+			srvCfg := ServerConfig(srvFiles, TrustPool(ca.Pool()), func(remote net.Addr, err error) { rejectedFrom, rejected = remote, err })
 			l, err := tls.Listen("tcp", "127.0.0.1:0", srvCfg)
 			if err != nil {
 				t.Fatal(err)
@@ -315,14 +322,14 @@ func TestNodeClientConfig(t *testing.T) {
 	ca := mustCAAt(t, now.Add(-time.Hour))
 	other := mustCAAt(t, now.Add(-time.Hour))
 	self := NodeFiles{Dir: t.TempDir()}
-	if _, _, err := EnsureNodeCert(ca, self, nodeReq(time.Hour), now); err != nil {
+	if _, _, err := EnsureNodeCert(ca, nil, self, nodeReq(time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
 	server := func(ca *CA, role string) NodeFiles {
 		f := NodeFiles{Dir: t.TempDir()}
 		req := nodeReq(time.Hour)
 		req.Role, req.IPs, req.DNSNames = role, nil, []string{"somewhere-else.example"}
-		if _, _, err := EnsureNodeCert(ca, f, req, now); err != nil {
+		if _, _, err := EnsureNodeCert(ca, nil, f, req, now); err != nil {
 			t.Fatal(err)
 		}
 		return f
@@ -355,7 +362,7 @@ func TestNodeClientConfig(t *testing.T) {
 					c.Close()
 				}
 			}()
-			c, err := tls.Dial("tcp", l.Addr().String(), NodeClientConfig(self, ca.Pool()))
+			c, err := tls.Dial("tcp", l.Addr().String(), NodeClientConfig(self, TrustPool(ca.Pool())))
 			if err == nil {
 				c.Close()
 			}

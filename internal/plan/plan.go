@@ -33,6 +33,10 @@ type Observed struct {
 	Spec *spec.ClusterSpec
 	// SpecErr is set when the stored spec is unreadable or invalid.
 	SpecErr error
+	// CARotation is the store's CA rotation in progress, nil for none;
+	// CARotationErr is set when its record cannot be used (leader only).
+	CARotation    *CARotation
+	CARotationErr error
 	// SpecBinaryErr is set when this node has no etcd binary for the
 	// spec's version.
 	SpecBinaryErr error
@@ -242,6 +246,14 @@ type Node struct {
 	// (--etcd-peer-cert-check=false).
 	CertMarker       string
 	PeerCertCheckOff bool
+	// Trust are the SHA-256 fingerprints of the CAs its agent trusts,
+	// EtcdTrust those its etcd was started with, and CertCA that of the
+	// CA that issued its certificate; all empty without TLS. CAFromDir
+	// is set when its agent takes its CA from --pki-dir (see
+	// planCARotation).
+	Trust, EtcdTrust []string
+	CertCA           string
+	CAFromDir        bool
 }
 
 // ClusterView is the etcd cluster as its raft leader sees it.
@@ -760,7 +772,11 @@ func planMembership(o Observed) []Action {
 			next = planPeerCertCheck(o)
 		}
 		if len(next) == 0 {
-			next = planDefrag(o)
+			// A rotation at a gate only reports: maintenance goes on.
+			next = planCARotation(o)
+			if !acts(next) {
+				next = append(next, planDefrag(o)...)
+			}
 		}
 		steps = append(steps, next...)
 	}

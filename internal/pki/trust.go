@@ -1,0 +1,138 @@
+package pki
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"time"
+)
+
+// MaxTrustFileSize bounds the read of a node's ca.crt: one or two CA
+// certificates in PEM, a few KiB.
+const MaxTrustFileSize = 64 << 10
+
+// Trust is the set of CAs a node trusts: the certificates in its ca.crt,
+// read again whenever the file changes, so that a CA rotation reaches
+// the peer API and the agent's etcd clients without a restart. (etcd
+// itself reads the file only when it starts.)
+type Trust struct {
+	file string
+
+	mu      sync.Mutex
+	modTime time.Time
+	size    int64
+	pool    *x509.CertPool
+}
+
+// TrustFile is the trust kept in the PEM file at path.
+func TrustFile(path string) *Trust { return &Trust{file: path} }
+
+// TrustPool is a fixed trust, for callers that read no file.
+func TrustPool(pool *x509.CertPool) *Trust { return &Trust{pool: pool} }
+
+// Pool returns the CAs trusted now.
+func (t *Trust) Pool() (*x509.CertPool, error) {
+	if t.file == "" {
+		return t.pool, nil
+	}
+	st, err := os.Stat(t.file)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pool != nil && st.ModTime().Equal(t.modTime) && st.Size() == t.size {
+		return t.pool, nil
+	}
+	if st.Size() > MaxTrustFileSize {
+		return nil, fmt.Errorf("pki: %s is %d bytes, over the %d a set of CA certificates needs", t.file, st.Size(), MaxTrustFileSize)
+	}
+	data, err := os.ReadFile(t.file)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	certs, err := ParseCertsPEM(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, t.file)
+	}
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c)
+	}
+	t.pool, t.modTime, t.size = pool, st.ModTime(), st.Size()
+	return pool, nil
+}
+
+// ParseCertsPEM parses every certificate in PEM data, and refuses data
+// with none, or with a block it cannot parse.
+func ParseCertsPEM(data []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for rest := data; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("pki: %w", err)
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("pki: no PEM certificate found")
+	}
+	return out, nil
+}
+
+// Fingerprints are the SHA-256 fingerprints of the certificates in PEM
+// data, sorted: the set of CAs a trust file holds, in a form two nodes
+// can compare. Unreadable data has none.
+func Fingerprints(data []byte) []string {
+	certs, err := ParseCertsPEM(data)
+	if err != nil {
+		return nil
+	}
+	fps := make([]string, 0, len(certs))
+	for _, c := range certs {
+		fps = append(fps, Fingerprint(c))
+	}
+	slices.Sort(fps)
+	return slices.Compact(fps)
+}
+
+// FileFingerprints are the Fingerprints of the file at path, nil when it
+// cannot be read.
+func FileFingerprints(path string) []string {
+	st, err := os.Stat(path)
+	if err != nil || st.Size() > MaxTrustFileSize {
+		return nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	return Fingerprints(data)
+}
+
+// Bundle is the PEM of the given certificates, in order, each once.
+func Bundle(certs ...*x509.Certificate) []byte {
+	var b bytes.Buffer
+	var seen [][]byte
+	for _, c := range certs {
+		if c == nil || slices.ContainsFunc(seen, func(raw []byte) bool { return bytes.Equal(raw, c.Raw) }) {
+			continue
+		}
+		seen = append(seen, c.Raw)
+		b.Write(pemBlock("CERTIFICATE", c.Raw))
+	}
+	return b.Bytes()
+}
