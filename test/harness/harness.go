@@ -156,6 +156,15 @@ func (e *Env) ClientTLS() *tls.Config {
 	return e.clientTLS
 }
 
+// ResetClientTLS forgets the client certificate ClientTLS issued, so
+// that the next call issues another from the store's CA: after a CA
+// rotation, say.
+func (e *Env) ResetClientTLS() {
+	e.tlsMu.Lock()
+	defer e.tlsMu.Unlock()
+	e.clientTLS = nil
+}
+
 // TLS is ClientTLS of the agent's env.
 func (a *Agent) TLS() *tls.Config { return a.env.ClientTLS() }
 

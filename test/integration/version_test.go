@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"strings"
 	"sync"
@@ -42,7 +43,12 @@ func startWriter(t *testing.T, agents []*harness.Agent, maxOps int) *writer {
 // value: a second try changes nothing if the first was applied after
 // all); only a write that fails twice counts as failed.
 func startWriterRetrying(t *testing.T, agents []*harness.Agent, maxOps int, retry bool) *writer {
-	c, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), TLS: agents[0].TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	return startWriterTLS(t, agents, maxOps, retry, agents[0].TLS())
+}
+
+// startWriterTLS is startWriterRetrying with a client of TLS cfg.
+func startWriterTLS(t *testing.T, agents []*harness.Agent, maxOps int, retry bool, cfg *tls.Config) *writer {
+	c, err := clientv3.New(clientv3.Config{Endpoints: harness.Endpoints(agents), TLS: cfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
