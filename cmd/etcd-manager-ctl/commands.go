@@ -24,6 +24,8 @@ import (
 // on the root, so they may come before or after the command name, as in
 // the walkthrough: etcd-manager-ctl -member-count=1 --backup-store=... configure-cluster
 type options struct {
+	// stderr takes warnings, never stdout, which scripts may read.
+	stderr           io.Writer
 	backupStore      string
 	memberCount      int32
 	force            bool
@@ -50,7 +52,7 @@ type options struct {
 }
 
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
-	o := &options{output: "text", storeAttempts: 3}
+	o := &options{output: "text", storeAttempts: 3, stderr: stderr}
 	root := &cobra.Command{
 		Use:   "etcd-manager-ctl",
 		Short: "Operate an etcd-manager cluster through its backup store",

@@ -168,7 +168,7 @@ func (o *options) rotateCA(ctx context.Context, w io.Writer, step string, validi
 		if r.Phase == pki.PhaseReissued {
 			r.Phase, r.Updated = pki.PhaseDropOld, now.UTC()
 			if err := s.Write(ctx, pki.StoreRotation, r.Encode()); err != nil {
-				return err
+				return fmt.Errorf("record phase %s in %s: %w", r.Phase, pki.StoreRotation, err)
 			}
 			fprintf(w, "every node is to trust the new CA alone; certificates from the old CA %s are refused once each member restarts\n", pki.Describe(r.Old()))
 		}
@@ -210,7 +210,9 @@ func startRotation(ctx context.Context, s *store.Store, validity time.Duration, 
 		return nil, err
 	}
 	if next == nil || next.Cert.Equal(old.Cert) {
-		if next, err = pki.GenerateCA(now, validity); err != nil {
+		// Named by its date, to tell the two apart; backdated an hour,
+		// for agents whose clocks are behind this machine's.
+		if next, err = pki.GenerateNamedCA(now, validity, "etcd-manager CA "+now.UTC().Format(time.DateOnly), time.Hour); err != nil {
 			return nil, err
 		}
 		kp, err := next.KeyPEM()
@@ -218,7 +220,7 @@ func startRotation(ctx context.Context, s *store.Store, validity time.Duration, 
 			return nil, err
 		}
 		if err := s.Write(ctx, pki.StoreNextCAKey, append(kp, next.CertPEM...)); err != nil {
-			return nil, fmt.Errorf("store the new CA: %w", err)
+			return nil, fmt.Errorf("store the new CA in %s: %w", pki.StoreNextCAKey, err)
 		}
 	}
 	r := pki.NewRotation(old.Cert, next.Cert, now)
@@ -226,7 +228,12 @@ func startRotation(ctx context.Context, s *store.Store, validity time.Duration, 
 		if errors.Is(err, store.ErrExists) {
 			return nil, errors.New("a CA rotation was started meanwhile by someone else: see rotate-ca status")
 		}
-		return nil, err
+		return nil, fmt.Errorf("create %s: %w", pki.StoreRotation, err)
+	}
+	// The copy for whoever only trusts the cluster holds both CAs from
+	// now until the rotation ends.
+	if err := s.Write(ctx, pki.StoreCACert, r.Trust()); err != nil {
+		return nil, fmt.Errorf("write %s: %w", pki.StoreCACert, err)
 	}
 	return r, nil
 }
@@ -272,14 +279,18 @@ func continueRotation(ctx context.Context, s *store.Store, r *pki.Rotation, now 
 			return err
 		}
 		if err := s.Write(ctx, pki.StoreCAKey, append(kp, next.CertPEM...)); err != nil {
-			return err
-		}
-		if err := s.Write(ctx, pki.StoreCACert, next.CertPEM); err != nil {
-			return err
+			return fmt.Errorf("write the new CA to %s: %w", pki.StoreCAKey, err)
 		}
 	}
+	// Written again whatever an earlier run left: both CAs, until the end.
+	if err := s.Write(ctx, pki.StoreCACert, r.Trust()); err != nil {
+		return fmt.Errorf("write %s: %w", pki.StoreCACert, err)
+	}
 	r.Phase, r.Updated = pki.PhaseReissue, now.UTC()
-	return s.Write(ctx, pki.StoreRotation, r.Encode())
+	if err := s.Write(ctx, pki.StoreRotation, r.Encode()); err != nil {
+		return fmt.Errorf("record phase %s in %s: %w", r.Phase, pki.StoreRotation, err)
+	}
+	return nil
 }
 
 // waitRotation prints each phase the rotation reaches until it reaches

@@ -102,6 +102,11 @@ func (o *options) loadTrust(ctx context.Context) (pki.StoreTrust, error) {
 	}
 	defer s.Close()
 	st, err := pki.LoadStoreTrust(ctx, s, isNotFound, time.Now())
+	if errors.Is(err, pki.ErrBadRotation) && st.CA != nil {
+		// The operator's tools keep working, on the CA alone.
+		fprintf(o.stderr, "warning: %v; trusting the store's CA alone (see rotate-ca status)\n", err)
+		return st, nil
+	}
 	if errors.Is(err, pki.ErrNoCA) {
 		return st, fmt.Errorf("%w: the agents generate it when they first start with TLS; for agents started with --insecure, pass --insecure here too", err)
 	}

@@ -76,11 +76,17 @@ func (lp *loop) advanceCARotation(ctx context.Context, act plan.AdvanceCARotatio
 		return fmt.Errorf("%w: the CA rotation record changed meanwhile", errWait)
 	}
 	if act.To == "" {
+		// The copy for whoever only trusts the cluster drops the old CA
+		// first; the record goes last, so a crash before it ends here
+		// again.
+		if err := s.Write(ctx, pki.StoreCACert, r.Trust()); err != nil {
+			return fmt.Errorf("controller: write %s: %w", pki.StoreCACert, err)
+		}
 		if err := s.Delete(ctx, pki.StoreNextCAKey); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return err
+			return fmt.Errorf("controller: delete %s: %w", pki.StoreNextCAKey, err)
 		}
 		if err := s.Delete(ctx, pki.StoreRotation); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return err
+			return fmt.Errorf("controller: delete %s: %w", pki.StoreRotation, err)
 		}
 		lp.log.Warn("CA rotation done: every node trusts the new CA alone", "ca", pki.ShortName(r.New()),
 			"started", r.Started, "old-ca", pki.ShortName(r.Old()))
@@ -88,7 +94,7 @@ func (lp *loop) advanceCARotation(ctx context.Context, act plan.AdvanceCARotatio
 	}
 	r.Phase, r.Updated = act.To, lp.now().UTC()
 	if err := s.Write(ctx, pki.StoreRotation, r.Encode()); err != nil {
-		return err
+		return fmt.Errorf("controller: record phase %s in %s: %w", act.To, pki.StoreRotation, err)
 	}
 	lp.log.Warn("CA rotation phase done", "from", act.From, "to", act.To)
 	return nil

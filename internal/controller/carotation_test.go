@@ -2,6 +2,7 @@ package controller
 
 import (
 	"bytes"
+	"crypto/x509"
 	"errors"
 	"os"
 	"slices"
@@ -52,6 +53,21 @@ func TestCAKeeperSync(t *testing.T) {
 	both := []string{pki.Fingerprint(old.Cert), pki.Fingerprint(fresh.Cert)}
 	k := caKeeper{a}
 
+	// Malformed requests: refused before the store is read.
+	for _, bad := range []struct {
+		trust  []string
+		issuer string
+	}{
+		{nil, both[0]},
+		{append(slices.Clone(both), both[0]), both[0]},
+		{[]string{"\x1b[2J" + both[0][4:]}, both[0]},
+		{both, strings.Repeat("A", 1<<16)},
+	} {
+		if err := k.Sync(t.Context(), bad.trust, bad.issuer); !errors.Is(err, ErrBadCARequest) {
+			t.Errorf("Sync(%d CAs, issuer of %d bytes): %v, want ErrBadCARequest", len(bad.trust), len(bad.issuer), err)
+		}
+	}
+
 	// The leader read the old CA as the issuer: refused, nothing written.
 	err = k.Sync(t.Context(), both, pki.Fingerprint(old.Cert))
 	if !errors.Is(err, ErrCAMismatch) {
@@ -96,5 +112,84 @@ func TestCAKeeperSync(t *testing.T) {
 	a.cfg.PKIDir = t.TempDir()
 	if err := k.Sync(t.Context(), both, pki.Fingerprint(fresh.Cert)); err == nil || !strings.Contains(err.Error(), "--pki-dir") {
 		t.Errorf("an agent on --pki-dir: %v", err)
+	}
+}
+
+// An agent cut off from the leader catches up with the store's CA by
+// itself while a rotation record links it to its own, or when the store
+// trusts a subset of what it trusts; a CA with no such link is not taken
+// up, and the agent says so.
+func TestRefreshTrust(t *testing.T) {
+	a, rec := testAgent(t)
+	if err := a.setupTLS(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(t.Context(), a.cfg.BackupStore, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	old, err := pki.LoadStoreCA(t.Context(), s, isNotFound, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(k string, v []byte) {
+		t.Helper()
+		if err := s.Write(t.Context(), k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	asCAKey := func(ca *pki.CA) []byte {
+		key, _ := ca.KeyPEM()
+		return append(key, ca.CertPEM...)
+	}
+	files := a.pkiFiles()
+	issuer := func() *x509.Certificate {
+		t.Helper()
+		data, err := os.ReadFile(files.Cert())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := pki.ParseCertPEM(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	// Nothing changed: nothing done.
+	if err := a.refreshTrust(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// A CA unrelated to the node's replaces the store's: not taken up.
+	stranger := mustGenerateCA(t, time.Now(), 24*time.Hour)
+	write(pki.StoreCAKey, asCAKey(stranger))
+	if err := a.refreshTrust(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if issuer().CheckSignatureFrom(old.Cert) != nil || len(rec.find("the store's CA is unrelated to the CAs this node trusts, and no CA rotation links them; not taking it up")) != 1 {
+		t.Fatal("an unrelated CA was taken up, or not reported")
+	}
+	// A rotation at reissue that this agent missed: taken up.
+	fresh := mustGenerateCA(t, time.Now(), 24*time.Hour)
+	r := pki.NewRotation(old.Cert, fresh.Cert, time.Now())
+	r.Phase = pki.PhaseReissue
+	write(pki.StoreCAKey, asCAKey(fresh))
+	write(pki.StoreRotation, r.Encode())
+	if err := a.refreshTrust(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if issuer().CheckSignatureFrom(fresh.Cert) != nil || len(pki.FileFingerprints(files.CA())) != 2 {
+		t.Fatal("the missed reissue was not taken up")
+	}
+	// The rotation ended meanwhile: the store trusts a subset.
+	if err := s.Delete(t.Context(), pki.StoreRotation); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.refreshTrust(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := pki.FileFingerprints(files.CA()); !slices.Equal(got, []string{pki.Fingerprint(fresh.Cert)}) {
+		t.Fatalf("after the rotation ended the node trusts %v, want the new CA alone", got)
 	}
 }

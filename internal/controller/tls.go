@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -174,10 +175,10 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 	} else {
 		a.refusals = newRefusalLog(refusalLogInterval, refusalLogMaxKeys, a.now)
 		a.serverCreds = credentials.NewTLS(pki.ServerConfig(files, trust, a.logRefusal))
-		a.creds = credentials.NewTLS(pki.NodeClientConfig(files, trust))
+		a.creds = credentials.NewTLS(pki.NodeClientConfig(files, trust, a.nodeMarker()))
 	}
 	if !a.cfg.EtcdInsecure {
-		a.etcdTLS = pki.ClientConfig(files, trust)
+		a.etcdTLS = pki.ClientConfig(files, trust, a.nodeMarker())
 		if !a.cfg.EtcdPeerCertCheck {
 			a.log.Warn("etcd's peer port is to accept any certificate from the CA, an operator's too: --etcd-peer-cert-check=false turns the node certificate check off for the whole cluster",
 				"risk", "whoever holds a client certificate from the CA (issue-client-cert) can send raft traffic to etcd",
@@ -211,6 +212,11 @@ func (a *Agent) certOnDisk() (*x509.Certificate, bool) {
 	}
 	c, err := pki.ParseCertPEM(data)
 	if err != nil || a.now().After(c.NotAfter) {
+		return nil, false
+	}
+	// A crash between the renames of a new key and its certificate
+	// leaves a pair that does not match: not usable.
+	if _, err := tls.LoadX509KeyPair(a.pkiFiles().Cert(), a.pkiFiles().Key()); err != nil {
 		return nil, false
 	}
 	return c, true
@@ -257,6 +263,10 @@ func (a *Agent) ensureCertLocked() error {
 // than the leader that asked it to take them up; the leader asks again.
 var ErrCAMismatch = errors.New("controller: the store's CA is not the one the leader read")
 
+// ErrBadCARequest means a request to take up the store's CA was
+// malformed.
+var ErrBadCARequest = errors.New("controller: malformed CA request")
+
 // caKeeper takes up the store's CA and trust for the node (see
 // node.CAKeeper).
 type caKeeper struct{ a *Agent }
@@ -266,6 +276,9 @@ type caKeeper struct{ a *Agent }
 // gets the node a new key and certificate.
 func (k caKeeper) Sync(ctx context.Context, trust []string, issuer string) error {
 	a := k.a
+	if len(trust) == 0 || len(trust) > 2 || !pki.ValidFingerprint(issuer) || slices.ContainsFunc(trust, func(fp string) bool { return !pki.ValidFingerprint(fp) }) {
+		return fmt.Errorf("%w: the request names %d CAs to trust, or a fingerprint of the wrong form", ErrBadCARequest, len(trust))
+	}
 	if a.cfg.PKIDir != "" {
 		return errors.New("controller: this agent takes its CA from --pki-dir, so a CA rotation through the store cannot reach it; " +
 			"rotate a --pki-dir CA by replacing its files on every node")
@@ -313,11 +326,18 @@ func (a *Agent) renewLoop(ctx context.Context) {
 	every := min(time.Minute, max(a.cfg.CertValidity/30, time.Second))
 	t := time.NewTicker(every)
 	defer t.Stop()
+	lastRefresh := a.now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if a.cfg.PKIDir == "" && a.now().Sub(lastRefresh) >= caRefreshEvery {
+			lastRefresh = a.now()
+			if err := a.refreshTrust(ctx); err != nil {
+				a.log.Warn("cannot check the store's CA against this node's", "error", err)
+			}
 		}
 		a.certMu.Lock()
 		due := !a.now().Before(a.renewAt)
@@ -330,6 +350,58 @@ func (a *Agent) renewLoop(ctx context.Context) {
 				"expires", time.Unix(a.certExpiry.Load(), 0).UTC())
 		}
 	}
+}
+
+// caRefreshEvery is how often an agent compares the store's CA and
+// trust with its own, to catch up on a CA rotation's steps it missed.
+var caRefreshEvery = 5 * time.Minute
+
+// refreshTrust takes up the store's CA and trust when they differ from
+// the node's, as far as that is safe without the leader: while a
+// rotation record links the store's CAs to the node's (the leader takes
+// every node through the same steps), or when the store trusts a subset
+// of what the node trusts (a rotation ended while this agent was cut
+// off). A CA unrelated to the node's, such as one generated after
+// pki/ca.key was lost, is not taken up: moving nodes to it one by one
+// would cut them off from each other. That is logged, with what to do.
+func (a *Agent) refreshTrust(ctx context.Context) error {
+	s, err := store.Open(ctx, a.cfg.BackupStore, store.Options{})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	st, err := pki.LoadStoreTrust(ctx, s, isNotFound, a.now())
+	if err != nil {
+		return err
+	}
+	a.certMu.Lock()
+	defer a.certMu.Unlock()
+	if a.ca != nil && a.ca.Cert.Equal(st.CA.Cert) && slices.Equal(pki.Fingerprints(a.trust), pki.Fingerprints(st.Trust)) {
+		return nil
+	}
+	have, want := pki.Fingerprints(a.trust), pki.Fingerprints(st.Trust)
+	if st.Rotation == nil && !subset(want, have) {
+		a.log.Error("the store's CA is unrelated to the CAs this node trusts, and no CA rotation links them; not taking it up",
+			"store-ca", pki.ShortName(st.CA.Cert), "trusted", have,
+			"fix", "if the store's CA was replaced on purpose, restart the agents one at a time; to change the CA live, put the old one back and use etcd-manager-ctl rotate-ca")
+		return nil
+	}
+	a.ca, a.trust = st.CA, st.Trust
+	if err := a.ensureCertLocked(); err != nil {
+		return err
+	}
+	a.log.Warn("took up the store's CA, which changed while this agent missed the leader's steps", "issuer", pki.ShortName(st.CA.Cert), "trusted", want)
+	return nil
+}
+
+// subset reports whether every element of a is in b.
+func subset(a, b []string) bool {
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			return false
+		}
+	}
+	return true
 }
 
 // etcdTLSFiles are the files etcd serves with, nil with --etcd-insecure.

@@ -32,7 +32,7 @@ func TestServerConfigServesGRPC(t *testing.T) {
 	}
 	go func() { _ = s.Serve(l) }()
 	defer s.Stop()
-	cc, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(NodeClientConfig(cli, TrustPool(ca.Pool())))))
+	cc, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(NodeClientConfig(cli, TrustPool(ca.Pool()), ""))))
 	if err != nil {
 		t.Fatal(err)
 	}

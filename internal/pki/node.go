@@ -148,6 +148,9 @@ func ServerConfig(f NodeFiles, trust *Trust, onReject func(remote net.Addr, err 
 		// refusal goes through verifyRaw and says why.
 		ClientAuth:            tls.RequestClientCert,
 		VerifyPeerCertificate: verify(nil),
+		// A resumed session would skip the check above: after a CA
+		// rotation a client of the dropped CA could resume one.
+		SessionTicketsDisabled: true,
 	}
 	cfg := base.Clone()
 	// Per connection, so that a refusal names the client.
@@ -166,13 +169,18 @@ func ServerConfig(f NodeFiles, trust *Trust, onReject func(remote net.Addr, err 
 
 // ClientConfig is the TLS of a node's calls to etcd: it presents the
 // node certificate, and takes a server that presents a node certificate
-// from a CA that trust holds, and, when it was dialled by name, carries
-// that name. Trust is read at each handshake (tls.Config's RootCAs would
-// be fixed), so a CA rotation needs no restart. A server reached at an
-// IP address is checked for the node role instead of the address: every
-// node certificate comes from the same CA, so the address would add no
-// assurance, as for the peer API (NodeClientConfig).
-func ClientConfig(f NodeFiles, trust *Trust) *tls.Config {
+// for serving from a CA that trust holds, and, when it was dialled by
+// name, carries that name. Trust is read at each handshake (tls.Config's
+// RootCAs would be fixed), so a CA rotation needs no restart.
+//
+// TLS does not tell this check the address a server was dialled at, so a
+// server reached at an IP address is checked for the node role instead,
+// as for the peer API (NodeClientConfig): every member holds a node
+// certificate from the same CA, so the address would add little. A
+// certificate that carries another cluster's node marker (a CA shared
+// through --pki-dir) is refused; one with no marker at all, from an
+// etcd-manager older than the marker, is taken.
+func ClientConfig(f NodeFiles, trust *Trust, marker string) *tls.Config {
 	kp := &keyPair{certFile: f.Cert(), keyFile: f.Key()}
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS12,
@@ -188,23 +196,27 @@ func ClientConfig(f NodeFiles, trust *Trust) *tls.Config {
 			if err := verifyTrusted(trust, c, RoleNode, time.Now()); err != nil {
 				return err
 			}
+			if !slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageServerAuth) {
+				return fmt.Errorf("pki: certificate %q may not serve", c.Subject.CommonName)
+			}
 			if cs.ServerName != "" {
 				if err := c.VerifyHostname(cs.ServerName); err != nil {
 					return fmt.Errorf("pki: %w", err)
 				}
 			}
-			return nil
+			return checkMarker(c, marker)
 		},
 	}
 }
 
 // NodeClientConfig is the TLS of an agent calling another agent's peer
-// API. It trusts any node certificate from a CA that trust holds,
-// whatever address it was reached at: agents find each other through
-// discovery, behind NAT or proxies, and every node holds a node
+// API. It trusts any node certificate of this cluster from a CA that
+// trust holds, whatever address it was reached at: agents find each other
+// through discovery, behind NAT or proxies, and every node holds a node
 // certificate from the same CA anyway, so the name check would add no
-// assurance.
-func NodeClientConfig(f NodeFiles, trust *Trust) *tls.Config {
+// assurance. As for ClientConfig, a certificate with another cluster's
+// node marker is refused.
+func NodeClientConfig(f NodeFiles, trust *Trust, marker string) *tls.Config {
 	kp := &keyPair{certFile: f.Cert(), keyFile: f.Key()}
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS12,
@@ -220,7 +232,10 @@ func NodeClientConfig(f NodeFiles, trust *Trust) *tls.Config {
 			if err != nil {
 				return fmt.Errorf("pki: the agent's certificate is unreadable: %w", err)
 			}
-			return verifyTrusted(trust, c, RoleNode, time.Now())
+			if err := verifyTrusted(trust, c, RoleNode, time.Now()); err != nil {
+				return err
+			}
+			return checkMarker(c, marker)
 		},
 	}
 }
@@ -229,6 +244,22 @@ func NodeClientConfig(f NodeFiles, trust *Trust) *tls.Config {
 // the CA in pool.
 func StaticClientConfig(cert tls.Certificate, pool *x509.CertPool) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{cert}}
+}
+
+// checkMarker refuses a node certificate that carries a node marker
+// other than marker: another cluster's, from a shared CA. A certificate
+// without any (an older etcd-manager's) passes, as does any with an
+// empty marker.
+func checkMarker(c *x509.Certificate, marker string) error {
+	if marker == "" || CarriesName(c, marker) {
+		return nil
+	}
+	for _, name := range c.DNSNames {
+		if IsReservedName(name) {
+			return fmt.Errorf("pki: certificate %q is a node certificate of another cluster (%s), not of this one (%s)", c.Subject.CommonName, name, marker)
+		}
+	}
+	return nil
 }
 
 // verifyTrusted checks c against the CAs trust holds now.

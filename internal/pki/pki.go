@@ -67,6 +67,13 @@ type CA struct {
 
 // GenerateCA makes a new self-signed CA, valid from now for validity.
 func GenerateCA(now time.Time, validity time.Duration) (*CA, error) {
+	return GenerateNamedCA(now, validity, "etcd-manager CA", time.Minute)
+}
+
+// GenerateNamedCA makes a new self-signed CA named name, valid from
+// backdate before now until validity after it: a CA made on one machine
+// for others, whose clocks may be behind, is backdated more.
+func GenerateNamedCA(now time.Time, validity time.Duration, name string, backdate time.Duration) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("pki: CA key: %w", err)
@@ -77,8 +84,8 @@ func GenerateCA(now time.Time, validity time.Duration) (*CA, error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: "etcd-manager CA", Organization: []string{"etcd-manager"}},
-		NotBefore:             now.Add(-time.Minute),
+		Subject:               pkix.Name{CommonName: name, Organization: []string{"etcd-manager"}},
+		NotBefore:             now.Add(-backdate),
 		NotAfter:              now.Add(validity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,

@@ -362,7 +362,7 @@ func TestNodeClientConfig(t *testing.T) {
 					c.Close()
 				}
 			}()
-			c, err := tls.Dial("tcp", l.Addr().String(), NodeClientConfig(self, TrustPool(ca.Pool())))
+			c, err := tls.Dial("tcp", l.Addr().String(), NodeClientConfig(self, TrustPool(ca.Pool()), ""))
 			if err == nil {
 				c.Close()
 			}

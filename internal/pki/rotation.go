@@ -174,22 +174,25 @@ type StoreTrust struct {
 // LoadStoreTrust reads the issuing CA (as LoadStoreCA) and the rotation
 // record, if any. Without a rotation the CA trusts itself alone. The
 // issuing CA must be one of the rotation's: a record that names neither
-// is refused.
+// is refused. A record that cannot be used is an error wrapping
+// ErrBadRotation, returned with the CA trusting itself alone, for a
+// caller that would rather go on with that (the ctl's status).
 func LoadStoreTrust(ctx context.Context, s Store, isNotFound func(error) bool, now time.Time) (StoreTrust, error) {
 	ca, err := LoadStoreCA(ctx, s, isNotFound, now)
 	if err != nil {
 		return StoreTrust{}, err
 	}
+	alone := StoreTrust{CA: ca, Trust: ca.CertPEM}
 	r, err := LoadRotation(ctx, s, isNotFound)
 	if err != nil || r == nil {
-		return StoreTrust{CA: ca, Trust: ca.CertPEM}, err
+		return alone, err
 	}
 	fp := Fingerprint(ca.Cert)
 	if fp != Fingerprint(r.Old()) && fp != Fingerprint(r.New()) {
-		return StoreTrust{}, fmt.Errorf("%w: %s is neither of its CAs (%s, then %s)", ErrBadRotation, Describe(ca.Cert), Describe(r.Old()), Describe(r.New()))
+		return alone, fmt.Errorf("%w: %s is neither of its CAs (%s, then %s)", ErrBadRotation, Describe(ca.Cert), Describe(r.Old()), Describe(r.New()))
 	}
 	if fp != Fingerprint(r.New()) && PhaseIndex(r.Phase) >= PhaseIndex(PhaseReissue) {
-		return StoreTrust{}, fmt.Errorf("%w: at phase %s, %s still holds the old CA", ErrBadRotation, r.Phase, StoreCAKey)
+		return alone, fmt.Errorf("%w: at phase %s, %s still holds the old CA", ErrBadRotation, r.Phase, StoreCAKey)
 	}
 	return StoreTrust{CA: ca, Trust: r.Trust(), Rotation: r}, nil
 }

@@ -117,6 +117,84 @@ func TestDecodeRotationRefusesJunk(t *testing.T) {
 	}
 }
 
+// serveTLS serves TLS on loopback with cfg, and returns a dial that
+// reports whether the server took the client: under TLS 1.3 the server
+// checks the client's certificate after the client's handshake returns,
+// so the server writes a byte once its own handshake passed.
+func serveTLS(t *testing.T, cfg *tls.Config) func(*tls.Config) error {
+	t.Helper()
+	l, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if c.(*tls.Conn).Handshake() == nil {
+					_, _ = c.Write([]byte("k"))
+				}
+			}()
+		}
+	}()
+	return func(cfg *tls.Config) error {
+		c, err := tls.Dial("tcp", l.Addr().String(), cfg)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		return err
+	}
+}
+
+// The agent's etcd and peer API clients take a node certificate of their
+// own cluster, or one from before the node marker, and refuse another
+// cluster's (a CA shared through --pki-dir) and an operator's.
+func TestClientConfigChecksTheMarker(t *testing.T) {
+	now := time.Now()
+	ca := mustCAAt(t, now)
+	marker, other := NodeMarker("main"), NodeMarker("events")
+	cli := NodeFiles{Dir: t.TempDir()}
+	ip := []net.IP{net.ParseIP("127.0.0.1")}
+	if _, _, err := EnsureNodeCert(ca, nil, cli, CertRequest{CommonName: "c", Role: RoleNode, DNSNames: []string{marker}, IPs: ip, Validity: time.Hour}, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		req  CertRequest
+		ok   bool
+	}{
+		{"this cluster's node", CertRequest{CommonName: "s", Role: RoleNode, DNSNames: []string{marker}, IPs: ip, Validity: time.Hour}, true},
+		{"a node from before the marker", CertRequest{CommonName: "s", Role: RoleNode, IPs: ip, Validity: time.Hour}, true},
+		{"another cluster's node", CertRequest{CommonName: "s", Role: RoleNode, DNSNames: []string{other}, IPs: ip, Validity: time.Hour}, false},
+		{"an operator's certificate", CertRequest{CommonName: "s", Role: RoleClient, IPs: ip, Validity: time.Hour}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := NodeFiles{Dir: t.TempDir()}
+			certPEM, keyPEM, err := ca.Issue(tt.req, nil, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := WriteFilesAtomic(FileData{srv.CA(), ca.CertPEM, 0o644}, FileData{srv.Cert(), certPEM, 0o644}, FileData{srv.Key(), keyPEM, 0o600}); err != nil {
+				t.Fatal(err)
+			}
+			dial := serveTLS(t, ServerConfig(srv, TrustFile(srv.CA()), nil))
+			for name, cfg := range map[string]*tls.Config{"etcd client": ClientConfig(cli, TrustFile(cli.CA()), marker), "peer client": NodeClientConfig(cli, TrustFile(cli.CA()), marker)} {
+				if err := dial(cfg); (err == nil) != tt.ok {
+					t.Errorf("%s: %v, want ok=%v", name, err, tt.ok)
+				}
+			}
+		})
+	}
+}
+
 // The peer API and the agent's etcd clients take up a change of the
 // trust file at the next handshake, with no restart: a server with a
 // certificate from a CA added to the file is accepted, and one from a CA
@@ -133,40 +211,9 @@ func TestTrustFileReloads(t *testing.T) {
 	if _, _, err := EnsureNodeCert(old, nil, cli, req, now); err != nil {
 		t.Fatal(err)
 	}
-	l, err := tls.Listen("tcp", "127.0.0.1:0", ServerConfig(srv, TrustFile(srv.CA()), nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if c.(*tls.Conn).Handshake() == nil {
-					_, _ = c.Write([]byte("k"))
-				}
-			}()
-		}
-	}()
-	// Under TLS 1.3 the server checks the client's certificate after the
-	// client's handshake returns: a byte from the server says it passed.
-	dial := func(cfg *tls.Config) error {
-		c, err := tls.Dial("tcp", l.Addr().String(), cfg)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		b := make([]byte, 1)
-		_, err = c.Read(b)
-		return err
-	}
-	etcdClient := ClientConfig(cli, TrustFile(cli.CA()))
-	peerClient := NodeClientConfig(cli, TrustFile(cli.CA()))
+	dial := serveTLS(t, ServerConfig(srv, TrustFile(srv.CA()), nil))
+	etcdClient := ClientConfig(cli, TrustFile(cli.CA()), "")
+	peerClient := NodeClientConfig(cli, TrustFile(cli.CA()), "")
 	if err := dial(etcdClient); err != nil {
 		t.Fatalf("same CA: %v", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"sync"
@@ -49,12 +50,9 @@ func (t *Trust) Pool() (*x509.CertPool, error) {
 	if t.pool != nil && st.ModTime().Equal(t.modTime) && st.Size() == t.size {
 		return t.pool, nil
 	}
-	if st.Size() > MaxTrustFileSize {
-		return nil, fmt.Errorf("pki: %s is %d bytes, over the %d a set of CA certificates needs", t.file, st.Size(), MaxTrustFileSize)
-	}
-	data, err := os.ReadFile(t.file)
+	data, err := readFileMax(t.file, MaxTrustFileSize)
 	if err != nil {
-		return nil, fmt.Errorf("pki: %w", err)
+		return nil, err
 	}
 	certs, err := ParseCertsPEM(data)
 	if err != nil {
@@ -112,15 +110,47 @@ func Fingerprints(data []byte) []string {
 // FileFingerprints are the Fingerprints of the file at path, nil when it
 // cannot be read.
 func FileFingerprints(path string) []string {
-	st, err := os.Stat(path)
-	if err != nil || st.Size() > MaxTrustFileSize {
-		return nil
-	}
-	data, err := os.ReadFile(path)
+	data, err := readFileMax(path, MaxTrustFileSize)
 	if err != nil {
 		return nil
 	}
 	return Fingerprints(data)
+}
+
+// readFileMax reads the file at path, refusing one over max bytes.
+func readFileMax(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("pki: %s is over the %d bytes a set of CA certificates needs", path, max)
+	}
+	return data, nil
+}
+
+// ValidFingerprint reports whether s has the form of Fingerprint: 32
+// upper-case hex pairs joined by colons.
+func ValidFingerprint(s string) bool {
+	if len(s) != 32*3-1 {
+		return false
+	}
+	for i, r := range s {
+		switch {
+		case i%3 == 2:
+			if r != ':' {
+				return false
+			}
+		case (r < '0' || r > '9') && (r < 'A' || r > 'F'):
+			return false
+		}
+	}
+	return true
 }
 
 // Bundle is the PEM of the given certificates, in order, each once.

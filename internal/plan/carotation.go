@@ -89,7 +89,7 @@ func planCARotation(o Observed) []Action {
 	r := o.CARotation
 	if r == nil {
 		if o.CARotationErr != nil {
-			return []Action{Report{Level: slog.LevelWarn, Msg: "the CA rotation record cannot be used; the rotation waits",
+			return []Action{Report{Level: slog.LevelWarn, Msg: "the CA rotation record cannot be read or used; the rotation waits",
 				Status: "CA rotation: " + o.CARotationErr.Error(), Attrs: []any{"error", o.CARotationErr}}}
 		}
 		return nil
@@ -101,7 +101,9 @@ func planCARotation(o Observed) []Action {
 	for _, m := range o.Cluster.Members {
 		n, ok := nodeOfMember(o, m)
 		if !ok || n.Member == nil || n.Member.ClusterToken != o.Cluster.Token {
-			return []Action{Report{Level: slog.LevelInfo, Msg: "the CA rotation waits: a member's agent is unreachable", Attrs: []any{"member", m.Name, "phase", r.Phase}}}
+			return []Action{Report{Level: slog.LevelInfo, Msg: "the CA rotation waits: a member's agent is unreachable, or not on this cluster yet",
+				Status: fmt.Sprintf("CA rotation: waiting at phase %s for the agent of member %s, which is unreachable or not on this cluster yet", r.Phase, m.Name),
+				Attrs:  []any{"member", m.Name, "phase", r.Phase}}}
 		}
 		v, _ := spec.ParseVersion(n.Member.EtcdVersion) // the health gate waits on a member not running it
 		ms = append(ms, memberNode{m: m, n: n, configured: v})
@@ -114,7 +116,7 @@ func planCARotation(o Observed) []Action {
 		case n.CAFromDir:
 			blocked = append(blocked, n.ID+" takes its CA from --pki-dir")
 		case len(n.Trust) == 0:
-			blocked = append(blocked, n.ID+" runs without TLS")
+			blocked = append(blocked, n.ID+" reports no CAs it trusts (it runs without TLS, or an etcd-manager older than CA rotation)")
 		}
 	}
 	if len(blocked) > 0 {
@@ -129,9 +131,11 @@ func planCARotation(o Observed) []Action {
 			return []Action{SyncCA{NodeID: n.ID, Trust: r.Trust, Issuer: r.Issuer, Phase: r.Phase}}
 		}
 	}
-	// 2. etcd, member by member.
+	// 2. etcd, member by member. A member whose etcd runs without TLS
+	// (--etcd-insecure, its agent's peer API on TLS) reports none, and
+	// has nothing to restart for.
 	if r.RollEtcd {
-		pending := func(x memberNode) bool { return !slices.Equal(x.n.EtcdTrust, r.Trust) }
+		pending := func(x memberNode) bool { return x.n.EtcdTrust != nil && !slices.Equal(x.n.EtcdTrust, r.Trust) }
 		if slices.ContainsFunc(ms, pending) {
 			sort.Slice(ms, func(i, j int) bool { return ms[i].m.Name < ms[j].m.Name })
 			if wait := healthGate(ms, "CA rotation"); wait != nil {
@@ -150,12 +154,4 @@ func planCARotation(o Observed) []Action {
 	}
 	// 3. The record.
 	return []Action{AdvanceCARotation{From: r.Phase, To: r.Next}}
-}
-
-// CARotationStatus is the line status shows for a rotation in progress.
-func CARotationStatus(r *CARotation) string {
-	if r.Gate != "" {
-		return fmt.Sprintf("CA rotation: phase %s, waiting for etcd-manager-ctl %s", r.Phase, r.Gate)
-	}
-	return "CA rotation: phase " + r.Phase + " in progress"
 }

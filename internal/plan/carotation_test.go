@@ -46,7 +46,7 @@ func TestPlanCARotation(t *testing.T) {
 			with(obs(nil, caNode("a", old, old, oldCA), caNode("b", old, old, oldCA), caNode("c", old, old, oldCA)), func(o *Observed) {
 				o.CARotationErr = errors.New("pki: invalid CA rotation record")
 			}),
-			"report[WARN] the CA rotation record cannot be used"},
+			"report[WARN] the CA rotation record cannot be read or used"},
 		{"trust-both: the files first, node by node in ID order, no restart",
 			obs(trustBoth, caNode("a", old, old, oldCA), caNode("b", old, old, oldCA), caNode("c", old, old, oldCA)),
 			"sync-ca a"},
@@ -105,6 +105,9 @@ func TestPlanCARotation(t *testing.T) {
 				o.Peers[2].Trust = nil
 			}),
 			"report[WARN] the CA rotation stalls"},
+		{"a member whose etcd runs without TLS (--etcd-insecure) is not restarted",
+			obs(trustBoth, caNode("a", both, both, oldCA), caNode("b", both, nil, oldCA), caNode("c", both, both, oldCA)),
+			"advance-ca-rotation trust-both trusted"},
 		{"another rolling change goes first",
 			with(obs(trustBoth, caNode("a", old, old, oldCA), caNode("b", old, old, oldCA), caNode("c", old, old, oldCA)), func(o *Observed) {
 				o.Spec.EtcdSettings = map[string]string{"snapshot-count": "20000"}

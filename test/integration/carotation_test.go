@@ -206,6 +206,9 @@ func rotateCA(t *testing.T, env *harness.Env, agents []*harness.Agent, clientDir
 			t.Errorf("agent %s trusts %v after trust-both, want %v", a.Name, got, both)
 		}
 	}
+	if got := storeCACert(t, env); !slices.Equal(got, both) {
+		t.Errorf("the store's pki/ca.crt holds %v during the rotation, want both CAs", got)
+	}
 	for id, fp := range nodeIssuers(t, env) {
 		if fp != oldFP {
 			t.Errorf("node %s holds a certificate from %s before continue, want the old CA", id, fp)
@@ -275,7 +278,26 @@ func rotateCA(t *testing.T, env *harness.Env, agents []*harness.Agent, clientDir
 	if got := storeCA(t, env); !got.Cert.Equal(newCA) {
 		t.Error("the store's CA is not the new one")
 	}
+	if got := storeCACert(t, env); !slices.Equal(got, []string{newFP}) {
+		t.Errorf("the store's pki/ca.crt holds %v after the rotation, want the new CA alone", got)
+	}
+	// Clients drop the old CA too.
+	env.MustCtl("issue-client-cert", "--out", clientDir, "--name", "writer")
+	if got := caFingerprints(t, filepath.Join(clientDir, "ca.crt")); !slices.Equal(got, []string{newFP}) {
+		t.Errorf("issue-client-cert after the rotation writes a ca.crt of %v, want the new CA alone", got)
+	}
+	env.ResetClientTLS()
 	return newCA
+}
+
+// storeCACert are the fingerprints of the CAs in the store's pki/ca.crt.
+func storeCACert(t *testing.T, env *harness.Env) []string {
+	t.Helper()
+	data, err := openStore(t, env.StoreURL).Read(t.Context(), pki.StoreCACert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki.Fingerprints(data)
 }
 
 // nextCA is the new CA of the rotation in progress, from the record.
