@@ -1098,7 +1098,7 @@ func runPITR(t *testing.T, sc scale) pitrRun {
 		t.Fatal(err)
 	}
 	start = time.Now()
-	r.applied, err = wal.Apply(ctx, s, path, timeline, r.head, nil)
+	r.applied, err = wal.Apply(ctx, s, path, timeline, r.head, wal.ApplyOptions{})
 	r.applySecs = time.Since(start).Seconds()
 	if err != nil {
 		t.Fatalf("apply to %d: %v", r.head, err)

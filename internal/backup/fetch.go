@@ -151,6 +151,15 @@ func Fetch(ctx context.Context, s Reader, name, dir string, opts FetchOptions) (
 	return path, meta, nil
 }
 
+// Fits checks, without reading the object, that the snapshot of the
+// backup whose meta this is may be unpacked into dir: that it is within
+// the maximum and leaves the reserve free. An error wraps ErrTooLarge or
+// ErrTempFull and names key; a meta that records no size fits.
+func (o FetchOptions) Fits(dir string, meta Meta, key string) error {
+	_, err := o.limit(dir, meta, key)
+	return err
+}
+
 // limit is where the snapshot's bytes stop, and what stopping there
 // means.
 type limit struct {
@@ -159,16 +168,38 @@ type limit struct {
 	over func(written int64) error
 }
 
-func (o FetchOptions) limit(dir string, meta Meta, key string) (limit, error) {
+// space is dir's free space and the part of it that must stay free.
+func (o FetchOptions) space(dir string) (free, reserve int64, err error) {
 	diskSpace := o.DiskSpace
 	if diskSpace == nil {
 		diskSpace = etcdproc.DiskSpace
 	}
 	free, total, err := diskSpace(dir)
 	if err != nil {
-		return limit{}, fmt.Errorf("backup: %w", err)
+		return 0, 0, fmt.Errorf("backup: %w", err)
 	}
-	reserve := min(o.Reserve, total/10)
+	return free, min(o.Reserve, total/10), nil
+}
+
+// Room is the largest snapshot that may be unpacked into dir now: its
+// free space less the reserve, or the maximum when that is smaller.
+func (o FetchOptions) Room(dir string) (int64, error) {
+	free, reserve, err := o.space(dir)
+	if err != nil {
+		return 0, err
+	}
+	room := max(free-reserve, 0)
+	if o.MaxBytes > 0 {
+		room = min(room, o.MaxBytes)
+	}
+	return room, nil
+}
+
+func (o FetchOptions) limit(dir string, meta Meta, key string) (limit, error) {
+	free, reserve, err := o.space(dir)
+	if err != nil {
+		return limit{}, err
+	}
 	room := free - reserve
 	if meta.Size > 0 && meta.Size > room {
 		return limit{}, fmt.Errorf("%w: %s unpacks to %d bytes (its meta), but %s has %d bytes free and %d must stay free", ErrTempFull, key, meta.Size, dir, free, reserve)

@@ -147,3 +147,36 @@ func TestFetch(t *testing.T) {
 func freeOf(n int64) func(string) (int64, int64, error) {
 	return func(string) (int64, int64, error) { return n, 100 << 30, nil }
 }
+
+// Fits judges a backup by its meta alone, as Fetch would before reading
+// it; Room is the largest snapshot that fits now.
+func TestFitsAndRoom(t *testing.T) {
+	const gib = int64(1 << 30)
+	opts := FetchOptions{Reserve: gib, MaxBytes: 4 * gib, DiskSpace: freeOf(100 * gib)}
+	for _, tt := range []struct {
+		name string
+		size int64
+		want error
+	}{
+		{"no size recorded", 0, nil},
+		{"within both", 4 * gib, nil},
+		{"over the maximum", 4*gib + 1, ErrTooLarge},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := opts.Fits(t.TempDir(), Meta{Size: tt.size}, "b/etcd.backup.gz")
+			if !errors.Is(err, tt.want) || (err != nil && !strings.Contains(err.Error(), "b/etcd.backup.gz")) {
+				t.Fatalf("Fits: %v, want %v naming the object", err, tt.want)
+			}
+		})
+	}
+	if room, err := opts.Room(t.TempDir()); err != nil || room != 4*gib {
+		t.Errorf("Room = %d, %v; want the maximum, 4 GiB", room, err)
+	}
+	small := FetchOptions{Reserve: gib, MaxBytes: 4 * gib, DiskSpace: freeOf(3 * gib)}
+	if err := small.Fits(t.TempDir(), Meta{Size: 3 * gib}, "b"); !errors.Is(err, ErrTempFull) {
+		t.Errorf("Fits past the free space: %v", err)
+	}
+	if room, err := small.Room(t.TempDir()); err != nil || room != 2*gib {
+		t.Errorf("Room = %d, %v; want the free space less the reserve, 2 GiB", room, err)
+	}
+}

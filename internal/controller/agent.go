@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -243,7 +244,17 @@ func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.Restore
 		return path, meta, keys, err
 	}
 	start := time.Now()
-	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision, opts.Keys)
+	// The snapshot may grow to what it takes now plus the room left.
+	var bound int64
+	if st, err := os.Stat(path); err == nil {
+		if room, err := opts.Room(dir); err == nil {
+			bound = st.Size() + room
+			if opts.MaxBytes > 0 {
+				bound = min(bound, opts.MaxBytes)
+			}
+		}
+	}
+	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision, wal.ApplyOptions{Keys: opts.Keys, MaxBytes: bound})
 	if err != nil {
 		return "", meta, keys, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
 	}

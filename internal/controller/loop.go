@@ -539,6 +539,10 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 	return procedure.Validated{Meta: meta, Keys: keys}, err
 }
 
+func (b procedureBackups) Fits(meta backup.Meta, name string) error {
+	return b.lp.cfg.fetchOptions(b.lp.backups.verify, b.lp.keys).Fits(b.lp.cfg.DataDir, meta, name)
+}
+
 func (b procedureBackups) RecordBranch(ctx context.Context, br wal.Branch) error {
 	s, err := b.lp.openStore(ctx)
 	if err != nil {

@@ -184,6 +184,9 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		EtcdTrust:        lp.node.EtcdTrust(),
 		CAFromDir:        lp.cfg.PKIDir != "" && lp.tlsEnabled(),
 	}
+	if room, err := lp.cfg.fetchOptions(nil, nil).Room(lp.cfg.DataDir); err == nil {
+		self.RestoreRoom = max(room, 1) // 0 would mean unknown
+	}
 	if ci := lp.certInfo.Load(); ci != nil {
 		self.CertCA = ci.CAFingerprint
 	}
@@ -475,7 +478,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Revision: info.Revision, Installed: info.Installed, BackupKeys: info.BackupKeys,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
 		NoLeaderFor: info.NoLeaderFor, CertMarker: info.CertMarker, PeerCertCheckOff: info.PeerCertCheckOff,
-		Trust: info.Trust, EtcdTrust: info.EtcdTrust, CAFromDir: info.CAFromDir,
+		Trust: info.Trust, EtcdTrust: info.EtcdTrust, CAFromDir: info.CAFromDir, RestoreRoom: info.RestoreRoom,
 	}
 	if info.Cert != nil {
 		n.CertCA = info.Cert.CAFingerprint
@@ -664,6 +667,7 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		Trust:                self.Trust,
 		EtcdTrust:            self.EtcdTrust,
 		CAFromDir:            self.CAFromDir,
+		RestoreRoom:          self.RestoreRoom,
 	}
 	if leader {
 		info.Failing = lp.failures.report()

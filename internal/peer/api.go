@@ -132,6 +132,10 @@ type NodeInfo struct {
 	Trust     []string `json:"trust,omitempty"`
 	EtcdTrust []string `json:"etcdTrust,omitempty"`
 	CAFromDir bool     `json:"caFromDir,omitempty"`
+	// RestoreRoom is the largest snapshot the agent would unpack for a
+	// restore now: its data dir's free space less the reserve, or its
+	// --max-snapshot-bytes when smaller; 0 when unknown.
+	RestoreRoom int64 `json:"restoreRoom,omitempty"`
 }
 
 // CertInfo is a node's certificate and the CA that issued it.

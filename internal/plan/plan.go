@@ -254,6 +254,9 @@ type Node struct {
 	Trust, EtcdTrust []string
 	CertCA           string
 	CAFromDir        bool
+	// RestoreRoom is the largest snapshot its agent would unpack for a
+	// restore now (0: unknown).
+	RestoreRoom int64
 }
 
 // ClusterView is the etcd cluster as its raft leader sees it.

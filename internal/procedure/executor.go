@@ -45,6 +45,10 @@ type Backups interface {
 	Validate(ctx context.Context, name string, p spec.RestorePoint) (Validated, error)
 	// Take takes a full backup through the etcd member from.
 	Take(ctx context.Context, from Source, reason string) (backup.Info, error)
+	// Fits checks from its meta alone that a backup may be unpacked here:
+	// one too large for the agent's maximum or its disk wraps
+	// backup.ErrTooLarge or backup.ErrTempFull.
+	Fits(meta backup.Meta, name string) error
 	// RecordBranch records where a restored cluster's timeline began.
 	RecordBranch(ctx context.Context, b wal.Branch) error
 }

@@ -49,3 +49,38 @@ func TestLackingKeys(t *testing.T) {
 		})
 	}
 }
+
+// A restore is refused before anything stops when a node that would
+// restore reports less room than the snapshot needs; a node that
+// reports none (an older agent) and a meta without a size are not
+// judged.
+func TestLackingRoom(t *testing.T) {
+	obs := plan.Observed{Peers: []plan.Node{
+		{ID: "a", RestoreRoom: 1 << 30},
+		{ID: "b", RestoreRoom: 1 << 20},
+		{ID: "c"},
+		{ID: "zz", RestoreRoom: 1}, // not a member of the restored cluster
+	}}
+	tests := []struct {
+		name    string
+		members []string
+		size    int64
+		want    string // "" when none lacks room
+	}{
+		{"room on every member", []string{"a", "b", "c"}, 1 << 20, ""},
+		{"a size no meta recorded", []string{"a", "b", "c"}, 0, ""},
+		{"one member short", []string{"a", "b", "c"}, 1<<20 + 1, "its snapshot is 1048577 bytes, and b has room for 1048576"},
+		{"both short", []string{"a", "b"}, 1<<30 + 1, "a has room for 1073741824, b has room for 1048576"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := lackingRoom(obs, tt.members, tt.size)
+			if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
+				t.Fatalf("lackingRoom = %q, want %q", got, tt.want)
+			}
+			if strings.Contains(got, "zz") || strings.Contains(got, "c has") {
+				t.Errorf("%q names a node it should not judge", got)
+			}
+		})
+	}
+}

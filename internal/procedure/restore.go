@@ -41,15 +41,19 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		}
 		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) ||
 			errors.Is(err, backup.ErrTooLarge) || errors.Is(err, backup.ErrTempFull) ||
-			errors.Is(err, wal.ErrCorrupt) || errors.Is(err, wal.ErrGap) || errors.Is(err, wal.ErrRange) {
+			errors.Is(err, wal.ErrCorrupt) || errors.Is(err, wal.ErrGap) || errors.Is(err, wal.ErrRange) || errors.Is(err, wal.ErrTooLarge) {
 			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore: %v; the cluster was not touched", err))
 		}
 		if err != nil {
 			return err
 		}
-		// Every node restores the backup itself: each needs its keys.
+		// Every node restores the backup itself: each needs its keys,
+		// and room for it.
 		if lacking := lackingKeys(obs, act.Members, checked.Keys); lacking != "" {
 			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore backup %s: %s; %s; the cluster was not touched", act.Backup, lacking, keyHint))
+		}
+		if lacking := lackingRoom(obs, act.Members, meta.Size); lacking != "" {
+			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore backup %s: %s; the cluster was not touched", act.Backup, lacking))
 		}
 		v, err := spec.ParseSupportedVersion(obs.Spec.EtcdVersion)
 		if err != nil {
@@ -100,6 +104,27 @@ func lackingKeys(obs plan.Observed, members, keys []string) string {
 		}
 	}
 	return strings.Join(out, "; ")
+}
+
+// lackingRoom says which of the nodes members report less room than a
+// snapshot of size bytes needs (their free space less the reserve, or
+// their --max-snapshot-bytes): "" when none does, or the size is not
+// known (a kops meta). A node that reports no room (an older agent) is
+// not judged; it refuses the snapshot itself.
+func lackingRoom(obs plan.Observed, members []string, size int64) string {
+	if size <= 0 {
+		return ""
+	}
+	var out []string
+	for _, n := range obs.Peers {
+		if slices.Contains(members, n.ID) && n.RestoreRoom > 0 && n.RestoreRoom < size {
+			out = append(out, fmt.Sprintf("%s has room for %d", n.ID, n.RestoreRoom))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("its snapshot is %d bytes, and %s (free space on the data dir less the reserve, or --max-snapshot-bytes)", size, strings.Join(out, ", "))
 }
 
 // choose makes the choice of a restore or dump-restore: a new cluster of
@@ -340,6 +365,17 @@ func (e *Executor) dumpBackup(ctx context.Context, obs plan.Observed, act plan.D
 			"dump for etcd "+p.EtcdVersion+" ("+act.ID+")")
 		if err != nil {
 			return err
+		}
+		// Every node unpacks the dump: one too large for this agent's
+		// maximum or disk fails now, while the old cluster still runs.
+		const untouched = "the old cluster was not stopped, and its quarantine is lifted"
+		if err := e.Backups.Fits(info.Meta, info.Name); errors.Is(err, backup.ErrTooLarge) || errors.Is(err, backup.ErrTempFull) {
+			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore the dump: %v; %s", err, untouched))
+		} else if err != nil {
+			return err
+		}
+		if lacking := lackingRoom(obs, p.Members, info.Meta.Size); lacking != "" {
+			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore the dump %s: %s; %s", info.Name, lacking, untouched))
 		}
 		p.Backup, p.Phase = info.Name, spec.RestoreStopping
 		p.ParentToken, p.ParentRevision = p.OldToken, wal.SnapshotRevision(info.Meta.Revision)

@@ -41,6 +41,18 @@ type Applied struct {
 	Keys []string
 }
 
+// ApplyOptions are Apply's keys and bound.
+type ApplyOptions struct {
+	// Keys decrypt encrypted segments.
+	Keys *crypt.Keyring
+	// MaxBytes bounds the snapshot file as it grows; 0 is no bound.
+	MaxBytes int64
+}
+
+// ErrTooLarge means the snapshot grew past its bound while segments were
+// applied.
+var ErrTooLarge = errors.New("wal: snapshot too large")
+
 // SnapshotRevision is the etcd revision of a snapshot whose status
 // reports rev: an empty store is at revision 1, where etcd starts, though
 // its key bucket holds nothing to say so.
@@ -68,9 +80,10 @@ const (
 // restore brings back every lease with its granted TTL and keys. The
 // segments are checked as they are read (sha256, chain, order); any
 // fault is an error wrapping ErrCorrupt or ErrGap, and the file is then
-// of no use. Encrypted segments are decrypted with keys; one whose key is
-// not held is an error wrapping ErrNoKey.
-func Apply(ctx context.Context, s Store, path, timeline string, to int64, keys *crypt.Keyring) (Applied, error) {
+// of no use. Encrypted segments are decrypted with opts.Keys; one whose
+// key is not held is an error wrapping ErrNoKey. A file that grows past
+// opts.MaxBytes is an error wrapping ErrTooLarge, checked at each commit.
+func Apply(ctx context.Context, s Store, path, timeline string, to int64, opts ApplyOptions) (Applied, error) {
 	out := Applied{}
 	refs, err := List(ctx, s, timeline)
 	if err != nil {
@@ -83,7 +96,7 @@ func Apply(ctx context.Context, s Store, path, timeline string, to int64, keys *
 	if err != nil {
 		return out, fmt.Errorf("wal: open snapshot %s: %w", path, err)
 	}
-	a := &applier{db: db, keys: keys, leases: map[int64]int64{}, ttls: map[int64]int64{}, revoked: map[int64]bool{}, referenced: map[int64]bool{}}
+	a := &applier{db: db, path: path, maxBytes: opts.MaxBytes, keys: opts.Keys, leases: map[int64]int64{}, ttls: map[int64]int64{}, revoked: map[int64]bool{}, referenced: map[int64]bool{}}
 	err = a.apply(ctx, s, refs, timeline, to, &out)
 	if a.tx != nil {
 		// Failed midway: bbolt's Close waits for an open write
@@ -104,6 +117,9 @@ type applier struct {
 	db   *bolt.DB
 	tx   *bolt.Tx
 	keys *crypt.Keyring
+	// path is the snapshot's file, and maxBytes its bound (0: none).
+	path     string
+	maxBytes int64
 	// leases are those live at the point reached, with their TTLs; ttls
 	// every TTL learned; revoked the leases known gone; referenced those
 	// a key written was attached to.
@@ -391,6 +407,12 @@ func (a *applier) commit() error {
 	a.tx, a.pendingRevs, a.pendingBytes = nil, 0, 0
 	if err != nil {
 		return fmt.Errorf("wal: commit: %w", err)
+	}
+	if a.maxBytes > 0 {
+		if st, err := os.Stat(a.path); err == nil && st.Size() > a.maxBytes {
+			return fmt.Errorf("%w: %s grew to %d bytes bringing it forward, past the %d allowed (--max-snapshot-bytes, or the data dir's free space less the reserve); stopped there",
+				ErrTooLarge, a.path, st.Size(), a.maxBytes)
+		}
 	}
 	return nil
 }

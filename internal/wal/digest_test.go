@@ -171,7 +171,7 @@ func TestApplyFailureReturns(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := Apply(ctx, s, path, "tl1", 29, nil)
+		_, err := Apply(ctx, s, path, "tl1", 29, ApplyOptions{})
 		done <- err
 	}()
 	select {

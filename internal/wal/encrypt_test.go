@@ -252,10 +252,10 @@ func TestEncryptedCaptureMergeApply(t *testing.T) {
 	}
 
 	// Apply: with only the old key, the merged segments' key is named.
-	if _, err := Apply(ctx, s, snapshotAt9(t), "tl1", 69, crypt.NewKeyring(oldKey)); !errors.Is(err, ErrNoKey) || !strings.Contains(err.Error(), newKey.ID()) {
+	if _, err := Apply(ctx, s, snapshotAt9(t), "tl1", 69, ApplyOptions{Keys: crypt.NewKeyring(oldKey)}); !errors.Is(err, ErrNoKey) || !strings.Contains(err.Error(), newKey.ID()) {
 		t.Fatalf("apply without the new key: %v, want ErrNoKey naming %s", err, newKey.ID())
 	}
-	applied, err := Apply(ctx, s, snapshotAt9(t), "tl1", 69, crypt.NewKeyring(nil, oldKey, newKey))
+	applied, err := Apply(ctx, s, snapshotAt9(t), "tl1", 69, ApplyOptions{Keys: crypt.NewKeyring(nil, oldKey, newKey)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,4 +288,20 @@ func snapshotAt9(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// Bringing a snapshot forward stops, with ErrTooLarge naming the bound,
+// once the file grows past its MaxBytes; within it, it goes through.
+func TestApplyBound(t *testing.T) {
+	ctx := context.Background()
+	s := fileStore(t)
+	k := crypttest.Key(t)
+	uploadEncrypted(t, s, crypt.NewKeyring(k), 10, 69, 5)
+	_, err := Apply(ctx, s, snapshotAt9(t), "tl1", 69, ApplyOptions{Keys: crypt.NewKeyring(k), MaxBytes: 4096})
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "--max-snapshot-bytes") {
+		t.Fatalf("apply past the bound: %v, want ErrTooLarge", err)
+	}
+	if _, err := Apply(ctx, s, snapshotAt9(t), "tl1", 69, ApplyOptions{Keys: crypt.NewKeyring(k), MaxBytes: 64 << 20}); err != nil {
+		t.Fatalf("apply within the bound: %v", err)
+	}
 }

@@ -269,7 +269,7 @@ func restoreOffline(t *testing.T, env *harness.Env, s *store.Store, name, timeli
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied, err := wal.Apply(ctx, s, path, timeline, target, nil)
+	applied, err := wal.Apply(ctx, s, path, timeline, target, wal.ApplyOptions{})
 	if err != nil {
 		t.Fatalf("apply to %d: %v", target, err)
 	}

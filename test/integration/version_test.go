@@ -332,6 +332,54 @@ func TestDumpRestoreDowngrade(t *testing.T) {
 	}
 }
 
+// A dump too large for the agents' --max-snapshot-bytes is found out
+// right after it is taken, from its meta: the dump-restore fails, saying
+// so, the old cluster never stops, its quarantine is lifted, and it
+// takes writes again on its old version.
+func TestDumpRestoreTooLarge(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version=3.5.35", "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{ExtraArgs: []string{"--max-snapshot-bytes=65536"}})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	c := clusterClient(t, agents)
+	value := strings.Repeat("x", 1024)
+	for i := range 200 {
+		put(t, c, fmt.Sprintf("/big/%03d", i), value)
+	}
+	before := harness.Observe(agents)
+
+	env.MustCtl("--etcd-version=3.4.23", "--allow-dump-restore", "configure-cluster")
+	var out string
+	harness.WaitFor(t, 2*time.Minute, "the dump-restore to fail", func() bool {
+		out, _, _ = env.Ctl("list-commands")
+		return strings.Contains(out, "failed")
+	})
+	for _, want := range []string{"cannot restore the dump", "--max-snapshot-bytes", "the old cluster was not stopped"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list-commands does not say %q:\n%s", want, out)
+		}
+	}
+	harness.WaitFor(t, time.Minute, "the quarantine to be lifted", func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		_, err := c.Put(ctx, "/big/after", "ok")
+		return err == nil
+	})
+	after := harness.Observe(agents)
+	if !allAtVersion(agents, "3.5.35") || fmt.Sprint(keys(after.ClusterIDs)) != fmt.Sprint(keys(before.ClusterIDs)) {
+		t.Fatalf("the refused dump-restore changed the cluster: %v -> %v", before.ClusterIDs, after.ClusterIDs)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, "/big/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count != 201 {
+		t.Fatalf("after the refused dump-restore: %v keys, %v; want 201", resp, err)
+	}
+	if logs := allLogs(agents); strings.Contains(logs, "dump-restore: the quarantined cluster is backed up; stopping it") {
+		t.Error("the old cluster was stopped for a dump that cannot be restored")
+	}
+}
+
 // The agent driving a dump-restore is killed right after it records the
 // dump-restore's plan, and right after it records the dump. Another agent
 // (or the restarted one) carries it on to a 3.4 cluster with the data.
