@@ -294,6 +294,39 @@ type BackupPolicy struct {
 	// +kubebuilder:validation:Pattern=`^(default|exponential|count:[1-9][0-9]*)$`
 	// +optional
 	Retention string `json:"retention,omitempty"`
+
+	// Encryption encrypts backups and captured segments at rest, on the
+	// agents, with an age key kept in a Secret (see docs/security.md).
+	// Without it they are stored in the clear.
+	//
+	// +optional
+	Encryption *BackupEncryption `json:"encryption,omitempty"`
+}
+
+// BackupEncryption names the Secrets holding the age keys (one identity
+// each, as age-keygen writes it) that the agents encrypt with and
+// decrypt with. Each Secret is mounted read-only, mode 0400.
+type BackupEncryption struct {
+	// KeySecret is the Secret, in the cluster's namespace, whose Key holds
+	// the key new backups and segments are encrypted with.
+	//
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`
+	KeySecret string `json:"keySecret"`
+
+	// Key is the key of each Secret that holds the age identity; default
+	// "key".
+	//
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]{1,253}$`
+	// +optional
+	Key string `json:"key,omitempty"`
+
+	// DecryptionKeySecrets are Secrets holding older keys, under the same
+	// Key, only to read what they encrypted: during a key rotation.
+	//
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`
+	// +optional
+	DecryptionKeySecrets []string `json:"decryptionKeySecrets,omitempty"`
 }
 
 // EtcdClusterStatus is the observed state of an etcd cluster.

@@ -154,7 +154,41 @@ func AgentArgs(c *v1alpha1.EtcdCluster) []string {
 	if g := c.Spec.MemberFailureGrace; g != nil {
 		args = append(args, "--member-failure-grace="+g.Duration.String())
 	}
+	for _, k := range backupKeys(c) {
+		args = append(args, "--"+k.flag+"="+k.file())
+	}
 	return args
+}
+
+// Where the backup encryption keys' Secrets are mounted.
+const backupKeysDir = "/etc/etcd-manager/backup-keys"
+
+// backupKey is one mounted encryption key: its Secret, the Secret's key,
+// its volume and the agent's flag for it.
+type backupKey struct {
+	secret, key, volume, flag string
+}
+
+func (k backupKey) dir() string  { return backupKeysDir + "/" + k.volume }
+func (k backupKey) file() string { return k.dir() + "/key" }
+
+// backupKeys are the keys spec.backup.encryption names, the writing key
+// first; none without encryption.
+func backupKeys(c *v1alpha1.EtcdCluster) []backupKey {
+	b := c.Spec.Backup
+	if b == nil || b.Encryption == nil {
+		return nil
+	}
+	e := b.Encryption
+	key := e.Key
+	if key == "" {
+		key = "key"
+	}
+	keys := []backupKey{{secret: e.KeySecret, key: key, volume: "backup-key", flag: "backup-encryption-key-file"}}
+	for i, s := range e.DecryptionKeySecrets {
+		keys = append(keys, backupKey{secret: s, key: key, volume: fmt.Sprintf("backup-old-key-%d", i), flag: "backup-decryption-key-file"})
+	}
+	return keys
 }
 
 // CtlArgs are the flags that point etcd-manager-ctl, run in a member pod,
@@ -227,6 +261,15 @@ func RenderStatefulSet(c *v1alpha1.EtcdCluster, image string, replicas int32) (*
 			Items:      []corev1.KeyToPath{{Key: corev1.TLSCertKey, Path: "ca.crt"}, {Key: corev1.TLSPrivateKeyKey, Path: "ca.key"}},
 		}}})
 		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: "pki", MountPath: pkiDir, ReadOnly: true})
+	}
+	// The keys are private: the agent refuses a key file that group or
+	// others may read.
+	keyMode := int32(0o400)
+	for _, k := range backupKeys(c) {
+		volumes = append(volumes, corev1.Volume{Name: k.volume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: k.secret, DefaultMode: &keyMode, Items: []corev1.KeyToPath{{Key: k.key, Path: "key"}},
+		}}})
+		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: k.volume, MountPath: k.dir(), ReadOnly: true})
 	}
 	if v := c.Spec.BackupStore.Volume; v != nil {
 		p, err := storePath(c)

@@ -60,6 +60,13 @@ func TestRenderStatefulSet(t *testing.T) {
 			argsHave: []string{"--backup-store=file:///srv/backups/main", "--backup-interval=5m0s", "--backup-retention=count:10", "--member-failure-grace=2m0s"},
 			mounts:   []string{"/var/lib/etcd-manager", "/etc/etcd-manager/pki", "/srv/backups/main"},
 			image:    "registry.example/etcd-manager:v1", claims: 1, whenGone: "Delete"},
+		{name: "backup encryption: the writing key and an older one, each a private Secret volume",
+			c: cluster(func(c *v1alpha1.EtcdCluster) {
+				c.Spec.Backup = &v1alpha1.BackupPolicy{Encryption: &v1alpha1.BackupEncryption{KeySecret: "backup-key-2", DecryptionKeySecrets: []string{"backup-key-1"}}}
+			}),
+			argsHave: []string{"--backup-encryption-key-file=/etc/etcd-manager/backup-keys/backup-key/key", "--backup-decryption-key-file=/etc/etcd-manager/backup-keys/backup-old-key-0/key"},
+			mounts:   []string{"/var/lib/etcd-manager", "/etc/etcd-manager/pki", "/etc/etcd-manager/backup-keys/backup-key", "/etc/etcd-manager/backup-keys/backup-old-key-0"},
+			image:    "etcd-manager:dev", whenGone: "Retain"},
 		{name: "a file store at the root is refused",
 			c: cluster(func(c *v1alpha1.EtcdCluster) {
 				c.Spec.BackupStore = v1alpha1.BackupStore{URL: "file:///", Volume: &corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
@@ -103,6 +110,13 @@ func TestRenderStatefulSet(t *testing.T) {
 			}
 			if sts.Spec.Template.Spec.HostNetwork {
 				t.Error("member pods must use the pod network")
+			}
+			for _, v := range sts.Spec.Template.Spec.Volumes {
+				if sec := v.Secret; sec != nil && strings.HasPrefix(v.Name, "backup-") {
+					if sec.DefaultMode == nil || *sec.DefaultMode != 0o400 || len(sec.Items) != 1 || sec.Items[0].Key != "key" || sec.Items[0].Path != "key" {
+						t.Errorf("key volume %s: %+v, want mode 0400 and the Secret's key as key", v.Name, sec)
+					}
+				}
 			}
 			if p := ctr.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
 				t.Errorf("readiness probe %+v, want the agent's /readyz", p)

@@ -341,6 +341,12 @@ func TestCELRulesRejectBadSpecs(t *testing.T) {
 		{"a backup interval the agents refuse", func(c *v1alpha1.EtcdCluster) {
 			c.Spec.Backup = &v1alpha1.BackupPolicy{Interval: &metav1.Duration{Duration: 30 * time.Second}}
 		}, "backup.interval must be at least 1m"},
+		{"an encryption key Secret that cannot be a name", func(c *v1alpha1.EtcdCluster) {
+			c.Spec.Backup = &v1alpha1.BackupPolicy{Encryption: &v1alpha1.BackupEncryption{KeySecret: "../key"}}
+		}, "spec.backup.encryption.keySecret"},
+		{"an older key Secret that cannot be a name", func(c *v1alpha1.EtcdCluster) {
+			c.Spec.Backup = &v1alpha1.BackupPolicy{Encryption: &v1alpha1.BackupEncryption{KeySecret: "k", DecryptionKeySecrets: []string{"Old Key"}}}
+		}, "spec.backup.encryption.decryptionKeySecrets"},
 		{"a negative grace", func(c *v1alpha1.EtcdCluster) { c.Spec.MemberFailureGrace = &metav1.Duration{Duration: -time.Second} }, "memberFailureGrace must not be negative"},
 		{"an etcd setting with the dashes", func(c *v1alpha1.EtcdCluster) {
 			c.Spec.Etcd = &v1alpha1.EtcdSpec{Settings: map[string]string{"--snapshot-count": "5"}}

@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
+	"github.com/etcd-manager/etcd-manager/internal/crypt/crypttest"
 	"github.com/etcd-manager/etcd-manager/internal/image"
 	"github.com/etcd-manager/etcd-manager/internal/operator"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
@@ -436,6 +437,13 @@ func TestOperator(t *testing.T) {
 	if _, err := kubectl("create", "namespace", ns); err != nil {
 		t.Fatal(err)
 	}
+	// Backups are encrypted at rest with a key from a Secret, which the
+	// operator mounts into every member pod.
+	keyData, keyID := crypttest.KeyFileContents(t)
+	keySecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "backup-key", Namespace: ns}, Data: map[string][]byte{"key": keyData}}
+	if err := k8s.Create(ctx, keySecret); err != nil {
+		t.Fatal(err)
+	}
 	replicas := int32(3)
 	storeDir := filepath.Join(kubeDir, "store")
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
@@ -455,6 +463,7 @@ func TestOperator(t *testing.T) {
 				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}},
 			},
 			MemberFailureGrace: &metav1.Duration{Duration: 20 * time.Second},
+			Backup:             &v1alpha1.BackupPolicy{Encryption: &v1alpha1.BackupEncryption{KeySecret: keySecret.Name}},
 		},
 	}
 
@@ -752,6 +761,15 @@ spec:
 			backupName = got.Status.BackupName
 			return got.Status.Phase == v1alpha1.BackupSucceeded && got.Status.Revision > 0, fmt.Sprintf("%+v", got.Status)
 		})
+		// Encrypted with the Secret's key, as its meta says; the restores
+		// below decrypt it in the member pods.
+		meta, err := os.ReadFile(filepath.Join(storeDir, clusterName, backupName, "_etcd_backup.meta"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(meta), keyID) {
+			t.Errorf("the backup's meta does not name the Secret's key %s: %s", keyID, meta)
+		}
 		put(t, cli, "/e2e/after-backup", "lost by the restore")
 		r := &v1alpha1.EtcdRestore{ObjectMeta: metav1.ObjectMeta{Name: "back", Namespace: ns}, Spec: v1alpha1.EtcdRestoreSpec{ClusterName: clusterName, BackupName: backupName}}
 		if err := k8s.Create(ctx, r); err != nil {
