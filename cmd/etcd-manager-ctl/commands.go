@@ -195,6 +195,7 @@ most, as every write waits for a majority of them.`,
 	root.AddCommand(queueCommands(o, stdout)...)
 	root.AddCommand(issueClientCertCommand(o, stdout))
 	root.AddCommand(rotateCACommand(o, stdout))
+	root.AddCommand(eventsCommand(o, stdout))
 	asUsage(root)
 	return root
 }

@@ -74,6 +74,9 @@ type Agent struct {
 	// wake asks the loop for a cycle now, after a peer API call changed
 	// this node.
 	wake chan struct{}
+	// events records the history of the agent's changes and failures in
+	// the store; set by Run.
+	events *eventLog
 }
 
 // NewAgent returns an agent for a validated, completed configuration.
@@ -121,6 +124,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("removed scratch space a crash left in tmp", "entries", removed)
 	}
 	a.nodeID = st.NodeID
+	a.events = newEventLog(a.nodeID, a.now, a.log)
+	openEvents := openEventStore(a.cfg.BackupStore)
+	go a.events.run(ctx, openEvents)
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		a.events.flush(fctx, openEvents)
+	}()
 	if err := a.setupTLS(ctx); err != nil {
 		return err
 	}

@@ -41,5 +41,10 @@ func (lp *loop) housekeeping(ctx context.Context, s *store.Store, obs plan.Obser
 		if len(gone) > 0 {
 			lp.log.Info("removed the records of agents not heard from in a day", "nodes", gone)
 		}
+		if n, err := s.PruneEvents(ctx, lp.now(), store.MaxEvents, store.EventMaxAge); err != nil {
+			lp.log.Warn("cannot prune the event history", "error", err)
+		} else if n > 0 {
+			lp.log.Info("pruned the event history", "removed", n, "keep", store.MaxEvents, "max-age", store.EventMaxAge)
+		}
 	}
 }

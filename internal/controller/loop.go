@@ -245,6 +245,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		err := lp.execute(ctx, obs, act)
 		lp.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
 		lp.noteOutcome(act, err)
+		lp.events.outcome(act, err)
 		switch {
 		case errors.Is(err, errWait):
 			lp.log.Info("action must wait; will retry", "action", act.String(), "reason", err)

@@ -249,6 +249,7 @@ func (a *Agent) ensureCertLocked() error {
 	if fresh {
 		a.met.certRenewals.Inc()
 		a.log.Info("issued the node certificate", "expires", c.NotAfter, "renew-at", pki.RenewAt(c), "ca", pki.ShortName(a.ca.Cert))
+		a.events.note("issue-node-certificate", fmt.Sprintf("expires %s, from CA %s", c.NotAfter.UTC().Format(time.RFC3339), pki.ShortName(a.ca.Cert)))
 	}
 	a.certExpiry.Store(c.NotAfter.Unix())
 	a.certMarked.Store(pki.CarriesName(c, a.nodeMarker()))

@@ -165,6 +165,15 @@ func TestCARotation(t *testing.T) {
 	})
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	w.check(t, clusterClient(t, agents))
+
+	// The history has the rotations' steps, the certificates issued and
+	// the restarts, as the agents recorded them.
+	harness.WaitFor(t, time.Minute, "the event history to show the rotations", func() bool {
+		out, _, err := env.Ctl("events", "--since=1h")
+		return err == nil && strings.Count(out, "advance-ca-rotation trust-both trusted") == 2 &&
+			strings.Contains(out, "finish-ca-rotation drop-old") && strings.Contains(out, "issue-node-certificate") &&
+			strings.Contains(out, "restart-etcd")
+	})
 }
 
 // rotateCA takes the cluster through a CA rotation with the ctl, as an

@@ -1,0 +1,237 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// The event history (etcd-manager-ctl events): every change an agent
+// makes to the cluster, and every failure, as a small object in the
+// store's events/ prefix. A failure that repeats is recorded once, then
+// once every eventCollapse with the count since, and with the success
+// that ends it. Recording never blocks the loop: events wait in a bounded
+// queue for a writer of their own, and the oldest are dropped, counted,
+// when the store is away for long.
+const (
+	eventCollapse   = 10 * time.Minute
+	eventQueueLimit = 256
+)
+
+// failingAction is an action that keeps failing: since when, how often
+// since the last event about it, and its last error.
+type failingAction struct {
+	since, window time.Time
+	count         int
+	last          string
+}
+
+// eventLog records events for one agent.
+type eventLog struct {
+	node string
+	now  func() time.Time
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	queue   []spec.Event
+	failing map[string]*failingAction
+	wake    chan struct{}
+	dropped atomic.Int64
+}
+
+func newEventLog(node string, now func() time.Time, log *slog.Logger) *eventLog {
+	return &eventLog{node: node, now: now, log: log, failing: map[string]*failingAction{}, wake: make(chan struct{}, 1)}
+}
+
+// outcome records what came of an action the loop took: a change that
+// succeeded, a failure (collapsed when it repeats), or a success after
+// failures. Waits, and steps refused for no longer leading, are no
+// events.
+func (e *eventLog) outcome(act plan.Action, err error) {
+	if e == nil || errors.Is(err, errWait) || errors.Is(err, ErrNotLeader) {
+		return
+	}
+	now := e.now()
+	key := plan.ActionKey(act)
+	e.mu.Lock()
+	f := e.failing[key]
+	switch {
+	case err == nil && f != nil:
+		delete(e.failing, key)
+		e.mu.Unlock()
+		e.add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventOK,
+			Message: fmt.Sprintf("succeeded after failing %d times since %s", f.count, f.since.UTC().Format(time.RFC3339))})
+	case err == nil:
+		e.mu.Unlock()
+		if act.Mutates() {
+			e.add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventOK})
+		}
+	case f == nil:
+		e.failing[key] = &failingAction{since: now, window: now, count: 1, last: err.Error()}
+		e.mu.Unlock()
+		e.add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventFailed, Message: err.Error()})
+	default:
+		f.count++
+		f.last = err.Error()
+		if now.Sub(f.window) < eventCollapse {
+			e.mu.Unlock()
+			return
+		}
+		ev := spec.Event{Time: now, Action: act.String(), Outcome: spec.EventFailed, Message: f.last, Count: f.count, Since: f.since}
+		f.window = now
+		e.mu.Unlock()
+		e.add(ev)
+	}
+}
+
+// note records an event of the agent's own, apart from the loop's
+// actions (a certificate issued).
+func (e *eventLog) note(action, message string) {
+	if e == nil {
+		return
+	}
+	e.add(spec.Event{Time: e.now(), Action: action, Outcome: spec.EventOK, Message: message})
+}
+
+func (e *eventLog) add(ev spec.Event) {
+	if e == nil {
+		return
+	}
+	ev.Node = e.node
+	e.mu.Lock()
+	if len(e.queue) >= eventQueueLimit {
+		e.queue = e.queue[1:]
+		e.dropped.Add(1)
+	}
+	e.queue = append(e.queue, ev)
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// pending takes the queued events.
+func (e *eventLog) pending() []spec.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	q := e.queue
+	e.queue = nil
+	return q
+}
+
+// requeue puts back events that could not be written, ahead of newer
+// ones, within the queue's bound.
+func (e *eventLog) requeue(evs []spec.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	q := append(evs, e.queue...)
+	if over := len(q) - eventQueueLimit; over > 0 {
+		q = q[over:]
+		e.dropped.Add(int64(over))
+	}
+	e.queue = q
+}
+
+// eventWriter is where events go: the store.
+type eventWriter interface {
+	AddEvent(ctx context.Context, e spec.Event) error
+}
+
+// run writes queued events to the store opened by open until ctx ends,
+// retrying with backoff while the store is away.
+func (e *eventLog) run(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
+	delay := time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.wake:
+		case <-time.After(time.Minute):
+		}
+		evs := e.pending()
+		if len(evs) == 0 {
+			continue
+		}
+		if n := e.dropped.Swap(0); n > 0 {
+			e.log.Warn("events were dropped while the store could not take them", "dropped", n)
+		}
+		w, closeStore, err := open(ctx)
+		i := 0
+		if err == nil {
+			for ; i < len(evs); i++ {
+				if err = w.AddEvent(ctx, evs[i]); err != nil {
+					break
+				}
+			}
+			closeStore()
+		}
+		if errors.Is(err, spec.ErrBadEvent) {
+			e.log.Error("an event could not be recorded", "error", err, "action", evs[i].Action)
+			i++ // never retried
+			err = nil
+		}
+		if i < len(evs) {
+			e.requeue(evs[i:])
+			e.poke()
+		}
+		if err != nil {
+			e.log.Warn("cannot record events in the store; will retry", "error", err, "queued", len(evs)-i, "retry-in", delay)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, time.Minute)
+			e.poke()
+			continue
+		}
+		delay = time.Second
+	}
+}
+
+// flush writes what is queued once, as the agent stops.
+func (e *eventLog) flush(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
+	evs := e.pending()
+	if len(evs) == 0 {
+		return
+	}
+	w, closeStore, err := open(ctx)
+	if err != nil {
+		e.log.Warn("events not recorded as the agent stops", "error", err, "events", len(evs))
+		return
+	}
+	defer closeStore()
+	for i, ev := range evs {
+		if err := w.AddEvent(ctx, ev); err != nil {
+			e.log.Warn("events not recorded as the agent stops", "error", err, "events", len(evs)-i)
+			return
+		}
+	}
+}
+
+func (e *eventLog) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// openEventStore opens a store of the writer's own for each batch.
+func openEventStore(url string) func(context.Context) (eventWriter, func(), error) {
+	return func(ctx context.Context) (eventWriter, func(), error) {
+		s, err := store.Open(ctx, url, store.Options{Create: true})
+		if err != nil {
+			return nil, nil, err
+		}
+		return s, func() { s.Close() }, nil
+	}
+}
