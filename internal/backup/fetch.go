@@ -33,6 +33,9 @@ type Reader interface {
 const MaxMetaSize = 256 << 10
 
 // ReadMeta reads a backup's meta. A backup without one does not exist.
+// IsName reports whether name has the form of a backup's name.
+func IsName(name string) bool { return nameRE.MatchString(name) }
+
 func ReadMeta(ctx context.Context, s Reader, name string) (Meta, error) {
 	var meta Meta
 	if !nameRE.MatchString(name) {

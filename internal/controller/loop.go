@@ -68,6 +68,10 @@ type loop struct {
 	// old records, were last tidied.
 	lastHousekeeping time.Time
 	lastPublish      time.Time
+	// lastStoreFigures is when the backup figures were last read from
+	// the store, and lastRaftLeader the raft leader last seen (metrics).
+	lastStoreFigures time.Time
+	lastRaftLeader   uint64
 	// backups are those this agent took while leading; lastChange is its
 	// last membership change.
 	backups    *backups
@@ -228,6 +232,9 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		}
 	}
 	obs := lp.observe(ctx)
+	lp.met.loopCycles.Inc()
+	lp.clusterFigures(obs)
+	lp.storeFigures(ctx, lp.store, obs)
 	lp.housekeeping(ctx, lp.store, obs)
 	lp.capture.sync(lp, obs)
 	lp.compact(ctx, obs)

@@ -37,13 +37,25 @@ type metrics struct {
 	hashChecks       *prometheus.CounterVec
 	hashCheckLast    prometheus.Gauge
 	corruptDiscarded prometheus.Counter
+	// Read from the store, alike on every agent.
+	restorablePoint prometheus.Gauge
+	// Certificates, by certificate (node, ca).
+	certificateExpiry *prometheus.GaugeVec
+	// The cluster, as the leader sees it; reset on the others.
+	clusterMembers *prometheus.GaugeVec
+	memberLag      *prometheus.GaugeVec
+	memberDBSize   *prometheus.GaugeVec
+	alarms         *prometheus.GaugeVec
+	// The agent's own view.
+	leaderChanges prometheus.Counter
+	loopCycles    prometheus.Counter
 }
 
 func newMetrics() *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		backupLastOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_success_timestamp_seconds",
-			Help: "Unix time of the last successful backup taken by this agent."}),
+			Help: "Unix time of the newest backup in the store (its meta's timestamp), read every lease by every agent, or of a backup this agent just took."}),
 		backupDuration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_duration_seconds",
 			Help: "How long the last successful backup took."}),
 		backupSize: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_size_bytes",
@@ -80,7 +92,24 @@ func newMetrics() *metrics {
 			Help: "Unix time of the last comparison in which every voting member's HashKV agreed."}),
 		corruptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_corrupt_members_discarded_total",
 			Help: "Members whose data disagreed with the majority's, set aside by this agent as leader to be rebuilt from their peers."}),
+		restorablePoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restorable_point_timestamp_seconds",
+			Help: "Unix time of the newest point a restore can reach, read from the store every lease: the newest backup's, or, with continuous capture, when the cluster's last durable revision was observed. The RPO now is time() minus it."}),
+		certificateExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_certificate_expiry_timestamp_seconds",
+			Help: "Unix time each certificate the agent uses expires: certificate=node (its own, renewed two thirds into its life) or ca (the CA that issued it)."}, []string{"certificate"}),
+		clusterMembers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_cluster_members",
+			Help: "The cluster's members by state (voter, learner, unhealthy), as the leader sees them; 0 on other agents."}, []string{"state"}),
+		memberLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_member_raft_index_lag",
+			Help: "How far each member's raft log is behind the furthest member's, as the leader reads them in one pass."}, []string{"member"}),
+		memberDBSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_member_db_size_bytes",
+			Help: "Each member's database file size (kind=total) and how much of it holds data (kind=in_use), as the leader reads them."}, []string{"member", "kind"}),
+		alarms: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_alarms",
+			Help: "etcd's raised alarms by kind (NOSPACE, CORRUPT): how many members have each, as the leader reads them."}, []string{"alarm"}),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_leader_changes_total",
+			Help: "Changes of the raft leader that this agent's etcd member saw."}),
+		loopCycles: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_cycles_total",
+			Help: "Cycles of the agent's control loop (observe, plan, act)."}),
 	}
+	m.reg.MustRegister(m.restorablePoint, m.certificateExpiry, m.clusterMembers, m.memberLag, m.memberDBSize, m.alarms, m.leaderChanges, m.loopCycles)
 	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.corruptDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
 		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -254,6 +254,8 @@ func (a *Agent) ensureCertLocked() error {
 	a.certExpiry.Store(c.NotAfter.Unix())
 	a.certMarked.Store(pki.CarriesName(c, a.nodeMarker()))
 	a.met.certExpiry.Set(float64(c.NotAfter.Unix()))
+	a.met.certificateExpiry.WithLabelValues("node").Set(float64(c.NotAfter.Unix()))
+	a.met.certificateExpiry.WithLabelValues("ca").Set(float64(a.ca.Cert.NotAfter.Unix()))
 	a.certInfo.Store(&peer.CertInfo{NotAfter: c.NotAfter.UTC(), CA: pki.ShortName(a.ca.Cert), CANotAfter: a.ca.Cert.NotAfter.UTC(),
 		CAFingerprint: pki.Fingerprint(a.ca.Cert)})
 	a.renewAt = pki.RenewAt(c)

@@ -220,6 +220,36 @@ func TestBackupMetrics(t *testing.T) {
 		}
 		return leaders == 1
 	})
+
+	// Read from the store, every agent reports the newest backup and the
+	// restorable point alike; the leader alone reports the members.
+	lastRE := regexp.MustCompile(`(?m)^etcd_manager_backup_last_success_timestamp_seconds (\S+)$`)
+	pointRE := regexp.MustCompile(`(?m)^etcd_manager_restorable_point_timestamp_seconds (\S+)$`)
+	harness.WaitFor(t, 30*time.Second, "every agent to report the store's newest backup", func() bool {
+		var lasts, points []string
+		for _, a := range agents {
+			m := scrape(a)
+			if l, p := lastRE.FindStringSubmatch(m), pointRE.FindStringSubmatch(m); l != nil && p != nil {
+				lasts, points = append(lasts, l[1]), append(points, p[1])
+			}
+		}
+		return len(lasts) == 2 && lasts[0] == lasts[1] && points[0] == points[1] && points[0] != "0"
+	})
+	voters := 0
+	for _, a := range agents {
+		m := scrape(a)
+		for _, want := range []string{`etcd_manager_certificate_expiry_timestamp_seconds{certificate="node"} `, `etcd_manager_certificate_expiry_timestamp_seconds{certificate="ca"} `, "etcd_manager_loop_cycles_total "} {
+			if !strings.Contains(m, "\n"+want) {
+				t.Errorf("agent %s: metrics lack %q", a.Name, want)
+			}
+		}
+		if hasLine(m, `etcd_manager_cluster_members{state="voter"} 2`) {
+			voters++
+		}
+	}
+	if voters != 1 {
+		t.Errorf("%d agents report 2 voters, want the leader alone", voters)
+	}
 }
 
 // hasLine reports whether text has exactly this line (help text can hold

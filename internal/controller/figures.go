@@ -1,0 +1,129 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
+)
+
+// The figures the agent exports beside its own counters: the cluster as
+// the leader sees it, and the backup figures every agent reads from the
+// store alike, so that a change of leader resets nothing.
+
+// storeFiguresEvery is how often each agent reads the backup figures at
+// most: every lease (20 s by default), a listing of the store's top level
+// and one meta.
+const storeFiguresEvery = time.Minute
+
+// clusterFigures sets the cluster's metrics from what the loop observed:
+// the leader's view, or nothing on other agents.
+func (lp *loop) clusterFigures(obs plan.Observed) {
+	m := lp.met
+	if l := obs.Self.RaftLeader; l != 0 {
+		if lp.lastRaftLeader != 0 && l != lp.lastRaftLeader {
+			m.leaderChanges.Inc()
+		}
+		lp.lastRaftLeader = l
+	}
+	m.clusterMembers.Reset()
+	m.memberLag.Reset()
+	m.memberDBSize.Reset()
+	m.alarms.Reset()
+	c := obs.Cluster
+	if c == nil {
+		return
+	}
+	var furthest uint64
+	for _, mem := range c.Members {
+		furthest = max(furthest, mem.RaftIndex)
+	}
+	states := map[string]int{"voter": 0, "learner": 0, "unhealthy": 0}
+	for _, mem := range c.Members {
+		switch {
+		case !mem.Healthy:
+			states["unhealthy"]++
+		case mem.IsLearner:
+			states["learner"]++
+		default:
+			states["voter"]++
+		}
+		name := mem.Name
+		if name == "" {
+			name = fmt.Sprintf("%x", mem.ID)
+		}
+		if mem.Healthy {
+			m.memberLag.WithLabelValues(name).Set(float64(furthest - mem.RaftIndex))
+			m.memberDBSize.WithLabelValues(name, "total").Set(float64(mem.DBSize))
+			m.memberDBSize.WithLabelValues(name, "in_use").Set(float64(mem.DBSizeInUse))
+		}
+	}
+	for state, n := range states {
+		m.clusterMembers.WithLabelValues(state).Set(float64(n))
+	}
+	if c.AlarmsKnown {
+		m.alarms.WithLabelValues("NOSPACE").Set(float64(len(c.NoSpace)))
+		m.alarms.WithLabelValues("CORRUPT").Set(float64(len(c.Corrupt)))
+	}
+}
+
+// storeFigures reads, every storeFiguresEvery, the newest backup and the
+// newest captured revision of this node's cluster from the store.
+func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Observed) {
+	if s == nil || obs.StoreErr != nil || lp.now().Sub(lp.lastStoreFigures) < min(storeFiguresEvery, lp.cfg.LeaderLease) {
+		return
+	}
+	lp.lastStoreFigures = lp.now()
+	newest, err := newestComplete(ctx, s)
+	if err != nil {
+		lp.log.Warn("cannot read the newest backup for the metrics", "error", err)
+		return
+	}
+	var point time.Time
+	if newest != nil {
+		point = time.Unix(int64(newest.Meta.Timestamp), 0)
+		lp.met.backupLastOK.Set(float64(point.Unix()))
+	}
+	if m := obs.Self.Member; m != nil && lp.cfg.Capture.Enabled {
+		runs, err := wal.Runs(ctx, s, m.ClusterToken)
+		if err == nil && len(runs) > 0 && runs[len(runs)-1].LastTime.After(point) {
+			point = runs[len(runs)-1].LastTime
+		}
+	}
+	if !point.IsZero() {
+		lp.met.restorablePoint.Set(float64(point.Unix()))
+	}
+}
+
+// newestComplete is the newest complete backup in the store, nil for none:
+// it reads the metas of the newest names only, down to the first that is
+// whole (a backup being written has no meta yet).
+func newestComplete(ctx context.Context, s *store.Store) (*backup.Info, error) {
+	dirs, err := s.List(ctx, "", "/")
+	if err != nil {
+		return nil, err
+	}
+	tries := 0
+	for i := len(dirs) - 1; i >= 0 && tries < 10; i-- {
+		name := strings.TrimSuffix(dirs[i], "/")
+		if !backup.IsName(name) {
+			continue
+		}
+		tries++
+		meta, err := backup.ReadMeta(ctx, s, name)
+		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &backup.Info{Name: name, Meta: meta}, nil
+	}
+	return nil, nil
+}

@@ -1,0 +1,115 @@
+package controller
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+)
+
+// The leader exports the cluster as it sees it; another agent exports
+// nothing of it, and a raft leader change is counted.
+func TestClusterFigures(t *testing.T) {
+	lp := &loop{Agent: &Agent{met: newMetrics()}}
+	obs := plan.Observed{Self: plan.Node{RaftLeader: 1}, Cluster: &plan.ClusterView{
+		Members: []plan.Member{
+			{ID: 1, Name: "a", Healthy: true, RaftIndex: 100, DBSize: 4096, DBSizeInUse: 1024},
+			{ID: 2, Name: "b", Healthy: true, RaftIndex: 90, DBSize: 8192, DBSizeInUse: 2048},
+			{ID: 3, Name: "c", Healthy: true, IsLearner: true, RaftIndex: 10},
+			{ID: 4, Name: "d"},
+		},
+		AlarmsKnown: true, NoSpace: []uint64{2},
+	}}
+	lp.clusterFigures(obs)
+	m := lp.met
+	for _, c := range []struct {
+		got  float64
+		want float64
+		what string
+	}{
+		{testutil.ToFloat64(m.clusterMembers.WithLabelValues("voter")), 2, "voters"},
+		{testutil.ToFloat64(m.clusterMembers.WithLabelValues("learner")), 1, "learners"},
+		{testutil.ToFloat64(m.clusterMembers.WithLabelValues("unhealthy")), 1, "unhealthy"},
+		{testutil.ToFloat64(m.memberLag.WithLabelValues("b")), 10, "b's lag"},
+		{testutil.ToFloat64(m.memberLag.WithLabelValues("c")), 90, "c's lag"},
+		{testutil.ToFloat64(m.memberDBSize.WithLabelValues("b", "in_use")), 2048, "b in use"},
+		{testutil.ToFloat64(m.alarms.WithLabelValues("NOSPACE")), 1, "NOSPACE"},
+		{testutil.ToFloat64(m.leaderChanges), 0, "leader changes"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
+	}
+	// Not leading any more: the cluster's figures go; a new raft leader
+	// is counted.
+	lp.clusterFigures(plan.Observed{Self: plan.Node{RaftLeader: 2}})
+	if n := testutil.CollectAndCount(m.clusterMembers) + testutil.CollectAndCount(m.memberLag) + testutil.CollectAndCount(m.alarms); n != 0 {
+		t.Errorf("%d cluster series on an agent that does not lead", n)
+	}
+	if got := testutil.ToFloat64(m.leaderChanges); got != 1 {
+		t.Errorf("leader changes = %v, want 1", got)
+	}
+}
+
+// docs/metrics.md has a line for every metric the agent's packages
+// define, and none for a metric they do not.
+func TestMetricsDocumented(t *testing.T) {
+	defRE := regexp.MustCompile(`Name:\s*"(etcd_manager_[a-z_]+)"`)
+	var defined []string
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range defRE.FindAllStringSubmatch(string(data), -1) {
+			defined = append(defined, m[1])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The registry of a real set of metrics holds the same names.
+	ch := make(chan *prometheus.Desc, 256)
+	go func() {
+		newMetrics().reg.Describe(ch)
+		close(ch)
+	}()
+	for d := range ch {
+		if n := regexp.MustCompile(`fqName: "(etcd_manager_[a-z_]+)"`).FindStringSubmatch(d.String()); n != nil && !slices.Contains(defined, n[1]) {
+			t.Errorf("%s is registered but not found in the sources", n[1])
+		}
+	}
+	data, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var documented []string
+	for _, n := range regexp.MustCompile("(?m)^\\| `(etcd_manager_[a-z_]+)`").FindAllStringSubmatch(string(data), -1) {
+		documented = append(documented, n[1])
+	}
+	if len(defined) < 30 || len(documented) == 0 {
+		t.Fatalf("found %d metrics defined, %d documented", len(defined), len(documented))
+	}
+	for _, n := range defined {
+		if !slices.Contains(documented, n) {
+			t.Errorf("%s is not in docs/metrics.md", n)
+		}
+	}
+	for _, n := range documented {
+		if !slices.Contains(defined, n) {
+			t.Errorf("docs/metrics.md lists %s, which no package defines", n)
+		}
+	}
+}
