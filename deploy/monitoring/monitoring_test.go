@@ -1,0 +1,332 @@
+// Package monitoring_test checks the alert rules and the dashboard in
+// deploy/monitoring with Prometheus's own packages: every rule parses and
+// validates, every alert fires on series that should fire it and stays
+// quiet on series that should not, and every query of the dashboard
+// parses and names metrics the agent exports. It is a module of its own,
+// so that the Prometheus server's packages stay out of etcd-manager's.
+package monitoring_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/promql/promqltest"
+	"github.com/prometheus/prometheus/rules"
+)
+
+var promql = parser.NewParser(parser.Options{})
+
+// alertCases are, for each alert, series (in promqltest's load notation,
+// one sample a minute from time 0) that must fire it within 200 minutes,
+// and series that must not.
+var alertCases = map[string]struct{ fire, quiet string }{
+	"EtcdManagerNoRecentBackup": {
+		fire:  `etcd_manager_backup_last_success_timestamp_seconds{job="main",instance="a"} 0x200`,
+		quiet: `etcd_manager_backup_last_success_timestamp_seconds{job="main",instance="a"} 0+60x200`,
+	},
+	"EtcdManagerRPOHigh": {
+		fire: `etcd_manager_restorable_point_timestamp_seconds{job="main",instance="a"} 0x200
+etcd_manager_restorable_point_timestamp_seconds{job="main",instance="b"} 0x200`,
+		quiet: `etcd_manager_restorable_point_timestamp_seconds{job="main",instance="a"} 0+60x200
+etcd_manager_restorable_point_timestamp_seconds{job="main",instance="b"} 0x200`,
+	},
+	"EtcdManagerCertificateExpiring": {
+		fire:  `etcd_manager_certificate_expiry_timestamp_seconds{job="main",instance="a",certificate="ca"} 1000000x200`,
+		quiet: `etcd_manager_certificate_expiry_timestamp_seconds{job="main",instance="a",certificate="ca"} 1000000000x200`,
+	},
+	"EtcdManagerMemberDown": {
+		fire: `etcd_manager_cluster_members{job="main",instance="a",state="unhealthy"} 1x200`,
+		// A member down for two minutes, less than the rule's five.
+		quiet: `etcd_manager_cluster_members{job="main",instance="a",state="unhealthy"} 1x2 0x198`,
+	},
+	"EtcdManagerNoLeader": {
+		fire: `etcd_manager_leader{job="main",instance="a"} 0x200
+etcd_manager_leader{job="main",instance="b"} 0x200`,
+		quiet: `etcd_manager_leader{job="main",instance="a"} 1x200
+etcd_manager_leader{job="main",instance="b"} 0x200`,
+	},
+	"EtcdManagerNoSpace": {
+		fire:  `etcd_manager_alarms{job="main",instance="a",alarm="NOSPACE"} 0x10 1x190`,
+		quiet: `etcd_manager_alarms{job="main",instance="a",alarm="NOSPACE"} 0x200`,
+	},
+	"EtcdManagerCorrupt": {
+		fire:  `etcd_manager_alarms{job="main",instance="a",alarm="CORRUPT"} 1x200`,
+		quiet: `etcd_manager_alarms{job="main",instance="a",alarm="NOSPACE"} 1x200`,
+	},
+	"EtcdManagerProcedureStuck": {
+		fire:  `etcd_manager_procedure_phase{job="main",instance="a",procedure="restore",phase="restoring"} 1x200`,
+		quiet: `etcd_manager_procedure_phase{job="main",instance="a",procedure="restore",phase="restoring"} 1x30 _x170`,
+	},
+	"EtcdManagerActionsFailing": {
+		fire: `etcd_manager_actions_total{job="main",instance="a",action="add-member",result="error"} 0+1x200`,
+		quiet: `etcd_manager_actions_total{job="main",instance="a",action="add-member",result="error"} 0+0x200
+etcd_manager_actions_total{job="main",instance="a",action="take-backup",result="ok"} 0+10x200`,
+	},
+}
+
+func loadRules(t *testing.T) []rulefmt.Rule {
+	t.Helper()
+	groups, errs := rulefmt.ParseFile("alerts.yaml", false, model.UTF8Validation, promql, slog.New(slog.DiscardHandler))
+	if len(errs) > 0 {
+		t.Fatalf("alerts.yaml: %v", errs)
+	}
+	var out []rulefmt.Rule
+	for _, g := range groups.Groups {
+		out = append(out, g.Rules...)
+	}
+	return out
+}
+
+// fires reports whether the alerting rule r fires at some evaluation,
+// once a minute, over 200 minutes of series.
+func fires(t *testing.T, r rulefmt.Rule, series string) bool {
+	t.Helper()
+	storage := promqltest.LoadedStorage(t, "load 1m\n"+indent(series))
+	engine := promqltest.NewTestEngine(t, false, 5*time.Minute, 1_000_000)
+	expr, err := promql.ParseExpr(r.Expr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := rules.NewAlertingRule(r.Alert, expr, time.Duration(r.For), 0, labels.FromMap(r.Labels), labels.FromMap(r.Annotations),
+		labels.EmptyLabels(), "", false, slog.New(slog.DiscardHandler))
+	query := rules.EngineQueryFunc(engine, storage)
+	for m := 0; m <= 200; m++ {
+		if _, err := rule.Eval(context.Background(), 0, time.Unix(int64(m)*60, 0), query, nil, 0); err != nil {
+			t.Fatalf("%s at %dm: %v", r.Alert, m, err)
+		}
+		for _, a := range rule.ActiveAlerts() {
+			if a.State == rules.StateFiring {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func indent(s string) string {
+	lines := strings.Split(s, "\n")
+	for i := range lines {
+		lines[i] = "  " + lines[i]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Every alert fires on its firing series and stays quiet on its quiet
+// ones; every alert has a case, and every case an alert.
+func TestAlertRules(t *testing.T) {
+	rs := loadRules(t)
+	var names []string
+	for _, r := range rs {
+		if r.Alert == "" {
+			continue
+		}
+		names = append(names, r.Alert)
+		c, ok := alertCases[r.Alert]
+		if !ok {
+			t.Errorf("alert %s has no test case", r.Alert)
+			continue
+		}
+		for _, k := range []string{"severity"} {
+			if r.Labels[k] == "" {
+				t.Errorf("alert %s has no %s label", r.Alert, k)
+			}
+		}
+		if r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
+			t.Errorf("alert %s lacks a summary or a description", r.Alert)
+		}
+		t.Run(r.Alert, func(t *testing.T) {
+			if !fires(t, r, c.fire) {
+				t.Errorf("does not fire on:\n%s", c.fire)
+			}
+			if fires(t, r, c.quiet) {
+				t.Errorf("fires on:\n%s", c.quiet)
+			}
+		})
+	}
+	for name := range alertCases {
+		if !slices.Contains(names, name) {
+			t.Errorf("a test case for %s, which alerts.yaml lacks", name)
+		}
+	}
+	if len(names) < 8 {
+		t.Errorf("%d alerts, want the issue's eight kinds at least", len(names))
+	}
+}
+
+// documented are the metric names docs/metrics.md lists, which a test of
+// the agent's checks against every metric its code defines.
+func documented(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `(etcd_manager_[a-z_]+)`").FindAllStringSubmatch(string(data), -1) {
+		out = append(out, m[1])
+	}
+	if len(out) < 30 {
+		t.Fatalf("docs/metrics.md lists %d metrics", len(out))
+	}
+	return out
+}
+
+// metricNames are the metric names an expression selects.
+func metricNames(t *testing.T, expr string) []string {
+	t.Helper()
+	e, err := promql.ParseExpr(expr)
+	if err != nil {
+		t.Fatalf("%q: %v", expr, err)
+	}
+	var out []string
+	for _, sel := range parser.ExtractSelectors(e) {
+		for _, m := range sel {
+			if m.Name == model.MetricNameLabel {
+				out = append(out, m.Value)
+			}
+		}
+	}
+	return out
+}
+
+// Every rule and every dashboard query parses, and names only metrics
+// the agent exports.
+func TestDashboardAndRulesUseExportedMetrics(t *testing.T) {
+	known := documented(t)
+	check := func(where, expr string) {
+		names := metricNames(t, expr)
+		if len(names) == 0 {
+			t.Errorf("%s: %q selects no metric", where, expr)
+		}
+		for _, n := range names {
+			if !slices.Contains(known, n) {
+				t.Errorf("%s: %q uses %s, which the agent does not export", where, expr, n)
+			}
+		}
+	}
+	for _, r := range loadRules(t) {
+		check("alert "+r.Alert, r.Expr)
+	}
+	data, err := os.ReadFile("dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Title  string `json:"title"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+		Templating struct {
+			List []struct {
+				Name  string `json:"name"`
+				Query any    `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatalf("dashboard.json: %v", err)
+	}
+	if len(dash.Panels) < 10 {
+		t.Errorf("%d panels", len(dash.Panels))
+	}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			// Grafana puts the chosen jobs in $job.
+			check("panel "+p.Title, strings.ReplaceAll(tg.Expr, "$job", ".*"))
+		}
+	}
+	for _, v := range dash.Templating.List {
+		if q, ok := v.Query.(string); ok && strings.HasPrefix(q, "label_values(") {
+			metric, _, _ := strings.Cut(strings.TrimPrefix(q, "label_values("), ",")
+			check("variable "+v.Name, metric)
+		}
+	}
+}
+
+// A running agent's scrape names only metrics docs/metrics.md lists, and
+// those it serves before any cluster exists are there.
+func TestScrapeOfARunningAgent(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "etcd-manager")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/etcd-manager")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	// Loopback addresses of the test's own, with free ports.
+	const ip = "127.77.0.1"
+	port := func() int {
+		l, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port
+	}
+	metricsAddr := fmt.Sprintf("%s:%d", ip, port())
+	agent := exec.Command(bin, "--cluster-name=monitoring", "--backup-store=file://"+filepath.Join(dir, "store"),
+		"--data-dir="+filepath.Join(dir, "data"), "--insecure", "--etcd-insecure", "--address="+ip, "--etcd-address="+ip,
+		fmt.Sprintf("--peer-port=%d", port()), "--metrics-address="+metricsAddr, "--etcd-bin-dir="+dir)
+	var logs strings.Builder
+	agent.Stdout, agent.Stderr = &logs, &logs
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = agent.Process.Kill()
+		_ = agent.Wait()
+	})
+	var body string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err == nil {
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(data)
+			if strings.Contains(body, "etcd_manager_loop_cycles_total ") {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no metrics from the agent: %v\n%s", err, logs.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	known := documented(t)
+	served := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^# TYPE (etcd_manager_[a-z_]+) `).FindAllStringSubmatch(body, -1) {
+		served[m[1]] = true
+		if !slices.Contains(known, m[1]) {
+			t.Errorf("the agent serves %s, which docs/metrics.md does not list", m[1])
+		}
+	}
+	for _, want := range []string{"etcd_manager_loop_cycles_total", "etcd_manager_leader", "etcd_manager_actions_backing_off", "etcd_manager_restorable_point_timestamp_seconds"} {
+		if !served[want] {
+			t.Errorf("the agent does not serve %s", want)
+		}
+	}
+}
