@@ -74,10 +74,12 @@ etcd_manager_leader{job="main",instance="b"} 0x200`,
 		fire:  `etcd_manager_procedure_phase{job="main",instance="a",procedure="restore",phase="restoring"} 1x200`,
 		quiet: `etcd_manager_procedure_phase{job="main",instance="a",procedure="restore",phase="restoring"} 1x30 _x170`,
 	},
+	// A change that keeps failing backs off (5 s doubling to 5 min), so
+	// its errors are sparse; the backoff gauge holds while it does.
 	"EtcdManagerActionsFailing": {
-		fire: `etcd_manager_actions_total{job="main",instance="a",action="add-member",result="error"} 0+1x200`,
-		quiet: `etcd_manager_actions_total{job="main",instance="a",action="add-member",result="error"} 0+0x200
-etcd_manager_actions_total{job="main",instance="a",action="take-backup",result="ok"} 0+10x200`,
+		fire: `etcd_manager_actions_backing_off{job="main",instance="a"} 0x10 1x190`,
+		// One failure that backs off for a while and then succeeds.
+		quiet: `etcd_manager_actions_backing_off{job="main",instance="a"} 0x10 1x20 0x170`,
 	},
 }
 

@@ -77,6 +77,8 @@ type Agent struct {
 	// events records the history of the agent's changes and failures in
 	// the store; set by Run.
 	events *eventLog
+	// page is the status page served on --metrics-address.
+	page *statusPage
 }
 
 // NewAgent returns an agent for a validated, completed configuration.
@@ -125,6 +127,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.nodeID = st.NodeID
 	a.events = newEventLog(a.nodeID, a.now, a.log)
+	a.page = &statusPage{events: storeEvents(a.cfg.BackupStore), now: a.now}
 	openEvents := openEventStore(a.cfg.BackupStore)
 	go a.events.run(ctx, openEvents)
 	defer func() {
@@ -174,7 +177,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("controller: peer API: %w", err)
 	}
 	if a.cfg.MetricsAddress != "" {
-		stop, err := a.met.serve(a.cfg.MetricsAddress, n.Ready, a.cfg.EnablePprof)
+		stop, err := a.met.serve(a.cfg.MetricsAddress, n.Ready, a.page, a.cfg.EnablePprof)
 		if err != nil {
 			l.Close()
 			return fmt.Errorf("controller: metrics: %w", err)
@@ -255,15 +258,20 @@ func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.Restore
 		return path, meta, keys, err
 	}
 	start := time.Now()
-	// The snapshot may grow to what it takes now plus the room left.
-	var bound int64
-	if st, err := os.Stat(path); err == nil {
-		if room, err := opts.Room(dir); err == nil {
-			bound = st.Size() + room
-			if opts.MaxBytes > 0 {
-				bound = min(bound, opts.MaxBytes)
-			}
+	// The snapshot may grow to what it takes now plus the room left, and
+	// never past the maximum.
+	bound := opts.MaxBytes
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", meta, keys, fmt.Errorf("controller: %w", err)
+	}
+	if room, err := opts.Room(dir); err == nil {
+		bound = st.Size() + room
+		if opts.MaxBytes > 0 {
+			bound = min(bound, opts.MaxBytes)
 		}
+	} else {
+		log.Warn("cannot read the free space before bringing a backup forward; bounding it by --max-snapshot-bytes alone", "error", err)
 	}
 	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision, wal.ApplyOptions{Keys: opts.Keys, MaxBytes: bound})
 	if err != nil {

@@ -212,7 +212,7 @@ func (b *BackupAgent) Run(ctx context.Context) error {
 	b.backups.keys, b.capture.keys = keys, keys
 	logKeys(b.log, keys)
 	if b.cfg.MetricsAddress != "" {
-		stop, err := b.met.serve(b.cfg.MetricsAddress, func() (bool, string) { return true, "backup agent running" }, false)
+		stop, err := b.met.serve(b.cfg.MetricsAddress, func() (bool, string) { return true, "backup agent running" }, nil, false)
 		if err != nil {
 			return fmt.Errorf("controller: metrics: %w", err)
 		}

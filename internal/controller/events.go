@@ -27,12 +27,21 @@ const (
 )
 
 // failingAction is an action that keeps failing: since when, how often
-// since the last event about it, and its last error.
+// since then, when its last event was written (window) and when it last
+// failed (seen), and its last error.
 type failingAction struct {
-	since, window time.Time
-	count         int
-	last          string
+	since, window, seen time.Time
+	count               int
+	last                string
 }
+
+// failingIdle is how long an action may not be tried before the record
+// of its failures is dropped (actions such as one command's steps never
+// come again); failingLimit bounds how many are kept.
+const (
+	failingIdle  = 2 * eventCollapse
+	failingLimit = 256
+)
 
 // eventLog records events for one agent.
 type eventLog struct {
@@ -43,8 +52,12 @@ type eventLog struct {
 	mu      sync.Mutex
 	queue   []spec.Event
 	failing map[string]*failingAction
-	wake    chan struct{}
-	dropped atomic.Int64
+	// commandFailedStep is set when the step being taken marked its
+	// command failed (which the step reports as done): its success is no
+	// event, the failure is.
+	commandFailedStep bool
+	wake              chan struct{}
+	dropped           atomic.Int64
 }
 
 func newEventLog(node string, now func() time.Time, log *slog.Logger) *eventLog {
@@ -56,13 +69,35 @@ func newEventLog(node string, now func() time.Time, log *slog.Logger) *eventLog 
 // failures. Waits, and steps refused for no longer leading, are no
 // events.
 func (e *eventLog) outcome(act plan.Action, err error) {
-	if e == nil || errors.Is(err, errWait) || errors.Is(err, ErrNotLeader) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	stepFailed := e.commandFailedStep
+	e.commandFailedStep = false
+	e.mu.Unlock()
+	if errors.Is(err, errWait) || errors.Is(err, ErrNotLeader) {
 		return
 	}
 	now := e.now()
+	if fc, ok := act.(plan.FailCommand); ok && err == nil {
+		e.add(spec.Event{Time: now, Action: "fail-command " + fc.ID, Outcome: spec.EventFailed, Message: fc.Reason})
+		return
+	}
+	if stepFailed && err == nil {
+		return
+	}
 	key := plan.ActionKey(act)
 	e.mu.Lock()
+	for k, f := range e.failing {
+		if now.Sub(f.seen) > failingIdle {
+			delete(e.failing, k)
+		}
+	}
 	f := e.failing[key]
+	if f != nil {
+		f.seen = now
+	}
 	switch {
 	case err == nil && f != nil:
 		delete(e.failing, key)
@@ -75,7 +110,9 @@ func (e *eventLog) outcome(act plan.Action, err error) {
 			e.add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventOK})
 		}
 	case f == nil:
-		e.failing[key] = &failingAction{since: now, window: now, count: 1, last: err.Error()}
+		if len(e.failing) < failingLimit {
+			e.failing[key] = &failingAction{since: now, window: now, seen: now, count: 1, last: err.Error()}
+		}
 		e.mu.Unlock()
 		e.add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventFailed, Message: err.Error()})
 	default:
@@ -90,6 +127,18 @@ func (e *eventLog) outcome(act plan.Action, err error) {
 		e.mu.Unlock()
 		e.add(ev)
 	}
+}
+
+// commandFailed records that a procedure step marked its command failed,
+// with the reason (procedure.Runner's OnFail).
+func (e *eventLog) commandFailed(id, reason string) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	e.commandFailedStep = true
+	e.mu.Unlock()
+	e.add(spec.Event{Time: e.now(), Action: "fail-command " + id, Outcome: spec.EventFailed, Message: reason})
 }
 
 // note records an event of the agent's own, apart from the loop's

@@ -112,3 +112,33 @@ func TestEventLogWriter(t *testing.T) {
 		t.Errorf("written from %s to %s", f.got[0].Action, f.got[len(f.got)-1].Action)
 	}
 }
+
+// A command failed by the planner, or by a procedure step (which reports
+// the step done), is a failure in the history, never a success; the
+// record of an action's failures is dropped once it is not tried again.
+func TestEventLogCommandFailures(t *testing.T) {
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	e := newEventLog("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler))
+	e.outcome(plan.FailCommand{ID: "c1", Reason: "junk"}, nil)
+	step := plan.PrepareRestore{ID: "c2", Backup: "b"}
+	e.commandFailed("c2", "backup too large")
+	e.outcome(step, nil)
+	e.outcome(plan.TakeBackup{Reason: "before x"}, errors.New("boom"))
+	now = now.Add(failingIdle + time.Second)
+	e.outcome(plan.AddMember{NodeID: "b"}, nil)
+	e.outcome(plan.TakeBackup{Reason: "before x"}, errors.New("boom"))
+	var got []string
+	for _, ev := range e.pending() {
+		got = append(got, fmt.Sprintf("%s %s %s %d", ev.Action, ev.Outcome, ev.Message, ev.Count))
+	}
+	want := []string{
+		"fail-command c1 failed junk 0",
+		"fail-command c2 failed backup too large 0",
+		"take-backup (before x) failed boom 0",
+		"add-member b ok  0",
+		"take-backup (before x) failed boom 0",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -22,6 +22,9 @@ import (
 // and one meta.
 const storeFiguresEvery = time.Minute
 
+// storeFiguresTimeout bounds those reads, which the loop waits for.
+const storeFiguresTimeout = 10 * time.Second
+
 // clusterFigures sets the cluster's metrics from what the loop observed:
 // the leader's view, or nothing on other agents.
 func (lp *loop) clusterFigures(obs plan.Observed) {
@@ -80,11 +83,14 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 		return
 	}
 	lp.lastStoreFigures = lp.now()
+	ctx, cancel := context.WithTimeout(ctx, storeFiguresTimeout)
+	defer cancel()
 	newest, err := newestComplete(ctx, s)
 	if err != nil {
 		lp.log.Warn("cannot read the newest backup for the metrics", "error", err)
 		return
 	}
+	lp.newestStored = newest
 	var point time.Time
 	if newest != nil {
 		point = time.Unix(int64(newest.Meta.Timestamp), 0)
@@ -92,13 +98,17 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 	}
 	if m := obs.Self.Member; m != nil && lp.cfg.Capture.Enabled {
 		runs, err := wal.Runs(ctx, s, m.ClusterToken)
-		if err == nil && len(runs) > 0 && runs[len(runs)-1].LastTime.After(point) {
+		switch {
+		case err != nil:
+			lp.log.Warn("cannot read the captured revisions for the metrics", "error", err)
+		case len(runs) > 0 && runs[len(runs)-1].LastTime.After(point):
 			point = runs[len(runs)-1].LastTime
 		}
 	}
 	if !point.IsZero() {
 		lp.met.restorablePoint.Set(float64(point.Unix()))
 	}
+	lp.restorable = point
 }
 
 // newestComplete is the newest complete backup in the store, nil for none:

@@ -72,6 +72,10 @@ type loop struct {
 	// the store, and lastRaftLeader the raft leader last seen (metrics).
 	lastStoreFigures time.Time
 	lastRaftLeader   uint64
+	// newestStored and restorable are the store's newest backup and
+	// restorable point, as last read (the status page).
+	newestStored *backup.Info
+	restorable   time.Time
 	// backups are those this agent took while leading; lastChange is its
 	// last membership change.
 	backups    *backups
@@ -148,6 +152,7 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 			Now:        a.now,
 			RenewEvery: max(a.cfg.LeaderLease/6, 100*time.Millisecond),
 			Metrics:    procedure.NewMetrics(a.met.reg),
+			OnFail:     a.events.commandFailed,
 		},
 		Nodes:      lp,
 		Backups:    procedureBackups{lp},
@@ -543,8 +548,12 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 		return procedure.Validated{}, err
 	}
 	defer os.RemoveAll(dir)
-	_, meta, keys, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.verify, b.lp.keys), b.lp.log)
-	return procedure.Validated{Meta: meta, Keys: keys}, err
+	path, meta, keys, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.verify, b.lp.keys), b.lp.log)
+	v := procedure.Validated{Meta: meta, Keys: keys}
+	if st, serr := os.Stat(path); err == nil && serr == nil {
+		v.Size = st.Size()
+	}
+	return v, err
 }
 
 func (b procedureBackups) Fits(meta backup.Meta, name string) error {

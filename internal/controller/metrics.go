@@ -97,7 +97,7 @@ func newMetrics() *metrics {
 		certificateExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_certificate_expiry_timestamp_seconds",
 			Help: "Unix time each certificate the agent uses expires: certificate=node (its own, renewed two thirds into its life) or ca (the CA that issued it)."}, []string{"certificate"}),
 		clusterMembers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_cluster_members",
-			Help: "The cluster's members by state (voter, learner, unhealthy), as the leader sees them; 0 on other agents."}, []string{"state"}),
+			Help: "The cluster's members by state (voter, learner, unhealthy), as the leader sees them; other agents export no series."}, []string{"state"}),
 		memberLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_member_raft_index_lag",
 			Help: "How far each member's raft log is behind the furthest member's, as the leader reads them in one pass."}, []string{"member"}),
 		memberDBSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_member_db_size_bytes",
@@ -126,13 +126,16 @@ func boolGauge(g prometheus.Gauge, v bool) {
 // serve serves /metrics on addr until the returned stop is called, with
 // /healthz (the agent runs) and /readyz (ready reports ok) beside it, and
 // Go's runtime profiles under /debug/pprof/ when pprof is set.
-func (m *metrics) serve(addr string, ready func() (bool, string), pprof bool) (stop func(), err error) {
+func (m *metrics) serve(addr string, ready func() (bool, string), status http.Handler, pprof bool) (stop func(), err error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	if status != nil {
+		mux.Handle("/status", status)
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, why := false, "starting"

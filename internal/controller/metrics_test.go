@@ -17,7 +17,7 @@ func TestMetricsServePprof(t *testing.T) {
 			}
 			addr := l.Addr().String()
 			l.Close()
-			stop, err := newMetrics().serve(addr, nil, pprof)
+			stop, err := newMetrics().serve(addr, nil, nil, pprof)
 			if err != nil {
 				t.Fatal(err)
 			}

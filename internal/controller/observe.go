@@ -51,6 +51,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 			}
 		}
 		lp.setInfo(self, member, local, leading, procedure)
+		lp.setView(obs, procedure)
 		boolGauge(lp.met.leader, leading)
 		boolGauge(lp.met.etcdHealthy, self.Healthy)
 	}()
@@ -530,7 +531,9 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 			if err == nil {
 				members[i].RaftIndex = st.RaftIndex
 				members[i].DBSize, members[i].DBSizeInUse = st.DbSize, st.DbSizeInUse
-				statusErrs[i] = st.Errors
+				// An answer without alarms decodes to nil errors; nil
+				// means no answer to raisedAlarms.
+				statusErrs[i] = append([]string{}, st.Errors...)
 			}
 		}()
 	}

@@ -56,6 +56,9 @@ type Backups interface {
 // Validated is what checking a restore's backup found.
 type Validated struct {
 	Meta backup.Meta
+	// Size is the snapshot's size as restored, once brought forward to
+	// the point: what every restoring node needs room for.
+	Size int64
 	// Keys are the IDs of the encryption keys the backup and the segments
 	// applied need: every node that restores them needs them too.
 	Keys []string

@@ -52,7 +52,7 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		if lacking := lackingKeys(obs, act.Members, checked.Keys); lacking != "" {
 			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore backup %s: %s; %s; the cluster was not touched", act.Backup, lacking, keyHint))
 		}
-		if lacking := lackingRoom(obs, act.Members, meta.Size); lacking != "" {
+		if lacking := lackingRoom(obs, act.Members, max(meta.Size, checked.Size)); lacking != "" {
 			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore backup %s: %s; the cluster was not touched", act.Backup, lacking))
 		}
 		v, err := spec.ParseSupportedVersion(obs.Spec.EtcdVersion)

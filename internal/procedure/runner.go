@@ -143,6 +143,8 @@ type Runner struct {
 	// OnTakeOver, when set, is told when this driver adopts a procedure
 	// from an earlier one, before it acts.
 	OnTakeOver func(ctx context.Context, term int64)
+	// OnFail, when set, is told of each command Fail marks failed.
+	OnFail func(id, reason string)
 }
 
 // Do runs one step of phase of procedure d for command c: it checks the
@@ -266,6 +268,9 @@ func (r *Runner) Fail(ctx context.Context, id, reason string) error {
 	r.Log.Error("queued command failed", "command", id, "reason", reason)
 	err = r.Records.SetCommandStatus(ctx, id, term, spec.CommandStatus{State: spec.CommandFailed, Message: reason}, r.Now())
 	r.Metrics.idle()
+	if err == nil && r.OnFail != nil {
+		r.OnFail(id, reason)
+	}
 	return err
 }
 

@@ -98,9 +98,34 @@ func (s *Store) ListEvents(ctx context.Context, since time.Time) ([]spec.Event, 
 	if len(want) > MaxEvents {
 		want = want[len(want)-MaxEvents:]
 	}
+	return s.readEvents(ctx, want)
+}
+
+// RecentEvents reads the newest n events, oldest first, as ListEvents
+// does: it reads only their objects.
+func (s *Store) RecentEvents(ctx context.Context, n int) ([]spec.Event, []EventProblem, error) {
+	keys, err := s.List(ctx, EventPrefix, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	var events []string
+	for _, k := range keys {
+		if _, ok := eventTime(k); ok {
+			events = append(events, k)
+		}
+	}
+	sort.Strings(events)
+	if len(events) > n {
+		events = events[len(events)-n:]
+	}
+	return s.readEvents(ctx, events)
+}
+
+// readEvents reads the event objects keys, passing over those gone.
+func (s *Store) readEvents(ctx context.Context, keys []string) ([]spec.Event, []EventProblem, error) {
 	var events []spec.Event
 	var problems []EventProblem
-	for _, k := range want {
+	for _, k := range keys {
 		data, err := s.ReadMax(ctx, k, spec.MaxEventSize)
 		if errors.Is(err, ErrNotFound) {
 			continue // pruned meanwhile

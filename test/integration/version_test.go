@@ -365,6 +365,8 @@ func TestDumpRestoreTooLarge(t *testing.T) {
 		_, err := c.Put(ctx, "/big/after", "ok")
 		return err == nil
 	})
+	// Each member's etcd restarts out of quarantine in turn.
+	harness.WaitSettled(t, agents, 3, settleTimeout)
 	after := harness.Observe(agents)
 	if !allAtVersion(agents, "3.5.35") || fmt.Sprint(keys(after.ClusterIDs)) != fmt.Sprint(keys(before.ClusterIDs)) {
 		t.Fatalf("the refused dump-restore changed the cluster: %v -> %v", before.ClusterIDs, after.ClusterIDs)
