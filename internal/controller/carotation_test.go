@@ -14,12 +14,10 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
-// A node takes up the store's CA and trust only when they are what the
-// leader read: otherwise it refuses and changes nothing. Taken up, a new
-// issuing CA brings a new key and certificate; the same one twice
-// changes nothing. An agent on --pki-dir refuses outright.
-func TestCAKeeperSync(t *testing.T) {
-	a, _ := testAgent(t)
+// agentWithStoreCA sets a's TLS up, which generates the store's CA, and
+// returns the store, open, and that CA.
+func agentWithStoreCA(t *testing.T, a *Agent) (*store.Store, *pki.CA) {
+	t.Helper()
 	if err := a.setupTLS(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -27,11 +25,21 @@ func TestCAKeeperSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
 	old, err := pki.LoadStoreCA(t.Context(), s, isNotFound, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, old
+}
+
+// A node takes up the store's CA and trust only when they are what the
+// leader read: otherwise it refuses and changes nothing. Taken up, a new
+// issuing CA brings a new key and certificate; the same one twice
+// changes nothing. An agent on --pki-dir refuses outright.
+func TestCAKeeperSync(t *testing.T) {
+	a, _ := testAgent(t)
+	s, old := agentWithStoreCA(t, a)
 	fresh := mustGenerateCA(t, time.Now(), 24*time.Hour)
 	r := pki.NewRotation(old.Cert, fresh.Cert, time.Now())
 	r.Phase = pki.PhaseReissue
@@ -69,7 +77,7 @@ func TestCAKeeperSync(t *testing.T) {
 	}
 
 	// The leader read the old CA as the issuer: refused, nothing written.
-	err = k.Sync(t.Context(), both, pki.Fingerprint(old.Cert))
+	err := k.Sync(t.Context(), both, pki.Fingerprint(old.Cert))
 	if !errors.Is(err, ErrCAMismatch) {
 		t.Fatalf("a mismatched issuer: %v", err)
 	}
@@ -121,18 +129,7 @@ func TestCAKeeperSync(t *testing.T) {
 // up, and the agent says so.
 func TestRefreshTrust(t *testing.T) {
 	a, rec := testAgent(t)
-	if err := a.setupTLS(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	s, err := store.Open(t.Context(), a.cfg.BackupStore, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	old, err := pki.LoadStoreCA(t.Context(), s, isNotFound, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, old := agentWithStoreCA(t, a)
 	write := func(k string, v []byte) {
 		t.Helper()
 		if err := s.Write(t.Context(), k, v); err != nil {
