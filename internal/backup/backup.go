@@ -404,6 +404,37 @@ func List(ctx context.Context, s Store) ([]Info, error) { return list(ctx, s, fa
 // than a backup left out.
 func ListAll(ctx context.Context, s Store) ([]Info, error) { return list(ctx, s, true) }
 
+// Newest is the newest complete backup whose meta match accepts (any,
+// when nil), or nil: it reads metas newest first, at most maxReads of
+// them when maxReads > 0, passing over backups without a meta (being
+// written) or with a corrupt one.
+func Newest(ctx context.Context, s Store, match func(Meta) bool, maxReads int) (*Info, error) {
+	dirs, err := s.List(ctx, "", "/")
+	if err != nil {
+		return nil, fmt.Errorf("backup: list: %w", err)
+	}
+	reads := 0
+	for i := len(dirs) - 1; i >= 0 && (maxReads <= 0 || reads < maxReads); i-- {
+		name := strings.TrimSuffix(dirs[i], "/")
+		if !nameRE.MatchString(name) {
+			continue
+		}
+		reads++
+		data, err := s.ReadMax(ctx, name+"/"+MetaObject, MaxMetaSize)
+		switch {
+		case errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrTooLarge):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("backup: read %s/%s: %w", name, MetaObject, err)
+		}
+		meta, err := decodeMeta(name, data)
+		if err == nil && (match == nil || match(meta)) {
+			return &Info{Name: name, Meta: meta}, nil
+		}
+	}
+	return nil, nil
+}
+
 func list(ctx context.Context, s Store, strict bool) ([]Info, error) {
 	dirs, err := s.List(ctx, "", "/")
 	if err != nil {

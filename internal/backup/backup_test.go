@@ -90,6 +90,24 @@ func TestNamesAndListing(t *testing.T) {
 	if len(infos) != 1 || infos[0].Name != first || infos[0].Meta.EtcdVersion != "3.6.16" || infos[0].Meta.Timestamp != 1795320245 {
 		t.Errorf("List = %+v", infos)
 	}
+	// Newest reads newest first and passes over the same; it stops at
+	// maxReads, and takes only what match accepts.
+	for _, tt := range []struct {
+		name     string
+		match    func(Meta) bool
+		maxReads int
+		want     string
+	}{
+		{"any", nil, 0, first},
+		{"past the junk and the unfinished one", nil, 3, first},
+		{"only those two read", nil, 2, ""},
+		{"none matches", func(m Meta) bool { return m.ClusterToken == "other" }, 0, ""},
+	} {
+		in, err := Newest(ctx, s, tt.match, tt.maxReads)
+		if err != nil || (in == nil) != (tt.want == "") || (in != nil && in.Name != tt.want) {
+			t.Errorf("Newest, %s: %+v, %v; want %q", tt.name, in, err, tt.want)
+		}
+	}
 }
 
 // Writers racing in the same second, as two leaders would, never share a

@@ -32,9 +32,6 @@ type Reader interface {
 // and the cluster spec (itself at most 64 KiB).
 const MaxMetaSize = 256 << 10
 
-// IsName reports whether name has the form of a backup's name.
-func IsName(name string) bool { return nameRE.MatchString(name) }
-
 // ReadMeta reads a backup's meta. A backup without one does not exist.
 func ReadMeta(ctx context.Context, s Reader, name string) (Meta, error) {
 	var meta Meta

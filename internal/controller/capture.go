@@ -292,16 +292,11 @@ func (c *capturer) merge(ctx context.Context, s *store.Store, token string) {
 
 // newestBackup is the newest full backup of the cluster token, or nil.
 func newestBackup(ctx context.Context, s *store.Store, token string) (*wal.Base, error) {
-	infos, err := backup.List(ctx, s)
-	if err != nil {
+	in, err := backup.Newest(ctx, s, func(m backup.Meta) bool { return m.ClusterToken == token }, 0)
+	if err != nil || in == nil {
 		return nil, err
 	}
-	for i := len(infos) - 1; i >= 0; i-- {
-		if m := infos[i].Meta; m.ClusterToken == token {
-			return &wal.Base{Backup: infos[i].Name, Revision: wal.SnapshotRevision(m.Revision)}, nil
-		}
-	}
-	return nil, nil
+	return &wal.Base{Backup: in.Name, Revision: wal.SnapshotRevision(in.Meta.Revision)}, nil
 }
 
 // stop ends capture and waits for it.

@@ -213,16 +213,7 @@ func (e *eventLog) run(ctx context.Context, open func(context.Context) (eventWri
 		if n := e.dropped.Swap(0); n > 0 {
 			e.log.Warn("events were dropped while the store could not take them", "dropped", n)
 		}
-		w, closeStore, err := open(ctx)
-		i := 0
-		if err == nil {
-			for ; i < len(evs); i++ {
-				if err = w.AddEvent(ctx, evs[i]); err != nil {
-					break
-				}
-			}
-			closeStore()
-		}
+		i, err := write(ctx, open, evs)
 		if errors.Is(err, spec.ErrBadEvent) {
 			e.log.Error("an event could not be recorded", "error", err, "action", evs[i].Action)
 			i++ // never retried
@@ -253,18 +244,25 @@ func (e *eventLog) flush(ctx context.Context, open func(context.Context) (eventW
 	if len(evs) == 0 {
 		return
 	}
+	if i, err := write(ctx, open, evs); err != nil {
+		e.log.Warn("events not recorded as the agent stops", "error", err, "events", len(evs)-i)
+	}
+}
+
+// write writes evs, in order, to a store opened for them, and returns
+// how many it wrote before the first error.
+func write(ctx context.Context, open func(context.Context) (eventWriter, func(), error), evs []spec.Event) (int, error) {
 	w, closeStore, err := open(ctx)
 	if err != nil {
-		e.log.Warn("events not recorded as the agent stops", "error", err, "events", len(evs))
-		return
+		return 0, err
 	}
 	defer closeStore()
 	for i, ev := range evs {
 		if err := w.AddEvent(ctx, ev); err != nil {
-			e.log.Warn("events not recorded as the agent stops", "error", err, "events", len(evs)-i)
-			return
+			return i, err
 		}
 	}
+	return len(evs), nil
 }
 
 func (e *eventLog) poke() {

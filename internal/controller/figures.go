@@ -2,9 +2,7 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
@@ -85,7 +83,8 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 	lp.lastStoreFigures = lp.now()
 	ctx, cancel := context.WithTimeout(ctx, storeFiguresTimeout)
 	defer cancel()
-	newest, err := newestComplete(ctx, s)
+	// The newest names only: an agent reads this every lease.
+	newest, err := backup.Newest(ctx, s, nil, 10)
 	if err != nil {
 		lp.log.Warn("cannot read the newest backup for the metrics", "error", err)
 		return
@@ -109,31 +108,4 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 		lp.met.restorablePoint.Set(float64(point.Unix()))
 	}
 	lp.restorable = point
-}
-
-// newestComplete is the newest complete backup in the store, nil for none:
-// it reads the metas of the newest names only, down to the first that is
-// whole (a backup being written has no meta yet).
-func newestComplete(ctx context.Context, s *store.Store) (*backup.Info, error) {
-	dirs, err := s.List(ctx, "", "/")
-	if err != nil {
-		return nil, err
-	}
-	tries := 0
-	for i := len(dirs) - 1; i >= 0 && tries < 10; i-- {
-		name := strings.TrimSuffix(dirs[i], "/")
-		if !backup.IsName(name) {
-			continue
-		}
-		tries++
-		meta, err := backup.ReadMeta(ctx, s, name)
-		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return &backup.Info{Name: name, Meta: meta}, nil
-	}
-	return nil, nil
 }

@@ -143,11 +143,8 @@ func planCARotation(o Observed) []Action {
 			}
 			next := followerFirst(ms, o.Self.ID, pending)
 			if next.n.ID == o.Self.ID && len(ms) > 1 {
-				to := handOnTo(ms, o.Self.ID)
-				if to == nil {
-					return []Action{Report{Level: slog.LevelInfo, Msg: "the CA rotation waits for a healthy member to hand leadership to"}}
-				}
-				return []Action{MoveLeader{To: to.m.ID, Reason: "before restarting the leader to trust other CAs"}}
+				// The health gate passed: every other member can take the lead.
+				return []Action{MoveLeader{To: handOnTo(ms, o.Self.ID).m.ID, Reason: "before restarting the leader to trust other CAs"}}
 			}
 			return []Action{SyncCA{NodeID: next.n.ID, Restart: true, Trust: r.Trust, Issuer: r.Issuer, Phase: r.Phase}}
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -84,41 +85,48 @@ type EventProblem struct {
 // newest MaxEvents of them at most. Objects that cannot be read are
 // returned apart, by key, and the rest still are.
 func (s *Store) ListEvents(ctx context.Context, since time.Time) ([]spec.Event, []EventProblem, error) {
-	keys, err := s.List(ctx, EventPrefix, "")
+	keys, err := s.eventKeys(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	var want []string
-	for _, k := range keys {
-		if t, ok := eventTime(k); ok && !t.Before(since) {
-			want = append(want, k)
-		}
+	first := slices.IndexFunc(keys, func(k string) bool {
+		t, _ := eventTime(k)
+		return !t.Before(since)
+	})
+	if first < 0 {
+		return nil, nil, nil
 	}
-	sort.Strings(want) // by time: the names' numbers have one width
-	if len(want) > MaxEvents {
-		want = want[len(want)-MaxEvents:]
-	}
-	return s.readEvents(ctx, want)
+	return s.readEvents(ctx, newest(keys[first:], MaxEvents))
 }
 
 // RecentEvents reads the newest n events, oldest first, as ListEvents
 // does: it reads only their objects.
 func (s *Store) RecentEvents(ctx context.Context, n int) ([]spec.Event, []EventProblem, error) {
-	keys, err := s.List(ctx, EventPrefix, "")
+	keys, err := s.eventKeys(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	var events []string
-	for _, k := range keys {
-		if _, ok := eventTime(k); ok {
-			events = append(events, k)
-		}
+	return s.readEvents(ctx, newest(keys, n))
+}
+
+// eventKeys are the keys of the event objects, oldest first: the names'
+// numbers have one width, so their order is the events'.
+func (s *Store) eventKeys(ctx context.Context) ([]string, error) {
+	keys, err := s.List(ctx, EventPrefix, "")
+	if err != nil {
+		return nil, err
 	}
+	events := slices.DeleteFunc(keys, func(k string) bool {
+		_, ok := eventTime(k)
+		return !ok
+	})
 	sort.Strings(events)
-	if len(events) > n {
-		events = events[len(events)-n:]
-	}
-	return s.readEvents(ctx, events)
+	return events, nil
+}
+
+// newest are the last n of keys.
+func newest(keys []string, n int) []string {
+	return keys[max(len(keys)-n, 0):]
 }
 
 // readEvents reads the event objects keys, passing over those gone.
@@ -145,17 +153,10 @@ func (s *Store) readEvents(ctx context.Context, keys []string) ([]spec.Event, []
 // PruneEvents deletes the events older than maxAge before now, and the
 // oldest beyond the newest keep. It returns how many it deleted.
 func (s *Store) PruneEvents(ctx context.Context, now time.Time, keep int, maxAge time.Duration) (int, error) {
-	keys, err := s.List(ctx, EventPrefix, "")
+	events, err := s.eventKeys(ctx)
 	if err != nil {
 		return 0, err
 	}
-	var events []string
-	for _, k := range keys {
-		if _, ok := eventTime(k); ok {
-			events = append(events, k)
-		}
-	}
-	sort.Strings(events)
 	removed := 0
 	for i, k := range events {
 		t, _ := eventTime(k)
