@@ -18,6 +18,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -61,6 +62,16 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 		}
 		if r, err := pki.LoadRotation(ctx, s, isNotFound); err == nil && r != nil {
 			st.CARotation = r.Phase
+		}
+		if d, err := s.ReadDrills(ctx); err == nil {
+			st.RestoreDrills = d
+		} else {
+			fprintf(o.stderr, "warning: the restore drills' record is unreadable: %v\n", err)
+		}
+		if f, err := s.ReadBackupFailure(ctx); err == nil {
+			st.BackupFailure = f
+		} else {
+			fprintf(o.stderr, "warning: the record of the last failed backup is unreadable: %v\n", err)
 		}
 	}
 	disc, err := peer.ParseDiscovery(o.discovery, peer.DiscoveryOptions{
@@ -158,6 +169,7 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 		fprintf(w, "\nCA rotation at phase %s: %s\n", st.CARotation, rotationNext(st.CARotation))
 	}
 	printMaintenance(w, st.Maintenance)
+	printBackupRecords(w, st.RestoreDrills, st.BackupFailure)
 	printWarnings(w, st.Warnings)
 	if len(st.Failing) > 0 {
 		fmt.Fprintf(w, "\nfailing on the leader (retried after a backoff; the rest goes on):\n")
@@ -166,6 +178,33 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 		}
 	}
 	return nil
+}
+
+// printBackupRecords renders the store's records of the restore drills
+// and of the last failed backup.
+func printBackupRecords(w io.Writer, d *spec.DrillRecord, f *spec.BackupFailure) {
+	if d == nil && f == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nbackups (from the store):\n")
+	if d != nil {
+		l := d.Last
+		what := "passed"
+		if l.Outcome == spec.EventFailed {
+			what = "FAILED"
+		}
+		fprintf(w, "  last restore drill: %s at %s on %s, backup %s, took %.1fs", what, l.Time.Format(time.RFC3339), l.Node, dash(l.Backup), l.Seconds)
+		if l.Message != "" {
+			fprintf(w, ": %s", l.Message)
+		}
+		fprintf(w, "\n")
+		if p := d.LastPassed; p != nil && l.Outcome == spec.EventFailed {
+			fprintf(w, "  last drill that passed: %s, backup %s\n", p.Time.Format(time.RFC3339), dash(p.Backup))
+		}
+	}
+	if f != nil {
+		fprintf(w, "  last failed backup: %s on %s (%s): %s\n", f.Time.Format(time.RFC3339), f.Node, dash(f.Kind), f.Message)
+	}
 }
 
 // printWarnings renders the leader's warnings.

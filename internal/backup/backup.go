@@ -78,6 +78,21 @@ type Meta struct {
 	// Encryption names the key the object is encrypted with; nil when it
 	// is not.
 	Encryption *crypt.Info `json:"encryption,omitempty"`
+	// Kind is why the backup was taken (spec.BackupPeriodic, ...), and
+	// Seconds how long taking it took, upload included.
+	Kind    string  `json:"kind,omitempty"`
+	Seconds float64 `json:"seconds,omitempty"`
+	// HashKV is the member's HashKV at Revision, read as the backup was
+	// taken; a restore drill compares the restored data's with it.
+	HashKV *HashKV `json:"hashKV,omitempty"`
+}
+
+// HashKV is etcd's HashKV of a member's keys at a revision, and the
+// revision the member had compacted to then (-1: none): the hash covers
+// the history after it.
+type HashKV struct {
+	Hash            uint32 `json:"hash"`
+	CompactRevision int64  `json:"compactRevision"`
 }
 
 // Store is the part of the backup store backups need.
@@ -96,6 +111,8 @@ type Info struct {
 	Meta Meta
 	// Stages is how long each step of a backup just taken took.
 	Stages Stages
+	// HashKVErr is why a backup just taken records no HashKV.
+	HashKVErr error
 }
 
 // Stages times the steps of a backup.
@@ -123,6 +140,8 @@ type Request struct {
 	Verify VerifyFunc
 	// Keys encrypt the backup when they hold a writing key.
 	Keys *crypt.Keyring
+	// Kind is why the backup is taken, recorded in its meta.
+	Kind string
 }
 
 // VerifyFunc checks a snapshot file, as Verify does.
@@ -198,6 +217,7 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	// any 3.6.x), used only when the caller does not know the server's.
 	var stages Stages
 	began := time.Now()
+	start := began
 	version, err := clientsnapshot.SaveWithVersion(ctx, cfg.Logger, cfg, db)
 	stages.Snapshot = time.Since(began)
 	if err != nil {
@@ -221,6 +241,15 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 		return Info{}, fmt.Errorf("backup: %w", err)
 	}
 
+	// The member's HashKV at the snapshot's revision is read while the
+	// snapshot uploads: it does not hold the backup up.
+	hashCtx, stopHash := context.WithCancel(ctx)
+	defer stopHash()
+	hashed := make(chan hashResult, 1)
+	go func() {
+		h, err := hashKV(hashCtx, cfg, req.Endpoint, status.Revision)
+		hashed <- hashResult{h, err}
+	}()
 	name, err := claimName(ctx, s, req.Now)
 	if err != nil {
 		return Info{}, err
@@ -236,27 +265,62 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 		Revision:     status.Revision,
 		TotalKeys:    status.TotalKey,
 		ClusterToken: req.ClusterToken,
+		Kind:         req.Kind,
 	}
 	began = time.Now()
-	meta, err = write(ctx, s, name, db, req.Keys, meta)
+	var hashErr error
+	meta, err = write(ctx, s, name, db, req.Keys, meta, func(m *Meta) {
+		h := <-hashed
+		m.HashKV, hashErr = h.hash, h.err
+		m.Seconds = time.Since(start).Seconds()
+	})
 	if err != nil {
 		return Info{}, err
 	}
 	stages.Upload = time.Since(began)
 	// The claim has done its work; one left behind is harmless.
 	_ = s.Delete(ctx, name+"/"+ClaimObject)
-	return Info{Name: name, Meta: meta, Stages: stages}, nil
+	return Info{Name: name, Meta: meta, Stages: stages, HashKVErr: hashErr}, nil
+}
+
+type hashResult struct {
+	hash *HashKV
+	err  error
+}
+
+// hashKVTimeout bounds the HashKV read beside a backup: etcd hashes the
+// whole keyspace, about a second per GiB.
+const hashKVTimeout = 2 * time.Minute
+
+// hashKV reads a member's HashKV at rev.
+func hashKV(ctx context.Context, cfg clientv3.Config, endpoint string, rev int64) (*HashKV, error) {
+	ctx, cancel := context.WithTimeout(ctx, hashKVTimeout)
+	defer cancel()
+	cfg.Context = ctx
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("backup: HashKV of %s: %w", endpoint, err)
+	}
+	defer c.Close()
+	resp, err := c.HashKV(ctx, endpoint, rev)
+	if err != nil {
+		return nil, fmt.Errorf("backup: HashKV of %s at revision %d: %w", endpoint, rev, err)
+	}
+	return &HashKV{Hash: resp.Hash, CompactRevision: resp.CompactRevision}, nil
 }
 
 // write uploads the snapshot db as backup name's data object, gzipped and,
 // with a writing key, encrypted, then its meta, which gets the object's
-// sha256, size and encryption.
-func write(ctx context.Context, s Store, name, db string, keys *crypt.Keyring, meta Meta) (Meta, error) {
+// sha256, size and encryption, and what finish (when set) adds.
+func write(ctx context.Context, s Store, name, db string, keys *crypt.Keyring, meta Meta, finish func(*Meta)) (Meta, error) {
 	sum, compressed, enc, err := upload(ctx, s, name+"/"+DataObject, db, keys)
 	if err != nil {
 		return meta, err
 	}
 	meta.SHA256, meta.CompressedSize, meta.Encryption = sum, compressed, enc
+	if finish != nil {
+		finish(&meta)
+	}
 	data, err := json.Marshal(meta)
 	if err != nil {
 		return meta, fmt.Errorf("backup: encode meta: %w", err)
@@ -403,6 +467,23 @@ func List(ctx context.Context, s Store) ([]Info, error) { return list(ctx, s, fa
 // any reason but its absence (an unfinished backup), is an error rather
 // than a backup left out.
 func ListAll(ctx context.Context, s Store) ([]Info, error) { return list(ctx, s, true) }
+
+// Names lists the names of the store's backups, oldest first, from one
+// listing: finished or not, their metas unread.
+func Names(ctx context.Context, s Store) ([]string, error) {
+	dirs, err := s.List(ctx, "", "/")
+	if err != nil {
+		return nil, fmt.Errorf("backup: list: %w", err)
+	}
+	var out []string
+	for _, d := range dirs {
+		if name := strings.TrimSuffix(d, "/"); nameRE.MatchString(name) {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
 
 // Newest is the newest complete backup whose meta match accepts (any,
 // when nil), or nil: it reads metas newest first, at most maxReads of

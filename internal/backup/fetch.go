@@ -64,6 +64,12 @@ func decodeMeta(name string, data []byte) (Meta, error) {
 		bad = "cluster token " + spec.QuoteShort(meta.ClusterToken) + " is not of a token's form"
 	case meta.Size < 0 || meta.CompressedSize < 0 || meta.Revision < 0 || meta.TotalKeys < 0:
 		bad = "a size, revision or key count is negative"
+	case meta.Seconds < 0:
+		bad = "duration is negative"
+	case len(meta.Kind) > 32:
+		bad = "kind " + spec.QuoteShort(meta.Kind) + " is over 32 bytes"
+	case meta.HashKV != nil && (meta.HashKV.CompactRevision < -1 || meta.HashKV.CompactRevision > meta.Revision):
+		bad = fmt.Sprintf("HashKV's compact revision %d is not within -1 (none) and the revision %d", meta.HashKV.CompactRevision, meta.Revision)
 	case meta.SHA256 != "" && !sha256RE.MatchString(meta.SHA256):
 		bad = "sha256 " + spec.QuoteShort(meta.SHA256) + " is not 64 hex digits"
 	case meta.Encryption != nil:

@@ -79,6 +79,10 @@ type ClusterStatus struct {
 	Maintenance *peer.Maintenance `json:"maintenance,omitempty"`
 	// CARotation is the phase of the CA rotation in progress, if any.
 	CARotation string `json:"caRotation,omitempty"`
+	// RestoreDrills and BackupFailure are the store's records of the
+	// restore drills and of the last failed backup.
+	RestoreDrills *spec.DrillRecord   `json:"restoreDrills,omitempty"`
+	BackupFailure *spec.BackupFailure `json:"lastBackupFailure,omitempty"`
 }
 
 // CommandRow is one queued command in `list-commands`.

@@ -191,7 +191,7 @@ type BackupAgent struct {
 func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger) *BackupAgent {
 	met := newMetrics()
 	b := &BackupAgent{cfg: cfg, log: log, met: met, now: time.Now}
-	b.backups = cfg.Backup.newBackups(log, met, func() time.Time { return b.now() })
+	b.backups = cfg.Backup.newBackups(cfg.NodeID, log, met, func() time.Time { return b.now() })
 	b.lock = LeaderLock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
 	b.capture = newCapturer(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, met.reg)
 	return b
@@ -309,10 +309,10 @@ func (b *BackupAgent) execute(ctx context.Context, s *store.Store, term int64, a
 		}
 		req, err := b.request(ctx)
 		if err != nil {
-			b.backups.lastFailure, b.backups.failures = b.now(), b.backups.failures+1
-			b.met.backupFailures.Inc()
+			b.backups.failed(ctx, s, act.Kind, err)
 			return err
 		}
+		req.Kind = act.Kind
 		_, err = b.backups.take(ctx, s, req, act.Reason, act.CommandIDs...)
 		if err == nil {
 			b.capture.backedUp()

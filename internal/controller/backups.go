@@ -49,6 +49,8 @@ func childDataChecker() etcdproc.DataChecker {
 // backup-now command's status) and applies retention. The managing agent
 // and the backup-only agent share it.
 type backups struct {
+	// node is the agent's ID, in the failures it records in the store.
+	node       string
 	log        *slog.Logger
 	met        *metrics
 	now        func() time.Time
@@ -110,10 +112,8 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	}
 	info, err := backup.Take(ctx, s, req)
 	if err != nil {
-		b.lastFailure = b.now()
-		b.failures++
-		b.met.backupFailures.Inc()
 		err = fmt.Errorf("controller: backup (%s): %w", reason, err)
+		b.failed(ctx, s, req.Kind, err)
 		setStatus(spec.CommandStatus{State: spec.CommandRunning,
 			Message: fmt.Sprintf("attempt %d failed, retrying at %s: %v", b.failures, b.retryAt().UTC().Format(time.RFC3339), err)})
 		return info, err
@@ -121,8 +121,10 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	b.lastOK, b.failures = b.now(), 0
 	took := b.lastOK.Sub(start)
 	b.met.backupLastOK.Set(float64(b.lastOK.Unix()))
-	b.met.backupDuration.Set(took.Seconds())
-	b.met.backupSize.Set(float64(info.Meta.Size))
+	b.met.backupFigures(info.Meta)
+	if info.HashKVErr != nil {
+		b.log.Warn("backup records no HashKV; a restore drill of it checks the revision alone", "name", info.Name, "error", info.HashKVErr)
+	}
 	keyID := ""
 	if e := info.Meta.Encryption; e != nil {
 		keyID = e.KeyID
@@ -133,6 +135,25 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	setStatus(spec.CommandStatus{State: spec.CommandDone, Backup: info.Name})
 	b.prune(ctx, s)
 	return info, nil
+}
+
+// failed counts a failed backup and records it in the store, where every
+// agent reads the time of the last failure from.
+func (b *backups) failed(ctx context.Context, s *store.Store, kind string, err error) {
+	b.lastFailure = b.now()
+	b.failures++
+	b.met.backupFailures.Inc()
+	b.met.backupLastFailure.Set(float64(b.lastFailure.Unix()))
+	if !spec.ValidBackupKind(kind) {
+		kind = ""
+	}
+	f := spec.BackupFailure{Time: b.lastFailure.UTC(), Node: b.node, Kind: kind, Message: err.Error()}
+	if f.Node == "" {
+		f.Node = "unknown"
+	}
+	if rerr := s.RecordBackupFailure(ctx, f); rerr != nil {
+		b.log.Warn("cannot record the failed backup in the store", "error", rerr)
+	}
 }
 
 // prune applies the retention policy. It never deletes the newest backup

@@ -104,6 +104,9 @@ type Config struct {
 	// member's HashKV at one revision, and rebuilds a member that
 	// disagrees with the majority (0: never).
 	HashCheckInterval time.Duration
+	// RestoreDrillInterval is how often the leader restores the newest
+	// backup into a scratch etcd to check it (0: never).
+	RestoreDrillInterval time.Duration
 	// Trash bounds the copies of etcd data moved to <data-dir>/trash.
 	Trash etcdproc.TrashPolicy
 	// MaxSnapshotBytes caps the snapshot the agent unpacks from a backup
@@ -156,6 +159,10 @@ const DefaultEtcdCorruptCheckInterval = time.Hour
 // member's whole keyspace.
 const DefaultHashCheckInterval = time.Hour
 
+// DefaultRestoreDrillInterval is how often the leader checks that the
+// newest backup restores.
+const DefaultRestoreDrillInterval = 24 * time.Hour
+
 // Default returns the configuration with defaults filled in.
 func Default() Config {
 	return Config{
@@ -174,6 +181,7 @@ func Default() Config {
 		EtcdStopTimeout:          DefaultEtcdStopTimeout,
 		EtcdCorruptCheckInterval: DefaultEtcdCorruptCheckInterval,
 		HashCheckInterval:        DefaultHashCheckInterval,
+		RestoreDrillInterval:     DefaultRestoreDrillInterval,
 		CertValidity:             pki.DefaultCertValidity,
 		EtcdPeerCertCheck:        true,
 		Trash:                    etcdproc.TrashPolicy{MaxAge: DefaultTrashMaxAge},
@@ -217,6 +225,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.MaxSnapshotBytes, "max-snapshot-bytes", c.MaxSnapshotBytes, "largest etcd snapshot the agent unpacks from a backup, for a restore or the check before one; a backup whose snapshot would be larger, or would leave less than 1 GiB (a tenth of a disk under 10 GiB) free on the data dir's disk, is refused and named")
 	fs.Int64Var(&c.Trash.MaxBytes, "trash-max-bytes", c.Trash.MaxBytes, "older copies in <data-dir>/trash are also deleted, oldest first, while the trash holds more than this many bytes, under the same conditions (0: no bound on size)")
 	fs.DurationVar(&c.EtcdCorruptCheckInterval, "etcd-corrupt-check-interval", c.EtcdCorruptCheckInterval, "how often etcd's periodic corruption check hashes every member's keyspace at one revision and compares them (0: never; a mismatch raises etcd's CORRUPT alarm); etcd's checks at start and after each compaction are always on")
+	fs.DurationVar(&c.RestoreDrillInterval, "restore-drill-interval", c.RestoreDrillInterval, "how often the leader checks that the newest backup restores: it restores it into a scratch etcd on loopback under --data-dir's tmp/ (when the snapshot and its copy fit on that disk), compares its revision and HashKV with the backup's meta, and records the outcome in the store; the cluster is not touched (0: never)")
 	fs.DurationVar(&c.HashCheckInterval, "hash-check-interval", c.HashCheckInterval, "how often the leader compares every voting member's HashKV at one revision; a member whose hash differs from a majority's has its data set aside and is rebuilt from its peers (0: never; etcd's CORRUPT alarm still triggers a comparison)")
 	fs.IntVar(&c.EtcdSnapshotCount, "etcd-snapshot-count", c.EtcdSnapshotCount, "etcd's --snapshot-count: committed entries between raft snapshots (0 keeps etcd's default); an upgrade from 3.5 past 3.6 waits for a snapshot on every member")
 }
@@ -322,6 +331,9 @@ func (c *Config) Validate() error {
 	}
 	if c.EtcdCorruptCheckInterval < 0 {
 		errs = append(errs, fmt.Errorf("--etcd-corrupt-check-interval %s is negative", c.EtcdCorruptCheckInterval))
+	}
+	if c.RestoreDrillInterval < 0 {
+		errs = append(errs, fmt.Errorf("--restore-drill-interval %s is negative", c.RestoreDrillInterval))
 	}
 	if c.HashCheckInterval < 0 {
 		errs = append(errs, fmt.Errorf("--hash-check-interval %s is negative", c.HashCheckInterval))
@@ -512,7 +524,7 @@ func logKeys(log *slog.Logger, keys *crypt.Keyring) {
 }
 
 // newBackups returns the backup taker for these settings.
-func (c BackupConfig) newBackups(log *slog.Logger, met *metrics, now func() time.Time) *backups {
-	return &backups{log: log, met: met, now: now, retention: c.Retention, retryDelay: c.RetryDelay, maxRetry: max(c.Interval, c.RetryDelay),
+func (c BackupConfig) newBackups(node string, log *slog.Logger, met *metrics, now func() time.Time) *backups {
+	return &backups{node: node, log: log, met: met, now: now, retention: c.Retention, retryDelay: c.RetryDelay, maxRetry: max(c.Interval, c.RetryDelay),
 		verify: childVerifier()}
 }

@@ -2,11 +2,13 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
@@ -83,13 +85,13 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 	lp.lastStoreFigures = lp.now()
 	ctx, cancel := context.WithTimeout(ctx, storeFiguresTimeout)
 	defer cancel()
-	// The newest names only: an agent reads this every lease.
-	newest, err := backup.Newest(ctx, s, nil, 10)
+	newest, err := lp.newestOfEachKind(ctx, s)
 	if err != nil {
-		lp.log.Warn("cannot read the newest backup for the metrics", "error", err)
+		lp.log.Warn("cannot read the newest backups for the metrics", "error", err)
 		return
 	}
 	lp.newestStored = newest
+	lp.recordFigures(ctx, s)
 	var point time.Time
 	if newest != nil {
 		point = time.Unix(int64(newest.Meta.Timestamp), 0)
@@ -108,4 +110,77 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 		lp.met.restorablePoint.Set(float64(point.Unix()))
 	}
 	lp.restorable = point
+}
+
+// Bounds of newestOfEachKind: the newest names it looks at, and the metas it
+// reads at most in one pass (a meta, once written, never changes, so the
+// ones read are kept).
+const (
+	figuresNames     = 50
+	figuresMetaReads = 10
+)
+
+// newestOfEachKind sets the figures of the newest backup of each kind from
+// the newest figuresNames backups, and returns the newest of all.
+func (lp *loop) newestOfEachKind(ctx context.Context, s *store.Store) (*backup.Info, error) {
+	names, err := backup.Names(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	names = names[max(0, len(names)-figuresNames):]
+	kept := make(map[string]backup.Meta, len(names))
+	seen := map[string]bool{}
+	var newest *backup.Info
+	reads := 0
+	for i := len(names) - 1; i >= 0; i-- {
+		name := names[i]
+		meta, ok := lp.metaCache[name]
+		if !ok {
+			if reads == figuresMetaReads {
+				continue
+			}
+			reads++
+			meta, err = backup.ReadMeta(ctx, s, name)
+			switch {
+			case errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt):
+				continue // being written, or no backup
+			case err != nil:
+				return nil, err
+			}
+		}
+		kept[name] = meta
+		if newest == nil {
+			newest = &backup.Info{Name: name, Meta: meta}
+		}
+		kind := meta.Kind
+		if !spec.ValidBackupKind(kind) {
+			kind = "other"
+		}
+		if !seen[kind] {
+			seen[kind] = true
+			lp.met.backupFigures(meta)
+		}
+	}
+	lp.metaCache = kept
+	return newest, nil
+}
+
+// recordFigures reads the last failed backup and the restore drills'
+// record from the store.
+func (lp *loop) recordFigures(ctx context.Context, s *store.Store) {
+	f, err := s.ReadBackupFailure(ctx)
+	switch {
+	case err != nil:
+		lp.log.Warn("cannot read the last failed backup for the metrics", "error", err)
+	case f != nil:
+		lp.met.backupLastFailure.Set(float64(f.Time.Unix()))
+	}
+	d, err := s.ReadDrills(ctx)
+	lp.drillRecord, lp.drillRecordErr = d, err
+	switch {
+	case err != nil:
+		lp.log.Warn("cannot read the restore drills' record", "error", err)
+	case d != nil:
+		lp.met.drillFigures(d)
+	}
 }

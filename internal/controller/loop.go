@@ -76,6 +76,14 @@ type loop struct {
 	// restorable point, as last read (the status page).
 	newestStored *backup.Info
 	restorable   time.Time
+	// metaCache holds the newest backups' metas, as storeFigures read
+	// them; drillRecord is the restore drills' record as last read.
+	metaCache map[string]backup.Meta
+	drills    driller
+	// activitySince is when a roll or defragmentation last stepped.
+	activitySince  time.Time
+	drillRecord    *spec.DrillRecord
+	drillRecordErr error
 	// backups are those this agent took while leading; lastChange is its
 	// last membership change.
 	backups    *backups
@@ -121,7 +129,7 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 		failures:       newFailures(),
 		offsets:        map[string]time.Duration{},
 	}
-	lp.backups = a.cfg.Backup.newBackups(a.log, a.met, func() time.Time { return a.now() })
+	lp.backups = a.cfg.Backup.newBackups(n.ID(), a.log, a.met, func() time.Time { return a.now() })
 	lp.backups.verify = verify
 	lp.backups.keys = a.keys
 	lp.lease = &lease{
@@ -203,6 +211,7 @@ func (lp *loop) httpClient() *http.Client {
 
 // close releases what the loop holds open.
 func (lp *loop) close() {
+	lp.drills.stop()
 	lp.capture.stop()
 	for _, c := range lp.peers {
 		_ = c.Close()
@@ -212,6 +221,30 @@ func (lp *loop) close() {
 	}
 	if lp.store != nil {
 		_ = lp.store.Close()
+	}
+}
+
+// activityLinger is how long a roll or defragmentation stays shown in the
+// procedure metric after its last step: its steps are cycles apart, with
+// waits for health between them.
+const activityLinger = time.Minute
+
+// showActivity shows a roll or a defragmentation that the planned actions
+// step, until activityLinger after its last step; a procedure of the
+// runner shows itself.
+func (lp *loop) showActivity(obs plan.Observed, actions []plan.Action) {
+	if plan.ActiveExclusive(obs.Commands) != nil {
+		lp.activitySince = time.Time{}
+		return
+	}
+	if proc, phase := plan.Activity(actions); proc != "" {
+		lp.procedures.Runner.Show(proc, phase)
+		lp.activitySince = lp.now()
+		return
+	}
+	if !lp.activitySince.IsZero() && lp.now().Sub(lp.activitySince) > activityLinger {
+		lp.procedures.Runner.Idle()
+		lp.activitySince = time.Time{}
 	}
 }
 
@@ -240,11 +273,13 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	lp.met.loopCycles.Inc()
 	lp.clusterFigures(obs)
 	lp.storeFigures(ctx, lp.store, obs)
+	lp.maybeDrill(ctx, obs)
 	lp.housekeeping(ctx, lp.store, obs)
 	lp.capture.sync(lp, obs)
 	lp.compact(ctx, obs)
 	actions := plan.Plan(obs)
 	lp.warnings = plan.StatusLines(actions)
+	lp.showActivity(obs, actions)
 	for _, act := range actions {
 		if ctx.Err() != nil {
 			return false
@@ -449,6 +484,7 @@ func (lp *loop) takeBackup(ctx context.Context, obs plan.Observed, act plan.Take
 		EtcdVersion:  obs.Self.Version,
 		ClusterSpec:  obs.Spec,
 		ClusterToken: obs.Cluster.Token,
+		Kind:         act.Kind,
 	}, act.Reason, act.CommandIDs...)
 	if err == nil {
 		lp.capture.backedUp()
@@ -568,7 +604,7 @@ func (b procedureBackups) RecordBranch(ctx context.Context, br wal.Branch) error
 	return wal.WriteBranch(ctx, s, br)
 }
 
-func (b procedureBackups) Take(ctx context.Context, from procedure.Source, reason string) (backup.Info, error) {
+func (b procedureBackups) Take(ctx context.Context, from procedure.Source, kind, reason string) (backup.Info, error) {
 	s, err := b.lp.openStore(ctx)
 	if err != nil {
 		return backup.Info{}, err
@@ -580,5 +616,6 @@ func (b procedureBackups) Take(ctx context.Context, from procedure.Source, reaso
 		EtcdVersion:  from.EtcdVersion,
 		ClusterSpec:  from.Spec,
 		ClusterToken: from.ClusterToken,
+		Kind:         kind,
 	}, reason)
 }

@@ -11,22 +11,32 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 // metrics are the agent's Prometheus metrics, served on --metrics-address.
 type metrics struct {
-	reg              *prometheus.Registry
-	backupLastOK     prometheus.Gauge
-	backupDuration   prometheus.Gauge
-	backupSize       prometheus.Gauge
-	backupFailures   prometheus.Counter
-	leader           prometheus.Gauge
-	etcdHealthy      prometheus.Gauge
-	actionsPerformed *prometheus.CounterVec
-	backingOff       prometheus.Gauge
-	panics           prometheus.Counter
-	certExpiry       prometheus.Gauge
-	certRenewals     prometheus.Counter
+	reg            *prometheus.Registry
+	backupLastOK   prometheus.Gauge
+	backupDuration *prometheus.GaugeVec
+	backupSize     *prometheus.GaugeVec
+	backupFailures prometheus.Counter
+	// Read from the store, alike on every agent: the last failed backup
+	// and the restore drills.
+	backupLastFailure prometheus.Gauge
+	drillLastOK       prometheus.Gauge
+	drillLastFailure  prometheus.Gauge
+	drillDuration     prometheus.Gauge
+	drills            *prometheus.CounterVec
+	leader            prometheus.Gauge
+	etcdHealthy       prometheus.Gauge
+	actionsPerformed  *prometheus.CounterVec
+	backingOff        prometheus.Gauge
+	panics            prometheus.Counter
+	certExpiry        prometheus.Gauge
+	certRenewals      prometheus.Counter
 	// Defragmentation by this agent as leader.
 	defrags             *prometheus.CounterVec
 	defragLastOK        prometheus.Gauge
@@ -56,12 +66,22 @@ func newMetrics() *metrics {
 		reg: prometheus.NewRegistry(),
 		backupLastOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_success_timestamp_seconds",
 			Help: "Unix time of the newest backup in the store (its meta's timestamp), read every lease by every agent, or of a backup this agent just took."}),
-		backupDuration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_duration_seconds",
-			Help: "How long the last successful backup took."}),
-		backupSize: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_size_bytes",
-			Help: "Size of the snapshot in the last successful backup."}),
+		backupDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_duration_seconds",
+			Help: "How long the newest backup of each kind (periodic, pre-change, on-demand, restored; other for one that records none) took, upload included, from its meta in the store."}, []string{"kind"}),
+		backupSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_size_bytes",
+			Help: "The snapshot size of the newest backup of each kind, from its meta in the store."}, []string{"kind"}),
 		backupFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_backup_failures_total",
-			Help: "Backups that failed."}),
+			Help: "Backups this agent tried and failed."}),
+		backupLastFailure: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_failure_timestamp_seconds",
+			Help: "Unix time of the last failed backup of any agent, read from the store every lease (0: none recorded)."}),
+		drillLastOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restore_drill_last_success_timestamp_seconds",
+			Help: "Unix time of the last restore drill that passed (the newest backup restored into a scratch etcd and checked against its meta), read from the store (0: none)."}),
+		drillLastFailure: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restore_drill_last_failure_timestamp_seconds",
+			Help: "Unix time of the last restore drill that failed, read from the store (0: none since the last that passed)."}),
+		drillDuration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restore_drill_last_duration_seconds",
+			Help: "How long the newest restore drill took, fetch included, read from the store."}),
+		drills: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_restore_drills_total",
+			Help: "Restore drills this agent ran as leader, by result (ok, failed)."}, []string{"result"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_leader",
 			Help: "1 while this agent acts as the manager leader."}),
 		etcdHealthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_etcd_healthy",
@@ -109,10 +129,45 @@ func newMetrics() *metrics {
 		loopCycles: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_cycles_total",
 			Help: "Cycles of the agent's control loop (observe, plan, act)."}),
 	}
+	m.reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
 	m.reg.MustRegister(m.restorablePoint, m.certificateExpiry, m.clusterMembers, m.memberLag, m.memberDBSize, m.alarms, m.leaderChanges, m.loopCycles)
 	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.corruptDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
 		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// backupFigures sets the duration and size of the newest backup of a
+// kind from its meta.
+func (m *metrics) backupFigures(meta backup.Meta) {
+	kind := meta.Kind
+	if !spec.ValidBackupKind(kind) {
+		kind = "other"
+	}
+	if meta.Seconds > 0 {
+		m.backupDuration.WithLabelValues(kind).Set(meta.Seconds)
+	}
+	m.backupSize.WithLabelValues(kind).Set(float64(meta.Size))
+}
+
+// drillFigures sets the restore drills' figures from their record.
+func (m *metrics) drillFigures(d *spec.DrillRecord) {
+	var ok, failed time.Time
+	if p := d.LastPassed; p != nil {
+		ok = p.Time
+	}
+	if d.Last.Outcome == spec.EventFailed {
+		failed = d.Last.Time
+	}
+	m.drillLastOK.Set(unixOrZero(ok))
+	m.drillLastFailure.Set(unixOrZero(failed))
+	m.drillDuration.Set(d.Last.Seconds)
+}
+
+func unixOrZero(t time.Time) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	return float64(t.Unix())
 }
 
 func boolGauge(g prometheus.Gauge, v bool) {

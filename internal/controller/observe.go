@@ -158,7 +158,9 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		obs.StoreErr = err
 		return obs
 	}
-	if !obs.LockHeld {
+	if !obs.LockHeld && lp.activitySince.IsZero() {
+		// No procedure of the runner, nor a roll or defragmentation
+		// shown (see showActivity).
 		lp.procedures.Runner.Idle()
 	}
 	return obs

@@ -32,8 +32,10 @@ type statusView struct {
 	Backup        string
 	BackupAt      time.Time
 	Restorable    time.Time
-	Procedure     string
-	Warnings      []string
+	// Drill is the newest restore drill, nil before any.
+	Drill     *spec.DrillResult
+	Procedure string
+	Warnings  []string
 }
 
 type statusMember struct {
@@ -105,6 +107,9 @@ func (lp *loop) setView(obs plan.Observed, procedure string) {
 		v.Backup, v.BackupAt = b.Name, time.Unix(int64(b.Meta.Timestamp), 0)
 	}
 	v.Restorable = lp.restorable
+	if d := lp.drillRecord; d != nil {
+		v.Drill = &d.Last
+	}
 	lp.page.view.Store(v)
 }
 
@@ -135,7 +140,8 @@ th{font-weight:600;border-bottom:1px solid #ccc}.ok{color:#1a7f37}.bad{color:#cf
 <div>leader: <b id="leader">{{if .V.Leader}}{{.V.Leader}}{{else}}none{{end}}</b></div>
 <h2>Backups</h2>
 <table><tr><td>newest backup</td><td id="backup">{{if .V.Backup}}{{.V.Backup}} ({{ago .Now .V.BackupAt}}){{else}}none{{end}}</td></tr>
-<tr><td>newest restorable point</td><td id="rpo">{{if .V.Restorable.IsZero}}none{{else}}{{utc .V.Restorable}}: RPO {{ago .Now .V.Restorable}}{{end}}</td></tr></table>
+<tr><td>newest restorable point</td><td id="rpo">{{if .V.Restorable.IsZero}}none{{else}}{{utc .V.Restorable}}: RPO {{ago .Now .V.Restorable}}{{end}}</td></tr>
+<tr><td>last restore drill</td><td id="drill">{{with .V.Drill}}<span class="{{if eq .Outcome "ok"}}ok">passed{{else}}bad">failed{{end}}</span> {{ago $.Now .Time}}{{if .Backup}}, backup {{.Backup}}{{end}}{{if .Message}}: {{.Message}}{{end}}{{else}}none{{end}}</td></tr></table>
 <h2>In progress</h2>
 <div id="procedure">{{if .V.Procedure}}{{.V.Procedure}}{{else}}<span class="muted">no procedure</span>{{end}}</div>
 {{range .V.Warnings}}<div class="warn">{{.}}</div>{{end}}

@@ -356,7 +356,9 @@ type EvictNode struct {
 // and records the outcome in each: one backup started after they were
 // queued answers them all.
 type TakeBackup struct {
-	Reason     string
+	Reason string
+	// Kind is spec.BackupPeriodic, BackupPreChange or BackupOnDemand.
+	Kind       string
 	CommandIDs []string
 	// ForVersion marks the backup taken before moving to that version.
 	ForVersion string
@@ -656,7 +658,7 @@ func planCluster(o Observed) []Action {
 		case AddMember, RemoveMember:
 			if !o.BackedUpSinceChange {
 				if !o.BackupFailedRecently {
-					return []Action{TakeBackup{Reason: "before " + actions[mutating].String()}}
+					return []Action{TakeBackup{Reason: "before " + actions[mutating].String(), Kind: spec.BackupPreChange}}
 				}
 				actions = append([]Action{Report{Level: slog.LevelWarn, Msg: "changing membership without a fresh backup: the last backup attempt failed"}}, actions...)
 			}
@@ -671,7 +673,7 @@ func planCluster(o Observed) []Action {
 	}
 	actions = append(actions, cmdActions...)
 	if o.BackupDue {
-		actions = append(actions, TakeBackup{Reason: "periodic"})
+		actions = append(actions, TakeBackup{Reason: "periodic", Kind: spec.BackupPeriodic})
 	}
 	return actions
 }
@@ -708,7 +710,7 @@ func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 	case backupFailedRecently:
 		actions = append(actions, Report{Level: slog.LevelInfo, Msg: "backup-now waits: the last backup attempt failed moments ago", Attrs: []any{"commands", backupNow}})
 	default:
-		actions = append(actions, TakeBackup{Reason: "backup-now " + strings.Join(backupNow, " "), CommandIDs: backupNow})
+		actions = append(actions, TakeBackup{Reason: "backup-now " + strings.Join(backupNow, " "), Kind: spec.BackupOnDemand, CommandIDs: backupNow})
 	}
 	return actions
 }
@@ -719,7 +721,7 @@ func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 func PlanBackupAgent(cmds []Command, backupFailedRecently, backupDue bool) []Action {
 	actions := planCommands(cmds, backupFailedRecently)
 	if backupDue && !hasBackup(actions) {
-		actions = append(actions, TakeBackup{Reason: "periodic"})
+		actions = append(actions, TakeBackup{Reason: "periodic", Kind: spec.BackupPeriodic})
 	}
 	return actions
 }
@@ -1245,4 +1247,29 @@ func SameURLs(a, b []string) bool {
 	sort.Strings(x)
 	sort.Strings(y)
 	return slices.Equal(x, y)
+}
+
+// Activity names the long-running work that actions belong to, for the
+// procedure metric: a roll of the members (version, settings, peer TLS,
+// CA) or a defragmentation (by the rules, or to recover from NOSPACE).
+// It is empty when the actions hold none of these; a move of the leader
+// alone says nothing, as every roll and defragmentation makes one.
+func Activity(actions []Action) (procedure, phase string) {
+	for _, a := range actions {
+		switch a.(type) {
+		case SetMemberVersion, EnableDowngrade:
+			return "roll", "version"
+		case SetMemberSettings:
+			return "roll", "settings"
+		case SetPeerCertCheck, SetPeerURLs:
+			return "roll", "peer-tls"
+		case SyncCA, AdvanceCARotation:
+			return "roll", "ca"
+		case DefragMember:
+			return "defrag", "defragment"
+		case RecoverSpace, DisarmNoSpace:
+			return "defrag", "nospace"
+		}
+	}
+	return "", ""
 }

@@ -773,3 +773,25 @@ func TestPlanFailsUnderTheStatusTerm(t *testing.T) {
 		}
 	}
 }
+
+func TestActivity(t *testing.T) {
+	for _, c := range []struct {
+		actions     []Action
+		proc, phase string
+	}{
+		{nil, "", ""},
+		{[]Action{MoveLeader{To: 1}}, "", ""},
+		{[]Action{Report{Msg: "x"}, MoveLeader{To: 1}, SetMemberVersion{NodeID: "a", Version: "3.6.16"}}, "roll", "version"},
+		{[]Action{SetMemberSettings{NodeID: "a"}}, "roll", "settings"},
+		{[]Action{SyncCA{NodeID: "a"}}, "roll", "ca"},
+		{[]Action{AdvanceCARotation{From: "trust-both", To: "trusted"}}, "roll", "ca"},
+		{[]Action{DefragMember{NodeID: "a"}}, "defrag", "defragment"},
+		{[]Action{RecoverSpace{}}, "defrag", "nospace"},
+		{[]Action{TakeBackup{Kind: spec.BackupPeriodic}}, "", ""},
+	} {
+		proc, phase := Activity(c.actions)
+		if proc != c.proc || phase != c.phase {
+			t.Errorf("Activity(%v) = %q %q, want %q %q", c.actions, proc, phase, c.proc, c.phase)
+		}
+	}
+}

@@ -97,7 +97,7 @@ func planVersion(o Observed) []Action {
 		return wait
 	}
 	if o.VersionBackup != step.String() {
-		return []Action{TakeBackup{Reason: "before changing etcd to " + step.String(), ForVersion: step.String()}}
+		return []Action{TakeBackup{Reason: "before changing etcd to " + step.String(), Kind: spec.BackupPreChange, ForVersion: step.String()}}
 	}
 	minor := fmt.Sprintf("%d.%d", step.Major, step.Minor)
 	downgrade := mode == stepDowngrade

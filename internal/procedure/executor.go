@@ -44,7 +44,7 @@ type Backups interface {
 	// not hold wraps backup.ErrNoKey.
 	Validate(ctx context.Context, name string, p spec.RestorePoint) (Validated, error)
 	// Take takes a full backup through the etcd member from.
-	Take(ctx context.Context, from Source, reason string) (backup.Info, error)
+	Take(ctx context.Context, from Source, kind, reason string) (backup.Info, error)
 	// Fits checks from its meta alone that a backup may be unpacked here:
 	// one too large for the agent's maximum or its disk wraps
 	// backup.ErrTooLarge or backup.ErrTempFull.

@@ -274,7 +274,7 @@ func (e *Executor) backupRestored(ctx context.Context, obs plan.Observed, act pl
 		if err := e.recordBranch(ctx, c, p); err != nil {
 			return err
 		}
-		if _, err := e.Backups.Take(ctx, Source{Endpoint: endpoint, EtcdVersion: p.EtcdVersion, ClusterToken: p.Token, Spec: obs.Spec}, "after restore "+act.ID); err != nil {
+		if _, err := e.Backups.Take(ctx, Source{Endpoint: endpoint, EtcdVersion: p.EtcdVersion, ClusterToken: p.Token, Spec: obs.Spec}, spec.BackupRestored, "after restore "+act.ID); err != nil {
 			return err
 		}
 		return e.setRestorePhase(ctx, obs, act.ID, spec.RestoreLifting)
@@ -362,7 +362,7 @@ func (e *Executor) dumpBackup(ctx context.Context, obs plan.Observed, act plan.D
 			return fmt.Errorf("procedure: dump-restore %s: %w", act.ID, err)
 		}
 		info, err := e.Backups.Take(ctx, Source{Endpoint: endpoint, EtcdVersion: from.Member.EtcdVersion, ClusterToken: p.OldToken, Spec: obs.Spec},
-			"dump for etcd "+p.EtcdVersion+" ("+act.ID+")")
+			spec.BackupPreChange, "dump for etcd "+p.EtcdVersion+" ("+act.ID+")")
 		if err != nil {
 			return err
 		}

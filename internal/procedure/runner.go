@@ -313,6 +313,10 @@ func (r *Runner) Finish(ctx context.Context, d Definition, id string) error {
 // Idle reports that this agent drives no procedure.
 func (r *Runner) Idle() { r.Metrics.idle() }
 
+// Show reports work the planner drives outside the runner (a roll, a
+// defragmentation) in the procedure metric.
+func (r *Runner) Show(procedure, phase string) { r.Metrics.running(procedure, phase) }
+
 // Metrics report the procedure steps an agent drives.
 type Metrics struct {
 	phase *prometheus.GaugeVec

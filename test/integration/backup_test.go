@@ -195,8 +195,8 @@ func TestBackupMetrics(t *testing.T) {
 		return false
 	})
 	for _, want := range []string{
-		"\netcd_manager_backup_last_size_bytes ",
-		"\netcd_manager_backup_last_duration_seconds ",
+		"\netcd_manager_backup_last_size_bytes{kind=\"pre-change\"} ",
+		"\netcd_manager_backup_last_duration_seconds{kind=\"pre-change\"} ",
 		"\netcd_manager_actions_total{action=\"take-backup\",result=\"ok\"}",
 	} {
 		if !strings.Contains(backupMetrics, want) {
@@ -208,7 +208,7 @@ func TestBackupMetrics(t *testing.T) {
 			t.Errorf("metrics lack the line %q", want)
 		}
 	}
-	if hasLine(backupMetrics, "etcd_manager_backup_last_size_bytes 0") {
+	if hasLine(backupMetrics, `etcd_manager_backup_last_size_bytes{kind="pre-change"} 0`) {
 		t.Error("backup size metric is 0")
 	}
 	harness.WaitFor(t, 20*time.Second, "exactly one agent reporting itself leader", func() bool {

@@ -1,0 +1,353 @@
+package controller
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// Restore drills: every --restore-drill-interval the leader restores the
+// newest backup into a scratch etcd on loopback in its tmp/ folder, and
+// checks the restored revision and HashKV against the backup's meta. The
+// cluster is not touched. The outcome goes to the store (so that every
+// agent reports it), the metrics and the event history.
+
+// drillTimeouts: a drill is bounded as a whole, and etcd's start on the
+// restored data (which reads the whole database) by a base plus a share
+// per GiB.
+const (
+	drillTimeout       = 30 * time.Minute
+	drillStartBase     = time.Minute
+	drillStartPerGiB   = time.Minute
+	drillStopTimeout   = 10 * time.Second
+	drillRecordTimeout = 10 * time.Second
+)
+
+// drillDue reports whether a drill is due: interval after the last one
+// recorded, or, before any, interval after this agent began to lead; and
+// interval after this agent last started one, whatever the record it
+// read says. A recorded time in the future (another agent's clock, or
+// junk) counts from the lead instead.
+func drillDue(now time.Time, interval time.Duration, rec *spec.DrillRecord, leadSince, lastStarted time.Time) bool {
+	if interval <= 0 || leadSince.IsZero() {
+		return false
+	}
+	base := leadSince
+	if rec != nil && !rec.Last.Time.After(now) {
+		base = rec.Last.Time
+	}
+	if lastStarted.After(base) {
+		base = lastStarted
+	}
+	return now.Sub(base) >= interval
+}
+
+// driller runs one drill at a time, in the background.
+type driller struct {
+	mu        sync.Mutex
+	cancel    context.CancelFunc
+	done      chan struct{}
+	leadSince time.Time
+	// started is when this agent last started a drill.
+	started time.Time
+}
+
+// running reports whether a drill runs now.
+func (d *driller) running() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done == nil {
+		return false
+	}
+	select {
+	case <-d.done:
+		d.done, d.cancel = nil, nil
+		return false
+	default:
+		return true
+	}
+}
+
+// start runs drill in a goroutine of its own.
+func (d *driller) start(ctx context.Context, drill func(context.Context)) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	d.mu.Lock()
+	d.cancel, d.done = cancel, done
+	d.mu.Unlock()
+	go func() {
+		defer close(done)
+		defer cancel()
+		drill(ctx)
+	}()
+}
+
+// stop cancels a drill in progress and waits for it to clean up.
+func (d *driller) stop() {
+	d.mu.Lock()
+	cancel, done := d.cancel, d.done
+	d.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// maybeDrill starts a restore drill of the newest backup when one is due
+// and this agent leads a cluster that no procedure, roll or
+// defragmentation is busy with.
+func (lp *loop) maybeDrill(ctx context.Context, obs plan.Observed) {
+	d := &lp.drills
+	if obs.Cluster == nil {
+		d.leadSince = time.Time{}
+		if d.running() {
+			lp.log.Info("no longer leading; stopping the restore drill")
+			d.stop()
+		}
+		return
+	}
+	if d.leadSince.IsZero() {
+		d.leadSince = lp.now()
+	}
+	// Not beside a restore or recovery (which need the disk), nor a roll
+	// or defragmentation.
+	busy := plan.ActiveExclusive(obs.Commands) != nil || !lp.activitySince.IsZero()
+	if lp.cfg.RestoreDrillInterval <= 0 || d.running() || lp.newestStored == nil || busy {
+		return
+	}
+	if err := lp.drillRecordErr; err != nil && !errors.Is(err, spec.ErrBadRecord) {
+		return // the store did not answer; the next read will tell
+	}
+	if !drillDue(lp.now(), lp.cfg.RestoreDrillInterval, lp.drillRecord, d.leadSince, d.started) {
+		return
+	}
+	name := lp.newestStored.Name
+	d.started = lp.now()
+	lp.log.Info("restore drill started", "backup", name)
+	d.start(ctx, func(ctx context.Context) { lp.drill(ctx, name, obs.Self.Version) })
+}
+
+// drill runs one drill of backup name and records its outcome.
+func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
+	start := lp.now()
+	res := spec.DrillResult{Time: start.UTC(), Node: lp.nodeID, Backup: name, Outcome: spec.EventOK}
+	dctx, cancel := context.WithTimeout(ctx, drillTimeout)
+	got, err := lp.restoreDrill(dctx, name, runningVersion)
+	cancel()
+	if ctx.Err() != nil {
+		lp.log.Info("restore drill stopped", "backup", name)
+		return // stopped, not failed: nothing to record
+	}
+	res.Seconds = lp.now().Sub(start).Seconds()
+	res.Revision, res.HashKV = got.revision, got.hashKV
+	res.Message = got.note
+	result := "ok"
+	if err != nil {
+		res.Outcome, res.Message, result = spec.EventFailed, err.Error(), "failed"
+		lp.log.Error("restore drill failed: the newest backup did not restore as its meta says", "backup", name, "error", err)
+	} else {
+		lp.log.Info("restore drill passed", "backup", name, "revision", got.revision, "hashkv-checked", got.hashKV != nil,
+			"duration", time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond))
+	}
+	lp.met.drills.WithLabelValues(result).Inc()
+	lp.events.add(spec.Event{Time: lp.now(), Action: "restore-drill " + name, Outcome: res.Outcome, Message: spec.Clip(res.Message, spec.MaxEventMessage)})
+	rctx, rcancel := context.WithTimeout(context.Background(), drillRecordTimeout)
+	defer rcancel()
+	s, err := store.Open(rctx, lp.cfg.BackupStore, store.Options{})
+	if err == nil {
+		err = s.RecordDrill(rctx, res)
+		_ = s.Close()
+	}
+	if err != nil {
+		lp.log.Warn("cannot record the restore drill's outcome in the store", "backup", name, "error", err)
+	}
+}
+
+// drillFits checks that a drill of a backup fits in dir: the snapshot
+// and the data restored from it are on that disk at once, and both must
+// leave free the reserve any fetch leaves, so that a drill never fills
+// the disk the live etcd runs on. (Fetch checks the maximum size.)
+func drillFits(opts backup.FetchOptions, dir, name string, meta backup.Meta) error {
+	opts.MaxBytes = 0
+	room, err := opts.Room(dir)
+	if err != nil {
+		return fmt.Errorf("controller: free space for a restore drill: %w", err)
+	}
+	if need := 2 * meta.Size; need > room {
+		return fmt.Errorf("%w: a restore drill of %s needs %d bytes in %s (the snapshot and its restored copy), and %d may be used",
+			backup.ErrTempFull, name, need, dir, room)
+	}
+	return nil
+}
+
+// drillResult is what a drill found.
+type drillResult struct {
+	revision int64
+	hashKV   *uint32
+	note     string
+}
+
+// restoreDrill fetches backup name into a folder of tmp/, restores it
+// with the etcd version that took it (or, lacking that, the running one),
+// starts a scratch etcd on it and compares it with the meta.
+func (lp *loop) restoreDrill(ctx context.Context, name, runningVersion string) (drillResult, error) {
+	var out drillResult
+	s, err := store.Open(ctx, lp.cfg.BackupStore, store.Options{})
+	if err != nil {
+		return out, err
+	}
+	defer s.Close()
+	meta, err := backup.ReadMeta(ctx, s, name)
+	if err != nil {
+		return out, err
+	}
+	tmp := filepath.Join(lp.cfg.DataDir, "tmp")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return out, fmt.Errorf("controller: %w", err)
+	}
+	dir, err := os.MkdirTemp(tmp, "drill-")
+	if err != nil {
+		return out, fmt.Errorf("controller: %w", err)
+	}
+	defer os.RemoveAll(dir)
+
+	opts := lp.cfg.fetchOptions(lp.backups.verify, lp.keys)
+	if err := drillFits(opts, dir, name, meta); err != nil {
+		return out, err
+	}
+	snap, meta, err := backup.Fetch(ctx, s, name, filepath.Join(dir, "fetch"), opts)
+	if err != nil {
+		return out, err
+	}
+
+	bins, err := lp.drillBinaries(meta.EtcdVersion, runningVersion)
+	if err != nil {
+		return out, err
+	}
+	ports, err := etcdproc.FreeLoopbackPorts(2)
+	if err != nil {
+		return out, err
+	}
+	tlsFiles := lp.etcdTLSFiles()
+	peerURL := etcdproc.LoopbackURL(ports[0], tlsFiles == nil)
+	clientURL := etcdproc.LoopbackURL(ports[1], tlsFiles == nil)
+	token := make([]byte, 8)
+	_, _ = rand.Read(token)
+	es := etcdproc.Spec{
+		Binaries:       bins,
+		Name:           "restore-drill",
+		DataDir:        filepath.Join(dir, "data"),
+		ClientURLs:     []string{clientURL},
+		PeerURLs:       []string{peerURL},
+		InitialCluster: "restore-drill=" + peerURL,
+		ClusterToken:   "restore-drill-" + hex.EncodeToString(token),
+		TLS:            tlsFiles,
+	}
+	if err := bins.RestoreSnapshot(ctx, etcdproc.RestoreOptions{SnapshotPath: snap, DataDir: es.DataDir, Name: es.Name,
+		PeerURLs: es.PeerURLs, InitialCluster: es.InitialCluster, Token: es.ClusterToken}); err != nil {
+		return out, fmt.Errorf("controller: restore drill of %s: %w", name, err)
+	}
+	_ = os.Remove(snap) // the restored copy is what etcd reads
+
+	logPath := filepath.Join(dir, "etcd.log")
+	proc, err := etcdproc.StartScratch(es, logPath)
+	if err != nil {
+		return out, err
+	}
+	defer proc.Stop(drillStopTimeout)
+	c, err := etcdproc.NewClient([]string{clientURL}, lp.etcdTLS)
+	if err != nil {
+		return out, err
+	}
+	defer c.Close()
+	startBy := drillStartBase + time.Duration(meta.Size>>30)*drillStartPerGiB
+	sctx, cancel := context.WithTimeout(ctx, startBy)
+	var st *clientv3.StatusResponse
+	err = proc.WaitReady(sctx, func(ctx context.Context) error {
+		st, err = c.Status(ctx, clientURL)
+		return err
+	})
+	cancel()
+	if err != nil {
+		return out, fmt.Errorf("controller: restore drill of %s: %w: %s", name, err, etcdproc.LogTail(logPath))
+	}
+	return checkDrill(ctx, c, clientURL, meta, st.Header.Revision)
+}
+
+// drillChecker is the part of an etcd client a drill's check needs.
+type drillChecker interface {
+	hashKVer
+	Compact(ctx context.Context, rev int64, opts ...clientv3.CompactOption) (*clientv3.CompactResponse, error)
+}
+
+// checkDrill compares the restored etcd with the backup's meta: its
+// revision reaches the meta's, and its HashKV at that revision is the one
+// the member had when the backup was taken. A compaction of the member
+// between the snapshot and its HashKV is replayed on the scratch etcd
+// first, as the hash covers the history after the compacted revision.
+func checkDrill(ctx context.Context, c drillChecker, endpoint string, meta backup.Meta, revision int64) (drillResult, error) {
+	out := drillResult{revision: revision}
+	if revision < meta.Revision {
+		return out, fmt.Errorf("controller: the restored etcd is at revision %d, behind the backup's meta (%d)", revision, meta.Revision)
+	}
+	want := meta.HashKV
+	if want == nil || meta.Revision == 0 {
+		out.note = "revision checked; the backup records no HashKV"
+		return out, nil
+	}
+	h, err := c.HashKV(ctx, endpoint, meta.Revision)
+	if err != nil {
+		return out, fmt.Errorf("controller: HashKV of the restored etcd at revision %d: %w", meta.Revision, err)
+	}
+	if h.CompactRevision < want.CompactRevision {
+		if _, err := c.Compact(ctx, want.CompactRevision, clientv3.WithCompactPhysical()); err != nil {
+			return out, fmt.Errorf("controller: compact the restored etcd to revision %d: %w", want.CompactRevision, err)
+		}
+		if h, err = c.HashKV(ctx, endpoint, meta.Revision); err != nil {
+			return out, fmt.Errorf("controller: HashKV of the restored etcd at revision %d: %w", meta.Revision, err)
+		}
+	}
+	out.hashKV = &h.Hash
+	switch {
+	case h.CompactRevision != want.CompactRevision:
+		return out, fmt.Errorf("controller: the restored etcd is compacted to revision %d, the member was at %d when the backup was taken",
+			h.CompactRevision, want.CompactRevision)
+	case h.Hash != want.Hash:
+		return out, fmt.Errorf("controller: the restored data's HashKV at revision %d is %d; the member's was %d when the backup was taken",
+			meta.Revision, h.Hash, want.Hash)
+	}
+	return out, nil
+}
+
+// drillBinaries are the binaries of the version that took the backup,
+// or of the running one when that is not installed.
+func (lp *loop) drillBinaries(backupVersion, runningVersion string) (etcdproc.Binaries, error) {
+	var errs []error
+	for _, v := range []string{backupVersion, runningVersion} {
+		ver, err := spec.ParseVersion(v)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		bins, err := etcdproc.FindBinaries(lp.cfg.EtcdBinDir, ver)
+		if err == nil {
+			return bins, nil
+		}
+		errs = append(errs, err)
+	}
+	return etcdproc.Binaries{}, fmt.Errorf("controller: no etcd to run a restore drill with: %w", errors.Join(errs...))
+}
