@@ -41,6 +41,20 @@ var alertCases = map[string]struct{ fire, quiet string }{
 		fire:  `etcd_manager_backup_last_success_timestamp_seconds{job="main",instance="a"} 0x200`,
 		quiet: `etcd_manager_backup_last_success_timestamp_seconds{job="main",instance="a"} 0+60x200`,
 	},
+	// The newest backup (at 6000 s) is older than a failure (at 6060 s);
+	// quiet: a failure that the next attempt mends.
+	"EtcdManagerBackupFailing": {
+		fire: `etcd_manager_backup_last_success_timestamp_seconds{job="main",instance="a"} 0x100 6000x100
+etcd_manager_backup_last_failure_timestamp_seconds{job="main",instance="b"} 0x100 6060x100`,
+		quiet: `etcd_manager_backup_last_success_timestamp_seconds{job="main",instance="a"} 0x100 6000 6000 6120x98
+etcd_manager_backup_last_failure_timestamp_seconds{job="main",instance="b"} 0x100 6060x100`,
+	},
+	"EtcdManagerRestoreDrillFailed": {
+		fire: `etcd_manager_restore_drill_last_success_timestamp_seconds{job="main",instance="a"} 60x200
+etcd_manager_restore_drill_last_failure_timestamp_seconds{job="main",instance="a"} 0x100 6000x100`,
+		quiet: `etcd_manager_restore_drill_last_success_timestamp_seconds{job="main",instance="a"} 60x200
+etcd_manager_restore_drill_last_failure_timestamp_seconds{job="main",instance="a"} 0x200`,
+	},
 	"EtcdManagerRPOHigh": {
 		fire: `etcd_manager_restorable_point_timestamp_seconds{job="main",instance="a"} 0x200
 etcd_manager_restorable_point_timestamp_seconds{job="main",instance="b"} 0x200`,
