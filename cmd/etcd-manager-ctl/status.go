@@ -190,15 +190,18 @@ func printBackupRecords(w io.Writer, d *spec.DrillRecord, f *spec.BackupFailure)
 	if d != nil {
 		l := d.Last
 		what := "passed"
-		if l.Outcome == spec.EventFailed {
+		switch l.Outcome {
+		case spec.EventFailed:
 			what = "FAILED"
+		case spec.DrillNotRun:
+			what = "could not run"
 		}
 		fprintf(w, "  last restore drill: %s at %s on %s, backup %s, took %.1fs", what, l.Time.Format(time.RFC3339), l.Node, dash(l.Backup), l.Seconds)
 		if l.Message != "" {
 			fprintf(w, ": %s", l.Message)
 		}
 		fprintf(w, "\n")
-		if p := d.LastPassed; p != nil && l.Outcome == spec.EventFailed {
+		if p := d.LastPassed; p != nil && l.Outcome != spec.EventOK {
 			fprintf(w, "  last drill that passed: %s, backup %s\n", p.Time.Format(time.RFC3339), dash(p.Backup))
 		}
 	}

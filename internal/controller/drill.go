@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -26,44 +27,87 @@ import (
 // cluster is not touched. The outcome goes to the store (so that every
 // agent reports it), the metrics and the event history.
 
-// drillTimeouts: a drill is bounded as a whole, and etcd's start on the
-// restored data (which reads the whole database) by a base plus a share
-// per GiB.
+// Bounds of a drill: as a whole, and for etcd's start on the restored
+// data (which reads the whole database), each a base plus a share per GiB
+// of the backup.
 const (
-	drillTimeout       = 30 * time.Minute
+	drillTimeoutBase   = 10 * time.Minute
+	drillTimeoutPerGiB = 2 * time.Minute
 	drillStartBase     = time.Minute
 	drillStartPerGiB   = time.Minute
 	drillStopTimeout   = 10 * time.Second
 	drillRecordTimeout = 10 * time.Second
+	// drillRetry is the wait after a drill that could not run, when it
+	// is shorter than the interval.
+	drillRetry = 30 * time.Minute
 )
 
+// Errors that mean the backup did not restore as its meta says, as
+// opposed to a drill that could not run.
+var (
+	errDrillMismatch = errors.New("controller: the restored data differs from the backup's meta")
+	errDrillRestore  = errors.New("controller: the backup does not restore")
+)
+
+// drillFailed reports whether err says the backup is bad (or cannot be
+// read with the keys held), rather than that the drill could not run.
+func drillFailed(err error) bool {
+	for _, e := range []error{backup.ErrCorrupt, backup.ErrNoKey, backup.ErrTooLarge, errDrillMismatch, errDrillRestore} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 // drillDue reports whether a drill is due: interval after the last one
-// recorded, or, before any, interval after this agent began to lead; and
-// interval after this agent last started one, whatever the record it
-// read says. A recorded time in the future (another agent's clock, or
-// junk) counts from the lead instead.
+// recorded (drillRetry, when shorter, after one that could not run), or,
+// before any, interval after this agent began to lead; and as long after
+// this agent last started one, whatever the record it read says. A
+// recorded time in the future (another agent's clock, or junk) counts
+// from the lead instead.
 func drillDue(now time.Time, interval time.Duration, rec *spec.DrillRecord, leadSince, lastStarted time.Time) bool {
 	if interval <= 0 || leadSince.IsZero() {
 		return false
 	}
-	base := leadSince
+	base, wait := leadSince, interval
 	if rec != nil && !rec.Last.Time.After(now) {
 		base = rec.Last.Time
+		if rec.Last.Outcome == spec.DrillNotRun {
+			wait = min(interval, drillRetry)
+		}
 	}
 	if lastStarted.After(base) {
 		base = lastStarted
 	}
-	return now.Sub(base) >= interval
+	return now.Sub(base) >= wait
+}
+
+// drillBusy says why no drill may run now ("" when one may): a drill
+// shares the leader's disk with what these need.
+func drillBusy(obs plan.Observed, actions []plan.Action, activity bool) string {
+	if plan.ActiveExclusive(obs.Commands) != nil {
+		return "a restore or recovery is queued"
+	}
+	if proc, _ := plan.Activity(actions); proc != "" || activity {
+		return "the members are being rolled or defragmented"
+	}
+	for _, act := range actions {
+		if _, ok := act.(plan.TakeBackup); ok {
+			return "a backup is due"
+		}
+	}
+	return ""
 }
 
 // driller runs one drill at a time, in the background.
 type driller struct {
-	mu        sync.Mutex
-	cancel    context.CancelFunc
-	done      chan struct{}
-	leadSince time.Time
-	// started is when this agent last started a drill.
-	started time.Time
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+	// leadSince is when this agent began to lead, lostSince when it last
+	// saw no cluster to lead, started when it last started a drill.
+	leadSince, lostSince, started time.Time
 }
 
 // running reports whether a drill runs now.
@@ -96,6 +140,15 @@ func (d *driller) start(ctx context.Context, drill func(context.Context)) {
 	}()
 }
 
+// interrupt cancels a drill in progress without waiting for it.
+func (d *driller) interrupt() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cancel != nil {
+		d.cancel()
+	}
+}
+
 // stop cancels a drill in progress and waits for it to clean up.
 func (d *driller) stop() {
 	d.mu.Lock()
@@ -107,47 +160,70 @@ func (d *driller) stop() {
 	}
 }
 
-// maybeDrill starts a restore drill of the newest backup when one is due
-// and this agent leads a cluster that no procedure, roll or
-// defragmentation is busy with.
-func (lp *loop) maybeDrill(ctx context.Context, obs plan.Observed) {
+// tendDrill starts a restore drill of the newest backup when one is due
+// and this agent leads a cluster that nothing else needs the disk for,
+// and interrupts one in progress when that changes: when this agent has
+// seen no cluster to lead for a lease, or when a backup, a restore, a
+// roll or a defragmentation comes. An interrupted drill is not recorded.
+func (lp *loop) tendDrill(ctx context.Context, obs plan.Observed, actions []plan.Action) {
 	d := &lp.drills
+	now := lp.now()
 	if obs.Cluster == nil {
-		d.leadSince = time.Time{}
-		if d.running() {
-			lp.log.Info("no longer leading; stopping the restore drill")
-			d.stop()
+		// One failed read is no loss of the lead.
+		if d.lostSince.IsZero() {
+			d.lostSince = now
+		}
+		if now.Sub(d.lostSince) >= lp.cfg.LeaderLease {
+			d.leadSince = time.Time{}
+			if d.running() {
+				lp.log.Info("no longer leading; stopping the restore drill")
+				d.interrupt()
+			}
 		}
 		return
 	}
+	d.lostSince = time.Time{}
 	if d.leadSince.IsZero() {
-		d.leadSince = lp.now()
+		d.leadSince = now
 	}
-	// Not beside a restore or recovery (which need the disk), nor a roll
-	// or defragmentation.
-	busy := plan.ActiveExclusive(obs.Commands) != nil || !lp.activitySince.IsZero()
-	if lp.cfg.RestoreDrillInterval <= 0 || d.running() || lp.newestStored == nil || busy {
+	if why := drillBusy(obs, actions, !lp.activitySince.IsZero()); why != "" {
+		if d.running() {
+			lp.log.Info("stopping the restore drill; it will run again later", "reason", why)
+			d.interrupt()
+			d.started = time.Time{}
+		}
+		return
+	}
+	if lp.cfg.RestoreDrillInterval <= 0 || d.running() || lp.newestStored == nil || obs.StoreErr != nil {
 		return
 	}
 	if err := lp.drillRecordErr; err != nil && !errors.Is(err, spec.ErrBadRecord) {
 		return // the store did not answer; the next read will tell
 	}
-	if !drillDue(lp.now(), lp.cfg.RestoreDrillInterval, lp.drillRecord, d.leadSince, d.started) {
+	if !drillDue(now, lp.cfg.RestoreDrillInterval, lp.drillRecord, d.leadSince, d.started) {
 		return
 	}
 	name := lp.newestStored.Name
-	d.started = lp.now()
+	d.started = now
 	lp.log.Info("restore drill started", "backup", name)
-	d.start(ctx, func(ctx context.Context) { lp.drill(ctx, name, obs.Self.Version) })
+	d.start(ctx, func(ctx context.Context) {
+		defer func() {
+			// As in the loop: a bug met on bad data must not take the
+			// agent, and its etcd, down.
+			if r := recover(); r != nil {
+				lp.met.panics.Inc()
+				lp.log.Error("a restore drill panicked; recovered", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			}
+		}()
+		lp.drill(ctx, name, obs.Self.Version)
+	})
 }
 
 // drill runs one drill of backup name and records its outcome.
 func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
 	start := lp.now()
 	res := spec.DrillResult{Time: start.UTC(), Node: lp.nodeID, Backup: name, Outcome: spec.EventOK}
-	dctx, cancel := context.WithTimeout(ctx, drillTimeout)
-	got, err := lp.restoreDrill(dctx, name, runningVersion)
-	cancel()
+	got, err := lp.restoreDrill(ctx, name, runningVersion)
 	if ctx.Err() != nil {
 		lp.log.Info("restore drill stopped", "backup", name)
 		return // stopped, not failed: nothing to record
@@ -155,16 +231,24 @@ func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
 	res.Seconds = lp.now().Sub(start).Seconds()
 	res.Revision, res.HashKV = got.revision, got.hashKV
 	res.Message = got.note
-	result := "ok"
-	if err != nil {
-		res.Outcome, res.Message, result = spec.EventFailed, err.Error(), "failed"
+	result, outcome := "ok", spec.EventOK
+	switch {
+	case err != nil && drillFailed(err):
+		res.Outcome, res.Message, result, outcome = spec.EventFailed, err.Error(), "failed", spec.EventFailed
 		lp.log.Error("restore drill failed: the newest backup did not restore as its meta says", "backup", name, "error", err)
-	} else {
+	case err != nil:
+		res.Outcome, res.Message, result, outcome = spec.DrillNotRun, err.Error(), "not_run", spec.EventFailed
+		lp.log.Warn("restore drill could not run; it says nothing of the backup, and is tried again later", "backup", name, "error", err)
+	default:
 		lp.log.Info("restore drill passed", "backup", name, "revision", got.revision, "hashkv-checked", got.hashKV != nil,
 			"duration", time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond))
 	}
 	lp.met.drills.WithLabelValues(result).Inc()
-	lp.events.add(spec.Event{Time: lp.now(), Action: "restore-drill " + name, Outcome: res.Outcome, Message: spec.Clip(res.Message, spec.MaxEventMessage)})
+	msg := res.Message
+	if res.Outcome == spec.DrillNotRun {
+		msg = "could not run: " + msg
+	}
+	lp.events.add(spec.Event{Time: lp.now(), Action: "restore-drill " + name, Outcome: outcome, Message: spec.Clip(msg, spec.MaxEventMessage)})
 	rctx, rcancel := context.WithTimeout(context.Background(), drillRecordTimeout)
 	defer rcancel()
 	s, err := store.Open(rctx, lp.cfg.BackupStore, store.Options{})
@@ -180,18 +264,22 @@ func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
 // drillFits checks that a drill of a backup fits in dir: the snapshot
 // and the data restored from it are on that disk at once, and both must
 // leave free the reserve any fetch leaves, so that a drill never fills
-// the disk the live etcd runs on. (Fetch checks the maximum size.)
-func drillFits(opts backup.FetchOptions, dir, name string, meta backup.Meta) error {
+// the disk the live etcd runs on. (Fetch checks the maximum size.) It
+// returns the room there is.
+func drillFits(opts backup.FetchOptions, dir, name string, meta backup.Meta) (int64, error) {
+	if meta.Size <= 0 {
+		return 0, fmt.Errorf("controller: backup %s records no size (an older etcd-manager or kops wrote it): a drill could not bound what it unpacks", name)
+	}
 	opts.MaxBytes = 0
 	room, err := opts.Room(dir)
 	if err != nil {
-		return fmt.Errorf("controller: free space for a restore drill: %w", err)
+		return 0, fmt.Errorf("controller: free space for a restore drill: %w", err)
 	}
 	if need := 2 * meta.Size; need > room {
-		return fmt.Errorf("%w: a restore drill of %s needs %d bytes in %s (the snapshot and its restored copy), and %d may be used",
-			backup.ErrTempFull, name, need, dir, room)
+		return room, fmt.Errorf("controller: a restore drill of %s needs %d bytes in %s (the snapshot and its restored copy), and %d may be used: %w",
+			name, need, dir, room, backup.ErrTempFull)
 	}
-	return nil
+	return room, nil
 }
 
 // drillResult is what a drill found.
@@ -215,6 +303,8 @@ func (lp *loop) restoreDrill(ctx context.Context, name, runningVersion string) (
 	if err != nil {
 		return out, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, drillTimeoutBase+time.Duration(meta.Size>>30)*drillTimeoutPerGiB)
+	defer cancel()
 	tmp := filepath.Join(lp.cfg.DataDir, "tmp")
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return out, fmt.Errorf("controller: %w", err)
@@ -226,8 +316,14 @@ func (lp *loop) restoreDrill(ctx context.Context, name, runningVersion string) (
 	defer os.RemoveAll(dir)
 
 	opts := lp.cfg.fetchOptions(lp.backups.verify, lp.keys)
-	if err := drillFits(opts, dir, name, meta); err != nil {
+	room, err := drillFits(opts, dir, name, meta)
+	if err != nil {
 		return out, err
+	}
+	// Whatever the meta read again says, the snapshot takes at most half
+	// the room, and its restored copy the other half.
+	if opts.MaxBytes <= 0 || opts.MaxBytes > room/2 {
+		opts.MaxBytes = room / 2
 	}
 	snap, meta, err := backup.Fetch(ctx, s, name, filepath.Join(dir, "fetch"), opts)
 	if err != nil {
@@ -259,7 +355,7 @@ func (lp *loop) restoreDrill(ctx context.Context, name, runningVersion string) (
 	}
 	if err := bins.RestoreSnapshot(ctx, etcdproc.RestoreOptions{SnapshotPath: snap, DataDir: es.DataDir, Name: es.Name,
 		PeerURLs: es.PeerURLs, InitialCluster: es.InitialCluster, Token: es.ClusterToken}); err != nil {
-		return out, fmt.Errorf("controller: restore drill of %s: %w", name, err)
+		return out, fmt.Errorf("%w: %s: %w", errDrillRestore, name, err)
 	}
 	_ = os.Remove(snap) // the restored copy is what etcd reads
 
@@ -282,6 +378,9 @@ func (lp *loop) restoreDrill(ctx context.Context, name, runningVersion string) (
 		return err
 	})
 	cancel()
+	if errors.Is(err, etcdproc.ErrScratchExited) {
+		return out, fmt.Errorf("%w: etcd did not start on the restored data of %s: %w: %s", errDrillRestore, name, err, etcdproc.LogTail(logPath))
+	}
 	if err != nil {
 		return out, fmt.Errorf("controller: restore drill of %s: %w: %s", name, err, etcdproc.LogTail(logPath))
 	}
@@ -302,7 +401,7 @@ type drillChecker interface {
 func checkDrill(ctx context.Context, c drillChecker, endpoint string, meta backup.Meta, revision int64) (drillResult, error) {
 	out := drillResult{revision: revision}
 	if revision < meta.Revision {
-		return out, fmt.Errorf("controller: the restored etcd is at revision %d, behind the backup's meta (%d)", revision, meta.Revision)
+		return out, fmt.Errorf("%w: the restored etcd is at revision %d, behind the meta's %d", errDrillMismatch, revision, meta.Revision)
 	}
 	want := meta.HashKV
 	if want == nil || meta.Revision == 0 {
@@ -324,11 +423,11 @@ func checkDrill(ctx context.Context, c drillChecker, endpoint string, meta backu
 	out.hashKV = &h.Hash
 	switch {
 	case h.CompactRevision != want.CompactRevision:
-		return out, fmt.Errorf("controller: the restored etcd is compacted to revision %d, the member was at %d when the backup was taken",
-			h.CompactRevision, want.CompactRevision)
+		return out, fmt.Errorf("%w: the restored etcd is compacted to revision %d, the member was at %d when the backup was taken",
+			errDrillMismatch, h.CompactRevision, want.CompactRevision)
 	case h.Hash != want.Hash:
-		return out, fmt.Errorf("controller: the restored data's HashKV at revision %d is %d; the member's was %d when the backup was taken",
-			meta.Revision, h.Hash, want.Hash)
+		return out, fmt.Errorf("%w: the restored data's HashKV at revision %d is %d; the member's was %d when the backup was taken",
+			errDrillMismatch, meta.Revision, h.Hash, want.Hash)
 	}
 	return out, nil
 }

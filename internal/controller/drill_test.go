@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -18,6 +20,9 @@ func TestDrillDue(t *testing.T) {
 	day := 24 * time.Hour
 	rec := func(at time.Time) *spec.DrillRecord {
 		return &spec.DrillRecord{Last: spec.DrillResult{Time: at, Node: "a", Outcome: spec.EventOK}}
+	}
+	notRun := func(at time.Time) *spec.DrillRecord {
+		return &spec.DrillRecord{Last: spec.DrillResult{Time: at, Node: "a", Outcome: spec.DrillNotRun}}
 	}
 	for _, c := range []struct {
 		name                   string
@@ -35,6 +40,8 @@ func TestDrillDue(t *testing.T) {
 		{"the record is recent, though the lead is old", t0.Add(10 * day), day, rec(t0.Add(10*day - time.Hour)), t0, time.Time{}, false},
 		{"a stale record read while this agent's drill ran", t0.Add(2 * day), day, rec(t0), t0, t0.Add(2*day - time.Minute), false},
 		{"a record from the future counts from the lead", t0.Add(day), day, rec(t0.Add(100 * day)), t0, time.Time{}, true},
+		{"a drill that could not run is tried again sooner", t0.Add(time.Hour), day, notRun(t0), t0, t0, true},
+		{"but not at once", t0.Add(time.Minute), day, notRun(t0), t0, t0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got := drillDue(c.now, c.interval, c.rec, c.leadSince, c.lastStarted); got != c.want {
@@ -79,7 +86,7 @@ func TestCheckDrill(t *testing.T) {
 	}{
 		{"the hash agrees", meta(7, 10), 100, 10, "hashkv", ""},
 		{"a lease revoked since adds a revision", meta(7, 10), 101, 10, "hashkv", ""},
-		{"behind the meta", meta(7, 10), 99, 10, "", "behind the backup's meta"},
+		{"behind the meta", meta(7, 10), 99, 10, "", "behind the meta's 100"},
 		{"the hash differs", meta(8, 10), 100, 10, "hashkv", "HashKV at revision 100 is 7; the member's was 8"},
 		{"a compaction after the snapshot is replayed first", meta(9, 50), 100, 10, "hashkv compact hashkv", ""},
 		{"compacted further than the member", meta(7, 5), 100, 10, "hashkv", "compacted to revision 10, the member was at 5"},
@@ -90,6 +97,9 @@ func TestCheckDrill(t *testing.T) {
 			got, err := checkDrill(t.Context(), f, "https://127.0.0.1:1", c.meta, c.revision)
 			if c.err == "" && err != nil || c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
 				t.Fatalf("checkDrill: %v, want %q", err, c.err)
+			}
+			if err != nil && !drillFailed(err) {
+				t.Errorf("a mismatch (%v) does not count as a failed drill", err)
 			}
 			if calls := strings.Join(f.calls, " "); calls != c.calls {
 				t.Errorf("calls %q, want %q", calls, c.calls)
@@ -119,17 +129,61 @@ func TestDrillFits(t *testing.T) {
 		{"both fit but eat into the reserve", 8*gib + gib/2, 100 * gib, 4 * gib, false},
 		{"both fit with the reserve left exactly", 9 * gib, 100 * gib, 4 * gib, true},
 		{"a small disk keeps a tenth", 900 << 20, 1 * gib, 300 << 20, true},
+		{"a meta that records no size cannot be bounded", 100 * gib, 100 * gib, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			opts := backup.FetchOptions{Reserve: gib, MaxBytes: 5 * gib,
 				DiskSpace: func(string) (int64, int64, error) { return c.free, c.total, nil }}
-			err := drillFits(opts, t.TempDir(), "b", backup.Meta{Size: c.size})
+			_, err := drillFits(opts, t.TempDir(), "b", backup.Meta{Size: c.size})
 			if c.ok != (err == nil) {
 				t.Fatalf("drillFits = %v, want ok=%v", err, c.ok)
 			}
-			if err != nil && !errors.Is(err, backup.ErrTempFull) {
+			if err != nil && c.size > 0 && !errors.Is(err, backup.ErrTempFull) {
 				t.Errorf("%v does not wrap ErrTempFull", err)
 			}
+			if err != nil && drillFailed(err) {
+				t.Errorf("no room (%v) counts as a failed drill, not one that could not run", err)
+			}
 		})
+	}
+}
+
+// A drill steps aside for whatever needs the leader's disk.
+func TestDrillBusy(t *testing.T) {
+	restore := plan.Command{ID: "c", Command: spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}}
+	for _, c := range []struct {
+		name     string
+		obs      plan.Observed
+		actions  []plan.Action
+		activity bool
+		busy     bool
+	}{
+		{"idle", plan.Observed{}, []plan.Action{plan.Report{Msg: "x"}}, false, false},
+		{"a restore queued", plan.Observed{Commands: []plan.Command{restore}}, nil, false, true},
+		{"a backup due", plan.Observed{}, []plan.Action{plan.TakeBackup{Kind: spec.BackupPeriodic}}, false, true},
+		{"a defragmentation", plan.Observed{}, []plan.Action{plan.DefragMember{NodeID: "a"}}, false, true},
+		{"a roll between its steps", plan.Observed{}, nil, true, true},
+	} {
+		if got := drillBusy(c.obs, c.actions, c.activity) != ""; got != c.busy {
+			t.Errorf("%s: busy = %v, want %v", c.name, got, c.busy)
+		}
+	}
+}
+
+func TestDrillFailed(t *testing.T) {
+	for _, c := range []struct {
+		err    error
+		failed bool
+	}{
+		{fmt.Errorf("x: %w", backup.ErrCorrupt), true},
+		{fmt.Errorf("x: %w", backup.ErrNoKey), true},
+		{fmt.Errorf("%w: x", errDrillRestore), true},
+		{fmt.Errorf("x: %w", backup.ErrTempFull), false},
+		{fmt.Errorf("x: %w", backup.ErrNotFound), false},
+		{errors.New("store: connection refused"), false},
+	} {
+		if got := drillFailed(c.err); got != c.failed {
+			t.Errorf("drillFailed(%v) = %v, want %v", c.err, got, c.failed)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
@@ -118,6 +119,9 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 const (
 	figuresNames     = 50
 	figuresMetaReads = 10
+	// figuresUnfinished is the age past which a backup without a valid
+	// meta is taken as one that never will have one.
+	figuresUnfinished = time.Hour
 )
 
 // newestOfEachKind sets the figures of the newest backup of each kind from
@@ -128,27 +132,37 @@ func (lp *loop) newestOfEachKind(ctx context.Context, s *store.Store) (*backup.I
 		return nil, err
 	}
 	names = names[max(0, len(names)-figuresNames):]
-	kept := make(map[string]backup.Meta, len(names))
+	kept := make(map[string]*backup.Meta, len(names))
 	seen := map[string]bool{}
 	var newest *backup.Info
 	reads := 0
 	for i := len(names) - 1; i >= 0; i-- {
 		name := names[i]
-		meta, ok := lp.metaCache[name]
+		cached, ok := lp.metaCache[name]
 		if !ok {
 			if reads == figuresMetaReads {
 				continue
 			}
 			reads++
-			meta, err = backup.ReadMeta(ctx, s, name)
+			meta, err := backup.ReadMeta(ctx, s, name)
 			switch {
 			case errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt):
-				continue // being written, or no backup
+				// Being written, or no backup: once its name is old
+				// enough for any upload to have ended, never read again.
+				if at, perr := time.Parse("2006-01-02T15:04:05Z", name[:min(len(name), 20)]); perr == nil && lp.now().Sub(at) > figuresUnfinished {
+					kept[name] = nil
+				}
+				continue
 			case err != nil:
 				return nil, err
 			}
+			cached = &meta
 		}
-		kept[name] = meta
+		kept[name] = cached
+		if cached == nil {
+			continue
+		}
+		meta := *cached
 		if newest == nil {
 			newest = &backup.Info{Name: name, Meta: meta}
 		}
@@ -162,6 +176,13 @@ func (lp *loop) newestOfEachKind(ctx context.Context, s *store.Store) (*backup.I
 		}
 	}
 	lp.metaCache = kept
+	// A kind not among the newest backups has no figures any more.
+	for _, kind := range append(slices.Clone(spec.BackupKinds), "other") {
+		if !seen[kind] {
+			lp.met.backupDuration.DeleteLabelValues(kind)
+			lp.met.backupSize.DeleteLabelValues(kind)
+		}
+	}
 	return newest, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -143,7 +144,9 @@ func TestNewestOfEachKind(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	lp := &loop{Agent: &Agent{met: newMetrics(), log: slog.New(slog.DiscardHandler)}}
+	now := time.Date(2026, 11, 24, 12, 30, 0, 0, time.UTC)
+	lp := &loop{Agent: &Agent{met: newMetrics(), log: slog.New(slog.DiscardHandler), now: func() time.Time { return now }}}
+	lp.met.backupSize.WithLabelValues("restored").Set(1) // a kind no longer among the newest
 	check := func(when string) {
 		t.Helper()
 		newest, err := lp.newestOfEachKind(ctx, s)
@@ -171,6 +174,16 @@ func TestNewestOfEachKind(t *testing.T) {
 	check("first read")
 	if len(lp.metaCache) != 4 {
 		t.Errorf("%d metas kept, want the 4 valid ones", len(lp.metaCache))
+	}
+	if n := testutil.CollectAndCount(lp.met.backupSize); n != 3 {
+		t.Errorf("%d size series, want 3 (periodic, pre-change, other)", n)
+	}
+	// An hour on, the backups without a valid meta are taken as never to
+	// have one, and are not read again.
+	now = now.Add(time.Hour)
+	check("an hour on")
+	if len(lp.metaCache) != 6 || lp.metaCache[metas[4].name] != nil || lp.metaCache[metas[5].name] != nil {
+		t.Errorf("metas kept an hour on: %v", lp.metaCache)
 	}
 	// A meta read is kept (a meta never changes): its object is not read
 	// again.

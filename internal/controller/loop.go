@@ -78,7 +78,7 @@ type loop struct {
 	restorable   time.Time
 	// metaCache holds the newest backups' metas, as storeFigures read
 	// them; drillRecord is the restore drills' record as last read.
-	metaCache map[string]backup.Meta
+	metaCache map[string]*backup.Meta // nil: no valid meta, for good
 	drills    driller
 	// activitySince is when a roll or defragmentation last stepped.
 	activitySince  time.Time
@@ -273,13 +273,13 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	lp.met.loopCycles.Inc()
 	lp.clusterFigures(obs)
 	lp.storeFigures(ctx, lp.store, obs)
-	lp.maybeDrill(ctx, obs)
 	lp.housekeeping(ctx, lp.store, obs)
 	lp.capture.sync(lp, obs)
 	lp.compact(ctx, obs)
 	actions := plan.Plan(obs)
 	lp.warnings = plan.StatusLines(actions)
 	lp.showActivity(obs, actions)
+	lp.tendDrill(ctx, obs, actions)
 	for _, act := range actions {
 		if ctx.Err() != nil {
 			return false

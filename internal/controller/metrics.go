@@ -81,7 +81,7 @@ func newMetrics() *metrics {
 		drillDuration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restore_drill_last_duration_seconds",
 			Help: "How long the newest restore drill took, fetch included, read from the store."}),
 		drills: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_restore_drills_total",
-			Help: "Restore drills this agent ran as leader, by result (ok, failed)."}, []string{"result"}),
+			Help: "Restore drills this agent ran as leader, by result: ok, failed (the backup did not restore as its meta says), not_run (the drill could not run: no room, the store away)."}, []string{"result"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_leader",
 			Help: "1 while this agent acts as the manager leader."}),
 		etcdHealthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_etcd_healthy",
@@ -145,6 +145,8 @@ func (m *metrics) backupFigures(meta backup.Meta) {
 	}
 	if meta.Seconds > 0 {
 		m.backupDuration.WithLabelValues(kind).Set(meta.Seconds)
+	} else {
+		m.backupDuration.DeleteLabelValues(kind)
 	}
 	m.backupSize.WithLabelValues(kind).Set(float64(meta.Size))
 }

@@ -141,7 +141,7 @@ th{font-weight:600;border-bottom:1px solid #ccc}.ok{color:#1a7f37}.bad{color:#cf
 <h2>Backups</h2>
 <table><tr><td>newest backup</td><td id="backup">{{if .V.Backup}}{{.V.Backup}} ({{ago .Now .V.BackupAt}}){{else}}none{{end}}</td></tr>
 <tr><td>newest restorable point</td><td id="rpo">{{if .V.Restorable.IsZero}}none{{else}}{{utc .V.Restorable}}: RPO {{ago .Now .V.Restorable}}{{end}}</td></tr>
-<tr><td>last restore drill</td><td id="drill">{{with .V.Drill}}<span class="{{if eq .Outcome "ok"}}ok">passed{{else}}bad">failed{{end}}</span> {{ago $.Now .Time}}{{if .Backup}}, backup {{.Backup}}{{end}}{{if .Message}}: {{.Message}}{{end}}{{else}}none{{end}}</td></tr></table>
+<tr><td>last restore drill</td><td id="drill">{{with .V.Drill}}<span class="{{if eq .Outcome "ok"}}ok">passed{{else if eq .Outcome "failed"}}bad">failed{{else}}muted">could not run{{end}}</span> {{ago $.Now .Time}}{{if .Backup}}, backup {{.Backup}}{{end}}{{if .Message}}: {{.Message}}{{end}}{{else}}none{{end}}</td></tr></table>
 <h2>In progress</h2>
 <div id="procedure">{{if .V.Procedure}}{{.V.Procedure}}{{else}}<span class="muted">no procedure</span>{{end}}</div>
 {{range .V.Warnings}}<div class="warn">{{.}}</div>{{end}}

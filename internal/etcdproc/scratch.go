@@ -48,6 +48,13 @@ func LoopbackURL(port int, insecure bool) string {
 	return scheme + "://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
+// ErrScratchExited means a scratch etcd exited before it served.
+var ErrScratchExited = errors.New("etcdproc: scratch etcd exited before it was ready")
+
+// scratchNice is the scratch etcd's scheduling priority: below the live
+// etcd's, whose node it shares.
+const scratchNice = 10
+
 // Scratch is a running scratch etcd.
 type Scratch struct {
 	cmd    *exec.Cmd
@@ -77,6 +84,7 @@ func StartScratch(spec Spec, logPath string) (*Scratch, error) {
 			return
 		}
 		s.cmd = cmd
+		_ = syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, scratchNice)
 		started <- nil
 		s.exited <- cmd.Wait()
 	}()
@@ -118,7 +126,7 @@ func (s *Scratch) WaitReady(ctx context.Context, ready func(context.Context) err
 			if err == nil {
 				err = errors.New("exit status 0")
 			}
-			return fmt.Errorf("etcdproc: scratch etcd exited before it was ready: %w", err)
+			return fmt.Errorf("%w: %w", ErrScratchExited, err)
 		case <-ctx.Done():
 			return fmt.Errorf("etcdproc: scratch etcd not ready: %w (last: %v)", ctx.Err(), last)
 		case <-tick.C:

@@ -45,7 +45,9 @@ type DrillResult struct {
 	// Node is the agent that ran it; Backup the backup it restored.
 	Node   string `json:"node"`
 	Backup string `json:"backup,omitempty"`
-	// Outcome is EventOK or EventFailed.
+	// Outcome is EventOK, EventFailed (the backup did not restore as its
+	// meta says) or DrillNotRun (the drill could not run: no room, the
+	// store away, ...; it says nothing of the backup).
 	Outcome string `json:"outcome"`
 	// Revision is the restored etcd's revision, and HashKV its HashKV
 	// at the backup's revision, when it was compared with the meta's.
@@ -55,6 +57,9 @@ type DrillResult struct {
 	Seconds float64 `json:"seconds,omitempty"`
 	Message string  `json:"message,omitempty"`
 }
+
+// DrillNotRun is the outcome of a drill that could not run.
+const DrillNotRun = "not-run"
 
 // DrillRecord is the store's record of restore drills: the newest, and
 // the newest that passed.
@@ -77,7 +82,7 @@ func (r DrillResult) validate() error {
 		return fmt.Errorf("%w: a drill's node %s", ErrBadRecord, QuoteShort(r.Node))
 	case len(r.Backup) > MaxEventAction:
 		return fmt.Errorf("%w: a drill's backup %s", ErrBadRecord, QuoteShort(r.Backup))
-	case r.Outcome != EventOK && r.Outcome != EventFailed:
+	case r.Outcome != EventOK && r.Outcome != EventFailed && r.Outcome != DrillNotRun:
 		return fmt.Errorf("%w: a drill's outcome %s", ErrBadRecord, QuoteShort(r.Outcome))
 	case r.Revision < 0 || r.Seconds < 0:
 		return fmt.Errorf("%w: a drill's revision or duration is negative", ErrBadRecord)
