@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"os/exec"
@@ -25,12 +26,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	kgzip "github.com/klauspost/compress/gzip"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	clientsnapshot "go.etcd.io/etcd/client/v3/snapshot"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 
@@ -115,9 +116,11 @@ type Info struct {
 	HashKVErr error
 }
 
-// Stages times the steps of a backup.
+// Stages times the steps of a backup: the snapshot streamed in,
+// compressed and uploaded all at once; the checks at its end, while the
+// upload waits to commit; and the HashKV read and meta written after.
 type Stages struct {
-	Snapshot, Verify, Upload time.Duration
+	Stream, Verify, Commit time.Duration
 }
 
 var nameRE = regexp.MustCompile(`^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z)-(\d{6})$`)
@@ -193,10 +196,14 @@ func RunVerify(path string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// Take streams a snapshot from one member to a temporary file, verifies
-// it, uploads it compressed and then the meta. Memory use does not grow
-// with the database. On failure nothing is listed: the meta is written
-// only after the data.
+// Take streams a snapshot from one member into the store as it arrives:
+// each chunk is written to a temporary file, hashed for etcd's sha256
+// trailer, gzipped (and encrypted) and uploaded at once. Once the stream
+// ends, the trailer and then the snapshot's status (on the local copy)
+// are checked while the upload waits to commit; a snapshot that fails
+// either is never committed, and no meta is written. The meta comes last:
+// a backup without one does not exist. Memory use does not grow with the
+// database.
 func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	if err := os.MkdirAll(req.TempDir, 0o700); err != nil {
 		return Info{}, fmt.Errorf("backup: temp dir: %w", err)
@@ -213,74 +220,206 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	// The version returned is the snapshot's storage version (3.6.0 for
-	// any 3.6.x), used only when the caller does not know the server's.
-	var stages Stages
-	began := time.Now()
-	start := began
-	version, err := clientsnapshot.SaveWithVersion(ctx, cfg.Logger, cfg, db)
-	stages.Snapshot = time.Since(began)
-	if err != nil {
-		if errors.Is(err, syscall.ENOSPC) {
-			return Info{}, fmt.Errorf("%w: %s has no room for the snapshot (it needs the whole database): %w", ErrTempFull, req.TempDir, err)
-		}
-		return Info{}, fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err)
-	}
-	began = time.Now()
-	verify := req.Verify
-	if verify == nil {
-		verify = func(_ context.Context, path string) (snapshot.Status, error) { return Verify(path) }
-	}
-	status, err := verify(ctx, db)
-	if err != nil {
-		return Info{}, err
-	}
-	stages.Verify = time.Since(began)
-	st, err := os.Stat(db)
-	if err != nil {
-		return Info{}, fmt.Errorf("backup: %w", err)
-	}
-
-	// The member's HashKV at the snapshot's revision is read while the
-	// snapshot uploads: it does not hold the backup up.
-	hashCtx, stopHash := context.WithCancel(ctx)
-	defer stopHash()
-	hashed := make(chan hashResult, 1)
-	go func() {
-		h, err := hashKV(hashCtx, cfg, req.Endpoint, status.Revision)
-		hashed <- hashResult{h, err}
-	}()
+	start := time.Now()
 	name, err := claimName(ctx, s, req.Now)
 	if err != nil {
 		return Info{}, err
 	}
+	st, err := stream(ctx, s, name, db, cfg, req)
+	if err != nil {
+		// Nothing was committed; the claim goes too.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanupTimeout)
+		_ = s.Delete(dctx, name+"/"+ClaimObject)
+		cancel()
+		return Info{}, err
+	}
+	began := time.Now()
+	// The member's HashKV at the snapshot's revision, for restore drills.
+	h, hashErr := hashKV(ctx, cfg, req.Endpoint, st.status.Revision)
+	version := st.version
 	if req.EtcdVersion != "" {
 		version = req.EtcdVersion
 	}
 	meta := Meta{
-		EtcdVersion:  strings.TrimPrefix(version, "v"),
-		Timestamp:    spec.Int64(req.Now.Unix()),
-		ClusterSpec:  req.ClusterSpec,
-		Size:         st.Size(),
-		Revision:     status.Revision,
-		TotalKeys:    status.TotalKey,
-		ClusterToken: req.ClusterToken,
-		Kind:         req.Kind,
+		EtcdVersion:    strings.TrimPrefix(version, "v"),
+		Timestamp:      spec.Int64(req.Now.Unix()),
+		ClusterSpec:    req.ClusterSpec,
+		SHA256:         st.sum,
+		Size:           st.size,
+		CompressedSize: st.compressed,
+		Revision:       st.status.Revision,
+		TotalKeys:      st.status.TotalKey,
+		ClusterToken:   req.ClusterToken,
+		Encryption:     st.encryption,
+		Kind:           req.Kind,
+		HashKV:         h,
+		Seconds:        time.Since(start).Seconds(),
 	}
-	began = time.Now()
-	var hashErr error
-	meta, err = write(ctx, s, name, db, req.Keys, meta, func(m *Meta) {
-		h := <-hashed
-		m.HashKV, hashErr = h.hash, h.err
-		m.Seconds = time.Since(start).Seconds()
-	})
-	if err != nil {
+	if err := writeMeta(ctx, s, name, meta); err != nil {
 		return Info{}, err
 	}
-	stages.Upload = time.Since(began)
+	st.stages.Commit = time.Since(began)
 	// The claim has done its work; one left behind is harmless.
 	_ = s.Delete(ctx, name+"/"+ClaimObject)
-	return Info{Name: name, Meta: meta, Stages: stages, HashKVErr: hashErr}, nil
+	return Info{Name: name, Meta: meta, Stages: st.stages, HashKVErr: hashErr}, nil
+}
+
+// claimCleanupTimeout bounds the deletion of a failed backup's claim.
+const claimCleanupTimeout = 10 * time.Second
+
+// streamed is what stream learned of the snapshot it uploaded.
+type streamed struct {
+	version    string // the snapshot's storage version (3.6.0 for any 3.6.x)
+	status     snapshot.Status
+	size       int64
+	sum        string
+	compressed int64
+	encryption *crypt.Info
+	stages     Stages
+}
+
+// stream uploads backup name's data object from the member's snapshot
+// stream, keeping a copy in db for the checks, which gate the commit.
+func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, req Request) (streamed, error) {
+	var out streamed
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the snapshot stream if the upload stops early
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		return out, fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err)
+	}
+	defer c.Close()
+	began := time.Now()
+	resp, err := c.SnapshotWithVersion(ctx)
+	if err != nil {
+		return out, fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err)
+	}
+	defer resp.Snapshot.Close()
+	out.version = resp.Version
+	f, err := os.OpenFile(db, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return out, fmt.Errorf("backup: %w", err)
+	}
+	defer f.Close()
+	trailer := &trailerHash{h: sha256.New()}
+	copyErr := &firstError{}
+	// The local copy's write errors (a full temp disk) are told apart
+	// from the stream's.
+	src := io.TeeReader(readerFunc(func(p []byte) (int, error) {
+		n, err := resp.Snapshot.Read(p)
+		if err != nil && !errors.Is(err, io.EOF) {
+			err = copyErr.set(fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err))
+		}
+		return n, err
+	}), writerFunc(func(p []byte) (int, error) {
+		if _, err := f.Write(p); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				err = fmt.Errorf("%w: %s has no room for the snapshot (it needs the whole database): %w", ErrTempFull, req.TempDir, err)
+			}
+			return 0, copyErr.set(err)
+		}
+		_, _ = trailer.Write(p)
+		return len(p), nil
+	}))
+	verify := req.Verify
+	if verify == nil {
+		verify = func(_ context.Context, path string) (snapshot.Status, error) { return Verify(path) }
+	}
+	var streamed time.Time
+	gate := func() error {
+		streamed = time.Now()
+		out.stages.Stream = streamed.Sub(began)
+		if err := f.Close(); err != nil {
+			return copyErr.set(fmt.Errorf("backup: %w", err))
+		}
+		out.size = trailer.n
+		if err := trailer.check(); err != nil {
+			return copyErr.set(fmt.Errorf("%w: the snapshot stream from %s: %w", ErrCorrupt, req.Endpoint, err))
+		}
+		st, err := verify(ctx, db)
+		out.stages.Verify = time.Since(streamed)
+		out.status = st
+		return copyErr.set(err)
+	}
+	out.sum, out.compressed, out.encryption, err = upload(ctx, s, name+"/"+DataObject, src, req.Keys, gate, cancel)
+	if cerr := copyErr.get(); cerr != nil {
+		return out, cerr // the cause, not how the upload reports it
+	}
+	return out, err
+}
+
+// firstError keeps the first error set, from any goroutine.
+type firstError struct {
+	mu  sync.Mutex
+	err error
+}
+
+// set records err unless an error came first, and returns err.
+func (f *firstError) set(err error) error {
+	if err == nil {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
+	}
+	return err
+}
+
+func (f *firstError) get() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// trailerHash hashes a snapshot stream as it passes, all but its last
+// sha256.Size bytes, which are the sha256 etcd appends.
+type trailerHash struct {
+	h    hash.Hash
+	tail [sha256.Size]byte
+	held int // bytes of tail in use
+	n    int64
+}
+
+func (t *trailerHash) Write(p []byte) (int, error) {
+	t.n += int64(len(p))
+	if len(p) >= sha256.Size {
+		t.h.Write(t.tail[:t.held])
+		t.h.Write(p[:len(p)-sha256.Size])
+		t.held = copy(t.tail[:], p[len(p)-sha256.Size:])
+		return len(p), nil
+	}
+	// A short write: hash what the held tail and p push out of the last
+	// sha256.Size bytes.
+	var buf [2 * sha256.Size]byte
+	all := append(append(buf[:0], t.tail[:t.held]...), p...)
+	if over := len(all) - sha256.Size; over > 0 {
+		t.h.Write(all[:over])
+		all = all[over:]
+	}
+	t.held = copy(t.tail[:], all)
+	return len(p), nil
+}
+
+// check compares the trailer with the sha256 of the rest. A snapshot
+// with a trailer is a whole number of 512-byte pages and the 32 bytes.
+func (t *trailerHash) check() error {
+	if t.n < sha256.Size+512 || (t.n-sha256.Size)%512 != 0 {
+		return fmt.Errorf("%d bytes is no snapshot with a sha256 trailer", t.n)
+	}
+	if !bytes.Equal(t.h.Sum(nil), t.tail[:t.held]) {
+		return errors.New("sha256 trailer does not match its contents")
+	}
+	return nil
 }
 
 type hashResult struct {
@@ -294,6 +433,10 @@ const hashKVTimeout = 2 * time.Minute
 
 // hashKV reads a member's HashKV at rev.
 func hashKV(ctx context.Context, cfg clientv3.Config, endpoint string, rev int64) (*HashKV, error) {
+	if rev <= 0 {
+		// HashKV at 0 would hash the member's current revision.
+		return nil, fmt.Errorf("backup: the snapshot records no revision to read the HashKV at")
+	}
 	ctx, cancel := context.WithTimeout(ctx, hashKVTimeout)
 	defer cancel()
 	cfg.Context = ctx
@@ -311,24 +454,31 @@ func hashKV(ctx context.Context, cfg clientv3.Config, endpoint string, rev int64
 
 // write uploads the snapshot db as backup name's data object, gzipped and,
 // with a writing key, encrypted, then its meta, which gets the object's
-// sha256, size and encryption, and what finish (when set) adds.
-func write(ctx context.Context, s Store, name, db string, keys *crypt.Keyring, meta Meta, finish func(*Meta)) (Meta, error) {
-	sum, compressed, enc, err := upload(ctx, s, name+"/"+DataObject, db, keys)
+// sha256, size and encryption.
+func write(ctx context.Context, s Store, name, db string, keys *crypt.Keyring, meta Meta) (Meta, error) {
+	f, err := os.Open(db)
+	if err != nil {
+		return meta, fmt.Errorf("backup: %w", err)
+	}
+	defer f.Close()
+	sum, compressed, enc, err := upload(ctx, s, name+"/"+DataObject, f, keys, nil, nil)
 	if err != nil {
 		return meta, err
 	}
 	meta.SHA256, meta.CompressedSize, meta.Encryption = sum, compressed, enc
-	if finish != nil {
-		finish(&meta)
-	}
+	return meta, writeMeta(ctx, s, name, meta)
+}
+
+// writeMeta writes backup name's meta: from then on, the backup exists.
+func writeMeta(ctx context.Context, s Store, name string, meta Meta) error {
 	data, err := json.Marshal(meta)
 	if err != nil {
-		return meta, fmt.Errorf("backup: encode meta: %w", err)
+		return fmt.Errorf("backup: encode meta: %w", err)
 	}
 	if err := s.Write(ctx, name+"/"+MetaObject, data); err != nil {
-		return meta, fmt.Errorf("backup: write meta of %s: %w", name, err)
+		return fmt.Errorf("backup: write meta of %s: %w", name, err)
 	}
-	return meta, nil
+	return nil
 }
 
 // Verify checks a snapshot db file: the sha256 trailer etcd appends to a
@@ -373,16 +523,13 @@ func checkTrailer(path string) error {
 	return nil
 }
 
-// upload gzips the file into the store, encrypting the gzip when keys
-// hold a writing key, and returns the object's sha256 and size, and its
+// upload gzips src into the store, encrypting the gzip when keys hold a
+// writing key, and returns the object's sha256 and size, and its
 // encryption. The stream is made as it is uploaded, so memory stays flat
-// whatever the size; if anything fails, nothing is committed.
-func upload(ctx context.Context, s Store, key, path string, keys *crypt.Keyring) (string, int64, *crypt.Info, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", 0, nil, fmt.Errorf("backup: %w", err)
-	}
-	defer f.Close()
+// whatever the size. Once src is read, gate (when set) decides: its error
+// aborts the upload. If anything fails, nothing is committed. When the
+// store fails first, abort (when set) is called to end what src reads.
+func upload(ctx context.Context, s Store, key string, src io.Reader, keys *crypt.Keyring, gate func() error, abort func()) (string, int64, *crypt.Info, error) {
 	pr, pw := io.Pipe()
 	h := sha256.New()
 	counter := &countWriter{}
@@ -402,20 +549,29 @@ func upload(ctx context.Context, s Store, key, path string, keys *crypt.Keyring)
 		}
 		body, info = io.TeeReader(enc, io.MultiWriter(h, counter)), i
 	}
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		// klauspost's gzip at BestSpeed writes standard gzip many times
 		// faster than the standard library's (2 GiB/s against 70 MiB/s on
 		// hex text here), for a little less compression: the upload should
 		// not wait on the CPU.
 		gz, _ := kgzip.NewWriterLevel(gzOut, kgzip.BestSpeed)
-		_, err := io.Copy(gz, f)
+		_, err := io.Copy(gz, src)
 		if err == nil {
 			err = gz.Close()
 		}
-		pw.CloseWithError(err) // nil: a clean EOF
+		if err == nil && gate != nil {
+			err = gate()
+		}
+		pw.CloseWithError(err) // nil: a clean EOF, and the upload commits
 	}()
-	err = s.Put(ctx, key, body)
+	err := s.Put(ctx, key, body)
 	pr.CloseWithError(errors.New("backup: upload ended")) // unblocks the gzip goroutine if Put stopped early
+	if err != nil && abort != nil {
+		abort() // a source that waits for input would hold the goroutine
+	}
+	<-done
 	if err != nil {
 		return "", 0, nil, fmt.Errorf("backup: upload %s: %w", key, err)
 	}

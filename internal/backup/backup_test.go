@@ -142,3 +142,46 @@ func TestClaimNameRace(t *testing.T) {
 		seen[n] = true
 	}
 }
+
+// The trailer is checked as the stream passes, whatever the chunks it
+// comes in; a changed byte, a cut stream or a stream of no page size
+// fails.
+func TestTrailerHash(t *testing.T) {
+	body := make([]byte, 3*512)
+	for i := range body {
+		body[i] = byte(i * 7)
+	}
+	sum := sha256.Sum256(body)
+	good := append(append([]byte(nil), body...), sum[:]...)
+	flipped := append([]byte(nil), good...)
+	flipped[100] ^= 1
+	badTrailer := append([]byte(nil), good...)
+	badTrailer[len(badTrailer)-1] ^= 1
+	for _, c := range []struct {
+		name   string
+		stream []byte
+		ok     bool
+	}{
+		{"whole", good, true},
+		{"a byte changed", flipped, false},
+		{"the trailer changed", badTrailer, false},
+		{"cut short", good[:len(good)-1], false},
+		{"no trailer", body, false},
+		{"too short", good[len(good)-40:], false},
+	} {
+		for _, chunk := range []int{1, 7, 31, 32, 33, 500, 4096} {
+			tr := &trailerHash{h: sha256.New()}
+			for p := c.stream; len(p) > 0; {
+				n := min(chunk, len(p))
+				tr.Write(p[:n])
+				p = p[n:]
+			}
+			if err := tr.check(); (err == nil) != c.ok {
+				t.Errorf("%s in chunks of %d: check() = %v, want ok=%v", c.name, chunk, err, c.ok)
+			}
+			if tr.n != int64(len(c.stream)) {
+				t.Errorf("%s: counted %d bytes, want %d", c.name, tr.n, len(c.stream))
+			}
+		}
+	}
+}

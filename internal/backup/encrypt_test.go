@@ -71,7 +71,7 @@ func TestEncryptedRoundTrip(t *testing.T) {
 	keys := crypt.NewKeyring(k)
 	path, db := fakeDB(t, 300<<10)
 	name := "2026-01-01T00:00:00Z-000001"
-	meta, err := write(ctx, s, name, path, keys, Meta{EtcdVersion: "3.6.16", Timestamp: 1, Size: int64(len(db))}, nil)
+	meta, err := write(ctx, s, name, path, keys, Meta{EtcdVersion: "3.6.16", Timestamp: 1, Size: int64(len(db))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestEncryptedWithoutItsKey(t *testing.T) {
 	k := crypttest.Key(t)
 	path, db := fakeDB(t, 64<<10)
 	name := "2026-01-01T00:00:00Z-000001"
-	if _, err := write(ctx, s, name, path, crypt.NewKeyring(k), Meta{EtcdVersion: "3.6.16", Timestamp: 1, Size: int64(len(db))}, nil); err != nil {
+	if _, err := write(ctx, s, name, path, crypt.NewKeyring(k), Meta{EtcdVersion: "3.6.16", Timestamp: 1, Size: int64(len(db))}); err != nil {
 		t.Fatal(err)
 	}
 	other := crypttest.Key(t)
@@ -166,7 +166,7 @@ func TestEncryptedTampered(t *testing.T) {
 	keys := crypt.NewKeyring(k)
 	path, db := fakeDB(t, 200<<10)
 	name := "2026-01-01T00:00:00Z-000001"
-	meta, err := write(ctx, s, name, path, keys, Meta{EtcdVersion: "3.6.16", Timestamp: 1, Size: int64(len(db))}, nil)
+	meta, err := write(ctx, s, name, path, keys, Meta{EtcdVersion: "3.6.16", Timestamp: 1, Size: int64(len(db))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestPlaintextBackupWithKeysConfigured(t *testing.T) {
 	s := newStore(t)
 	path, db := fakeDB(t, 64<<10)
 	name := "2026-01-01T00:00:00Z-000001"
-	meta, err := write(ctx, s, name, path, nil, Meta{EtcdVersion: "3.6.16", Timestamp: 1, Size: int64(len(db))}, nil)
+	meta, err := write(ctx, s, name, path, nil, Meta{EtcdVersion: "3.6.16", Timestamp: 1, Size: int64(len(db))})
 	if err != nil {
 		t.Fatal(err)
 	}

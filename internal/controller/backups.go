@@ -131,7 +131,7 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	}
 	b.log.Info("backup taken", "name", info.Name, "reason", reason, "size", info.Meta.Size, "encryption-key-id", keyID,
 		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", took.Round(time.Millisecond),
-		"snapshot", info.Stages.Snapshot.Round(time.Millisecond), "verify", info.Stages.Verify.Round(time.Millisecond), "upload", info.Stages.Upload.Round(time.Millisecond))
+		"stream", info.Stages.Stream.Round(time.Millisecond), "verify", info.Stages.Verify.Round(time.Millisecond), "commit", info.Stages.Commit.Round(time.Millisecond))
 	setStatus(spec.CommandStatus{State: spec.CommandDone, Backup: info.Name})
 	b.prune(ctx, s)
 	return info, nil

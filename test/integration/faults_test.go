@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -16,9 +17,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -248,5 +251,52 @@ func TestRacingBackupWriters(t *testing.T) {
 	}
 	if listed := strings.Fields(env.MustCtl("list-backups")); len(listed) != writers {
 		t.Fatalf("list-backups %q, want %d backups", listed, writers)
+	}
+}
+
+// A backup streams into the store as the snapshot arrives, but commits
+// only once its checks pass: a snapshot the checks refuse leaves no
+// object, no meta and no claim, and the next backup is whole.
+func TestStreamedBackupCommitsOnlyChecked(t *testing.T) {
+	env := harness.NewEnv(t)
+	ms := env.StartBareCluster(1)
+	c, err := clientv3.New(clientv3.Config{Endpoints: harness.BareEndpoints(ms), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	harness.WaitFor(t, 30*time.Second, "etcd serving", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := c.Put(ctx, "/ready", "yes")
+		return err == nil
+	})
+	fill(t, c, 4)
+	s := openStore(t, env.StoreURL)
+	req := backup.Request{
+		Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: ms[0].ClientURL,
+		TempDir: filepath.Join(env.Root, "tmp"), Now: time.Now(), Kind: spec.BackupOnDemand,
+	}
+	refused := req
+	refused.Verify = func(context.Context, string) (snapshot.Status, error) {
+		return snapshot.Status{}, fmt.Errorf("%w: refused by the test", backup.ErrCorrupt)
+	}
+	if _, err := backup.Take(t.Context(), s, refused); !errors.Is(err, backup.ErrCorrupt) {
+		t.Fatalf("a refused snapshot: %v", err)
+	}
+	if keys, err := s.List(t.Context(), "", ""); err != nil || len(keys) != 0 {
+		t.Fatalf("after a refused backup the store holds %q (%v), want nothing", keys, err)
+	}
+	info, err := backup.Take(t.Context(), s, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Meta.Kind != spec.BackupOnDemand || info.Meta.HashKV == nil || info.Meta.Revision == 0 || info.Meta.Size == 0 ||
+		info.Meta.CompressedSize == 0 || info.Meta.SHA256 == "" || info.Meta.Seconds <= 0 {
+		t.Errorf("the meta of a streamed backup: %+v", info.Meta)
+	}
+	checkRestorable(t, s, info.Name)
+	if _, err := s.Read(t.Context(), info.Name+"/"+backup.ClaimObject); err == nil {
+		t.Error("the claim outlived its backup")
 	}
 }
