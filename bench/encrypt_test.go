@@ -120,7 +120,8 @@ func runEncryption(t *testing.T, sc scale) encryptRun {
 			r.backupPlain, r.uploadPlain = append(r.backupPlain, secs), append(r.uploadPlain, info.Stages.Stream.Seconds())
 			r.plainName, r.plainObject = info.Name, info.Meta.CompressedSize
 		}
-		t.Logf("backup %s (encrypted %v): %.2fs, of which the stream (snapshot, gzip, upload) %.2fs", info.Name, k != nil, secs, info.Stages.Stream.Seconds())
+		t.Logf("backup %s (encrypted %v): %.2fs, of which the stream (snapshot, gzip, upload) %.2fs, the checks %.2fs, the meta %.2fs",
+			info.Name, k != nil, secs, info.Stages.Stream.Seconds(), info.Stages.Verify.Seconds(), info.Stages.Commit.Seconds())
 		return info
 	}
 	fetch := func(name string, k *crypt.Keyring) float64 {
