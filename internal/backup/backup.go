@@ -23,7 +23,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,11 +31,8 @@ import (
 	"time"
 
 	kgzip "github.com/klauspost/compress/gzip"
-	bolt "go.etcd.io/bbolt"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
-	"go.etcd.io/etcd/server/v3/storage/mvcc"
-	"go.etcd.io/etcd/server/v3/storage/schema"
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
@@ -162,9 +158,12 @@ const exitCorrupt = 3
 // snapshot's path, and reads the status it prints (see RunVerify).
 func VerifyCommand(name string, args ...string) VerifyFunc {
 	return func(ctx context.Context, path string) (snapshot.Status, error) {
-		var stdout, stderr bytes.Buffer
+		var stdout bytes.Buffer
+		// The child's messages name every bad page of a damaged database:
+		// the first 64 KiB say enough.
+		stderr := &capped{max: 64 << 10}
 		cmd := exec.CommandContext(ctx, name, append(args, path)...)
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		cmd.Stdout, cmd.Stderr = &stdout, stderr
 		err := cmd.Run()
 		msg := strings.TrimSpace(stderr.String())
 		var exit *exec.ExitError
@@ -229,21 +228,27 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	st, err := stream(ctx, s, name, db, cfg, req)
-	if err != nil {
-		// Nothing was committed; the claim goes too.
+	// From here on, a failure leaves nothing: no data object (which the
+	// upload may have committed before a later step failed), no claim.
+	failed := func(err error) (Info, error) {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanupTimeout)
+		defer cancel()
+		_ = s.Delete(dctx, name+"/"+DataObject)
 		_ = s.Delete(dctx, name+"/"+ClaimObject)
-		cancel()
 		return Info{}, err
 	}
-	began := time.Now()
-	h, hashErr := st.hashKV, st.hashKVErr
-	if st.hashKVRev != st.status.Revision {
-		// Not read beside the check (or at another revision than the
-		// check found): read it now.
-		h, hashErr = hashKV(ctx, cfg, req.Endpoint, st.status.Revision)
+	st, err := stream(ctx, s, name, db, cfg, req)
+	if err != nil {
+		return failed(err)
 	}
+	began := time.Now()
+	// The data is committed: the meta is written even if ctx ends now (a
+	// change of leader, a shutdown), within a bound, so that no whole
+	// object is left without one.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metaTimeout)
+	defer cancel()
+	// The member's HashKV at the snapshot's revision, for restore drills.
+	h, hashErr := hashKV(mctx, cfg, req.Endpoint, st.status.Revision)
 	version := st.version
 	if req.EtcdVersion != "" {
 		version = req.EtcdVersion
@@ -263,17 +268,22 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 		HashKV:         h,
 		Seconds:        time.Since(start).Seconds(),
 	}
-	if err := writeMeta(ctx, s, name, meta); err != nil {
-		return Info{}, err
+	if err := writeMeta(mctx, s, name, meta); err != nil {
+		return failed(err)
 	}
 	st.stages.Commit = time.Since(began)
 	// The claim has done its work; one left behind is harmless.
-	_ = s.Delete(ctx, name+"/"+ClaimObject)
+	_ = s.Delete(mctx, name+"/"+ClaimObject)
 	return Info{Name: name, Meta: meta, Stages: st.stages, HashKVErr: hashErr}, nil
 }
 
-// claimCleanupTimeout bounds the deletion of a failed backup's claim.
-const claimCleanupTimeout = 10 * time.Second
+// claimCleanupTimeout bounds the deletion of a failed backup's objects,
+// and metaTimeout the HashKV read and the meta write once its data is
+// committed.
+const (
+	claimCleanupTimeout = 10 * time.Second
+	metaTimeout         = hashKVTimeout + 30*time.Second
+)
 
 // streamed is what stream learned of the snapshot it uploaded.
 type streamed struct {
@@ -284,10 +294,6 @@ type streamed struct {
 	compressed int64
 	encryption *crypt.Info
 	stages     Stages
-	// hashKV is the member's HashKV at hashKVRev, read beside the check.
-	hashKV    *HashKV
-	hashKVErr error
-	hashKVRev int64
 }
 
 // stream uploads backup name's data object from the member's snapshot
@@ -327,10 +333,7 @@ func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, 
 		return n, err
 	}), writerFunc(func(p []byte) (int, error) {
 		if _, err := f.Write(p); err != nil {
-			if errors.Is(err, syscall.ENOSPC) {
-				err = fmt.Errorf("%w: %s has no room for the snapshot (it needs the whole database): %w", ErrTempFull, req.TempDir, err)
-			}
-			return 0, copyErr.set(err)
+			return 0, copyErr.set(tempErr(req.TempDir, err))
 		}
 		_, _ = trailer.Write(p)
 		return len(p), nil
@@ -348,69 +351,32 @@ func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, 
 	gate := func() error {
 		streamed = time.Now()
 		out.stages.Stream = streamed.Sub(began)
+		if err := copyErr.get(); err != nil {
+			return err // the stream or the copy failed: no clean end
+		}
 		if err := f.Close(); err != nil {
-			return copyErr.set(fmt.Errorf("backup: %w", err))
+			return copyErr.set(tempErr(req.TempDir, err))
 		}
 		out.size = trailer.n
 		if err := trailer.check(); err != nil {
 			return copyErr.set(fmt.Errorf("%w: the snapshot stream from %s: %w", ErrCorrupt, req.Endpoint, err))
 		}
-		// The member's HashKV at the snapshot's revision (for restore
-		// drills) is read while the snapshot is checked: both read the
-		// whole database, etcd and the check on a core each.
-		hashed := make(chan struct{})
-		if rev, err := snapshotRevision(db); err == nil {
-			go func() {
-				defer close(hashed)
-				out.hashKV, out.hashKVErr = hashKV(ctx, cfg, req.Endpoint, rev)
-				out.hashKVRev = rev
-			}()
-		} else {
-			close(hashed)
-		}
 		st, err := verify(ctx, db)
 		out.stages.Verify = time.Since(streamed)
 		out.status = st
-		<-hashed
 		return copyErr.set(err)
 	}
-	out.sum, out.compressed, out.encryption, err = upload(ctx, s, name+"/"+DataObject, src, req.Keys, gate, cancel)
+	abort := func(err error) {
+		// The store failed first: its error is the cause, not the
+		// cancelled stream's or check's that follow.
+		copyErr.set(err)
+		cancel()
+	}
+	out.sum, out.compressed, out.encryption, err = upload(ctx, s, name+"/"+DataObject, src, req.Keys, gate, abort)
 	if cerr := copyErr.get(); cerr != nil {
 		return out, cerr // the cause, not how the upload reports it
 	}
 	return out, err
-}
-
-// snapshotRevision reads a snapshot's revision, its newest key's, without
-// reading the rest of the database. The snapshot has passed its sha256
-// trailer check, so it is what etcd sent; a fault on reading it anyway is
-// an error, not a crash.
-func snapshotRevision(path string) (rev int64, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %s: reading its revision: %v", ErrCorrupt, path, r)
-		}
-	}()
-	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-	if err != nil {
-		return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
-	}
-	defer db.Close()
-	err = db.View(func(tx *bolt.Tx) error {
-		kb := tx.Bucket(schema.Key.Name())
-		if kb == nil {
-			return fmt.Errorf("%w: %s has no key bucket", ErrCorrupt, path)
-		}
-		if k, _ := kb.Cursor().Last(); k != nil {
-			if len(k) < 17 {
-				return fmt.Errorf("%w: %s's key bucket holds a key of %d bytes", ErrCorrupt, path, len(k))
-			}
-			rev = mvcc.BytesToRev(k[:17]).Main
-		}
-		return nil
-	})
-	return rev, err
 }
 
 // firstError keeps the first error set, from any goroutine.
@@ -437,6 +403,32 @@ func (f *firstError) get() error {
 	defer f.mu.Unlock()
 	return f.err
 }
+
+// tempErr is a failed write of the local copy: ErrTempFull when the temp
+// disk (or the quota on it) is full.
+func tempErr(dir string, err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: %s has no room for the snapshot (it needs the whole database): %w", ErrTempFull, dir, err)
+	}
+	return fmt.Errorf("backup: write the snapshot's copy in %s: %w", dir, err)
+}
+
+// capped keeps the first max bytes written to it, and takes the rest
+// without keeping it. (No embedded buffer: io.Copy would use its
+// ReadFrom, past the cap.)
+type capped struct {
+	buf bytes.Buffer
+	max int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.buf.Len(); room > 0 {
+		c.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (c *capped) String() string { return c.buf.String() }
 
 type readerFunc func([]byte) (int, error)
 
@@ -593,8 +585,8 @@ func checkTrailer(path string) error {
 // encryption. The stream is made as it is uploaded, so memory stays flat
 // whatever the size. Once src is read, gate (when set) decides: its error
 // aborts the upload. If anything fails, nothing is committed. When the
-// store fails first, abort (when set) is called to end what src reads.
-func upload(ctx context.Context, s Store, key string, src io.Reader, keys *crypt.Keyring, gate func() error, abort func()) (string, int64, *crypt.Info, error) {
+// store fails first, abort (when set) is told, to end what src reads.
+func upload(ctx context.Context, s Store, key string, src io.Reader, keys *crypt.Keyring, gate func() error, abort func(error)) (string, int64, *crypt.Info, error) {
 	pr, pw := io.Pipe()
 	h := sha256.New()
 	counter := &countWriter{}
@@ -630,13 +622,16 @@ func upload(ctx context.Context, s Store, key string, src io.Reader, keys *crypt
 		pw.CloseWithError(err) // nil: a clean EOF, and the upload commits
 	}()
 	err := s.Put(ctx, key, body)
+	if err != nil {
+		err = fmt.Errorf("backup: upload %s: %w", key, err)
+	}
 	pr.CloseWithError(errors.New("backup: upload ended")) // unblocks the gzip goroutine if Put stopped early
 	if err != nil && abort != nil {
-		abort() // a source that waits for input would hold the goroutine
+		abort(err) // a source that waits for input would hold the goroutine
 	}
 	<-done
 	if err != nil {
-		return "", 0, nil, fmt.Errorf("backup: upload %s: %w", key, err)
+		return "", 0, nil, err
 	}
 	return hex.EncodeToString(h.Sum(nil)), counter.n, info, nil
 }

@@ -3,6 +3,7 @@ package backup
 import (
 	"crypto/sha256"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -183,5 +184,17 @@ func TestTrailerHash(t *testing.T) {
 				t.Errorf("%s: counted %d bytes, want %d", c.name, tr.n, len(c.stream))
 			}
 		}
+	}
+}
+
+// A child's messages are kept up to the cap, and the rest is taken
+// without error, even through io.Copy.
+func TestCappedKeepsTheFirstBytes(t *testing.T) {
+	c := &capped{max: 10}
+	if n, err := io.Copy(c, strings.NewReader(strings.Repeat("x", 100))); n != 100 || err != nil {
+		t.Fatalf("io.Copy: %d, %v", n, err)
+	}
+	if got := c.String(); got != strings.Repeat("x", 10) {
+		t.Errorf("kept %q", got)
 	}
 }

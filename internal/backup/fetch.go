@@ -372,9 +372,14 @@ func (ra *readAhead) fill(r io.Reader) {
 		case <-ra.stop:
 			return
 		}
-		n, err := io.ReadFull(r, b)
-		if err == io.ErrUnexpectedEOF {
-			err = io.EOF // a last, short chunk
+		// Fill the chunk; the source's errors pass unchanged (io.EOF
+		// ends it, anything else, io.ErrUnexpectedEOF included, fails it).
+		var n int
+		var err error
+		for n < len(b) && err == nil {
+			var m int
+			m, err = r.Read(b[n:])
+			n += m
 		}
 		select {
 		case ra.full <- aheadChunk{b: b[:n], err: err}:

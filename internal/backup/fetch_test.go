@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -180,3 +181,24 @@ func TestFitsAndRoom(t *testing.T) {
 		t.Errorf("Room = %d, %v; want the free space less the reserve, 2 GiB", room, err)
 	}
 }
+
+// The read-ahead passes its source's errors on unchanged after the data
+// read before them: a cut stream is no clean end.
+func TestReadAheadPassesErrors(t *testing.T) {
+	for _, want := range []error{io.EOF, io.ErrUnexpectedEOF, errors.New("boom")} {
+		src := io.MultiReader(strings.NewReader(strings.Repeat("y", 300<<10)), &failingReader{err: want})
+		ra := newReadAhead(src)
+		data, err := io.ReadAll(ra)
+		ra.Close()
+		if len(data) != 300<<10 {
+			t.Errorf("%v: read %d bytes, want %d", want, len(data), 300<<10)
+		}
+		if want == io.EOF && err != nil || want != io.EOF && !errors.Is(err, want) {
+			t.Errorf("source error %v: ReadAll error %v", want, err)
+		}
+	}
+}
+
+type failingReader struct{ err error }
+
+func (f *failingReader) Read([]byte) (int, error) { return 0, f.err }
