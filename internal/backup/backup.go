@@ -479,11 +479,6 @@ func (t *trailerHash) check() error {
 	return nil
 }
 
-type hashResult struct {
-	hash *HashKV
-	err  error
-}
-
 // hashKVTimeout bounds the HashKV read beside a backup: etcd hashes the
 // whole keyspace, about a second per GiB.
 const hashKVTimeout = 2 * time.Minute
