@@ -228,27 +228,36 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	// From here on, a failure leaves nothing: no data object (which the
-	// upload may have committed before a later step failed), no claim.
-	failed := func(err error) (Info, error) {
+	// From here on, a failure leaves nothing: no meta (whose write may
+	// have reached the store though it failed), then no data object
+	// (which the upload may have committed before a later step failed),
+	// no claim. While a meta that may exist cannot be deleted, its data
+	// stays: the backup may be whole.
+	failed := func(err error, metaTried bool) (Info, error) {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCleanupTimeout)
 		defer cancel()
+		if metaTried {
+			if derr := s.Delete(dctx, name+"/"+MetaObject); derr != nil && !errors.Is(derr, store.ErrNotFound) {
+				return Info{}, err
+			}
+		}
 		_ = s.Delete(dctx, name+"/"+DataObject)
 		_ = s.Delete(dctx, name+"/"+ClaimObject)
 		return Info{}, err
 	}
 	st, err := stream(ctx, s, name, db, cfg, req)
 	if err != nil {
-		return failed(err)
+		return failed(err, false)
 	}
 	began := time.Now()
+	// The member's HashKV at the snapshot's revision, for restore drills;
+	// none if ctx ends meanwhile.
+	h, hashErr := hashKV(ctx, cfg, req.Endpoint, st.status.Revision)
 	// The data is committed: the meta is written even if ctx ends now (a
 	// change of leader, a shutdown), within a bound, so that no whole
 	// object is left without one.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metaTimeout)
 	defer cancel()
-	// The member's HashKV at the snapshot's revision, for restore drills.
-	h, hashErr := hashKV(mctx, cfg, req.Endpoint, st.status.Revision)
 	version := st.version
 	if req.EtcdVersion != "" {
 		version = req.EtcdVersion
@@ -269,7 +278,7 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 		Seconds:        time.Since(start).Seconds(),
 	}
 	if err := writeMeta(mctx, s, name, meta); err != nil {
-		return failed(err)
+		return failed(err, true)
 	}
 	st.stages.Commit = time.Since(began)
 	// The claim has done its work; one left behind is harmless.
@@ -278,11 +287,10 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 }
 
 // claimCleanupTimeout bounds the deletion of a failed backup's objects,
-// and metaTimeout the HashKV read and the meta write once its data is
-// committed.
+// and metaTimeout the meta's write once its data is committed.
 const (
 	claimCleanupTimeout = 10 * time.Second
-	metaTimeout         = hashKVTimeout + 30*time.Second
+	metaTimeout         = 30 * time.Second
 )
 
 // streamed is what stream learned of the snapshot it uploaded.
