@@ -223,7 +223,14 @@ func (lp *loop) tendDrill(ctx context.Context, obs plan.Observed, actions []plan
 func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
 	start := lp.now()
 	res := spec.DrillResult{Time: start.UTC(), Node: lp.nodeID, Backup: name, Outcome: spec.EventOK}
-	got, err := lp.restoreDrill(ctx, name, runningVersion)
+	// A store of its own: the loop's is not shared across goroutines.
+	s, err := store.Open(ctx, lp.cfg.BackupStore, store.Options{})
+	opened := err == nil
+	var got drillResult
+	if opened {
+		defer s.Close()
+		got, err = lp.restoreDrill(ctx, s, name, runningVersion)
+	}
 	if ctx.Err() != nil {
 		lp.log.Info("restore drill stopped", "backup", name)
 		return // stopped, not failed: nothing to record
@@ -249,14 +256,12 @@ func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
 		msg = "could not run: " + msg
 	}
 	lp.events.add(spec.Event{Time: lp.now(), Action: "restore-drill " + name, Outcome: outcome, Message: spec.Clip(msg, spec.MaxEventMessage)})
+	if !opened {
+		return // no store to record the outcome in; the log and the event say it
+	}
 	rctx, rcancel := context.WithTimeout(context.Background(), drillRecordTimeout)
 	defer rcancel()
-	s, err := store.Open(rctx, lp.cfg.BackupStore, store.Options{})
-	if err == nil {
-		err = s.RecordDrill(rctx, res)
-		_ = s.Close()
-	}
-	if err != nil {
+	if err := s.RecordDrill(rctx, res); err != nil {
 		lp.log.Warn("cannot record the restore drill's outcome in the store", "backup", name, "error", err)
 	}
 }
@@ -292,13 +297,8 @@ type drillResult struct {
 // restoreDrill fetches backup name into a folder of tmp/, restores it
 // with the etcd version that took it (or, lacking that, the running one),
 // starts a scratch etcd on it and compares it with the meta.
-func (lp *loop) restoreDrill(ctx context.Context, name, runningVersion string) (drillResult, error) {
+func (lp *loop) restoreDrill(ctx context.Context, s *store.Store, name, runningVersion string) (drillResult, error) {
 	var out drillResult
-	s, err := store.Open(ctx, lp.cfg.BackupStore, store.Options{})
-	if err != nil {
-		return out, err
-	}
-	defer s.Close()
 	meta, err := backup.ReadMeta(ctx, s, name)
 	if err != nil {
 		return out, err

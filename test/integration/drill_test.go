@@ -3,8 +3,6 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -85,7 +83,7 @@ func TestRestoreDrill(t *testing.T) {
 	failureRE := regexp.MustCompile(`(?m)^etcd_manager_restore_drill_last_failure_timestamp_seconds (\S+)$`)
 	harness.WaitFor(t, 60*time.Second, "every agent to report the failed drill after a passed one", func() bool {
 		for _, a := range agents {
-			m := scrapeMetrics(a)
+			m := scrape(t, a.MetricsURL)
 			ok, failed := successRE.FindStringSubmatch(m), failureRE.FindStringSubmatch(m)
 			if ok == nil || failed == nil {
 				return false
@@ -128,17 +126,6 @@ func TestRestoreDrill(t *testing.T) {
 	if pids := scratchEtcds(t); len(pids) > 0 {
 		t.Errorf("scratch etcds still run: %v", pids)
 	}
-}
-
-// scrapeMetrics reads an agent's metrics, or "" when it does not answer.
-func scrapeMetrics(a *harness.Agent) string {
-	resp, err := http.Get(a.MetricsURL)
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return string(body)
 }
 
 // scratchEtcds lists the processes running a restore drill's etcd.

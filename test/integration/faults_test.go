@@ -200,12 +200,10 @@ func TestBackupTempDiskFull(t *testing.T) {
 	}
 }
 
-// Two leaders racing is prevented by design (one raft leader; the store
-// lock for backup agents). Should two writers still meet, say a leader
-// that has just lost leadership and its successor, their backups in the
-// same second never share a name: each is whole and restorable.
-func TestRacingBackupWriters(t *testing.T) {
-	env := harness.NewEnv(t)
+// filledBareEtcd starts a bare 1-member etcd, once it serves, with a few
+// MiB of keys.
+func filledBareEtcd(t *testing.T, env *harness.Env) []*harness.BareEtcd {
+	t.Helper()
 	ms := env.StartBareCluster(1)
 	c, err := clientv3.New(clientv3.Config{Endpoints: harness.BareEndpoints(ms), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
@@ -219,6 +217,16 @@ func TestRacingBackupWriters(t *testing.T) {
 		return err == nil
 	})
 	fill(t, c, 4)
+	return ms
+}
+
+// Two leaders racing is prevented by design (one raft leader; the store
+// lock for backup agents). Should two writers still meet, say a leader
+// that has just lost leadership and its successor, their backups in the
+// same second never share a name: each is whole and restorable.
+func TestRacingBackupWriters(t *testing.T) {
+	env := harness.NewEnv(t)
+	ms := filledBareEtcd(t, env)
 	s := openStore(t, env.StoreURL)
 	now := time.Now()
 	const writers = 4
@@ -259,19 +267,7 @@ func TestRacingBackupWriters(t *testing.T) {
 // object, no meta and no claim, and the next backup is whole.
 func TestStreamedBackupCommitsOnlyChecked(t *testing.T) {
 	env := harness.NewEnv(t)
-	ms := env.StartBareCluster(1)
-	c, err := clientv3.New(clientv3.Config{Endpoints: harness.BareEndpoints(ms), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	harness.WaitFor(t, 30*time.Second, "etcd serving", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err := c.Put(ctx, "/ready", "yes")
-		return err == nil
-	})
-	fill(t, c, 4)
+	ms := filledBareEtcd(t, env)
 	s := openStore(t, env.StoreURL)
 	req := backup.Request{
 		Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: ms[0].ClientURL,
