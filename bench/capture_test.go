@@ -963,7 +963,7 @@ func benchPITR(t *testing.T, sc scale) []Result {
 	}
 	restore := Result{Name: "pitr-restore", Value: latest, Unit: "s", Baseline: name, Ratio: ratio(latest, name),
 		Note: fmt.Sprintf("etcd-manager-ctl restore-backup --latest --timeout=20m over the live cluster, until a linearizable Get succeeds and reports revision %d: the full backup brought forward by %d revisions of captured segments "+
-			"(on the driving agent to validate it, then on each of the 3 nodes in parallel), restored on every node, checked, backed up afresh, and the quarantine lifted; "+
+			"(on the driving agent to validate it, then on each of the 3 nodes in parallel), restored on every node, checked, the quarantine lifted, and backed up afresh (the ctl returns once that backup is recorded); "+
 			"median of %d (%s s; after the first, --latest --timeline=<the original timeline>, as the cluster restored is on a new one); phases: %s; "+
 			"baseline: restore-backup %s, the full backup alone, the same way, the restores alternating (--latest, backup, backup, --latest, ...): median of %d (%s s; phases: %s); "+
 			"%s; %s%s",

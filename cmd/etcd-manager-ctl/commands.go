@@ -499,7 +499,7 @@ func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges boo
 		rows := []cli.BackupRow{}
 		for _, i := range infos {
 			row := cli.BackupRow{Name: i.Name, EtcdVersion: i.Meta.EtcdVersion, Size: i.Meta.Size, CompressedSize: i.Meta.CompressedSize,
-				Revision: i.Meta.Revision, AgeSeconds: now.Sub(time.Unix(int64(i.Meta.Timestamp), 0)).Seconds()}
+				Revision: i.Meta.Revision, AgeSeconds: now.Sub(time.Unix(int64(i.Meta.Timestamp), 0)).Seconds(), Kind: i.Meta.Kind}
 			if e := i.Meta.Encryption; e != nil {
 				row.EncryptionKeyID = e.KeyID
 			}

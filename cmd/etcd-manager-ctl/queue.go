@@ -64,11 +64,13 @@ The agent holding the store lock then:
   2. stops etcd on every node, moving the old data to each node's trash;
   3. restores the backup on the spec's member count of nodes, as a new
      cluster, which serves only on the quarantine URLs;
-  4. checks that every member is up and HashKV agrees, takes a fresh backup,
-     and lifts the quarantine member by member;
-  5. removes the command.
+  4. checks that every member is up and HashKV agrees, then lifts the
+     quarantine: clients are back from here on;
+  5. takes a fresh full backup of the restored cluster while clients write,
+     and removes the command once that backup is recorded.
 Writes made after the restored point are lost. With --wait (the default) it
-prints each phase and returns when the restore is complete or has failed.`,
+prints each phase and returns when the restore is complete, its fresh backup
+included, or has failed.`,
 		Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup 2026-11-22T05:00:00Z-000001
   etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup --latest
   etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup --to-time=2026-11-22T05:07:30Z --bump-revision=1000000 --mark-compacted`,
@@ -413,7 +415,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		fmt.Fprintln(w, id)
 		return nil
 	}
-	lastPhase := ""
+	lastPhase, fresh := "", ""
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
@@ -424,7 +426,10 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 			return true, fmt.Errorf("restore-backup: command %s failed: %s", id, printable(q.Status.Message))
 		case err == nil && q.Status.Restore != nil && q.Status.Restore.Phase != lastPhase:
 			lastPhase = q.Status.Restore.Phase
-			fprintf(progress, "restore %s: %s\n", id, lastPhase)
+			fprintf(progress, "restore %s: %s%s\n", id, lastPhase, phaseNote(lastPhase))
+		case err == nil && q.Status.Restore != nil && q.Status.Restore.Fresh != "" && q.Status.Restore.Fresh != fresh:
+			fresh = q.Status.Restore.Fresh
+			fprintf(progress, "restore %s: fresh backup %s taken\n", id, printable(fresh))
 		}
 		return false, nil
 	})
@@ -432,6 +437,18 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		return fmt.Errorf("restore-backup: not finished after %s (last phase %q); command %s goes on (see list-commands)", timeout, lastPhase, id)
 	}
 	return err
+}
+
+// phaseNote says what a restore phase means for clients, where it
+// matters to the person waiting.
+func phaseNote(phase string) string {
+	switch phase {
+	case spec.RestoreRestoring:
+		return " (quarantined: no client can reach the restored cluster yet)"
+	case spec.RestoreBackingUp:
+		return " (clients are back; a fresh full backup of the restored cluster is taken)"
+	}
+	return ""
 }
 
 func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost []string, timeout time.Duration) error {

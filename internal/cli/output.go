@@ -105,6 +105,9 @@ type BackupRow struct {
 	CompressedSize int64   `json:"compressedSize"`
 	Revision       int64   `json:"revision"`
 	AgeSeconds     float64 `json:"ageSeconds"`
+	// Kind is why the backup was taken (periodic, pre-change, on-demand,
+	// restored), when its meta says.
+	Kind string `json:"kind,omitempty"`
 	// EncryptionKeyID names the key the backup is encrypted with, when it
 	// is.
 	EncryptionKeyID string `json:"encryptionKeyId,omitempty"`

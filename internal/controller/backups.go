@@ -84,6 +84,15 @@ func (b *backups) failedRecently() bool {
 	return b.failures > 0 && b.now().Before(b.retryAt())
 }
 
+// stored records that the store holds a full backup of this agent's
+// cluster begun at, taken by this agent or another: the periodic
+// backup's interval runs from the newest.
+func (b *backups) stored(at time.Time) {
+	if at.After(b.lastOK) && !at.After(b.now()) {
+		b.lastOK = at
+	}
+}
+
 // due reports whether the periodic backup is due.
 func (b *backups) due(interval time.Duration) bool {
 	return b.now().Sub(b.lastOK) >= interval && !b.failedRecently()

@@ -38,7 +38,10 @@ type capturer struct {
 	store    *store.Store
 	run      *captureRun
 	needBase bool
-	retryAt  time.Time
+	// needBaseSince is when needBase was last set: a full backup taken
+	// from then on is a base capture can start from.
+	needBaseSince time.Time
+	retryAt       time.Time
 	failures int
 	// lastMerge is when the last merge pass began.
 	lastMerge time.Time
@@ -139,6 +142,28 @@ func (c *capturer) needsBase() bool {
 	return c.needBase
 }
 
+// wantBase records that capture needs a full backup taken from now on to
+// go on from. Callers hold c.mu.
+func (c *capturer) wantBase() {
+	if !c.needBase {
+		c.needBaseSince = c.now()
+	}
+	c.needBase = true
+}
+
+// baseStored records that the store holds a full backup of this
+// agent's cluster begun at: one another agent took (the driver of a
+// restore, say) serves as the base as well as one of this agent's own.
+// Backup times are whole seconds, so one begun in the same second as
+// the need counts; should it be too old after all, capture says so again.
+func (c *capturer) baseStored(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.needBase && !at.Before(c.needBaseSince.Truncate(time.Second)) {
+		c.needBase = false
+	}
+}
+
 // backedUp records that a full backup was just taken.
 func (c *capturer) backedUp() {
 	c.mu.Lock()
@@ -211,7 +236,7 @@ func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s
 	defer c.mu.Unlock()
 	if errors.Is(err, wal.ErrNeedBase) && r.backupDue {
 		// The backup already due is the base: no failure, no delay.
-		c.needBase = true
+		c.wantBase()
 		c.log.Info("capture waits for the full backup that is due", "cluster-token", r.token, "reason", err)
 		return
 	}
@@ -220,10 +245,10 @@ func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s
 	c.retryAt = c.now().Add(delay)
 	switch {
 	case errors.Is(err, wal.ErrNeedBase):
-		c.needBase = true
+		c.wantBase()
 		c.log.Warn("capture needs a fresh full backup to go on from; taking one", "cluster-token", r.token, "reason", err)
 	case errors.Is(err, wal.ErrSpoolFull):
-		c.needBase = true
+		c.wantBase()
 		c.log.Error("capture stopped: its spool is full while the store is unreachable; a full backup follows once the store is back", "error", err)
 	default:
 		c.log.Warn("capture stopped; it resumes from the last captured revision", "cluster-token", r.token, "error", err, "retry-in", delay)
@@ -332,5 +357,5 @@ func (c *capturer) durable(token string) (rev int64, on bool) {
 func (c *capturer) requestBase() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.needBase = true
+	c.wantBase()
 }

@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -117,7 +118,11 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	if obs.Cluster != nil {
 		b := lp.backups
 		// Capture may wait on a full backup to start a run from.
-		obs.BackupDue = b.due(lp.cfg.Backup.Interval) || (lp.capture.needsBase() && !b.failedRecently())
+		due := func() bool { return b.due(lp.cfg.Backup.Interval) || (lp.capture.needsBase() && !b.failedRecently()) }
+		obs.BackupDue = due()
+		if obs.BackupDue && lp.noteStoredBackup(ctx, s, obs.Cluster.Token) {
+			obs.BackupDue = due()
+		}
 		obs.BackedUpSinceChange = !b.lastOK.IsZero() && !b.lastOK.Before(lp.lastChange)
 		obs.BackupFailedRecently = b.failedRecently()
 		obs.VersionBackup = lp.versionBackup
@@ -787,4 +792,28 @@ func fromRefs(refs []peer.MemberRef) []plan.Member {
 		out = append(out, plan.Member{Name: r.Name, PeerURLs: r.PeerURLs})
 	}
 	return out
+}
+
+// storedBackupReads bounds the metas noteStoredBackup reads.
+const storedBackupReads = 10
+
+// noteStoredBackup reads the newest full backup of the cluster token from
+// the store, before this agent takes one because one is due: a backup
+// another agent took (an earlier leader, the driver of a restore) counts
+// as this agent's own, so that a change of leader, or a restore's end,
+// does not start a second full backup at once. It reports whether it
+// found one.
+func (lp *loop) noteStoredBackup(ctx context.Context, s *store.Store, token string) bool {
+	in, err := backup.Newest(ctx, s, func(m backup.Meta) bool { return m.ClusterToken == token }, storedBackupReads)
+	if err != nil {
+		lp.log.Warn("cannot read the newest backup from the store; taking the backup that seems due", "error", err)
+		return false
+	}
+	if in == nil {
+		return false
+	}
+	at := time.Unix(int64(in.Meta.Timestamp), 0)
+	lp.backups.stored(at)
+	lp.capture.baseStored(at)
+	return true
 }

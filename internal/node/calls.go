@@ -168,6 +168,13 @@ func (n *Node) Quarantine(ctx context.Context, req peer.QuarantineRequest) error
 	}
 	n.log.Warn("restarting etcd to change its quarantine", "quarantined", req.Quarantined, "leader", req.LeaderID)
 	defer n.poke()
+	// Every member restarts at once, on data it served a moment ago and,
+	// when a restore lifts its quarantine, whose HashKV was just checked
+	// across the members: etcd's initial corruption check would compare
+	// nothing, and would hold each member back waiting for peers that
+	// restart too.
+	n.quietStart = true
+	defer func() { n.quietStart = false }()
 	return n.startEtcdLocked(ctx)
 }
 

@@ -119,7 +119,8 @@ type Node struct {
 	peerHTTP *http.Client
 	// isolated is set while etcd serves only its quarantine client URLs
 	// for a defragmentation, and quietStart while etcd restarts around
-	// one, without its initial corruption check (see Defrag); guarded by
+	// one, or into or out of a quarantine, without its initial corruption
+	// check (see Defrag and Quarantine); guarded by
 	// mu, and never persisted: an agent that restarts serves clients
 	// again.
 	isolated, quietStart bool

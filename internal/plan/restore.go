@@ -19,9 +19,11 @@ import (
 //	stopping:   every node stops its old etcd, moving the data to its trash
 //	restoring:  each chosen node restores the backup and starts, quarantined
 //	verifying:  all members are up and HashKV agrees
-//	backing-up: a fresh backup of the restored cluster
-//	lifting:    the quarantine is lifted member by member; then the command
-//	            is removed
+//	lifting:    the quarantine is lifted, all members at once: clients
+//	            are back
+//	backing-up: a fresh backup of the restored cluster, taken while
+//	            clients write; once it is recorded, the command is
+//	            removed
 //
 // Nothing of the old cluster is touched until the backup has been fetched
 // and verified: a bad backup fails the command and leaves the cluster as it
@@ -53,7 +55,8 @@ type RestoreNodes struct {
 // VerifyRestore checks the restored cluster: all members, equal HashKV.
 type VerifyRestore struct{ ID string }
 
-// BackupRestored takes the fresh backup of the restored cluster.
+// BackupRestored takes the fresh backup of the restored cluster and
+// records its name in the restore's progress.
 type BackupRestored struct{ ID string }
 
 // SetQuarantine restarts the members of the cluster Token on the nodes,
@@ -185,13 +188,24 @@ func planRestore(o Observed, c Command) []Action {
 		return planRestoring(c, p, peers)
 	case spec.RestoreVerifying:
 		return []Action{VerifyRestore{ID: c.ID}}
-	case spec.RestoreBackingUp:
-		return []Action{BackupRestored{ID: c.ID}}
 	case spec.RestoreLifting:
-		return planLifting(c, p, peers)
+		if acts := planLifting(c, p, peers); len(acts) > 0 {
+			return acts
+		}
+		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreBackingUp}}
+	case spec.RestoreBackingUp:
+		// A restore recorded by an older etcd-manager, which backed up
+		// before it lifted, still has its quarantine to lift.
+		if acts := planLifting(c, p, peers); len(acts) > 0 {
+			return acts
+		}
+		if p.Fresh != "" {
+			return []Action{FinishRestore{ID: c.ID}}
+		}
+		return []Action{BackupRestored{ID: c.ID}}
 	}
 	return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("restore is in an unknown phase %q (known: %s)", p.Phase,
-		strings.Join([]string{spec.RestoreQuarantining, spec.RestoreDumping, spec.RestoreStopping, spec.RestoreRestoring, spec.RestoreVerifying, spec.RestoreBackingUp, spec.RestoreLifting}, ", "))}}
+		strings.Join([]string{spec.RestoreQuarantining, spec.RestoreDumping, spec.RestoreStopping, spec.RestoreRestoring, spec.RestoreVerifying, spec.RestoreLifting, spec.RestoreBackingUp}, ", "))}}
 }
 
 // planPrepareRestore picks the members of the restored cluster: the
@@ -264,7 +278,8 @@ func planRestoring(c Command, p *spec.RestoreProgress, peers []Node) []Action {
 	return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreVerifying}}
 }
 
-// planLifting lifts the restored cluster's quarantine, then finishes.
+// planLifting lifts the restored cluster's quarantine where it is still
+// on, or returns nothing once it is lifted everywhere.
 func planLifting(c Command, p *spec.RestoreProgress, peers []Node) []Action {
 	var lift []string
 	for _, id := range p.Members {
@@ -280,7 +295,7 @@ func planLifting(c Command, p *spec.RestoreProgress, peers []Node) []Action {
 	if len(lift) > 0 {
 		return []Action{SetQuarantine{ID: c.ID, Token: p.Token, NodeIDs: lift}}
 	}
-	return []Action{FinishRestore{ID: c.ID}}
+	return nil
 }
 
 // planPrepareDump picks the members of the cluster a dump-restore makes:

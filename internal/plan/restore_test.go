@@ -69,12 +69,24 @@ func TestPlanRestore(t *testing.T) {
 			obs:  lockObs(progress(spec.RestoreRestoring), restored("a", true, true), restored("b", true, true), restored("c", true, true), node("d", "standby")),
 			want: []string{"set-restore-phase r1 verifying"}},
 		{name: "verifying", obs: lockObs(progress(spec.RestoreVerifying), restored("a", true, true)), want: []string{"verify-restore r1"}},
-		{name: "backing up", obs: lockObs(progress(spec.RestoreBackingUp), restored("a", true, true)), want: []string{"backup-restored r1"}},
 		{name: "lifting: every quarantined member at once",
 			obs:  lockObs(progress(spec.RestoreLifting), restored("a", true, false), restored("b", true, true), restored("c", true, true)),
 			want: []string{"lift-quarantine r1 nodes=[b c]"}},
-		{name: "lifted: finish",
+		{name: "lifted: back up next",
 			obs:  lockObs(progress(spec.RestoreLifting), restored("a", true, false), restored("b", true, false), restored("c", true, false)),
+			want: []string{"set-restore-phase r1 backing-up"}},
+		{name: "backing up, clients back",
+			obs:  lockObs(progress(spec.RestoreBackingUp), restored("a", true, false), restored("b", true, false), restored("c", true, false)),
+			want: []string{"backup-restored r1"}},
+		{name: "backing up, recorded by an older agent that backed up before lifting: lift first",
+			obs:  lockObs(progress(spec.RestoreBackingUp), restored("a", true, true), restored("b", true, false), restored("c", true, true)),
+			want: []string{"lift-quarantine r1 nodes=[a c]"}},
+		{name: "backed up: finish",
+			obs: func() Observed {
+				o := lockObs(progress(spec.RestoreBackingUp), restored("a", true, false), restored("b", true, false), restored("c", true, false))
+				o.Commands[0].Status.Restore.Fresh = "2026-11-24T09:00:00Z-000001"
+				return o
+			}(),
 			want: []string{"finish-restore r1"}},
 		{name: "unknown phase fails the command",
 			obs:  lockObs(progress("dancing"), restored("a", true, false)),

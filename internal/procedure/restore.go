@@ -243,8 +243,8 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 	})
 }
 
-// verifyRestore checks the restored cluster, then moves on to backing it
-// up.
+// verifyRestore checks the restored cluster, then moves on to lifting its
+// quarantine.
 func (e *Executor) verifyRestore(ctx context.Context, obs plan.Observed, act plan.VerifyRestore) error {
 	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, _ int64) error {
 		want := int64(0)
@@ -255,30 +255,55 @@ func (e *Executor) verifyRestore(ctx context.Context, obs plan.Observed, act pla
 			return err
 		}
 		e.Log.Info("restored cluster verified: every member is up and HashKV agrees", "command", act.ID, "members", p.Members)
-		return e.setRestorePhase(ctx, obs, act.ID, spec.RestoreBackingUp)
+		return e.setRestorePhase(ctx, obs, act.ID, spec.RestoreLifting)
 	})
 }
 
-// backupRestored takes the fresh backup of the restored cluster, then
-// moves on to lifting the quarantine.
+// backupRestored takes the fresh backup of the restored cluster, which
+// serves clients by now, and records its name: the restore is then
+// complete.
 func (e *Executor) backupRestored(ctx context.Context, obs plan.Observed, act plan.BackupRestored) error {
 	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, _ int64) error {
-		n, err := plan.FindNode(obs.Peers, p.Members[0])
-		if err != nil {
-			return err
-		}
-		endpoint, err := quarantineURL(n)
+		endpoint, err := restoredEndpoint(obs, p)
 		if err != nil {
 			return err
 		}
 		if err := e.recordBranch(ctx, c, p); err != nil {
 			return err
 		}
-		if _, err := e.Backups.Take(ctx, Source{Endpoint: endpoint, EtcdVersion: p.EtcdVersion, ClusterToken: p.Token, Spec: obs.Spec}, spec.BackupRestored, "after restore "+act.ID); err != nil {
+		info, err := e.Backups.Take(ctx, Source{Endpoint: endpoint, EtcdVersion: p.EtcdVersion, ClusterToken: p.Token, Spec: obs.Spec}, spec.BackupRestored, "after restore "+act.ID)
+		if err != nil {
 			return err
 		}
-		return e.setRestorePhase(ctx, obs, act.ID, spec.RestoreLifting)
+		_, d, err := command(obs, act.ID)
+		if err != nil {
+			return err
+		}
+		st := c.Status
+		done := *p
+		done.Fresh = info.Name
+		st.Restore = &done
+		return e.Runner.Record(ctx, d, act.ID, p.Phase, st, p.Phase, "")
 	})
+}
+
+// restoredEndpoint is where the fresh backup of a restored cluster is
+// taken: a healthy member's client URL, or its quarantine URL while its
+// quarantine is on.
+func restoredEndpoint(obs plan.Observed, p *spec.RestoreProgress) (string, error) {
+	for _, id := range p.Members {
+		n, err := plan.FindNode(obs.Peers, id)
+		if err != nil || !n.Healthy || n.Member == nil || n.Member.ClusterToken != p.Token {
+			continue
+		}
+		if n.Member.Quarantined {
+			return quarantineURL(n)
+		}
+		if len(n.ClientURLs) > 0 && n.ClientURLs[0] != "" {
+			return n.ClientURLs[0], nil
+		}
+	}
+	return "", fmt.Errorf("procedure: no member of the restored cluster %s is healthy to back up", p.Token)
 }
 
 // recordBranch records where the restored cluster's timeline began,
@@ -309,14 +334,18 @@ func (e *Executor) setQuarantine(ctx context.Context, obs plan.Observed, act pla
 
 // finishRestore removes the completed restore command.
 func (e *Executor) finishRestore(ctx context.Context, obs plan.Observed, act plan.FinishRestore) error {
-	_, d, err := command(obs, act.ID)
+	c, d, err := command(obs, act.ID)
 	if err != nil {
 		return err
 	}
 	if err := e.Runner.Finish(ctx, d, act.ID); err != nil {
 		return err
 	}
-	e.Log.Info("restore complete; the command is removed", "command", act.ID)
+	fresh := ""
+	if p := c.Status.Restore; p != nil {
+		fresh = p.Fresh
+	}
+	e.Log.Info("restore complete; the command is removed", "command", act.ID, "fresh-backup", fresh)
 	e.Changed()
 	return nil
 }

@@ -85,8 +85,8 @@ var (
 		{spec.RestoreStopping, 5 * time.Minute},
 		{spec.RestoreRestoring, 35 * time.Minute},
 		{spec.RestoreVerifying, 2 * time.Minute},
-		{spec.RestoreBackingUp, 60 * time.Minute},
 		{spec.RestoreLifting, 5 * time.Minute},
+		{spec.RestoreBackingUp, 60 * time.Minute},
 	}}
 	// DumpRestore changes the etcd version where no roll can: it
 	// quarantines the cluster and backs it up, then restores that backup

@@ -260,8 +260,8 @@ const (
 	RestoreStopping     = "stopping"     // the old members stop and move their data to the trash
 	RestoreRestoring    = "restoring"    // the chosen nodes restore the backup and start, quarantined
 	RestoreVerifying    = "verifying"    // HashKV must agree across the new members
-	RestoreBackingUp    = "backing-up"
-	RestoreLifting      = "lifting" // the quarantine is lifted, member by member
+	RestoreLifting      = "lifting"      // the quarantine is lifted: clients are back
+	RestoreBackingUp    = "backing-up"   // a fresh backup of the restored cluster, while clients write
 )
 
 // RestoreProgress is where a restore stands.
@@ -283,6 +283,9 @@ type RestoreProgress struct {
 	// up, so restores can follow its history back.
 	ParentToken    string `json:"parentToken,omitempty"`
 	ParentRevision int64  `json:"parentRevision,omitempty"`
+	// Fresh is the fresh backup of the restored cluster, once it is
+	// taken: the restore is then complete.
+	Fresh string `json:"fresh,omitempty"`
 }
 
 // Choice is what a procedure decides once, before anything acts on it:

@@ -21,6 +21,7 @@ type BareEtcd struct {
 	Name      string
 	ClientURL string
 	PeerURL   string
+	DataDir   string
 	env       *Env
 	logPath   string
 	args      []string
@@ -36,6 +37,9 @@ type BareCluster struct {
 	Members []*BareEtcd
 	Files   TLSFiles
 	TLS     *tls.Config
+	// InitialCluster and Token are the members' --initial-cluster and
+	// --initial-cluster-token.
+	InitialCluster, Token string
 }
 
 // NewBareCluster prepares n etcd as one new cluster, with their data on
@@ -68,9 +72,11 @@ func (e *Env) NewBareCluster(n int, secure bool) *BareCluster {
 		initial = append(initial, m.Name+"="+m.PeerURL)
 	}
 	e.bares = append(e.bares, c.Members...)
+	c.InitialCluster, c.Token = strings.Join(initial, ","), "bare"
 	for _, m := range c.Members {
+		m.DataDir = filepath.Join(root, m.Name)
 		m.args = []string{
-			"--name=" + m.Name, "--data-dir=" + filepath.Join(root, m.Name),
+			"--name=" + m.Name, "--data-dir=" + m.DataDir,
 			"--listen-client-urls=" + m.ClientURL, "--advertise-client-urls=" + m.ClientURL,
 			"--listen-peer-urls=" + m.PeerURL, "--initial-advertise-peer-urls=" + m.PeerURL,
 			"--initial-cluster-state=new", "--initial-cluster-token=bare",

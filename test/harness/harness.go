@@ -523,14 +523,15 @@ func (a *Agent) cleanup() {
 	if pid := a.EtcdPID(); pid > 0 && processAlive(pid) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	if a.env.t.Failed() {
-		if dir := os.Getenv("ETCD_MANAGER_TEST_LOGS"); dir != "" {
-			// Keep the whole log, etcd's lines included, for a post-mortem.
-			if b, err := os.ReadFile(a.LogPath); err == nil && os.MkdirAll(dir, 0o755) == nil {
-				name := strings.NewReplacer("/", "_").Replace(a.env.t.Name()) + "-agent-" + a.Name + ".log"
-				_ = os.WriteFile(filepath.Join(dir, name), b, 0o644)
-			}
+	if dir := os.Getenv("ETCD_MANAGER_TEST_LOGS"); dir != "" && (a.env.t.Failed() || os.Getenv("ETCD_MANAGER_TEST_KEEP_LOGS") != "") {
+		// Keep the whole log, etcd's lines included, for a post-mortem
+		// (of every test with ETCD_MANAGER_TEST_KEEP_LOGS set).
+		if b, err := os.ReadFile(a.LogPath); err == nil && os.MkdirAll(dir, 0o755) == nil {
+			name := strings.NewReplacer("/", "_").Replace(a.env.t.Name()) + "-agent-" + a.Name + ".log"
+			_ = os.WriteFile(filepath.Join(dir, name), b, 0o644)
 		}
+	}
+	if a.env.t.Failed() {
 		if b, err := os.ReadFile(a.LogPath); err == nil {
 			// The agent's own lines; etcd's JSON lines would drown them.
 			var own []string

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -583,4 +584,103 @@ func TestRestoreCrashSafety(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Clients are back as soon as HashKV agrees: the quarantine is lifted
+// before the restored cluster's fresh backup, which is taken while clients
+// write. Every agent pauses as it starts that backup, so the test sees the
+// restored cluster serve writes while the command is still open and no
+// fresh backup exists; once resumed, the fresh backup is taken, holds the
+// write made meanwhile, and only then is the command removed.
+func TestRestoreClientsBackBeforeFreshBackup(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"=procedure-restore-"+spec.RestoreBackingUp)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	c := clusterClient(t, agents)
+	put(t, c, "/fresh/in-backup", "v")
+	name := strings.TrimSpace(env.MustCtl("backup-now"))
+	put(t, c, "/fresh/after-backup", "rolled back by the restore")
+	env.MustCtl("restore-backup", name, "--wait=false")
+
+	var paused *harness.Agent
+	harness.WaitFor(t, 3*time.Minute, "the driver to pause as it starts the fresh backup", func() bool {
+		for _, a := range agents {
+			if a.Paused() {
+				paused = a
+				return true
+			}
+		}
+		return false
+	})
+	// The restored cluster serves: the write made after the backup is
+	// gone, and a new write is acknowledged.
+	c2 := clusterClient(t, agents)
+	if n := count(t, c2, "/fresh/after-backup"); n != 0 {
+		t.Fatal("the cluster serving clients is not the restored one")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	resp, err := c2.Put(ctx, "/fresh/during-backup", "v")
+	cancel()
+	if err != nil {
+		t.Fatalf("a write while the fresh backup is pending: %v", err)
+	}
+	during := resp.Header.Revision
+	var rows []cli.CommandRow
+	if err := json.Unmarshal([]byte(env.MustCtl("list-commands", "-o", "json")), &rows); err != nil {
+		t.Fatal(err)
+	}
+	open := false
+	for _, r := range rows {
+		open = open || (r.Kind == "restore-backup" && r.State == spec.CommandRunning && r.Phase == spec.RestoreBackingUp)
+	}
+	if !open {
+		t.Fatalf("with clients back, the restore command should be open in phase %s: %+v", spec.RestoreBackingUp, rows)
+	}
+	if fresh := restoredBackups(t, env); len(fresh) != 0 {
+		t.Fatalf("a fresh backup %v exists before the driver took it", fresh)
+	}
+
+	// Resume every agent that pauses there, until the command is done.
+	harness.WaitFor(t, 4*time.Minute, "the restore to finish with its fresh backup", func() bool {
+		for _, a := range agents {
+			if a.Paused() {
+				a.Continue()
+			}
+		}
+		out, _, err := env.Ctl("list-commands")
+		return err == nil && !strings.Contains(out, "restore-backup")
+	})
+	fresh := restoredBackups(t, env)
+	if len(fresh) == 0 {
+		t.Fatal("the restore finished without a fresh backup of the restored cluster")
+	}
+	if last := fresh[len(fresh)-1]; last.Revision < during {
+		t.Errorf("the fresh backup %s is at revision %d, before the write made at %d while clients were back", last.Name, last.Revision, during)
+	}
+	if !strings.Contains(allLogs(agents), `msg="restore complete; the command is removed"`) {
+		t.Error("no agent logged the restore's completion")
+	}
+	if !strings.Contains(paused.Log(), "test hook: resumed") {
+		t.Error("the paused driver never resumed")
+	}
+	if got := get(t, c2, "/fresh/during-backup"); got != "v" {
+		t.Errorf("/fresh/during-backup = %q after the restore completed", got)
+	}
+}
+
+// restoredBackups are the store's backups of kind restored, oldest first.
+func restoredBackups(t *testing.T, env *harness.Env) []cli.BackupRow {
+	t.Helper()
+	var rows, out []cli.BackupRow
+	if err := json.Unmarshal([]byte(env.MustCtl("list-backups", "-o", "json")), &rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Kind == spec.BackupRestored {
+			out = append(out, r)
+		}
+	}
+	return out
 }
