@@ -117,7 +117,9 @@ func (l *LeaderLock) acquire(ctx context.Context, s lockStore, renew bool) (int6
 		floor = l.Floor()
 	}
 	switch {
-	case rec != nil && rec.NodeID == l.NodeID && !expired && term > floor:
+	case rec != nil && rec.NodeID == l.NodeID && !expired && term >= floor:
+		// A floor equal to the term held is the holder's own doing: the
+		// statuses it wrote, the nodes that obeyed it.
 		if !renew && now.Before(rec.Acquired.Add(l.TTL/3)) {
 			return term, false, nil
 		}
@@ -131,8 +133,8 @@ func (l *LeaderLock) acquire(ctx context.Context, s lockStore, renew bool) (int6
 	case rec != nil && rec.NodeID != l.NodeID && !expired:
 		return 0, false, nil
 	}
-	// Free, released, expired, or ours but not above the floor: take the
-	// next term.
+	// Free, released, expired, or ours but below the floor: take the next
+	// term.
 	next := max(term, floor)
 	if next >= maxTerm {
 		return 0, false, fmt.Errorf("controller: the store lock's term %d is at its maximum; remove %s by hand", next, lockPrefix)

@@ -311,6 +311,13 @@ func TestLeaderLockFloor(t *testing.T) {
 	if term, err := a.Acquire(ctx, s); err != nil || term != 8 {
 		t.Fatalf("a fresh lock over nodes that obeyed term 7: term %d, %v; want 8", term, err)
 	}
+	// The holder's own statuses and obeying nodes raise the floor to its
+	// term: it keeps the term, and renews it.
+	floor = 8
+	clock.Add(11 * time.Second)
+	if term, err := a.Acquire(ctx, s); err != nil || term != 8 {
+		t.Fatalf("a holder at a floor of its own term: term %d, %v; want 8 kept", term, err)
+	}
 	// A holder whose term falls behind the floor takes a new term above it.
 	floor = 12
 	clock.Add(time.Second)
