@@ -74,6 +74,9 @@ type Agent struct {
 	// wake asks the loop for a cycle now, after a peer API call changed
 	// this node.
 	wake chan struct{}
+	// lastPeerPoke is when a peer's announcement last woke the loop.
+	peerPokeMu   sync.Mutex
+	lastPeerPoke time.Time
 	// events records the history of the agent's changes and failures in
 	// the store; set by Run.
 	events *eventLog
@@ -185,6 +188,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer stop()
 	}
 	srv := peer.NewServer(a.serverCreds, a.cfg.ClusterName, n)
+	srv.OnPeerChange(a.pokeFromPeer)
 	go func() {
 		if err := srv.Serve(l); err != nil {
 			a.log.Error("peer API stopped", "error", err)
@@ -196,6 +200,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.shutdown(srv, n, lp)
 	lp.run(ctx)
 	return nil
+}
+
+// pokeFromPeer is poke for a peer that announced a change, at most once
+// per soonInterval: peers hold node certificates, but a faulty one must
+// not keep the loop cycling.
+func (a *Agent) pokeFromPeer() {
+	now := a.now()
+	a.peerPokeMu.Lock()
+	if now.Sub(a.lastPeerPoke) < soonInterval {
+		a.peerPokeMu.Unlock()
+		return
+	}
+	a.lastPeerPoke = now
+	a.peerPokeMu.Unlock()
+	a.poke()
 }
 
 // poke asks the loop for a prompt cycle; it never blocks.

@@ -42,7 +42,7 @@ type capturer struct {
 	// from then on is a base capture can start from.
 	needBaseSince time.Time
 	retryAt       time.Time
-	failures int
+	failures      int
 	// lastMerge is when the last merge pass began.
 	lastMerge time.Time
 }

@@ -60,6 +60,15 @@ type loop struct {
 	// termFloor is the highest fencing term seen: obeyed by a node, or of
 	// a command's status. The store lock's next term goes above it.
 	termFloor int64
+	// announced is this node's state as last announced to its peers
+	// (see observePeers).
+	announced string
+	// lastWait is the last action that had to wait, and why.
+	lastWait string
+	// soon is set by a cycle that waits on something due within moments
+	// (etcd settling after a change, a learner catching up): the next
+	// cycle runs after soonInterval rather than a whole loop interval.
+	soon bool
 	// http reads etcd's /version, reused across cycles.
 	http *http.Client
 	// peerHTTP reads the local etcd's peer port (see observeNotServing).
@@ -182,24 +191,42 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 func (lp *loop) run(ctx context.Context) {
 	ticker := time.NewTicker(lp.cfg.LoopInterval)
 	defer ticker.Stop()
-	quick := 0
+	quick, soon := 0, 0
 	for {
 		// After a change, look again at once to take the next step, but
 		// only a few times in a row, so that a change that does not
 		// converge cannot spin.
+		lp.soon = false
 		if lp.cycle(ctx) && quick < maxQuickCycles {
 			quick++
 			continue
 		}
 		quick = 0
+		// While a step waits on something due within moments, look again
+		// after soonInterval, for at most maxSoonCycles in a row.
+		var after <-chan time.Time
+		if lp.soon && soon < maxSoonCycles && soonInterval < lp.cfg.LoopInterval {
+			soon++
+			after = time.After(soonInterval)
+		} else if !lp.soon {
+			soon = 0
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 		case <-lp.wake:
+		case <-after:
 		}
 	}
 }
+
+// Bounds of the cycles that look again soon: how soon, and how many in a
+// row (about 10 s of them) before the loop interval applies again.
+const (
+	soonInterval  = 250 * time.Millisecond
+	maxSoonCycles = 40
+)
 
 // httpClient is the loop's client for etcd's HTTP endpoints.
 func (lp *loop) httpClient() *http.Client {
@@ -277,6 +304,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	lp.capture.sync(lp, obs)
 	lp.compact(ctx, obs)
 	actions := plan.Plan(obs)
+	lp.soon = lp.soon || learnerWaiting(obs) || leaderInDoubt(obs)
 	lp.warnings = plan.StatusLines(actions)
 	lp.showActivity(obs, actions)
 	lp.tendDrill(ctx, obs, actions)
@@ -295,15 +323,59 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		lp.events.outcome(act, err)
 		switch {
 		case errors.Is(err, errWait):
-			lp.log.Info("action must wait; will retry", "action", act.String(), "reason", err)
+			// Tried again soon, and said once while it keeps waiting.
+			if why := act.String() + ": " + err.Error(); why != lp.lastWait {
+				lp.log.Info("action must wait; will retry", "action", act.String(), "reason", err)
+				lp.lastWait = why
+			}
+			lp.soon = true
 			return false
 		case err != nil:
 			lp.log.Error("action failed; will retry", "action", act.String(), "error", err,
 				"failures", lp.failures.count(plan.ActionKey(act)))
 			return false
 		}
-		if act.Mutates() {
-			// Re-observe before acting again.
+		lp.lastWait = ""
+		if b, ok := act.(plan.TakeBackup); act.Mutates() || (ok && b.Kind == spec.BackupPreChange) {
+			// Re-observe before acting again; a backup before a change
+			// is followed by the change.
+			return true
+		}
+	}
+	return false
+}
+
+// leaderInDoubt reports whether this node's etcd, a member, sees no raft
+// leader, or one whose agent cannot be reached: an election is under way,
+// or about to be, and whichever agent ends up beside the new leader has
+// work to do.
+func leaderInDoubt(obs plan.Observed) bool {
+	self := obs.Self
+	if self.Member == nil || !self.HasData || self.MemberID == 0 {
+		return false
+	}
+	if self.RaftLeader == 0 {
+		return true
+	}
+	if self.RaftLeader == self.MemberID {
+		return false
+	}
+	for _, n := range obs.Peers {
+		if n.MemberID == self.RaftLeader {
+			return !n.Healthy
+		}
+	}
+	return true
+}
+
+// learnerWaiting reports whether this agent leads a cluster with a
+// learner: it starts, catches up and is promoted within moments.
+func learnerWaiting(obs plan.Observed) bool {
+	if obs.Cluster == nil {
+		return false
+	}
+	for _, m := range obs.Cluster.Members {
+		if m.IsLearner {
 			return true
 		}
 	}
@@ -463,6 +535,7 @@ func (lp *loop) localClient(endpoint string) (*clientv3.Client, error) {
 		_ = lp.client.Close()
 		lp.client = nil
 	}
+
 	c, err := etcdproc.NewClient([]string{endpoint}, lp.etcdTLS)
 	if err != nil {
 		return nil, err

@@ -442,6 +442,12 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			delete(lp.peers, addr)
 		}
 	}
+	// A node whose own state changed (it started, its etcd joined, left
+	// or came up) announces it, so that the leader's agent looks again at
+	// once rather than on its next tick.
+	state := announcedState(self)
+	announce := state != lp.announced
+	lp.announced = state
 	for addr := range addrs {
 		c, err := lp.peerClient(addr)
 		if err != nil {
@@ -453,7 +459,7 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			cctx, cancel := context.WithTimeout(ctx, peerCallTimeout)
 			defer cancel()
 			sent := time.Now()
-			info, err := c.Info(cctx)
+			info, err := peerInfo(cctx, c, announce)
 			received := time.Now()
 			if err != nil || info.NodeID == "" || info.NodeID == self.ID || info.ClusterName != lp.cfg.ClusterName {
 				return
@@ -533,7 +539,13 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 			defer wg.Done()
 			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 			defer cancel()
-			st, err := lp.client.Status(sctx, pm.ClientURLs[0])
+			// etcd's client waits for a connection until the deadline;
+			// a member that is down answers no TCP connection at all.
+			var st *clientv3.StatusResponse
+			err := etcdproc.Listening(sctx, pm.ClientURLs[0])
+			if err == nil {
+				st, err = lp.client.Status(sctx, pm.ClientURLs[0])
+			}
 			members[i].Healthy = err == nil
 			if err == nil {
 				members[i].RaftIndex = st.RaftIndex
@@ -816,4 +828,22 @@ func (lp *loop) noteStoredBackup(ctx context.Context, s *store.Store, token stri
 	lp.backups.stored(at)
 	lp.capture.baseStored(at)
 	return true
+}
+
+// peerInfo is the peer's info, read with an announcement or without.
+func peerInfo(ctx context.Context, c *peer.Client, announce bool) (peer.NodeInfo, error) {
+	if announce {
+		return c.Announce(ctx)
+	}
+	return c.Info(ctx)
+}
+
+// announcedState is what of a node's own state its peers are told of when
+// it changes: its membership, and whether its etcd has data and serves.
+func announcedState(self plan.Node) string {
+	m := "standby"
+	if self.Member != nil {
+		m = fmt.Sprintf("%s pending=%t quarantined=%t", self.Member.ClusterToken, self.Member.Pending, self.Member.Quarantined)
+	}
+	return fmt.Sprintf("%s data=%t healthy=%t", m, self.HasData, self.Healthy)
 }

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	neturl "net/url"
 	"strings"
 	"time"
 
@@ -167,4 +169,25 @@ func PeerMembers(ctx context.Context, client *http.Client, peerURL string) ([]Pe
 		return nil, fmt.Errorf("etcdproc: members from %s: %w", peerURL, err)
 	}
 	return ms, nil
+}
+
+// listenTimeout bounds Listening's connection attempt.
+const listenTimeout = time.Second
+
+// Listening reports whether something accepts TCP connections at the
+// host and port of url, an etcd client or peer URL. Refused, it fails at
+// once: etcd's client would wait for a connection until its deadline.
+func Listening(ctx context.Context, url string) error {
+	u, err := neturl.Parse(url)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("etcdproc: URL %q names no host", url)
+	}
+	ctx, cancel := context.WithTimeout(ctx, listenTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", u.Host)
+	if err != nil {
+		return fmt.Errorf("etcdproc: nothing listens at %s: %w", u.Host, err)
+	}
+	return conn.Close()
 }

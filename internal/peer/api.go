@@ -158,6 +158,10 @@ type MemberRef struct {
 // InfoRequest asks an agent for its NodeInfo.
 type InfoRequest struct {
 	ClusterName string `json:"clusterName"`
+	// Changed says the caller's own state changed since its last call
+	// (it started, or its etcd joined or left): the receiver's agent
+	// looks at the cluster again at once instead of on its next tick.
+	Changed bool `json:"changed,omitempty"`
 }
 
 // JoinRequest tells a node to become an etcd member.
@@ -414,7 +418,13 @@ type Server struct {
 	grpc        *grpc.Server
 	clusterName string
 	h           Handler
+	// onChange, when set, is told of a caller whose state changed.
+	onChange func()
 }
+
+// OnPeerChange sets f to be called, on a gRPC goroutine, when a peer
+// says its state changed (see InfoRequest.Changed). Set it before Serve.
+func (s *Server) OnPeerChange(f func()) { s.onChange = f }
 
 // NewServer returns a server for h, which checks that requests name
 // clusterName.
@@ -427,6 +437,9 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 			{MethodName: "Info", Handler: unary(func(ctx context.Context, r *InfoRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
+				}
+				if r.Changed && s.onChange != nil {
+					s.onChange()
 				}
 				info, err := s.h.Info(ctx)
 				return &info, err
@@ -623,8 +636,18 @@ func (c *Client) Close() error { return c.conn.Close() }
 
 // Info asks the agent for its NodeInfo.
 func (c *Client) Info(ctx context.Context) (NodeInfo, error) {
+	return c.info(ctx, false)
+}
+
+// Announce is Info that also tells the peer that this node's state
+// changed, so that its agent looks again at once.
+func (c *Client) Announce(ctx context.Context) (NodeInfo, error) {
+	return c.info(ctx, true)
+}
+
+func (c *Client) info(ctx context.Context, changed bool) (NodeInfo, error) {
 	var info NodeInfo
-	err := c.conn.Invoke(ctx, "/"+serviceName+"/Info", &InfoRequest{ClusterName: c.clusterName}, &info)
+	err := c.conn.Invoke(ctx, "/"+serviceName+"/Info", &InfoRequest{ClusterName: c.clusterName, Changed: changed}, &info)
 	if err != nil {
 		return info, fmt.Errorf("peer: info from %s: %w", c.conn.Target(), err)
 	}

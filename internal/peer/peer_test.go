@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -532,5 +533,42 @@ func TestRecordHasEtcd(t *testing.T) {
 				t.Errorf("HasEtcd(%s) = %t, %t; want %t, %t", tt.v, has, ok, tt.wantHas, tt.wantOK)
 			}
 		})
+	}
+}
+
+// Announce tells the peer's agent that the caller changed; Info does not.
+func TestAnnounceTellsThePeer(t *testing.T) {
+	creds := InsecureCredentials()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var told atomic.Int32
+	srv := NewServer(creds, "main", &recorder{})
+	srv.OnPeerChange(func() { told.Add(1) })
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+	c, err := Dial(l.Addr().String(), "main", creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Info(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := told.Load(); n != 0 {
+		t.Fatalf("Info told the peer of a change %d time(s)", n)
+	}
+	info, err := c.Announce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NodeID != "n1" {
+		t.Errorf("Announce answered %+v", info)
+	}
+	if n := told.Load(); n != 1 {
+		t.Fatalf("Announce told the peer of a change %d time(s), want 1", n)
 	}
 }
