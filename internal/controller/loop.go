@@ -535,7 +535,6 @@ func (lp *loop) localClient(endpoint string) (*clientv3.Client, error) {
 		_ = lp.client.Close()
 		lp.client = nil
 	}
-
 	c, err := etcdproc.NewClient([]string{endpoint}, lp.etcdTLS)
 	if err != nil {
 		return nil, err
