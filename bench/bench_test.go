@@ -979,25 +979,9 @@ func runRestores(t *testing.T, sc scale) restoreRun {
 // gunzipFile writes the gunzipped src to dst and returns its size.
 func gunzipFile(t *testing.T, src, dst string) int64 {
 	t.Helper()
-	in, err := os.Open(src)
+	n, err := gunzipTo(src, dst)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer in.Close()
-	zr, err := gzip.NewReader(in)
-	if err != nil {
-		t.Fatalf("gunzip %s: %v", src, err)
-	}
-	out, err := os.Create(dst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := io.Copy(out, zr)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatalf("gunzip %s to %s: %v", src, dst, err)
 	}
 	return n
 }
@@ -1024,7 +1008,7 @@ func bareRestore3(t *testing.T, env *harness.Env, gz string) float64 {
 		go func() {
 			defer wg.Done()
 			snap := m.DataDir + ".snapshot.db"
-			if err := gunzipTo(gz, snap); err != nil {
+			if _, err := gunzipTo(gz, snap); err != nil {
 				errs[i] = err
 				return
 			}
@@ -1057,26 +1041,29 @@ func bareRestore3(t *testing.T, env *harness.Env, gz string) float64 {
 	return secs
 }
 
-// gunzipTo writes the gunzipped src to dst.
-func gunzipTo(src, dst string) error {
+// gunzipTo writes the gunzipped src to dst and returns its size.
+func gunzipTo(src, dst string) (int64, error) {
 	in, err := os.Open(src)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer in.Close()
 	zr, err := gzip.NewReader(in)
 	if err != nil {
-		return fmt.Errorf("gunzip %s: %w", src, err)
+		return 0, fmt.Errorf("gunzip %s: %w", src, err)
 	}
 	out, err := os.Create(dst)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if _, err := io.Copy(out, zr); err != nil {
-		out.Close()
-		return fmt.Errorf("gunzip %s: %w", src, err)
+	n, err := io.Copy(out, zr)
+	if cerr := out.Close(); err == nil {
+		err = cerr
 	}
-	return out.Close()
+	if err != nil {
+		return 0, fmt.Errorf("gunzip %s to %s: %w", src, dst, err)
+	}
+	return n, nil
 }
 
 // restoreMarker is a key written after the backup a benchmark restores:

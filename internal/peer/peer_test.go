@@ -99,8 +99,9 @@ func (r *recorder) SetVersion(_ context.Context, req VersionRequest) error {
 }
 
 // servePeerAPI serves the peer API of cluster "main" on loopback with
-// rec as the handler, and returns a client of it and its address.
-func servePeerAPI(t *testing.T, rec *recorder) (*Client, string) {
+// rec as the handler, set up further by setup, and returns a client of it
+// and its address.
+func servePeerAPI(t *testing.T, rec *recorder, setup ...func(*Server)) (*Client, string) {
 	t.Helper()
 	creds := InsecureCredentials()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -108,6 +109,9 @@ func servePeerAPI(t *testing.T, rec *recorder) (*Client, string) {
 		t.Fatal(err)
 	}
 	srv := NewServer(creds, "main", rec)
+	for _, f := range setup {
+		f(srv)
+	}
 	go srv.Serve(l)
 	t.Cleanup(srv.Stop)
 	c, err := Dial(l.Addr().String(), "main", creds)
@@ -538,21 +542,8 @@ func TestRecordHasEtcd(t *testing.T) {
 
 // Announce tells the peer's agent that the caller changed; Info does not.
 func TestAnnounceTellsThePeer(t *testing.T) {
-	creds := InsecureCredentials()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var told atomic.Int32
-	srv := NewServer(creds, "main", &recorder{})
-	srv.OnPeerChange(func() { told.Add(1) })
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
-	c, err := Dial(l.Addr().String(), "main", creds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c, _ := servePeerAPI(t, &recorder{}, func(s *Server) { s.OnPeerChange(func() { told.Add(1) }) })
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	if _, err := c.Info(ctx); err != nil {
