@@ -105,7 +105,10 @@ func TestBackupStoreFailsMidUpload(t *testing.T) {
 		m := failuresRE.FindStringSubmatch(scrape(t, agents[0].MetricsURL))
 		return m != nil && m[1] != "0"
 	})
-	harness.WaitFor(t, 10*time.Second, "the agent to log why the backup failed", func() bool {
+	// The action's error is logged once the failure is recorded in the
+	// store and in the command's status, each of which first exhausts the
+	// S3 client's retries (up to about 6s each) against the dead store.
+	harness.WaitFor(t, time.Minute, "the agent to log why the backup failed", func() bool {
 		log := agents[0].Log()
 		return strings.Contains(log, "backup (backup-now "+id+")") && strings.Contains(log, "backup store unreachable")
 	})
