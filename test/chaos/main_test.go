@@ -1,0 +1,15 @@
+package chaos
+
+import (
+	"os"
+	"testing"
+
+	"github.com/etcd-manager/etcd-manager/test/harness"
+)
+
+// TestMain removes the binaries the harness built for this run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	harness.Cleanup()
+	os.Exit(code)
+}
