@@ -69,6 +69,10 @@ type loop struct {
 	// (etcd settling after a change, a learner catching up): the next
 	// cycle runs after soonInterval rather than a whole loop interval.
 	soon bool
+	// acted is set by a cycle that performed an action, and spell follows
+	// the busy spells they make up (see releaseCodePages).
+	acted bool
+	spell spell
 	// http reads etcd's /version, reused across cycles.
 	http *http.Client
 	// peerHTTP reads the local etcd's peer port (see observeNotServing).
@@ -196,8 +200,12 @@ func (lp *loop) run(ctx context.Context) {
 		// After a change, look again at once to take the next step, but
 		// only a few times in a row, so that a change that does not
 		// converge cannot spin.
-		lp.soon = false
-		if lp.cycle(ctx) && quick < maxQuickCycles {
+		lp.soon, lp.acted = false, false
+		changed := lp.cycle(ctx)
+		if lp.spell.cycle(lp.acted || lp.soon || changed) {
+			lp.releasePages()
+		}
+		if changed && quick < maxQuickCycles {
 			quick++
 			continue
 		}
@@ -219,6 +227,18 @@ func (lp *loop) run(ctx context.Context) {
 		case <-after:
 		}
 	}
+}
+
+// releasePages gives back the binary's pages a busy spell touched (see
+// pages.go). It is best effort: a kernel without MADV_PAGEOUT only costs
+// a debug line.
+func (lp *loop) releasePages() {
+	n, err := releaseCodePages()
+	if err != nil {
+		lp.log.Debug("cannot release the binary's pages", "error", err)
+		return
+	}
+	lp.log.Debug("released the binary's pages after a busy spell", "bytes", n)
 }
 
 // Bounds of the cycles that look again soon: how soon, and how many in a
@@ -317,6 +337,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 			continue
 		}
 		lp.log.Info("performing action", "action", act.String())
+		lp.acted = true
 		err := lp.execute(ctx, obs, act)
 		lp.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
 		lp.noteOutcome(act, err)
