@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,6 +35,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -137,10 +139,12 @@ type Request struct {
 	ClusterSpec  *spec.ClusterSpec
 	ClusterToken string
 	Now          time.Time
-	// Verify checks the snapshot; nil verifies in this process. Reading
-	// the database maps the whole file, so a long-lived caller verifies in
-	// a child process (VerifyCommand) to keep its own memory flat.
-	Verify VerifyFunc
+	// Status reads the status of Take's local copy of the snapshot, whose
+	// sha256 trailer Take checks as it streams (so Status need not: see
+	// ReadStatus); nil reads it in this process. Reading the database maps
+	// the whole file, so a long-lived caller reads it in a child process
+	// (VerifyCommand) to keep its own memory flat.
+	Status VerifyFunc
 	// Keys encrypt the backup when they hold a writing key.
 	Keys *crypt.Keyring
 	// Kind is why the backup is taken, recorded in its meta.
@@ -169,7 +173,7 @@ func VerifyCommand(name string, args ...string) VerifyFunc {
 		var exit *exec.ExitError
 		switch {
 		case errors.As(err, &exit) && exit.ExitCode() == exitCorrupt:
-			return snapshot.Status{}, fmt.Errorf("%w: %s", ErrCorrupt, msg)
+			return snapshot.Status{}, fmt.Errorf("%w: %s", ErrCorrupt, strings.TrimPrefix(msg, ErrCorrupt.Error()+": "))
 		case err != nil:
 			return snapshot.Status{}, fmt.Errorf("backup: verify %s: %v: %s", path, err, msg)
 		}
@@ -181,10 +185,15 @@ func VerifyCommand(name string, args ...string) VerifyFunc {
 	}
 }
 
-// RunVerify is the child side of VerifyCommand: it verifies path, prints
-// the status as JSON to stdout, and returns the process's exit code.
-func RunVerify(path string, stdout, stderr io.Writer) int {
-	st, err := Verify(path)
+// RunVerify is the child side of VerifyCommand: it verifies path (only
+// reads its status, with statusOnly), prints the status as JSON to
+// stdout, and returns the process's exit code.
+func RunVerify(path string, statusOnly bool, stdout, stderr io.Writer) int {
+	check := Verify
+	if statusOnly {
+		check = ReadStatus
+	}
+	st, err := check(path)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		if errors.Is(err, ErrCorrupt) {
@@ -293,6 +302,9 @@ const (
 	metaTimeout         = 30 * time.Second
 )
 
+// snapshotWindow is the gRPC flow-control window of a snapshot stream.
+const snapshotWindow = 1 << 20
+
 // streamed is what stream learned of the snapshot it uploaded.
 type streamed struct {
 	version    string // the snapshot's storage version (3.6.0 for any 3.6.x)
@@ -310,6 +322,11 @@ func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, 
 	var out streamed
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the snapshot stream if the upload stops early
+	// A fixed flow-control window: gRPC's own grows up to 16 MiB with its
+	// bandwidth estimate, and whenever the upload is slower than the
+	// snapshot, that much of the stream waits in the agent's memory.
+	cfg.DialOptions = append(slices.Clip(cfg.DialOptions),
+		grpc.WithInitialWindowSize(snapshotWindow), grpc.WithInitialConnWindowSize(snapshotWindow))
 	c, err := clientv3.New(cfg)
 	if err != nil {
 		return out, fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err)
@@ -351,9 +368,9 @@ func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, 
 		cancel() // a read of the stream returns
 		src.Close()
 	}()
-	verify := req.Verify
+	verify := req.Status
 	if verify == nil {
-		verify = func(_ context.Context, path string) (snapshot.Status, error) { return Verify(path) }
+		verify = func(_ context.Context, path string) (snapshot.Status, error) { return ReadStatus(path) }
 	}
 	var streamed time.Time
 	gate := func() error {
@@ -547,6 +564,13 @@ func Verify(path string) (snapshot.Status, error) {
 	if err := checkTrailer(path); err != nil {
 		return snapshot.Status{}, err
 	}
+	return ReadStatus(path)
+}
+
+// ReadStatus checks a snapshot db file through etcdutl's snapshot status
+// alone, which reads every key: for a copy whose trailer was checked as
+// it streamed in.
+func ReadStatus(path string) (snapshot.Status, error) {
 	st, err := snapshot.NewV3(zap.NewNop()).Status(path)
 	if err != nil {
 		return st, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)

@@ -2,14 +2,20 @@ package backup
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -19,7 +25,7 @@ const verifyChildEnv = "BACKUP_TEST_VERIFY_CHILD"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(verifyChildEnv) == "1" {
-		os.Exit(RunVerify(os.Args[len(os.Args)-1], os.Stdout, os.Stderr))
+		os.Exit(RunVerify(os.Args[len(os.Args)-1], slices.Contains(os.Args, "--status-only"), os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }
@@ -50,6 +56,62 @@ func TestVerifyRefusesBadSnapshots(t *testing.T) {
 				t.Errorf("VerifyCommand = %v, want ErrCorrupt naming %s", err, p)
 			}
 		})
+	}
+}
+
+// A status-only check reads the database and leaves the trailer alone:
+// the backup checked it as the snapshot streamed in.
+func TestStatusOnlyLeavesTheTrailer(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "snapshot.db")
+	db, err := bolt.Open(p, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		if _, err := tx.CreateBucket([]byte("meta")); err != nil { // etcdutl's status reads it
+			return err
+		}
+		b, err := tx.CreateBucket([]byte("key"))
+		if err != nil {
+			return err
+		}
+		// A revision key (main 2, sub 0), as etcd's mvcc writes it.
+		rev := binary.BigEndian.AppendUint64(nil, 2)
+		rev = binary.BigEndian.AppendUint64(append(rev, '_'), 0)
+		kv, err := proto.Marshal(&mvccpb.KeyValue{Key: []byte("k"), Value: []byte("v"), CreateRevision: 2, ModRevision: 2, Version: 1})
+		if err != nil {
+			return err
+		}
+		return b.Put(rev, kv)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, sha256.Size)); err != nil { // a wrong trailer
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(verifyChildEnv, "1")
+	if _, err := VerifyCommand(os.Args[0])(t.Context(), p); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "trailer") {
+		t.Fatalf("a full check of a snapshot with a wrong trailer: %v, want ErrCorrupt for the trailer", err)
+	}
+	st, err := VerifyCommand(os.Args[0], "--status-only")(t.Context(), p)
+	if err != nil {
+		t.Fatalf("a status-only check: %v", err)
+	}
+	if st.TotalKey != 1 {
+		t.Fatalf("status %+v, want the 1 key written", st)
+	}
+	if _, err := ReadStatus(filepath.Join(t.TempDir(), "missing.db")); err == nil {
+		t.Fatal("ReadStatus of a missing file succeeded")
 	}
 }
 

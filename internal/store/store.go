@@ -417,7 +417,7 @@ func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, t
 	if err != nil {
 		return "", "", err
 	}
-	if _, err := io.Copy(f, &abortOnError{ctx: ctx, r: r, abort: func() {}}); err != nil {
+	if _, err := io.Copy(writeback(f), &abortOnError{ctx: ctx, r: r, abort: func() {}}); err != nil {
 		f.Close()
 		os.Remove(f.Name())
 		return "", "", err

@@ -277,7 +277,7 @@ func TestStreamedBackupCommitsOnlyChecked(t *testing.T) {
 		TempDir: filepath.Join(env.Root, "tmp"), Now: time.Now(), Kind: spec.BackupOnDemand,
 	}
 	refused := req
-	refused.Verify = func(context.Context, string) (snapshot.Status, error) {
+	refused.Status = func(context.Context, string) (snapshot.Status, error) {
 		return snapshot.Status{}, fmt.Errorf("%w: refused by the test", backup.ErrCorrupt)
 	}
 	if _, err := backup.Take(t.Context(), s, refused); !errors.Is(err, backup.ErrCorrupt) {
