@@ -421,6 +421,17 @@ func machine(host string) string {
 	return fmt.Sprintf("%s, %d cores", cpu, runtime.NumCPU())
 }
 
+// goal opens a note with whether the figure meets its goal.
+func goal(met bool, what string) string {
+	if met {
+		return "meets the goal of " + what + "; "
+	}
+	return "does NOT meet the goal of " + what + "; "
+}
+
+// goalIdleRSSMiB is the idle agent's RSS goal.
+const goalIdleRSSMiB = 32
+
 func median(xs []float64) float64 {
 	s := append([]float64(nil), xs...)
 	sort.Float64s(s)
@@ -475,7 +486,7 @@ func benchBootstrap(t *testing.T, sc scale) Result {
 	}
 	v, b := median(got), median(base)
 	return Result{Name: "bootstrap-3", Value: v, Unit: "s", Baseline: b, Ratio: v / b,
-		Note: "3 agents started cold until a write succeeds, default loop interval, TLS as shipped (the agents make the cluster's CA and their certificates on the clock); " +
+		Note: goal(v <= 1.2*b, "a cold 3-agent start within 1.2× of 3 bare etcd") + "3 agents started cold until a write succeeds, default loop interval, TLS as shipped (the agents make the cluster's CA and their certificates on the clock); " +
 			"baseline: 3 bare etcd started by hand with the same TLS (https client and peer URLs requiring client certificates from one CA, certificates made before the clock starts)"}
 }
 
@@ -517,7 +528,7 @@ func benchReplaceMember(t *testing.T, sc scale) Result {
 	}
 	v, b := median(got), median(base)
 	return Result{Name: "replace-member", Value: v, Unit: "s", Baseline: b, Ratio: v / b,
-		Note: "a member's data dir wiped and its agent restarted, until 3 healthy voters; grace 0, default loop interval, TLS as shipped; baseline: one etcd leader election (kill the leader until a write succeeds) on 3 bare etcd with the same TLS (https client and peer URLs requiring client certificates from one CA)"}
+		Note: goal(v <= 2*b, "a wiped member back as a healthy voter within 2× one leader election") + "a member's data dir wiped and its agent restarted, until 3 healthy voters; grace 0, default loop interval, TLS as shipped; baseline: one etcd leader election (kill the leader until a write succeeds) on 3 bare etcd with the same TLS (https client and peer URLs requiring client certificates from one CA)"}
 }
 
 // Backup benchmarks. Each store gets one managed 1-member cluster, filled
@@ -580,7 +591,7 @@ func benchBackups(t *testing.T, sc scale) []Result {
 		if len(r.agentSecs) > 0 {
 			agent = fmt.Sprintf(" (the agent logs %.2fs for the backup itself)", median(r.agentSecs))
 		}
-		res.Note = fmt.Sprintf("etcd-manager-ctl backup-now to a %s store (snapshot, verify, gzip, upload): %.0f MiB/s%s; baseline: etcdctl snapshot save of the same etcd to local disk, over TLS with a client certificate from etcd-manager-ctl issue-client-cert, as that etcd requires: %.0f MiB/s; %s%s",
+		res.Note = goal(v <= 1.3*b, "within 1.3× of etcdctl snapshot save") + fmt.Sprintf("etcd-manager-ctl backup-now to a %s store (snapshot, verify, gzip, upload): %.0f MiB/s%s; baseline: etcdctl snapshot save of the same etcd to local disk, over TLS with a client certificate from etcd-manager-ctl issue-client-cert, as that etcd requires: %.0f MiB/s; %s%s",
 			store, throughput(r.snapBytes, v), agent, throughput(r.snapBytes, b), common(r), extra)
 		return res
 	}
@@ -2179,14 +2190,14 @@ func benchIdle(t *testing.T, sc scale) []Result {
 	cpu, baseCPU := r.agent.cpuPercent(r.window), r.bare.cpuPercent(r.window)
 	return []Result{
 		{Name: "agent-idle-rss", Value: rss, Unit: "MiB", Baseline: baseRSS, Ratio: ratio(rss, baseRSS),
-			Note: fmt.Sprintf("the agent process's VmRSS (not its etcd child), mean of %d samples %s apart (range %s); %s; "+
+			Note: goal(rss <= goalIdleRSSMiB, fmt.Sprintf("at most %d MiB", goalIdleRSSMiB)) + fmt.Sprintf("the agent process's VmRSS (not its etcd child), mean of %d samples %s apart (range %s); %s; "+
 				"baseline: a bare etcd %s started by hand as a 1-member cluster with the agents' TLS (https client and peer URLs requiring client certificates from one CA), its VmRSS at the same instants (mean, range %s); "+
 				"the agent's etcd child averaged %.1f MiB (range %s), so agent and etcd together %.1f MiB, %.2f× the bare etcd",
 				n, idleSampleEvery, r.agent.rssRange(), setup,
 				harness.DefaultEtcdVersion, r.bare.rssRange(),
 				r.child.meanRSS(), r.child.rssRange(), rss+r.child.meanRSS(), ratio(rss+r.child.meanRSS(), baseRSS))},
 		{Name: "agent-idle-cpu", Value: cpu, Unit: "% of a core", Baseline: baseCPU, Ratio: ratio(cpu, baseCPU),
-			Note: fmt.Sprintf("the agent process's CPU time (not its etcd child's) over the window as a percentage of one core (1%% = 0.6 CPU-seconds a minute): "+
+			Note: goal(cpu <= baseCPU, "at most the bare etcd's") + fmt.Sprintf("the agent process's CPU time (not its etcd child's) over the window as a percentage of one core (1%% = 0.6 CPU-seconds a minute): "+
 				"%.3f CPU-s in %.1fs, the run time of its threads from /proc/<pid>/task/*/schedstat (ns; the figure utime+stime in /proc/<pid>/stat rounds to 10ms ticks; cross-check: %s); %s; "+
 				"baseline: a bare etcd %s started by hand as a 1-member cluster with the agents' TLS (https client and peer URLs requiring client certificates from one CA), its CPU time over the same window: %.3f CPU-s (%s); "+
 				"the agent's etcd child used %.3f CPU-s (%.2f%% of a core; %s), so agent and etcd together %.2f%%, %.2f× the bare etcd",
