@@ -238,7 +238,7 @@ func (lp *loop) releasePages() {
 		lp.log.Debug("cannot release the binary's pages", "error", err)
 		return
 	}
-	lp.log.Debug("released the binary's pages after a busy spell", "bytes", n)
+	lp.log.Debug("advised the kernel to page out the binary's read-only pages after a busy spell", "advised-bytes", n)
 }
 
 // Bounds of the cycles that look again soon: how soon, and how many in a

@@ -6,18 +6,18 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
-// madvPageout is MADV_PAGEOUT (Linux 5.4): reclaim the range's pages now.
-// Unlike MADV_DONTNEED it never discards anything: it only reclaims what
-// the kernel could reclaim under memory pressure, and leaves alone a page
-// that another process maps too.
-const madvPageout = 21
-
 // releaseCodePages pages out the read-only mappings of the running
-// binary (its code, read-only data and tables), and returns how many
-// bytes of address space it advised. Writable mappings are skipped.
+// binary (its code, read-only data and tables) with MADV_PAGEOUT (Linux
+// 5.4), and returns how many bytes of address space it advised. Unlike
+// MADV_DONTNEED it never discards anything: it reclaims what the kernel
+// could reclaim under memory pressure. The kernel quietly skips pages
+// another process maps too, and, for a binary this process neither owns
+// nor may write (an agent not run as root), every page; a binary on tmpfs
+// without swap stays resident. Writable mappings are never advised.
 func releaseCodePages() (int64, error) {
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
@@ -36,7 +36,7 @@ func releaseCodePages() (int64, error) {
 		if !ok {
 			continue
 		}
-		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, start, end-start, madvPageout); errno != 0 {
+		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, start, end-start, unix.MADV_PAGEOUT); errno != 0 {
 			return advised, fmt.Errorf("controller: release code pages: madvise: %w", errno)
 		}
 		advised += int64(end - start)

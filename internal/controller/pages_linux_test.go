@@ -13,6 +13,7 @@ func TestReadOnlyMapping(t *testing.T) {
 	tests := []struct {
 		name       string
 		line       string
+		exe        string // the binary's path, exe when empty
 		start, end uintptr
 		ok         bool
 	}{
@@ -22,14 +23,20 @@ func TestReadOnlyMapping(t *testing.T) {
 		{name: "writable data is never touched", line: "035e2000-036b9000 rw-p 031e2000 fd:00 123 /usr/bin/etcd-manager"},
 		{name: "another file", line: "7f99b4b78000-7f99b4cce000 r-xp 00028000 fd:00 77 /usr/lib/x86_64-linux-gnu/libc.so.6"},
 		{name: "anonymous", line: "1ce9e0800000-1ce9e1800000 rw-p 00000000 00:00 0"},
-		{name: "a path with a space", line: "00400000-00500000 r-xp 00000000 fd:00 9 /opt/my tools/etcd-manager"},
+		{name: "another path with a space", line: "00400000-00500000 r-xp 00000000 fd:00 9 /opt/my tools/etcd-manager"},
+		{name: "a path with a space", line: "00400000-00500000 r-xp 00000000 fd:00 9 /opt/my tools/etcd-manager", exe: "/opt/my tools/etcd-manager",
+			start: 0x400000, end: 0x500000, ok: true},
 		{name: "bad range", line: "zz-01 r-xp 00000000 fd:00 123 /usr/bin/etcd-manager"},
 		{name: "empty range", line: "00500000-00400000 r-xp 00000000 fd:00 123 /usr/bin/etcd-manager"},
 		{name: "short line", line: "00400000-00500000 r-xp"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			start, end, ok := readOnlyMapping(tt.line, exe)
+			path := tt.exe
+			if path == "" {
+				path = exe
+			}
+			start, end, ok := readOnlyMapping(tt.line, path)
 			if ok != tt.ok || start != tt.start || end != tt.end {
 				t.Fatalf("readOnlyMapping = %#x, %#x, %v, want %#x, %#x, %v", start, end, ok, tt.start, tt.end, tt.ok)
 			}

@@ -13,8 +13,10 @@ const writebackChunk = 8 << 20
 // writeback wraps f, a file being written from its start, so that the
 // kernel starts writing each writebackChunk to disk as soon as it is
 // written (sync_file_range, without waiting), rather than all of it at the
-// final fsync: a large backup's fsync then waits only for the last chunk,
-// and its dirty pages do not pile up. The fsync still makes it durable.
+// final fsync: most of a large backup is on disk by then, unless the disk
+// is slower than the stream. The fsync still makes it durable, and still
+// reports a failed write: the hint waits for nothing, so it consumes no
+// error (with SYNC_FILE_RANGE_WAIT_* flags, it would).
 func writeback(f *os.File) *writebacker { return &writebacker{f: f} }
 
 type writebacker struct {
