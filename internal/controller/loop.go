@@ -36,7 +36,10 @@ type loop struct {
 	client         *clientv3.Client
 	clientEndpoint string
 	peers          map[string]*peer.Client
-	lease          *lease
+	// memberConns holds a connection to each etcd member's client URL, kept
+	// across cycles (see memberConn).
+	memberConns map[string]*memberConn
+	lease       *lease
 	// unhealthySince and learnerSince track, per etcd member, since when
 	// it has been unhealthy, or a learner.
 	unhealthySince, learnerSince since
@@ -137,6 +140,7 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 		Agent:          a,
 		node:           n,
 		peers:          map[string]*peer.Client{},
+		memberConns:    map[string]*memberConn{},
 		unhealthySince: since{},
 		learnerSince:   since{},
 		failures:       newFailures(),
@@ -262,6 +266,9 @@ func (lp *loop) close() {
 	lp.capture.stop()
 	for _, c := range lp.peers {
 		_ = c.Close()
+	}
+	for _, mc := range lp.memberConns {
+		_ = mc.client.Close()
 	}
 	if lp.client != nil {
 		_ = lp.client.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/connectivity"
 	"math"
 	"regexp"
 	"slices"
@@ -529,9 +530,17 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	var wg sync.WaitGroup
 	members := make([]plan.Member, len(resp.Members))
 	statusErrs := make([][]string, len(resp.Members))
+	urls := map[string]bool{}
 	for i, pm := range resp.Members {
 		members[i] = plan.Member{ID: pm.ID, Name: pm.Name, PeerURLs: pm.PeerURLs, ClientURLs: pm.ClientURLs, IsLearner: pm.IsLearner}
 		if len(pm.ClientURLs) == 0 {
+			continue
+		}
+		url := pm.ClientURLs[0]
+		urls[url] = true
+		mc, err := lp.memberConn(url)
+		if err != nil {
+			lp.log.Warn("no etcd client for a member", "member", pm.Name, "url", url, "error", err)
 			continue
 		}
 		wg.Add(1)
@@ -539,13 +548,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 			defer wg.Done()
 			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 			defer cancel()
-			// etcd's client waits for a connection until the deadline;
-			// a member that is down answers no TCP connection at all.
-			var st *clientv3.StatusResponse
-			err := etcdproc.Listening(sctx, pm.ClientURLs[0])
-			if err == nil {
-				st, err = lp.client.Status(sctx, pm.ClientURLs[0])
-			}
+			st, err := mc.status(sctx, url)
 			members[i].Healthy = err == nil
 			if err == nil {
 				members[i].RaftIndex = st.RaftIndex
@@ -557,6 +560,12 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 		}()
 	}
 	wg.Wait()
+	for url, mc := range lp.memberConns {
+		if !urls[url] {
+			_ = mc.client.Close()
+			delete(lp.memberConns, url)
+		}
+	}
 	now := lp.now()
 	for i := range members {
 		m := &members[i]
@@ -569,6 +578,47 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	view.NoSpace, view.AlarmsKnown = raisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_NOSPACE)
 	view.Corrupt, _ = raisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_CORRUPT)
 	return view, nil
+}
+
+// memberConn is a connection to one etcd member's client URL, kept
+// across cycles: clientv3's Status(ctx, endpoint) dials the endpoint
+// anew on every call, which with TLS costs a handshake on both sides for
+// every member every cycle, most of an idle agent's CPU.
+type memberConn struct {
+	client *clientv3.Client
+	maint  clientv3.Maintenance
+}
+
+// memberConn returns the connection to the member at url, made on first
+// use; observeCluster closes those of members gone.
+func (lp *loop) memberConn(url string) (*memberConn, error) {
+	if mc, ok := lp.memberConns[url]; ok {
+		return mc, nil
+	}
+	c, err := etcdproc.NewClient([]string{url}, lp.etcdTLS)
+	if err != nil {
+		return nil, err
+	}
+	mc := &memberConn{client: c, maint: clientv3.NewMaintenanceFromMaintenanceClient(etcdserverpb.NewMaintenanceClient(c.ActiveConnection()), c)}
+	lp.memberConns[url] = mc
+	return mc, nil
+}
+
+// status asks the member for its status. etcd's client waits for a
+// connection until the deadline, and after a failure it waits longer
+// and longer (up to 2 minutes) before it tries again; a member that is
+// down answers no TCP connection at all. So while the connection is not
+// up, a TCP dial says first whether the member listens, and if it does
+// the client tries at once.
+func (mc *memberConn) status(ctx context.Context, url string) (*clientv3.StatusResponse, error) {
+	conn := mc.client.ActiveConnection()
+	if conn.GetState() != connectivity.Ready {
+		if err := etcdproc.Listening(ctx, url); err != nil {
+			return nil, err
+		}
+		conn.ResetConnectBackoff()
+	}
+	return mc.maint.Status(ctx, url)
 }
 
 // alarmRE finds an alarm among the errors of etcd's status

@@ -332,6 +332,7 @@ func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Poi
 		return err
 	}
 	c.Log.Info("capture started", "timeline", timeline, "from-revision", at.Revision+1, "new-run", base != nil)
+	defer f.quiet.close()
 	for {
 		caughtUp, err := f.catchUp(ctx)
 		if err != nil {
@@ -342,9 +343,12 @@ func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Poi
 		}
 		f.maybeDigest(ctx)
 		next := tick.C
-		if !caughtUp { // behind still: the next pass starts at once
+		switch {
+		case !caughtUp: // behind still: the next pass starts at once
 			behind <- time.Time{}
 			next = behind
+		case f.quiet.ch != nil: // nothing new: the next pass starts with the next change
+			next = nil
 		}
 		if err := f.idle(ctx, next, poll.C); err != nil {
 			return err
@@ -352,13 +356,17 @@ func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Poi
 	}
 }
 
-// idle records finished digests and polls leases until next fires.
+// idle records finished digests and polls leases until next fires or,
+// while a quiet pass's watch stays open, until that watch has news.
 func (f *follower) idle(ctx context.Context, next, poll <-chan time.Time) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-next:
+			return nil
+		case resp, ok := <-f.quiet.ch:
+			f.quiet.pending, f.quiet.closed = &resp, !ok
 			return nil
 		case d := <-f.digests:
 			if err := f.digested(d); err != nil {
@@ -385,55 +393,118 @@ func (f *follower) idle(ctx context.Context, next, poll <-chan time.Time) error 
 // --compaction-capture-wait). A pass ends after CutInterval once it has taken a revision,
 // so that a long backlog is cut into segments as it goes; before that,
 // it waits for etcd's next sync rather than start over.
+//
+// A pass that finds nothing new keeps its watch open (f.quiet) rather
+// than open another every CutInterval: an idle cluster costs nothing
+// that way, and its next change starts the next pass at once, on that
+// watch. A pass that takes a revision closes its watch, as above.
 func (f *follower) catchUp(ctx context.Context) (bool, error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wch := f.cl.Watch(clientv3.WithRequireLeader(wctx), "\x00", clientv3.WithFromKey(), clientv3.WithRev(f.last+1), clientv3.WithCreatedNotify())
+	wch, cancel, pending := f.quiet.take()
+	if wch == nil {
+		var wctx context.Context
+		wctx, cancel = context.WithCancel(ctx)
+		wch = f.cl.Watch(clientv3.WithRequireLeader(wctx), "\x00", clientv3.WithFromKey(), clientv3.WithRev(f.last+1), clientv3.WithCreatedNotify())
+	}
 	deadline := time.NewTimer(f.c.CutInterval)
 	defer deadline.Stop()
 	from, expired := f.last, false
+	done := func(caughtUp bool) (bool, error) {
+		if caughtUp && f.last == from && pending == nil {
+			f.quiet.keep(wch, cancel)
+		} else {
+			cancel()
+		}
+		return caughtUp, nil
+	}
+	fail := func(err error) (bool, error) {
+		cancel()
+		return false, err
+	}
 	for {
+		var resp clientv3.WatchResponse
+		ok := true
 		select {
 		case <-ctx.Done():
-			return false, ctx.Err()
+			return fail(ctx.Err())
 		case <-deadline.C:
 			expired = true
 			if f.last > from {
-				return false, nil
+				return done(false)
 			}
 			continue
-		case resp, ok := <-wch:
-			if !ok {
-				if ctx.Err() != nil {
-					return false, ctx.Err()
-				}
-				return false, errors.New("wal: capture: the watch closed")
+		case resp, ok = <-pending:
+			pending = nil
+		case resp, ok = <-wch:
+		}
+		if !ok {
+			if ctx.Err() != nil {
+				return fail(ctx.Err())
 			}
-			if resp.CompactRevision > 0 { // the watch start is compacted away
-				return false, &compactedError{rev: resp.CompactRevision}
-			}
-			if err := resp.Err(); err != nil {
-				return false, fmt.Errorf("wal: capture: watch: %w", err)
-			}
-			if err := f.events(ctx, resp.Events); err != nil {
-				return false, err
-			}
-			if f.w != nil && f.w.header.BodySize >= f.c.MaxSegmentBytes {
-				if err := f.cut(); err != nil {
-					return false, err
-				}
-			}
-			// The header holds etcd's revision when it sent the response:
-			// every revision up to it has been sent, in this response or
-			// an earlier one.
-			if resp.Header.Revision <= f.last {
-				return true, nil
-			}
-			if expired && f.last > from {
-				return false, nil
+			return fail(errors.New("wal: capture: the watch closed"))
+		}
+		if resp.CompactRevision > 0 { // the watch start is compacted away
+			return fail(&compactedError{rev: resp.CompactRevision})
+		}
+		if err := resp.Err(); err != nil {
+			return fail(fmt.Errorf("wal: capture: watch: %w", err))
+		}
+		if err := f.events(ctx, resp.Events); err != nil {
+			return fail(err)
+		}
+		if f.w != nil && f.w.header.BodySize >= f.c.MaxSegmentBytes {
+			if err := f.cut(); err != nil {
+				return fail(err)
 			}
 		}
+		// The header holds etcd's revision when it sent the response:
+		// every revision up to it has been sent, in this response or
+		// an earlier one.
+		if resp.Header.Revision <= f.last {
+			return done(true)
+		}
+		if expired && f.last > from {
+			return done(false)
+		}
 	}
+}
+
+// quietWatch is the watch of a pass that found nothing new, kept open
+// until its next message, which idle holds for the next pass.
+type quietWatch struct {
+	ch      clientv3.WatchChan
+	cancel  context.CancelFunc
+	pending *clientv3.WatchResponse
+	closed  bool // the watch closed instead of sending a message
+}
+
+func (q *quietWatch) keep(ch clientv3.WatchChan, cancel context.CancelFunc) {
+	q.ch, q.cancel = ch, cancel
+}
+
+// take hands the kept watch, its cancel and its message, as a channel
+// holding it (closed if the watch closed), to a pass. It returns nils
+// when no watch is kept or it has no message yet, which closes it.
+func (q *quietWatch) take() (clientv3.WatchChan, context.CancelFunc, <-chan clientv3.WatchResponse) {
+	if q.pending == nil && !q.closed {
+		q.close()
+		return nil, nil, nil
+	}
+	p := make(chan clientv3.WatchResponse, 1)
+	if q.closed {
+		close(p)
+	} else {
+		p <- *q.pending
+	}
+	ch, cancel := q.ch, q.cancel
+	*q = quietWatch{}
+	return ch, cancel, p
+}
+
+func (q *quietWatch) close() {
+	if q.cancel != nil {
+		q.cancel()
+	}
+	*q = quietWatch{}
 }
 
 // follower is one run's state.
@@ -441,6 +512,7 @@ type follower struct {
 	c        *Capture
 	cl       Client
 	timeline string
+	quiet    quietWatch
 	w        *segmentWriter
 	chain    []byte
 	last     int64

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -396,4 +397,72 @@ func TestCaptureCatchesUp(t *testing.T) {
 		t.Errorf("no segment of the %d-revision backlog was cut by size (%d bytes)", backlog, cfg.MaxSegmentBytes)
 	}
 	t.Logf("revisions %d to %d in %d segments, %d cut by size", base+1, head, len(refs), bySize)
+}
+
+// countingWatches is etcd's client, counting the watches opened.
+type countingWatches struct {
+	*clientv3.Client
+	watches atomic.Int64
+}
+
+func (c *countingWatches) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	c.watches.Add(1)
+	return c.Client.Watch(ctx, key, opts...)
+}
+
+// TestCaptureIdleKeepsOneWatch: an idle cluster's capture keeps the
+// watch of its last pass open rather than open one every cut interval,
+// and the next change, arriving on that watch, is captured at once;
+// after it, capture is idle on one watch again.
+func TestCaptureIdleKeepsOneWatch(t *testing.T) {
+	etcd := startSegmentSource(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := openStore(t, "file://"+t.TempDir())
+	base := headRevision(t, ctx, etcd)
+	cfg := wal.Default()
+	cfg.CutInterval = 10 * time.Millisecond
+	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &countingWatches{Client: etcd}
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(cctx, cl, "idle", &wal.Base{Backup: "full-backup", Revision: base}) }()
+	uploaded := make(chan struct{})
+	go func() { c.Upload(cctx); close(uploaded) }()
+
+	// idleFor checks that capture opens at most one watch in a second,
+	// a hundred cut intervals.
+	idleFor := func(what string) {
+		t.Helper()
+		before := cl.watches.Load()
+		time.Sleep(time.Second)
+		if n := cl.watches.Load() - before; n > 1 {
+			t.Fatalf("%s: capture opened %d watches in a second of an idle cluster, want at most 1", what, n)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the first passes
+	idleFor("from the start")
+	for i := range 3 {
+		if _, err := etcd.Put(ctx, fmt.Sprintf("/idle/%d", i), "v"); err != nil {
+			t.Fatal(err)
+		}
+		head := headRevision(t, ctx, etcd)
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("revision %d in the store", head), func() bool {
+			return c.Status().Durable >= head
+		})
+		time.Sleep(100 * time.Millisecond) // the pass after the change
+		idleFor(fmt.Sprintf("after change %d", i+1))
+	}
+	stop()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Fatalf("capture ended with %v", err)
+	}
+	<-uploaded
+	if n := cl.watches.Load(); n < 4 {
+		t.Errorf("capture opened %d watches for 3 changes, want a new one after each", n)
+	}
 }
