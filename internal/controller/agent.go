@@ -77,6 +77,7 @@ type Agent struct {
 	// lastPeerPoke is when a peer's announcement last woke the loop.
 	peerPokeMu   sync.Mutex
 	lastPeerPoke time.Time
+	peerPokeDue  bool // a poke deferred by the rate limit is due
 	// events records the history of the agent's changes and failures in
 	// the store; set by Run.
 	events *eventLog
@@ -204,17 +205,28 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // pokeFromPeer is poke for a peer that announced a change, at most once
 // per soonInterval: peers hold node certificates, but a faulty one must
-// not keep the loop cycling.
+// not keep the loop cycling. An announcement within the interval is not
+// dropped: it wakes the loop when the interval is over. (At a cluster's
+// creation, the nodes told to join announce their pending state moments
+// before the creator announces its member started, the news they wait
+// for.)
 func (a *Agent) pokeFromPeer() {
-	now := a.now()
 	a.peerPokeMu.Lock()
-	if now.Sub(a.lastPeerPoke) < soonInterval {
-		a.peerPokeMu.Unlock()
-		return
+	defer a.peerPokeMu.Unlock()
+	wait := soonInterval - a.now().Sub(a.lastPeerPoke)
+	switch {
+	case wait <= 0:
+		a.lastPeerPoke = a.now()
+		a.poke()
+	case !a.peerPokeDue:
+		a.peerPokeDue = true
+		time.AfterFunc(wait, func() {
+			a.peerPokeMu.Lock()
+			a.peerPokeDue, a.lastPeerPoke = false, a.now()
+			a.peerPokeMu.Unlock()
+			a.poke()
+		})
 	}
-	a.lastPeerPoke = now
-	a.peerPokeMu.Unlock()
-	a.poke()
 }
 
 // poke asks the loop for a prompt cycle; it never blocks.

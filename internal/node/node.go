@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -308,8 +309,21 @@ func (n *Node) MarkBootstrapped() error {
 // marker confirms.
 func (n *Node) ConfirmCreate(ctx context.Context, token string) error {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	m := n.state.Member
+	if m == nil || !m.Pending || m.ClusterToken != token {
+		n.mu.Unlock()
+		return nil
+	}
+	initial, self := m.InitialCluster, n.state.NodeID
+	if n.peerHTTP == nil {
+		n.peerHTTP = etcdproc.NewPeerHTTPClient(n.cfg.ClientTLS)
+	}
+	client := n.peerHTTP
+	n.mu.Unlock()
+	awaitEarlierMembers(ctx, client, initial, self, createStagger)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m = n.state.Member
 	if m == nil || !m.Pending || m.ClusterToken != token {
 		return nil
 	}
@@ -322,6 +336,46 @@ func (n *Node) ConfirmCreate(ctx context.Context, token string) error {
 	}
 	n.log.Info("cluster creation confirmed; starting etcd", "cluster-token", token)
 	return n.startEtcdLocked(ctx)
+}
+
+// createStagger bounds how long a new cluster's member waits for those
+// before it to serve (see awaitEarlierMembers).
+const createStagger = time.Second
+
+// pollEarlierMembers is how often awaitEarlierMembers asks.
+const pollEarlierMembers = 20 * time.Millisecond
+
+// awaitEarlierMembers waits, up to limit, until the members of a new
+// cluster named before self (in initial, etcd's --initial-cluster)
+// serve their peer port. A new etcd asks every peer whether it is a
+// member already before it serves its own port, which it has bound
+// already; two that start together wait on each other until etcd's
+// one-second bootstrap timeout. Started in name order, each finds the
+// earlier ones serving and the later ones not yet listening, and asks
+// both without waiting. A member that does not start costs at most limit
+// (etcd's own wait for it).
+func awaitEarlierMembers(ctx context.Context, client *http.Client, initial, self string, limit time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for _, p := range strings.Split(initial, ",") {
+		name, url, ok := strings.Cut(p, "=")
+		if !ok || name >= self {
+			continue
+		}
+		for {
+			rctx, rcancel := context.WithTimeout(ctx, 250*time.Millisecond)
+			_, err := etcdproc.PeerMembers(rctx, client, url)
+			rcancel()
+			if err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(pollEarlierMembers):
+			}
+		}
+	}
 }
 
 // AbandonPending drops a pending creation that lost, or never completed.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -119,6 +120,46 @@ func TestInitialCheckUseful(t *testing.T) {
 			n := &Node{cfg: Config{PeerURLs: []string{self}}, log: log, state: etcdproc.State{NodeID: "a"}}
 			if got := n.initialCheckUseful(&tt.m); got != tt.want {
 				t.Fatalf("initialCheckUseful = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestAwaitEarlierMembers(t *testing.T) {
+	serving := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`[]`))
+	}))
+	defer serving.Close()
+	// starting: bound, as a new etcd's peer port is while it asks its
+	// peers, but answering nothing.
+	starting, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer starting.Close()
+	startingURL := "http://" + starting.Addr().String()
+	down := "http://127.0.0.1:1"
+	const limit = 300 * time.Millisecond
+	tests := []struct {
+		name    string
+		initial string
+		waits   bool // for the whole limit
+	}{
+		{"earlier members serve", "a=" + serving.URL + ",b=" + serving.URL + ",c=http://self", false},
+		{"only later members, one starting", "c=http://self,d=" + startingURL + ",e=" + down, false},
+		{"an earlier member starting", "a=" + serving.URL + ",b=" + startingURL + ",c=http://self", true},
+		{"an earlier member not started", "a=" + down + ",c=http://self", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			awaitEarlierMembers(t.Context(), http.DefaultClient, tt.initial, "c", limit)
+			waited := time.Since(start)
+			if tt.waits && waited < limit {
+				t.Fatalf("returned after %v, want a wait of %v for the earlier member", waited, limit)
+			}
+			if !tt.waits && waited >= limit {
+				t.Fatalf("waited %v, want no wait", waited)
 			}
 		})
 	}
