@@ -14,6 +14,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"io"
 	"net/url"
 	"os"
@@ -297,7 +299,31 @@ func (s *Store) put(ctx context.Context, key string, r io.Reader, ifNotExist boo
 		// parts; the SDK grows the part size for larger objects.
 		BufferSize:     uploadPartSize,
 		MaxConcurrency: 2,
+		BeforeWrite:    s.smallUploads,
 	})
+}
+
+// smallUploads sets S3's transfer manager to go multipart from the first
+// part: by default it reads the first 16 MiB of an object whole (to
+// decide between one PUT and a multipart upload) before it uses its pool
+// of parts, which puts 16 MiB more in memory for every large upload. An
+// object under one part still goes in one PUT. Other drivers have nothing
+// of the kind.
+func (s *Store) smallUploads(as func(any) bool) error {
+	var tm *transfermanager.Client
+	var client *s3.Client
+	if !as(&tm) || !s.bucket.As(&client) {
+		return nil
+	}
+	*tm = *transfermanager.New(client, func(o *transfermanager.Options) {
+		// gocloud passes the bucket's checksum setting (the URL's
+		// requestChecksumCalculation) to both; keep it.
+		o.RequestChecksumCalculation = client.Options().RequestChecksumCalculation
+		o.PartSizeBytes = uploadPartSize
+		o.Concurrency = 2
+		o.MultipartUploadThreshold = uploadPartSize
+	})
+	return nil
 }
 
 // abortOnError cancels the upload's context as soon as the source fails,

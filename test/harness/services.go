@@ -181,17 +181,33 @@ func (m *MinIO) Env() []string {
 // CreateBucket makes a bucket.
 func (m *MinIO) CreateBucket(t testing.TB, name string) {
 	t.Helper()
-	client := s3.New(s3.Options{
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := m.client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
+		t.Fatalf("harness: create bucket %s: %v", name, err)
+	}
+}
+
+// ETag is the ETag of the object at key in bucket; a multipart upload's
+// ends in -<parts>.
+func (m *MinIO) ETag(t testing.TB, bucket, key string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := m.client().HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+	if err != nil {
+		t.Fatalf("harness: head %s/%s: %v", bucket, key, err)
+	}
+	return aws.ToString(out.ETag)
+}
+
+func (m *MinIO) client() *s3.Client {
+	return s3.New(s3.Options{
 		Region:       "us-east-1",
 		BaseEndpoint: aws.String(m.Endpoint),
 		UsePathStyle: true,
 		Credentials:  credentials.NewStaticCredentialsProvider(m.User, m.Password, ""),
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
-		t.Fatalf("harness: create bucket %s: %v", name, err)
-	}
 }
 
 // StoreURL is the s3:// store URL of prefix in bucket, in the form the

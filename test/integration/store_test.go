@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/iotest"
@@ -243,6 +244,38 @@ func TestStoreConformance(t *testing.T) {
 				testSegments(t, ctx, s, etcd, "conformance-"+b.name)
 			})
 		})
+	}
+}
+
+// TestS3UploadsInParts: an object over one part (5 MiB) goes to S3 as a
+// multipart upload from its first part, whose parts the uploader pools,
+// rather than after a first 16 MiB read whole into memory (the SDK's
+// default); one under a part goes in one PUT. MinIO's ETag says which:
+// a multipart upload's ends in -<parts>.
+func TestS3UploadsInParts(t *testing.T) {
+	minio := harness.StartMinIO(t)
+	minio.CreateBucket(t, "parts")
+	setEnv(t, minio.Env())
+	s := openStore(t, minio.StoreURL("parts", "p"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tests := []struct {
+		size int
+		want string // the ETag's suffix, "" for none
+	}{
+		{3 << 20, ""},
+		{12 << 20, "-3"},
+	}
+	for _, tt := range tests {
+		key := fmt.Sprintf("obj-%d", tt.size)
+		if err := s.Put(ctx, key, bytes.NewReader(bytes.Repeat([]byte("z"), tt.size))); err != nil {
+			t.Fatal(err)
+		}
+		etag := strings.Trim(minio.ETag(t, "parts", "p/"+key), `"`)
+		_, suffix, multipart := strings.Cut(etag, "-")
+		if got := map[bool]string{true: "-" + suffix}[multipart]; got != tt.want {
+			t.Errorf("a %d-byte object has ETag %s, want the suffix %q", tt.size, etag, tt.want)
+		}
 	}
 }
 
