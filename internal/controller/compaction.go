@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -337,7 +338,7 @@ func (c *compactor) check(ctx context.Context, cl compactionClient, cf captureFl
 type etcdCompaction struct{ lp *loop }
 
 func (e etcdCompaction) status(ctx context.Context) (int64, int64, error) {
-	resp, err := e.lp.client.Status(ctx, e.lp.clientEndpoint)
+	resp, err := etcdproc.MemberStatusOf(ctx, e.lp.client, e.lp.clientEndpoint)
 	if err != nil {
 		return 0, 0, fmt.Errorf("controller: etcd status: %w", err)
 	}

@@ -36,9 +36,9 @@ type loop struct {
 	client         *clientv3.Client
 	clientEndpoint string
 	peers          map[string]*peer.Client
-	// memberConns holds a connection to each etcd member's client URL, kept
-	// across cycles (see memberConn).
-	memberConns map[string]*memberConn
+	// memberConns holds a client of each etcd member's client URL, kept
+	// across cycles (see memberClient).
+	memberConns map[string]*clientv3.Client
 	lease       *lease
 	// unhealthySince and learnerSince track, per etcd member, since when
 	// it has been unhealthy, or a learner.
@@ -140,7 +140,7 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 		Agent:          a,
 		node:           n,
 		peers:          map[string]*peer.Client{},
-		memberConns:    map[string]*memberConn{},
+		memberConns:    map[string]*clientv3.Client{},
 		unhealthySince: since{},
 		learnerSince:   since{},
 		failures:       newFailures(),
@@ -267,8 +267,8 @@ func (lp *loop) close() {
 	for _, c := range lp.peers {
 		_ = c.Close()
 	}
-	for _, mc := range lp.memberConns {
-		_ = mc.client.Close()
+	for _, c := range lp.memberConns {
+		_ = c.Close()
 	}
 	if lp.client != nil {
 		_ = lp.client.Close()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"google.golang.org/grpc/connectivity"
 	"math"
 	"regexp"
 	"slices"
@@ -538,7 +537,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 		}
 		url := pm.ClientURLs[0]
 		urls[url] = true
-		mc, err := lp.memberConn(url)
+		mc, err := lp.memberClient(url)
 		if err != nil {
 			lp.log.Warn("no etcd client for a member", "member", pm.Name, "url", url, "error", err)
 			continue
@@ -548,7 +547,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 			defer wg.Done()
 			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 			defer cancel()
-			st, err := mc.status(sctx, url)
+			st, err := etcdproc.MemberStatusOf(sctx, mc, url)
 			members[i].Healthy = err == nil
 			if err == nil {
 				members[i].RaftIndex = st.RaftIndex
@@ -562,7 +561,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	wg.Wait()
 	for url, mc := range lp.memberConns {
 		if !urls[url] {
-			_ = mc.client.Close()
+			_ = mc.Close()
 			delete(lp.memberConns, url)
 		}
 	}
@@ -580,45 +579,20 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	return view, nil
 }
 
-// memberConn is a connection to one etcd member's client URL, kept
-// across cycles: clientv3's Status(ctx, endpoint) dials the endpoint
-// anew on every call, which with TLS costs a handshake on both sides for
-// every member every cycle, most of an idle agent's CPU.
-type memberConn struct {
-	client *clientv3.Client
-	maint  clientv3.Maintenance
-}
-
-// memberConn returns the connection to the member at url, made on first
-// use; observeCluster closes those of members gone.
-func (lp *loop) memberConn(url string) (*memberConn, error) {
-	if mc, ok := lp.memberConns[url]; ok {
-		return mc, nil
+// memberClient returns a client of the member at url alone, made on
+// first use and kept across cycles, so that each status reuses its
+// connection (see etcdproc.MemberStatusOf); observeCluster closes those
+// of members gone.
+func (lp *loop) memberClient(url string) (*clientv3.Client, error) {
+	if c, ok := lp.memberConns[url]; ok {
+		return c, nil
 	}
 	c, err := etcdproc.NewClient([]string{url}, lp.etcdTLS)
 	if err != nil {
 		return nil, err
 	}
-	mc := &memberConn{client: c, maint: clientv3.NewMaintenanceFromMaintenanceClient(etcdserverpb.NewMaintenanceClient(c.ActiveConnection()), c)}
-	lp.memberConns[url] = mc
-	return mc, nil
-}
-
-// status asks the member for its status. etcd's client waits for a
-// connection until the deadline, and after a failure it waits longer
-// and longer (up to 2 minutes) before it tries again; a member that is
-// down answers no TCP connection at all. So while the connection is not
-// up, a TCP dial says first whether the member listens, and if it does
-// the client tries at once.
-func (mc *memberConn) status(ctx context.Context, url string) (*clientv3.StatusResponse, error) {
-	conn := mc.client.ActiveConnection()
-	if conn.GetState() != connectivity.Ready {
-		if err := etcdproc.Listening(ctx, url); err != nil {
-			return nil, err
-		}
-		conn.ResetConnectBackoff()
-	}
-	return mc.maint.Status(ctx, url)
+	lp.memberConns[url] = c
+	return c, nil
 }
 
 // alarmRE finds an alarm among the errors of etcd's status

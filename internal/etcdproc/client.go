@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc/connectivity"
 	"io"
 	"net"
 	"net/http"
@@ -49,13 +51,36 @@ func NewClient(endpoints []string, tlsCfg *tls.Config) (*clientv3.Client, error)
 	return c, nil
 }
 
+// MemberStatusOf asks the etcd at endpoint for its status. clientv3's own
+// Status dials the endpoint anew on every call, which with TLS costs a
+// handshake on both sides; when c is a client of that endpoint alone,
+// it asks over c's connection instead. etcd's client waits for a
+// connection until the deadline, and after a failure waits longer and
+// longer (up to 2 minutes) before it tries again, while a member that is
+// down answers no TCP connection at all: so while the connection is not
+// up, a TCP dial says first whether the member listens, and if it does
+// the client tries again at once.
+func MemberStatusOf(ctx context.Context, c *clientv3.Client, endpoint string) (*clientv3.StatusResponse, error) {
+	if eps := c.Endpoints(); len(eps) != 1 || eps[0] != endpoint {
+		return c.Status(ctx, endpoint)
+	}
+	conn := c.ActiveConnection()
+	if conn.GetState() != connectivity.Ready {
+		if err := Listening(ctx, endpoint); err != nil {
+			return nil, err
+		}
+		conn.ResetConnectBackoff()
+	}
+	return clientv3.NewMaintenanceFromMaintenanceClient(etcdserverpb.NewMaintenanceClient(conn), c).Status(ctx, endpoint)
+}
+
 // LocalStatus asks the etcd at endpoint for its status. It succeeds only if
 // that member answers; it does not need quorum, but etcd answers clients
 // only once it has joined its cluster since it started (see PeerMembers).
 func LocalStatus(ctx context.Context, c *clientv3.Client, endpoint string) (MemberStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	st, err := c.Status(ctx, endpoint)
+	st, err := MemberStatusOf(ctx, c, endpoint)
 	if err != nil {
 		return MemberStatus{}, fmt.Errorf("etcdproc: status of %s: %w", endpoint, err)
 	}
