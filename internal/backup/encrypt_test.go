@@ -47,10 +47,14 @@ func newStore(t *testing.T) *recordingStore {
 }
 
 // fakeDB writes n random bytes as a snapshot db.
+// fakeDB is n bytes of pages as a streamed snapshot holds them, with
+// their sha256 trailer after them.
 func fakeDB(t *testing.T, n int) (string, []byte) {
 	t.Helper()
 	db := make([]byte, n)
 	rand.Read(db)
+	sum := sha256.Sum256(db)
+	db = append(db, sum[:]...)
 	p := filepath.Join(t.TempDir(), "snapshot.db")
 	if err := os.WriteFile(p, db, 0o600); err != nil {
 		t.Fatal(err)
@@ -59,7 +63,7 @@ func fakeDB(t *testing.T, n int) (string, []byte) {
 }
 
 func fetchOpts(keys *crypt.Keyring) FetchOptions {
-	return FetchOptions{Keys: keys, Verify: func(context.Context, string) (snapshot.Status, error) { return snapshot.Status{}, nil }}
+	return FetchOptions{Keys: keys, Status: func(context.Context, string) (snapshot.Status, error) { return snapshot.Status{}, nil }}
 }
 
 // An encrypted backup round-trips, its meta names the key, and what is
@@ -282,7 +286,7 @@ func TestEncryptedBomb(t *testing.T) {
 			s.Write(ctx, name+"/"+MetaObject, m)
 			dir := t.TempDir()
 			opts := tt.opts
-			opts.Keys, opts.Verify = keys, fetchOpts(nil).Verify
+			opts.Keys, opts.Status = keys, fetchOpts(nil).Status
 			_, _, err := Fetch(ctx, s, name, dir, opts)
 			if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), name+"/"+DataObject) {
 				t.Fatalf("err = %v, want %v with %q naming the object", err, tt.wantErr, tt.want)

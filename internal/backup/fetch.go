@@ -1,7 +1,6 @@
 package backup
 
 import (
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +13,7 @@ import (
 	"regexp"
 	"sync"
 
+	kgzip "github.com/klauspost/compress/gzip"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
@@ -87,8 +87,16 @@ var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // FetchOptions bound and check what Fetch writes.
 type FetchOptions struct {
-	// Verify checks the snapshot (Verify when nil).
-	Verify VerifyFunc
+	// Status reads the snapshot's status, which reads every key
+	// (ReadStatus when nil); its sha256 trailer is checked as it streams
+	// in.
+	Status VerifyFunc
+	// Hashed skips the status read when the meta records the object's
+	// sha256 and the stream matched it: for a caller that knows these
+	// very bytes were verified whole already (a node restoring the
+	// backup its leader fetched and verified before it stopped the
+	// cluster). The trailer is still checked.
+	Hashed bool
 	// MaxBytes caps the snapshot written, whatever its meta says (0: no
 	// cap of its own).
 	MaxBytes int64
@@ -107,16 +115,17 @@ type FetchOptions struct {
 // Fetch downloads a backup into dir as a verified snapshot db and returns
 // its path and meta. It streams: the object's sha256 is checked against
 // the meta (when the meta records one, as ours do), the gzip stream must
-// be whole, and the snapshot must pass verify. The object is untrusted,
-// so the snapshot written stops at the smallest of the meta's size, the
-// free space less opts.Reserve and opts.MaxBytes; a meta that records a
-// size larger than the space is refused before anything is read. An
-// encrypted backup whose key opts.Keys lacks is refused before anything
-// is read too, with a *crypt.NoKeyError naming the key (ErrNoKey); the
-// bounds apply to what it decrypts and unpacks to, and an object that
-// does not decrypt is ErrCorrupt. Any failure names the backup and the
-// object, and wraps ErrNotFound, ErrCorrupt, ErrTooLarge, ErrTempFull or
-// ErrNoKey.
+// be whole, the snapshot's sha256 trailer must match as it is written, and
+// then its status is read (unless opts.Hashed allows otherwise). The
+// object is untrusted, so the snapshot written stops at the smallest of
+// the meta's size, the free space less opts.Reserve and opts.MaxBytes; a
+// meta that records a size larger than the space is refused before
+// anything is read. An encrypted backup whose key opts.Keys lacks is
+// refused before anything is read too, with a *crypt.NoKeyError naming
+// the key (ErrNoKey); the bounds apply to what it decrypts and unpacks to,
+// and an object that does not decrypt is ErrCorrupt. Any failure names
+// the backup and the object, and wraps ErrNotFound, ErrCorrupt,
+// ErrTooLarge, ErrTempFull or ErrNoKey.
 func Fetch(ctx context.Context, s Reader, name, dir string, opts FetchOptions) (string, Meta, error) {
 	meta, err := ReadMeta(ctx, s, name)
 	if err != nil {
@@ -146,11 +155,14 @@ func Fetch(ctx context.Context, s Reader, name, dir string, opts FetchOptions) (
 		os.Remove(path)
 		return "", meta, err
 	}
-	verify := opts.Verify
-	if verify == nil {
-		verify = func(_ context.Context, p string) (snapshot.Status, error) { return Verify(p) }
+	if opts.Hashed && meta.SHA256 != "" {
+		return path, meta, nil
 	}
-	if _, err := verify(ctx, path); err != nil {
+	status := opts.Status
+	if status == nil {
+		status = func(_ context.Context, p string) (snapshot.Status, error) { return ReadStatus(p) }
+	}
+	if _, err := status(ctx, path); err != nil {
 		os.Remove(path)
 		return "", meta, fmt.Errorf("backup %s: %w", name, err)
 	}
@@ -234,7 +246,12 @@ func (o FetchOptions) limit(dir string, meta Meta, key string) (limit, error) {
 
 // gunzipTo writes the gunzipped stream r, decrypted first when the meta
 // says it is encrypted, to path, checking the stored bytes' sha256
-// against the meta's and stopping past lim.
+// against the meta's and the snapshot's sha256 trailer, and stopping past
+// lim. klauspost's inflate runs at about 2.5 times the standard
+// library's on these machines, and reads the same standard gzip. Reading
+// and hashing the object, decrypting it, inflating it, and hashing and
+// writing the snapshot each take a goroutine of their own, a few chunks
+// apart, so that the two sha256s and the inflate share the cores.
 func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *crypt.Keyring) error {
 	h := sha256.New()
 	counted := &countWriter{}
@@ -248,9 +265,11 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *
 		}
 		return fmt.Errorf("%w: %s is truncated or damaged: %v", ErrCorrupt, key, err)
 	}
+	in := newReadAhead(src)
+	defer in.Close()
 	// Decrypt reads age's header now: an object not encrypted to the key
 	// its meta names fails before anything is written.
-	plain, err := keys.Decrypt(src, meta.Encryption, key)
+	plain, err := keys.Decrypt(in, meta.Encryption, key)
 	if err != nil {
 		return corrupt(err)
 	}
@@ -262,7 +281,7 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *
 		defer ra.Close()
 		plain = ra
 	}
-	zr, err := gzip.NewReader(plain)
+	zr, err := kgzip.NewReader(plain)
 	if err != nil {
 		return corrupt(err)
 	}
@@ -272,7 +291,10 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *
 	}
 	// One byte past the limit tells a stream that ends there from one
 	// that goes on.
-	n, err := io.Copy(f, io.LimitReader(zr, lim.bytes+1))
+	unpacked := newReadAhead(io.LimitReader(zr, lim.bytes+1))
+	defer unpacked.Close()
+	trailer := &trailerHash{h: sha256.New()}
+	n, err := io.Copy(io.MultiWriter(f, trailer), unpacked)
 	if err != nil {
 		f.Close()
 		var pathErr *os.PathError
@@ -293,7 +315,7 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *
 	if _, err := io.Copy(io.Discard, plain); err != nil {
 		return corrupt(err)
 	}
-	if _, err := io.Copy(io.Discard, src); err != nil {
+	if _, err := io.Copy(io.Discard, in); err != nil {
 		return corrupt(err)
 	}
 	if meta.SHA256 != "" {
@@ -303,6 +325,9 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *
 	}
 	if meta.CompressedSize != 0 && counted.n != meta.CompressedSize {
 		return fmt.Errorf("%w: %s is %d bytes, but its meta records %d", ErrCorrupt, key, counted.n, meta.CompressedSize)
+	}
+	if err := trailer.check(); err != nil {
+		return fmt.Errorf("%w: the snapshot in %s: %v", ErrCorrupt, key, err)
 	}
 	return nil
 }

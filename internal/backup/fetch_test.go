@@ -28,26 +28,37 @@ func TestFetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	db := make([]byte, 256<<10)
-	if _, err := rand.Read(db); err != nil {
+	// A snapshot as etcd streams one: whole pages, then the sha256 of
+	// them.
+	pages := make([]byte, 256<<10)
+	if _, err := rand.Read(pages); err != nil {
 		t.Fatal(err)
 	}
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	zw.Write(db)
-	zw.Close()
-	good := gz.Bytes()
+	trailer := sha256.Sum256(pages)
+	db := append(bytes.Clone(pages), trailer[:]...)
+	gzipped := func(b []byte) []byte {
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		zw.Write(b)
+		zw.Close()
+		return gz.Bytes()
+	}
+	good := gzipped(db)
 	sum := sha256.Sum256(good)
 	meta, _ := json.Marshal(Meta{EtcdVersion: "3.6.16", Timestamp: 1, SHA256: hex.EncodeToString(sum[:]), CompressedSize: int64(len(good))})
+	// A bad trailer under a meta whose sha256 matches the object: the
+	// object was stored as it was made, but the snapshot was damaged
+	// before it was gzipped.
+	badDB := bytes.Clone(db)
+	badDB[100] ^= 0x01
+	badTrailer := gzipped(badDB)
+	badSum := sha256.Sum256(badTrailer)
+	badTrailerMeta, _ := json.Marshal(Meta{EtcdVersion: "3.6.16", Timestamp: 1, SHA256: hex.EncodeToString(badSum[:])})
 	kopsMeta := []byte(`{"etcdVersion":"3.6.16","timestamp":"1"}`)
 	flipped := bytes.Clone(good)
 	flipped[len(flipped)/2] ^= 0x01
 	// A bomb: 64 MiB of zeros in a 64 KiB object.
-	var bombGz bytes.Buffer
-	zw = gzip.NewWriter(&bombGz)
-	zw.Write(make([]byte, 64<<20))
-	zw.Close()
-	bomb := bombGz.Bytes()
+	bomb := gzipped(make([]byte, 64<<20))
 	bombSum := sha256.Sum256(bomb)
 	bombMeta, _ := json.Marshal(Meta{EtcdVersion: "3.6.16", Timestamp: 1, SHA256: hex.EncodeToString(bombSum[:]), Size: int64(len(db)), CompressedSize: int64(len(bomb))})
 	metaWith := func(extra string) []byte { return []byte(`{"etcdVersion":"3.6.16","timestamp":"1",` + extra + `}`) }
@@ -57,12 +68,21 @@ func TestFetch(t *testing.T) {
 		name      string
 		objects   map[string][]byte // under the backup's folder
 		fetch     string            // name to fetch; the backup's own when empty
-		opts      FetchOptions      // Verify is set by the test
+		opts      FetchOptions      // Status is set by the test
 		wantErr   error
 		errSubstr string
+		noStatus  bool // the status is not read
 	}{
 		{name: "ours", objects: map[string][]byte{DataObject: good, MetaObject: meta}},
 		{name: "kops meta without a sha256", objects: map[string][]byte{DataObject: good, MetaObject: kopsMeta}},
+		{name: "hashed: a matching sha256 skips the status read", objects: map[string][]byte{DataObject: good, MetaObject: meta},
+			opts: FetchOptions{Hashed: true}, noStatus: true},
+		{name: "hashed, but a kops meta has no sha256 to match", objects: map[string][]byte{DataObject: good, MetaObject: kopsMeta},
+			opts: FetchOptions{Hashed: true}},
+		{name: "trailer does not match", objects: map[string][]byte{DataObject: badTrailer, MetaObject: badTrailerMeta},
+			opts: FetchOptions{Hashed: true}, wantErr: ErrCorrupt, errSubstr: "sha256 trailer does not match"},
+		{name: "no trailer", objects: map[string][]byte{DataObject: gzipped(pages[:1000]), MetaObject: kopsMeta},
+			wantErr: ErrCorrupt, errSubstr: "no snapshot with a sha256 trailer"},
 		{name: "not found", fetch: "2026-01-01T00:00:00Z-999999", wantErr: ErrNotFound, errSubstr: "2026-01-01T00:00:00Z-999999"},
 		{name: "not a name", fetch: "../etc", wantErr: ErrNotFound, errSubstr: "not a backup name"},
 		{name: "meta without data", objects: map[string][]byte{MetaObject: meta}, wantErr: ErrCorrupt, errSubstr: "has a meta but no"},
@@ -75,7 +95,7 @@ func TestFetch(t *testing.T) {
 		// Bounds on what is unpacked: a meta's size, the agent's
 		// maximum and the disk's free space, whichever is smallest.
 		{name: "bomb past its meta's size", objects: map[string][]byte{DataObject: bomb, MetaObject: bombMeta},
-			wantErr: ErrCorrupt, errSubstr: "more than the 262144 bytes its meta records"},
+			wantErr: ErrCorrupt, errSubstr: "more than the 262176 bytes its meta records"},
 		{name: "bomb with a kops meta, past the maximum", objects: map[string][]byte{DataObject: bomb, MetaObject: kopsMeta},
 			opts: FetchOptions{MaxBytes: 1 << 20}, wantErr: ErrTooLarge, errSubstr: "over 1048576 bytes, the agent's maximum (--max-snapshot-bytes)"},
 		{name: "bomb with a kops meta, past the free space", objects: map[string][]byte{DataObject: bomb, MetaObject: kopsMeta},
@@ -90,8 +110,8 @@ func TestFetch(t *testing.T) {
 			opts: FetchOptions{Reserve: gib, DiskSpace: func(string) (int64, int64, error) { return 600 << 20, 1 << 30, nil }}},
 		{name: "a small disk nearly full", objects: map[string][]byte{DataObject: good, MetaObject: kopsMeta},
 			opts: FetchOptions{Reserve: gib, DiskSpace: func(string) (int64, int64, error) { return 100 << 20, 1 << 30, nil }}, wantErr: ErrTempFull, errSubstr: "no room to unpack"},
-		{name: "good backup at its exact size", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"size":262144`)},
-			opts: FetchOptions{MaxBytes: 256 << 10, DiskSpace: freeOf(256 << 10)}},
+		{name: "good backup at its exact size", objects: map[string][]byte{DataObject: good, MetaObject: metaWith(`"size":262176`)},
+			opts: FetchOptions{MaxBytes: 256<<10 + 32, DiskSpace: freeOf(256<<10 + 32)}},
 
 		// A meta is read from the store: what becomes a path or a
 		// bound is checked.
@@ -122,7 +142,7 @@ func TestFetch(t *testing.T) {
 			}
 			dir := t.TempDir()
 			opts := tt.opts
-			opts.Verify = verify
+			opts.Status = verify
 			path, _, err := Fetch(ctx, s, name, dir, opts)
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.errSubstr) {
@@ -137,8 +157,12 @@ func TestFetch(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, _ := os.ReadFile(path)
-			if !bytes.Equal(got, db) || verified != path {
-				t.Fatalf("fetched %d bytes, verified %q", len(got), verified)
+			want := path
+			if tt.noStatus {
+				want = ""
+			}
+			if !bytes.Equal(got, db) || verified != want {
+				t.Fatalf("fetched %d bytes, read the status of %q, want %q", len(got), verified, want)
 			}
 		})
 	}

@@ -145,7 +145,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.tlsEnabled() {
 		go a.renewLoop(ctx)
 	}
-	verify := childVerifier()
 	var keeper node.CAKeeper
 	if a.tlsEnabled() {
 		keeper = caKeeper{a}
@@ -166,8 +165,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		ClientTLS:                a.etcdTLS,
 		CheckData:                childDataChecker(),
 		CA:                       keeper,
-	}, layout, st, storeFetcher{url: a.cfg.BackupStore, opts: a.cfg.fetchOptions(verify, a.keys), log: a.log}, a.log, a.now, a.poke)
-	lp, err := newLoop(a, n, verify)
+	}, layout, st, storeFetcher{url: a.cfg.BackupStore, opts: a.cfg.restoreFetchOptions(childStatusReader(), a.keys), log: a.log}, a.log, a.now, a.poke)
+	lp, err := newLoop(a, n)
 	if err != nil {
 		return err
 	}
@@ -271,9 +270,21 @@ func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoin
 }
 
 // fetchOptions bound what a backup fetched for a restore may unpack on
-// the data dir's disk, and decrypt it with keys.
-func (c Config) fetchOptions(verify backup.VerifyFunc, keys *crypt.Keyring) backup.FetchOptions {
-	return backup.FetchOptions{Verify: verify, MaxBytes: c.MaxSnapshotBytes, Reserve: fetchReserve, Keys: keys}
+// the data dir's disk, decrypt it with keys and read its status with
+// status.
+func (c Config) fetchOptions(status backup.VerifyFunc, keys *crypt.Keyring) backup.FetchOptions {
+	return backup.FetchOptions{Status: status, MaxBytes: c.MaxSnapshotBytes, Reserve: fetchReserve, Keys: keys}
+}
+
+// restoreFetchOptions are fetchOptions for a node's own restore: the
+// leader fetched and verified the backup whole before it stopped the
+// cluster, so a snapshot whose object matches the sha256 the meta records
+// (the bytes the leader verified) is not read a second time before
+// etcdutl restores it, which checks its trailer again itself.
+func (c Config) restoreFetchOptions(status backup.VerifyFunc, keys *crypt.Keyring) backup.FetchOptions {
+	o := c.fetchOptions(status, keys)
+	o.Hashed = true
+	return o
 }
 
 // fetchPoint fetches and verifies a backup, and brings it forward to the

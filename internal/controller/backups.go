@@ -21,21 +21,14 @@ import (
 // snapshot in a child process (see backup.VerifyCommand).
 const VerifySnapshotCommand = "verify-snapshot"
 
-// childVerifier verifies snapshots in a child etcd-manager, so that the
-// agent's own memory does not grow with the database it maps to read.
-func childVerifier() backup.VerifyFunc {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil // verify in process
-	}
-	return backup.VerifyCommand(exe, VerifySnapshotCommand)
-}
-
 // StatusOnlyFlag makes VerifySnapshotCommand only read the snapshot's
 // status, for a copy whose sha256 trailer was checked as it streamed.
 const StatusOnlyFlag = "status-only"
 
-// childStatusReader is childVerifier for a backup's local copy.
+// childStatusReader reads snapshots' status in a child etcd-manager, so
+// that the agent's own memory does not grow with the database it maps to
+// read. Backups and fetches check the sha256 trailer as the snapshot
+// streams, so the child only reads the status.
 func childStatusReader() backup.VerifyFunc {
 	exe, err := os.Executable()
 	if err != nil {
@@ -71,9 +64,9 @@ type backups struct {
 	retryDelay time.Duration // after the first failure; doubles up to maxRetry
 	maxRetry   time.Duration
 
-	// verify checks a fetched snapshot; status reads the status of a
-	// backup's local copy, whose trailer the backup checks as it streams.
-	verify, status backup.VerifyFunc
+	// status reads the status of a backup's local copy or of a fetched
+	// snapshot, whose trailers were checked as they streamed.
+	status backup.VerifyFunc
 	// keys encrypt the backups taken, when they hold a writing key.
 	keys *crypt.Keyring
 

@@ -315,7 +315,7 @@ func (lp *loop) restoreDrill(ctx context.Context, s *store.Store, name, runningV
 	}
 	defer os.RemoveAll(dir)
 
-	opts := lp.cfg.fetchOptions(lp.backups.verify, lp.keys)
+	opts := lp.cfg.fetchOptions(lp.backups.status, lp.keys)
 	room, err := drillFits(opts, dir, name, meta)
 	if err != nil {
 		return out, err

@@ -135,7 +135,7 @@ type loop struct {
 	compaction *compactor
 }
 
-func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
+func newLoop(a *Agent, n *node.Node) (*loop, error) {
 	lp := &loop{
 		Agent:          a,
 		node:           n,
@@ -147,7 +147,6 @@ func newLoop(a *Agent, n *node.Node, verify backup.VerifyFunc) (*loop, error) {
 		offsets:        map[string]time.Duration{},
 	}
 	lp.backups = a.cfg.Backup.newBackups(n.ID(), a.log, a.met, func() time.Time { return a.now() })
-	lp.backups.verify = verify
 	lp.backups.keys = a.keys
 	lp.lease = &lease{
 		lock:  &LeaderLock{NodeID: n.ID(), TTL: a.cfg.LeaderLease, Now: a.now, Floor: func() int64 { return lp.termFloor }},
@@ -684,7 +683,7 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 		return procedure.Validated{}, err
 	}
 	defer os.RemoveAll(dir)
-	path, meta, keys, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.verify, b.lp.keys), b.lp.log)
+	path, meta, keys, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.status, b.lp.keys), b.lp.log)
 	v := procedure.Validated{Meta: meta, Keys: keys}
 	if st, serr := os.Stat(path); err == nil && serr == nil {
 		v.Size = st.Size()
@@ -693,7 +692,7 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 }
 
 func (b procedureBackups) Fits(meta backup.Meta, name string) error {
-	return b.lp.cfg.fetchOptions(b.lp.backups.verify, b.lp.keys).Fits(b.lp.cfg.DataDir, meta, name)
+	return b.lp.cfg.fetchOptions(b.lp.backups.status, b.lp.keys).Fits(b.lp.cfg.DataDir, meta, name)
 }
 
 func (b procedureBackups) RecordBranch(ctx context.Context, br wal.Branch) error {
