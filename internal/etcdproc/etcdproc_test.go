@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -601,5 +602,74 @@ func TestTrashEntriesAndTidy(t *testing.T) {
 	}
 	if removed, err := l.TidyTmp(time.Now(), 0); err != nil || len(removed) != 1 {
 		t.Errorf("tidy at start: %v, %v", removed, err)
+	}
+}
+
+// StopWithin kills an etcd that ignores SIGTERM after its own grace, not
+// after StopTimeout, and only the next start on the data dir it killed
+// follows an unclean exit.
+func TestSupervisorStopWithin(t *testing.T) {
+	dir := t.TempDir()
+	etcd := filepath.Join(dir, "etcd-v3.6.16", "etcd")
+	ready := filepath.Join(dir, "ready")
+	writeScript(t, etcd, "trap '' TERM\necho x >> "+ready+"\nexec sleep 60")
+	starts := 0
+	// running waits for the next start to ignore SIGTERM.
+	running := func() {
+		starts++
+		waitFor(t, "etcd to run", func() bool { b, _ := os.ReadFile(ready); return strings.Count(string(b), "x") == starts })
+	}
+	var checked []string
+	var mu sync.Mutex
+	sup := NewSupervisor(SupervisorConfig{
+		Output: io.Discard, StopTimeout: time.Minute, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+		AfterUncleanExit: func(_ context.Context, sp Spec) error {
+			mu.Lock()
+			defer mu.Unlock()
+			checked = append(checked, filepath.Base(sp.DataDir))
+			return nil
+		},
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	spec := func(token string) Spec {
+		d := filepath.Join(dir, "data", token)
+		if err := os.MkdirAll(filepath.Join(d, "member"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return Spec{Binaries: Binaries{Etcd: etcd}, Name: "n", DataDir: d, RequireData: true}
+	}
+	for _, tt := range []struct {
+		stopped, next string
+		wantCheck     bool
+	}{
+		{"old", "new", false}, // a replaced cluster's data is not started again
+		{"new", "new", true},
+	} {
+		if err := sup.Start(t.Context(), spec(tt.stopped)); err != nil {
+			t.Fatal(err)
+		}
+		running()
+		// Well inside StopTimeout: only the grace can end the stop in time.
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		err := sup.StopWithin(ctx, 100*time.Millisecond)
+		cancel()
+		if err != nil {
+			t.Fatalf("StopWithin of an etcd that ignores SIGTERM: %v", err)
+		}
+		mu.Lock()
+		checked = nil
+		mu.Unlock()
+		if err := sup.Start(t.Context(), spec(tt.next)); err != nil {
+			t.Fatal(err)
+		}
+		running()
+		mu.Lock()
+		got := slices.Contains(checked, tt.next)
+		mu.Unlock()
+		if got != tt.wantCheck {
+			t.Errorf("killed on %s, started on %s: data checked %v, want %v", tt.stopped, tt.next, got, tt.wantCheck)
+		}
+		if err := sup.StopWithin(t.Context(), 100*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

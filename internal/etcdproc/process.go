@@ -198,9 +198,11 @@ type Supervisor struct {
 	exiting  chan struct{}
 	lastErr  error
 	dataLost bool
-	// killed is set when a stop had to kill etcd: its next start follows
-	// an unclean exit.
-	killed bool
+	// killedDir is the data dir of an etcd a stop had to kill: the next
+	// start on it follows an unclean exit.
+	killedDir string
+	// grace is how long the current stop waits before SIGKILL.
+	grace time.Duration
 }
 
 // NewSupervisor returns an idle supervisor.
@@ -246,8 +248,8 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) error {
 	}
 	killOrphan(s.cfg.PIDFile, spec.DataDir, s.log)
 	s.mu.Lock()
-	unclean = unclean || s.killed
-	s.killed = false
+	unclean = unclean || s.killedDir == spec.DataDir
+	s.killedDir = ""
 	s.spec = &spec
 	s.starts = 0
 	s.lastErr = nil
@@ -272,7 +274,17 @@ func (s *Supervisor) Start(ctx context.Context, spec Spec) error {
 // ctx ends first, etcd still stops, and the next Start waits for it: two
 // etcds never run on one data directory.
 func (s *Supervisor) Stop(ctx context.Context) error {
+	return s.StopWithin(ctx, s.cfg.StopTimeout)
+}
+
+// StopWithin is Stop with grace in place of StopTimeout: for an etcd
+// whose cluster is being replaced, which need not wait for its clients'
+// requests to drain (etcd waits up to its request timeout, seconds, for
+// requests that a cluster without quorum never answers). A kill is safe
+// for etcd's data, and the next start on the same data dir checks it.
+func (s *Supervisor) StopWithin(ctx context.Context, grace time.Duration) error {
 	s.mu.Lock()
+	s.grace = grace
 	stop, done := s.stop, s.done
 	s.stop, s.done, s.spec = nil, nil, nil
 	if done != nil {
@@ -418,7 +430,7 @@ func (s *Supervisor) runOnce(spec Spec, stop <-chan struct{}, onStart func(error
 	select {
 	case err = <-exited:
 	case <-stop:
-		err = s.terminate(cmd, exited)
+		err = s.terminate(cmd, exited, spec.DataDir)
 	}
 	s.mu.Lock()
 	s.pid = 0
@@ -449,19 +461,25 @@ func (s *Supervisor) checkAfterUncleanExit(spec Spec, stop <-chan struct{}) erro
 	return s.cfg.AfterUncleanExit(ctx, spec)
 }
 
-func (s *Supervisor) terminate(cmd *exec.Cmd, exited <-chan error) error {
+func (s *Supervisor) terminate(cmd *exec.Cmd, exited <-chan error, dataDir string) error {
 	pid := cmd.Process.Pid
+	s.mu.Lock()
+	grace := s.grace
+	s.mu.Unlock()
+	if grace <= 0 {
+		grace = s.cfg.StopTimeout
+	}
 	s.log.Info("stopping etcd", "pid", pid)
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-exited:
 		s.log.Info("etcd stopped", "pid", pid)
 		return err
-	case <-time.After(s.cfg.StopTimeout):
-		s.log.Warn("etcd did not stop in time; killing it", "pid", pid, "timeout", s.cfg.StopTimeout)
+	case <-time.After(grace):
+		s.log.Warn("etcd did not stop in time; killing it", "pid", pid, "timeout", grace)
 		_ = cmd.Process.Kill()
 		s.mu.Lock()
-		s.killed = true
+		s.killedDir = dataDir
 		s.mu.Unlock()
 		return <-exited
 	}

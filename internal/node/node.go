@@ -386,7 +386,7 @@ func (n *Node) AbandonPending(ctx context.Context, token, reason string) error {
 	if m == nil || !m.Pending || m.ClusterToken != token {
 		return nil
 	}
-	return n.leaveLocked(ctx, "abandoned creation: "+reason)
+	return n.leaveLocked(ctx, "abandoned creation: "+reason, 0)
 }
 
 // Join serves the peer API: become a member as the leader says. It is
@@ -451,14 +451,28 @@ func (n *Node) Leave(ctx context.Context, req peer.LeaveRequest) error {
 		return fmt.Errorf("node: leave cluster %s: this node is in cluster %s", req.Token, cur.ClusterToken)
 	}
 	defer n.poke()
-	return n.leaveLocked(ctx, req.Reason)
+	grace := time.Duration(0)
+	if req.Replaced {
+		grace = replacedStopGrace
+	}
+	return n.leaveLocked(ctx, req.Reason, grace)
 }
 
-// leaveLocked stops etcd, trashes its data and drops the membership.
-// Callers hold n.mu.
-func (n *Node) leaveLocked(ctx context.Context, reason string) error {
+// replacedStopGrace is how long an etcd whose cluster is being replaced
+// gets to stop before it is killed. A leader whose followers have stopped
+// otherwise waits out its request timeout (seconds) on clients' reads that
+// it can no longer answer; its data is moved aside either way.
+const replacedStopGrace = time.Second
+
+// leaveLocked stops etcd (killing it after grace, when that is not 0),
+// trashes its data and drops the membership. Callers hold n.mu.
+func (n *Node) leaveLocked(ctx context.Context, reason string, grace time.Duration) error {
 	token := n.state.Member.ClusterToken
-	if err := n.proc.Stop(ctx); err != nil {
+	stop := n.proc.Stop
+	if grace > 0 {
+		stop = func(ctx context.Context) error { return n.proc.StopWithin(ctx, grace) }
+	}
+	if err := stop(ctx); err != nil {
 		return err
 	}
 	trashed, err := n.layout.Trash(token, n.now())

@@ -184,6 +184,11 @@ type LeaveRequest struct {
 	// lock's), 0 outside a procedure. A node refuses a term older than one
 	// it has obeyed.
 	Term int64 `json:"term,omitempty"`
+	// Replaced says the whole cluster is being replaced (a restore):
+	// etcd gets a short grace to stop before it is killed, instead of
+	// waiting on clients' requests that it can no longer answer. An
+	// older node ignores it and stops etcd gracefully.
+	Replaced bool `json:"replaced,omitempty"`
 }
 
 // RestoreRequest tells a node to become a member of a new cluster made

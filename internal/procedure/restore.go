@@ -206,7 +206,7 @@ func (e *Executor) stopForRestore(ctx context.Context, obs plan.Observed, act pl
 		}
 		return onNodesLeaderLast(ctx, obs, ids, func(ctx context.Context, n plan.Node) error {
 			return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
-				return api.Leave(ctx, peer.LeaveRequest{LeaderID: e.SelfID, Term: term, Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster"})
+				return api.Leave(ctx, peer.LeaveRequest{LeaderID: e.SelfID, Term: term, Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster", Replaced: true})
 			})
 		})
 	})
