@@ -65,6 +65,14 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	if err := spec.CheckClusterToken("the restore's cluster token", token); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
+	// Every member of the restored cluster starts from the same verified
+	// snapshot at about the same time, and the leader checks their HashKV
+	// before it lifts the quarantine. etcd's initial corruption check
+	// would compare nothing, and a member that saw an earlier one's peer
+	// port open would wait in it, up to etcd's request timeout (7 s), for
+	// a HashKV that member cannot answer before there is a quorum.
+	n.quietStart = true
+	defer func() { n.quietStart = false }()
 	if cur := n.state.Member; cur != nil && cur.ClusterToken == token && n.layout.HasEtcdData(token) {
 		if n.proc.Status().Wanted {
 			return nil
@@ -80,7 +88,7 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 		return err
 	}
 	if cur := n.state.Member; cur != nil && cur.ClusterToken != token {
-		if err := n.leaveLocked(ctx, "restore of backup "+req.Backup+" replaces this cluster"); err != nil {
+		if err := n.leaveLocked(ctx, "restore of backup "+req.Backup+" replaces this cluster", replacedStopGrace); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +113,48 @@ func TestRestoreOverLiveCluster(t *testing.T) {
 		t.Errorf("%d data dirs in the trash, want the 3 old members'", trashed)
 	}
 	assertOneCluster(t, agents)
+	assertRestoredWithoutInitialCheck(t, agents)
+}
+
+// assertRestoredWithoutInitialCheck checks, from the agents' logs, that
+// each restored member first started without etcd's initial corruption
+// check and without probing its peers for it: all start at once from one
+// snapshot, and a member that finds an earlier one's peer port open waits
+// in the check for a HashKV that cannot come before there is a quorum.
+// Without the restore's own decision, every start either probes and finds
+// no peer (and says so) or runs the check.
+func assertRestoredWithoutInitialCheck(t *testing.T, agents []*harness.Agent) {
+	t.Helper()
+	members := 0
+	for _, a := range agents {
+		lines := strings.Split(a.Log(), "\n")
+		from := slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, `msg="restored backup; starting etcd in quarantine"`) })
+		if from < 0 {
+			continue // not a member of the restored cluster
+		}
+		members++
+		to := from + slices.IndexFunc(lines[from:], func(l string) bool { return strings.Contains(l, `msg="etcd started"`) })
+		if to < from {
+			t.Errorf("agent %s: the restored member's start is not logged", a.Name)
+			continue
+		}
+		for _, l := range lines[from:to] {
+			if strings.Contains(l, "no peer's etcd serves") {
+				t.Errorf("agent %s: the restored member's start probed its peers for etcd's initial corruption check: %s", a.Name, l)
+			}
+		}
+		run := slices.IndexFunc(lines[to:], func(l string) bool { return strings.Contains(l, `"Running: "`) })
+		if run < 0 {
+			t.Errorf("agent %s: etcd logged no command line after the restored start", a.Name)
+			continue
+		}
+		if l := strings.ToLower(lines[to+run]); strings.Contains(l, "initialcorruptcheck=true") || strings.Contains(l, "initial-corrupt-check=true") {
+			t.Errorf("agent %s: the restored member started with etcd's initial corruption check: %s", a.Name, lines[to+run])
+		}
+	}
+	if members != 3 {
+		t.Errorf("%d agents restored a member, want 3", members)
+	}
 }
 
 // assertOneCluster checks that every running etcd belongs to the same
