@@ -46,9 +46,8 @@ func newStore(t *testing.T) *recordingStore {
 	return &recordingStore{Store: s}
 }
 
-// fakeDB writes n random bytes as a snapshot db.
-// fakeDB is n bytes of pages as a streamed snapshot holds them, with
-// their sha256 trailer after them.
+// fakeDB writes a snapshot db: n bytes of pages as a streamed snapshot
+// holds them, with their sha256 trailer after them.
 func fakeDB(t *testing.T, n int) (string, []byte) {
 	t.Helper()
 	db := make([]byte, n)

@@ -327,7 +327,7 @@ func gunzipTo(path string, r io.Reader, meta Meta, key string, lim limit, keys *
 		return fmt.Errorf("%w: %s is %d bytes, but its meta records %d", ErrCorrupt, key, counted.n, meta.CompressedSize)
 	}
 	if err := trailer.check(); err != nil {
-		return fmt.Errorf("%w: the snapshot in %s: %v", ErrCorrupt, key, err)
+		return fmt.Errorf("%w: %s: %v", ErrCorrupt, key, err)
 	}
 	return nil
 }

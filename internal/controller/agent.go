@@ -265,7 +265,14 @@ func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoin
 		return "", err
 	}
 	defer s.Close()
-	path, _, _, err := fetchPoint(ctx, s, name, p, dir, f.opts, f.log)
+	opts := f.opts
+	if p.ToRevision > 0 {
+		// Captured segments are applied to the snapshot in this process:
+		// its database is read whole in a child first, whatever the meta
+		// says.
+		opts.Hashed = false
+	}
+	path, _, _, err := fetchPoint(ctx, s, name, p, dir, opts, f.log)
 	return path, err
 }
 
@@ -280,7 +287,8 @@ func (c Config) fetchOptions(status backup.VerifyFunc, keys *crypt.Keyring) back
 // leader fetched and verified the backup whole before it stopped the
 // cluster, so a snapshot whose object matches the sha256 the meta records
 // (the bytes the leader verified) is not read a second time before
-// etcdutl restores it, which checks its trailer again itself.
+// etcdutl restores it, which checks its trailer again itself. A restore
+// to a point reads it all the same (see storeFetcher.Fetch).
 func (c Config) restoreFetchOptions(status backup.VerifyFunc, keys *crypt.Keyring) backup.FetchOptions {
 	o := c.fetchOptions(status, keys)
 	o.Hashed = true

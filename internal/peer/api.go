@@ -193,7 +193,7 @@ type LeaveRequest struct {
 
 // RestoreRequest tells a node to become a member of a new cluster made
 // from a backup: it stops any etcd it runs (moving that data to the
-// trash), fetches and verifies the backup itself, restores it into the
+// trash), fetches and checks the backup itself, restores it into the
 // new cluster's data dir and starts etcd with Member (quarantined).
 type RestoreRequest struct {
 	ClusterName string `json:"clusterName"`
