@@ -578,31 +578,20 @@ func ReadStatus(path string) (snapshot.Status, error) {
 	return st, nil
 }
 
-// checkTrailer compares the last 32 bytes with the sha256 of the rest,
-// reading the file once.
+// checkTrailer checks a snapshot file's sha256 trailer as a stream's is
+// checked (trailerHash), reading the file once.
 func checkTrailer(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("backup: %w", err)
-	}
-	if st.Size() < sha256.Size+512 {
-		return fmt.Errorf("%w: %s is only %d bytes", ErrCorrupt, path, st.Size())
-	}
-	h := sha256.New()
-	if _, err := io.CopyN(h, f, st.Size()-sha256.Size); err != nil {
+	trailer := &trailerHash{h: sha256.New()}
+	if _, err := io.Copy(trailer, f); err != nil {
 		return fmt.Errorf("backup: read %s: %w", path, err)
 	}
-	trailer := make([]byte, sha256.Size)
-	if _, err := io.ReadFull(f, trailer); err != nil {
-		return fmt.Errorf("backup: read %s: %w", path, err)
-	}
-	if got := h.Sum(nil); string(got) != string(trailer) {
-		return fmt.Errorf("%w: %s: sha256 trailer does not match its contents", ErrCorrupt, path)
+	if err := trailer.check(); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
 	return nil
 }

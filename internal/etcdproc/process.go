@@ -277,11 +277,12 @@ func (s *Supervisor) Stop(ctx context.Context) error {
 	return s.StopWithin(ctx, s.cfg.StopTimeout)
 }
 
-// StopWithin is Stop with grace in place of StopTimeout: for an etcd
-// whose cluster is being replaced, which need not wait for its clients'
-// requests to drain (etcd waits up to its request timeout, seconds, for
-// requests that a cluster without quorum never answers). A kill is safe
-// for etcd's data, and the next start on the same data dir checks it.
+// StopWithin is Stop with grace in place of StopTimeout (0 means
+// StopTimeout): for an etcd whose cluster is being replaced, which need
+// not wait for its clients' requests to drain (etcd waits up to its
+// request timeout, seconds, for requests that a cluster without quorum
+// never answers). A kill is safe for etcd's data, and the next start on
+// the same data dir checks it.
 func (s *Supervisor) StopWithin(ctx context.Context, grace time.Duration) error {
 	s.mu.Lock()
 	s.grace = grace

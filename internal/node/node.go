@@ -464,15 +464,12 @@ func (n *Node) Leave(ctx context.Context, req peer.LeaveRequest) error {
 // it can no longer answer; its data is moved aside either way.
 const replacedStopGrace = time.Second
 
-// leaveLocked stops etcd (killing it after grace, when that is not 0),
-// trashes its data and drops the membership. Callers hold n.mu.
+// leaveLocked stops etcd (killing it after grace, or after the stop
+// timeout when grace is 0), trashes its data and drops the membership.
+// Callers hold n.mu.
 func (n *Node) leaveLocked(ctx context.Context, reason string, grace time.Duration) error {
 	token := n.state.Member.ClusterToken
-	stop := n.proc.Stop
-	if grace > 0 {
-		stop = func(ctx context.Context) error { return n.proc.StopWithin(ctx, grace) }
-	}
-	if err := stop(ctx); err != nil {
+	if err := n.proc.StopWithin(ctx, grace); err != nil {
 		return err
 	}
 	trashed, err := n.layout.Trash(token, n.now())
