@@ -357,14 +357,27 @@ func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Poi
 }
 
 // idle records finished digests and polls leases until next fires or,
-// while a quiet pass's watch stays open, until that watch has news.
+// while a quiet pass's watch stays open, until that watch has news. A
+// digest that falls due meanwhile starts then: a cluster that goes quiet
+// after a burst of writes still gets a digest of the burst's last
+// revision, which the next change's segment carries.
 func (f *follower) idle(ctx context.Context, next, poll <-chan time.Time) error {
+	due := time.NewTimer(time.Hour)
+	defer due.Stop()
 	for {
+		due.Stop()
+		var dueC <-chan time.Time
+		if f.c.DigestInterval > 0 && !f.digestRunning && f.last > f.digestRev {
+			due.Reset(max(f.nextDigest.Sub(f.c.Now()), 0))
+			dueC = due.C
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-next:
 			return nil
+		case <-dueC:
+			f.maybeDigest(ctx)
 		case resp, ok := <-f.quiet.ch:
 			f.quiet.pending, f.quiet.closed = &resp, !ok
 			return nil

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -464,5 +465,88 @@ func TestCaptureIdleKeepsOneWatch(t *testing.T) {
 	<-uploaded
 	if n := cl.watches.Load(); n < 4 {
 		t.Errorf("capture opened %d watches for 3 changes, want a new one after each", n)
+	}
+}
+
+// TestCaptureDigestsWhileIdle: a digest that falls due while the cluster
+// is quiet, after a burst of writes, is taken then, at the burst's last
+// revision, not only once the next change arrives; the segment of that
+// next change carries it into the store, so a restore to the next
+// change checks it.
+func TestCaptureDigestsWhileIdle(t *testing.T) {
+	etcd := startSegmentSource(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := openStore(t, "file://"+t.TempDir())
+	base := headRevision(t, ctx, etcd)
+	cfg := wal.Default()
+	cfg.CutInterval = 10 * time.Millisecond
+	cfg.DigestInterval = 2 * time.Second
+	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(cctx, etcd, "quiet", &wal.Base{Backup: "full-backup", Revision: base}) }()
+	uploaded := make(chan struct{})
+	go func() { c.Upload(cctx); close(uploaded) }()
+
+	// The burst lands within the first digest's interval: no digest of
+	// it is due before the cluster goes quiet.
+	for i := range 10 {
+		if _, err := etcd.Put(ctx, fmt.Sprintf("/quiet/%d", i), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	burst := headRevision(t, ctx, etcd)
+	harness.WaitFor(t, 10*time.Second, fmt.Sprintf("the burst to revision %d in the store", burst), func() bool {
+		return c.Status().Durable >= burst
+	})
+	time.Sleep(2*cfg.DigestInterval + time.Second) // quiet: the digest falls due and finishes
+	if _, err := etcd.Put(ctx, "/quiet/next", "v"); err != nil {
+		t.Fatal(err)
+	}
+	head := headRevision(t, ctx, etcd)
+	harness.WaitFor(t, 10*time.Second, fmt.Sprintf("revision %d in the store", head), func() bool {
+		return c.Status().Durable >= head
+	})
+	stop()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Fatalf("capture ended with %v", err)
+	}
+	<-uploaded
+
+	refs, err := wal.List(ctx, s, "quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var digests []int64
+	for _, ref := range refs {
+		r, err := s.Reader(ctx, ref.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sr, err := wal.NewReader(r, ref.Key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			rec, err := sr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", ref.Key, err)
+			}
+			if rec.Kind == wal.KindDigest {
+				digests = append(digests, rec.Revision)
+			}
+		}
+		r.Close()
+	}
+	if !slices.Contains(digests, burst) {
+		t.Fatalf("the store holds digests at revisions %v, want one at %d, the last revision before the quiet spell", digests, burst)
 	}
 }
