@@ -85,8 +85,21 @@ func TestBackupStoreFailsMidUpload(t *testing.T) {
 	fill(t, c, 64)
 	etcdPID := agents[0].EtcdPID()
 	before := strings.Fields(env.MustCtl("list-backups")) // the first periodic backup
+	// Continuous capture uploads the fill's segments in parts too: they
+	// must be in the store before the wait for the backup's first part.
+	head, err := c.Get(context.Background(), "/fill/0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, env.StoreURL)
+	harness.WaitFor(t, time.Minute, "capture to put the fill in the store", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return harness.CapturedTo(ctx, s) >= head.Header.Revision
+	})
 
 	id := strings.TrimSpace(env.MustCtl("backup-now", "--wait=false"))
+	agents[0].WaitLog(`action="take-backup (backup-now `+id, 1, time.Minute)
 	multipart := filepath.Join(minio.DataDir, ".minio.sys", "multipart")
 	harness.WaitFor(t, time.Minute, "the backup's multipart upload to start", func() bool {
 		found := false
