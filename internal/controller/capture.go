@@ -266,7 +266,7 @@ func (c *capturer) captureOnce(ctx context.Context, r *captureRun, w *wal.Captur
 	}
 	defer cl.Close()
 	started := c.now()
-	err = w.Run(ctx, cl, r.token, base)
+	err = w.Run(ctx, wal.Etcd(cl), r.token, base)
 	if c.now().Sub(started) > time.Minute {
 		c.mu.Lock()
 		c.failures = 0 // it ran well for a while

@@ -6,15 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
@@ -99,10 +103,26 @@ var (
 
 // Client is what capture needs of etcd.
 type Client interface {
-	Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan
+	// WatchStream opens a raw watch stream: capture reads etcd's
+	// fragments of a large response one at a time, where clientv3's
+	// watcher joins them into one response in memory first.
+	WatchStream(ctx context.Context) (pb.Watch_WatchClient, error)
 	Leases(ctx context.Context) (*clientv3.LeaseLeasesResponse, error)
 	TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error)
 	Ranger
+}
+
+// Etcd is a Client over a clientv3 client: its watch streams use the
+// client's connection, with its endpoints, TLS and interceptors.
+func Etcd(c *clientv3.Client) Client { return etcdClient{c} }
+
+type etcdClient struct{ *clientv3.Client }
+
+// WatchStream waits for a connection, as clientv3's watches do, and
+// takes a message of any size, as clientv3 does: etcd's fragments are
+// bounded by its --max-request-bytes, but a single event is sent whole.
+func (c etcdClient) WatchStream(ctx context.Context) (pb.Watch_WatchClient, error) {
+	return pb.NewWatchClient(c.ActiveConnection()).Watch(ctx, grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(math.MaxInt32))
 }
 
 // Status is capture's state, for metrics.
@@ -333,11 +353,33 @@ func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Poi
 	}
 	c.Log.Info("capture started", "timeline", timeline, "from-revision", at.Revision+1, "new-run", base != nil)
 	defer f.quiet.close()
+	var brokeAt time.Time // the first of consecutive broken watches
 	for {
 		caughtUp, err := f.catchUp(ctx)
+		if errors.Is(err, errWatchBroke) && ctx.Err() == nil {
+			// A member that restarts or loses its leader breaks the
+			// watch: what was taken is cut, and the next pass watches
+			// again, through any endpoint, for a while.
+			if brokeAt.IsZero() {
+				brokeAt = time.Now()
+			}
+			if time.Since(brokeAt) < watchRetryFor {
+				c.Log.Debug("capture's watch broke; watching again", "timeline", timeline, "after-revision", f.last, "error", err)
+				if err := f.cut(); err != nil {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(watchRetryDelay):
+				}
+				continue
+			}
+		}
 		if err != nil {
 			return err
 		}
+		brokeAt = time.Time{}
 		if err := f.cut(); err != nil {
 			return err
 		}
@@ -378,8 +420,8 @@ func (f *follower) idle(ctx context.Context, next, poll <-chan time.Time) error 
 			return nil
 		case <-dueC:
 			f.maybeDigest(ctx)
-		case resp, ok := <-f.quiet.ch:
-			f.quiet.pending, f.quiet.closed = &resp, !ok
+		case m, ok := <-f.quiet.ch:
+			f.quiet.pending, f.quiet.closed = &m, !ok
 			return nil
 		case d := <-f.digests:
 			if err := f.digested(d); err != nil {
@@ -414,9 +456,7 @@ func (f *follower) idle(ctx context.Context, next, poll <-chan time.Time) error 
 func (f *follower) catchUp(ctx context.Context) (bool, error) {
 	wch, cancel, pending := f.quiet.take()
 	if wch == nil {
-		var wctx context.Context
-		wctx, cancel = context.WithCancel(ctx)
-		wch = f.cl.Watch(clientv3.WithRequireLeader(wctx), "\x00", clientv3.WithFromKey(), clientv3.WithRev(f.last+1), clientv3.WithCreatedNotify())
+		wch, cancel = f.openWatch(ctx, f.last+1)
 	}
 	deadline := time.NewTimer(f.c.CutInterval)
 	defer deadline.Stop()
@@ -426,15 +466,17 @@ func (f *follower) catchUp(ctx context.Context) (bool, error) {
 			f.quiet.keep(wch, cancel)
 		} else {
 			cancel()
+			f.split = nil // the next watch starts at its revision again
 		}
 		return caughtUp, nil
 	}
 	fail := func(err error) (bool, error) {
 		cancel()
+		f.split = nil
 		return false, err
 	}
 	for {
-		var resp clientv3.WatchResponse
+		var m watchMsg
 		ok := true
 		select {
 		case <-ctx.Done():
@@ -445,23 +487,27 @@ func (f *follower) catchUp(ctx context.Context) (bool, error) {
 				return done(false)
 			}
 			continue
-		case resp, ok = <-pending:
+		case m, ok = <-pending:
 			pending = nil
-		case resp, ok = <-wch:
+		case m, ok = <-wch:
 		}
 		if !ok {
 			if ctx.Err() != nil {
 				return fail(ctx.Err())
 			}
-			return fail(errors.New("wal: capture: the watch closed"))
+			return fail(fmt.Errorf("%w: it closed", errWatchBroke))
 		}
+		if m.err != nil {
+			return fail(fmt.Errorf("%w: %w", errWatchBroke, m.err))
+		}
+		resp := m.resp
 		if resp.CompactRevision > 0 { // the watch start is compacted away
 			return fail(&compactedError{rev: resp.CompactRevision})
 		}
-		if err := resp.Err(); err != nil {
-			return fail(fmt.Errorf("wal: capture: watch: %w", err))
+		if resp.Canceled {
+			return fail(fmt.Errorf("wal: capture: etcd cancelled the watch: %s", resp.CancelReason))
 		}
-		if err := f.events(ctx, resp.Events); err != nil {
+		if err := f.events(ctx, resp.Events, resp.Fragment); err != nil {
 			return fail(err)
 		}
 		if f.w != nil && f.w.header.BodySize >= f.c.MaxSegmentBytes {
@@ -469,10 +515,13 @@ func (f *follower) catchUp(ctx context.Context) (bool, error) {
 				return fail(err)
 			}
 		}
+		if resp.Fragment {
+			continue // the rest of the response follows
+		}
 		// The header holds etcd's revision when it sent the response:
 		// every revision up to it has been sent, in this response or
 		// an earlier one.
-		if resp.Header.Revision <= f.last {
+		if resp.Header != nil && resp.Header.Revision <= f.last {
 			return done(true)
 		}
 		if expired && f.last > from {
@@ -481,28 +530,84 @@ func (f *follower) catchUp(ctx context.Context) (bool, error) {
 	}
 }
 
+// errWatchBroke is a watch stream that failed or ended: the next pass
+// opens another from the last revision taken, every watchRetryDelay for
+// up to watchRetryFor, after which the run ends with the error.
+var errWatchBroke = errors.New("wal: capture: the watch broke")
+
+const (
+	watchRetryDelay = 500 * time.Millisecond
+	watchRetryFor   = 30 * time.Second
+)
+
+// watchMsg is one message of a watch stream, or the error that ended it.
+type watchMsg struct {
+	resp *pb.WatchResponse
+	err  error
+}
+
+// openWatch watches every key from revision rev on a stream of its own,
+// asking etcd to fragment large responses: a watch that starts behind is
+// served up to 1000 revisions in one response, which fragments keep to
+// etcd's --max-request-bytes a message. The messages arrive on the
+// channel, one at a time as they are taken, and the one after an error
+// closes it; cancel ends the stream.
+func (f *follower) openWatch(ctx context.Context, rev int64) (<-chan watchMsg, context.CancelFunc) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	ch := make(chan watchMsg)
+	go func() {
+		defer close(ch)
+		send := func(m watchMsg) bool {
+			select {
+			case ch <- m:
+				return true
+			case <-wctx.Done():
+				return false
+			}
+		}
+		stream, err := f.cl.WatchStream(wctx)
+		if err != nil {
+			send(watchMsg{err: err})
+			return
+		}
+		req := &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
+			Key: []byte{0}, RangeEnd: []byte{0}, StartRevision: rev, Fragment: true}}}
+		if err := stream.Send(req); err != nil {
+			send(watchMsg{err: err})
+			return
+		}
+		for {
+			resp, err := stream.Recv()
+			if !send(watchMsg{resp: resp, err: err}) || err != nil {
+				return
+			}
+		}
+	}()
+	return ch, cancel
+}
+
 // quietWatch is the watch of a pass that found nothing new, kept open
 // until its next message, which idle holds for the next pass.
 type quietWatch struct {
-	ch      clientv3.WatchChan
+	ch      <-chan watchMsg
 	cancel  context.CancelFunc
-	pending *clientv3.WatchResponse
+	pending *watchMsg
 	closed  bool // the watch closed instead of sending a message
 }
 
-func (q *quietWatch) keep(ch clientv3.WatchChan, cancel context.CancelFunc) {
+func (q *quietWatch) keep(ch <-chan watchMsg, cancel context.CancelFunc) {
 	q.ch, q.cancel = ch, cancel
 }
 
 // take hands the kept watch, its cancel and its message, as a channel
 // holding it (closed if the watch closed), to a pass. It returns nils
 // when no watch is kept or it has no message yet, which closes it.
-func (q *quietWatch) take() (clientv3.WatchChan, context.CancelFunc, <-chan clientv3.WatchResponse) {
+func (q *quietWatch) take() (<-chan watchMsg, context.CancelFunc, <-chan watchMsg) {
 	if q.pending == nil && !q.closed {
 		q.close()
 		return nil, nil, nil
 	}
-	p := make(chan clientv3.WatchResponse, 1)
+	p := make(chan watchMsg, 1)
 	if q.closed {
 		close(p)
 	} else {
@@ -532,6 +637,7 @@ type follower struct {
 	base     *Base // set until the run's first segment is cut
 	known    map[int64]bool
 	rec      Record
+	split    []*mvccpb.Event // a revision a fragment split, until its rest arrives
 
 	// A digest runs beside the watch: one at a time, every
 	// DigestInterval.
@@ -603,13 +709,23 @@ func (f *follower) writer() (*segmentWriter, error) {
 	return w, nil
 }
 
-// events spools one watch response: whole revisions, as etcd sends them.
-func (f *follower) events(ctx context.Context, evs []*clientv3.Event) error {
+// events spools one watch message: whole revisions, as etcd sends them.
+// A fragment (more set) may end inside a revision: its events wait in
+// f.split for the rest, which the next message brings.
+func (f *follower) events(ctx context.Context, evs []*mvccpb.Event, more bool) error {
+	if len(f.split) > 0 {
+		evs = append(f.split, evs...)
+		f.split = nil
+	}
 	for i := 0; i < len(evs); {
 		rev := evs[i].Kv.ModRevision
 		j := i
 		for j < len(evs) && evs[j].Kv.ModRevision == rev {
 			j++
+		}
+		if j == len(evs) && more {
+			f.split = slices.Clone(evs[i:])
+			return nil
 		}
 		if err := f.revision(ctx, rev, evs[i:j]); err != nil {
 			return err
@@ -619,7 +735,7 @@ func (f *follower) events(ctx context.Context, evs []*clientv3.Event) error {
 	return nil
 }
 
-func (f *follower) revision(ctx context.Context, rev int64, evs []*clientv3.Event) error {
+func (f *follower) revision(ctx context.Context, rev int64, evs []*mvccpb.Event) error {
 	w, err := f.writer()
 	if err != nil {
 		return err
@@ -628,7 +744,7 @@ func (f *follower) revision(ctx context.Context, rev int64, evs []*clientv3.Even
 	*r = Record{Kind: KindRevision, Revision: rev, Time: f.c.Now().UnixNano(), Events: r.Events[:0]}
 	for _, ev := range evs {
 		var kv *mvccpb.KeyValue
-		if ev.Type == clientv3.EventTypeDelete {
+		if ev.Type == mvccpb.DELETE {
 			kv = &mvccpb.KeyValue{Key: ev.Kv.Key}
 		} else {
 			kv = ev.Kv
@@ -642,7 +758,7 @@ func (f *follower) revision(ctx context.Context, rev int64, evs []*clientv3.Even
 		if err != nil {
 			return fmt.Errorf("wal: capture: encode revision %d: %w", rev, err)
 		}
-		r.Events = append(r.Events, Event{Tombstone: ev.Type == clientv3.EventTypeDelete, Value: v})
+		r.Events = append(r.Events, Event{Tombstone: ev.Type == mvccpb.DELETE, Value: v})
 	}
 	if err := w.add(*r); err != nil {
 		return err

@@ -145,7 +145,7 @@ func testPITRVersion(t *testing.T, version string) {
 	defer stopCapture()
 	runErr := make(chan error, 1)
 	go func() {
-		runErr <- capture.Run(capCtx, c, "tl1", &wal.Base{Backup: info.Name, Revision: info.Meta.Revision})
+		runErr <- capture.Run(capCtx, wal.Etcd(c), "tl1", &wal.Base{Backup: info.Name, Revision: info.Meta.Revision})
 	}()
 	go capture.Upload(capCtx)
 

@@ -243,7 +243,7 @@ func captureTo(t *testing.T, ctx context.Context, s *store.Store, etcd *clientv3
 	cctx, stop := context.WithCancel(ctx)
 	defer stop()
 	ran := make(chan error, 1)
-	go func() { ran <- c.Run(cctx, etcd, timeline, &wal.Base{Backup: "full-backup", Revision: base}) }()
+	go func() { ran <- c.Run(cctx, wal.Etcd(etcd), timeline, &wal.Base{Backup: "full-backup", Revision: base}) }()
 	uploaded := make(chan struct{})
 	go func() { c.Upload(cctx); close(uploaded) }()
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("capture of %s to reach revision %d in the store", timeline, head), func() bool {
