@@ -9,6 +9,11 @@ import (
 const (
 	failureBackoff    = 5 * time.Second
 	maxFailureBackoff = 5 * time.Minute
+	// staleFailure is how long a failure is kept without another try:
+	// an action that still fails is tried again within maxFailureBackoff
+	// of its last failure, one no longer planned (its node went away,
+	// this agent no longer leads) never is.
+	staleFailure = 2 * maxFailureBackoff
 )
 
 // failures counts the leader's actions that failed in a row, by
@@ -39,6 +44,17 @@ func (f *failures) failed(key string, err error, now time.Time) {
 
 // succeeded forgets the action's failures.
 func (f *failures) succeeded(key string) { delete(f.m, key) }
+
+// prune forgets the failures of actions not tried for staleFailure, and
+// returns how many are left: the actions that keep failing.
+func (f *failures) prune(now time.Time) int {
+	for key, x := range f.m {
+		if now.Sub(x.last) > staleFailure {
+			delete(f.m, key)
+		}
+	}
+	return len(f.m)
+}
 
 // count is how many times in a row the action failed.
 func (f *failures) count(key string) int {

@@ -322,6 +322,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 			lp.log.Error("cannot set aside data etcd found corrupt; will retry", "error", err)
 		}
 	}
+	lp.met.backingOff.Set(float64(lp.failures.prune(lp.now())))
 	obs := lp.observe(ctx)
 	lp.met.loopCycles.Inc()
 	lp.clusterFigures(obs)
@@ -527,7 +528,7 @@ func (lp *loop) noteOutcome(act plan.Action, err error) {
 	case !errors.Is(err, errWait) && !errors.Is(err, ErrNotLeader):
 		lp.failures.failed(key, err, lp.now())
 	}
-	lp.met.backingOff.Set(float64(len(lp.failures.backingOff(lp.now()))))
+	lp.met.backingOff.Set(float64(lp.failures.prune(lp.now())))
 }
 
 // changed records a membership change, so the next one waits for a fresh
