@@ -201,6 +201,9 @@ func printBackupRecords(w io.Writer, d *spec.DrillRecord, f *spec.BackupFailure)
 			fprintf(w, ": %s", l.Message)
 		}
 		fprintf(w, "\n")
+		if fl := d.Failing(); fl != nil && l.Outcome != spec.EventFailed {
+			fprintf(w, "  last drill that FAILED, none passed since: %s on %s, backup %s: %s\n", fl.Time.Format(time.RFC3339), fl.Node, dash(fl.Backup), fl.Message)
+		}
 		if p := d.LastPassed; p != nil && l.Outcome != spec.EventOK {
 			fprintf(w, "  last drill that passed: %s, backup %s\n", p.Time.Format(time.RFC3339), dash(p.Backup))
 		}

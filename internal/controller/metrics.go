@@ -157,8 +157,8 @@ func (m *metrics) drillFigures(d *spec.DrillRecord) {
 	if p := d.LastPassed; p != nil {
 		ok = p.Time
 	}
-	if d.Last.Outcome == spec.EventFailed {
-		failed = d.Last.Time
+	if f := d.Failing(); f != nil {
+		failed = f.Time
 	}
 	m.drillLastOK.Set(unixOrZero(ok))
 	m.drillLastFailure.Set(unixOrZero(failed))

@@ -61,11 +61,26 @@ type DrillResult struct {
 // DrillNotRun is the outcome of a drill that could not run.
 const DrillNotRun = "not-run"
 
-// DrillRecord is the store's record of restore drills: the newest, and
-// the newest that passed.
+// DrillRecord is the store's record of restore drills: the newest, the
+// newest that passed and the newest that failed.
 type DrillRecord struct {
 	Last       DrillResult  `json:"last"`
 	LastPassed *DrillResult `json:"lastPassed,omitempty"`
+	LastFailed *DrillResult `json:"lastFailed,omitempty"`
+}
+
+// Failing is the newest failed drill when no drill has passed since: a
+// drill that could not run after it (no room, the store away) leaves it
+// failing. Records from before LastFailed have only Last to go by.
+func (d DrillRecord) Failing() *DrillResult {
+	f := d.LastFailed
+	if f == nil && d.Last.Outcome == EventFailed {
+		f = &d.Last
+	}
+	if f == nil || (d.LastPassed != nil && !d.LastPassed.Time.Before(f.Time)) {
+		return nil
+	}
+	return f
 }
 
 // MaxDrillRecordSize bounds the read of a drill or failure record.
@@ -103,6 +118,14 @@ func (d DrillRecord) Validate() error {
 		}
 		if p.Outcome != EventOK {
 			return fmt.Errorf("%w: the last passed drill did not pass", ErrBadRecord)
+		}
+	}
+	if f := d.LastFailed; f != nil {
+		if err := f.validate(); err != nil {
+			return err
+		}
+		if f.Outcome != EventFailed {
+			return fmt.Errorf("%w: the last failed drill did not fail", ErrBadRecord)
 		}
 	}
 	return nil

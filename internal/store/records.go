@@ -24,7 +24,7 @@ func (s *Store) ReadDrills(ctx context.Context) (*spec.DrillRecord, error) {
 }
 
 // RecordDrill records the outcome of a drill as the newest, and as the
-// newest passed when it passed. A damaged record is replaced.
+// newest passed or failed when it did. A damaged record is replaced.
 func (s *Store) RecordDrill(ctx context.Context, r spec.DrillResult) error {
 	r.Message = spec.Clip(r.Message, spec.MaxEventMessage)
 	rec, err := s.ReadDrills(ctx)
@@ -35,8 +35,11 @@ func (s *Store) RecordDrill(ctx context.Context, r spec.DrillResult) error {
 		return err
 	}
 	rec.Last = r
-	if r.Outcome == spec.EventOK {
+	switch r.Outcome {
+	case spec.EventOK:
 		rec.LastPassed = &r
+	case spec.EventFailed:
+		rec.LastFailed = &r
 	}
 	return writeRecord(ctx, s, DrillKey, *rec)
 }

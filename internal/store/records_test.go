@@ -36,6 +36,22 @@ func TestDrillRecord(t *testing.T) {
 	if d.LastPassed == nil || d.LastPassed.Backup != "b1" || !d.LastPassed.Time.Equal(t0) {
 		t.Errorf("last passed drill %+v", d.LastPassed)
 	}
+	if d.LastFailed == nil || d.LastFailed.Backup != "b2" || d.Failing() == nil {
+		t.Errorf("last failed drill %+v", d.LastFailed)
+	}
+	// A drill that cannot run keeps the failure; one that passes ends it.
+	if err := s.RecordDrill(ctx, spec.DrillResult{Time: t0.Add(2 * time.Hour), Node: "a", Outcome: spec.DrillNotRun}); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := s.ReadDrills(ctx); err != nil || d.Failing() == nil || d.Failing().Backup != "b2" {
+		t.Errorf("after a drill that could not run: %+v, %v", d, err)
+	}
+	if err := s.RecordDrill(ctx, spec.DrillResult{Time: t0.Add(3 * time.Hour), Node: "a", Backup: "b3", Outcome: spec.EventOK}); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := s.ReadDrills(ctx); err != nil || d.Failing() != nil || d.LastFailed == nil {
+		t.Errorf("after a drill that passed: %+v, %v", d, err)
+	}
 	if err := s.RecordDrill(ctx, spec.DrillResult{Time: t0, Node: "a", Outcome: "maybe"}); !errors.Is(err, spec.ErrBadRecord) {
 		t.Errorf("a drill with a bad outcome: %v", err)
 	}
