@@ -129,6 +129,11 @@ func newMetrics() *metrics {
 		loopCycles: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_cycles_total",
 			Help: "Cycles of the agent's control loop (observe, plan, act)."}),
 	}
+	// Counters start at 0 for each result, so that the first defrag
+	// shows as an increase.
+	for _, r := range []string{"success", "failure"} {
+		m.defrags.WithLabelValues(r)
+	}
 	m.reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
 	m.reg.MustRegister(m.restorablePoint, m.certificateExpiry, m.clusterMembers, m.memberLag, m.memberDBSize, m.alarms, m.leaderChanges, m.loopCycles)
 	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.corruptDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
