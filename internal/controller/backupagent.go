@@ -182,6 +182,9 @@ type BackupAgent struct {
 	capture *capturer
 	store   *store.Store
 	tls     *tls.Config
+	// events records the backups taken and the actions that failed in the
+	// store's event history, as a managing agent does.
+	events *eventLog
 	// storeChecked is set once the store honoured create-if-absent.
 	storeChecked bool
 }
@@ -194,6 +197,7 @@ func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger) *BackupAgent {
 	b.backups = cfg.Backup.newBackups(cfg.NodeID, log, met, func() time.Time { return b.now() })
 	b.lock = LeaderLock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
 	b.capture = newCapturer(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, met.reg)
+	b.events = newEventLog(cfg.NodeID, func() time.Time { return b.now() }, log)
 	return b
 }
 
@@ -218,6 +222,13 @@ func (b *BackupAgent) Run(ctx context.Context) error {
 		}
 		defer stop()
 	}
+	openEvents := openEventStore(b.cfg.BackupStore)
+	go b.events.run(ctx, openEvents)
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		b.events.flush(fctx, openEvents)
+	}()
 	b.log.Info("backup agent starting", "node-id", b.cfg.NodeID, "endpoints", b.cfg.Endpoints, "backup-store", b.cfg.BackupStore,
 		"interval", b.cfg.Backup.Interval, "retention", b.cfg.Backup.Retention)
 	ticker := time.NewTicker(b.cfg.LoopInterval)
@@ -282,6 +293,7 @@ func (b *BackupAgent) cycle(ctx context.Context) {
 		err := b.execute(ctx, s, term, act)
 		if _, ok := act.(plan.Report); !ok {
 			b.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
+			b.events.outcome(act, err)
 		}
 		if err != nil {
 			b.log.Error("action failed", "action", act.String(), "error", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +78,12 @@ func TestBackupAgent(t *testing.T) {
 		meta.ClusterSpec.MemberCount != 1 || meta.ClusterSpec.EtcdVersion != harness.DefaultEtcdVersion {
 		t.Errorf("meta %+v: want revision >= 31 and a 1-member %s spec", meta, harness.DefaultEtcdVersion)
 	}
+
+	// The event history holds the backups, by the agent that took them.
+	harness.WaitFor(t, 30*time.Second, "backup-now in the event history", func() bool {
+		out, _, err := env.Ctl("events", "--since=1h")
+		return err == nil && regexp.MustCompile(regexp.QuoteMeta(holder.Name)+`\s+take-backup \(backup-now .*\bok\b`).MatchString(out)
+	})
 
 	// The lock holder dies; the other takes over within the lease.
 	holder.Kill()
