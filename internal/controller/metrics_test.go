@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"testing"
@@ -35,6 +36,51 @@ func TestMetricsServePprof(t *testing.T) {
 				if resp.StatusCode != want {
 					t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
 				}
+			}
+		})
+	}
+}
+
+// /healthz says the agent runs; /readyz answers 503 with the reason until
+// ready reports ok.
+func TestMetricsServeHealth(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		ready      func() (bool, string)
+		wantStatus int
+		wantBody   string
+	}{
+		{name: "not told", ready: nil, wantStatus: http.StatusServiceUnavailable, wantBody: "starting\n"},
+		{name: "not ready", ready: func() (bool, string) { return false, "etcd is not a member yet" },
+			wantStatus: http.StatusServiceUnavailable, wantBody: "etcd is not a member yet\n"},
+		{name: "ready", ready: func() (bool, string) { return true, "etcd serves" }, wantStatus: http.StatusOK, wantBody: "etcd serves\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := l.Addr().String()
+			l.Close()
+			stop, err := newMetrics().serve(addr, tt.ready, nil, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stop()
+			get := func(path string) (int, string) {
+				resp, err := http.Get("http://" + addr + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				body, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, string(body)
+			}
+			if code, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {
+				t.Errorf("/healthz: %d %q, want 200 \"ok\"", code, body)
+			}
+			if code, body := get("/readyz"); code != tt.wantStatus || body != tt.wantBody {
+				t.Errorf("/readyz: %d %q, want %d %q", code, body, tt.wantStatus, tt.wantBody)
 			}
 		})
 	}
