@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +14,9 @@ import (
 )
 
 // fillUntilNoSpace puts 512 KiB values (to one key, or each to a key of
-// its own) until etcd refuses a write for lack of space; at most 200.
-func fillUntilNoSpace(t *testing.T, c *clientv3.Client, prefix string, distinct bool) {
+// its own) until etcd refuses a write for lack of space; at most 200. It
+// returns the keys of the writes etcd acknowledged.
+func fillUntilNoSpace(t *testing.T, c *clientv3.Client, prefix string, distinct bool) (acked []string) {
 	t.Helper()
 	value := strings.Repeat("v", 512<<10)
 	for i := range 200 {
@@ -27,13 +29,15 @@ func fillUntilNoSpace(t *testing.T, c *clientv3.Client, prefix string, distinct 
 		cancel()
 		if err != nil && strings.Contains(err.Error(), "database space exceeded") {
 			t.Logf("NOSPACE after %d writes of 512 KiB under %s", i, prefix)
-			return
+			return acked
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
+		acked = append(acked, key)
 	}
 	t.Fatalf("200 writes of 512 KiB under %s and no NOSPACE", prefix)
+	return nil
 }
 
 // writable waits until a small write succeeds.
@@ -69,13 +73,28 @@ func TestNoSpace(t *testing.T) {
 		}
 	}
 
+	// Recovered on its own: counted, and the history key holds what was
+	// last acknowledged.
+	harness.WaitFor(t, time.Minute, "the leader's metrics to count the recovery", func() bool {
+		for _, a := range agents {
+			if m := noSpaceRecoveriesRE.FindStringSubmatch(scrape(t, a.MetricsURL)); m != nil && m[1] != "0" {
+				return true
+			}
+		}
+		return false
+	})
+	if got := get(t, c, "/space/history"); len(got) != 512<<10 {
+		t.Errorf("/space/history holds %d bytes after the recovery, want the 512 KiB acknowledged", len(got))
+	}
+
 	// Live data: distinct keys until the quota is reached. While
 	// compaction and defragmentation still leave room under 80% of the
 	// quota, the leader disarms the alarm and writes go on; once live data
 	// fills it, the alarm stays, and the leader says why.
 	filled := false
+	var acked []string
 	for round := 0; round < 6 && !filled; round++ {
-		fillUntilNoSpace(t, c, fmt.Sprintf("/space/live/%d/", round), true)
+		acked = append(acked, fillUntilNoSpace(t, c, fmt.Sprintf("/space/live/%d/", round), true)...)
 		harness.WaitFor(t, time.Minute, "the leader to disarm the alarm or say live data fills the quota", func() bool {
 			if strings.Contains(allLogs(agents), "NOSPACE: live data fills the backend quota") {
 				filled = true
@@ -96,7 +115,24 @@ func TestNoSpace(t *testing.T) {
 	if err == nil {
 		t.Fatal("a write succeeded while live data filled the quota: the alarm was disarmed and will flap")
 	}
+	if !strings.Contains(allLogs(agents), "--quota-backend-bytes=N configure-cluster") {
+		t.Error("the leader did not name the setting to raise")
+	}
+	harness.WaitFor(t, 30*time.Second, "status to show the NOSPACE alarm", func() bool {
+		out, _, err := env.Ctl("status")
+		return err == nil && regexp.MustCompile(`etcd alarms: .*NOSPACE`).MatchString(out)
+	})
 	env.MustCtl("--quota-backend-bytes=67108864", "configure-cluster")
 	writable(t, c, 4*time.Minute, "writes to come back once the raised quota is rolled out")
 	waitCmdline(t, agents, []string{"--quota-backend-bytes=67108864"}, nil)
+	// Nothing acknowledged was lost through the alarms, the compactions,
+	// the defragmentations and the roll.
+	for _, k := range acked {
+		if got := get(t, c, k); len(got) != 512<<10 {
+			t.Fatalf("%s holds %d bytes, want the 512 KiB acknowledged (%d keys acknowledged)", k, len(got), len(acked))
+		}
+	}
+	t.Logf("%d distinct keys acknowledged before the quota filled, all read back", len(acked))
 }
+
+var noSpaceRecoveriesRE = regexp.MustCompile(`(?m)^etcd_manager_nospace_recoveries_total (\d+)`)
