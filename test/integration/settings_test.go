@@ -63,7 +63,9 @@ func TestSettingsRoll(t *testing.T) {
 	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{})
 	harness.WaitSettled(t, agents, 3, settleTimeout)
-	w := startWriter(t, agents, 20000)
+	// Handing leadership on drops the proposals in flight; the writer
+	// tries those once more, as clients do.
+	w := startWriterRetrying(t, agents, 20000, true)
 	w.waitAcked(t, 20)
 
 	out := env.MustCtl("--quota-backend-bytes=4294967296", "--heartbeat-interval=150", "--election-timeout=1500", "configure-cluster")
@@ -106,6 +108,9 @@ func TestSettingsRoll(t *testing.T) {
 	}
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	w.check(t, clusterClient(t, agents))
+	if w.failed > 0 {
+		t.Errorf("%d writes failed twice while the settings rolled out (first: %v)", w.failed, w.firstErr)
+	}
 }
 
 // TestSettingsKnownToEtcd: every setting the allow-list offers for a
