@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,81 @@ func dbSizes(t *testing.T, agents []*harness.Agent) []int64 {
 			continue
 		}
 		out = append(out, st.DbSize)
+	}
+	return out
+}
+
+// leaderSample is the leader the members reported at a moment.
+type leaderSample struct {
+	at     time.Time
+	leader string // the leading member's name, its node ID
+}
+
+// sampleLeaders asks every member for the raft leader every 50ms until
+// stop is called, which returns what they said. A member that does not
+// answer (restarting, isolated) is skipped.
+func sampleLeaders(t *testing.T, agents []*harness.Agent) (stop func() []leaderSample) {
+	t.Helper()
+	c := clusterClient(t, agents)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ml, err := c.MemberList(ctx)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[uint64]string{}
+	for _, m := range ml.Members {
+		names[m.ID] = m.Name
+	}
+	done, out := make(chan struct{}), make(chan []leaderSample)
+	go func() {
+		var samples []leaderSample
+		for i := 0; i < 20000; i++ { // 1000 s at most
+			select {
+			case <-done:
+				out <- samples
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			for _, a := range agents {
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				st, err := c.Status(ctx, a.ClientURL)
+				cancel()
+				if err == nil && st.Leader != 0 {
+					samples = append(samples, leaderSample{at: time.Now(), leader: names[st.Leader]})
+				}
+			}
+		}
+		<-done
+		out <- samples
+	}()
+	return func() []leaderSample { close(done); return <-out }
+}
+
+// defragWindow is when the leader's agent defragmented a member, from
+// its "defragmenting a member" to its "member defragmented".
+type defragWindow struct {
+	node       string
+	start, end time.Time
+}
+
+var defragLogRE = regexp.MustCompile(`(?m)^time=(\S+) level=INFO msg="(defragmenting a member|member defragmented)" node=(\S+)`)
+
+func defragWindows(t *testing.T, logs string) []defragWindow {
+	t.Helper()
+	var out []defragWindow
+	open := map[string]time.Time{}
+	for _, m := range defragLogRE.FindAllStringSubmatch(logs, -1) {
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			t.Fatalf("log time %q: %v", m[1], err)
+		}
+		if m[2] == "defragmenting a member" {
+			open[m[3]] = at
+		} else if start, ok := open[m[3]]; ok {
+			out = append(out, defragWindow{node: m[3], start: start, end: at})
+			delete(open, m[3])
+		}
 	}
 	return out
 }
@@ -68,6 +144,7 @@ func TestDefrag(t *testing.T) {
 	// dropped"); the writer tries those once more, as clients do.
 	w := startWriterRetrying(t, agents, 20000, true)
 	w.waitAcked(t, 20)
+	stopSampling := sampleLeaders(t, agents)
 
 	env.MustCtl("--auto-defrag=true", "--defrag-min-reclaimable-bytes=4194304", "--defrag-min-reclaimable-fraction=0.3", "configure-cluster")
 	harness.WaitFor(t, 3*time.Minute, "every member to be defragmented by the policy", func() bool {
@@ -122,9 +199,35 @@ func TestDefrag(t *testing.T) {
 		return err == nil && strings.Contains(out, "last defragmentation: ")
 	})
 	w.check(t, c)
-	// The writer's client fails over from a member whose gRPC service
-	// stops for its defragmentation.
+	// The writer's client fails over from a member that serves only its
+	// quarantine client URL for its defragmentation.
 	if w.failed > 0 {
 		t.Errorf("%d writes failed twice during the defragmentations (first: %v)", w.failed, w.firstErr)
 	}
+	// No member led while it was defragmented: the members' own word,
+	// asked every 50ms, against the leader's log of each defragmentation
+	// (the first 100ms of each window, while the others learn of a
+	// hand-over that just ended, do not count).
+	samples := stopSampling()
+	windows := defragWindows(t, allLogs(agents))
+	if len(windows) != 6 {
+		t.Fatalf("%d defragmentations in the logs, want 6 (3 by the policy, 3 on demand)", len(windows))
+	}
+	inside := 0
+	for _, win := range windows {
+		for _, s := range samples {
+			if s.at.Before(win.start.Add(100*time.Millisecond)) || s.at.After(win.end) {
+				continue
+			}
+			inside++
+			if s.leader == win.node {
+				t.Errorf("%s led at %s while it was defragmented (%s to %s)", win.node, s.at.Format(time.RFC3339Nano), win.start.Format(time.RFC3339Nano), win.end.Format(time.RFC3339Nano))
+				break
+			}
+		}
+	}
+	if inside == 0 {
+		t.Errorf("no leader sample fell inside the %d defragmentations: the check saw nothing", len(windows))
+	}
+	t.Logf("%d leader samples, %d of them during the %d defragmentations", len(samples), inside, len(windows))
 }
