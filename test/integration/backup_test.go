@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -243,6 +244,28 @@ func TestBackupMetrics(t *testing.T) {
 			}
 		}
 		return len(lasts) == 2 && lasts[0] == lasts[1] && points[0] == points[1] && points[0] != "0"
+	})
+	// With continuous capture (on as shipped), the restorable point is
+	// when capture saw its last durable revision: a write made after the
+	// newest backup moves it past that backup, on every agent.
+	time.Sleep(1100 * time.Millisecond) // the metric has a resolution of a second
+	written := time.Now()
+	c := clusterClient(t, agents)
+	put(t, c, "/metrics/after-backup", "v")
+	harness.WaitFor(t, 30*time.Second, "every agent's restorable point to reach the write after the backup", func() bool {
+		for _, a := range agents {
+			m := scrape(a)
+			l, p := lastRE.FindStringSubmatch(m), pointRE.FindStringSubmatch(m)
+			if l == nil || p == nil {
+				return false
+			}
+			last, err1 := strconv.ParseFloat(l[1], 64)
+			point, err2 := strconv.ParseFloat(p[1], 64)
+			if err1 != nil || err2 != nil || point <= last || point < float64(written.Unix()) {
+				return false
+			}
+		}
+		return true
 	})
 	voters := 0
 	for _, a := range agents {
