@@ -460,7 +460,10 @@ func (f *follower) catchUp(ctx context.Context) (bool, error) {
 	}
 	deadline := time.NewTimer(f.c.CutInterval)
 	defer deadline.Stop()
-	from, expired := f.last, false
+	// inFragments is set between the fragments of one response, which a
+	// pass takes whole: a cut inside it would make etcd scan the whole
+	// backlog again for the next watch.
+	from, expired, inFragments := f.last, false, false
 	done := func(caughtUp bool) (bool, error) {
 		if caughtUp && f.last == from && pending == nil {
 			f.quiet.keep(wch, cancel)
@@ -478,23 +481,28 @@ func (f *follower) catchUp(ctx context.Context) (bool, error) {
 	for {
 		var m watchMsg
 		ok := true
+		// The message a quiet watch held comes before any that follow it.
+		next := wch
+		if pending != nil {
+			next = nil
+		}
 		select {
 		case <-ctx.Done():
 			return fail(ctx.Err())
 		case <-deadline.C:
 			expired = true
-			if f.last > from {
+			if f.last > from && !inFragments {
 				return done(false)
 			}
 			continue
 		case m, ok = <-pending:
 			pending = nil
-		case m, ok = <-wch:
+		case m, ok = <-next:
+		}
+		if ctx.Err() != nil {
+			return fail(ctx.Err()) // the stream's own error is the cancel's
 		}
 		if !ok {
-			if ctx.Err() != nil {
-				return fail(ctx.Err())
-			}
 			return fail(fmt.Errorf("%w: it closed", errWatchBroke))
 		}
 		if m.err != nil {
@@ -515,7 +523,7 @@ func (f *follower) catchUp(ctx context.Context) (bool, error) {
 				return fail(err)
 			}
 		}
-		if resp.Fragment {
+		if inFragments = resp.Fragment; inFragments {
 			continue // the rest of the response follows
 		}
 		// The header holds etcd's revision when it sent the response:

@@ -738,3 +738,102 @@ func TestCaptureCatchesUpInFragments(t *testing.T) {
 	}
 	t.Logf("%d revisions caught up in %d segments, the largest watch message %d KiB, %d revisions split across fragments", head-base, len(refs), cl.largest.Load()>>10, cl.splits.Load())
 }
+
+// TestCaptureAcrossAnEtcdRestart: etcd restarts under a running capture,
+// which breaks its watch. Capture watches again once etcd serves, and
+// its run goes on: every revision, before, during and after, reaches the
+// store once, in order.
+func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
+	env := harness.NewEnv(t)
+	live := env.NewBareCluster(1, false)
+	etcdBin := filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd")
+	live.Start(etcdBin)
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcd.Close()
+	waitEtcd(t, etcd)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := openStore(t, "file://"+t.TempDir())
+	base := headRevision(t, ctx, etcd)
+	cfg := wal.Default()
+	cfg.CutInterval = 10 * time.Millisecond
+	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &countingWatches{Client: wal.Etcd(etcd)}
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(cctx, cl, "restart", &wal.Base{Backup: "full-backup", Revision: base}) }()
+	uploaded := make(chan struct{})
+	go func() { c.Upload(cctx); close(uploaded) }()
+
+	for i := range 20 {
+		put(t, etcd, fmt.Sprintf("/restart/before/%d", i), "v")
+	}
+	before := headRevision(t, ctx, etcd)
+	harness.WaitFor(t, 10*time.Second, fmt.Sprintf("revision %d in the store", before), func() bool { return c.Status().Durable >= before })
+	opened := cl.watches.Load()
+
+	live.Members[0].Stop()
+	time.Sleep(2 * time.Second) // several of capture's tries to watch again
+	select {
+	case err := <-ran:
+		t.Fatalf("capture ended while etcd was down: %v", err)
+	default:
+	}
+	live.Members[0].Start(etcdBin)
+	waitEtcd(t, etcd)
+	for i := range 20 {
+		put(t, etcd, fmt.Sprintf("/restart/after/%d", i), "v")
+	}
+	head := headRevision(t, ctx, etcd)
+	harness.WaitFor(t, 30*time.Second, fmt.Sprintf("revision %d in the store", head), func() bool { return c.Status().Durable >= head })
+	stop()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Fatalf("capture ended with %v, want its one run to go on across the restart", err)
+	}
+	<-uploaded
+	if n := cl.watches.Load() - opened; n < 2 {
+		t.Errorf("capture opened %d watches across the restart, want it to watch again", n)
+	}
+
+	refs, err := wal.List(ctx, s, "restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := base + 1
+	for _, ref := range refs {
+		r, err := s.Reader(ctx, ref.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sr, err := wal.NewReader(r, ref.Key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			rec, err := sr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", ref.Key, err)
+			}
+			if rec.Kind == wal.KindRevision {
+				if rec.Revision != next {
+					t.Fatalf("%s holds revision %d where %d was due", ref.Key, rec.Revision, next)
+				}
+				next++
+			}
+		}
+		r.Close()
+	}
+	if next != head+1 {
+		t.Fatalf("the store holds revisions %d to %d, want %d to %d", base+1, next-1, base+1, head)
+	}
+}
