@@ -89,7 +89,7 @@ func newMetrics() *metrics {
 		actionsPerformed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_actions_total",
 			Help: "Actions performed, by kind and result."}, []string{"action", "result"}),
 		backingOff: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_actions_backing_off",
-			Help: "Cluster changes of the leader that failed and have not succeeded since, each tried again within 10 minutes; they back off while the rest of its work goes on."}),
+			Help: "Cluster changes of the leader that failed and have not succeeded since; each backs off (up to 5 minutes) while the rest of its work goes on, and is forgotten once not tried for 10 minutes."}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_panics_total",
 			Help: "Control-loop cycles that panicked and were recovered; each is a bug to report."}),
 		certExpiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_node_certificate_expiry_timestamp_seconds",

@@ -83,8 +83,10 @@ func (d DrillRecord) Failing() *DrillResult {
 	return f
 }
 
-// MaxDrillRecordSize bounds the read of a drill or failure record.
-const MaxDrillRecordSize = 8 << 10
+// MaxDrillRecordSize bounds the read of a drill or failure record: a drill
+// record holds up to three results, each with a message of up to
+// MaxEventMessage bytes, which JSON may escape to six times that.
+const MaxDrillRecordSize = 32 << 10
 
 // ErrBadRecord means a drill or backup-failure record cannot be used.
 var ErrBadRecord = errors.New("spec: invalid record")

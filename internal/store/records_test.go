@@ -52,6 +52,16 @@ func TestDrillRecord(t *testing.T) {
 	if d, err := s.ReadDrills(ctx); err != nil || d.Failing() != nil || d.LastFailed == nil {
 		t.Errorf("after a drill that passed: %+v, %v", d, err)
 	}
+	// Three results whose messages JSON escapes sixfold still read back.
+	ugly := strings.Repeat("\x01", 5000)
+	for i, outcome := range []string{spec.EventOK, spec.EventFailed, spec.DrillNotRun} {
+		if err := s.RecordDrill(ctx, spec.DrillResult{Time: t0.Add(time.Duration(4+i) * time.Hour), Node: "a", Outcome: outcome, Message: ugly}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, err := s.ReadDrills(ctx); err != nil || d.LastPassed == nil || d.LastFailed == nil || d.Last.Outcome != spec.DrillNotRun {
+		t.Errorf("three results with escaped messages: %+v, %v", d, err)
+	}
 	if err := s.RecordDrill(ctx, spec.DrillResult{Time: t0, Node: "a", Outcome: "maybe"}); !errors.Is(err, spec.ErrBadRecord) {
 		t.Errorf("a drill with a bad outcome: %v", err)
 	}
