@@ -366,6 +366,7 @@ func TestScrapeOfAManagedCluster(t *testing.T) {
 		"--metrics-address="+metricsAddr, "--etcd-bin-dir="+binDir)
 	var logs strings.Builder
 	agent.Stdout, agent.Stderr = &logs, &logs
+	agent.SysProcAttr = agentProcAttr()
 	if err := agent.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/test/harness"
@@ -31,15 +32,17 @@ func dbSizes(t *testing.T, agents []*harness.Agent) []int64 {
 	return out
 }
 
-// leaderSample is the leader the members reported at a moment.
+// leaderSample is the leader a member reported, asked after sent and
+// answering before got.
 type leaderSample struct {
-	at     time.Time
-	leader string // the leading member's name, its node ID
+	sent, got time.Time
+	leader    string // the leading member's name, its node ID
 }
 
-// sampleLeaders asks every member for the raft leader every 50ms until
-// stop is called, which returns what they said. A member that does not
-// answer (restarting, isolated) is skipped.
+// sampleLeaders asks every member for the raft leader every 50ms, each
+// over a connection of its own, until stop is called, which returns what
+// they said. A member that does not answer (restarting, isolated) is
+// skipped.
 func sampleLeaders(t *testing.T, agents []*harness.Agent) (stop func() []leaderSample) {
 	t.Helper()
 	c := clusterClient(t, agents)
@@ -53,6 +56,12 @@ func sampleLeaders(t *testing.T, agents []*harness.Agent) (stop func() []leaderS
 	for _, m := range ml.Members {
 		names[m.ID] = m.Name
 	}
+	var members []pb.MaintenanceClient
+	for _, a := range agents {
+		// Maintenance.Status dials anew for every call; a member's own
+		// client keeps one connection.
+		members = append(members, pb.NewMaintenanceClient(a.Client().ActiveConnection()))
+	}
 	done, out := make(chan struct{}), make(chan []leaderSample)
 	go func() {
 		var samples []leaderSample
@@ -63,12 +72,13 @@ func sampleLeaders(t *testing.T, agents []*harness.Agent) (stop func() []leaderS
 				return
 			case <-time.After(50 * time.Millisecond):
 			}
-			for _, a := range agents {
+			for _, m := range members {
+				sent := time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-				st, err := c.Status(ctx, a.ClientURL)
+				st, err := m.Status(ctx, &pb.StatusRequest{})
 				cancel()
 				if err == nil && st.Leader != 0 {
-					samples = append(samples, leaderSample{at: time.Now(), leader: names[st.Leader]})
+					samples = append(samples, leaderSample{sent: sent, got: time.Now(), leader: names[st.Leader]})
 				}
 			}
 		}
@@ -216,12 +226,12 @@ func TestDefrag(t *testing.T) {
 	inside := 0
 	for _, win := range windows {
 		for _, s := range samples {
-			if s.at.Before(win.start.Add(100*time.Millisecond)) || s.at.After(win.end) {
+			if s.sent.Before(win.start.Add(100*time.Millisecond)) || s.got.After(win.end) {
 				continue
 			}
 			inside++
 			if s.leader == win.node {
-				t.Errorf("%s led at %s while it was defragmented (%s to %s)", win.node, s.at.Format(time.RFC3339Nano), win.start.Format(time.RFC3339Nano), win.end.Format(time.RFC3339Nano))
+				t.Errorf("%s led between %s and %s while it was defragmented (%s to %s)", win.node, s.sent.Format(time.RFC3339Nano), s.got.Format(time.RFC3339Nano), win.start.Format(time.RFC3339Nano), win.end.Format(time.RFC3339Nano))
 				break
 			}
 		}

@@ -76,7 +76,9 @@ func TestBackupStoreFailsMidUpload(t *testing.T) {
 	env.UseStore(minio.StoreURL("faults", "etcd/main"), minio.Env())
 	setEnv(t, minio.Env())
 	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-	agents := env.StartAgents(1, harness.AgentOptions{Metrics: true, ExtraArgs: []string{"--backup-retry-delay=2s"}})
+	// No merges of captured segments: their uploads go in parts too, and
+	// the upload cut below must be the backup's.
+	agents := env.StartAgents(1, harness.AgentOptions{Metrics: true, ExtraArgs: []string{"--backup-retry-delay=2s", "--capture-merge-interval=0"}})
 	harness.WaitSettled(t, agents, 1, settleTimeout)
 	// The first periodic backup, due at once, must be done before the
 	// fill: the upload cut below must be backup-now's.

@@ -13,19 +13,22 @@ import (
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
-// fillUntilNoSpace puts 512 KiB values (to one key, or each to a key of
-// its own) until etcd refuses a write for lack of space; at most 200. It
-// returns the keys of the writes etcd acknowledged.
+// spaceValue is the i-th 512 KiB value fillUntilNoSpace writes.
+func spaceValue(i int) string { return fmt.Sprintf("%06d", i) + strings.Repeat("v", 512<<10-6) }
+
+// fillUntilNoSpace puts 512 KiB values, each its own (to one key, or each
+// to a key of its own), until etcd refuses a write for lack of space; at
+// most 200. It returns the keys of the writes etcd acknowledged: the i-th
+// holds spaceValue(i) unless a later one overwrote it.
 func fillUntilNoSpace(t *testing.T, c *clientv3.Client, prefix string, distinct bool) (acked []string) {
 	t.Helper()
-	value := strings.Repeat("v", 512<<10)
 	for i := range 200 {
 		key := prefix
 		if distinct {
 			key = fmt.Sprintf("%s%d", prefix, i)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := c.Put(ctx, key, value)
+		_, err := c.Put(ctx, key, spaceValue(i))
 		cancel()
 		if err != nil && strings.Contains(err.Error(), "database space exceeded") {
 			t.Logf("NOSPACE after %d writes of 512 KiB under %s", i, prefix)
@@ -64,7 +67,7 @@ func TestNoSpace(t *testing.T) {
 	c := clusterClient(t, agents)
 
 	// History: one key overwritten until the quota is reached.
-	fillUntilNoSpace(t, c, "/space/history", false)
+	history := fillUntilNoSpace(t, c, "/space/history", false)
 	writable(t, c, 2*time.Minute, "writes to come back after the NOSPACE alarm")
 	logs := allLogs(agents)
 	for _, want := range []string{"etcd's NOSPACE alarm is raised: compacted to the head", `msg="member defragmented"`, "NOSPACE alarm disarmed: etcd takes writes again"} {
@@ -83,8 +86,8 @@ func TestNoSpace(t *testing.T) {
 		}
 		return false
 	})
-	if got := get(t, c, "/space/history"); len(got) != 512<<10 {
-		t.Errorf("/space/history holds %d bytes after the recovery, want the 512 KiB acknowledged", len(got))
+	if got := get(t, c, "/space/history"); got != spaceValue(len(history)-1) {
+		t.Errorf("/space/history holds %.6q… after the recovery, want the last value acknowledged, %.6q…", got, spaceValue(len(history)-1))
 	}
 
 	// Live data: distinct keys until the quota is reached. While
@@ -92,9 +95,11 @@ func TestNoSpace(t *testing.T) {
 	// quota, the leader disarms the alarm and writes go on; once live data
 	// fills it, the alarm stays, and the leader says why.
 	filled := false
-	var acked []string
+	acked := map[string]string{}
 	for round := 0; round < 6 && !filled; round++ {
-		acked = append(acked, fillUntilNoSpace(t, c, fmt.Sprintf("/space/live/%d/", round), true)...)
+		for i, k := range fillUntilNoSpace(t, c, fmt.Sprintf("/space/live/%d/", round), true) {
+			acked[k] = spaceValue(i)
+		}
 		harness.WaitFor(t, time.Minute, "the leader to disarm the alarm or say live data fills the quota", func() bool {
 			if strings.Contains(allLogs(agents), "NOSPACE: live data fills the backend quota") {
 				filled = true
@@ -127,9 +132,9 @@ func TestNoSpace(t *testing.T) {
 	waitCmdline(t, agents, []string{"--quota-backend-bytes=67108864"}, nil)
 	// Nothing acknowledged was lost through the alarms, the compactions,
 	// the defragmentations and the roll.
-	for _, k := range acked {
-		if got := get(t, c, k); len(got) != 512<<10 {
-			t.Fatalf("%s holds %d bytes, want the 512 KiB acknowledged (%d keys acknowledged)", k, len(got), len(acked))
+	for k, want := range acked {
+		if got := get(t, c, k); got != want {
+			t.Fatalf("%s holds %.6q… (%d bytes), want the value acknowledged, %.6q… (%d keys acknowledged)", k, got, len(got), want, len(acked))
 		}
 	}
 	t.Logf("%d distinct keys acknowledged before the quota filled, all read back", len(acked))
