@@ -428,12 +428,30 @@ func (f *follower) idle(ctx context.Context, next, poll <-chan time.Time) error 
 				return err
 			}
 		case <-poll:
-			if err := f.pollLeases(ctx); err != nil {
+			err := f.pollLeases(ctx)
+			switch {
+			case err == nil:
+				f.pollFailedAt = time.Time{}
+			case !errors.Is(err, errLeasesUnlisted) || ctx.Err() != nil:
 				return err
+			default:
+				// etcd restarts, or has no leader: no lease changes
+				// meanwhile, and the next poll learns what changed.
+				if f.pollFailedAt.IsZero() {
+					f.pollFailedAt = time.Now()
+				}
+				if time.Since(f.pollFailedAt) >= watchRetryFor {
+					return err
+				}
+				f.c.Log.Debug("capture cannot list leases; trying again at the next poll", "timeline", f.timeline, "error", err)
 			}
 		}
 	}
 }
+
+// errLeasesUnlisted is a failed listing of the leases: idle tries again
+// at each poll for up to watchRetryFor before the run ends with it.
+var errLeasesUnlisted = errors.New("wal: capture: list leases")
 
 // catchUp reads every revision after the last one captured up to etcd's
 // current revision, from a watch opened for this pass alone, and reports
@@ -646,6 +664,8 @@ type follower struct {
 	known    map[int64]bool
 	rec      Record
 	split    []*mvccpb.Event // a revision a fragment split, until its rest arrives
+	// pollFailedAt is the first of consecutive failed lease polls.
+	pollFailedAt time.Time
 
 	// A digest runs beside the watch: one at a time, every
 	// DigestInterval.
@@ -801,7 +821,7 @@ func (f *follower) pollLeases(ctx context.Context) error {
 	defer cancel()
 	resp, err := f.cl.Leases(pctx)
 	if err != nil {
-		return fmt.Errorf("wal: capture: list leases: %w", err)
+		return fmt.Errorf("%w: %w", errLeasesUnlisted, err)
 	}
 	w, err := f.writer()
 	if err != nil {

@@ -740,9 +740,9 @@ func TestCaptureCatchesUpInFragments(t *testing.T) {
 }
 
 // TestCaptureAcrossAnEtcdRestart: etcd restarts under a running capture,
-// which breaks its watch. Capture watches again once etcd serves, and
-// its run goes on: every revision, before, during and after, reaches the
-// store once, in order.
+// which breaks its watch and fails its lease polls. Capture watches again
+// once etcd serves, and its run goes on: every revision, before, during
+// and after, reaches the store once, in order.
 func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 	env := harness.NewEnv(t)
 	live := env.NewBareCluster(1, false)
@@ -760,7 +760,7 @@ func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 	base := headRevision(t, ctx, etcd)
 	cfg := wal.Default()
 	cfg.CutInterval = 10 * time.Millisecond
-	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -792,7 +792,14 @@ func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 		put(t, etcd, fmt.Sprintf("/restart/after/%d", i), "v")
 	}
 	head := headRevision(t, ctx, etcd)
-	harness.WaitFor(t, 30*time.Second, fmt.Sprintf("revision %d in the store", head), func() bool { return c.Status().Durable >= head })
+	harness.WaitFor(t, time.Minute, fmt.Sprintf("revision %d in the store", head), func() bool {
+		select {
+		case err := <-ran:
+			t.Fatalf("capture ended with %v, want its one run to go on across the restart", err)
+		default:
+		}
+		return c.Status().Durable >= head
+	})
 	stop()
 	if err := <-ran; !errors.Is(err, context.Canceled) {
 		t.Fatalf("capture ended with %v, want its one run to go on across the restart", err)
