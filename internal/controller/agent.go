@@ -165,6 +165,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		ClientTLS:                a.etcdTLS,
 		CheckData:                childDataChecker(),
 		CA:                       keeper,
+		OnDiscard: func(reason, movedTo, detail string) {
+			a.met.dataDiscarded.WithLabelValues(reason).Inc()
+			a.events.add(spec.Event{Time: a.now(), Action: "discard-member-data (" + reason + ")", Outcome: spec.EventFailed,
+				Message: "data moved to " + movedTo + "; the leader rebuilds this member from its peers: " + detail})
+		},
 	}, layout, st, storeFetcher{url: a.cfg.BackupStore, opts: a.cfg.restoreFetchOptions(childStatusReader(), a.keys), log: a.log}, a.log, a.now, a.poke)
 	lp, err := newLoop(a, n)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -47,6 +48,7 @@ type metrics struct {
 	hashChecks       *prometheus.CounterVec
 	hashCheckLast    prometheus.Gauge
 	corruptDiscarded prometheus.Counter
+	dataDiscarded    *prometheus.CounterVec
 	// Read from the store, alike on every agent.
 	restorablePoint prometheus.Gauge
 	// Certificates, by certificate (node, ca).
@@ -112,6 +114,8 @@ func newMetrics() *metrics {
 			Help: "Unix time of the last comparison in which every voting member's HashKV agreed."}),
 		corruptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_corrupt_members_discarded_total",
 			Help: "Members whose data disagreed with the majority's, set aside by this agent as leader to be rebuilt from their peers."}),
+		dataDiscarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_member_data_discarded_total",
+			Help: "Times this node set its own member's data aside to be rebuilt from its peers, by why: initial-check (etcd's initial corruption check), damaged-db (the database failed its check after an unclean exit), hash-mismatch (the leader found its HashKV disagrees)."}, []string{"reason"}),
 		restorablePoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restorable_point_timestamp_seconds",
 			Help: "Unix time of the newest point a restore can reach, read from the store every lease: the newest backup's, or, with continuous capture, when the cluster's last durable revision was observed. The RPO now is time() minus it."}),
 		certificateExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_certificate_expiry_timestamp_seconds",
@@ -134,9 +138,12 @@ func newMetrics() *metrics {
 	for _, r := range []string{"success", "failure"} {
 		m.defrags.WithLabelValues(r)
 	}
+	for _, r := range []string{node.DiscardInitialCheck, node.DiscardDamagedDB, node.DiscardHashMismatch} {
+		m.dataDiscarded.WithLabelValues(r)
+	}
 	m.reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
 	m.reg.MustRegister(m.restorablePoint, m.certificateExpiry, m.clusterMembers, m.memberLag, m.memberDBSize, m.alarms, m.leaderChanges, m.loopCycles)
-	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.corruptDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
+	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.corruptDiscarded, m.dataDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
 		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

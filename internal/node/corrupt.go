@@ -102,6 +102,7 @@ func (n *Node) DiscardCorruptData(ctx context.Context) error {
 	n.corrupt.Store(nil)
 	n.log.Error("etcd found its data differs from its peers' (its initial corruption check); the data is moved to the trash, and the leader rebuilds this member from its peers",
 		"cluster-token", m.ClusterToken, "data-moved-to", trashed, "etcd-said", line)
+	n.discarded(DiscardInitialCheck, trashed, line)
 	return nil
 }
 
@@ -129,6 +130,7 @@ func (n *Node) DiscardData(ctx context.Context, req peer.DiscardRequest) error {
 	}
 	n.log.Error("the leader found this member's data disagrees with its peers'; the data is moved to the trash, and the leader rebuilds this member from its peers",
 		"cluster-token", m.ClusterToken, "leader", req.LeaderID, "reason", req.Reason, "data-moved-to", trashed)
+	n.discarded(DiscardHashMismatch, trashed, req.Reason)
 	defer n.poke()
 	return nil
 }
@@ -171,6 +173,7 @@ func (n *Node) checkData(ctx context.Context, sp etcdproc.Spec) error {
 	}
 	n.log.Error("etcd's database is damaged; not starting etcd on it: the data is moved to the trash, and the leader rebuilds this member from its peers",
 		"cluster-token", sp.ClusterToken, "data-moved-to", trashed, "error", err)
+	n.discarded(DiscardDamagedDB, trashed, err.Error())
 	n.poke()
 	return nil
 }

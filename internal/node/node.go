@@ -65,6 +65,24 @@ type Config struct {
 	// CA takes up the store's CA and trust for a CA rotation; nil
 	// without TLS.
 	CA CAKeeper
+	// OnDiscard, when set, is told each time the node sets its member's
+	// data aside as damaged or divergent: why (one of the Discard*
+	// reasons), where the data went, and what was wrong.
+	OnDiscard func(reason, movedTo, detail string)
+}
+
+// Why a node set its member's data aside.
+const (
+	DiscardInitialCheck = "initial-check" // etcd's initial corruption check failed
+	DiscardDamagedDB    = "damaged-db"    // the database failed its check after an unclean exit
+	DiscardHashMismatch = "hash-mismatch" // the leader found its HashKV disagrees with the majority
+)
+
+// discarded tells OnDiscard, when set.
+func (n *Node) discarded(reason, movedTo, detail string) {
+	if n.cfg.OnDiscard != nil {
+		n.cfg.OnDiscard(reason, movedTo, detail)
+	}
 }
 
 // CAKeeper keeps the node's certificate files as the store says: the

@@ -79,6 +79,18 @@ func TestCorruptMemberRebuilt(t *testing.T) {
 
 	victim.WaitLog("etcd found its data differs from its peers'", 1, 2*time.Minute)
 	assertRebuilt(t, ctx, c, agents, victim, "/corrupt/7", marker+"-7")
+	assertDiscardEvent(t, env, victim, "initial-check")
+}
+
+// assertDiscardEvent waits for the victim's event of setting its data
+// aside, for reason, in the store's event history.
+func assertDiscardEvent(t *testing.T, env *harness.Env, victim *harness.Agent, reason string) {
+	t.Helper()
+	re := regexp.MustCompile(regexp.QuoteMeta(victim.NodeID()) + `\s+discard-member-data \(` + reason + `\)\s+failed\s+data moved to `)
+	harness.WaitFor(t, 30*time.Second, "the event of "+victim.Name+"'s data set aside ("+reason+")", func() bool {
+		out, _, err := env.Ctl("events", "--since=1h")
+		return err == nil && re.MatchString(out)
+	})
 }
 
 // TestDamagedDBRebuilt: an agent killed with its etcd (an unclean exit)
@@ -116,6 +128,7 @@ func TestDamagedDBRebuilt(t *testing.T) {
 
 	victim.WaitLog("etcd's database is damaged; not starting etcd on it", 1, 2*time.Minute)
 	assertRebuilt(t, ctx, c, agents, victim, "/damaged/7", strings.Repeat("v", 500))
+	assertDiscardEvent(t, env, victim, "damaged-db")
 }
 
 // TestDivergentMemberRebuilt: stored values flipped in a running
@@ -214,6 +227,11 @@ func testDivergentMemberRebuilt(t *testing.T, args []string) {
 	if discarded != 1 {
 		t.Errorf("etcd_manager_corrupt_members_discarded_total sums to %d over the agents, want 1", discarded)
 	}
+	// The victim's own agent counts and records what it set aside.
+	if !hasLine(scrape(t, victim.MetricsURL), `etcd_manager_member_data_discarded_total{reason="hash-mismatch"} 1`) {
+		t.Errorf("%s's metrics do not count its data set aside for a hash mismatch", victim.Name)
+	}
+	assertDiscardEvent(t, env, victim, "hash-mismatch")
 	alarms, err := c.AlarmList(ctx)
 	if err != nil || len(alarms.Alarms) != 0 {
 		t.Errorf("alarms after the rebuild: %v, %v", alarms, err)
