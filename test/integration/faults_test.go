@@ -127,6 +127,9 @@ func TestBackupStoreFailsMidUpload(t *testing.T) {
 		log := agents[0].Log()
 		return strings.Contains(log, "backup (backup-now "+id+")") && strings.Contains(log, "backup store unreachable")
 	})
+	harness.WaitFor(t, 30*time.Second, "the failed action in the metrics", func() bool {
+		return regexp.MustCompile(`(?m)^etcd_manager_actions_total\{action="take-backup",result="error"\} [1-9]`).MatchString(scrape(t, agents[0].MetricsURL))
+	})
 	// etcd is untouched while the store is down.
 	put(t, c, "/during-outage", "ok")
 	if got := get(t, c, "/during-outage"); got != "ok" {
