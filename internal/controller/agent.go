@@ -132,13 +132,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.nodeID = st.NodeID
 	a.events = newEventLog(a.nodeID, a.now, a.log)
 	a.page = &statusPage{events: storeEvents(a.cfg.BackupStore), now: a.now}
-	openEvents := openEventStore(a.cfg.BackupStore)
-	go a.events.run(ctx, openEvents)
-	defer func() {
-		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		a.events.flush(fctx, openEvents)
-	}()
+	defer a.events.start(ctx, a.cfg.BackupStore)()
 	if err := a.setupTLS(ctx); err != nil {
 		return err
 	}

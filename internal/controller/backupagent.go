@@ -222,13 +222,7 @@ func (b *BackupAgent) Run(ctx context.Context) error {
 		}
 		defer stop()
 	}
-	openEvents := openEventStore(b.cfg.BackupStore)
-	go b.events.run(ctx, openEvents)
-	defer func() {
-		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		b.events.flush(fctx, openEvents)
-	}()
+	defer b.events.start(ctx, b.cfg.BackupStore)()
 	b.log.Info("backup agent starting", "node-id", b.cfg.NodeID, "endpoints", b.cfg.Endpoints, "backup-store", b.cfg.BackupStore,
 		"interval", b.cfg.Backup.Interval, "retention", b.cfg.Backup.Retention)
 	ticker := time.NewTicker(b.cfg.LoopInterval)

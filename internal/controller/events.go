@@ -238,6 +238,18 @@ func (e *eventLog) run(ctx context.Context, open func(context.Context) (eventWri
 	}
 }
 
+// start writes queued events to the store at url until ctx ends; the
+// returned stop writes what is left, within 5 s, as the agent stops.
+func (e *eventLog) start(ctx context.Context, url string) (stop func()) {
+	open := openEventStore(url)
+	go e.run(ctx, open)
+	return func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		e.flush(fctx, open)
+	}
+}
+
 // flush writes what is queued once, as the agent stops.
 func (e *eventLog) flush(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
 	evs := e.pending()

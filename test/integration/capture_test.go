@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -20,10 +19,10 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
@@ -360,11 +359,37 @@ func TestCaptureCatchesUp(t *testing.T) {
 	}
 	<-uploaded
 
-	refs, err := wal.List(ctx, s, "catchup")
+	next, prev, bySize := base+1, wal.RunStart("catchup", base), 0
+	segments := eachStoredRecord(t, ctx, s, "catchup", func(key string, h wal.Header) {
+		if h.Prev != prev {
+			t.Fatalf("%s does not follow the segment before it", key)
+		}
+		prev = h.Chain
+		if h.BodySize >= cfg.MaxSegmentBytes {
+			bySize++
+		}
+	}, func(key string, rec wal.Record) {
+		next = nextRevision(t, key, rec, next)
+	})
+	if next != head+1 {
+		t.Fatalf("the store holds revisions %d to %d, want %d to %d", base+1, next-1, base+1, head)
+	}
+	if bySize == 0 {
+		t.Errorf("no segment of the %d-revision backlog was cut by size (%d bytes)", backlog, cfg.MaxSegmentBytes)
+	}
+	t.Logf("revisions %d to %d in %d segments, %d cut by size", base+1, head, segments, bySize)
+}
+
+// eachStoredRecord reads timeline's segments from the store in order,
+// calls segment (when set) with each one's header, then record with each
+// of its records, whose events hold only during the call. It returns how
+// many segments it read.
+func eachStoredRecord(t *testing.T, ctx context.Context, s *store.Store, timeline string, segment func(key string, h wal.Header), record func(key string, rec wal.Record)) int {
+	t.Helper()
+	refs, err := wal.List(ctx, s, timeline)
 	if err != nil {
 		t.Fatal(err)
 	}
-	next, prev, bySize := base+1, wal.RunStart("catchup", base), 0
 	for _, ref := range refs {
 		r, err := s.Reader(ctx, ref.Key)
 		if err != nil {
@@ -372,10 +397,11 @@ func TestCaptureCatchesUp(t *testing.T) {
 		}
 		sr, err := wal.NewReader(r, ref.Key, nil)
 		if err != nil {
+			r.Close()
 			t.Fatal(err)
 		}
-		if sr.Header.Prev != prev {
-			t.Fatalf("%s does not follow the segment before it", ref.Key)
+		if segment != nil {
+			segment(ref.Key, sr.Header)
 		}
 		for {
 			rec, err := sr.Next()
@@ -383,29 +409,27 @@ func TestCaptureCatchesUp(t *testing.T) {
 				break
 			}
 			if err != nil {
+				r.Close()
 				t.Fatalf("%s: %v", ref.Key, err)
 			}
-			if rec.Kind != wal.KindRevision {
-				continue
-			}
-			if rec.Revision != next {
-				t.Fatalf("%s holds revision %d where %d was due", ref.Key, rec.Revision, next)
-			}
-			next++
+			record(ref.Key, rec)
 		}
 		r.Close()
-		prev = sr.Header.Chain
-		if sr.Header.BodySize >= cfg.MaxSegmentBytes {
-			bySize++
-		}
 	}
-	if next != head+1 {
-		t.Fatalf("the store holds revisions %d to %d, want %d to %d", base+1, next-1, base+1, head)
+	return len(refs)
+}
+
+// nextRevision checks that a revision record is the one due next, and
+// returns the one due after it; other records change nothing.
+func nextRevision(t *testing.T, key string, rec wal.Record, next int64) int64 {
+	t.Helper()
+	if rec.Kind != wal.KindRevision {
+		return next
 	}
-	if bySize == 0 {
-		t.Errorf("no segment of the %d-revision backlog was cut by size (%d bytes)", backlog, cfg.MaxSegmentBytes)
+	if rec.Revision != next {
+		t.Fatalf("%s holds revision %d where %d was due", key, rec.Revision, next)
 	}
-	t.Logf("revisions %d to %d in %d segments, %d cut by size", base+1, head, len(refs), bySize)
+	return next + 1
 }
 
 // countingWatches is etcd's client for capture, counting the watch
@@ -560,34 +584,12 @@ func TestCaptureDigestsWhileIdle(t *testing.T) {
 	}
 	<-uploaded
 
-	refs, err := wal.List(ctx, s, "quiet")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var digests []int64
-	for _, ref := range refs {
-		r, err := s.Reader(ctx, ref.Key)
-		if err != nil {
-			t.Fatal(err)
+	eachStoredRecord(t, ctx, s, "quiet", nil, func(_ string, rec wal.Record) {
+		if rec.Kind == wal.KindDigest {
+			digests = append(digests, rec.Revision)
 		}
-		sr, err := wal.NewReader(r, ref.Key, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			rec, err := sr.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", ref.Key, err)
-			}
-			if rec.Kind == wal.KindDigest {
-				digests = append(digests, rec.Revision)
-			}
-		}
-		r.Close()
-	}
+	})
 	if !slices.Contains(digests, burst) {
 		t.Fatalf("the store holds digests at revisions %v, want one at %d, the last revision before the quiet spell", digests, burst)
 	}
@@ -601,17 +603,7 @@ func TestCaptureDigestsWhileIdle(t *testing.T) {
 func TestCaptureCatchesUpInFragments(t *testing.T) {
 	// etcd takes requests of up to 6 MiB: one value below is larger than
 	// gRPC's default 4 MiB message, and etcd sends it whole.
-	env := harness.NewEnv(t)
-	live := env.NewBareCluster(1, false)
-	live.AddArgs("--max-request-bytes=6291456")
-	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
-	etcd, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		MaxCallSendMsgSize: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcd.Close()
-	waitEtcd(t, etcd)
+	etcd, _, _ := startBareSource(t, "--max-request-bytes=6291456")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s := openStore(t, "file://"+t.TempDir())
@@ -688,55 +680,33 @@ func TestCaptureCatchesUpInFragments(t *testing.T) {
 	if cl.splits.Load() == 0 {
 		t.Errorf("no fragment boundary split a transaction: the test does not cover a revision split across fragments")
 	}
-	refs, err := wal.List(ctx, s, "fragments")
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := map[int64]map[string]int{}
-	for _, ref := range refs {
-		r, err := s.Reader(ctx, ref.Key)
-		if err != nil {
-			t.Fatal(err)
+	segments := eachStoredRecord(t, ctx, s, "fragments", nil, func(_ string, rec wal.Record) {
+		if rec.Kind != wal.KindRevision {
+			return
 		}
-		sr, err := wal.NewReader(r, ref.Key, nil)
-		if err != nil {
-			t.Fatal(err)
+		if got[rec.Revision] != nil {
+			t.Fatalf("revision %d is in the store twice", rec.Revision)
 		}
-		for {
-			rec, err := sr.Next()
-			if errors.Is(err, io.EOF) {
-				break
+		kvs := map[string]int{}
+		for _, ev := range rec.Events {
+			var kv mvccpb.KeyValue
+			if err := proto.Unmarshal(ev.Value, &kv); err != nil {
+				t.Fatalf("revision %d: %v", rec.Revision, err)
 			}
-			if err != nil {
-				t.Fatalf("%s: %v", ref.Key, err)
+			kvs[string(kv.Key)] = len(kv.Value)
+			if ev.Tombstone {
+				kvs[string(kv.Key)] = -1
 			}
-			if rec.Kind != wal.KindRevision {
-				continue
-			}
-			if got[rec.Revision] != nil {
-				t.Fatalf("revision %d is in the store twice", rec.Revision)
-			}
-			kvs := map[string]int{}
-			for _, ev := range rec.Events {
-				var kv mvccpb.KeyValue
-				if err := proto.Unmarshal(ev.Value, &kv); err != nil {
-					t.Fatalf("revision %d: %v", rec.Revision, err)
-				}
-				kvs[string(kv.Key)] = len(kv.Value)
-				if ev.Tombstone {
-					kvs[string(kv.Key)] = -1
-				}
-			}
-			got[rec.Revision] = kvs
 		}
-		r.Close()
-	}
+		got[rec.Revision] = kvs
+	})
 	for rev := base + 1; rev <= head; rev++ {
 		if !maps.Equal(got[rev], want[rev]) {
 			t.Errorf("revision %d in the store holds %v, want %v", rev, got[rev], want[rev])
 		}
 	}
-	t.Logf("%d revisions caught up in %d segments, the largest watch message %d KiB, %d revisions split across fragments", head-base, len(refs), cl.largest.Load()>>10, cl.splits.Load())
+	t.Logf("%d revisions caught up in %d segments, the largest watch message %d KiB, %d revisions split across fragments", head-base, segments, cl.largest.Load()>>10, cl.splits.Load())
 }
 
 // TestCaptureAcrossAnEtcdRestart: etcd restarts under a running capture,
@@ -744,16 +714,7 @@ func TestCaptureCatchesUpInFragments(t *testing.T) {
 // once etcd serves, and its run goes on: every revision, before, during
 // and after, reaches the store once, in order.
 func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
-	env := harness.NewEnv(t)
-	live := env.NewBareCluster(1, false)
-	etcdBin := filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd")
-	live.Start(etcdBin)
-	etcd, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcd.Close()
-	waitEtcd(t, etcd)
+	etcd, member, etcdBin := startBareSource(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := openStore(t, "file://"+t.TempDir())
@@ -779,14 +740,14 @@ func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 	harness.WaitFor(t, 10*time.Second, fmt.Sprintf("revision %d in the store", before), func() bool { return c.Status().Durable >= before })
 	opened := cl.watches.Load()
 
-	live.Members[0].Stop()
+	member.Stop()
 	time.Sleep(2 * time.Second) // several of capture's tries to watch again
 	select {
 	case err := <-ran:
 		t.Fatalf("capture ended while etcd was down: %v", err)
 	default:
 	}
-	live.Members[0].Start(etcdBin)
+	member.Start(etcdBin)
 	waitEtcd(t, etcd)
 	for i := range 20 {
 		put(t, etcd, fmt.Sprintf("/restart/after/%d", i), "v")
@@ -809,37 +770,10 @@ func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 		t.Errorf("capture opened %d watches across the restart, want it to watch again", n)
 	}
 
-	refs, err := wal.List(ctx, s, "restart")
-	if err != nil {
-		t.Fatal(err)
-	}
 	next := base + 1
-	for _, ref := range refs {
-		r, err := s.Reader(ctx, ref.Key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sr, err := wal.NewReader(r, ref.Key, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			rec, err := sr.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", ref.Key, err)
-			}
-			if rec.Kind == wal.KindRevision {
-				if rec.Revision != next {
-					t.Fatalf("%s holds revision %d where %d was due", ref.Key, rec.Revision, next)
-				}
-				next++
-			}
-		}
-		r.Close()
-	}
+	eachStoredRecord(t, ctx, s, "restart", nil, func(key string, rec wal.Record) {
+		next = nextRevision(t, key, rec, next)
+	})
 	if next != head+1 {
 		t.Fatalf("the store holds revisions %d to %d, want %d to %d", base+1, next-1, base+1, head)
 	}

@@ -30,16 +30,28 @@ import (
 // captures: its segments are the wal package's own, from its own capture.
 func startSegmentSource(t *testing.T) *clientv3.Client {
 	t.Helper()
+	c, _, _ := startBareSource(t)
+	return c
+}
+
+// startBareSource starts a real 1-member etcd of the default version with
+// more etcd flags, and returns a client of it (which sends requests of up
+// to 8 MiB), the member and its etcd binary, to restart it.
+func startBareSource(t *testing.T, args ...string) (*clientv3.Client, *harness.BareEtcd, string) {
+	t.Helper()
 	env := harness.NewEnv(t)
 	live := env.NewBareCluster(1, false)
-	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
-	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	live.AddArgs(args...)
+	bin := filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd")
+	live.Start(bin)
+	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		MaxCallSendMsgSize: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	waitEtcd(t, c)
-	return c
+	return c, live.Members[0], bin
 }
 
 // testSegments holds continuous capture's segments to the store contract
