@@ -79,7 +79,7 @@ func planDefrag(o Observed) []Action {
 		}
 	}
 	policy := o.Spec.Defrag.Effective()
-	auto := !policy.Off && o.DefragWindowOpen
+	auto := !policy.Off
 	if len(cmds) == 0 && !auto {
 		return nil
 	}
@@ -98,6 +98,7 @@ func planDefrag(o Observed) []Action {
 	}
 	var ms []memberNode
 	due := map[string]string{} // node ID -> why it is due
+	shut := 0                  // members due by the policy outside its window
 	for _, m := range o.Cluster.Members {
 		n, ok := nodeOfMember(o, m)
 		if !ok || n.Member == nil || m.IsLearner {
@@ -112,13 +113,24 @@ func planDefrag(o Observed) []Action {
 		case commandDue(x.n.ID) && len(cmds) > 0:
 			due[x.n.ID] = "defrag " + strings.Join(ids, " ")
 		case auto:
-			if why := policy.DefragDue(x.m.DBSize, x.m.DBSizeInUse, o.Spec.QuotaBytes()); why != "" {
+			why := policy.DefragDue(x.m.DBSize, x.m.DBSizeInUse, o.Spec.QuotaBytes())
+			switch {
+			case why == "":
+			case o.DefragWindowOpen:
 				due[x.n.ID] = why
+			default:
+				shut++
 			}
 		}
 	}
 	if len(due) == 0 && len(cmds) == 0 {
-		return nil
+		if shut == 0 {
+			return nil
+		}
+		// Due by the policy while its window is shut: said once, so
+		// that a database that keeps its free pages is no mystery.
+		return []Action{Report{Level: slog.LevelInfo, Msg: "defragmentation is due and waits for its maintenance window",
+			Attrs: []any{"members", shut, "window", policy.Window, "window-duration", policy.WindowDuration}}}
 	}
 	if len(ms) != len(o.Cluster.Members) {
 		return []Action{Report{Level: slog.LevelInfo, Msg: "defragmentation waits: a member's agent is unreachable, or a member is a learner"}}

@@ -38,7 +38,21 @@ func TestPlanDefrag(t *testing.T) {
 		{"followers first, by name", obs(fragmented, fragmented, fragmented), "defrag b isolated ("},
 		{"the leader's member last, after handing leadership on", obs(fragmented, compact, compact),
 			"move-leader to=" + hexID(member("b", true).ID) + " (before defragmenting the leader's member)"},
-		{"outside the window: nothing", func() Observed { o := obs(compact, fragmented, compact); o.DefragWindowOpen = false; return o }(), ""},
+		{"outside the window: said, and nothing done", func() Observed { o := obs(compact, fragmented, compact); o.DefragWindowOpen = false; return o }(),
+			"report[INFO] defragmentation is due and waits for its maintenance window"},
+		{"outside the window, nothing due: nothing", func() Observed { o := obs(compact, compact, compact); o.DefragWindowOpen = false; return o }(), ""},
+		{"outside the window, a command: only the members it asks for", func() Observed {
+			o := obs(fragmented, fragmented, fragmented)
+			o.DefragWindowOpen = false
+			o.Commands = []Command{defragCmd("b", "c")}
+			return o
+		}(), "move-leader to="},
+		{"outside the window, a command done: finished, the policy's due members wait", func() Observed {
+			o := obs(fragmented, fragmented, fragmented)
+			o.DefragWindowOpen = false
+			o.Commands = []Command{defragCmd("a", "b", "c")}
+			return o
+		}(), "finish-defrag d1"},
 		{"the policy off: nothing", func() Observed {
 			o := obs(compact, fragmented, compact)
 			o.Spec.Defrag = &spec.DefragPolicy{Off: true}

@@ -241,3 +241,177 @@ func TestDefrag(t *testing.T) {
 	}
 	t.Logf("%d leader samples, %d of them during the %d defragmentations", len(samples), inside, len(windows))
 }
+
+// fillAndFree writes n values of 512 KiB under prefix, each to a key of
+// its own, deletes the first free of them and compacts them away
+// physically: the database keeps their pages, free. It returns the keys
+// left, each holding spaceValue of its index.
+func fillAndFree(t *testing.T, c *clientv3.Client, prefix string, n, free int) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	left := map[string]string{}
+	for i := range n {
+		key := fmt.Sprintf("%s%03d", prefix, i)
+		if _, err := c.Put(ctx, key, spaceValue(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i >= free {
+			left[key] = spaceValue(i)
+		}
+	}
+	var rev int64
+	for i := range free {
+		resp, err := c.Delete(ctx, fmt.Sprintf("%s%03d", prefix, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = resp.Header.Revision
+	}
+	if _, err := c.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	return left
+}
+
+// checkKeys fails unless every key holds its value.
+func checkKeys(t *testing.T, c *clientv3.Client, want map[string]string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for k, v := range want {
+		resp, err := c.Get(ctx, k)
+		if err != nil {
+			t.Fatalf("get %s: %v", k, err)
+		}
+		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != v {
+			t.Errorf("%s lost its value (%d keys read)", k, len(resp.Kvs))
+		}
+	}
+}
+
+// TestDefragByQuotaInItsWindow: a database at the policy's share of the
+// quota, with too few free pages for the fraction rule, is due by the
+// quota rule; while the maintenance window is shut the leader says so and
+// waits, and once it opens both members of a two-member cluster are
+// defragmented in place (the other alone has no quorum), the follower
+// first, each with etcd reporting its gRPC service stopped meanwhile so
+// that health-checking clients go elsewhere.
+func TestDefragByQuotaInItsWindow(t *testing.T) {
+	env := harness.NewEnv(t)
+	// A window of one minute, half an hour from now: shut for this test.
+	shut := fmt.Sprintf("%d * * * *", (time.Now().UTC().Minute()+30)%60)
+	env.MustCtl("--member-count=2", "--etcd-version="+harness.DefaultEtcdVersion, "--quota-backend-bytes=33554432",
+		"--defrag-min-reclaimable-bytes=1048576", "--defrag-min-reclaimable-fraction=0.9", "--defrag-quota-percent=40",
+		"--defrag-window="+shut, "--defrag-window-duration=1m", "configure-cluster")
+	if out := env.MustCtl("get"); !strings.Contains(out, fmt.Sprintf("within 1m of %q (UTC)", shut)) {
+		t.Fatalf("get does not show the window:\n%s", out)
+	}
+	agents := env.StartAgents(2, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 2, settleTimeout)
+	c := clusterClient(t, agents)
+
+	// 14 MiB, 3 of them freed: over 40% of the 32 MiB quota, far under
+	// 90% free.
+	left := fillAndFree(t, c, "/quota/", 28, 6)
+	before := dbSizes(t, agents)
+	for i, s := range before {
+		if s < 14<<20 {
+			t.Fatalf("%s's database is %d bytes after writing 14 MiB", agents[i].Name, s)
+		}
+	}
+	harness.WaitFor(t, time.Minute, "the leader to say that defragmentation waits for its window", func() bool {
+		return strings.Contains(allLogs(agents), `msg="defragmentation is due and waits for its maintenance window" members=2 window="`+shut+`"`)
+	})
+	// Five more loop ticks, and still nothing defragmented.
+	time.Sleep(10 * time.Second)
+	if logs := allLogs(agents); strings.Contains(logs, `msg="defragmenting a member"`) {
+		t.Fatalf("a member was defragmented outside the window:\n%s", grepLines(logs, "defrag", 20))
+	}
+
+	env.MustCtl("--defrag-window=* * * * *", "configure-cluster")
+	harness.WaitFor(t, 2*time.Minute, "both members to be defragmented in the window", func() bool {
+		return strings.Count(allLogs(agents), `msg="member defragmented"`) == 2
+	})
+	after := dbSizes(t, agents)
+	t.Logf("database sizes %v before, %v after", before, after)
+	for i := range agents {
+		if after[i] < 0 || after[i] > before[i]-2<<20 {
+			t.Errorf("%s's database went from %d to %d bytes: its free 3 MiB were not given back", agents[i].Name, before[i], after[i])
+		}
+	}
+	logs := allLogs(agents)
+	if n := strings.Count(logs, `msg="defragmenting a member" node=`); n != 2 {
+		t.Errorf("%d defragmentations began, want 2", n)
+	}
+	for _, line := range strings.Split(grepLines(logs, `msg="defragmenting a member"`, 10), "\n") {
+		if line != "" && (!strings.Contains(line, `mode="in place"`) || !strings.Contains(line, "of the quota")) {
+			t.Errorf("not in place by the quota rule: %s", line)
+		}
+	}
+	if !strings.Contains(logs, "before defragmenting the leader's member") {
+		t.Error("leadership was not handed on before the leader's member was defragmented")
+	}
+	// Each member's etcd, defragmented in place, stopped its gRPC
+	// service for the duration.
+	for _, a := range agents {
+		if !strings.Contains(a.Log(), `"reason":"defrag is active"`) {
+			t.Errorf("%s's etcd did not report its gRPC service stopped while it was defragmented:\n%s", a.Name, grepLines(a.Log(), "grpc service status", 10))
+		}
+	}
+	checkKeys(t, c, left)
+}
+
+// TestDefragWaitsForEveryMember: with one member's agent and etcd down,
+// a due defragmentation waits and says why; when the member is back, every
+// member is defragmented.
+func TestDefragWaitsForEveryMember(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "--auto-defrag=false", "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	c := clusterClient(t, agents)
+	left := fillAndFree(t, c, "/degraded/", 24, 18)
+
+	// Not the leader: the other two keep quorum, and the leader's agent
+	// plans.
+	down := agents[0]
+	for _, a := range agents {
+		if !isLeader(t, a) {
+			down = a
+			break
+		}
+	}
+	down.Stop()
+	env.MustCtl("--auto-defrag=true", "--defrag-min-reclaimable-bytes=4194304", "--defrag-min-reclaimable-fraction=0.5", "configure-cluster")
+	harness.WaitFor(t, time.Minute, "the leader to say that defragmentation waits for the member", func() bool {
+		return strings.Contains(allLogs(agents), `msg="defragmentation waits: a member's agent is unreachable, or a member is a learner"`)
+	})
+	time.Sleep(10 * time.Second)
+	if logs := allLogs(agents); strings.Contains(logs, `msg="defragmenting a member"`) {
+		t.Fatalf("a member was defragmented while another was down:\n%s", grepLines(logs, "defrag", 20))
+	}
+
+	down.Start()
+	harness.WaitFor(t, 3*time.Minute, "every member to be defragmented once all are back", func() bool {
+		return strings.Count(allLogs(agents), `msg="member defragmented"`) == 3
+	})
+	for i, s := range dbSizes(t, agents) {
+		if s < 0 || s > 8<<20 {
+			t.Errorf("%s's database is %d bytes after its defragmentation", agents[i].Name, s)
+		}
+	}
+	checkKeys(t, c, left)
+}
+
+// isLeader reports whether the agent's etcd leads raft.
+func isLeader(t *testing.T, a *harness.Agent) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := a.Client().Status(ctx, a.ClientURL)
+	if err != nil {
+		t.Fatalf("status of %s: %v", a.Name, err)
+	}
+	return st.Leader == st.Header.MemberId
+}
