@@ -36,9 +36,6 @@ const (
 	DefaultCompactionInterval    = 5 * time.Minute
 	DefaultCompactionCaptureWait = 10 * time.Minute
 	DefaultCompactionQuotaShare  = 0.5
-	// etcdDefaultQuota is etcd's backend quota when --quota-backend-bytes
-	// is not set, as no agent sets it yet.
-	etcdDefaultQuota = 2 << 30
 )
 
 // DefaultCompactionConfig returns the defaults.
@@ -171,6 +168,8 @@ type compactor struct {
 	// outage or a spec that cannot be read.
 	policy     spec.CompactionPolicy
 	havePolicy bool
+	// quota is the spec's backend quota as last read.
+	quota int64
 
 	revision    prometheus.Gauge
 	held        prometheus.Gauge
@@ -180,9 +179,10 @@ type compactor struct {
 
 func newCompactor(cfg CompactionConfig, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *compactor {
 	c := &compactor{
-		cfg: cfg,
-		log: log,
-		now: now,
+		cfg:   cfg,
+		log:   log,
+		now:   now,
+		quota: spec.DefaultQuotaBytes,
 		revision: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_compaction_revision",
 			Help: "The revision this agent last compacted etcd to, while it leads etcd."}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_compaction_held_by_capture",
@@ -236,6 +236,7 @@ func (lp *loop) compact(ctx context.Context, obs plan.Observed) {
 			}
 			c.policy, c.havePolicy = policy, true
 		}
+		c.quota = obs.Spec.QuotaBytes()
 	}
 	if !c.havePolicy || c.policy.Off() {
 		c.idle()
@@ -296,7 +297,7 @@ func (c *compactor) check(ctx context.Context, cl compactionClient, cf captureFl
 	c.lastCaptured = captured
 	p := planCompaction(compactionInput{Policy: policy, Now: now, Head: head, Compacted: c.compacted, Samples: c.samples,
 		Capture: captureOn, Captured: captured, Stalled: !progressed, HeldSince: c.heldSince, CaptureWait: c.cfg.CaptureWait,
-		DBInUse: dbInUse, Quota: etcdDefaultQuota, QuotaShare: c.cfg.QuotaShare})
+		DBInUse: dbInUse, Quota: c.quota, QuotaShare: c.cfg.QuotaShare})
 	switch {
 	case !p.Held || p.Overtake != "":
 		c.heldSince = time.Time{}
