@@ -122,9 +122,9 @@ type loop struct {
 	// recover-quorum, read at newestAt.
 	newest   map[string]plan.BackupPoint
 	newestAt time.Time
-	// lastInfo is the last info-level report, logged again only when it
-	// changes; warnings and errors are logged every cycle.
-	lastInfo string
+	// infos logs an info-level report in the first of a run of cycles
+	// that report it; warnings and errors are logged every cycle.
+	infos infoOnce
 	// warnings are the status lines of the last plan's reports, shown by
 	// etcd-manager-ctl status while this agent leads.
 	warnings []string
@@ -335,12 +335,15 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	lp.warnings = plan.StatusLines(actions)
 	lp.showActivity(obs, actions)
 	lp.tendDrill(ctx, obs, actions)
+	lp.infos.cycle()
 	for _, act := range actions {
 		if ctx.Err() != nil {
 			return false
 		}
 		if r, ok := act.(plan.Report); ok {
-			lp.report(ctx, r)
+			if lp.infos.first(r) {
+				lp.log.Log(ctx, r.Level, r.Msg, r.Attrs...)
+			}
 			continue
 		}
 		lp.log.Info("performing action", "action", act.String())
@@ -410,16 +413,26 @@ func learnerWaiting(obs plan.Observed) bool {
 	return false
 }
 
-func (lp *loop) report(ctx context.Context, r plan.Report) {
-	if r.Level <= slog.LevelInfo {
-		if r.Msg == lp.lastInfo {
-			return
-		}
-		lp.lastInfo = r.Msg
-	} else {
-		lp.lastInfo = ""
+// infoOnce says which reports to log: every warning and error, and an
+// info-level report only when the cycle before did not reach it, so that
+// a state that lasts (a shut maintenance window, a gate) is said once
+// however many other reports come and go beside it.
+type infoOnce struct{ last, cur map[string]bool }
+
+// cycle starts a cycle.
+func (o *infoOnce) cycle() { o.last, o.cur = o.cur, map[string]bool{} }
+
+// first reports whether r is to be logged, and notes it as reached.
+func (o *infoOnce) first(r plan.Report) bool {
+	if r.Level > slog.LevelInfo {
+		return true
 	}
-	lp.log.Log(ctx, r.Level, r.Msg, r.Attrs...)
+	if o.cur == nil {
+		o.cur = map[string]bool{}
+	}
+	log := !o.last[r.Msg] && !o.cur[r.Msg]
+	o.cur[r.Msg] = true
+	return log
 }
 
 // execute performs one action: the node's own steps on the node,
