@@ -25,7 +25,8 @@ type CompactionConfig struct {
 	// CaptureWait is how long continuous capture may hold compaction
 	// back before availability wins and compaction goes past it.
 	CaptureWait time.Duration
-	// QuotaShare is the share of etcd's quota the database's bytes in
+	// QuotaShare is the share of the backend quota (the spec's
+	// quota-backend-bytes, else etcd's default) the database's bytes in
 	// use may reach while a stalled capture holds compaction back; above
 	// it compaction goes past capture at once.
 	QuotaShare float64
@@ -47,7 +48,7 @@ func DefaultCompactionConfig() CompactionConfig {
 func (c *CompactionConfig) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.Interval, "compaction-interval", c.Interval, "how often the agent leading etcd checks the spec's compaction policy (configure-cluster --auto-compaction-mode/--auto-compaction-retention) and compacts")
 	fs.DurationVar(&c.CaptureWait, "compaction-capture-wait", c.CaptureWait, "how long continuous capture may make no progress while it holds compaction back (compaction never goes past what capture made durable in the store) before compaction goes ahead anyway and a full backup is taken")
-	fs.Float64Var(&c.QuotaShare, "compaction-quota-share", c.QuotaShare, "share of etcd's backend quota the database's bytes in use may reach while a stalled capture holds compaction back; above it compaction goes ahead at once")
+	fs.Float64Var(&c.QuotaShare, "compaction-quota-share", c.QuotaShare, "share of the backend quota (configure-cluster --quota-backend-bytes, else etcd's 2 GiB) the database's bytes in use may reach while a stalled capture holds compaction back; above it compaction goes ahead at once")
 }
 
 // Validate reports every problem with the compaction settings.
@@ -168,7 +169,8 @@ type compactor struct {
 	// outage or a spec that cannot be read.
 	policy     spec.CompactionPolicy
 	havePolicy bool
-	// quota is the spec's backend quota as last read.
+	// quota is the backend quota as last read: the spec's, or the one
+	// this agent's member still runs with when that is smaller.
 	quota int64
 
 	revision    prometheus.Gauge
@@ -236,7 +238,7 @@ func (lp *loop) compact(ctx context.Context, obs plan.Observed) {
 			}
 			c.policy, c.havePolicy = policy, true
 		}
-		c.quota = obs.Spec.QuotaBytes()
+		c.quota = backendQuota(*obs.Spec, obs.Self.Member)
 	}
 	if !c.havePolicy || c.policy.Off() {
 		c.idle()
@@ -250,6 +252,18 @@ func (lp *loop) compact(ctx context.Context, obs plan.Observed) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c.check(cctx, etcdCompaction{lp}, lp.capture, policy)
+}
+
+// backendQuota is the backend quota that binds member under the spec s:
+// the spec's, or the one the member still runs with when that is smaller
+// (a quota the spec raised binds only once the roll has restarted the
+// member with it).
+func backendQuota(s spec.ClusterSpec, member *plan.Membership) int64 {
+	q := s.QuotaBytes()
+	if member != nil {
+		q = min(q, spec.ClusterSpec{EtcdSettings: member.Settings}.QuotaBytes())
+	}
+	return q
 }
 
 // sampleEvery is the time between checks: the configured interval, or

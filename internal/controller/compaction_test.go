@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -176,3 +177,35 @@ type fakeFloor struct {
 
 func (f *fakeFloor) durable(string) (int64, bool) { return f.rev, f.on }
 func (f *fakeFloor) requestBase()                 { f.requested = true }
+
+func TestBackendQuota(t *testing.T) {
+	quota := func(q string) spec.Settings {
+		if q == "" {
+			return nil
+		}
+		return spec.Settings{"quota-backend-bytes": q}
+	}
+	tests := []struct {
+		name          string
+		spec, running string
+		noMember      bool
+		want          int64
+	}{
+		{"etcd's default", "", "", false, spec.DefaultQuotaBytes},
+		{"the spec's, rolled out", "33554432", "33554432", false, 32 << 20},
+		{"raised in the spec, not yet rolled out: the running one", "8589934592", "", false, spec.DefaultQuotaBytes},
+		{"lowered in the spec, not yet rolled out: the spec's", "33554432", "", false, 32 << 20},
+		{"no membership: the spec's", "8589934592", "", true, 8 << 30},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var m *plan.Membership
+			if !tt.noMember {
+				m = &plan.Membership{Settings: quota(tt.running)}
+			}
+			if got := backendQuota(spec.ClusterSpec{EtcdSettings: quota(tt.spec)}, m); got != tt.want {
+				t.Errorf("backendQuota = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
