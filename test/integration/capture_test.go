@@ -328,18 +328,7 @@ func TestCaptureCatchesUp(t *testing.T) {
 	cfg := wal.Default()
 	cfg.CutInterval = 10 * time.Millisecond
 	cfg.MaxSegmentBytes = 64 << 10
-	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, stop := context.WithCancel(ctx)
-	defer stop()
-	ran := make(chan error, 1)
-	go func() {
-		ran <- c.Run(cctx, wal.Etcd(etcd), "catchup", &wal.Base{Backup: "full-backup", Revision: base})
-	}()
-	uploaded := make(chan struct{})
-	go func() { c.Upload(cctx); close(uploaded) }()
+	c := startCapture(t, ctx, cfg, s, wal.Etcd(etcd), "catchup", base, slog.LevelWarn)
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("the backlog to revision %d in the store", head), func() bool {
 		return c.Status().Durable >= head
 	})
@@ -353,11 +342,7 @@ func TestCaptureCatchesUp(t *testing.T) {
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("the paced writes to revision %d in the store", head), func() bool {
 		return c.Status().Durable >= head
 	})
-	stop()
-	if err := <-ran; !errors.Is(err, context.Canceled) {
-		t.Fatalf("capture ended with %v", err)
-	}
-	<-uploaded
+	c.stop(t)
 
 	next, prev, bySize := base+1, wal.RunStart("catchup", base), 0
 	segments := eachStoredRecord(t, ctx, s, "catchup", func(key string, h wal.Header) {
@@ -432,6 +417,44 @@ func nextRevision(t *testing.T, key string, rec wal.Record, next int64) int64 {
 	return next + 1
 }
 
+// capturing is a wal capture of one timeline, and its upload, running
+// against a real etcd until stop.
+type capturing struct {
+	*wal.Capture
+	timeline string
+	ran      chan error
+	uploaded chan struct{}
+	cancel   context.CancelFunc
+}
+
+// startCapture runs capture of timeline after base with cfg, from a fresh
+// spool, reading etcd through cl, and its upload into s; it logs at
+// level and above.
+func startCapture(t *testing.T, ctx context.Context, cfg wal.Config, s *store.Store, cl wal.Client, timeline string, base int64, level slog.Level) *capturing {
+	t.Helper()
+	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	r := &capturing{Capture: c, timeline: timeline, ran: make(chan error, 1), uploaded: make(chan struct{}), cancel: cancel}
+	go func() { r.ran <- c.Run(cctx, cl, timeline, &wal.Base{Backup: "full-backup", Revision: base}) }()
+	go func() { c.Upload(cctx); close(r.uploaded) }()
+	return r
+}
+
+// stop ends the capture and its upload, and fails unless the run ended
+// for the cancellation alone.
+func (r *capturing) stop(t *testing.T) {
+	t.Helper()
+	r.cancel()
+	if err := <-r.ran; !errors.Is(err, context.Canceled) {
+		t.Fatalf("capture of %s ended with %v", r.timeline, err)
+	}
+	<-r.uploaded
+}
+
 // countingWatches is etcd's client for capture, counting the watch
 // streams opened, keeping the size of the largest message any sent, and
 // counting the revisions a fragment boundary split.
@@ -489,17 +512,8 @@ func TestCaptureIdleKeepsOneWatch(t *testing.T) {
 	base := headRevision(t, ctx, etcd)
 	cfg := wal.Default()
 	cfg.CutInterval = 10 * time.Millisecond
-	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		t.Fatal(err)
-	}
 	cl := &countingWatches{Client: wal.Etcd(etcd)}
-	cctx, stop := context.WithCancel(ctx)
-	defer stop()
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(cctx, cl, "idle", &wal.Base{Backup: "full-backup", Revision: base}) }()
-	uploaded := make(chan struct{})
-	go func() { c.Upload(cctx); close(uploaded) }()
+	c := startCapture(t, ctx, cfg, s, cl, "idle", base, slog.LevelWarn)
 
 	// idleFor checks that capture opens at most one watch in a second,
 	// a hundred cut intervals.
@@ -524,11 +538,7 @@ func TestCaptureIdleKeepsOneWatch(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the pass after the change
 		idleFor(fmt.Sprintf("after change %d", i+1))
 	}
-	stop()
-	if err := <-ran; !errors.Is(err, context.Canceled) {
-		t.Fatalf("capture ended with %v", err)
-	}
-	<-uploaded
+	c.stop(t)
 	if n := cl.watches.Load(); n < 4 {
 		t.Errorf("capture opened %d watches for 3 changes, want a new one after each", n)
 	}
@@ -548,16 +558,7 @@ func TestCaptureDigestsWhileIdle(t *testing.T) {
 	cfg := wal.Default()
 	cfg.CutInterval = 10 * time.Millisecond
 	cfg.DigestInterval = 2 * time.Second
-	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, stop := context.WithCancel(ctx)
-	defer stop()
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(cctx, wal.Etcd(etcd), "quiet", &wal.Base{Backup: "full-backup", Revision: base}) }()
-	uploaded := make(chan struct{})
-	go func() { c.Upload(cctx); close(uploaded) }()
+	c := startCapture(t, ctx, cfg, s, wal.Etcd(etcd), "quiet", base, slog.LevelWarn)
 
 	// The burst lands within the first digest's interval: no digest of
 	// it is due before the cluster goes quiet.
@@ -578,11 +579,7 @@ func TestCaptureDigestsWhileIdle(t *testing.T) {
 	harness.WaitFor(t, 10*time.Second, fmt.Sprintf("revision %d in the store", head), func() bool {
 		return c.Status().Durable >= head
 	})
-	stop()
-	if err := <-ran; !errors.Is(err, context.Canceled) {
-		t.Fatalf("capture ended with %v", err)
-	}
-	<-uploaded
+	c.stop(t)
 
 	var digests []int64
 	eachStoredRecord(t, ctx, s, "quiet", nil, func(_ string, rec wal.Record) {
@@ -651,25 +648,12 @@ func TestCaptureCatchesUpInFragments(t *testing.T) {
 
 	cfg := wal.Default()
 	cfg.CutInterval = 10 * time.Millisecond
-	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		t.Fatal(err)
-	}
 	cl := &countingWatches{Client: wal.Etcd(etcd)}
-	cctx, stop := context.WithCancel(ctx)
-	defer stop()
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(cctx, cl, "fragments", &wal.Base{Backup: "full-backup", Revision: base}) }()
-	uploaded := make(chan struct{})
-	go func() { c.Upload(cctx); close(uploaded) }()
+	c := startCapture(t, ctx, cfg, s, cl, "fragments", base, slog.LevelWarn)
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("the backlog to revision %d in the store", head), func() bool {
 		return c.Status().Durable >= head
 	})
-	stop()
-	if err := <-ran; !errors.Is(err, context.Canceled) {
-		t.Fatalf("capture ended with %v", err)
-	}
-	<-uploaded
+	c.stop(t)
 
 	// etcd's fragments stay under its --max-request-bytes plus its 512
 	// KiB allowance for gRPC, 6.5 MiB here, but for one event larger than
@@ -721,17 +705,8 @@ func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 	base := headRevision(t, ctx, etcd)
 	cfg := wal.Default()
 	cfg.CutInterval = 10 * time.Millisecond
-	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
 	cl := &countingWatches{Client: wal.Etcd(etcd)}
-	cctx, stop := context.WithCancel(ctx)
-	defer stop()
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(cctx, cl, "restart", &wal.Base{Backup: "full-backup", Revision: base}) }()
-	uploaded := make(chan struct{})
-	go func() { c.Upload(cctx); close(uploaded) }()
+	c := startCapture(t, ctx, cfg, s, cl, "restart", base, slog.LevelDebug)
 
 	for i := range 20 {
 		put(t, etcd, fmt.Sprintf("/restart/before/%d", i), "v")
@@ -743,7 +718,7 @@ func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 	member.Stop()
 	time.Sleep(2 * time.Second) // several of capture's tries to watch again
 	select {
-	case err := <-ran:
+	case err := <-c.ran:
 		t.Fatalf("capture ended while etcd was down: %v", err)
 	default:
 	}
@@ -755,17 +730,13 @@ func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 	head := headRevision(t, ctx, etcd)
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("revision %d in the store", head), func() bool {
 		select {
-		case err := <-ran:
+		case err := <-c.ran:
 			t.Fatalf("capture ended with %v, want its one run to go on across the restart", err)
 		default:
 		}
 		return c.Status().Durable >= head
 	})
-	stop()
-	if err := <-ran; !errors.Is(err, context.Canceled) {
-		t.Fatalf("capture ended with %v, want its one run to go on across the restart", err)
-	}
-	<-uploaded
+	c.stop(t)
 	if n := cl.watches.Load() - opened; n < 2 {
 		t.Errorf("capture opened %d watches across the restart, want it to watch again", n)
 	}

@@ -247,25 +247,11 @@ func writeBurst(t *testing.T, ctx context.Context, etcd *clientv3.Client, timeli
 // segments yet starts a run after base.
 func captureTo(t *testing.T, ctx context.Context, s *store.Store, etcd *clientv3.Client, timeline string, base, head int64) {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := wal.New(wal.Default(), t.TempDir(), s, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, stop := context.WithCancel(ctx)
-	defer stop()
-	ran := make(chan error, 1)
-	go func() { ran <- c.Run(cctx, wal.Etcd(etcd), timeline, &wal.Base{Backup: "full-backup", Revision: base}) }()
-	uploaded := make(chan struct{})
-	go func() { c.Upload(cctx); close(uploaded) }()
+	c := startCapture(t, ctx, wal.Default(), s, wal.Etcd(etcd), timeline, base, slog.LevelWarn)
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("capture of %s to reach revision %d in the store", timeline, head), func() bool {
 		return c.Status().Durable >= head
 	})
-	stop()
-	if err := <-ran; !errors.Is(err, context.Canceled) {
-		t.Fatalf("capture of %s ended with %v", timeline, err)
-	}
-	<-uploaded
+	c.stop(t)
 }
 
 func headRevision(t *testing.T, ctx context.Context, etcd *clientv3.Client) int64 {
