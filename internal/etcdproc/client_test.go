@@ -5,7 +5,27 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc/mem"
 )
+
+// The buffers gRPC reads messages into fit them: a snapshot chunk (32 KiB
+// of data and its header) takes a 64 KiB buffer, not gRPC's default 1 MiB,
+// which was cleared whole for every chunk.
+func TestBufferPoolFitsMessages(t *testing.T) {
+	for _, tt := range []struct{ size, maxCap int }{
+		{100, 256},
+		{4 << 10, 4 << 10},
+		{32<<10 + 40, 64 << 10}, // a snapshot chunk
+		{300 << 10, 512 << 10},
+	} {
+		b := mem.DefaultBufferPool().Get(tt.size)
+		if len(*b) != tt.size || cap(*b) > tt.maxCap {
+			t.Errorf("a %d-byte message got a buffer of %d bytes (capacity %d), want at most %d", tt.size, len(*b), cap(*b), tt.maxCap)
+		}
+		mem.DefaultBufferPool().Put(b)
+	}
+}
 
 // PeerMembers reads etcd's peer-port member list, and refuses what no
 // etcd sends: a failed request, a body that does not parse, or one too
