@@ -459,6 +459,7 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	if err := s.WriteSpec(ctx, cs); err != nil {
 		return err
 	}
+	o.nudge(ctx, s) // the agents read the spec at once
 	return fprintf(stdout, "cluster spec set in %s: %s\n", o.backupStore, cs)
 }
 

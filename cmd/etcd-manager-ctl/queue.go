@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -184,7 +186,7 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 		return err
 	}
 	defer s.Close()
-	id, err := s.AddCommand(ctx, spec.Command{BackupNow: &spec.BackupNowCommand{}}, time.Now())
+	id, err := o.queue(ctx, s, spec.Command{BackupNow: &spec.BackupNowCommand{}})
 	if err != nil {
 		return fmt.Errorf("backup-now: queue the command: %w", err)
 	}
@@ -237,7 +239,7 @@ func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout ti
 		return err
 	}
 	defer s.Close()
-	id, err := s.AddCommand(ctx, spec.Command{Defrag: &spec.DefragCommand{}}, time.Now())
+	id, err := o.queue(ctx, s, spec.Command{Defrag: &spec.DefragCommand{}})
 	if err != nil {
 		return fmt.Errorf("defrag: queue the command: %w", err)
 	}
@@ -282,10 +284,68 @@ var errWaitTimeout = errors.New("timed out")
 // watchCommand reads the command every half second and hands it, or the
 // read's error, to step, until step says it is done or timeout passes
 // (errWaitTimeout).
+// queue adds cmd to the queue and nudges the agents, so that the leading
+// agent takes it up at once rather than on its next loop tick.
+func (o *options) queue(ctx context.Context, s *store.Store, cmd spec.Command) (string, error) {
+	id, err := s.AddCommand(ctx, cmd, time.Now())
+	if err != nil {
+		return "", err
+	}
+	o.nudge(ctx, s)
+	return id, nil
+}
+
+// nudgeTimeout bounds a nudge: finding the agents, and asking them all.
+const nudgeTimeout = 2 * time.Second
+
+// nudge tells every agent it finds that the store changed, through the
+// peer API's announcement (an Info call that says the caller's state
+// changed), which an operator's client certificate may make: each agent
+// then runs a cycle at once, and the leading agent reads the queue in it.
+// Without it, the leader reads the queue on its next tick (--loop-interval,
+// 2s by default). It is best effort and bounded: an agent it cannot reach,
+// or a CA this ctl cannot read, leaves the command to that tick, and says
+// nothing.
+func (o *options) nudge(ctx context.Context, s *store.Store) {
+	ctx, cancel := context.WithTimeout(ctx, nudgeTimeout)
+	defer cancel()
+	creds, _, err := o.peerCreds(ctx)
+	if err != nil {
+		return
+	}
+	recs, err := o.discoverAgents(ctx, s)
+	if err != nil {
+		return
+	}
+	var wg sync.WaitGroup
+	seen := map[string]bool{}
+	for _, r := range recs {
+		if seen[r.Address] {
+			continue
+		}
+		seen[r.Address] = true
+		name := o.clusterName
+		if name == "" {
+			name = r.ClusterName
+		}
+		wg.Go(func() {
+			c, err := peer.Dial(r.Address, name, creds)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_, _ = c.Announce(ctx)
+		})
+	}
+	wg.Wait()
+}
+
 func watchCommand(ctx context.Context, s *store.Store, id string, timeout time.Duration, step func(store.QueuedCommand, error) (bool, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tick := time.NewTicker(500 * time.Millisecond)
+	// One small read of the command's status per tick: cheap on any
+	// store, and the command's end is seen within a quarter second.
+	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		if done, err := step(s.ReadCommand(ctx, id)); done || err != nil {
@@ -406,7 +466,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 	if cs, err := s.ReadSpec(ctx); err == nil {
 		cmd.RestoreBackup.ClusterSpec = &cs
 	}
-	id, err := s.AddCommand(ctx, cmd, time.Now())
+	id, err := o.queue(ctx, s, cmd)
 	if err != nil {
 		return fmt.Errorf("restore-backup: queue the command: %w", err)
 	}
@@ -457,7 +517,7 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 		return err
 	}
 	defer s.Close()
-	id, err := s.AddCommand(ctx, spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{Lost: lost}}, time.Now())
+	id, err := o.queue(ctx, s, spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{Lost: lost}})
 	if err != nil {
 		return fmt.Errorf("recover-quorum: queue the command: %w", err)
 	}

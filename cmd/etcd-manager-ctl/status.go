@@ -38,15 +38,7 @@ func role(info peer.NodeInfo) string {
 }
 
 func (o *options) status(ctx context.Context, w io.Writer) error {
-	creds := peer.InsecureCredentials()
-	var tlsCfg *tls.Config
-	var err error
-	if !o.insecure {
-		if tlsCfg, err = o.clientTLS(ctx); err != nil {
-			return err
-		}
-		creds = credentials.NewTLS(tlsCfg)
-	}
+	creds, tlsCfg, err := o.peerCreds(ctx)
 	if err != nil {
 		return err
 	}
@@ -74,20 +66,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 			fprintf(o.stderr, "warning: the record of the last failed backup is unreadable: %v\n", err)
 		}
 	}
-	disc, err := peer.ParseDiscovery(o.discovery, peer.DiscoveryOptions{
-		Store: func(context.Context) (peer.BlobStore, error) {
-			if s == nil {
-				return nil, errors.New("--discovery=store needs --backup-store")
-			}
-			return s, nil
-		},
-		PeerPort: o.peerPort,
-		MaxAge:   10 * time.Minute,
-	})
-	if err != nil {
-		return err
-	}
-	recs, err := disc.Poll(ctx)
+	recs, err := o.discoverAgents(ctx, s)
 	if err != nil {
 		return err
 	}
@@ -291,6 +270,38 @@ func printMaintenance(w io.Writer, m *peer.Maintenance) {
 	if d := m.LastDiscard; d != nil {
 		fprintf(w, "  last member rebuilt for disagreeing data: %s at %s (%s)\n", d.Node, d.At.Format(time.RFC3339), d.Reason)
 	}
+}
+
+// peerCreds are the credentials for the agents' peer API, and the TLS
+// config behind them (nil with --insecure).
+func (o *options) peerCreds(ctx context.Context) (peer.TransportCredentials, *tls.Config, error) {
+	if o.insecure {
+		return peer.InsecureCredentials(), nil, nil
+	}
+	tlsCfg, err := o.clientTLS(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return credentials.NewTLS(tlsCfg), tlsCfg, nil
+}
+
+// discoverAgents finds the agents through --discovery; s (nil without
+// --backup-store) holds the records of --discovery=store.
+func (o *options) discoverAgents(ctx context.Context, s *store.Store) ([]peer.Record, error) {
+	disc, err := peer.ParseDiscovery(o.discovery, peer.DiscoveryOptions{
+		Store: func(context.Context) (peer.BlobStore, error) {
+			if s == nil {
+				return nil, errors.New("--discovery=store needs --backup-store")
+			}
+			return s, nil
+		},
+		PeerPort: o.peerPort,
+		MaxAge:   10 * time.Minute,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return disc.Poll(ctx)
 }
 
 // askAgents asks every discovered agent for its info, in parallel, and

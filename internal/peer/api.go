@@ -159,8 +159,10 @@ type MemberRef struct {
 type InfoRequest struct {
 	ClusterName string `json:"clusterName"`
 	// Changed says the caller's own state changed since its last call
-	// (it started, or its etcd joined or left): the receiver's agent
-	// looks at the cluster again at once instead of on its next tick.
+	// (it started, or its etcd joined or left), or, from
+	// etcd-manager-ctl, that it changed the store (queued a command, set
+	// the spec): the receiver's agent looks at the cluster again at once
+	// instead of on its next tick.
 	Changed bool `json:"changed,omitempty"`
 }
 

@@ -332,3 +332,46 @@ func TestJunkCommand(t *testing.T) {
 		t.Errorf("deleting a missing command: %v, %q", err, errOut)
 	}
 }
+
+// A queued command is taken up at once, not on the leader's next loop
+// tick: etcd-manager-ctl announces the change to the agents through the
+// peer API, with a client certificate it makes from the store's CA. The
+// agents here cycle every 5 minutes.
+func TestQueuedCommandTakenUpAtOnce(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(1, harness.AgentOptions{ExtraArgs: []string{"--loop-interval=5m", "--backup-interval=24h"}})
+	harness.WaitSettled(t, agents, 1, 2*time.Minute)
+	// The cycles that follow a change (every 250ms, for at most about 10s)
+	// are over well before the next tick, 5 minutes after the agent
+	// started.
+	time.Sleep(12 * time.Second)
+	backups := func() int { return strings.Count(agents[0].Log(), `msg="backup taken"`) }
+	before := backups()
+	name := strings.TrimSpace(env.MustCtl("backup-now", "--timeout=90s"))
+	if !backupNameRE.MatchString(name) {
+		t.Fatalf("backup-now printed %q", name)
+	}
+	if got := backups(); got != before+1 {
+		t.Fatalf("the agent logged %d backups, want %d", got, before+1)
+	}
+	// The same for a command queued without waiting: the leader takes
+	// the defrag up while its tick is still minutes away.
+	id := strings.TrimSpace(env.MustCtl("defrag", "--wait=false"))
+	var line string
+	harness.WaitFor(t, 90*time.Second, "the defrag command to finish", func() bool {
+		out, _, err := env.Ctl("list-commands")
+		if err != nil {
+			return false
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, id+" ") {
+				line = l
+			}
+		}
+		return strings.Contains(line, " done ") || strings.Contains(line, " failed ")
+	})
+	if !strings.Contains(line, " done ") {
+		t.Fatalf("the defrag command did not succeed: %s", line)
+	}
+}
