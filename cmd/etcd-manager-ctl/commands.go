@@ -102,10 +102,10 @@ a refusal, a failed command).`,
 	}
 	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
 	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
-	fs.StringVar(&o.discovery, "discovery", "store", "how to find the agents (status): store, file:///DIR, static:HOST:PORT,... or dns:NAME, as the agents' --discovery")
-	fs.StringVar(&o.clusterName, "cluster-name", "", "cluster name the agents serve (status); taken from the discovery records when they carry it")
+	fs.StringVar(&o.discovery, "discovery", "store", "how to find the agents (status, and to tell them at once of a queued command or a new spec): store, file:///DIR, static:HOST:PORT,... or dns:NAME, as the agents' --discovery")
+	fs.StringVar(&o.clusterName, "cluster-name", "", "cluster name the agents serve (status, and telling them of a change); taken from the discovery records when they carry it")
 	fs.IntVar(&o.peerPort, "peer-port", 8000, "agents' peer API port, for --discovery=dns:NAME with A records")
-	fs.BoolVar(&o.insecure, "insecure", false, "talk to the agents' peer API and etcd without TLS (status), as agents started with --insecure --etcd-insecure")
+	fs.BoolVar(&o.insecure, "insecure", false, "talk to the agents' peer API and etcd without TLS (status, and telling them of a change), as agents started with --insecure --etcd-insecure")
 	fs.StringVar(&o.pkiDir, "pki-dir", "", "directory holding the cluster's CA (ca.crt, ca.key), as the agents' --pki-dir; by default the CA is read from the backup store's pki/ prefix")
 	fs.StringVar(&o.cacert, "cacert", "", "CA certificate to trust, with --cert and --key (instead of issuing a certificate from the CA)")
 	fs.StringVar(&o.cert, "cert", "", "client certificate to present to the agents and etcd, with --cacert and --key")
