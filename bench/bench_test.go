@@ -592,7 +592,7 @@ func benchBackups(t *testing.T, sc scale) []Result {
 
 	size := fmt.Sprintf("%.0f MiB", float64(sc.dbBytes)/(1<<20))
 	common := func(r backupRun) string {
-		return fmt.Sprintf("DB filled to %.0f MiB (scale %s: %s target) with %d KiB values of random hex in %.1fs; snapshot %.0f MiB; median of %d; 1-member cluster, default loop interval (backup-now waits for the leader's next cycle), --backup-interval=24h so no periodic backup overlaps",
+		return fmt.Sprintf("DB filled to %.0f MiB (scale %s: %s target) with %d KiB values of random hex in %.1fs; snapshot %.0f MiB; median of %d; 1-member cluster, default loop interval (backup-now tells the agents it queued the command, and the leader takes it up at once), --backup-interval=24h so no periodic backup overlaps",
 			mib(r.dbSize), sc.name, size, fillValueBytes>>10, r.fillSecs, mib(r.snapBytes), len(r.got))
 	}
 	backupResult := func(name, store string, r backupRun, extra string) Result {
@@ -1033,7 +1033,7 @@ func benchRestore(t *testing.T, sc scale) Result {
 	}
 	res.Note += fmt.Sprintf("etcd-manager-ctl restore-backup --timeout=20m over a live managed 3-member cluster, until clients are back: a linearizable Get on the client URLs "+
 		"answers from the restored cluster (a key written after the backup is gone); "+
-		"that holds the leader's pick-up (default loop interval), fetch+gunzip+verify on the driving agent, stopping the old members, "+
+		"that holds the leader's pick-up (default loop interval; the ctl tells the agents it queued the command), fetch+gunzip+verify on the driving agent, stopping the old members, "+
 		"fetch+gunzip+verify+restore on each of the 3 nodes in parallel and their start in quarantine, the HashKV check and lifting the quarantine (an etcd restart per member); "+
 		"the command then takes a fresh full backup of the restored cluster while clients write (a %.0f MiB backup by itself, see %s) and returns: after %s s; "+
 		"phases from the agents' logs: %s; "+
