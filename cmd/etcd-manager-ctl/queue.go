@@ -281,9 +281,6 @@ func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout ti
 // errWaitTimeout is watchCommand's error when its timeout passes.
 var errWaitTimeout = errors.New("timed out")
 
-// watchCommand reads the command every half second and hands it, or the
-// read's error, to step, until step says it is done or timeout passes
-// (errWaitTimeout).
 // queue adds cmd to the queue and nudges the agents, so that the leading
 // agent takes it up at once rather than on its next loop tick.
 func (o *options) queue(ctx context.Context, s *store.Store, cmd spec.Command) (string, error) {
@@ -340,11 +337,13 @@ func (o *options) nudge(ctx context.Context, s *store.Store) {
 	wg.Wait()
 }
 
+// watchCommand reads the command every quarter second and hands it, or
+// the read's error, to step, until step says it is done or timeout passes
+// (errWaitTimeout).
 func watchCommand(ctx context.Context, s *store.Store, id string, timeout time.Duration, step func(store.QueuedCommand, error) (bool, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	// One small read of the command's status per tick: cheap on any
-	// store, and the command's end is seen within a quarter second.
+	// One small read per tick: cheap on any store.
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
