@@ -205,10 +205,10 @@ func (a *Agent) Run(ctx context.Context) error {
 // operator's client certificate) that announced a change, at most once
 // per soonInterval: callers hold certificates of the cluster's CA, but a
 // faulty one must not keep the loop cycling. An announcement within the
-// interval is not dropped: it wakes the loop when the interval is over. (At a cluster's
-// creation, the nodes told to join announce their pending state moments
-// before the creator announces its member started, the news they wait
-// for.)
+// interval is not dropped: it wakes the loop when the interval is over.
+// (At a cluster's creation, the nodes told to join announce their pending
+// state moments before the creator announces its member started, the
+// news they wait for.)
 func (a *Agent) pokeFromPeer() {
 	a.peerPokeMu.Lock()
 	defer a.peerPokeMu.Unlock()
