@@ -302,15 +302,17 @@ const nudgeTimeout = 2 * time.Second
 // Without it, the leader reads the queue on its next tick (--loop-interval,
 // 2s by default). It is best effort and bounded: an agent it cannot reach,
 // or a CA this ctl cannot read, leaves the command to that tick, and says
-// nothing.
+// nothing. It reads the CA only once it has found agents to tell.
 func (o *options) nudge(ctx context.Context, s *store.Store) {
 	ctx, cancel := context.WithTimeout(ctx, nudgeTimeout)
 	defer cancel()
-	creds, _, err := o.peerCreds(ctx)
-	if err != nil {
+	recs, err := o.discoverAgents(ctx, s)
+	if err != nil || len(recs) == 0 {
 		return
 	}
-	recs, err := o.discoverAgents(ctx, s)
+	quiet := *o
+	quiet.stderr = io.Discard // the command's own output stays as it was
+	creds, _, err := quiet.peerCreds(ctx)
 	if err != nil {
 		return
 	}

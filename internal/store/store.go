@@ -443,8 +443,8 @@ func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, t
 	if err != nil {
 		return "", "", err
 	}
-	// Large writes: io.Copy's 32 KiB would take eight times the system
-	// calls for a large object.
+	// Large writes (on Linux, where writeback wraps f): io.Copy's 32 KiB
+	// would take eight times the system calls for a large object.
 	if _, err := io.CopyBuffer(writeback(f), &abortOnError{ctx: ctx, r: r, abort: func() {}}, make([]byte, fileCopyBuffer)); err != nil {
 		f.Close()
 		os.Remove(f.Name())
