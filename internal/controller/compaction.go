@@ -261,7 +261,7 @@ func (lp *loop) compact(ctx context.Context, obs plan.Observed) {
 func backendQuota(s spec.ClusterSpec, member *plan.Membership) int64 {
 	q := s.QuotaBytes()
 	if member != nil {
-		q = min(q, spec.ClusterSpec{EtcdSettings: member.Settings}.QuotaBytes())
+		q = min(q, member.Settings.QuotaBytes())
 	}
 	return q
 }

@@ -67,8 +67,12 @@ type ClusterSpec struct {
 
 // QuotaBytes is the backend quota the members run with: the
 // quota-backend-bytes setting, else etcd's default.
-func (s ClusterSpec) QuotaBytes() int64 {
-	if q, err := strconv.ParseInt(s.EtcdSettings["quota-backend-bytes"], 10, 64); err == nil && q > 0 {
+func (s ClusterSpec) QuotaBytes() int64 { return s.EtcdSettings.QuotaBytes() }
+
+// QuotaBytes is the backend quota these settings give etcd: the
+// quota-backend-bytes setting, else etcd's default.
+func (s Settings) QuotaBytes() int64 {
+	if q, err := strconv.ParseInt(s["quota-backend-bytes"], 10, 64); err == nil && q > 0 {
 		return q
 	}
 	return DefaultQuotaBytes
