@@ -336,12 +336,12 @@ func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, 
 	}
 	defer c.Close()
 	began := time.Now()
-	resp, err := c.SnapshotWithVersion(ctx)
+	snap, version, err := openSnapshot(ctx, c)
 	if err != nil {
 		return out, fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err)
 	}
-	defer resp.Snapshot.Close()
-	out.version = resp.Version
+	defer snap.Close()
+	out.version = version
 	f, err := os.OpenFile(db, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return out, fmt.Errorf("backup: %w", err)
@@ -357,7 +357,7 @@ func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, 
 	tee := io.TeeReader(readerFunc(func(p []byte) (int, error) {
 		n := 0
 		for n < len(p) {
-			m, err := resp.Snapshot.Read(p[n:])
+			m, err := snap.Read(p[n:])
 			n += m
 			if err != nil && !errors.Is(err, io.EOF) {
 				return n, copyErr.set(fmt.Errorf("backup: snapshot from %s: %w", req.Endpoint, err))
