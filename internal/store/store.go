@@ -294,9 +294,10 @@ func (s *Store) put(ctx context.Context, key string, r io.Reader, ifNotExist boo
 	return s.bucket.Upload(ctx, key, &abortOnError{ctx: ctx, r: r, abort: cancel}, &blob.WriterOptions{
 		ContentType: "application/octet-stream",
 		IfNotExist:  ifNotExist,
-		// Parts of 5 MiB (S3's smallest), two in flight: memory stays
-		// small and flat whatever the object's size. S3 allows 10000
-		// parts; the SDK grows the part size for larger objects.
+		// Parts of 5 MiB (S3's smallest), two in flight (one for S3, see
+		// smallUploads): memory stays small and flat whatever the
+		// object's size. S3 allows 10000 parts; the SDK grows the part
+		// size for larger objects.
 		BufferSize:     uploadPartSize,
 		MaxConcurrency: 2,
 		BeforeWrite:    s.smallUploads,
@@ -304,11 +305,11 @@ func (s *Store) put(ctx context.Context, key string, r io.Reader, ifNotExist boo
 }
 
 // smallUploads sets S3's transfer manager to go multipart from the first
-// part: by default it reads the first 16 MiB of an object whole (to
-// decide between one PUT and a multipart upload) before it uses its pool
-// of parts, which puts 16 MiB more in memory for every large upload. An
-// object under one part still goes in one PUT. Other drivers have nothing
-// of the kind.
+// part, with one part in flight. By default it reads the first 16 MiB of
+// an object whole (to decide between one PUT and a multipart upload)
+// before it uses its pool of parts, which puts 16 MiB more in memory for
+// every large upload. An object under one part still goes in one PUT.
+// Other drivers have nothing of the kind.
 func (s *Store) smallUploads(as func(any) bool) error {
 	var tm *transfermanager.Client
 	var client *s3.Client
@@ -320,7 +321,12 @@ func (s *Store) smallUploads(as func(any) bool) error {
 		// requestChecksumCalculation) to both; keep it.
 		o.RequestChecksumCalculation = client.Options().RequestChecksumCalculation
 		o.PartSizeBytes = uploadPartSize
-		o.Concurrency = 2
+		// One part uploads while the next fills: the manager holds one
+		// part more than its concurrency. With two in flight its three
+		// parts (15 MiB) left the agent's heap at its soft memory limit,
+		// and the collector ran about once per MiB of a backup
+		// (docs/architecture.md#memory).
+		o.Concurrency = 1
 		o.MultipartUploadThreshold = uploadPartSize
 	})
 	return nil
