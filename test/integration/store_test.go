@@ -256,6 +256,8 @@ func TestS3UploadsInParts(t *testing.T) {
 	minio := harness.StartMinIO(t)
 	minio.CreateBucket(t, "parts")
 	setEnv(t, minio.Env())
+	// The SDK logs to the stderr it finds when the store opens.
+	stderr := captureStderr(t)
 	s := openStore(t, minio.StoreURL("parts", "p"))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -276,6 +278,50 @@ func TestS3UploadsInParts(t *testing.T) {
 		if got := map[bool]string{true: "-" + suffix}[multipart]; got != tt.want {
 			t.Errorf("a %d-byte object has ETag %s, want the suffix %q", tt.size, etag, tt.want)
 		}
+		// Every way of reading gives the object back, and none makes the
+		// SDK print a warning outside the logs.
+		data, err := s.Read(ctx, key)
+		if err != nil || len(data) != tt.size {
+			t.Fatalf("Read %s: %d bytes, %v", key, len(data), err)
+		}
+		if data, err = s.ReadMax(ctx, key, int64(tt.size)); err != nil || len(data) != tt.size {
+			t.Fatalf("ReadMax %s: %d bytes, %v", key, len(data), err)
+		}
+		r, err := s.Reader(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, r)
+		r.Close()
+		if err != nil || n != int64(tt.size) {
+			t.Fatalf("Reader %s: %d bytes, %v", key, n, err)
+		}
+	}
+	if out := stderr(); out != "" {
+		t.Errorf("the store's reads printed to stderr:\n%s", out)
+	}
+}
+
+// captureStderr points os.Stderr at a file until the test ends, and
+// returns a func that reads what was written to it so far.
+func captureStderr(t *testing.T) func() string {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := os.Stderr
+	os.Stderr = f
+	t.Cleanup(func() {
+		os.Stderr = orig
+		f.Close()
+	})
+	return func() string {
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
 	}
 }
 
