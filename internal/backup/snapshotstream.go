@@ -35,13 +35,17 @@ func openSnapshot(ctx context.Context, c *clientv3.Client) (io.ReadCloser, strin
 		err = cs.CloseSend()
 	}
 	if err != nil {
+		err = clientv3.ContextError(ctx, err) // before cancel, which would mask the server's own deadline
 		cancel()
-		return nil, "", clientv3.ContextError(ctx, err)
+		return nil, "", err
 	}
 	r := &snapshotReader{cs: cs, cancel: cancel}
 	// The first message carries the version, as clientv3 reads it.
-	if err := r.next(); err != nil && !errors.Is(err, io.EOF) {
+	if err := r.next(); err != nil {
 		cancel()
+		if errors.Is(err, io.EOF) {
+			return nil, "", errors.New("the snapshot stream ended before its first message")
+		}
 		return nil, "", err
 	}
 	return r, r.version, nil
@@ -73,7 +77,7 @@ func (r *snapshotReader) next() error {
 	}
 	r.rest = r.frame.blob
 	if r.version == "" {
-		r.version = r.frame.version
+		r.version = string(r.frame.version)
 	}
 	return nil
 }
@@ -100,11 +104,11 @@ func (r *snapshotReader) Close() error {
 	return nil
 }
 
-// snapshotFrame is one SnapshotResponse: its chunk points into buf.
+// snapshotFrame is one SnapshotResponse: its chunk and version point
+// into buf.
 type snapshotFrame struct {
-	buf     mem.Buffer
-	blob    []byte
-	version string
+	buf           mem.Buffer
+	blob, version []byte
 }
 
 func (f *snapshotFrame) release() {
@@ -122,7 +126,7 @@ const (
 
 // decode reads a SnapshotResponse's wire form: the chunk (blob) and the
 // storage version. The header and the remaining byte count are skipped.
-// The chunk points into b.
+// Both point into b.
 func (f *snapshotFrame) decode(b []byte) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -139,7 +143,7 @@ func (f *snapshotFrame) decode(b []byte) error {
 			if num == snapshotBlobField {
 				f.blob = v
 			} else {
-				f.version = string(v)
+				f.version = v
 			}
 			b = b[n:]
 		case num == snapshotBlobField || num == snapshotVersionField:
@@ -164,9 +168,11 @@ func (c frameCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return c.CodecV2.Unmarshal(data, v)
 	}
-	// One buffer (the usual case) gains a reference; several are copied
-	// into one from the pool. Either way the frame owns what it holds,
-	// and gRPC frees data after this returns.
+	// gRPC reads HTTP/2 frames of up to 16 KiB, so a 32 KiB chunk comes
+	// in several buffers: they are copied into one from the process's
+	// pool (its 64 KiB tier, see etcdproc). A message in one buffer gains
+	// a reference instead. Either way the frame owns what it holds, and
+	// gRPC frees data after this returns.
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	var g snapshotFrame
 	if err := g.decode(buf.ReadOnlyData()); err != nil {

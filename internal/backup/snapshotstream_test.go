@@ -54,7 +54,7 @@ func TestSnapshotFrameDecode(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || string(f.blob) != c.blob || f.version != c.version {
+			if err != nil || string(f.blob) != c.blob || string(f.version) != c.version {
 				t.Fatalf("decode = %q, %q, %v; want %q, %q", f.blob, f.version, err, c.blob, c.version)
 			}
 		})
@@ -83,7 +83,7 @@ func TestFrameCodecHoldsTheBuffer(t *testing.T) {
 			t.Fatal(err)
 		}
 		data.Free() // as gRPC does once Unmarshal returns
-		if !bytes.Equal(f.blob, bytes.Repeat([]byte("ab"), 3000)) || f.version != "3.6.0" {
+		if !bytes.Equal(f.blob, bytes.Repeat([]byte("ab"), 3000)) || string(f.version) != "3.6.0" {
 			t.Fatalf("split %d: the frame's chunk or version differ", split)
 		}
 		if split == 0 && freed != 0 {
