@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	"go.etcd.io/etcd/server/v3/storage/schema"
 	"google.golang.org/protobuf/proto"
@@ -181,5 +183,70 @@ func TestApplyFailureReturns(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("apply did not return after failing midway")
+	}
+}
+
+// pagedRanger serves a sorted keyspace a page at a time, as etcd does,
+// and records each request's limit.
+type pagedRanger struct {
+	kvs    []*mvccpb.KeyValue
+	limits []int64
+}
+
+func (r *pagedRanger) Get(_ context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	op := clientv3.OpGet(key, opts...)
+	limit := op.Limit()
+	r.limits = append(r.limits, limit)
+	resp := &clientv3.GetResponse{}
+	for _, kv := range r.kvs {
+		if string(kv.Key) < key {
+			continue
+		}
+		if int64(len(resp.Kvs)) == limit {
+			resp.More = true
+			break
+		}
+		resp.Kvs = append(resp.Kvs, kv)
+	}
+	return resp, nil
+}
+
+// A digest's pages bring back about digestPageBytes whatever the values'
+// size, and the digest is the same whatever the pages.
+func TestDigestPagesBoundedInBytes(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		keys      int
+		valueSize int
+		maxLimit  int64
+	}{
+		{"small values", 3000, 100, digestPage},
+		{"512 KiB values", 40, 512 << 10, digestPageBytes / (512 << 10)},
+		{"values over the page", 5, digestPageBytes * 2, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &pagedRanger{}
+			var want Digest
+			for i := range tt.keys {
+				kv := &mvccpb.KeyValue{Key: fmt.Appendf(nil, "k%06d", i), Value: make([]byte, tt.valueSize), ModRevision: int64(i + 1)}
+				r.kvs = append(r.kvs, kv)
+				want.add(kvHash(kv))
+			}
+			got, err := DigestAt(t.Context(), r, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Fatalf("digest %+v, want %+v", got, want)
+			}
+			if r.limits[0] != digestFirstPage {
+				t.Errorf("first page %d keys, want %d", r.limits[0], digestFirstPage)
+			}
+			for _, l := range r.limits[1:] {
+				if l < 1 || l > tt.maxLimit {
+					t.Fatalf("pages of %v keys, want 1..%d", r.limits, tt.maxLimit)
+				}
+			}
+		})
 	}
 }
