@@ -41,9 +41,8 @@ type MemberStatus struct {
 // init sets the buffer pool gRPC's clients read messages into (servers
 // keep the pool they took when gRPC initialised): gRPC's proto codec
 // takes its buffers from the default pool whatever a connection's
-// options say. The default pool has no tier
-// between 32 KiB and 1 MiB, takes the tier above each message's size and
-// clears all of it: every 32 KiB chunk of a snapshot (its data and a few
+// options say. The default pool has no tier between 32 KiB and 1 MiB,
+// takes the tier above each message's size and clears all of it: every 32 KiB chunk of a snapshot (its data and a few
 // bytes of header) took and cleared 1 MiB, a tenth of the agent's CPU
 // time during a backup. Tiers at every power of two up to 1 MiB waste at
 // most half of a buffer. gRPC allows this only during initialisation.

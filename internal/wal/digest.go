@@ -62,13 +62,10 @@ const (
 	digestPageBytes = 4 << 20
 )
 
-// nextDigestPage is the limit of the page after one of n keys and size
-// bytes.
+// nextDigestPage is the limit of the page after one of n keys (n > 0)
+// and size bytes.
 func nextDigestPage(n int, size int64) int64 {
-	if n == 0 || size <= 0 {
-		return digestPage
-	}
-	return min(max(digestPageBytes*int64(n)/size, 1), digestPage)
+	return min(max(digestPageBytes*int64(n)/max(size, 1), 1), digestPage)
 }
 
 // Ranger is the part of an etcd client a digest needs.
@@ -93,10 +90,10 @@ func DigestAt(ctx context.Context, c Ranger, rev int64) (Digest, error) {
 			d.add(kvHash(kv))
 			size += int64(len(kv.Key) + len(kv.Value))
 		}
-		limit = nextDigestPage(len(resp.Kvs), size)
 		if !resp.More || len(resp.Kvs) == 0 {
 			return d, nil
 		}
+		limit = nextDigestPage(len(resp.Kvs), size)
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
 }
