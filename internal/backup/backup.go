@@ -575,13 +575,46 @@ func Verify(path string) (snapshot.Status, error) {
 	if err := checkTrailer(path); err != nil {
 		return snapshot.Status{}, err
 	}
-	return ReadStatus(path)
+	return status(path)
 }
 
 // ReadStatus checks a snapshot db file through etcdutl's snapshot status
 // alone, which reads every key: for a copy whose trailer was checked as
-// it streamed in.
+// it streamed in. The file is read once in order first (see readThrough).
 func ReadStatus(path string) (snapshot.Status, error) {
+	if err := readThrough(path); err != nil {
+		return snapshot.Status{}, err
+	}
+	return status(path)
+}
+
+// readThrough reads path once, in order. The status walks the keys in
+// their order, which is not the order of the file's pages: on a file the
+// page cache no longer holds, as a large backup's local copy is by the
+// time it is checked, each page is then a read of its own. An 8 GiB copy
+// took 2 minutes that way, at about 100 MiB/s; one pass in order first
+// reads it at the disk's streaming speed. A file still cached costs a
+// copy from memory.
+func readThrough(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		_, err := f.Read(buf)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("backup: read %s: %w", path, err)
+		}
+	}
+}
+
+// status reads a snapshot db file's status through etcdutl.
+func status(path string) (snapshot.Status, error) {
 	st, err := snapshot.NewV3(zap.NewNop()).Status(path)
 	if err != nil {
 		return st, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
