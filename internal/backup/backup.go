@@ -592,7 +592,7 @@ func ReadStatus(path string) (snapshot.Status, error) {
 // their order, which is not the order of the file's pages: on a file the
 // page cache no longer holds, as a large backup's local copy is by the
 // time it is checked, each page is then a read of its own. An 8 GiB copy
-// took 2 minutes that way, at about 100 MiB/s; one pass in order first
+// took 2 minutes that way, at about 68 MiB/s; one pass in order first
 // reads it at the disk's streaming speed. A file still cached costs a
 // copy from memory.
 func readThrough(path string) error {
