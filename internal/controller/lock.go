@@ -302,11 +302,11 @@ func (l *lease) Term() int64 {
 
 // acquireLocked takes or renews the lock and moves the local deadline:
 // half a lease after the start of the call that last wrote the record.
-// With no deadline yet (a term just adopted after a restart), it renews
-// at once.
-func (l *lease) acquireLocked(ctx context.Context, s lockStore) (int64, error) {
+// With no deadline yet (a term just adopted after a restart), or with
+// force, it renews at once.
+func (l *lease) acquireLocked(ctx context.Context, s lockStore, force bool) (int64, error) {
 	start := l.clock()
-	term, wrote, err := l.lock.acquire(ctx, s, l.validUntil.IsZero())
+	term, wrote, err := l.lock.acquire(ctx, s, force || l.validUntil.IsZero())
 	if err != nil {
 		return 0, err
 	}
@@ -325,7 +325,7 @@ func (l *lease) acquireLocked(ctx context.Context, s lockStore) (int64, error) {
 func (l *lease) Acquire(ctx context.Context, s lockStore) (int64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.acquireLocked(ctx, s)
+	return l.acquireLocked(ctx, s, false)
 }
 
 // Release gives the lock up when its holder no longer needs it.
@@ -376,7 +376,16 @@ func (l *lease) Renew(ctx context.Context) error {
 		// store says now, another agent may have acted.
 		return fmt.Errorf("%w: %w: the lease of store lock term %d ran out before it was renewed", procedure.ErrFenced, ErrNotLeader, held)
 	}
-	term, err := l.acquireLocked(ctx, l.store())
+	// The record is due for renewal a third of a lease after its write,
+	// by the time the store read it then; the local deadline runs from
+	// before that read. A renewal that went by the record alone could
+	// find it not yet due on the tick before the deadline, and the
+	// deadline past on the next, whenever the store was slower to read
+	// at the write than after it. So it renews whenever less than a
+	// quarter of a lease is left locally: the ticks (a sixth of a lease
+	// apart) land there at least once.
+	force := !l.clock().Add(l.lock.TTL / 4).Before(l.validUntil)
+	term, err := l.acquireLocked(ctx, l.store(), force)
 	if err != nil {
 		return fmt.Errorf("controller: renew the store lock: %w", err)
 	}

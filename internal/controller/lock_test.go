@@ -299,6 +299,41 @@ func TestLeaseFencesAPausedHolder(t *testing.T) {
 	}
 }
 
+// A long step's renewals keep the lease whatever the store's latency: a
+// renewal that wrote the record after a slow read leaves the record not
+// yet due on the tick before the local deadline. The lease must renew
+// there anyway, not find its deadline past on the next tick.
+func TestLeaseRenewalsOutlastASlowStoreRead(t *testing.T) {
+	s := openLockStore(t)
+	ctx := t.Context()
+	const ttl = 600 * time.Millisecond
+	tick := ttl / 6 // the procedure runner's RenewEvery
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	// The lock reads its clock after it has read the store: latency is
+	// how long that read took on this call.
+	var latency time.Duration
+	l := &lease{lock: &LeaderLock{NodeID: "a", TTL: ttl, Now: func() time.Time { return clock.Now().Add(latency) }},
+		store: func() lockStore { return s }, now: clock.Now}
+	if term, err := l.Acquire(ctx, s); err != nil || term != 1 {
+		t.Fatalf("Acquire: %d, %v", term, err)
+	}
+	// Writes come every second tick; each time, the read before the write
+	// is the slow one. Before the fix, the lease ran out on the fifth tick.
+	for i := 1; i <= 30; i++ {
+		clock.Add(tick)
+		latency = 0
+		if i%3 == 2 {
+			latency = 10 * time.Millisecond
+		}
+		if err := l.Renew(ctx); err != nil {
+			t.Fatalf("tick %d: Renew: %v", i, err)
+		}
+		if _, err := l.Hold(ctx); err != nil {
+			t.Fatalf("tick %d: Hold: %v", i, err)
+		}
+	}
+}
+
 // Terms start above what the nodes obeyed and the statuses were written
 // under, even when control/leader/ was lost: nodes would refuse a lower
 // term, and readers would ignore its statuses.
