@@ -1106,7 +1106,7 @@ func benchRestore(t *testing.T, sc scale) Result {
 		more = fmt.Sprintf("; the agents logged %d error line(s) during the restores (see the test log)", r.errorLines)
 	}
 	if r.emptied != "" {
-		more += fmt.Sprintf("; to fit 3 nodes on this one disk, the agents ran without continuous capture (--capture=false), and once the backup was taken the bench deleted the fill, "+
+		more += fmt.Sprintf("; to fit 3 nodes on this one disk, the agents ran without continuous capture (--capture=false) and without their own defragmentation (--auto-defrag=false, as the bench defragments), and once the backup was taken the bench deleted the fill, "+
 			"compacted and defragmented the live cluster (%s) before the restores: the old members' data goes to the trash by a rename whatever its size", r.emptied)
 	}
 	if v > 0 && b > 0 {
@@ -1135,11 +1135,16 @@ func benchRestore(t *testing.T, sc scale) Result {
 func runRestores(t *testing.T, sc scale) restoreRun {
 	var r restoreRun
 	env := harness.NewEnv(t)
-	env.MustCtl(append([]string{"--member-count=3", "--etcd-version=" + harness.DefaultEtcdVersion, "configure-cluster"}, sc.quotaArgs()...)...)
+	conf := []string{"--member-count=3", "--etcd-version=" + harness.DefaultEtcdVersion}
 	args := []string{"--backup-interval=24h"}
 	if sc.leanRestore() {
+		// emptyCluster defragments the members itself: the agents' own
+		// defragmentation, which the freed space would start, isolates
+		// each member in turn, and the bench's calls would meet it.
+		conf = append(conf, "--auto-defrag=false")
 		args = append(args, "--capture=false")
 	}
+	env.MustCtl(append(append(conf, "configure-cluster"), sc.quotaArgs()...)...)
 	agents := env.StartAgents(3, harness.AgentOptions{Defaults: true, ExtraArgs: args})
 	harness.WaitSettled(t, agents, 3, 2*time.Minute)
 
