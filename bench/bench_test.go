@@ -1235,30 +1235,8 @@ func emptyCluster(t *testing.T, agents []*harness.Agent, cfg *tls.Config) string
 	if _, err := c.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
 		t.Fatalf("compact the fill away: %v", err)
 	}
-	// The Compact waited for one member; each of the others compacts on
-	// its own, and a defragmentation before it has would copy the fill.
-	// bbolt counts freed pages as free only from a later write, so a
-	// small one is made while waiting.
-	deadline := time.Now().Add(5 * time.Minute)
-	for i := 0; ; i++ {
-		if _, err := c.Put(ctx, "/bench/empty/touch", fmt.Sprint(i)); err != nil {
-			t.Fatalf("put: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-		done := true
-		for _, ep := range endpoints {
-			st, err := statusOf(ep, cfg)
-			if err != nil || st.DbSizeInUse > 64<<20 {
-				done = false
-			}
-		}
-		if done {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the members did not all compact the fill away within 5 minutes: %s", dbSizes(t, endpoints, cfg))
-		}
-	}
+	// A defragmentation before a member has compacted would copy the fill.
+	awaitCompacted(ctx, t, c, endpoints, cfg, 5*time.Minute, func(st *clientv3.StatusResponse) bool { return st.DbSizeInUse <= 64<<20 })
 	for _, ep := range endpoints {
 		if _, err := c.Defragment(ctx, ep); err != nil {
 			t.Fatalf("defragment %s: %v", ep, err)

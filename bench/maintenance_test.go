@@ -180,30 +180,36 @@ func fragment(t *testing.T, endpoints []string, cfg *tls.Config, target int64, t
 	if _, err := c.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
 		t.Fatalf("compact: %v", err)
 	}
-	// Each member compacts on its own; wait until every one has. bbolt
-	// counts the pages a compaction freed as free only from a later
-	// write, so a small one is made while waiting.
-	deadline := time.Now().Add(time.Minute)
+	awaitCompacted(ctx, t, c, endpoints, cfg, time.Minute, func(st *clientv3.StatusResponse) bool { return st.DbSizeInUse <= st.DbSize*3/4 })
+	return dbSizes(t, endpoints, cfg)
+}
+
+// awaitCompacted waits, up to within, until every member's status
+// passes compacted: each member compacts on its own, after the one that
+// served the Compact. bbolt counts the pages a compaction freed as free
+// only from a later write, so small ones are made while waiting.
+func awaitCompacted(ctx context.Context, t *testing.T, c *clientv3.Client, endpoints []string, cfg *tls.Config, within time.Duration, compacted func(*clientv3.StatusResponse) bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for i := 0; ; i++ {
-		if _, err := c.Put(ctx, "/bench/fragment/touch", fmt.Sprint(i)); err != nil {
+		if _, err := c.Put(ctx, "/bench/compact/touch", fmt.Sprint(i)); err != nil {
 			t.Fatalf("put: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
 		done := true
 		for _, ep := range endpoints {
 			st, err := statusOf(ep, cfg)
-			if err != nil || st.DbSizeInUse > st.DbSize*3/4 {
+			if err != nil || !compacted(st) {
 				done = false
 			}
 		}
 		if done {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the members did not all compact within a minute: %s", dbSizes(t, endpoints, cfg))
+			t.Fatalf("the members did not all compact within %s: %s", within, dbSizes(t, endpoints, cfg))
 		}
 	}
-	return dbSizes(t, endpoints, cfg)
 }
 
 // dbSizes renders each member's database size and in-use size in MiB.
