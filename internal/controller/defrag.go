@@ -32,8 +32,8 @@ type defragger interface {
 
 // defrag defragments one member, which is not the raft leader: the
 // leader hands leadership on before its own turn. In place, the leader
-// asks the member's etcd; isolated, the member's agent holds its clients
-// off meanwhile (see node.Defrag).
+// asks the member's etcd; isolated, the member's agent stops its etcd
+// and defragments the database offline (see node.Defrag).
 func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMember) error {
 	c, err := lp.members.leader(ctx)
 	if err != nil {
@@ -97,8 +97,8 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 	return nil
 }
 
-// defragIsolated has the member's agent defragment its etcd with its
-// clients held off. A failure turns the member to defragmentation in
+// defragIsolated has the member's agent defragment its database offline,
+// its etcd stopped meanwhile. A failure turns the member to defragmentation in
 // place for isolatedDefragRetry.
 func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.DefragMember) (peer.DefragResult, error) {
 	n, err := plan.FindNode(obs.Peers, act.NodeID)

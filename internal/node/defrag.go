@@ -12,23 +12,22 @@ import (
 )
 
 // defragReserve is the free space a defragmentation leaves on the data
-// disk beyond the compact copy etcd writes.
+// disk beyond its compact copy.
 const defragReserve = 64 << 20
 
-// isolatedStartTimeout bounds how long etcd may take to serve again
-// after each restart around a defragmentation.
-const isolatedStartTimeout = time.Minute
-
 // Defrag serves the peer API: defragment this member's database with its
-// clients held off. A member defragmenting holds every request sent to it
-// until it is done, and clients of plain gRPC round-robin keep sending to
-// it, so each of their writers stalls in turn. So etcd restarts serving
-// only its quarantine client URLs, where ordinary clients cannot reach
-// it: they find its port closed and go to the other members at once. It
-// is defragmented there, through the quarantine URL, and restarts on its
-// usual URLs. It stays a voting, replicating member throughout, but for
-// the two restarts. The leader asks for this only while the other
-// members keep quorum without it.
+// clients held off, and without a burst of writes that the other members
+// feel. etcd's own defragmentation holds every request sent to the member
+// until it is done, so clients of plain gRPC round-robin stall in turn;
+// and it writes its whole compact copy in one transaction, whose single
+// fsync holds back every other writer of a shared disk for as long as the
+// copy takes to reach it (the other members' WAL fsyncs, and so every
+// write of the cluster). So the agent stops etcd, whose clients then find
+// its port closed and go to the other members at once; copies the
+// database offline, a few MiB per fsynced transaction; and starts etcd
+// again. The member misses only what the others commit meanwhile, which
+// the leader sends on as it returns. The leader asks for this only while
+// the other members keep quorum without it.
 func (n *Node) Defrag(ctx context.Context, req peer.DefragRequest) (peer.DefragResult, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -57,23 +56,30 @@ func (n *Node) Defrag(ctx context.Context, req peer.DefragRequest) (peer.DefragR
 	if err != nil {
 		return peer.DefragResult{}, fmt.Errorf("node: defragment: %w", err)
 	}
-	// etcd writes a compact copy beside the file: room for what is in
+	// The compact copy is written beside the file: room for what is in
 	// use, or without an estimate, for the whole file.
 	need := req.InUseBytes
 	if need <= 0 || need > st.Size() {
 		need = st.Size()
 	}
 	if free, err := etcdproc.FreeBytes(dataDir); err == nil && free < need+defragReserve {
-		return peer.DefragResult{}, fmt.Errorf("node: defragment: %s has %d bytes free; etcd's compact copy of %s needs about %d, and %d more are kept in reserve",
+		return peer.DefragResult{}, fmt.Errorf("node: defragment: %s has %d bytes free; the compact copy of %s needs about %d, and %d more are kept in reserve",
 			dataDir, free, db, need, defragReserve)
 	}
 
 	start := n.now()
-	n.log.Info("restarting etcd on its quarantine client URLs to defragment it", "leader", req.LeaderID, "db-size", st.Size(), "in-use", req.InUseBytes)
+	n.log.Info("stopping etcd to defragment its database offline", "leader", req.LeaderID, "db-size", st.Size(), "in-use", req.InUseBytes)
 	defer n.poke()
-	n.isolated, n.quietStart = true, true
-	res, derr := n.defragIsolatedLocked(ctx)
-	n.isolated = false
+	// etcd restarts on data it served a moment ago: its initial
+	// corruption check would read the whole keyspace for nothing.
+	n.quietStart = true
+	var res peer.DefragResult
+	derr := n.proc.Stop(ctx)
+	if derr == nil {
+		var c etcdproc.Compaction
+		c, derr = etcdproc.CompactDB(ctx, dataDir, 0)
+		res.SizeBefore, res.SizeAfter = c.SizeBefore, c.SizeAfter
+	}
 	// Serve clients again even when the caller gave up.
 	serr := n.startEtcdLocked(context.WithoutCancel(ctx))
 	n.quietStart = false
@@ -87,45 +93,5 @@ func (n *Node) Defrag(ctx context.Context, req peer.DefragRequest) (peer.DefragR
 		return res, fmt.Errorf("node: start etcd after defragmenting: %w", serr)
 	}
 	n.log.Info("etcd defragmented, and serves its clients again", "db-size-before", res.SizeBefore, "db-size-after", res.SizeAfter, "took", res.Took.Round(time.Millisecond))
-	return res, nil
-}
-
-// defragIsolatedLocked restarts etcd on its quarantine client URLs and
-// defragments it there. Callers hold n.mu and set n.isolated.
-func (n *Node) defragIsolatedLocked(ctx context.Context) (peer.DefragResult, error) {
-	var res peer.DefragResult
-	if err := n.startEtcdLocked(ctx); err != nil {
-		return res, err
-	}
-	ps := n.proc.Status()
-	if ps.Spec == nil {
-		return res, errors.New("node: defragment: etcd is not running")
-	}
-	endpoint := ps.Spec.ServedClientURL()
-	c, err := etcdproc.NewClient([]string{endpoint}, n.cfg.ClientTLS)
-	if err != nil {
-		return res, err
-	}
-	defer c.Close()
-	wctx, cancel := context.WithTimeout(ctx, isolatedStartTimeout)
-	defer cancel()
-	for {
-		st, err := c.Status(wctx, endpoint)
-		if err == nil {
-			res.SizeBefore = st.DbSize
-			break
-		}
-		select {
-		case <-wctx.Done():
-			return res, fmt.Errorf("node: defragment: etcd does not serve on %s: %w", endpoint, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	if _, err := c.Defragment(ctx, endpoint); err != nil {
-		return res, fmt.Errorf("node: defragment on %s: %w", endpoint, err)
-	}
-	if st, err := c.Status(ctx, endpoint); err == nil {
-		res.SizeAfter = st.DbSize
-	}
 	return res, nil
 }

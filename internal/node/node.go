@@ -136,13 +136,10 @@ type Node struct {
 	etcdTrust atomic.Pointer[[]string]
 	// peerHTTP reads other members' peer ports; guarded by mu.
 	peerHTTP *http.Client
-	// isolated is set while etcd serves only its quarantine client URLs
-	// for a defragmentation, and quietStart while etcd restarts around
-	// one, or into or out of a quarantine, without its initial corruption
-	// check (see Defrag and Quarantine); guarded by
-	// mu, and never persisted: an agent that restarts serves clients
-	// again.
-	isolated, quietStart bool
+	// quietStart is set while etcd restarts around a defragmentation, or
+	// into or out of a quarantine, without its initial corruption check
+	// (see Defrag and Quarantine); guarded by mu, and never persisted.
+	quietStart bool
 }
 
 // LoadState reads the node's state from layout, creating a node ID on
@@ -623,7 +620,7 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) (etcdpr
 	} else {
 		// etcd restarts around a defragmentation on data it served a
 		// moment ago: its initial check would read the whole keyspace on
-		// every member, twice, for nothing.
+		// every member for nothing.
 		checks = etcdproc.ManagedArgs(h, !n.quietStart && n.initialCheckUseful(m), n.cfg.EtcdCorruptCheckInterval)
 	}
 	return etcdproc.Spec{
@@ -633,7 +630,7 @@ func (n *Node) etcdSpec(bins etcdproc.Binaries, m *etcdproc.MemberState) (etcdpr
 		ClientURLs:           n.cfg.ClientURLs,
 		ListenClientURLs:     n.cfg.ListenClientURLs,
 		QuarantineClientURLs: n.cfg.QuarantineClientURLs,
-		Quarantined:          m.Quarantined || n.isolated,
+		Quarantined:          m.Quarantined,
 		PeerURLs:             n.servedPeerURLs(m),
 		ListenPeerURLs:       n.listenPeerURLs(n.servedPeerURLs(m)),
 		InitialCluster:       m.InitialCluster,

@@ -26,11 +26,11 @@ import (
 // done, and a client of plain gRPC round-robin keeps sending to it, so
 // each of its writers stalls in turn. Where the others keep quorum
 // without it (three voters or more), a member is therefore isolated for
-// its turn: its agent restarts etcd serving only its quarantine client
-// URLs, defragments it there and restarts it on its usual URLs, as a
-// version roll restarts a member. Its clients find its port closed and
-// go to the others at once; it votes and replicates throughout, but for
-// the two restarts. Fewer voters, a NOSPACE alarm (no write succeeds
+// its turn: its agent stops etcd, copies the database offline in small
+// fsynced transactions, and starts etcd again, as a version roll
+// restarts a member. Its clients find its port closed and go to the
+// others at once, and the others' disk writes never queue behind one
+// large flush of the copy. Fewer voters, a NOSPACE alarm (no write succeeds
 // anyway) and a member whose isolated defragmentation failed lately are
 // defragmented in place, with etcd's gRPC service reported as stopped
 // for the duration where the version can.
@@ -44,7 +44,7 @@ type DefragMember struct {
 	Reason    string
 	Isolate   bool
 	// InUseBytes is the member's database in use, as last reported: the
-	// space etcd's compact copy needs.
+	// space its compact copy needs.
 	InUseBytes int64
 	// CommandIDs are the defrag commands this step serves.
 	CommandIDs []string

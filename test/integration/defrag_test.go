@@ -170,8 +170,9 @@ func TestDefrag(t *testing.T) {
 	if n := strings.Count(logs, `msg="member defragmented"`); n != 3 {
 		t.Errorf("%d members defragmented, want 3", n)
 	}
-	// Three voters: each member is defragmented isolated, serving only
-	// its quarantine client URL, so that its clients go to the others.
+	// Three voters: each member is defragmented isolated, its etcd
+	// stopped while its agent copies the database offline, so that its
+	// clients go to the others.
 	if n := strings.Count(logs, `msg="etcd defragmented, and serves its clients again"`); n != 3 {
 		t.Errorf("%d members defragmented isolated, want 3", n)
 	}
@@ -209,8 +210,8 @@ func TestDefrag(t *testing.T) {
 		return err == nil && strings.Contains(out, "last defragmentation: ")
 	})
 	w.check(t, c)
-	// The writer's client fails over from a member that serves only its
-	// quarantine client URL for its defragmentation.
+	// The writer's client fails over from a member whose etcd is stopped
+	// for its defragmentation.
 	if w.failed > 0 {
 		t.Errorf("%d writes failed twice during the defragmentations (first: %v)", w.failed, w.firstErr)
 	}
