@@ -1139,7 +1139,7 @@ func runRestores(t *testing.T, sc scale) restoreRun {
 	args := []string{"--backup-interval=24h"}
 	if sc.leanRestore() {
 		// emptyCluster defragments the members itself: the agents' own
-		// defragmentation, which the freed space would start, isolates
+		// defragmentation, which the freed space would start, stops
 		// each member in turn, and the bench's calls would meet it.
 		conf = append(conf, "--auto-defrag=false")
 		args = append(args, "--capture=false")
@@ -2130,7 +2130,7 @@ func logEvents(who, log string) []rollEvent {
 	var out []rollEvent
 	agentMsgs := []string{"restarting a member on another etcd version", "restarting etcd on another version",
 		"stopping etcd", "etcd stopped", "etcd started", "raft leadership handed on", "backup taken",
-		"defragmenting a member", "member defragmented", "restarting etcd on its quarantine client URLs to defragment it", "etcd defragmented, and serves its clients again"}
+		"defragmenting a member", "member defragmented", "stopping etcd to defragment its database offline", "etcd defragmented, and serves its clients again"}
 	etcdMsgs := []string{"elected leader", "lost leader", "transfer leadership", "leadership transfer", "became leader",
 		"database snapshot", "slow fdatasync", "apply request took too long", "ready to serve client requests"}
 	for _, line := range strings.Split(log, "\n") {
