@@ -483,16 +483,16 @@ func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgr
 		return err
 	}
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	cctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
 	defer cancel()
-	members, err := c.MemberList(ctx)
+	members, err := c.MemberList(cctx)
 	if err != nil {
 		return fmt.Errorf("procedure: restored cluster: member list: %w", err)
 	}
 	if len(members.Members) != len(p.Members) {
 		return fmt.Errorf("procedure: restored cluster has %d members, want %d", len(members.Members), len(p.Members))
 	}
-	st, err := c.Status(ctx, endpoints[0])
+	st, err := c.Status(cctx, endpoints[0])
 	if err != nil {
 		return fmt.Errorf("procedure: restored cluster: status of %s: %w", endpoints[0], err)
 	}
@@ -502,7 +502,9 @@ func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgr
 	}
 	var first *clientv3.HashKVResponse
 	for _, ep := range endpoints {
-		h, err := c.HashKV(ctx, ep, rev)
+		hctx, hcancel := context.WithTimeout(ctx, hashKVTimeout)
+		h, err := c.HashKV(hctx, ep, rev)
+		hcancel()
 		if err != nil {
 			return fmt.Errorf("procedure: restored cluster: HashKV of %s at revision %d: %w", ep, rev, err)
 		}
