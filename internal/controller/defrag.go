@@ -98,8 +98,8 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 }
 
 // defragIsolated has the member's agent defragment its database offline,
-// its etcd stopped meanwhile. A failure turns the member to defragmentation in
-// place for isolatedDefragRetry.
+// its etcd stopped meanwhile. A failure turns the member to
+// defragmentation in place for isolatedDefragRetry.
 func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.DefragMember) (peer.DefragResult, error) {
 	n, err := plan.FindNode(obs.Peers, act.NodeID)
 	if err != nil {
