@@ -469,7 +469,8 @@ func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, t
 	}
 	// Large writes (on Linux, where writeback wraps f): io.Copy's 32 KiB
 	// would take eight times the system calls for a large object.
-	if _, err := io.CopyBuffer(writeback(f), &abortOnError{ctx: ctx, r: r, abort: func() {}}, make([]byte, fileCopyBuffer)); err != nil {
+	w := writeback(f)
+	if _, err := io.CopyBuffer(w, &abortOnError{ctx: ctx, r: r, abort: func() {}}, make([]byte, fileCopyBuffer)); err != nil {
 		f.Close()
 		os.Remove(f.Name())
 		return "", "", err
@@ -479,6 +480,7 @@ func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, t
 		os.Remove(f.Name())
 		return "", "", err
 	}
+	w.release()
 	if err := f.Close(); err != nil {
 		os.Remove(f.Name())
 		return "", "", err
