@@ -591,16 +591,23 @@ type backupRun struct {
 	catchUpMiB  float64
 	compressed  int64 // compressed size of the last backup, when known
 	backupBytes int64 // uncompressed size of the last backup, when known
+	// heap is the agent's heap profile at its largest during one more
+	// backup, taken after the measured ones (see profiledBackup).
+	heap heapSummary
+	// floor is the store's own time to take in the last backup's object
+	// (see storeFloor); zero for file://.
+	floor storeFloor
 }
 
 func benchBackups(t *testing.T, sc scale) []Result {
 	var file, s3 backupRun
 	t.Run("backup-file", func(t *testing.T) {
-		file = runBackups(t, sc, nil)
+		file = runBackups(t, sc, nil, nil)
 	})
 	t.Run("backup-s3", func(t *testing.T) {
+		var minio *harness.MinIO
 		s3 = runBackups(t, sc, func(env *harness.Env) {
-			minio := harness.StartMinIO(t)
+			minio = harness.StartMinIO(t)
 			minio.CreateBucket(t, "bench")
 			env.UseStore(minio.StoreURL("bench", "etcd/main"), minio.Env())
 			// Env.ClientTLS reads the cluster's CA from the store in this
@@ -610,6 +617,8 @@ func benchBackups(t *testing.T, sc scale) []Result {
 				k, v, _ := strings.Cut(kv, "=")
 				t.Setenv(k, v)
 			}
+		}, func(t *testing.T, env *harness.Env, name string) storeFloor {
+			return measureFloor(t, env, name, minio.PID())
 		})
 	})
 
@@ -644,7 +653,7 @@ func benchBackups(t *testing.T, sc scale) []Result {
 	}
 	results := []Result{
 		backupResult(sc.named("backup-file-1gib"), "file://", file, fileExtra),
-		backupResult(sc.named("backup-s3-1gib"), "MinIO (s3://)", s3, ""),
+		backupResult(sc.named("backup-s3-1gib"), "MinIO (s3://)", s3, "; "+s3.floor.note(medianOr0(s3.base))),
 	}
 
 	// Peak RSS: the largest over every backup of both stores.
@@ -657,22 +666,23 @@ func benchBackups(t *testing.T, sc scale) []Result {
 		verdict = "does NOT meet" // or cannot tell: a store's backups measured nothing
 	}
 	results = append(results, Result{Name: "agent-backup-peak-rss", Value: peak, Unit: "MiB", noBaseline: true,
-		Note: fmt.Sprintf("%s the goal of at most %d MiB whatever the DB size (compare the scales for flatness); agent VmHWM, reset through clear_refs just before each backup-now, max over file:// backups (%s MiB) and MinIO backups (%s MiB) of a %.0f MiB DB (scale %s); sampled every 10ms during the backups, peak anonymous RSS %.1f MiB (file://) and %.1f MiB (MinIO), peak file-backed RSS (mapped files, which VmHWM counts) %.1f MiB and %.1f MiB; agent RSS before the first backup %.1f MiB (file://), %.1f MiB (MinIO); no baseline",
+		Note: fmt.Sprintf("%s the goal of at most %d MiB whatever the DB size (compare the scales for flatness); agent VmHWM, reset through clear_refs just before each backup-now, max over file:// backups (%s MiB) and MinIO backups (%s MiB) of a %.0f MiB DB (scale %s); sampled every 10ms during the backups, peak anonymous RSS %.1f MiB (file://) and %.1f MiB (MinIO), peak file-backed RSS (mapped files, which VmHWM counts) %.1f MiB and %.1f MiB; agent RSS before the first backup %.1f MiB (file://), %.1f MiB (MinIO); the Go heap during one more backup of each, after the measured ones, with the agent restarted with --enable-pprof and its heap profile read every 250ms (the profile is as of the last collection; the inuse_space of each allocating function, outside the runtime's and the standard library's helpers): file:// %s; MinIO %s; no baseline",
 			verdict, goalRSSMiB, fmtList(file.rssMiB), fmtList(s3.rssMiB), mib(max(file.dbSize, s3.dbSize)), sc.name,
-			file.anonMiB, s3.anonMiB, file.fileMiB, s3.fileMiB, file.idleRSSMiB, s3.idleRSSMiB)})
+			file.anonMiB, s3.anonMiB, file.fileMiB, s3.fileMiB, file.idleRSSMiB, s3.idleRSSMiB, file.heap, s3.heap)})
 	return results
 }
 
 // runBackups starts a managed 1-member cluster (on the store setup
 // chooses, file:// by default), fills it and measures its backups.
-func runBackups(t *testing.T, sc scale, setup func(env *harness.Env)) backupRun {
+func runBackups(t *testing.T, sc scale, setup func(env *harness.Env), floor func(t *testing.T, env *harness.Env, name string) storeFloor) backupRun {
 	var r backupRun
 	env := harness.NewEnv(t)
 	if setup != nil {
 		setup(env)
 	}
 	env.MustCtl(append([]string{"--member-count=1", "--etcd-version=" + harness.DefaultEtcdVersion, "configure-cluster"}, sc.quotaArgs()...)...)
-	agents := env.StartAgents(1, harness.AgentOptions{Defaults: true, ExtraArgs: []string{"--backup-interval=24h"}})
+	extra := []string{"--backup-interval=24h"}
+	agents := env.StartAgents(1, harness.AgentOptions{Defaults: true, ExtraArgs: extra})
 	harness.WaitSettled(t, agents, 1, 2*time.Minute)
 	agent := agents[0]
 
@@ -699,6 +709,7 @@ func runBackups(t *testing.T, sc scale, setup func(env *harness.Env)) backupRun 
 
 	snapDir := t.TempDir() // on real disk: /tmp is not tmpfs here, and t.TempDir honours $TMPDIR
 	certs := clientCertFiles(t, env)
+	var last string // the newest backup's name
 	for i := range sc.backupIterations {
 		secs, size := etcdctlSnapshot(t, env.BinDir, agent.ClientURL, certs, snapDir)
 		r.base = append(r.base, secs)
@@ -712,6 +723,7 @@ func runBackups(t *testing.T, sc scale, setup func(env *harness.Env)) backupRun 
 		}
 		stopSampling := sampleRSS(pid)
 		secs, name := backupNow(t, env)
+		last = name
 		r.rssMiB = append(r.rssMiB, procStatusMiB(t, pid, "VmHWM"))
 		anon, file := stopSampling()
 		r.anonMiB, r.fileMiB = max(r.anonMiB, anon), max(r.fileMiB, file)
@@ -729,6 +741,12 @@ func runBackups(t *testing.T, sc scale, setup func(env *harness.Env)) backupRun 
 			}
 		}
 	}
+	if floor != nil {
+		r.floor = floor(t, env, last)
+		t.Logf("the store took in the backup's object by itself in %s", r.floor)
+	}
+	r.heap = profiledBackup(t, env, agent, extra)
+	t.Logf("heap profile: %s", r.heap)
 	return r
 }
 

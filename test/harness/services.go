@@ -170,6 +170,9 @@ func (m *MinIO) Start() {
 // Stop kills MinIO; its data stays for a later Start.
 func (m *MinIO) Stop() { m.svc.stop() }
 
+// PID is the running MinIO's process ID.
+func (m *MinIO) PID() int { return m.svc.cmd.Process.Pid }
+
 // Env is the environment a client needs: the usual AWS variables.
 func (m *MinIO) Env() []string {
 	return []string{
