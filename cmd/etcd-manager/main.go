@@ -86,6 +86,14 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 		Run: func(cmd *cobra.Command, args []string) {
 			os.Exit(etcdproc.RunCheckData(cmd.Context(), args[0], os.Stdout, os.Stderr))
 		},
+	}, &cobra.Command{
+		Use:    controller.CompactDBCommand + " DATA_DIR",
+		Short:  "Defragment the bbolt database under an etcd data dir, which no etcd holds open, into a compact copy renamed over it, and print the result as JSON (used by the agent)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		Run: func(cmd *cobra.Command, args []string) {
+			os.Exit(etcdproc.RunCompactDB(cmd.Context(), args[0], os.Stdout, os.Stderr))
+		},
 	})
 	args := os.Args[1:]
 	if len(args) > 0 && args[0] == backupAgent.Name() {

@@ -158,6 +158,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		PeerCertCheckOff:         !a.cfg.EtcdPeerCertCheck,
 		ClientTLS:                a.etcdTLS,
 		CheckData:                childDataChecker(),
+		CompactDB:                childCompactor(),
 		CA:                       keeper,
 		OnDiscard: func(reason, movedTo, detail string) {
 			a.met.dataDiscarded.WithLabelValues(reason).Inc()

@@ -51,6 +51,22 @@ func childDataChecker() etcdproc.DataChecker {
 	return etcdproc.CheckDataCommand(exe, CheckDataCommand)
 }
 
+// CompactDBCommand is the etcd-manager subcommand that defragments a
+// member's database offline in a child process (see
+// etcdproc.CompactDBCommand).
+const CompactDBCommand = "compact-db"
+
+// childCompactor copies a member's database for an isolated
+// defragmentation in a child etcd-manager, which the leader can stop
+// midway and whose crash on a damaged file is not the agent's.
+func childCompactor() etcdproc.Compactor {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil // copy in process
+	}
+	return etcdproc.CompactDBCommand(exe, CompactDBCommand)
+}
+
 // backups takes full backups, records their outcome (metrics, the
 // backup-now command's status) and applies retention. The managing agent
 // and the backup-only agent share it.

@@ -1,15 +1,25 @@
 package etcdproc
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
+	"strings"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
 )
 
 // CompactTxBytes is how much data CompactDB copies per transaction by
@@ -31,13 +41,117 @@ type Compaction struct {
 	Took                  time.Duration
 }
 
+// Compactor defragments the database under etcd's data dir offline:
+// CompactDB in this process, or CompactDBCommand in a child.
+type Compactor func(ctx context.Context, dataDir string) (Compaction, error)
+
+// CompactPausePoint is the crashpoint.PauseEnv point at which a compaction
+// has written its copy and not yet renamed it over the database, for the
+// tests of a compaction stopped midway.
+const CompactPausePoint = "compact-db-before-rename"
+
+// CompactDBCommand returns a Compactor that runs name with args and the
+// data dir, and reads the result it prints (see RunCompactDB). The copy
+// runs in a child for two reasons. bbolt panics on some damage in
+// goroutines of its own, where no recover reaches, and the agent must
+// live on; and a copy in a child can be stopped midway, when ctx ends,
+// which bbolt's compaction in this process cannot. Whatever ends the
+// child early, its copy is deleted and the database is as it was.
+func CompactDBCommand(name string, args ...string) Compactor {
+	return func(ctx context.Context, dataDir string) (Compaction, error) {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.CommandContext(ctx, name, append(args, dataDir)...)
+		cmd.Stdout, cmd.Stderr = &stdout, &limitedWriter{w: &stderr, n: 64 << 10}
+		// The copy must never outlive the agent: a copy renamed over the
+		// database after a new agent has started etcd on it would take
+		// etcd's newer writes away at its next start. The kernel kills the
+		// child when the thread that started it exits, so that thread is
+		// held until the child is gone; and the child checks its parent
+		// before the rename (see RunCompactDB).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		runtime.LockOSThread()
+		err := cmd.Run()
+		runtime.UnlockOSThread()
+		if err != nil {
+			// A child killed or crashed before its rename leaves its copy.
+			if rerr := removeCompactCopy(dataDir); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+		msg := firstLine(strings.TrimSpace(stderr.String()))
+		var exit *exec.ExitError
+		switch {
+		case ctx.Err() != nil:
+			return Compaction{}, fmt.Errorf("etcdproc: compact %s: stopped: %w", DBPath(dataDir), context.Cause(ctx))
+		case errors.As(err, &exit) && exit.ExitCode() == exitDamaged:
+			// The child's message wraps ErrDamagedData: keep what it says
+			// after it.
+			if _, after, ok := strings.Cut(msg, ErrDamagedData.Error()+": "); ok {
+				msg = after
+			}
+			return Compaction{}, fmt.Errorf("%w: %s", ErrDamagedData, msg)
+		case errors.As(err, &exit) && exit.ExitCode() == 2 && (strings.HasPrefix(msg, "panic: ") || strings.HasPrefix(msg, "fatal error: ") || strings.HasPrefix(msg, "unexpected fault address")):
+			return Compaction{}, fmt.Errorf("%w: %s: copying it crashed bbolt: %s", ErrDamagedData, DBPath(dataDir), msg)
+		case err != nil:
+			return Compaction{}, fmt.Errorf("etcdproc: compact %s: %v: %s", DBPath(dataDir), err, msg)
+		}
+		var res Compaction
+		if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+			return res, fmt.Errorf("etcdproc: compact %s: unreadable result %q: %w", DBPath(dataDir), stdout.String(), err)
+		}
+		return res, nil
+	}
+}
+
+// RunCompactDB is the child side of CompactDBCommand: it compacts the
+// database under dataDir, prints the result as JSON to stdout, and
+// returns the process's exit code.
+func RunCompactDB(ctx context.Context, dataDir string, stdout, stderr io.Writer) int {
+	parent := os.Getppid()
+	res, err := compactDB(ctx, dataDir, 0, func() error {
+		if p := os.Getppid(); p != parent {
+			return fmt.Errorf("etcdproc: compact: the agent that started this copy (pid %d) is gone: the copy is not renamed over the database", parent)
+		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		if errors.Is(err, ErrDamagedData) {
+			return exitDamaged
+		}
+		return 1
+	}
+	if err := json.NewEncoder(stdout).Encode(res); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// removeCompactCopy deletes a copy that a compaction left beside the
+// database under dataDir.
+func removeCompactCopy(dataDir string) error {
+	err := os.Remove(filepath.Join(filepath.Dir(DBPath(dataDir)), compactTempName))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("etcdproc: remove the compaction's copy: %w", err)
+	}
+	return nil
+}
+
 // CompactDB defragments the database under etcd's data dir offline: no
 // etcd may hold it open. It copies every bucket and key into a fresh
 // file beside it, committing every txBytes (CompactTxBytes when 0), then
 // fsyncs the copy and renames it over the database. Should anything fail,
 // the copy is deleted and the database is as it was. The copy cannot be
-// interrupted once started; ctx is checked before it starts.
+// interrupted once started; ctx is checked before it starts, and before
+// the rename. CompactDBCommand runs it in a child that can be stopped.
 func CompactDB(ctx context.Context, dataDir string, txBytes int64) (res Compaction, err error) {
+	return compactDB(ctx, dataDir, txBytes, nil)
+}
+
+// compactDB is CompactDB, with a last check before the rename: its error
+// leaves the database as it was.
+func compactDB(ctx context.Context, dataDir string, txBytes int64, beforeRename func() error) (res Compaction, err error) {
 	if txBytes <= 0 {
 		txBytes = CompactTxBytes
 	}
@@ -62,6 +176,15 @@ func CompactDB(ctx context.Context, dataDir string, txBytes int64) (res Compacti
 	}()
 	if err := copyDB(path, tmp, txBytes); err != nil {
 		return res, fmt.Errorf("etcdproc: compact %s: %w", path, err)
+	}
+	crashpoint.Pause(slog.Default(), CompactPausePoint)
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("etcdproc: compact %s: %w", path, err)
+	}
+	if beforeRename != nil {
+		if err := beforeRename(); err != nil {
+			return res, err
+		}
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return res, fmt.Errorf("etcdproc: compact: %w", err)

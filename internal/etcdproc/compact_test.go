@@ -4,12 +4,20 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/server/v3/storage/schema"
+
+	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
 )
 
 // dumpDB reads every bucket's keys and values.
@@ -154,4 +162,196 @@ func TestCompactDBLeavesTheDatabaseOnFailure(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCompactDBCommand: the copy in a child process compacts as in
+// process; a damaged database is ErrDamagedData; and a copy stopped
+// midway (paused before its rename, then its context cancelled) is killed
+// and deleted, and leaves the database byte for byte as it was.
+func TestCompactDBCommand(t *testing.T) {
+	t.Setenv(compactChild, "1")
+	compact := CompactDBCommand(os.Args[0], "-test.run=^$")
+	copyPath := func(dir string) string { return filepath.Join(filepath.Dir(DBPath(dir)), compactTempName) }
+
+	t.Run("compacts", func(t *testing.T) {
+		dir := t.TempDir()
+		path := writeDB(t, dir, 3000, 0)
+		want := dumpDB(t, path)
+		res, err := compact(t.Context(), dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.SizeBefore <= 0 || res.SizeAfter <= 0 || res.Took <= 0 {
+			t.Errorf("result %+v: want both sizes and the time taken", res)
+		}
+		if st, err := os.Stat(path); err != nil || st.Size() != res.SizeAfter {
+			t.Errorf("the database is %v (%v), the result says %d bytes", st, err, res.SizeAfter)
+		}
+		got := dumpDB(t, path)
+		if len(got[string(schema.Key.Name())]) != len(want[string(schema.Key.Name())]) || len(want[string(schema.Key.Name())]) != 3000 {
+			t.Errorf("%d keys after the copy, %d before; want 3000", len(got[string(schema.Key.Name())]), len(want[string(schema.Key.Name())]))
+		}
+	})
+
+	t.Run("damaged", func(t *testing.T) {
+		dir := t.TempDir()
+		path := writeDB(t, dir, 2000, 0)
+		damagePageHeaders(t, path)
+		before, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = compact(t.Context(), dir)
+		t.Logf("compact: %v", err)
+		if !errors.Is(err, ErrDamagedData) {
+			t.Fatalf("compact of a damaged database: %v, want ErrDamagedData", err)
+		}
+		if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+			t.Error("the damaged database changed")
+		}
+		if _, err := os.Stat(copyPath(dir)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a copy is left beside the database: %v", err)
+		}
+	})
+
+	t.Run("stopped midway", func(t *testing.T) {
+		dir := t.TempDir()
+		path := writeDB(t, dir, 2000, 0)
+		before, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claim := filepath.Join(t.TempDir(), "claim")
+		t.Setenv(crashpoint.PauseEnv, CompactPausePoint+"@"+claim)
+		ctx, cancel := context.WithCancelCause(t.Context())
+		stopped := errors.New("the cluster degraded")
+		errc := make(chan error, 1)
+		go func() {
+			_, err := compact(ctx, dir)
+			errc <- err
+		}()
+		// The child pauses itself once its copy is written.
+		deadline := time.Now().Add(time.Minute)
+		for {
+			b, err := os.ReadFile(claim)
+			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err == nil && pid > 0 && childStopped(pid) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the child did not pause before its rename within a minute")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if _, err := os.Stat(copyPath(dir)); err != nil {
+			t.Fatalf("no copy beside the database while the child is paused: %v", err)
+		}
+		cancel(stopped)
+		select {
+		case err = <-errc:
+		case <-time.After(time.Minute):
+			t.Fatal("the stopped copy did not return within a minute")
+		}
+		if !errors.Is(err, stopped) || errors.Is(err, ErrDamagedData) {
+			t.Fatalf("compact stopped midway: %v, want the cause it was stopped for", err)
+		}
+		if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+			t.Error("the database changed")
+		}
+		if _, err := os.Stat(copyPath(dir)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the stopped copy is left beside the database: %v", err)
+		}
+	})
+}
+
+// TestCompactDBOutlivesNoAgent: a copy whose agent dies is killed with
+// it, before its rename, and one that finds its parent gone before the
+// rename leaves the database as it was. A copy renamed over the database
+// after a new agent started etcd on it would take etcd's newer writes
+// away at its next start.
+func TestCompactDBOutlivesNoAgent(t *testing.T) {
+	t.Run("killed with its agent", func(t *testing.T) {
+		dir := t.TempDir()
+		path := writeDB(t, dir, 2000, 0)
+		before, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claim := filepath.Join(t.TempDir(), "claim")
+		agent := exec.Command(os.Args[0], "-test.run=^$", dir)
+		agent.Env = append(os.Environ(), compactParent+"=1", crashpoint.PauseEnv+"="+CompactPausePoint+"@"+claim)
+		if err := agent.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer agent.Process.Kill()
+		var child int
+		deadline := time.Now().Add(time.Minute)
+		for {
+			b, err := os.ReadFile(claim)
+			child, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			if err == nil && child > 0 && childStopped(child) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the copy did not pause before its rename within a minute")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := agent.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = agent.Wait()
+		deadline = time.Now().Add(30 * time.Second)
+		for childAlive(child) {
+			if time.Now().After(deadline) {
+				syscall.Kill(child, syscall.SIGKILL)
+				t.Fatalf("the copy %d still lives 30s after its agent was killed", child)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+			t.Error("the database changed")
+		}
+	})
+
+	t.Run("its parent gone before the rename", func(t *testing.T) {
+		dir := t.TempDir()
+		path := writeDB(t, dir, 2000, 0)
+		before, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone := errors.New("the agent is gone")
+		if _, err := compactDB(t.Context(), dir, 0, func() error { return gone }); !errors.Is(err, gone) {
+			t.Fatalf("compact: %v, want %v", err, gone)
+		}
+		if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+			t.Error("the database changed")
+		}
+		if _, err := os.Stat(filepath.Join(filepath.Dir(path), compactTempName)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a copy is left beside the database: %v", err)
+		}
+	})
+}
+
+// childAlive reports whether process pid exists and is not a zombie.
+func childAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+}
+
+// childStopped reports whether process pid is stopped (SIGSTOP).
+func childStopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && (s[i+2] == 'T' || s[i+2] == 't')
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -23,9 +24,27 @@ import (
 // CheckDataCommand child.
 const checkDataChild = "ETCDPROC_TEST_CHECK_DATA_CHILD"
 
+// compactChild is set in the environment of this test binary run as a
+// CompactDBCommand child.
+const compactChild = "ETCDPROC_TEST_COMPACT_CHILD"
+
+// compactParent is set in the environment of this test binary run as
+// the agent that starts a CompactDBCommand child.
+const compactParent = "ETCDPROC_TEST_COMPACT_PARENT"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(checkDataChild) != "" {
 		os.Exit(RunCheckData(context.Background(), os.Args[len(os.Args)-1], os.Stdout, os.Stderr))
+	}
+	if os.Getenv(compactChild) != "" {
+		os.Exit(RunCompactDB(context.Background(), os.Args[len(os.Args)-1], os.Stdout, os.Stderr))
+	}
+	if os.Getenv(compactParent) != "" {
+		// An agent's stand-in: it starts a copy as the agent does.
+		os.Setenv(compactChild, "1")
+		_, err := CompactDBCommand(os.Args[0], "-test.run=^$")(context.Background(), os.Args[len(os.Args)-1])
+		fmt.Println(err)
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }

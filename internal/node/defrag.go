@@ -76,9 +76,23 @@ func (n *Node) Defrag(ctx context.Context, req peer.DefragRequest) (peer.DefragR
 	var res peer.DefragResult
 	derr := n.proc.Stop(ctx)
 	if derr == nil {
+		compact := n.cfg.CompactDB
+		if compact == nil {
+			compact = func(ctx context.Context, dataDir string) (etcdproc.Compaction, error) {
+				return etcdproc.CompactDB(ctx, dataDir, 0)
+			}
+		}
 		var c etcdproc.Compaction
-		c, derr = etcdproc.CompactDB(ctx, dataDir, 0)
+		// The leader ends ctx when the cluster degrades meanwhile: the
+		// copy stops, and etcd starts again on the database as it was.
+		c, derr = compact(ctx, dataDir)
 		res.SizeBefore, res.SizeAfter = c.SizeBefore, c.SizeAfter
+	}
+	if errors.Is(derr, etcdproc.ErrDamagedData) {
+		// The copy read every page, and found damage: as after an
+		// unclean exit, etcd does not start on it again.
+		n.quietStart = false
+		return res, n.discardDamagedLocked(m.ClusterToken, derr)
 	}
 	// Serve clients again even when the caller gave up.
 	serr := n.startEtcdLocked(context.WithoutCancel(ctx))
@@ -94,4 +108,20 @@ func (n *Node) Defrag(ctx context.Context, req peer.DefragRequest) (peer.DefragR
 	}
 	n.log.Info("etcd defragmented, and serves its clients again", "db-size-before", res.SizeBefore, "db-size-after", res.SizeAfter, "took", res.Took.Round(time.Millisecond))
 	return res, nil
+}
+
+// discardDamagedLocked moves the member's data, which a defragmentation's
+// copy found damaged, to the trash, as the start-up check does: etcd
+// stays stopped, and the leader rebuilds the member from its peers.
+// Callers hold n.mu, with etcd stopped.
+func (n *Node) discardDamagedLocked(token string, damage error) error {
+	trashed, err := n.layout.Trash(token, n.now())
+	if err != nil {
+		return fmt.Errorf("node: defragment: move damaged data to the trash: %w (the damage: %w)", err, damage)
+	}
+	n.refreshInfoMember()
+	n.log.Error("etcd's database is damaged: its copy for a defragmentation failed; not starting etcd on it: the data is moved to the trash, and the leader rebuilds this member from its peers",
+		"cluster-token", token, "data-moved-to", trashed, "error", damage)
+	n.discarded(DiscardDamagedDB, trashed, damage.Error())
+	return fmt.Errorf("node: defragment: %w; the data is moved to %s, and the leader rebuilds this member from its peers", damage, trashed)
 }

@@ -62,6 +62,10 @@ type Config struct {
 	// CheckData checks a member's database after an unclean exit; nil
 	// checks in this process (etcdproc.CheckData).
 	CheckData etcdproc.DataChecker
+	// CompactDB defragments the member's database offline for an
+	// isolated defragmentation; nil copies in this process
+	// (etcdproc.CompactDB), where the copy cannot be stopped midway.
+	CompactDB etcdproc.Compactor
 	// CA takes up the store's CA and trust for a CA rotation; nil
 	// without TLS.
 	CA CAKeeper
