@@ -1,9 +1,11 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -98,8 +101,11 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 }
 
 // defragIsolated has the member's agent defragment its database offline,
-// its etcd stopped meanwhile. A failure turns the member to
-// defragmentation in place for isolatedDefragRetry.
+// its etcd stopped meanwhile. The cluster has one voter fewer for that
+// long, so the leader watches the others throughout (see watchOthers):
+// should one stop answering, the member's agent is told to stop, and its
+// etcd starts again on the database as it was. Another failure turns the
+// member to defragmentation in place for isolatedDefragRetry.
 func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.DefragMember) (peer.DefragResult, error) {
 	n, err := plan.FindNode(obs.Peers, act.NodeID)
 	if err != nil {
@@ -111,7 +117,22 @@ func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.
 	}
 	dctx, cancel := context.WithTimeout(ctx, defragTimeout)
 	defer cancel()
-	res, err := api.Defrag(dctx, peer.DefragRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, InUseBytes: act.InUseBytes})
+	wctx, stop := context.WithCancelCause(dctx)
+	defer stop(nil)
+	probes := lp.othersStatus(obs, act.MemberID) // the loop's connections: made here, not in the goroutine
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		watchOthers(wctx, probes, defragWatchInterval, stop)
+	}()
+	res, err := api.Defrag(wctx, peer.DefragRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, InUseBytes: act.InUseBytes})
+	stop(nil)
+	<-watched
+	if cause := context.Cause(wctx); errors.Is(cause, errClusterDegraded) {
+		lp.log.Warn("isolated defragmentation stopped: another member stopped answering; the member serves again on its database as it was",
+			"node", act.NodeID, "error", cause)
+		return res, fmt.Errorf("controller: defrag %s stopped: %w", act.NodeID, cause)
+	}
 	if err != nil {
 		if lp.isolatedDefragFailed == nil {
 			lp.isolatedDefragFailed = map[string]time.Time{}
@@ -121,6 +142,82 @@ func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.
 			"node", act.NodeID, "for", isolatedDefragRetry, "error", err)
 	}
 	return res, err
+}
+
+// defragWatchInterval is how often the leader reads the other voters'
+// status while a member is defragmented offline; defragWatchTimeout
+// bounds each read, and defragWatchMisses reads in a row that one voter
+// fails stop the defragmentation.
+const (
+	defragWatchInterval = 500 * time.Millisecond
+	defragWatchTimeout  = time.Second
+	defragWatchMisses   = 2
+)
+
+// errClusterDegraded is the cause of an isolated defragmentation stopped
+// because another voter stopped answering.
+var errClusterDegraded = errors.New("controller: the cluster degraded during an isolated defragmentation")
+
+// memberProbe reads one member's status.
+type memberProbe func(ctx context.Context) error
+
+// othersStatus are probes of every voter but member id: the members an
+// isolated defragmentation of id leaves to keep quorum.
+func (lp *loop) othersStatus(obs plan.Observed, id uint64) map[string]memberProbe {
+	probes := map[string]memberProbe{}
+	if obs.Cluster == nil {
+		return probes
+	}
+	for _, m := range obs.Cluster.Members {
+		if m.ID == id || m.IsLearner || len(m.ClientURLs) == 0 {
+			continue
+		}
+		url := m.ClientURLs[0]
+		mc, err := lp.memberClient(url)
+		name := cmp.Or(m.Name, fmt.Sprintf("%x", m.ID))
+		if err != nil {
+			probes[name] = func(context.Context) error { return err }
+			continue
+		}
+		probes[name] = func(ctx context.Context) error {
+			sctx, cancel := context.WithTimeout(ctx, defragWatchTimeout)
+			defer cancel()
+			_, err := etcdproc.MemberStatusOf(sctx, mc, url)
+			return err
+		}
+	}
+	return probes
+}
+
+// watchOthers probes every member each interval until ctx ends. When one
+// fails defragWatchMisses probes in a row, it calls stop with an error
+// wrapping errClusterDegraded that names the member, and returns.
+func watchOthers(ctx context.Context, probes map[string]memberProbe, interval time.Duration, stop context.CancelCauseFunc) {
+	misses := map[string]int{}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, name := range slices.Sorted(maps.Keys(probes)) {
+			err := probes[name](ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if err == nil {
+				misses[name] = 0
+				continue
+			}
+			misses[name]++
+			if misses[name] >= defragWatchMisses {
+				stop(fmt.Errorf("%w: member %s did not answer %d status reads in a row: %w", errClusterDegraded, name, misses[name], err))
+				return
+			}
+		}
+	}
 }
 
 // finishDefrag records defrag commands as done.

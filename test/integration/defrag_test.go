@@ -3,7 +3,10 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -213,7 +218,7 @@ func TestDefrag(t *testing.T) {
 	// The writer's client fails over from a member whose etcd is stopped
 	// for its defragmentation.
 	if w.failed > 0 {
-		t.Errorf("%d writes failed twice during the defragmentations (first: %v)", w.failed, w.firstErr)
+		t.Errorf("%d writes failed, retries included, during the defragmentations (first: %v)", w.failed, w.firstErr)
 	}
 	// No member led while it was defragmented: the members' own word,
 	// asked every 50ms, against the leader's log of each defragmentation
@@ -486,4 +491,153 @@ func TestDefragOfflineOnOldestAndNewestEtcd(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestDefragStopsWhenTheClusterDegrades: an isolated defragmentation
+// leaves the cluster a voter short while the member's database is copied
+// offline. When another member dies meanwhile, the leader stops it: the
+// copy is killed and deleted, the member's etcd starts again on its
+// database as it was, and the two of three members left keep quorum. The
+// defrag command finishes once the dead member is back.
+func TestDefragStopsWhenTheClusterDegrades(t *testing.T) {
+	env := harness.NewEnv(t)
+	claim := filepath.Join(t.TempDir(), "pause-claim")
+	// The first copy pauses once written, before its rename.
+	env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"="+etcdproc.CompactPausePoint+"@"+claim)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "--auto-defrag=false", "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	c := clusterClient(t, agents)
+	left := fillAndFree(t, c, "/degrade/", 40, 30)
+	before := dbSizes(t, agents)
+
+	type ctlResult struct {
+		out, errOut string
+		err         error
+	}
+	done := make(chan ctlResult, 1)
+	go func() {
+		out, errOut, err := env.Ctl("defrag", "--timeout=5m")
+		done <- ctlResult{out, errOut, err}
+	}()
+
+	// The paused copy, and the agent whose child it is.
+	var copier int
+	harness.WaitFor(t, 3*time.Minute, "a member's offline copy to pause before its rename", func() bool {
+		b, err := os.ReadFile(claim)
+		if err != nil {
+			return false
+		}
+		copier, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return copier > 0 && procState(copier) == 'T'
+	})
+	var member, other *harness.Agent
+	parent := procPPid(t, copier)
+	for _, a := range agents {
+		switch {
+		case a.PID() == parent:
+			member = a
+		case !isLeader(t, a) && other == nil:
+			other = a
+		}
+	}
+	if member == nil || other == nil || member == other {
+		t.Fatalf("the paused copy %d has parent %d: no agent's, or no other follower to stop", copier, parent)
+	}
+	copies, _ := filepath.Glob(filepath.Join(member.DataDir, "data", "*", "member", "snap", "db.tmp.etcd-manager"))
+	if len(copies) != 1 {
+		t.Fatalf("%s's copy beside its database: %v; want one while the copy is paused", member.Name, copies)
+	}
+
+	// The other follower dies: without the member being defragmented, the
+	// leader's etcd alone has no quorum.
+	t.Logf("%s's copy (pid %d) is paused; killing %s", member.Name, copier, other.Name)
+	killed := time.Now()
+	other.Kill()
+	harness.WaitFor(t, time.Minute, "the leader to stop the defragmentation", func() bool {
+		return strings.Contains(allLogs(agents), `msg="isolated defragmentation stopped: another member stopped answering`)
+	})
+	stopped := time.Since(killed)
+	harness.WaitFor(t, time.Minute, "a write to succeed on the two members left", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := c.Put(ctx, "/degrade/after", "x")
+		return err == nil
+	})
+	t.Logf("after the kill: the defragmentation stopped within %s, a write succeeded after %s", stopped.Round(100*time.Millisecond), time.Since(killed).Round(100*time.Millisecond))
+	if procState(copier) != 0 {
+		t.Errorf("the copy %d still runs after the defragmentation was stopped", copier)
+	}
+	if copies, _ := filepath.Glob(filepath.Join(member.DataDir, "data", "*", "member", "snap", "db.tmp.etcd-manager")); len(copies) != 0 {
+		t.Errorf("the stopped copy is left beside the database: %v", copies)
+	}
+	for i, a := range agents {
+		if a != member {
+			continue
+		}
+		if s := dbSizes(t, []*harness.Agent{a})[0]; s < before[i]-10<<20 {
+			t.Errorf("%s's database is %d bytes after the stopped defragmentation, was %d: the stopped copy replaced it", a.Name, s, before[i])
+		}
+	}
+
+	// The dead member returns, and the command finishes every member.
+	other.Start()
+	var res ctlResult
+	select {
+	case res = <-done:
+	case <-time.After(5 * time.Minute):
+		t.Fatal("etcd-manager-ctl defrag did not return within 5 minutes")
+	}
+	if res.err != nil {
+		t.Fatalf("etcd-manager-ctl defrag: %v\n%s%s", res.err, res.out, res.errOut)
+	}
+	for _, a := range agents {
+		if !strings.Contains(res.out, "defragmented "+a.NodeID()) {
+			t.Errorf("defrag printed %q; it lacks %s", res.out, a.NodeID())
+		}
+	}
+	after := dbSizes(t, agents)
+	t.Logf("database sizes %v before, %v after", before, after)
+	for i := range agents {
+		if after[i] < 0 || after[i] > before[i]-10<<20 {
+			t.Errorf("%s's database went from %d to %d bytes: its free 15 MiB were not given back", agents[i].Name, before[i], after[i])
+		}
+	}
+	left["/degrade/after"] = "x"
+	checkKeys(t, c, left)
+}
+
+// procState is the state letter of process pid (R, S, T, ...), 0 when
+// it is gone (or a zombie, whose parent has not reaped it).
+func procState(pid int) byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) || s[i+2] == 'Z' {
+		return 0
+	}
+	return s[i+2]
+}
+
+// procPPid is the parent of process pid.
+func procPPid(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("/proc/%d/status has no PPid", pid)
+	return 0
 }
