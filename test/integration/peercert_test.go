@@ -321,7 +321,7 @@ func TestPeerCertCheckRollsOnAfterUpgrade(t *testing.T) {
 	wg.Wait()
 	w.check(t, clusterClient(t, agents))
 	if w.failed > 0 {
-		t.Errorf("%d writes failed twice while the check was rolled on (first: %v)", w.failed, w.firstErr)
+		t.Errorf("%d writes failed, retries included, while the check was rolled on (first: %v)", w.failed, w.firstErr)
 	}
 	t.Logf("members restarted before the writer began: %d; most members down at once: %d", rolledBefore, maxDown.Load())
 	if m := maxDown.Load(); m > 1 {

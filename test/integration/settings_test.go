@@ -109,7 +109,7 @@ func TestSettingsRoll(t *testing.T) {
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	w.check(t, clusterClient(t, agents))
 	if w.failed > 0 {
-		t.Errorf("%d writes failed twice while the settings rolled out (first: %v)", w.failed, w.firstErr)
+		t.Errorf("%d writes failed, retries included, while the settings rolled out (first: %v)", w.failed, w.firstErr)
 	}
 }
 
