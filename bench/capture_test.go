@@ -1051,6 +1051,9 @@ func runPITR(t *testing.T, sc scale) pitrRun {
 
 	restore := func(what string, want int64, args ...string) (float64, string) {
 		harness.WaitSettled(t, agents, 3, 2*time.Minute)
+		// Each restore starts with the backup out of the page cache (see
+		// runRestores).
+		dropCached(t, filepath.Join(env.StoreDir, r.backup, backup.DataObject))
 		start := time.Now()
 		id := restoreBackup(t, env, r.backup, args...)
 		returned := time.Now()
