@@ -52,11 +52,12 @@ const CompactPausePoint = "compact-db-before-rename"
 
 // CompactDBCommand returns a Compactor that runs name with args and the
 // data dir, and reads the result it prints (see RunCompactDB). The copy
-// runs in a child for two reasons. bbolt panics on some damage in
-// goroutines of its own, where no recover reaches, and the agent must
-// live on; and a copy in a child can be stopped midway, when ctx ends,
-// which bbolt's compaction in this process cannot. Whatever ends the
-// child early, its copy is deleted and the database is as it was.
+// runs in a child for two reasons. It reads a file that may be damaged,
+// where bbolt can crash the process (copyDB recovers what it can), and
+// the agent must live on; and a copy in a child can be stopped midway,
+// when ctx ends, which bbolt's compaction in this process cannot.
+// Whatever ends the child early, its copy is deleted and the database is
+// as it was.
 func CompactDBCommand(name string, args ...string) Compactor {
 	return func(ctx context.Context, dataDir string) (Compaction, error) {
 		var stdout, stderr bytes.Buffer
@@ -68,7 +69,9 @@ func CompactDBCommand(name string, args ...string) Compactor {
 		// child when the thread that started it exits, so that thread is
 		// held until the child is gone; and the child checks its parent
 		// before the rename (see RunCompactDB).
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		// Its own process group: a signal to the agent's group (a Ctrl-C)
+		// is the agent's to act on, not the copy's.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 		runtime.LockOSThread()
 		err := cmd.Run()
 		runtime.UnlockOSThread()
@@ -78,9 +81,17 @@ func CompactDBCommand(name string, args ...string) Compactor {
 				err = errors.Join(err, rerr)
 			}
 		}
-		msg := firstLine(strings.TrimSpace(stderr.String()))
+		full := strings.TrimSpace(stderr.String())
+		msg := firstLine(full)
 		var exit *exec.ExitError
 		switch {
+		case err == nil:
+			// Done, renamed in, whatever ctx says now.
+			var res Compaction
+			if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+				return res, fmt.Errorf("etcdproc: compact %s: unreadable result %q: %w", DBPath(dataDir), stdout.String(), err)
+			}
+			return res, nil
 		case ctx.Err() != nil:
 			return Compaction{}, fmt.Errorf("etcdproc: compact %s: stopped: %w", DBPath(dataDir), context.Cause(ctx))
 		case errors.As(err, &exit) && exit.ExitCode() == exitDamaged:
@@ -90,16 +101,11 @@ func CompactDBCommand(name string, args ...string) Compactor {
 				msg = after
 			}
 			return Compaction{}, fmt.Errorf("%w: %s", ErrDamagedData, msg)
-		case errors.As(err, &exit) && exit.ExitCode() == 2 && (strings.HasPrefix(msg, "panic: ") || strings.HasPrefix(msg, "fatal error: ") || strings.HasPrefix(msg, "unexpected fault address")):
+		case errors.As(err, &exit) && crashedOnData(exit, full):
 			return Compaction{}, fmt.Errorf("%w: %s: copying it crashed bbolt: %s", ErrDamagedData, DBPath(dataDir), msg)
-		case err != nil:
+		default:
 			return Compaction{}, fmt.Errorf("etcdproc: compact %s: %v: %s", DBPath(dataDir), err, msg)
 		}
-		var res Compaction
-		if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
-			return res, fmt.Errorf("etcdproc: compact %s: unreadable result %q: %w", DBPath(dataDir), stdout.String(), err)
-		}
-		return res, nil
 	}
 }
 

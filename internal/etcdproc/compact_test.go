@@ -355,3 +355,34 @@ func childStopped(pid int) bool {
 	i := strings.LastIndexByte(s, ')')
 	return i > 0 && i+2 < len(s) && (s[i+2] == 'T' || s[i+2] == 't')
 }
+
+// TestCrashedOnData: a child's exit counts as damage found only when the
+// Go runtime ended it on a panic or a fault, and not for lack of memory.
+func TestCrashedOnData(t *testing.T) {
+	exitWith := func(code int) *exec.ExitError {
+		err := exec.Command("sh", "-c", fmt.Sprintf("exit %d", code)).Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			t.Fatalf("sh exit %d: %v", code, err)
+		}
+		return exit
+	}
+	two, one := exitWith(2), exitWith(1)
+	for _, tc := range []struct {
+		exit *exec.ExitError
+		msg  string
+		want bool
+	}{
+		{two, "panic: assertion failed: page 258: has unexpected type/flags: 7777\n\ngoroutine 7 [running]:\ngo.etcd.io/bbolt.(*Tx).checkBucket(...)", true},
+		{two, "unexpected fault address 0x7f0000001000\nfatal error: fault\n\ngoroutine 1 [running]:\ngo.etcd.io/bbolt.(*Cursor).search(...)", true},
+		{two, "fatal error: fault\n\ngoroutine 1 [running]:\ngo.etcd.io/bbolt.(*Bucket).pageNode(...)", true},
+		{two, "fatal error: runtime: out of memory\n\ngoroutine 1 [running]:\ngo.etcd.io/bbolt.(*DB).mmap(...)", false},
+		{two, "panic: runtime error: index out of range\n\ngoroutine 1 [running]:\nmain.main()", false},
+		{two, "flag provided but not defined: -x", false},
+		{one, "panic: assertion failed\ngo.etcd.io/bbolt.(*Tx).checkBucket(...)", false},
+	} {
+		if got := crashedOnData(tc.exit, tc.msg); got != tc.want {
+			t.Errorf("exit %d with %q: crashedOnData = %v, want %v", tc.exit.ExitCode(), tc.msg, got, tc.want)
+		}
+	}
+}

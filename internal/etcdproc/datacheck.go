@@ -173,7 +173,7 @@ func CheckDataCommand(name string, args ...string) DataChecker {
 		switch {
 		case errors.As(err, &exit) && exit.ExitCode() == exitDamaged:
 			return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w%s", ErrDamagedData, strings.TrimPrefix(firstLine(msg), ErrDamagedData.Error()))
-		case errors.As(err, &exit) && exit.ExitCode() == 2 && (strings.HasPrefix(msg, "panic: ") || strings.HasPrefix(msg, "fatal error: ") || strings.HasPrefix(msg, "unexpected fault address")):
+		case errors.As(err, &exit) && crashedOnData(exit, msg):
 			// The Go runtime's exit on a panic or a fault reading the file.
 			return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w: %s: reading it crashed bbolt: %s", ErrDamagedData, DBPath(dataDir), firstLine(msg))
 		case err != nil:
@@ -204,6 +204,18 @@ func RunCheckData(ctx context.Context, dataDir string, stdout, stderr io.Writer)
 		return 1
 	}
 	return 0
+}
+
+// crashedOnData reports whether a child that read a database exited as
+// the Go runtime exits on a panic or a fault inside bbolt, which a
+// damaged file causes: stderr (the whole of it, with the stack) starts
+// with the runtime's words and names bbolt's code. Running out of memory,
+// or a crash elsewhere, is no proof of damage.
+func crashedOnData(exit *exec.ExitError, stderr string) bool {
+	if exit.ExitCode() != 2 || strings.Contains(stderr, "out of memory") || !strings.Contains(stderr, "go.etcd.io/bbolt") {
+		return false
+	}
+	return strings.HasPrefix(stderr, "panic: ") || strings.HasPrefix(stderr, "fatal error: ") || strings.HasPrefix(stderr, "unexpected fault address")
 }
 
 func firstLine(s string) string {
