@@ -128,20 +128,44 @@ func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.
 	res, err := api.Defrag(wctx, peer.DefragRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, InUseBytes: act.InUseBytes})
 	stop(nil)
 	<-watched
+	if err == nil {
+		delete(lp.defragStops, act.NodeID)
+		return res, nil
+	}
 	if cause := context.Cause(wctx); errors.Is(cause, errClusterDegraded) {
+		// A member that keeps stopping the copy (one that flaps, or
+		// answers too slowly) would have this member restarted for
+		// nothing, round after round.
+		if lp.defragStops == nil {
+			lp.defragStops = map[string]int{}
+		}
+		lp.defragStops[act.NodeID]++
 		lp.log.Warn("isolated defragmentation stopped: another member stopped answering; the member serves again on its database as it was",
-			"node", act.NodeID, "error", cause)
+			"node", act.NodeID, "stops-in-a-row", lp.defragStops[act.NodeID], "error", cause)
+		if lp.defragStops[act.NodeID] >= maxDefragStops {
+			delete(lp.defragStops, act.NodeID)
+			lp.isolatedDefragInPlace(act.NodeID, fmt.Errorf("stopped %d times in a row: %w", maxDefragStops, cause))
+		}
 		return res, fmt.Errorf("controller: defrag %s stopped: %w", act.NodeID, cause)
 	}
-	if err != nil {
-		if lp.isolatedDefragFailed == nil {
-			lp.isolatedDefragFailed = map[string]time.Time{}
-		}
-		lp.isolatedDefragFailed[act.NodeID] = lp.now()
-		lp.log.Warn("isolated defragmentation failed: the member is defragmented in place for a while instead",
-			"node", act.NodeID, "for", isolatedDefragRetry, "error", err)
-	}
+	lp.isolatedDefragInPlace(act.NodeID, err)
 	return res, err
+}
+
+// maxDefragStops is how many isolated defragmentations of a node in a
+// row may be stopped for a degraded cluster before it is defragmented in
+// place for isolatedDefragRetry instead.
+const maxDefragStops = 3
+
+// isolatedDefragInPlace has node be defragmented in place, not
+// isolated, for isolatedDefragRetry.
+func (lp *loop) isolatedDefragInPlace(node string, why error) {
+	if lp.isolatedDefragFailed == nil {
+		lp.isolatedDefragFailed = map[string]time.Time{}
+	}
+	lp.isolatedDefragFailed[node] = lp.now()
+	lp.log.Warn("isolated defragmentation failed: the member is defragmented in place for a while instead",
+		"node", node, "for", isolatedDefragRetry, "error", why)
 }
 
 // defragWatchInterval is how often the leader reads the other voters'
@@ -157,6 +181,9 @@ const (
 // errClusterDegraded is the cause of an isolated defragmentation stopped
 // because another voter stopped answering.
 var errClusterDegraded = errors.New("controller: the cluster degraded during an isolated defragmentation")
+
+// errNoLeader is a probe's answer from a member that sees no raft leader.
+var errNoLeader = errors.New("controller: the member sees no raft leader")
 
 // memberProbe reads one member's status.
 type memberProbe func(ctx context.Context) error
@@ -182,8 +209,16 @@ func (lp *loop) othersStatus(obs plan.Observed, id uint64) map[string]memberProb
 		probes[name] = func(ctx context.Context) error {
 			sctx, cancel := context.WithTimeout(ctx, defragWatchTimeout)
 			defer cancel()
-			_, err := etcdproc.MemberStatusOf(sctx, mc, url)
-			return err
+			st, err := etcdproc.MemberStatusOf(sctx, mc, url)
+			if err != nil {
+				return err
+			}
+			// A member cut off from the others answers on its client
+			// port, but sees no leader once its election timeout passes.
+			if st.Leader == 0 {
+				return errNoLeader
+			}
+			return nil
 		}
 	}
 	return probes

@@ -113,6 +113,9 @@ type loop struct {
 	// isolatedDefragFailed is when each node's isolated defragmentation
 	// last failed.
 	isolatedDefragFailed map[string]time.Time
+	// defragStops counts each node's isolated defragmentations stopped
+	// in a row because the cluster degraded meanwhile.
+	defragStops map[string]int
 	// hash schedules the leader's HashKV comparisons.
 	hash hashCheck
 	// maint records the leader's maintenance work, for status; alarms

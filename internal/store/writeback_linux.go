@@ -19,8 +19,8 @@ const writebackChunk = 8 << 20
 // error (with SYNC_FILE_RANGE_WAIT_* flags, it would).
 //
 // A large object also leaves the page cache as it goes: each chunk is
-// dropped once the next one's writeback begins, and the rest once the
-// object is synced (see release). Nobody reads a backup back soon, and its
+// dropped two chunks on, once its writeback has had a chunk's time to
+// finish, and the rest once the object is synced (see release). Nobody reads a backup back soon, and its
 // pages would otherwise push out what the machine does read: etcd's
 // database, and the backup's own local copy, whose status check reads it
 // right after the stream. Pages not yet written back are not dropped; the
@@ -42,7 +42,8 @@ func (w *writebacker) Write(p []byte) (int, error) {
 			w.failed = true // a hint only; the fsync does the work
 			return n, err
 		}
-		// The chunk before this one had a chunk's time to reach the disk.
+		// The chunks before the previous one have had a chunk's time to
+		// reach the disk.
 		if w.started > w.dropped {
 			_ = unix.Fadvise(int(w.f.Fd()), w.dropped, w.started-w.dropped, unix.FADV_DONTNEED)
 			w.dropped = w.started
@@ -56,7 +57,7 @@ func (w *writebacker) Write(p []byte) (int, error) {
 // synced: they are all clean then. A small object (under one chunk) stays:
 // capture's segments are read back by its merges.
 func (w *writebacker) release() {
-	if w.begun > 0 && !w.failed {
+	if w.written >= writebackChunk {
 		_ = unix.Fadvise(int(w.f.Fd()), 0, 0, unix.FADV_DONTNEED)
 	}
 }
