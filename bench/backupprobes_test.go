@@ -65,10 +65,11 @@ func profiledBackup(t *testing.T, env *harness.Env, agent *harness.Agent, extra 
 
 	done := make(chan struct{})
 	var sum heapSummary
+	var name string
+	var berr error
 	go func() {
 		defer close(done)
-		_, name := backupNow(t, env)
-		t.Logf("profiled backup %s taken", name)
+		_, name, berr = tryBackupNow(env)
 	}()
 	client := &http.Client{Timeout: 10 * time.Second}
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -76,6 +77,10 @@ func profiledBackup(t *testing.T, env *harness.Env, agent *harness.Agent, extra 
 	for {
 		select {
 		case <-done:
+			if berr != nil {
+				t.Fatalf("the profiled backup: %v", berr)
+			}
+			t.Logf("profiled backup %s taken", name)
 			return sum
 		case <-tick.C:
 		}

@@ -954,6 +954,16 @@ func etcdctlSnapshot(t *testing.T, binDir, endpoint string, certs certFiles, dir
 // Env.Ctl gives up after a minute, too soon for a large DB.
 func backupNow(t *testing.T, env *harness.Env) (float64, string) {
 	t.Helper()
+	secs, name, err := tryBackupNow(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secs, name
+}
+
+// tryBackupNow is backupNow for a goroutine other than the test's: it
+// returns the failure.
+func tryBackupNow(env *harness.Env) (float64, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), backupTimeout+time.Minute)
 	defer cancel()
 	args := []string{"--backup-store=" + env.StoreURL, "backup-now", "--timeout=" + backupTimeout.String()}
@@ -969,9 +979,9 @@ func backupNow(t *testing.T, env *harness.Env) (float64, string) {
 	secs := time.Since(start).Seconds()
 	name := strings.TrimSpace(stdout.String())
 	if err != nil || name == "" || strings.ContainsAny(name, " \n") {
-		t.Fatalf("etcd-manager-ctl backup-now: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
+		return 0, "", fmt.Errorf("etcd-manager-ctl backup-now: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
 	}
-	return secs, name
+	return secs, name, nil
 }
 
 // sampleRSS polls the RssAnon and RssFile of pid every 10ms until the

@@ -68,7 +68,7 @@ func startWriterTLS(t *testing.T, agents []*harness.Agent, maxOps int, retry boo
 			cancel()
 			// Tried once more, as clients do; a proposal that etcd dropped
 			// while leadership moved was never applied, and is tried up to
-			// three times, 50ms apart, while the transfer ends.
+			// three times more, 50ms apart, while the transfer ends.
 			for try := 0; err != nil && retry && (try == 0 || (try < 3 && strings.Contains(err.Error(), "raft proposal dropped"))); try++ {
 				if try > 0 {
 					time.Sleep(50 * time.Millisecond)
