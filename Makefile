@@ -83,7 +83,7 @@ bench: tools
 	BENCH_SCALE=$(BENCH_SCALE) $(GO) test -count=1 -timeout 60m -run TestBench -v ./bench/
 
 ## bench-large: the backup, restore and backup-RSS figures on an 8 GiB DB (etcd's recommended largest); it checks
-## the free disk under TMPDIR first (the restore needs about 58 GiB, the backups 36) and writes bench/results/large.json.
+## the free disk under TMPDIR first (the restore needs about 58 GiB, the backups 60) and writes bench/results/large.json.
 bench-large: tools
 	BENCH_SCALE=large $(GO) test -count=1 -timeout 150m -run TestBench -v ./bench/
 

@@ -181,11 +181,14 @@ var benchGroups = []benchGroup{
 }
 
 // backupDisk is what the backup benchmarks hold at once, one store after
-// the other: the DB, the baseline's snapshot, the agent's copy of the
-// snapshot as it streams, and the backup in the store (a little smaller
-// than the DB gzipped, on this hex data), with a tenth for etcd's WAL.
+// the other: the DB, continuous capture's segments of the fill, the
+// baseline's snapshot, the agent's copy of the snapshot as it streams,
+// and the backup in the store (a little smaller than the DB gzipped, on
+// this hex data); then, for MinIO, the floor's local copy of the backup
+// and its upload, which MinIO frees some time after it is deleted. An
+// 8 GiB run of 2026-11-28 filled 60 GiB.
 func backupDisk(sc scale) (int64, string) {
-	return sc.dbBytes * 45 / 10, "the DB, the baseline's snapshot, the agent's copy of the snapshot and the backup"
+	return sc.dbBytes * 15 / 2, "the DB, capture's segments of it, the baseline's snapshot, the agent's copy of the snapshot, the backup, and MinIO's floor (a local copy of the backup and its upload)"
 }
 
 // restoreDisk is what the restore benchmark holds at its peak, on one disk
@@ -619,7 +622,7 @@ func benchBackups(t *testing.T, sc scale) []Result {
 				t.Setenv(k, v)
 			}
 		}, func(t *testing.T, env *harness.Env, name string) storeFloor {
-			return measureFloor(t, env, name, minio.PID())
+			return measureFloor(t, env, name, minio.PID(), min(sc.backupIterations, floorUploads))
 		})
 	})
 
@@ -746,8 +749,12 @@ func runBackups(t *testing.T, sc scale, setup func(env *harness.Env), floor func
 		r.floor = floor(t, env, last)
 		t.Logf("the store took in the backup's object by itself in %s", r.floor)
 	}
-	r.heap = profiledBackup(t, env, agent, extra)
-	t.Logf("heap profile: %s", r.heap)
+	// At the large scale, one more backup would need another 16 GiB of
+	// disk: the heap is profiled at the smaller scales.
+	if sc.name != "large" {
+		r.heap = profiledBackup(t, env, agent, extra)
+		t.Logf("heap profile: %s", r.heap)
+	}
 	return r
 }
 

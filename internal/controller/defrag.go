@@ -248,7 +248,7 @@ func watchOthers(ctx context.Context, probes map[string]memberProbe, interval ti
 			}
 			misses[name]++
 			if misses[name] >= defragWatchMisses {
-				stop(fmt.Errorf("%w: member %s did not answer %d status reads in a row: %w", errClusterDegraded, name, misses[name], err))
+				stop(fmt.Errorf("%w: member %s failed %d status reads in a row: %w", errClusterDegraded, name, misses[name], err))
 				return
 			}
 		}

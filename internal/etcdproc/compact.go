@@ -69,6 +69,7 @@ func CompactDBCommand(name string, args ...string) Compactor {
 		// child when the thread that started it exits, so that thread is
 		// held until the child is gone; and the child checks its parent
 		// before the rename (see RunCompactDB).
+		//
 		// Its own process group: a signal to the agent's group (a Ctrl-C)
 		// is the agent's to act on, not the copy's.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}

@@ -89,7 +89,7 @@ func (n *Node) Defrag(ctx context.Context, req peer.DefragRequest) (peer.DefragR
 		res.SizeBefore, res.SizeAfter = c.SizeBefore, c.SizeAfter
 	}
 	if errors.Is(derr, etcdproc.ErrDamagedData) {
-		// The copy read every page, and found damage: as after an
+		// The copy read every page in use, and found damage: as after an
 		// unclean exit, etcd does not start on it again.
 		n.quietStart = false
 		return res, n.discardDamagedLocked(m.ClusterToken, derr)
