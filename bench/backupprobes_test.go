@@ -65,6 +65,7 @@ func profiledBackup(t *testing.T, env *harness.Env, agent *harness.Agent, extra 
 
 	done := make(chan struct{})
 	var sum heapSummary
+	var largest *profile.Profile
 	var name string
 	var berr error
 	go func() {
@@ -81,6 +82,7 @@ func profiledBackup(t *testing.T, env *harness.Env, agent *harness.Agent, extra 
 				t.Fatalf("the profiled backup: %v", berr)
 			}
 			t.Logf("profiled backup %s taken", name)
+			keepProfile(t, largest, strings.ReplaceAll(t.Name(), "/", "-")+"-heap.pb.gz")
 			return sum
 		case <-tick.C:
 		}
@@ -92,9 +94,29 @@ func profiledBackup(t *testing.T, env *harness.Env, agent *harness.Agent, extra 
 		if s := summarizeHeap(p, 6); s.inUseMiB > sum.inUseMiB {
 			s.profiles = sum.profiles
 			sum = s
+			largest = p
 		}
 		sum.profiles++
 	}
+}
+
+// keepProfile writes p under $BENCH_PROFILE_DIR, when it is set, for
+// go tool pprof.
+func keepProfile(t *testing.T, p *profile.Profile, name string) {
+	t.Helper()
+	dir := os.Getenv("BENCH_PROFILE_DIR")
+	if dir == "" || p == nil {
+		return
+	}
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatalf("keep the heap profile: %v", err)
+	}
+	defer f.Close()
+	if err := p.Write(f); err != nil {
+		t.Fatalf("keep the heap profile: %v", err)
+	}
+	t.Logf("heap profile kept in %s", f.Name())
 }
 
 // maxProfileBytes bounds a heap profile read from the agent.
