@@ -26,9 +26,20 @@ import (
 // run more often.
 const defaultMemoryLimit = 32 << 20
 
+// defaultGCPercent is the collector's target unless GOGC sets one: the
+// heap may grow by half its live size between collections, not by all of
+// it. During a 1 GiB backup to file:// the agent's anonymous memory peaked
+// at 21.7 MiB instead of 26.0-27.4, and the backup took about 3% longer
+// (make bench). At idle the agent allocates little, so it collects
+// seldom either way.
+const defaultGCPercent = 50
+
 func main() {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGCPercent)
 	}
 	cfg := controller.Default()
 	logCfg := cli.DefaultLogConfig()
