@@ -129,27 +129,39 @@ func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.
 	stop(nil)
 	<-watched
 	if err == nil {
-		delete(lp.defragStops, act.NodeID)
+		lp.isolatedDefragDone(act.NodeID)
 		return res, nil
 	}
 	if cause := context.Cause(wctx); errors.Is(cause, errClusterDegraded) {
-		// A member that keeps stopping the copy (one that flaps, or
-		// answers too slowly) would have this member restarted for
-		// nothing, round after round.
-		if lp.defragStops == nil {
-			lp.defragStops = map[string]int{}
-		}
-		lp.defragStops[act.NodeID]++
-		lp.log.Warn("isolated defragmentation stopped: another member stopped answering; the member serves again on its database as it was",
-			"node", act.NodeID, "stops-in-a-row", lp.defragStops[act.NodeID], "error", cause)
-		if lp.defragStops[act.NodeID] >= maxDefragStops {
-			delete(lp.defragStops, act.NodeID)
-			lp.isolatedDefragInPlace(act.NodeID, fmt.Errorf("stopped %d times in a row: %w", maxDefragStops, cause))
-		}
+		lp.isolatedDefragStopped(act.NodeID, cause)
 		return res, fmt.Errorf("controller: defrag %s stopped: %w", act.NodeID, cause)
 	}
 	lp.isolatedDefragInPlace(act.NodeID, err)
 	return res, err
+}
+
+// isolatedDefragDone ends node's run of stopped isolated
+// defragmentations.
+func (lp *loop) isolatedDefragDone(node string) {
+	delete(lp.defragStops, node)
+}
+
+// isolatedDefragStopped counts a stop of node's isolated defragmentation
+// for a degraded cluster. A member that keeps stopping the copy (one that
+// flaps, or answers too slowly) would have this one restarted for
+// nothing, round after round: after maxDefragStops in a row, the node is
+// defragmented in place for isolatedDefragRetry.
+func (lp *loop) isolatedDefragStopped(node string, cause error) {
+	if lp.defragStops == nil {
+		lp.defragStops = map[string]int{}
+	}
+	lp.defragStops[node]++
+	lp.log.Warn("isolated defragmentation stopped: another member stopped answering; the member serves again on its database as it was",
+		"node", node, "stops-in-a-row", lp.defragStops[node], "error", cause)
+	if lp.defragStops[node] >= maxDefragStops {
+		delete(lp.defragStops, node)
+		lp.isolatedDefragInPlace(node, fmt.Errorf("stopped %d times in a row: %w", maxDefragStops, cause))
+	}
 }
 
 // maxDefragStops is how many isolated defragmentations of a node in a

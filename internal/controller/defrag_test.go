@@ -3,6 +3,10 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -64,6 +68,58 @@ func TestWatchOthers(t *testing.T) {
 			}
 			if !strings.Contains(cause.Error(), "member "+tt.wantStop+" ") || !errors.Is(cause, down) {
 				t.Errorf("the stop says %q; want it to name member %s and its error", cause, tt.wantStop)
+			}
+		})
+	}
+}
+
+// TestIsolatedDefragStops checks that a node goes to defragmentation in
+// place after maxDefragStops isolated ones in a row were stopped, and
+// only then.
+func TestIsolatedDefragStops(t *testing.T) {
+	degraded := fmt.Errorf("member b: %w", errClusterDegraded)
+	tests := []struct {
+		name    string
+		events  []string // "stop <node>" or "done <node>"
+		inPlace []string // nodes defragmented in place afterwards
+		counts  map[string]int
+	}{
+		{"two stops", []string{"stop a", "stop a"}, nil, map[string]int{"a": 2}},
+		{"three stops", []string{"stop a", "stop a", "stop a"}, []string{"a"}, map[string]int{}},
+		{"a success between", []string{"stop a", "stop a", "done a", "stop a", "stop a"}, nil, map[string]int{"a": 2}},
+		{"nodes counted apart", []string{"stop a", "stop b", "stop a", "stop b", "stop a"}, []string{"a"}, map[string]int{"b": 2}},
+		{"counted afresh after", []string{"stop a", "stop a", "stop a", "stop a"}, []string{"a"}, map[string]int{"a": 1}},
+		{"another node's success", []string{"stop a", "stop a", "done b", "stop a"}, []string{"a"}, map[string]int{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
+			lp := &loop{Agent: &Agent{log: slog.New(slog.DiscardHandler), now: func() time.Time { return now }}}
+			for _, e := range tt.events {
+				verb, node, _ := strings.Cut(e, " ")
+				if verb == "stop" {
+					lp.isolatedDefragStopped(node, degraded)
+				} else {
+					lp.isolatedDefragDone(node)
+				}
+			}
+			var inPlace []string
+			for node, at := range lp.isolatedDefragFailed {
+				if !at.Equal(now) {
+					t.Errorf("node %s in place since %v, want %v", node, at, now)
+				}
+				inPlace = append(inPlace, node)
+			}
+			slices.Sort(inPlace)
+			if !slices.Equal(inPlace, tt.inPlace) {
+				t.Errorf("in place: %v, want %v", inPlace, tt.inPlace)
+			}
+			counts := lp.defragStops
+			if counts == nil {
+				counts = map[string]int{}
+			}
+			if !maps.Equal(counts, tt.counts) {
+				t.Errorf("stops in a row: %v, want %v", counts, tt.counts)
 			}
 		})
 	}
