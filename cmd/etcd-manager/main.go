@@ -78,17 +78,22 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 	cfg.AddFlags(cmd.Flags())
 	logCfg.AddFlags(cmd.Flags())
 	backupAgent := newBackupAgentCommand()
-	var statusOnly bool
+	var statusOnly, revisionOnly bool
 	verifyCmd := &cobra.Command{
 		Use:    controller.VerifySnapshotCommand + " PATH",
 		Short:  "Verify an etcd snapshot file and print its status as JSON (used by the agent)",
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
 		Run: func(cmd *cobra.Command, args []string) {
+			if revisionOnly {
+				os.Exit(backup.RunRevision(args[0], os.Stdout, os.Stderr))
+			}
 			os.Exit(backup.RunVerify(args[0], statusOnly, os.Stdout, os.Stderr))
 		},
 	}
 	verifyCmd.Flags().BoolVar(&statusOnly, controller.StatusOnlyFlag, false, "only read the status, for a snapshot whose sha256 trailer was already checked")
+	verifyCmd.Flags().BoolVar(&revisionOnly, controller.RevisionOnlyFlag, false, "only print the snapshot's revision, without checking it")
+	verifyCmd.MarkFlagsMutuallyExclusive(controller.StatusOnlyFlag, controller.RevisionOnlyFlag)
 	cmd.AddCommand(backupAgent, verifyCmd, &cobra.Command{
 		Use:    controller.CheckDataCommand + " DATA_DIR",
 		Short:  "Check the bbolt database under an etcd data dir, which no etcd holds open, and print the result as JSON (used by the agent)",

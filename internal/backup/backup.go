@@ -146,6 +146,10 @@ type Request struct {
 	// the whole file, so a long-lived caller reads it in a child process
 	// (VerifyCommand) to keep its own memory flat.
 	Status VerifyFunc
+	// Revision reads the revision of Take's local copy before its status
+	// is checked, so that the member computes its HashKV meanwhile; nil
+	// asks for the HashKV once the check is done.
+	Revision RevisionFunc
 	// Keys encrypt the backup when they hold a writing key.
 	Keys *crypt.Keyring
 	// Kind is why the backup is taken, recorded in its meta.
@@ -261,8 +265,18 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	}
 	began := time.Now()
 	// The member's HashKV at the snapshot's revision, for restore drills;
-	// none if ctx ends meanwhile.
-	h, hashErr := hashKV(ctx, cfg, req.Endpoint, st.status.Revision)
+	// none if ctx ends meanwhile. The one asked for during the check is
+	// used if the check found the same revision.
+	var h *HashKV
+	var hashErr error
+	if st.hash != nil && st.hash.rev == st.status.Revision {
+		h, hashErr = st.hash.wait()
+	} else {
+		if st.hash != nil {
+			st.hash.stop()
+		}
+		h, hashErr = hashKV(ctx, cfg, req.Endpoint, st.status.Revision)
+	}
 	// The data is committed: the meta is written even if ctx ends now (a
 	// change of leader, a shutdown), within a bound, so that no whole
 	// object is left without one.
@@ -317,14 +331,24 @@ type streamed struct {
 	compressed int64
 	encryption *crypt.Info
 	stages     Stages
+	// hash is the member's HashKV, asked for while the status was
+	// checked; nil when Request.Revision is nil or failed.
+	hash *pendingHash
 }
 
 // stream uploads backup name's data object from the member's snapshot
 // stream, keeping a copy in db for the checks, which gate the commit.
-func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, req Request) (streamed, error) {
-	var out streamed
+func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, req Request) (out streamed, err error) {
+	hashCfg := cfg
+	parent := ctx // the HashKV outlives the stream
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the snapshot stream if the upload stops early
+	defer func() {
+		if err != nil && out.hash != nil {
+			out.hash.stop()
+			out.hash = nil
+		}
+	}()
 	// A fixed flow-control window: gRPC's own grows up to 16 MiB with its
 	// bandwidth estimate, and whenever the upload is slower than the
 	// snapshot, that much of the stream waits in the agent's memory.
@@ -396,6 +420,12 @@ func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, 
 		out.size = trailer.n
 		if err := trailer.check(); err != nil {
 			return copyErr.set(fmt.Errorf("%w: the snapshot stream from %s: %w", ErrCorrupt, req.Endpoint, err))
+		}
+		if req.Revision != nil {
+			// A failed read only leaves the HashKV for after the check.
+			if rev, err := req.Revision(ctx, db); err == nil && rev > 0 {
+				out.hash = startHashKV(parent, hashCfg, req.Endpoint, rev)
+			}
 		}
 		st, err := verify(ctx, db)
 		out.stages.Verify = time.Since(streamed)
@@ -538,6 +568,39 @@ func hashKV(ctx context.Context, cfg clientv3.Config, endpoint string, rev int64
 		return nil, fmt.Errorf("backup: HashKV of %s at revision %d: %w", endpoint, rev, err)
 	}
 	return &HashKV{Hash: resp.Hash, CompactRevision: resp.CompactRevision}, nil
+}
+
+// pendingHash is a member's HashKV being read in the background.
+type pendingHash struct {
+	rev    int64
+	done   chan struct{}
+	cancel context.CancelFunc
+	h      *HashKV
+	err    error
+}
+
+// startHashKV asks endpoint for its HashKV at rev in the background.
+func startHashKV(ctx context.Context, cfg clientv3.Config, endpoint string, rev int64) *pendingHash {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &pendingHash{rev: rev, done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(p.done)
+		p.h, p.err = hashKV(ctx, cfg, endpoint, rev)
+	}()
+	return p
+}
+
+// wait returns the HashKV once it is read.
+func (p *pendingHash) wait() (*HashKV, error) {
+	<-p.done
+	p.cancel()
+	return p.h, p.err
+}
+
+// stop ends the read, and returns once it has.
+func (p *pendingHash) stop() {
+	p.cancel()
+	<-p.done
 }
 
 // write uploads the snapshot db as backup name's data object, gzipped and,

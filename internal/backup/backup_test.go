@@ -24,6 +24,9 @@ import (
 const verifyChildEnv = "BACKUP_TEST_VERIFY_CHILD"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(verifyChildEnv) == "1" && slices.Contains(os.Args, "--revision-only") {
+		os.Exit(RunRevision(os.Args[len(os.Args)-1], os.Stdout, os.Stderr))
+	}
 	if os.Getenv(verifyChildEnv) == "1" {
 		os.Exit(RunVerify(os.Args[len(os.Args)-1], slices.Contains(os.Args, "--status-only"), os.Stdout, os.Stderr))
 	}

@@ -37,6 +37,21 @@ func childStatusReader() backup.VerifyFunc {
 	return backup.VerifyCommand(exe, VerifySnapshotCommand, "--"+StatusOnlyFlag)
 }
 
+// RevisionOnlyFlag has the VerifySnapshotCommand child only print the
+// snapshot's revision (backup.ReadRevision).
+const RevisionOnlyFlag = "revision-only"
+
+// childRevisionReader reads a backup's revision in a child etcd-manager,
+// so that the member hashes it while the status is read: bbolt may crash
+// on a damaged file, and the agent must not.
+func childRevisionReader() backup.RevisionFunc {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil // the HashKV waits for the status
+	}
+	return backup.RevisionCommand(exe, VerifySnapshotCommand, "--"+RevisionOnlyFlag)
+}
+
 // CheckDataCommand is the etcd-manager subcommand that checks a
 // member's database in a child process (see etcdproc.CheckDataCommand).
 const CheckDataCommand = "check-data"
@@ -83,6 +98,8 @@ type backups struct {
 	// status reads the status of a backup's local copy or of a fetched
 	// snapshot, whose trailers were checked as they streamed.
 	status backup.VerifyFunc
+	// revision reads the revision of a backup's local copy.
+	revision backup.RevisionFunc
 	// keys encrypt the backups taken, when they hold a writing key.
 	keys *crypt.Keyring
 
@@ -139,6 +156,9 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	req.Now = start
 	if req.Status == nil {
 		req.Status = b.status
+	}
+	if req.Revision == nil {
+		req.Revision = b.revision
 	}
 	if req.Keys == nil {
 		req.Keys = b.keys

@@ -526,5 +526,5 @@ func logKeys(log *slog.Logger, keys *crypt.Keyring) {
 // newBackups returns the backup taker for these settings.
 func (c BackupConfig) newBackups(node string, log *slog.Logger, met *metrics, now func() time.Time) *backups {
 	return &backups{node: node, log: log, met: met, now: now, retention: c.Retention, retryDelay: c.RetryDelay, maxRetry: max(c.Interval, c.RetryDelay),
-		status: childStatusReader()}
+		status: childStatusReader(), revision: childRevisionReader()}
 }
