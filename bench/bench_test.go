@@ -813,7 +813,7 @@ func backupMeta(storeDir, name string) (size, compressed int64, ok bool) {
 }
 
 // fillPutAttempts bounds the tries of one fill Put that etcd timed out.
-const fillPutAttempts = 3
+const fillPutAttempts = 10
 
 // fill writes unique keys with random hex values (gzip gets them to about
 // half) from a few clients until etcd reports a DB of at least target
