@@ -848,8 +848,8 @@ func fill(t *testing.T, endpoint string, cfg *tls.Config, target int64, timeout 
 				hex.Encode(val, raw)
 				// etcd's own "request timed out" comes when its disk falls
 				// behind (an 8 GiB fill beside MinIO on one disk): the
-				// fill is not measured, so such a Put is tried again, a
-				// few times.
+				// fill is not measured, so such a Put is tried again, up
+				// to fillPutAttempts times.
 				var err error
 				for attempt := 0; attempt < fillPutAttempts; attempt++ {
 					pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)

@@ -117,6 +117,10 @@ type Info struct {
 	Stages Stages
 	// HashKVErr is why a backup just taken records no HashKV.
 	HashKVErr error
+	// HashKVBeside is whether the HashKV was read beside the status
+	// check (see Request.Revision); HashKVLate is why not, when asked.
+	HashKVBeside bool
+	HashKVLate   error
 }
 
 // Stages times the steps of a backup: the snapshot streamed in,
@@ -269,11 +273,13 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	// used if the check found the same revision.
 	var h *HashKV
 	var hashErr error
-	if st.hash != nil && st.hash.rev == st.status.Revision {
+	beside, late := st.hash != nil && st.hash.rev == st.status.Revision, st.revErr
+	if beside {
 		h, hashErr = st.hash.wait()
 	} else {
 		if st.hash != nil {
 			st.hash.stop()
+			late = fmt.Errorf("backup: the snapshot's revision read %d, and its status %d", st.hash.rev, st.status.Revision)
 		}
 		h, hashErr = hashKV(ctx, cfg, req.Endpoint, st.status.Revision)
 	}
@@ -307,7 +313,7 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 	st.stages.Commit = time.Since(began)
 	// The claim has done its work; one left behind is harmless.
 	_ = s.Delete(mctx, name+"/"+ClaimObject)
-	return Info{Name: name, Meta: meta, Stages: st.stages, HashKVErr: hashErr}, nil
+	return Info{Name: name, Meta: meta, Stages: st.stages, HashKVErr: hashErr, HashKVBeside: beside, HashKVLate: late}, nil
 }
 
 // claimCleanupTimeout bounds the deletion of a failed backup's objects,
@@ -332,8 +338,10 @@ type streamed struct {
 	encryption *crypt.Info
 	stages     Stages
 	// hash is the member's HashKV, asked for while the status was
-	// checked; nil when Request.Revision is nil or failed.
-	hash *pendingHash
+	// checked; nil when Request.Revision is nil or failed, and revErr
+	// why it failed.
+	hash   *pendingHash
+	revErr error
 }
 
 // stream uploads backup name's data object from the member's snapshot
@@ -423,7 +431,10 @@ func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, 
 		}
 		if req.Revision != nil {
 			// A failed read only leaves the HashKV for after the check.
-			if rev, err := req.Revision(ctx, db); err == nil && rev > 0 {
+			switch rev, err := req.Revision(ctx, db); {
+			case err != nil:
+				out.revErr = err
+			case rev > 0: // none before the first write: no HashKV either
 				out.hash = startHashKV(parent, hashCfg, req.Endpoint, rev)
 			}
 		}

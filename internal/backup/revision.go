@@ -91,7 +91,7 @@ func ReadRevision(path string) (int64, error) {
 			return nil // no key was ever written: revision 0
 		}
 		// main, '_', sub, and 't' for a tombstone
-		if len(k) < 17 || k[8] != '_' || len(k) > 18 {
+		if len(k) < 17 || k[8] != '_' || len(k) > 18 || (len(k) == 18 && k[17] != 't') {
 			return fmt.Errorf("a key revision of %d bytes: %x", len(k), bytes.Clone(k[:min(len(k), 32)]))
 		}
 		rev = int64(binary.BigEndian.Uint64(k[:8]))

@@ -78,7 +78,8 @@ func TestReadRevision(t *testing.T) {
 		{name: "no key yet", keys: [][]byte{}, want: 0},
 		{name: "no key bucket", err: "no key bucket"},
 		{name: "short key", keys: [][]byte{[]byte("short")}, err: "a key revision of 5 bytes"},
-		{name: "not a database", raw: []byte(strings.Repeat("x", 8192)), err: "read the revision"},
+		{name: "not a database", raw: []byte(strings.Repeat("x", 8192)), err: "invalid database"},
+		{name: "a key with a bad suffix", keys: [][]byte{append(revKey(3, 0, false), 'x')}, err: "a key revision of 18 bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -178,13 +178,17 @@ func (b *backups) take(ctx context.Context, s *store.Store, req backup.Request, 
 	if info.HashKVErr != nil {
 		b.log.Warn("backup records no HashKV; a restore drill of it checks the revision alone", "name", info.Name, "error", info.HashKVErr)
 	}
+	if info.HashKVLate != nil {
+		b.log.Warn("backup's HashKV was read after its status check, not beside it", "name", info.Name, "error", info.HashKVLate)
+	}
 	keyID := ""
 	if e := info.Meta.Encryption; e != nil {
 		keyID = e.KeyID
 	}
 	b.log.Info("backup taken", "name", info.Name, "reason", reason, "size", info.Meta.Size, "encryption-key-id", keyID,
 		"compressed-size", info.Meta.CompressedSize, "revision", info.Meta.Revision, "duration", took.Round(time.Millisecond),
-		"stream", info.Stages.Stream.Round(time.Millisecond), "verify", info.Stages.Verify.Round(time.Millisecond), "commit", info.Stages.Commit.Round(time.Millisecond))
+		"stream", info.Stages.Stream.Round(time.Millisecond), "verify", info.Stages.Verify.Round(time.Millisecond), "commit", info.Stages.Commit.Round(time.Millisecond),
+		"hashkv-beside-check", info.HashKVBeside)
 	setStatus(spec.CommandStatus{State: spec.CommandDone, Backup: info.Name})
 	b.prune(ctx, s)
 	return info, nil

@@ -49,6 +49,19 @@ func TestRestoreDrill(t *testing.T) {
 	if meta.HashKV == nil || meta.Kind != spec.BackupOnDemand || meta.Seconds <= 0 || meta.Revision < 201 {
 		t.Fatalf("the backup's meta records no HashKV, kind or duration: %+v", meta)
 	}
+	// The HashKV was read beside the status check, at the revision a
+	// child read from the copy (the drill below checks it against the
+	// restored data).
+	taken := regexp.MustCompile(`msg="backup taken" name=` + regexp.QuoteMeta(name) + ` .*hashkv-beside-check=(\w+)`)
+	beside := ""
+	for _, a := range agents {
+		if m := taken.FindStringSubmatch(a.Log()); m != nil {
+			beside = m[1]
+		}
+	}
+	if beside != "true" {
+		t.Errorf("backup %s: hashkv-beside-check=%q in the agents' logs, want true", name, beside)
+	}
 
 	var rec *spec.DrillRecord
 	harness.WaitFor(t, 90*time.Second, "a restore drill of the new backup to pass", func() bool {
