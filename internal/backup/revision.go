@@ -1,9 +1,7 @@
 package backup
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +11,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"go.etcd.io/etcd/server/v3/storage/mvcc"
+	"go.etcd.io/etcd/server/v3/storage/schema"
 )
 
 // A backup records the member's HashKV at the snapshot's revision, which
@@ -66,10 +66,6 @@ func RunRevision(path string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// keyBucket is etcd's bucket of key revisions; a key in it starts with
-// the revision's main part, 8 bytes big-endian.
-var keyBucket = []byte("key")
-
 // ReadRevision returns the revision of a snapshot db file: the main part
 // of its newest key revision, as etcdutl's snapshot status reports it,
 // read from the few pages on the way to that key. It checks nothing else:
@@ -82,7 +78,7 @@ func ReadRevision(path string) (int64, error) {
 	defer db.Close()
 	var rev int64
 	err = db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(keyBucket)
+		b := tx.Bucket(schema.Key.Name())
 		if b == nil {
 			return errors.New("no key bucket")
 		}
@@ -92,9 +88,9 @@ func ReadRevision(path string) (int64, error) {
 		}
 		// main, '_', sub, and 't' for a tombstone
 		if len(k) < 17 || k[8] != '_' || len(k) > 18 || (len(k) == 18 && k[17] != 't') {
-			return fmt.Errorf("a key revision of %d bytes: %x", len(k), bytes.Clone(k[:min(len(k), 32)]))
+			return fmt.Errorf("a key revision of %d bytes: %x", len(k), k[:min(len(k), 32)])
 		}
-		rev = int64(binary.BigEndian.Uint64(k[:8]))
+		rev = mvcc.BytesToRev(k[:17]).Main
 		if rev < 0 {
 			return fmt.Errorf("a negative revision %d", rev)
 		}

@@ -1,7 +1,6 @@
 package backup
 
 import (
-	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,14 +8,15 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/server/v3/storage/mvcc"
+	"go.etcd.io/etcd/server/v3/storage/schema"
 	"google.golang.org/protobuf/proto"
 )
 
 // revKey is a key revision as etcd's mvcc writes it: main, '_', sub,
 // and 't' for a tombstone.
 func revKey(main, sub int64, tombstone bool) []byte {
-	k := binary.BigEndian.AppendUint64(nil, uint64(main))
-	k = binary.BigEndian.AppendUint64(append(k, '_'), uint64(sub))
+	k := mvcc.RevToBytes(mvcc.Revision{Main: main, Sub: sub}, make([]byte, 17))
 	if tombstone {
 		k = append(k, 't')
 	}
@@ -32,13 +32,13 @@ func boltFile(t *testing.T, p string, keys [][]byte) {
 		t.Fatal(err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		if _, err := tx.CreateBucket([]byte("meta")); err != nil {
+		if _, err := tx.CreateBucket(schema.Meta.Name()); err != nil {
 			return err
 		}
 		if keys == nil {
 			return nil
 		}
-		b, err := tx.CreateBucket([]byte("key"))
+		b, err := tx.CreateBucket(schema.Key.Name())
 		if err != nil {
 			return err
 		}
