@@ -34,13 +34,22 @@ const defaultMemoryLimit = 32 << 20
 // seldom either way.
 const defaultGCPercent = 50
 
-func main() {
+// tuneCollector sets the agents' collector, unless the environment sets
+// it. Only the long-running agents: the child processes the agent starts
+// (verify-snapshot, check-data, compact-db) read a whole database, live
+// for seconds and allocate garbage all the way through, and keep Go's
+// defaults. Under the agent's settings, the status check of a 1 GiB
+// snapshot took 1.05-1.25 s instead of 0.77-0.80 s.
+func tuneCollector() {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(defaultMemoryLimit)
 	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(defaultGCPercent)
 	}
+}
+
+func main() {
 	cfg := controller.Default()
 	logCfg := cli.DefaultLogConfig()
 	cmd := &cobra.Command{
@@ -62,6 +71,7 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			tuneCollector()
 			log, err := logCfg.NewLogger(os.Stderr)
 			if err != nil {
 				return err
@@ -146,6 +156,7 @@ one that backs up.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			tuneCollector()
 			log, err := logCfg.NewLogger(os.Stderr)
 			if err != nil {
 				return err
