@@ -654,7 +654,8 @@ func Verify(path string) (snapshot.Status, error) {
 
 // ReadStatus checks a snapshot db file through etcdutl's snapshot status
 // alone, which reads every key: for a copy whose trailer was checked as
-// it streamed in. The file is read once in order first (see readThrough).
+// it streamed in. What the page cache lost of the file is read once in
+// order first (see readThrough).
 func ReadStatus(path string) (snapshot.Status, error) {
 	if err := readThrough(path); err != nil {
 		return snapshot.Status{}, err

@@ -15,10 +15,10 @@ type pageCache struct {
 	vec []byte
 }
 
-// openPageCache maps f's first size bytes. When the mapping fails, every
-// question gets "not held", so the caller reads everything, as before.
+// openPageCache maps f's first size bytes. When mincore cannot answer
+// truly, every question gets "not held", so the caller reads everything.
 func openPageCache(f *os.File, size int64) *pageCache {
-	if size <= 0 || int64(int(size)) != size {
+	if size <= 0 || int64(int(size)) != size || !mayAskMincore(f) {
 		return &pageCache{}
 	}
 	m, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
@@ -26,6 +26,22 @@ func openPageCache(f *os.File, size int64) *pageCache {
 		return &pageCache{}
 	}
 	return &pageCache{m: m}
+}
+
+// mayAskMincore reports whether mincore tells the truth about f's pages:
+// for a file the process neither owns nor may write, Linux reports every
+// page as cached rather than refuse, so as not to tell one user what
+// another reads. (A process with CAP_FOWNER gets the truth anyway; it is
+// asked the same questions, and reads a file it could not write whole.)
+func mayAskMincore(f *os.File) bool {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return false
+	}
+	if int(st.Uid) == os.Geteuid() {
+		return true
+	}
+	return unix.Faccessat(unix.AT_FDCWD, f.Name(), unix.W_OK, unix.AT_EACCESS) == nil
 }
 
 // holds reports whether every page of [off, off+n) is in the page cache.

@@ -1,10 +1,11 @@
 package backup
 
 import (
-	"bufio"
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,22 +30,22 @@ func dropFromCache(t *testing.T, path string) {
 	}
 }
 
-// procIORead is how much one read of /proc/self/io counts in it, at
-// most: it is under 200 bytes.
+// procIORead is how much one read of /proc/thread-self/io counts in it,
+// at most: it is under 200 bytes.
 const procIORead = 256
 
-// readBytes is how many bytes this process has read through read
-// calls, from the page cache or not (/proc/self/io's rchar).
+// readBytes is how many bytes this thread has read through read calls,
+// from the page cache or not (/proc/thread-self/io's rchar). The caller
+// locks its goroutine to the thread, so that no other goroutine's reads
+// count.
 func readBytes(t *testing.T) int64 {
 	t.Helper()
-	f, err := os.Open("/proc/self/io")
+	b, err := os.ReadFile("/proc/thread-self/io")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "rchar: "); ok {
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "rchar: "); ok {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
 				t.Fatal(err)
@@ -52,7 +53,7 @@ func readBytes(t *testing.T) int64 {
 			return n
 		}
 	}
-	t.Fatalf("no rchar in /proc/self/io: %v", sc.Err())
+	t.Fatalf("no rchar in /proc/thread-self/io: %q", b)
 	return 0
 }
 
@@ -93,45 +94,62 @@ func TestReadThrough(t *testing.T) {
 		}
 		return got
 	}
+	// readAgain brings the given chunks back into the cache, and nothing
+	// else: no read-ahead.
+	readAgain := func(t *testing.T, idx ...int) {
+		t.Helper()
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range idx {
+			if _, err := f.ReadAt(make([]byte, chunks[i].n), chunks[i].off); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	tests := []struct {
-		name    string
-		prepare func(t *testing.T) // leaves part of the file in the cache
+		name       string
+		prepare    func(t *testing.T) // leaves part of the file in the cache
+		wantBefore []bool             // which chunks the cache holds then
 		// readThrough reads from minRead to maxRead bytes: what the
-		// cache lost, less what the kernel's read-ahead brought back
-		// meanwhile.
+		// cache lost, less what the kernel's read-ahead brings back as
+		// readThrough reads.
 		minRead, maxRead int64
 	}{
 		{name: "all cached", prepare: func(t *testing.T) {
 			if _, err := os.ReadFile(path); err != nil {
 				t.Fatal(err)
 			}
-		}, minRead: 0, maxRead: 0},
-		{name: "none cached", prepare: func(t *testing.T) { dropFromCache(t, path) }, minRead: readThroughChunk, maxRead: size},
+		}, wantBefore: []bool{true, true, true, true}, minRead: 0, maxRead: 0},
+		{name: "none cached", prepare: func(t *testing.T) { dropFromCache(t, path) },
+			wantBefore: []bool{false, false, false, false}, minRead: readThroughChunk, maxRead: size},
 		{name: "the second chunk cached", prepare: func(t *testing.T) {
 			dropFromCache(t, path)
-			f, err := os.Open(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			// Not read-ahead: only this chunk comes back.
-			if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := f.ReadAt(make([]byte, readThroughChunk), readThroughChunk); err != nil {
-				t.Fatal(err)
-			}
-		}, minRead: readThroughChunk, maxRead: size - readThroughChunk},
+			readAgain(t, 1)
+		}, wantBefore: []bool{false, true, false, false}, minRead: readThroughChunk, maxRead: size - readThroughChunk},
+		{name: "only the short last chunk lost", prepare: func(t *testing.T) {
+			dropFromCache(t, path)
+			readAgain(t, 0, 1, 2)
+		}, wantBefore: []bool{true, true, true, false}, minRead: size - 3*readThroughChunk, maxRead: size - 3*readThroughChunk},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.prepare(t)
-			t.Logf("held before: %v", held())
+			if got := held(); !slices.Equal(got, tt.wantBefore) {
+				t.Fatalf("the page cache holds chunks %v before readThrough, want %v: does this filesystem drop pages on FADV_DONTNEED?", got, tt.wantBefore)
+			}
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
 			before := readBytes(t)
 			if err := readThrough(path); err != nil {
 				t.Fatal(err)
 			}
-			// Reading /proc/self/io counts in it too.
+			// Reading /proc/thread-self/io counts in it too.
 			if got := readBytes(t) - before; got < tt.minRead || got > tt.maxRead+procIORead {
 				t.Errorf("readThrough read %d bytes, want %d to %d", got, tt.minRead, tt.maxRead)
 			}
