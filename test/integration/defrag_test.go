@@ -37,6 +37,25 @@ func dbSizes(t *testing.T, agents []*harness.Agent) []int64 {
 	return out
 }
 
+// dbSpace renders each member's database size and the part in use, as
+// its etcd reports them, for a failure's message.
+func dbSpace(t *testing.T, agents []*harness.Agent) string {
+	t.Helper()
+	c := clusterClient(t, agents)
+	var out []string
+	for _, a := range agents {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		st, err := c.Status(ctx, a.ClientURL)
+		cancel()
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: %v", a.Name, err))
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: %d bytes, %d in use, leader %x", a.Name, st.DbSize, st.DbSizeInUse, st.Leader))
+	}
+	return strings.Join(out, "; ")
+}
+
 // leaderSample is the leader a member reported, asked after sent and
 // answering before got.
 type leaderSample struct {
@@ -337,6 +356,11 @@ func TestDefragByQuotaInItsWindow(t *testing.T) {
 	}
 
 	env.MustCtl("--defrag-window=* * * * *", "configure-cluster")
+	defer func() {
+		if t.Failed() { // a member the policy did not find due says why
+			t.Logf("the members' databases at the end: %s", dbSpace(t, agents))
+		}
+	}()
 	harness.WaitFor(t, 2*time.Minute, "both members to be defragmented in the window", func() bool {
 		return strings.Count(allLogs(agents), `msg="member defragmented"`) >= 2
 	})
