@@ -668,7 +668,10 @@ func ReadStatus(path string) (snapshot.Status, error) {
 // time it is checked, each page is then a read of its own. An 8 GiB copy
 // took 2 minutes that way, at about 68 MiB/s; one pass in order first
 // reads it at the disk's streaming speed. A file still cached costs a
-// copy from memory.
+// copy from memory, and that second use keeps its pages in the cache
+// while the member's HashKV reads etcd's whole database beside the
+// check: skipping the cached parts (with mincore) made an 8 GiB check
+// take 30 s instead of 12 s, its pages evicted first.
 func readThrough(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
