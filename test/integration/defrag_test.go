@@ -19,16 +19,24 @@ import (
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
-// dbSizes are the database sizes each agent's etcd reports.
+// memberStatuses asks each agent's etcd for its status through c, each
+// within 3 s; an entry is nil where the member did not answer.
+func memberStatuses(c *clientv3.Client, agents []*harness.Agent) []*clientv3.StatusResponse {
+	out := make([]*clientv3.StatusResponse, len(agents))
+	for i, a := range agents {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		out[i], _ = c.Status(ctx, a.ClientURL)
+		cancel()
+	}
+	return out
+}
+
+// dbSizes is each member's database size, -1 where it does not answer.
 func dbSizes(t *testing.T, agents []*harness.Agent) []int64 {
 	t.Helper()
-	c := clusterClient(t, agents)
 	var out []int64
-	for _, a := range agents {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		st, err := c.Status(ctx, a.ClientURL)
-		cancel()
-		if err != nil {
+	for _, st := range memberStatuses(clusterClient(t, agents), agents) {
+		if st == nil {
 			out = append(out, -1)
 			continue
 		}
@@ -41,17 +49,13 @@ func dbSizes(t *testing.T, agents []*harness.Agent) []int64 {
 // its etcd reports them, for a failure's message.
 func dbSpace(t *testing.T, agents []*harness.Agent) string {
 	t.Helper()
-	c := clusterClient(t, agents)
 	var out []string
-	for _, a := range agents {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		st, err := c.Status(ctx, a.ClientURL)
-		cancel()
-		if err != nil {
-			out = append(out, fmt.Sprintf("%s: %v", a.Name, err))
+	for i, st := range memberStatuses(clusterClient(t, agents), agents) {
+		if st == nil {
+			out = append(out, agents[i].Name+": no answer")
 			continue
 		}
-		out = append(out, fmt.Sprintf("%s: %d bytes, %d in use, leader %x", a.Name, st.DbSize, st.DbSizeInUse, st.Leader))
+		out = append(out, fmt.Sprintf("%s: %d bytes, %d in use, leader %x", agents[i].Name, st.DbSize, st.DbSizeInUse, st.Leader))
 	}
 	return strings.Join(out, "; ")
 }
@@ -336,13 +340,13 @@ func TestDefragByQuotaInItsWindow(t *testing.T) {
 	harness.WaitSettled(t, agents, 2, settleTimeout)
 	c := clusterClient(t, agents)
 
-	// 14 MiB, 3 of them freed: over 40% of the 32 MiB quota, far under
-	// 90% free.
 	defer func() {
 		if t.Failed() { // a member the policy did not find due says why
 			t.Logf("the members' databases at the end: %s", dbSpace(t, agents))
 		}
 	}()
+	// 14 MiB, 3 of them freed: over 40% of the 32 MiB quota, far under
+	// 90% free.
 	left := fillAndFree(t, c, "/quota/", 28, 6)
 	// A member's etcd counts the pages a compaction freed as free only
 	// once its backend has committed twice more (bbolt keeps them pending
@@ -356,9 +360,8 @@ func TestDefragByQuotaInItsWindow(t *testing.T) {
 		if _, err := c.Put(ctx, "/quota-settle", time.Now().String()); err != nil {
 			return false
 		}
-		for _, a := range agents {
-			st, err := c.Status(ctx, a.ClientURL)
-			if err != nil || st.DbSize-st.DbSizeInUse < 2<<20 {
+		for _, st := range memberStatuses(c, agents) {
+			if st == nil || st.DbSize-st.DbSizeInUse < 2<<20 {
 				return false
 			}
 		}
