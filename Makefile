@@ -7,6 +7,14 @@ ETCD_VERSIONS ?= 3.6.16 3.5.35 3.7.3
 DEBIAN_ETCD   ?= 3.4.23 3.4.23-4+b4
 GO            ?= go
 export GOTOOLCHAIN := local
+# Build tags of every build and test here, the harness's and the image's
+# included. disable_grpc_modules leaves out the Google Cloud Storage
+# client's gRPC transport (DirectPath, xDS), which gs:// stores do not use
+# (gocloud speaks its JSON API over HTTP). The agent's binary is 57 MB
+# instead of 76, and `etcd-manager --help` peaks at 30 MiB of RSS instead
+# of 39: every package linked is initialised at start.
+GO_TAGS ?= disable_grpc_modules
+export GOFLAGS += -tags=$(GO_TAGS)
 
 .PHONY: all tools etcd kube build image generate demo test unit integration e2e-kube bench bench-large chaos lint clean
 
