@@ -14,6 +14,7 @@
 package bench
 
 import (
+	"bytes"
 	"cmp"
 	"compress/gzip"
 	"context"
@@ -31,6 +32,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strconv"
@@ -331,7 +333,7 @@ func TestBench(t *testing.T) {
 
 func markdown(rs []Result, sc scale) string {
 	host, _ := os.Hostname()
-	return fmt.Sprintf("scale %s (%d iteration(s), median), %s, on %s\n\n", sc.name, sc.iterations, time.Now().UTC().Format("2006-01-02"), machine(host)) +
+	return fmt.Sprintf("scale %s (%d iteration(s), median), %s, on %s; %s\n\n", sc.name, sc.iterations, time.Now().UTC().Format("2006-01-02"), machine(host), built()) +
 		markdownTable(rs)
 }
 
@@ -400,7 +402,7 @@ func mergeResults(t *testing.T, sc scale, fresh []Result) {
 	}
 
 	host, _ := os.Hostname()
-	line := fmt.Sprintf("%s: scale %s, measured %s on %s by a BENCH_ONLY run, merged in", strings.Join(names, ", "), sc.name, time.Now().UTC().Format("2006-01-02"), machine(host))
+	line := fmt.Sprintf("%s: scale %s, measured %s on %s by a BENCH_ONLY run, merged in; %s", strings.Join(names, ", "), sc.name, time.Now().UTC().Format("2006-01-02"), machine(host), built())
 	var header []string
 	if data, err := os.ReadFile(mdPath); err == nil {
 		head, _, _ := strings.Cut(string(data), "| name |")
@@ -443,6 +445,29 @@ func machine(host string) string {
 		}
 	}
 	return fmt.Sprintf("%s, %d cores", cpu, runtime.NumCPU())
+}
+
+// built says what was measured: the commit, the Go release and the build
+// tags. The harness builds the agent with the go command this test binary
+// came from, in the same environment, so GOFLAGS (the Makefile's GO_TAGS)
+// reach both alike.
+func built() string {
+	commit := "unknown commit"
+	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		commit = "commit " + strings.TrimSpace(string(out))
+		if out, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
+			commit += " with uncommitted changes"
+		}
+	}
+	tags := "no build tags"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "-tags" && s.Value != "" {
+				tags = "-tags=" + s.Value
+			}
+		}
+	}
+	return fmt.Sprintf("%s, %s, %s", commit, runtime.Version(), tags)
 }
 
 // goal opens a note with whether the figure meets its goal.
