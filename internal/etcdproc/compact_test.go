@@ -376,6 +376,10 @@ func TestCrashedOnData(t *testing.T) {
 		{two, "panic: assertion failed: page 258: has unexpected type/flags: 7777\n\ngoroutine 7 [running]:\ngo.etcd.io/bbolt.(*Tx).checkBucket(...)", true},
 		{two, "unexpected fault address 0x7f0000001000\nfatal error: fault\n\ngoroutine 1 [running]:\ngo.etcd.io/bbolt.(*Cursor).search(...)", true},
 		{two, "fatal error: fault\n\ngoroutine 1 [running]:\ngo.etcd.io/bbolt.(*Bucket).pageNode(...)", true},
+		// The child printed what one of bbolt's goroutines found, then
+		// another crashed on the same page before the child could exit.
+		{two, "etcdproc: etcd's database is damaged: /d/member/snap/db: bbolt's consistency check: panic: assertion failed: Page expected to be: 258, but self identifies as 0\npanic: assertion failed: Page expected to be: 258, but self identifies as 0\n\ngoroutine 54 [running]:\ngo.etcd.io/bbolt/internal/common.(*Page).FastCheck(...)", true},
+		{one, "etcdproc: etcd's database is damaged: /d/member/snap/db: bbolt's consistency check: page 3: unreachable unfreed\npanic: assertion failed\ngo.etcd.io/bbolt.(*Tx).checkBucket(...)", false},
 		{two, "fatal error: runtime: out of memory\n\ngoroutine 1 [running]:\ngo.etcd.io/bbolt.(*DB).mmap(...)", false},
 		{two, "panic: runtime error: index out of range\n\ngoroutine 1 [running]:\nmain.main()", false},
 		{two, "flag provided but not defined: -x", false},

@@ -175,6 +175,11 @@ func CheckDataCommand(name string, args ...string) DataChecker {
 			return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w%s", ErrDamagedData, strings.TrimPrefix(firstLine(msg), ErrDamagedData.Error()))
 		case errors.As(err, &exit) && crashedOnData(exit, msg):
 			// The Go runtime's exit on a panic or a fault reading the file.
+			// A damaged page can crash bbolt in one goroutine after another
+			// found it: then the child may have printed that first.
+			if first := firstLine(msg); strings.HasPrefix(first, ErrDamagedData.Error()) {
+				return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w%s", ErrDamagedData, strings.TrimPrefix(first, ErrDamagedData.Error()))
+			}
 			return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w: %s: reading it crashed bbolt: %s", ErrDamagedData, DBPath(dataDir), firstLine(msg))
 		case err != nil:
 			return DataCheck{}, fmt.Errorf("etcdproc: check data %s: %v: %s", dataDir, err, firstLine(msg))
@@ -208,14 +213,22 @@ func RunCheckData(ctx context.Context, dataDir string, stdout, stderr io.Writer)
 
 // crashedOnData reports whether a child that read a database exited as
 // the Go runtime exits on a panic or a fault inside bbolt, which a
-// damaged file causes: stderr (the whole of it, with the stack) starts
-// with the runtime's words and names bbolt's code. Running out of memory,
-// or a crash elsewhere, is no proof of damage.
+// damaged file causes: a line of stderr (the whole of it, with the stack)
+// starts with the runtime's words, and the stack names bbolt's code. The
+// line need not be the first: bbolt checks pages in goroutines of its
+// own, and the child may print what one of them found just before
+// another crashes. Running out of memory, or a crash elsewhere, is no
+// proof of damage.
 func crashedOnData(exit *exec.ExitError, stderr string) bool {
 	if exit.ExitCode() != 2 || strings.Contains(stderr, "out of memory") || !strings.Contains(stderr, "go.etcd.io/bbolt") {
 		return false
 	}
-	return strings.HasPrefix(stderr, "panic: ") || strings.HasPrefix(stderr, "fatal error: ") || strings.HasPrefix(stderr, "unexpected fault address")
+	for line := range strings.Lines(stderr) {
+		if strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ") || strings.HasPrefix(line, "unexpected fault address") {
+			return true
+		}
+	}
+	return false
 }
 
 func firstLine(s string) string {
