@@ -282,6 +282,8 @@ func (sc scale) runs(first string) bool {
 func TestBench(t *testing.T) {
 	sc := currentScale(t)
 	only := benchOnly(t, sc)
+	// What is measured, read before the run writes its results.
+	build := built()
 	var groups []benchGroup
 	for _, g := range benchGroups {
 		want := only == nil
@@ -309,7 +311,7 @@ func TestBench(t *testing.T) {
 	base := sc.resultsBase()
 	keep := base != "" && only == nil
 	if base != "" && only != nil && os.Getenv("BENCH_MERGE") == "1" && !t.Failed() {
-		mergeResults(t, sc, results)
+		mergeResults(t, sc, results, build)
 	}
 	out := filepath.Join(t.TempDir(), "latest.json")
 	if keep {
@@ -322,7 +324,7 @@ func TestBench(t *testing.T) {
 	if err := os.WriteFile(out, append(data, '\n'), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	table := markdown(results, sc)
+	table := markdown(results, sc, build)
 	fmt.Println(table)
 	if keep {
 		if err := os.WriteFile(filepath.Join("results", base+".md"), []byte(table), 0o644); err != nil {
@@ -331,9 +333,9 @@ func TestBench(t *testing.T) {
 	}
 }
 
-func markdown(rs []Result, sc scale) string {
+func markdown(rs []Result, sc scale, build string) string {
 	host, _ := os.Hostname()
-	return fmt.Sprintf("scale %s (%d iteration(s), median), %s, on %s; %s\n\n", sc.name, sc.iterations, time.Now().UTC().Format("2006-01-02"), machine(host), built()) +
+	return fmt.Sprintf("scale %s (%d iteration(s), median), %s, on %s; %s\n\n", sc.name, sc.iterations, time.Now().UTC().Format("2006-01-02"), machine(host), build) +
 		markdownTable(rs)
 }
 
@@ -358,7 +360,7 @@ func markdownTable(rs []Result) string {
 // into bench/results in place of the same names, keeping the others, in
 // benchGroups order. latest.md keeps the header lines of the runs it
 // holds and gains one naming the fresh results and their date.
-func mergeResults(t *testing.T, sc scale, fresh []Result) {
+func mergeResults(t *testing.T, sc scale, fresh []Result, build string) {
 	t.Helper()
 	base := sc.resultsBase()
 	jsonPath, mdPath := filepath.Join("results", base+".json"), filepath.Join("results", base+".md")
@@ -402,7 +404,7 @@ func mergeResults(t *testing.T, sc scale, fresh []Result) {
 	}
 
 	host, _ := os.Hostname()
-	line := fmt.Sprintf("%s: scale %s, measured %s on %s by a BENCH_ONLY run, merged in; %s", strings.Join(names, ", "), sc.name, time.Now().UTC().Format("2006-01-02"), machine(host), built())
+	line := fmt.Sprintf("%s: scale %s, measured %s on %s by a BENCH_ONLY run, merged in; %s", strings.Join(names, ", "), sc.name, time.Now().UTC().Format("2006-01-02"), machine(host), build)
 	var header []string
 	if data, err := os.ReadFile(mdPath); err == nil {
 		head, _, _ := strings.Cut(string(data), "| name |")
