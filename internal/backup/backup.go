@@ -325,11 +325,13 @@ const (
 
 // snapshotWindow is the gRPC flow-control window of a snapshot stream:
 // how much of it may wait in the agent's memory, in 16 KiB frames, while
-// the upload is slower than etcd. Since the stream has a read-ahead of its
-// own, 1 MiB moves a 1 GiB snapshot as fast as 4 MiB did, and the agent's
-// anonymous memory during a backup to file:// peaked at 16.7 MiB instead
-// of 23.4 (make bench, backup-file-1gib and agent-backup-peak-rss).
-const snapshotWindow = 1 << 20
+// the upload is slower than etcd. 1 MiB moved a 1 GiB snapshot (in the page
+// cache) as fast as 4 MiB, and saved 7 MiB of the agent's memory; but an
+// 8 GiB one, which etcd reads from disk, went 1.68× etcdctl's save where
+// 4 MiB went 1.39× (make bench-large, backup-file-8gib, one run each): the
+// smaller window, we infer, leaves etcd waiting on the agent between its
+// reads from disk.
+const snapshotWindow = 4 << 20
 
 // streamed is what stream learned of the snapshot it uploaded.
 type streamed struct {
