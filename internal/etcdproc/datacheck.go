@@ -171,15 +171,13 @@ func CheckDataCommand(name string, args ...string) DataChecker {
 		msg := strings.TrimSpace(stderr.String())
 		var exit *exec.ExitError
 		switch {
-		case errors.As(err, &exit) && exit.ExitCode() == exitDamaged:
+		case errors.As(err, &exit) && (exit.ExitCode() == exitDamaged ||
+			// A damaged page can crash bbolt in one goroutine after another
+			// found it: then the child may have printed that first.
+			crashedOnData(exit, msg) && strings.HasPrefix(msg, ErrDamagedData.Error())):
 			return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w%s", ErrDamagedData, strings.TrimPrefix(firstLine(msg), ErrDamagedData.Error()))
 		case errors.As(err, &exit) && crashedOnData(exit, msg):
 			// The Go runtime's exit on a panic or a fault reading the file.
-			// A damaged page can crash bbolt in one goroutine after another
-			// found it: then the child may have printed that first.
-			if first := firstLine(msg); strings.HasPrefix(first, ErrDamagedData.Error()) {
-				return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w%s", ErrDamagedData, strings.TrimPrefix(first, ErrDamagedData.Error()))
-			}
 			return DataCheck{Path: DBPath(dataDir)}, fmt.Errorf("%w: %s: reading it crashed bbolt: %s", ErrDamagedData, DBPath(dataDir), firstLine(msg))
 		case err != nil:
 			return DataCheck{}, fmt.Errorf("etcdproc: check data %s: %v: %s", dataDir, err, firstLine(msg))
