@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -183,6 +184,12 @@ func VerifyCommand(name string, args ...string) VerifyFunc {
 		switch {
 		case errors.As(err, &exit) && exit.ExitCode() == exitCorrupt:
 			return snapshot.Status{}, fmt.Errorf("%w: %s", ErrCorrupt, strings.TrimPrefix(msg, ErrCorrupt.Error()+": "))
+		case etcdproc.CrashedOnData(err, msg):
+			// bbolt panics on some damage where no recover reaches, and
+			// the Go runtime ends the child: that is a damaged snapshot
+			// too, not a check that could not run.
+			line, _, _ := strings.Cut(msg, "\n")
+			return snapshot.Status{}, fmt.Errorf("%w: %s: reading it crashed bbolt: %s", ErrCorrupt, path, line)
 		case err != nil:
 			return snapshot.Status{}, fmt.Errorf("backup: verify %s: %v: %s", path, err, msg)
 		}

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -62,11 +63,57 @@ func TestVerifyRefusesBadSnapshots(t *testing.T) {
 	}
 }
 
-// A status-only check reads the database and leaves the trailer alone:
-// the backup checked it as the snapshot streamed in.
-func TestStatusOnlyLeavesTheTrailer(t *testing.T) {
+// A snapshot whose trailer matches but whose pages are damaged, as a
+// damaged member's would be, can crash bbolt where no recover reaches:
+// the child's crash is the snapshot's corruption, not a check that could
+// not run (which a restore would retry and a drill would not count).
+func TestVerifyCommandCrashIsCorrupt(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "snapshot.db")
-	db, err := bolt.Open(p, 0o600, nil)
+	writeSnapshotDB(t, p, 3000)
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every page past the meta pages and the first two is garbage.
+	junk := make([]byte, st.Size()-4*4096)
+	for i := range junk {
+		junk[i] = byte(i*7 + 3)
+	}
+	if _, err := f.WriteAt(junk, 4*4096); err != nil {
+		t.Fatal(err)
+	}
+	body, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(body)
+	if _, err := f.WriteAt(sum[:], int64(len(body))); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(verifyChildEnv, "1")
+	for _, args := range [][]string{nil, {"--status-only"}} {
+		_, err := VerifyCommand(os.Args[0], args...)(t.Context(), p)
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "crashed bbolt") {
+			t.Errorf("VerifyCommand %v of a snapshot with damaged pages: %v, want ErrCorrupt for bbolt's crash", args, err)
+		}
+	}
+}
+
+// writeSnapshotDB writes a bbolt database at path as etcd's snapshot
+// would hold n keys: the buckets etcdutl's status reads, each key under
+// its revision.
+func writeSnapshotDB(t *testing.T, path string, n int) {
+	t.Helper()
+	// Like etcd's backend, without a freelist on disk: whoever opens
+	// the file walks every page to find the free ones.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,20 +125,32 @@ func TestStatusOnlyLeavesTheTrailer(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		// A revision key (main 2, sub 0), as etcd's mvcc writes it.
-		rev := binary.BigEndian.AppendUint64(nil, 2)
-		rev = binary.BigEndian.AppendUint64(append(rev, '_'), 0)
-		kv, err := proto.Marshal(&mvccpb.KeyValue{Key: []byte("k"), Value: []byte("v"), CreateRevision: 2, ModRevision: 2, Version: 1})
-		if err != nil {
-			return err
+		for i := range n {
+			// A revision key (main i+2, sub 0), as etcd's mvcc writes it.
+			rev := binary.BigEndian.AppendUint64(nil, uint64(i+2))
+			rev = binary.BigEndian.AppendUint64(append(rev, '_'), 0)
+			kv, err := proto.Marshal(&mvccpb.KeyValue{Key: []byte(fmt.Sprintf("k%06d", i)), Value: []byte("v"), CreateRevision: int64(i + 2), ModRevision: int64(i + 2), Version: 1})
+			if err != nil {
+				return err
+			}
+			if err := b.Put(rev, kv); err != nil {
+				return err
+			}
 		}
-		return b.Put(rev, kv)
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A status-only check reads the database and leaves the trailer alone:
+// the backup checked it as the snapshot streamed in.
+func TestStatusOnlyLeavesTheTrailer(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "snapshot.db")
+	writeSnapshotDB(t, p, 1)
 	f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -209,6 +209,15 @@ func RunCheckData(ctx context.Context, dataDir string, stdout, stderr io.Writer)
 	return 0
 }
 
+// CrashedOnData reports whether err, the exit of a child process that
+// read a bbolt file, and the child's stderr say that it crashed on the
+// file's content (see crashedOnData): for callers that run children of
+// their own on such files.
+func CrashedOnData(err error, stderr string) bool {
+	var exit *exec.ExitError
+	return errors.As(err, &exit) && crashedOnData(exit, stderr)
+}
+
 // crashedOnData reports whether a child that read a database exited as
 // the Go runtime exits on a panic or a fault inside bbolt, which a
 // damaged file causes: a line of stderr (the whole of it, with the stack)
