@@ -78,12 +78,14 @@ func TestVerifyCommandCrashIsCorrupt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every page past the meta pages and the first two is garbage.
-	junk := make([]byte, st.Size()-4*4096)
+	// Every page from the fifth on is garbage; the two meta pages and the
+	// two after them are whole.
+	page := int64(os.Getpagesize()) // bbolt's page size by default
+	junk := make([]byte, st.Size()-4*page)
 	for i := range junk {
 		junk[i] = byte(i*7 + 3)
 	}
-	if _, err := f.WriteAt(junk, 4*4096); err != nil {
+	if _, err := f.WriteAt(junk, 4*page); err != nil {
 		t.Fatal(err)
 	}
 	body, err := os.ReadFile(p)
