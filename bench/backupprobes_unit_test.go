@@ -3,6 +3,7 @@ package bench
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/pprof/profile"
 )
@@ -45,5 +46,30 @@ func TestSummarizeHeap(t *testing.T) {
 	}
 	if s := summarizeHeap(&profile.Profile{SampleType: []*profile.ValueType{{Type: "alloc_space"}}}, 3); s.inUseMiB != 0 || len(s.top) != 0 {
 		t.Errorf("a profile without inuse_space summarized as %+v", s)
+	}
+}
+
+// TestAgentBackupStages reads the stages from the agent's line for the
+// named backup only, and nothing from a line that lacks one.
+func TestAgentBackupStages(t *testing.T) {
+	log := `time=2026-11-28T16:02:06.100Z level=INFO msg="backup taken" name=2026-11-28T16:02:06Z-000001 reason=backup-now size=1 duration=5.39s stream=4.47s verify=812ms commit=2ms hashkv-beside-check=true
+time=2026-11-28T16:03:00.000Z level=INFO msg="backup taken" name=2026-11-28T16:03:00Z-000001 reason=periodic size=1 duration=6s stream=5s verify=900ms
+`
+	tests := []struct {
+		name, want string
+		ok         bool
+	}{
+		{name: "2026-11-28T16:02:06Z-000001", want: "stream 4.47s, verify 812ms, commit 2ms", ok: true},
+		{name: "2026-11-28T16:03:00Z-000001"}, // no commit field
+		{name: "2026-11-28T16:04:00Z-000001"}, // not logged
+	}
+	for _, tt := range tests {
+		got, ok := agentBackupStages(log, tt.name)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("agentBackupStages(%s) = %q, %v; want %q, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+	}
+	if d, ok := agentBackupDuration(log, "2026-11-28T16:02:06Z-000001"); !ok || d != 5390*time.Millisecond {
+		t.Errorf("agentBackupDuration = %v, %v; want 5.39s", d, ok)
 	}
 }
