@@ -78,6 +78,10 @@ type Agent struct {
 	peerPokeMu   sync.Mutex
 	lastPeerPoke time.Time
 	peerPokeDue  bool // a poke deferred by the rate limit is due
+	// announcedFrom holds the hosts of peers that announced a change
+	// since the loop last observed its peers (see pokeFromPeer); guarded
+	// by peerPokeMu.
+	announcedFrom map[string]bool
 	// events records the history of the agent's changes and failures in
 	// the store; set by Run.
 	events *eventLog
@@ -210,9 +214,21 @@ func (a *Agent) Run(ctx context.Context) error {
 // (At a cluster's creation, the nodes told to join announce their pending
 // state moments before the creator announces its member started, the
 // news they wait for.)
-func (a *Agent) pokeFromPeer() {
+//
+// A peer that announces itself is up, though the loop's connection to its
+// address may still wait in gRPC's reconnect backoff, refused moments
+// before by the agent it replaced there (a node restarted without its
+// data): its host is kept so that the next cycle dials it again at once
+// (see takeAnnouncedFrom), instead of missing the node until its tick.
+func (a *Agent) pokeFromPeer(host string) {
 	a.peerPokeMu.Lock()
 	defer a.peerPokeMu.Unlock()
+	if host != "" && len(a.announcedFrom) < maxAnnouncedHosts {
+		if a.announcedFrom == nil {
+			a.announcedFrom = map[string]bool{}
+		}
+		a.announcedFrom[host] = true
+	}
 	wait := soonInterval - a.now().Sub(a.lastPeerPoke)
 	switch {
 	case wait <= 0:
@@ -227,6 +243,20 @@ func (a *Agent) pokeFromPeer() {
 			a.poke()
 		})
 	}
+}
+
+// maxAnnouncedHosts bounds the hosts kept between two cycles: a cluster
+// has a handful of nodes, and a faulty caller must not grow the set.
+const maxAnnouncedHosts = 64
+
+// takeAnnouncedFrom returns the hosts of the peers that announced a
+// change since the last call, and forgets them.
+func (a *Agent) takeAnnouncedFrom() map[string]bool {
+	a.peerPokeMu.Lock()
+	defer a.peerPokeMu.Unlock()
+	hosts := a.announcedFrom
+	a.announcedFrom = nil
+	return hosts
 }
 
 // poke asks the loop for a prompt cycle; it never blocks.

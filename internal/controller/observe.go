@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"regexp"
 	"slices"
 	"sort"
@@ -448,10 +449,14 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 	state := announcedState(self)
 	announce := state != lp.announced
 	lp.announced = state
+	announcedFrom := lp.takeAnnouncedFrom()
 	for addr := range addrs {
 		c, err := lp.peerClient(addr)
 		if err != nil {
 			continue
+		}
+		if host, _, err := net.SplitHostPort(addr); err == nil && announcedFrom[host] {
+			c.Redial()
 		}
 		wg.Add(1)
 		go func() {

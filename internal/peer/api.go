@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -426,12 +427,26 @@ type Server struct {
 	clusterName string
 	h           Handler
 	// onChange, when set, is told of a caller whose state changed.
-	onChange func()
+	onChange func(host string)
 }
 
 // OnPeerChange sets f to be called, on a gRPC goroutine, when a peer
-// says its state changed (see InfoRequest.Changed). Set it before Serve.
-func (s *Server) OnPeerChange(f func()) { s.onChange = f }
+// says its state changed (see InfoRequest.Changed), with the host (IP)
+// the call came from, or "" if gRPC does not say. Set it before Serve.
+func (s *Server) OnPeerChange(f func(host string)) { s.onChange = f }
+
+// callerHost is the IP a call came from, or "".
+func callerHost(ctx context.Context) string {
+	p, ok := grpcpeer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		return ""
+	}
+	return host
+}
 
 // NewServer returns a server for h, which checks that requests name
 // clusterName.
@@ -446,7 +461,7 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 					return nil, err
 				}
 				if r.Changed && s.onChange != nil {
-					s.onChange()
+					s.onChange(callerHost(ctx))
 				}
 				info, err := s.h.Info(ctx)
 				return &info, err
@@ -619,6 +634,8 @@ func (s *Server) Stop() {
 type Client struct {
 	conn        *grpc.ClientConn
 	clusterName string
+	// redial makes the next Info wait for a connection (see Redial).
+	redial atomic.Bool
 }
 
 // Dial returns a client for the agent at addr (host:port). It does not
@@ -641,6 +658,16 @@ func Dial(addr, clusterName string, creds credentials.TransportCredentials) (*Cl
 // Close releases the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
+// Redial has a connection that waits in its reconnect backoff dial again
+// at once, and the next calls wait for it (within their context) rather
+// than fail with the error of the last dial: for a peer known to be up,
+// as one that just announced itself, whose address refused connections
+// moments before (its predecessor's, stopped).
+func (c *Client) Redial() {
+	c.redial.Store(true)
+	c.conn.ResetConnectBackoff()
+}
+
 // Info asks the agent for its NodeInfo.
 func (c *Client) Info(ctx context.Context) (NodeInfo, error) {
 	return c.info(ctx, false)
@@ -654,7 +681,11 @@ func (c *Client) Announce(ctx context.Context) (NodeInfo, error) {
 
 func (c *Client) info(ctx context.Context, changed bool) (NodeInfo, error) {
 	var info NodeInfo
-	err := c.conn.Invoke(ctx, "/"+serviceName+"/Info", &InfoRequest{ClusterName: c.clusterName, Changed: changed}, &info)
+	var opts []grpc.CallOption
+	if c.redial.Swap(false) {
+		opts = append(opts, grpc.WaitForReady(true))
+	}
+	err := c.conn.Invoke(ctx, "/"+serviceName+"/Info", &InfoRequest{ClusterName: c.clusterName, Changed: changed}, &info, opts...)
 	if err != nil {
 		return info, fmt.Errorf("peer: info from %s: %w", c.conn.Target(), err)
 	}

@@ -543,7 +543,10 @@ func TestRecordHasEtcd(t *testing.T) {
 // Announce tells the peer's agent that the caller changed; Info does not.
 func TestAnnounceTellsThePeer(t *testing.T) {
 	var told atomic.Int32
-	c, _ := servePeerAPI(t, &recorder{}, func(s *Server) { s.OnPeerChange(func() { told.Add(1) }) })
+	var from atomic.Value
+	c, _ := servePeerAPI(t, &recorder{}, func(s *Server) {
+		s.OnPeerChange(func(host string) { told.Add(1); from.Store(host) })
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	if _, err := c.Info(ctx); err != nil {
@@ -561,5 +564,8 @@ func TestAnnounceTellsThePeer(t *testing.T) {
 	}
 	if n := told.Load(); n != 1 {
 		t.Fatalf("Announce told the peer of a change %d time(s), want 1", n)
+	}
+	if h := from.Load(); h != "127.0.0.1" {
+		t.Errorf("the announcement came from host %q, want 127.0.0.1", h)
 	}
 }
