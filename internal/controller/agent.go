@@ -220,6 +220,8 @@ func (a *Agent) Run(ctx context.Context) error {
 // before by the agent it replaced there (a node restarted without its
 // data): its host is kept so that the next cycle dials it again at once
 // (see takeAnnouncedFrom), instead of missing the node until its tick.
+// Hosts are matched by the IP the call came from, so a peer discovered by
+// a DNS name is not redialled: it is read on the next tick, as before.
 func (a *Agent) pokeFromPeer(host string) {
 	a.peerPokeMu.Lock()
 	defer a.peerPokeMu.Unlock()
