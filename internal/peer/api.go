@@ -659,7 +659,7 @@ func Dial(addr, clusterName string, creds credentials.TransportCredentials) (*Cl
 func (c *Client) Close() error { return c.conn.Close() }
 
 // Redial has a connection that waits in its reconnect backoff dial again
-// at once, and the next Info wait for it (within its context) rather than
+// at once, and has the next Info wait for it (within its context) rather than
 // fail with the error of the last dial: for a peer known to be up,
 // as one that just announced itself, whose address refused connections
 // moments before (its predecessor's, stopped).
