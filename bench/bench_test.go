@@ -579,7 +579,7 @@ func benchReplaceMember(t *testing.T, sc scale) Result {
 			// within moments of it.
 			time.Sleep(etcdHealthInterval)
 			victim := agents[2]
-			led := leads(t, victim)
+			led := victim.Leads()
 			victim.Kill()
 			if err := os.RemoveAll(victim.DataDir); err != nil {
 				t.Fatal(err)
@@ -601,18 +601,6 @@ func benchReplaceMember(t *testing.T, sc scale) Result {
 	return Result{Name: "replace-member", Value: v, Unit: "s", Baseline: b, Ratio: v / b,
 		Note: goal(v <= 2*b, "a wiped member back as a healthy voter within 2× one leader election") + fmt.Sprintf("a member's data dir wiped and its agent restarted, 5s after the cluster settled (etcd takes no member change sooner), until 3 healthy voters, median of %d: %s s; the wiped member was the same agent each time, and led etcd in %d of them (%s s: the others elect a leader first, which then replaces it), and followed in %d (%s s); grace 0, default loop interval, TLS as shipped; baseline: one etcd leader election (kill the leader until a write succeeds) on 3 bare etcd with the same TLS (https client and peer URLs requiring client certificates from one CA): %s s",
 			len(got), fmtListPrec(got, 2), len(ofLeader), fmtListPrec(ofLeader, 2), len(ofFollower), fmtListPrec(ofFollower, 2), fmtListPrec(base, 2))}
-}
-
-// leads reports whether the agent's etcd member is the raft leader.
-func leads(t *testing.T, a *harness.Agent) bool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := a.Client().Status(ctx, a.ClientURL)
-	if err != nil {
-		t.Fatalf("status of agent %s's etcd: %v", a.Name, err)
-	}
-	return st.Leader == st.Header.MemberId
 }
 
 // Backup benchmarks. Each store gets one managed 1-member cluster, filled

@@ -580,6 +580,18 @@ func (a *Agent) Client() *clientv3.Client {
 	return c
 }
 
+// Leads reports whether the agent's etcd member is the raft leader.
+func (a *Agent) Leads() bool {
+	a.env.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := a.Client().Status(ctx, a.ClientURL)
+	if err != nil {
+		a.env.t.Fatalf("harness: status of agent %s's etcd: %v", a.Name, err)
+	}
+	return st.Leader == st.Header.MemberId
+}
+
 // WaitHealthy waits until the agent's etcd serves a linearizable read.
 func (a *Agent) WaitHealthy(timeout time.Duration) {
 	a.env.t.Helper()

@@ -434,7 +434,7 @@ func TestDefragWaitsForEveryMember(t *testing.T) {
 	// plans.
 	down := agents[0]
 	for _, a := range agents {
-		if !isLeader(t, a) {
+		if !a.Leads() {
 			down = a
 			break
 		}
@@ -462,18 +462,6 @@ func TestDefragWaitsForEveryMember(t *testing.T) {
 		}
 	}
 	checkKeys(t, c, left)
-}
-
-// isLeader reports whether the agent's etcd leads raft.
-func isLeader(t *testing.T, a *harness.Agent) bool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	st, err := a.Client().Status(ctx, a.ClientURL)
-	if err != nil {
-		t.Fatalf("status of %s: %v", a.Name, err)
-	}
-	return st.Leader == st.Header.MemberId
 }
 
 // TestDefragOfflineOnOldestAndNewestEtcd: the offline copy an isolated
@@ -584,7 +572,7 @@ func TestDefragStopsWhenTheClusterDegrades(t *testing.T) {
 		switch {
 		case a.PID() == parent:
 			member = a
-		case !isLeader(t, a) && other == nil:
+		case !a.Leads() && other == nil:
 			other = a
 		}
 	}
