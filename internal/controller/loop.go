@@ -64,7 +64,7 @@ type loop struct {
 	// a command's status. The store lock's next term goes above it.
 	termFloor int64
 	// announced is this node's state as last announced to its peers
-	// (see observePeers).
+	// (see announce).
 	announced string
 	// lastWait is the last action that had to wait, and why.
 	lastWait string

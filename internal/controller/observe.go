@@ -43,6 +43,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		LearnerTimeout: lp.cfg.LearnerTimeout,
 		PendingTimeout: pendingTimeoutMul * lp.cfg.LeaderLease,
 	}
+	peersRead := false
 	defer func() {
 		leading := obs.Cluster != nil || obs.LockHeld
 		procedure := ""
@@ -53,6 +54,9 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 			}
 		}
 		lp.setInfo(self, member, local, leading, procedure)
+		if peersRead {
+			lp.announce(ctx, self, obs.Peers)
+		}
 		lp.setView(obs, procedure)
 		boolGauge(lp.met.leader, leading)
 		boolGauge(lp.met.etcdHealthy, self.Healthy)
@@ -115,6 +119,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	}
 	lp.publish(ctx, s, self)
 	obs.Peers = lp.observePeers(ctx, self)
+	peersRead = true
 	leadership()
 	if obs.Cluster != nil {
 		b := lp.backups
@@ -443,12 +448,6 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			delete(lp.peers, addr)
 		}
 	}
-	// A node whose own state changed (it started, its etcd joined, left
-	// or came up) announces it, so that the leader's agent looks again at
-	// once rather than on its next tick.
-	state := announcedState(self)
-	announce := state != lp.announced
-	lp.announced = state
 	announcedFrom := lp.takeAnnouncedFrom()
 	for addr := range addrs {
 		c, err := lp.peerClient(addr)
@@ -464,7 +463,7 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			cctx, cancel := context.WithTimeout(ctx, peerCallTimeout)
 			defer cancel()
 			sent := time.Now()
-			info, err := peerInfo(cctx, c, announce)
+			info, err := c.Info(cctx)
 			received := time.Now()
 			if err != nil || info.NodeID == "" || info.NodeID == self.ID || info.ClusterName != lp.cfg.ClusterName {
 				return
@@ -859,12 +858,34 @@ func (lp *loop) noteStoredBackup(ctx context.Context, s *store.Store, token stri
 	return true
 }
 
-// peerInfo is the peer's info, read with an announcement or without.
-func peerInfo(ctx context.Context, c *peer.Client, announce bool) (peer.NodeInfo, error) {
-	if announce {
-		return c.Announce(ctx)
+// announce tells the agents that answered this cycle that this node's
+// own state changed (it started, its etcd joined, left or came up), so
+// that the leader's agent looks again at once rather than on its next
+// tick. It runs once the cycle's info is set: an agent told earlier could
+// read the node's info from before the change, see nothing to do, and
+// wait for its tick. (A node restarted without its data serves no info
+// until its first cycle ends, and was replaced up to a tick later.)
+// Agents that did not answer are left out, so that one cut off cannot
+// hold the cycle up twice.
+func (lp *loop) announce(ctx context.Context, self plan.Node, peers []plan.Node) {
+	state := announcedState(self)
+	if state == lp.announced {
+		return
 	}
-	return c.Info(ctx)
+	lp.announced = state
+	var wg sync.WaitGroup
+	for _, p := range peers {
+		c, ok := lp.peers[p.Address]
+		if p.ID == self.ID || !ok {
+			continue
+		}
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, peerCallTimeout)
+			defer cancel()
+			_, _ = c.Announce(cctx) // best effort: the peer's tick reads the change anyway
+		})
+	}
+	wg.Wait()
 }
 
 // announcedState is what of a node's own state its peers are told of when
