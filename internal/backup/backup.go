@@ -706,10 +706,16 @@ func readThrough(path string) error {
 func status(path string) (snapshot.Status, error) {
 	st, err := snapshot.NewV3(zap.NewNop()).Status(path)
 	if err != nil {
-		return st, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+		// etcdutl quotes the key and the whole value it could not read,
+		// which can be megabytes: the error goes to logs, events and the
+		// ctl's output.
+		return st, fmt.Errorf("%w: %s: %s", ErrCorrupt, path, spec.Clip(err.Error(), maxStatusError))
 	}
 	return st, nil
 }
+
+// maxStatusError bounds the text of etcdutl's error in a status's.
+const maxStatusError = 1 << 10
 
 // checkTrailer checks a snapshot file's sha256 trailer as a stream's is
 // checked (trailerHash), reading the file once.

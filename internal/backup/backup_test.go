@@ -1,6 +1,7 @@
 package backup
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -16,6 +17,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -145,6 +147,45 @@ func writeSnapshotDB(t *testing.T, path string, n int) {
 	}
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A snapshot with a value etcd cannot read is corrupt, and says so in a
+// bounded message: etcdutl quotes the whole value it failed on.
+func TestStatusErrorIsBounded(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "snapshot.db")
+	db, err := bolt.Open(p, 0o600, &bolt.Options{NoFreelistSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		if _, err := tx.CreateBucket([]byte("meta")); err != nil {
+			return err
+		}
+		b, err := tx.CreateBucket([]byte("key"))
+		if err != nil {
+			return err
+		}
+		rev := binary.BigEndian.AppendUint64(nil, 2)
+		rev = binary.BigEndian.AppendUint64(append(rev, '_'), 0)
+		return b.Put(rev, bytes.Repeat([]byte{0xff}, 512<<10)) // no KeyValue
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, check := range map[string]func(string) (snapshot.Status, error){"ReadStatus": ReadStatus, "status": status} {
+		_, err := check(p)
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("%s: got %v, want ErrCorrupt", name, err)
+		}
+		if n := len(err.Error()); n > maxStatusError+len(p)+100 {
+			t.Errorf("%s: the error is %d bytes long", name, n)
+		}
+		if !strings.Contains(err.Error(), "cannot unmarshal") {
+			t.Errorf("%s: the error lost etcdutl's reason: %.300s", name, err)
+		}
 	}
 }
 
