@@ -8,7 +8,7 @@ import (
 )
 
 // A peer that restarts on the same address is reachable at once after
-// ResetBackoff, though the connection to its predecessor was refused
+// Redial, though the connection to its predecessor was refused
 // moments before and waits in gRPC's reconnect backoff.
 func TestPeerRestartOnSameAddress(t *testing.T) {
 	rec := &recorder{}
