@@ -34,6 +34,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/wal"
@@ -373,7 +374,13 @@ func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.Restore
 
 // errWait means an action found its precondition not yet met (a learner
 // still catching up); it is retried on a later cycle and is no failure.
+// A procedure step says so with procedure.ErrWait; waiting reports both.
 var errWait = errors.New("controller: not ready yet")
+
+// waiting reports whether err means an action must wait.
+func waiting(err error) bool {
+	return errors.Is(err, errWait) || errors.Is(err, procedure.ErrWait)
+}
 
 // actionKind is the action's name without its arguments, for metrics.
 func actionKind(act plan.Action) string {
@@ -385,7 +392,7 @@ func result(err error) string {
 	switch {
 	case err == nil:
 		return "ok"
-	case errors.Is(err, errWait):
+	case waiting(err):
 		return "wait"
 	default:
 		return "error"

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -31,6 +32,7 @@ func TestEventLogOutcomes(t *testing.T) {
 		{time.Second, plan.TakeBackup{Reason: "periodic"}, boom},
 		{time.Minute, plan.TakeBackup{Reason: "periodic"}, boom},
 		{2 * time.Minute, plan.TakeBackup{Reason: "periodic"}, fmt.Errorf("%w: not yet", errWait)},
+		{3 * time.Minute, plan.BackupRestored{ID: "r1"}, fmt.Errorf("%w: members starting", procedure.ErrWait)},
 		{9 * time.Minute, plan.TakeBackup{Reason: "periodic"}, boom},
 		{11 * time.Minute, plan.TakeBackup{Reason: "periodic"}, errors.New("boom again")},
 		{12 * time.Minute, plan.TakeBackup{Reason: "periodic"}, nil},
@@ -60,6 +62,25 @@ func TestEventLogOutcomes(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// An action that must wait, in the loop or in a procedure step, is
+// counted as a wait, not an error.
+func TestResult(t *testing.T) {
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{nil, "ok"},
+		{errors.New("boom"), "error"},
+		{fmt.Errorf("%w: learner catching up", errWait), "wait"},
+		{fmt.Errorf("restore r1: %w: members starting", procedure.ErrWait), "wait"},
+	}
+	for _, tt := range tests {
+		if got := result(tt.err); got != tt.want {
+			t.Errorf("result(%v) = %q, want %q", tt.err, got, tt.want)
+		}
 	}
 }
 

@@ -356,7 +356,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		lp.noteOutcome(act, err)
 		lp.events.outcome(act, err)
 		switch {
-		case errors.Is(err, errWait):
+		case waiting(err):
 			// Tried again soon, and said once while it keeps waiting.
 			if why := act.String() + ": " + err.Error(); why != lp.lastWait {
 				lp.log.Info("action must wait; will retry", "action", act.String(), "reason", err)
@@ -541,7 +541,7 @@ func (lp *loop) noteOutcome(act plan.Action, err error) {
 	switch {
 	case err == nil:
 		lp.failures.succeeded(key)
-	case !errors.Is(err, errWait) && !errors.Is(err, ErrNotLeader):
+	case !waiting(err) && !errors.Is(err, ErrNotLeader):
 		lp.failures.failed(key, err, lp.now())
 	}
 	lp.met.backingOff.Set(float64(lp.failures.prune(lp.now())))

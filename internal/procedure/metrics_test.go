@@ -2,6 +2,7 @@ package procedure
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -35,11 +36,15 @@ func TestMetrics(t *testing.T) {
 	m.step("restore", "stopping", nil)
 	m.step("restore", "stopping", nil)
 	m.step("restore", "restoring", errors.New("boom"))
+	m.step("restore", "restoring", fmt.Errorf("%w: members still starting", ErrWait))
 	if got := testutil.ToFloat64(m.steps.WithLabelValues("restore", "stopping", "ok")); got != 2 {
 		t.Errorf("ok steps %v, want 2", got)
 	}
 	if got := testutil.ToFloat64(m.steps.WithLabelValues("restore", "restoring", "error")); got != 1 {
 		t.Errorf("failed steps %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.steps.WithLabelValues("restore", "restoring", "wait")); got != 1 {
+		t.Errorf("waiting steps %v, want 1", got)
 	}
 	var none *Metrics // a runner without metrics
 	none.running("restore", "stopping")

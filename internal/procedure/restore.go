@@ -303,7 +303,9 @@ func restoredEndpoint(obs plan.Observed, p *spec.RestoreProgress) (string, error
 			return n.ClientURLs[0], nil
 		}
 	}
-	return "", fmt.Errorf("procedure: no member of the restored cluster %s is healthy to back up", p.Token)
+	// Its members restart once the quarantine is lifted; with a large
+	// database that takes a while.
+	return "", fmt.Errorf("%w: no member of the restored cluster %s is healthy to back up yet", ErrWait, p.Token)
 }
 
 // recordBranch records where the restored cluster's timeline began,

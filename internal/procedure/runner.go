@@ -42,6 +42,11 @@ import (
 // another agent drives now, and this one must stop acting.
 var ErrFenced = errors.New("procedure: no longer the driver")
 
+// ErrWait means a step found its precondition not yet met (the members of
+// a restored cluster still starting, say). The step is tried again soon;
+// waiting is no failure.
+var ErrWait = errors.New("procedure: not ready yet")
+
 // Phase is one phase of a procedure.
 type Phase struct {
 	Name string
@@ -354,7 +359,10 @@ func (m *Metrics) step(proc, phase string, err error) {
 		return
 	}
 	result := "ok"
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrWait):
+		result = "wait"
+	case err != nil:
 		result = "error"
 	}
 	m.steps.WithLabelValues(proc, phase, result).Inc()

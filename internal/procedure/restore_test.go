@@ -1,0 +1,62 @@
+package procedure
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+)
+
+// The fresh backup of a restored cluster is taken from a healthy member
+// of that cluster; while none is, the step waits rather than fails.
+func TestRestoredEndpoint(t *testing.T) {
+	member := func(token string, quarantined bool) *plan.Membership {
+		return &plan.Membership{ClusterToken: token, Quarantined: quarantined}
+	}
+	tests := []struct {
+		name  string
+		peers []plan.Node
+		want  string
+		wait  bool
+		fails bool
+	}{
+		{name: "a healthy member serves clients", want: "https://b:2379", peers: []plan.Node{
+			{ID: "a", Member: member("new", false), ClientURLs: []string{"https://a:2379"}},
+			{ID: "b", Healthy: true, Member: member("new", false), ClientURLs: []string{"https://b:2379"}},
+		}},
+		{name: "a quarantined member", want: "https://a:3994", peers: []plan.Node{
+			{ID: "a", Healthy: true, Member: member("new", true), ClientURLs: []string{"https://a:2379"}, QuarantineURLs: []string{"https://a:3994"}},
+		}},
+		{name: "members still starting", wait: true, peers: []plan.Node{
+			{ID: "a", Member: member("new", false), ClientURLs: []string{"https://a:2379"}},
+			{ID: "b"},
+		}},
+		{name: "only the old cluster answers", wait: true, peers: []plan.Node{
+			{ID: "a", Healthy: true, Member: member("old", false), ClientURLs: []string{"https://a:2379"}},
+		}},
+		{name: "a node outside the restore", wait: true, peers: []plan.Node{
+			{ID: "z", Healthy: true, Member: member("new", false), ClientURLs: []string{"https://z:2379"}},
+		}},
+		{name: "quarantined without a quarantine URL", fails: true, peers: []plan.Node{
+			{ID: "a", Healthy: true, Member: member("new", true)},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := restoredEndpoint(plan.Observed{Peers: tt.peers}, &spec.RestoreProgress{Token: "new", Members: []string{"a", "b"}})
+			switch {
+			case tt.wait:
+				if !errors.Is(err, ErrWait) {
+					t.Fatalf("got %q, %v; want it to wait", got, err)
+				}
+			case tt.fails:
+				if err == nil || errors.Is(err, ErrWait) {
+					t.Fatalf("got %q, %v; want a failure", got, err)
+				}
+			case err != nil || got != tt.want:
+				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}
