@@ -48,13 +48,13 @@ func planSpace(o Observed) []Action {
 		return []Action{RecoverSpace{Reason: fmt.Sprintf("NOSPACE alarm on %d member(s): compact to the head", len(o.Cluster.NoSpace))}}
 	}
 	ms := votingMembers(o)
-	var largest, inUse int64
+	var largest int64
 	for _, x := range ms {
-		largest, inUse = max(largest, x.m.DBSize), max(inUse, x.m.DBSizeInUse)
+		largest = max(largest, x.m.DBSize)
 	}
+	live := liveBytes(ms)
 	worthIt := func(x memberNode) bool {
-		free := x.m.DBSize - x.m.DBSizeInUse
-		return x.m.Healthy && x.m.DBSizeInUse > 0 && free >= max(spaceFreeFloor, x.m.DBSize/10)
+		return x.m.Healthy && live > 0 && x.m.DBSize-live >= max(spaceFreeFloor, x.m.DBSize/10)
 	}
 	if x := followerFirst(ms, o.Self.ID, worthIt); x != nil {
 		if x.n.ID == o.Self.ID && len(ms) > 1 {
@@ -66,7 +66,7 @@ func planSpace(o Observed) []Action {
 		}
 		if len(x.m.ClientURLs) > 0 {
 			return []Action{DefragMember{NodeID: x.n.ID, MemberID: x.m.ID, ClientURL: x.m.ClientURLs[0],
-				Reason: fmt.Sprintf("NOSPACE: %d of its %d bytes are free", x.m.DBSize-x.m.DBSizeInUse, x.m.DBSize)}}
+				Reason: fmt.Sprintf("NOSPACE: %d of its %d bytes are free", x.m.DBSize-live, x.m.DBSize)}}
 		}
 	}
 	for _, x := range ms {
@@ -81,7 +81,24 @@ func planSpace(o Observed) []Action {
 	}
 	return []Action{Report{Level: slog.LevelError,
 		Msg:   "NOSPACE: live data fills the backend quota, and compaction and defragmentation cannot help; etcd takes no writes until the quota is raised with etcd-manager-ctl --quota-backend-bytes=N configure-cluster, or data is deleted",
-		Attrs: []any{"in-use-bytes", inUse, "quota-bytes", quota, "suggested-quota-bytes", 2 * quota}}}
+		Attrs: []any{"in-use-bytes", live, "quota-bytes", quota, "suggested-quota-bytes", 2 * quota}}}
+}
+
+// liveBytes estimates the live data under a NOSPACE alarm, once compacted:
+// the smallest in-use figure of a healthy member. Every member holds the
+// same keys, but etcd counts the pages a compaction frees only at a later
+// backend commit, and the alarm refuses the writes that would bring one:
+// a member other than the one the compaction was sent to may report its
+// old figure until it is defragmented. A stale figure is too high, never
+// too low. Zero when no healthy member answered.
+func liveBytes(ms []memberNode) int64 {
+	var live int64
+	for _, x := range ms {
+		if x.m.Healthy && x.m.DBSizeInUse > 0 && (live == 0 || x.m.DBSizeInUse < live) {
+			live = x.m.DBSizeInUse
+		}
+	}
+	return live
 }
 
 // votingMembers pairs each voting member whose agent is reachable with
