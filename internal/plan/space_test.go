@@ -42,7 +42,7 @@ func TestPlanSpace(t *testing.T) {
 		// but not defragmented may stay at what it was.
 		{"followers whose in-use figure is stale", obs(true, small, full, full), "defrag b in place (NOSPACE: 14680064 of its 16777216 bytes are free)"},
 		{"a member that did not answer tells nothing of live data", func() Observed {
-			o := obs(true, full, full, [2]int64{0, 0})
+			o := obs(true, full, full, small)
 			o.Cluster.Members[2].Healthy = false
 			return o
 		}(), "report[ERROR] NOSPACE: live data fills the backend quota"},
