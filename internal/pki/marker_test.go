@@ -126,3 +126,43 @@ func TestEnsureNodeCertAddsAndKeepsTheMarker(t *testing.T) {
 		t.Error("adding the marker replaced the key")
 	}
 }
+
+// Only an operator certificate carries the operator marker, and it
+// carries no other reserved name: it never passes for a node, nor for
+// the operator of another cluster.
+func TestOperatorMarker(t *testing.T) {
+	ca := mustCA(t)
+	t0 := time.Now()
+	crt, _, err := ca.Issue(CertRequest{CommonName: "etcd-manager-operator", Role: RoleOperator, DNSNames: []string{OperatorMarker("main")}, Validity: time.Hour}, nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := ParseCertPEM(crt)
+	if !CarriesOperatorMarker(c, "main") || CarriesOperatorMarker(c, "events") || CarriesName(c, NodeMarker("main")) || PeerRole(c) != RoleOperator {
+		t.Errorf("operator certificate: marker for main %v, for events %v, node marker %v, role %q",
+			CarriesOperatorMarker(c, "main"), CarriesOperatorMarker(c, "events"), CarriesName(c, NodeMarker("main")), PeerRole(c))
+	}
+	for _, tt := range []struct {
+		name string
+		req  CertRequest
+	}{
+		{"a client certificate with the operator marker", CertRequest{CommonName: "x", Role: RoleClient, DNSNames: []string{OperatorMarker("main")}}},
+		{"an operator certificate with the node marker", CertRequest{CommonName: "x", Role: RoleOperator, DNSNames: []string{NodeMarker("main")}}},
+		{"an operator certificate with a wildcard", CertRequest{CommonName: "x", Role: RoleOperator, DNSNames: []string{"operator.*.etcd-manager.internal"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.req.Validity = time.Hour
+			if _, _, err := ca.Issue(tt.req, nil, t0); !errors.Is(err, ErrReservedName) {
+				t.Errorf("Issue: %v, want ErrReservedName", err)
+			}
+		})
+	}
+	// A node certificate with the operator marker is no operator's.
+	nc, _, err := ca.Issue(CertRequest{CommonName: "n", Role: RoleNode, DNSNames: []string{OperatorMarker("main")}, Validity: time.Hour}, nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := ParseCertPEM(nc); CarriesOperatorMarker(n, "main") {
+		t.Error("a node certificate passes as the operator's")
+	}
+}

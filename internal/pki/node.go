@@ -240,6 +240,32 @@ func NodeClientConfig(f NodeFiles, trust *Trust, marker string) *tls.Config {
 	}
 }
 
+// AgentClientConfig is NodeClientConfig for a caller that is no node:
+// the Kubernetes operator, presenting its operator certificate cert. It
+// takes any node certificate of the cluster of marker from the CAs in
+// pool, at whatever address the agent was reached.
+func AgentClientConfig(cert tls.Certificate, pool *x509.CertPool, marker string) *tls.Config {
+	trust := TrustPool(pool)
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: true, // replaced by the check below
+		Certificates:       []tls.Certificate{cert},
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 {
+				return errors.New("pki: the agent presented no certificate")
+			}
+			c, err := x509.ParseCertificate(raw[0])
+			if err != nil {
+				return fmt.Errorf("pki: the agent's certificate is unreadable: %w", err)
+			}
+			if err := verifyTrusted(trust, c, RoleNode, time.Now()); err != nil {
+				return err
+			}
+			return checkMarker(c, marker)
+		},
+	}
+}
+
 // StaticClientConfig is the TLS of a client that presents cert and trusts
 // the CA in pool.
 func StaticClientConfig(cert tls.Certificate, pool *x509.CertPool) *tls.Config {
@@ -286,7 +312,7 @@ func verifyRaw(trust *Trust, raw [][]byte, now time.Time) error {
 // leaf, or "" when there is none.
 func PeerRole(c *x509.Certificate) string {
 	for _, o := range c.Subject.Organization {
-		if o == RoleNode || o == RoleClient {
+		if o == RoleNode || o == RoleClient || o == RoleOperator {
 			return o
 		}
 	}

@@ -28,10 +28,13 @@ import (
 )
 
 // Roles, carried as the certificate's organization. The peer API lets a
-// client certificate (an operator's) read status only.
+// client certificate (a person's, or the ctl's) read status only; an
+// operator certificate (the Kubernetes operator's) may make the operator's
+// calls (see package peer), and never a node's.
 const (
-	RoleNode   = "etcd-manager-node"
-	RoleClient = "etcd-manager-client"
+	RoleNode     = "etcd-manager-node"
+	RoleClient   = "etcd-manager-client"
+	RoleOperator = "etcd-manager-operator"
 )
 
 // Defaults.
@@ -240,6 +243,9 @@ func (ca *CA) Issue(req CertRequest, key crypto.Signer, now time.Time) (certPEM,
 	}
 	if req.Role != RoleNode {
 		for _, name := range append([]string{req.CommonName}, req.DNSNames...) {
+			if req.Role == RoleOperator && isOperatorMarker(name) {
+				continue
+			}
 			if IsReservedName(name) {
 				return nil, nil, fmt.Errorf("%w: %q is under %s, which only node certificates may carry", ErrReservedName, name, ReservedDomain)
 			}
@@ -297,6 +303,26 @@ const ReservedDomain = "etcd-manager.internal"
 // send raft traffic. It names the cluster, so that a node of another
 // cluster sharing the CA (--pki-dir) is refused too.
 func NodeMarker(cluster string) string { return "node." + cluster + "." + ReservedDomain }
+
+// OperatorMarker is the name an operator certificate for cluster carries
+// as a DNS SAN: the agents of that cluster take the operator's calls only
+// from a certificate that names it, so that an operator certificate for
+// one cluster does not pass on another that shares the CA. Only operator
+// certificates may carry it; node certificates never do, so the name
+// never passes etcd's peer check.
+func OperatorMarker(cluster string) string { return "operator." + cluster + "." + ReservedDomain }
+
+func isOperatorMarker(name string) bool {
+	n := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
+	rest, ok := strings.CutPrefix(n, "operator.")
+	return ok && strings.HasSuffix(rest, "."+ReservedDomain) && !strings.Contains(strings.TrimSuffix(rest, "."+ReservedDomain), "*")
+}
+
+// CarriesOperatorMarker reports whether c is an operator certificate for
+// cluster: it carries OperatorMarker(cluster) as a DNS SAN.
+func CarriesOperatorMarker(c *x509.Certificate, cluster string) bool {
+	return PeerRole(c) == RoleOperator && slices.Contains(c.DNSNames, OperatorMarker(cluster))
+}
 
 // IsReservedName reports whether name (a DNS name or a common name, a
 // wildcard included) lies under ReservedDomain, whatever its case and a
