@@ -14,10 +14,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/storeops"
 )
 
 // options are the flags every command shares. They are persistent flags
@@ -490,26 +489,16 @@ func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges boo
 			summarizeRanges(ctx, s, info)
 		}
 	}()
-	infos, err := backup.List(ctx, s)
+	rows, err := storeops.BackupRows(ctx, s, time.Now())
 	if err != nil {
 		return err
 	}
-	now := time.Now()
 	switch o.output {
 	case "json":
-		rows := []cli.BackupRow{}
-		for _, i := range infos {
-			row := cli.BackupRow{Name: i.Name, EtcdVersion: i.Meta.EtcdVersion, Size: i.Meta.Size, CompressedSize: i.Meta.CompressedSize,
-				Revision: i.Meta.Revision, AgeSeconds: now.Sub(time.Unix(int64(i.Meta.Timestamp), 0)).Seconds(), Kind: i.Meta.Kind}
-			if e := i.Meta.Encryption; e != nil {
-				row.EncryptionKeyID = e.KeyID
-			}
-			rows = append(rows, row)
-		}
 		return writeJSON(w, rows)
 	case "text":
-		for _, i := range infos {
-			if _, err := fmt.Fprintln(w, i.Name); err != nil {
+		for _, r := range rows {
+			if _, err := fmt.Fprintln(w, r.Name); err != nil {
 				return err
 			}
 		}

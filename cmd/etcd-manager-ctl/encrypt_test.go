@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/crypt/crypttest"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 )
@@ -53,7 +54,7 @@ func TestCtlAndEncryptedBackups(t *testing.T) {
 // status -o json shows the key IDs each agent holds, to follow a key
 // rotation across the agents.
 func TestStatusShowsBackupKeys(t *testing.T) {
-	a := agentFromInfo("10.0.0.1:8000", peer.NodeInfo{NodeID: "a", BackupKeys: []string{"age:0123456789abcdef", "age:fedcba9876543210"}})
+	a := cli.AgentFromInfo("10.0.0.1:8000", peer.NodeInfo{NodeID: "a", BackupKeys: []string{"age:0123456789abcdef", "age:fedcba9876543210"}})
 	if len(a.BackupKeys) != 2 || a.BackupKeys[0] != "age:0123456789abcdef" {
 		t.Fatalf("BackupKeys = %v", a.BackupKeys)
 	}

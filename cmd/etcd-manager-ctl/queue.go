@@ -5,18 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/storeops"
 )
 
 // queueCommands are the commands that work through the store's command
@@ -366,33 +364,9 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	defer s.Close()
-	cmds, err := s.ListCommands(ctx)
+	rows, err := storeops.CommandRows(ctx, s)
 	if err != nil {
 		return err
-	}
-	rows := []cli.CommandRow{}
-	for _, q := range cmds {
-		r := cli.CommandRow{ID: q.ID, Kind: q.Command.Kind(), State: q.Status.State, Detail: q.Status.Message, Queued: stamp(q.Command.Timestamp), Updated: stamp(q.Status.Updated)}
-		switch {
-		case q.Newer != nil:
-			// Written by a newer etcd-manager: say so, and trust nothing else.
-			r.Detail = q.Newer.Error()
-		case q.Err != nil && q.Status.State != spec.CommandFailed:
-			// Junk not yet seen by a leader: show why it will fail.
-			r.Detail = q.Err.Error()
-		case q.Command.RestoreBackup != nil:
-			r.Backup = q.Command.RestoreBackup.Backup
-			if q.Status.Restore != nil {
-				r.Phase = q.Status.Restore.Phase
-			}
-		case q.Command.DumpRestore != nil:
-			if p := q.Status.Restore; p != nil {
-				r.Backup, r.Phase = p.Backup, p.Phase
-			}
-		case q.Status.Backup != "":
-			r.Backup = q.Status.Backup
-		}
-		rows = append(rows, r)
 	}
 	if o.output == "json" {
 		return writeJSON(w, rows)
@@ -422,13 +396,6 @@ func (o *options) deleteCommand(ctx context.Context, w io.Writer, id string) err
 	}
 	fprintf(w, "deleted command %s\n", id)
 	return nil
-}
-
-func stamp(ns spec.Int64) string {
-	if ns == 0 {
-		return ""
-	}
-	return time.Unix(0, int64(ns)).UTC().Format(time.RFC3339)
 }
 
 func prefixed(p, s string) string {
@@ -550,31 +517,7 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 	return err
 }
 
-// checkBackup refuses, before anything is queued, a backup no restore
-// could use: one that is not in the store, or not whole (without its meta,
-// as while it is written, or without its data). The leader checks it
-// again, and verifies what it holds, before it stops anything.
+// checkBackup is storeops.CheckBackup.
 func checkBackup(ctx context.Context, s *store.Store, name string) error {
-	_, err := backup.ReadMeta(ctx, s, name)
-	switch {
-	case errors.Is(err, backup.ErrNotFound):
-		// Objects without a meta are a backup being written, or one cut
-		// short. A name that is no path element lists nothing.
-		if name != "" && !strings.ContainsAny(name, "/\\") && !strings.HasPrefix(name, ".") {
-			if objs, lerr := s.List(ctx, name+"/", ""); lerr == nil && len(objs) > 0 {
-				return fmt.Errorf("backup %s in %s is not whole: it has no %s (it is being written, or was cut short); list-backups prints the complete backups", name, s.URL(), backup.MetaObject)
-			}
-		}
-		return fmt.Errorf("no backup %q in %s; list-backups prints the backups a restore can use", name, s.URL())
-	case errors.Is(err, backup.ErrCorrupt):
-		return fmt.Errorf("backup %s cannot be restored: %w", name, err)
-	case err != nil:
-		return err
-	}
-	if _, err := s.ModTime(ctx, name+"/"+backup.DataObject); errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("backup %s in %s is not whole: it has no %s; list-backups prints the complete backups", name, s.URL(), backup.DataObject)
-	} else if err != nil {
-		return err
-	}
-	return nil
+	return storeops.CheckBackup(ctx, s, name)
 }

@@ -22,21 +22,6 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
-func role(info peer.NodeInfo) string {
-	switch {
-	case info.Member == nil:
-		return cli.RoleStandby
-	case info.Member.Pending:
-		return cli.RolePending
-	case info.Leader:
-		return cli.RoleLeader
-	case info.IsLearner:
-		return cli.RoleLearner
-	default:
-		return cli.RoleMember
-	}
-}
-
 func (o *options) status(ctx context.Context, w io.Writer) error {
 	creds, tlsCfg, err := o.peerCreds(ctx)
 	if err != nil {
@@ -334,40 +319,11 @@ func askAgents(ctx context.Context, recs []peer.Record, clusterName string, cred
 				errs = append(errs, err)
 				return
 			}
-			a := agentFromInfo(r.Address, info)
-			st.Agents = append(st.Agents, a)
-			if a.EtcdLeader {
-				st.EtcdLeader = a.ID
-			}
-			if info.Leader {
-				st.Leader = info.NodeID
-				st.Failing = info.Failing
-				st.Warnings = info.Warnings
-				st.Maintenance = info.Maintenance
-			}
+			st.Add(r.Address, info)
 		}()
 	}
 	wg.Wait()
 	return errs
-}
-
-// agentFromInfo is one agent's line of the status.
-func agentFromInfo(addr string, info peer.NodeInfo) cli.AgentStatus {
-	a := cli.AgentStatus{ID: info.NodeID, Address: addr, Role: role(info), EtcdVersion: info.EtcdVersion,
-		Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
-		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID,
-		Cert: info.Cert, BackupKeys: info.BackupKeys, Trust: info.Trust, EtcdTrust: info.EtcdTrust}
-	if len(info.ClientURLs) > 0 && info.Member != nil {
-		a.ClientURL = info.ClientURLs[0]
-	}
-	if info.Member != nil {
-		a.EtcdSettings = info.Member.Settings
-	}
-	if info.MemberID != 0 {
-		a.MemberID = fmt.Sprintf("%x", info.MemberID)
-		a.ClusterID = fmt.Sprintf("%x", info.ClusterID)
-	}
-	return a
 }
 
 func askInfo(ctx context.Context, addr, clusterName string, creds peer.TransportCredentials) (peer.NodeInfo, error) {

@@ -36,6 +36,9 @@ import (
 const (
 	KeySpec    = "control/etcd-cluster-spec"
 	KeyCreated = "control/etcd-cluster-created"
+	// KeyOwner is our addition: the Kubernetes object that writes the
+	// spec (see spec.ClusterOwner).
+	KeyOwner = "control/etcd-cluster-owner"
 )
 
 // Errors. Check them with errors.Is.
@@ -623,6 +626,39 @@ func (s *Store) CreateCreated(ctx context.Context, c spec.ClusterCreated) error 
 		return err
 	}
 	return s.Create(ctx, KeyCreated, data)
+}
+
+// ReadOwner reads the owner record; a missing one wraps ErrNotFound, an
+// invalid one names the object.
+func (s *Store) ReadOwner(ctx context.Context) (spec.ClusterOwner, error) {
+	data, err := s.ReadMax(ctx, KeyOwner, MaxMarkerSize)
+	if err != nil {
+		return spec.ClusterOwner{}, err
+	}
+	o, err := spec.DecodeClusterOwner(data)
+	if err != nil {
+		return o, fmt.Errorf("store: %s in %s: %w", KeyOwner, s.url, err)
+	}
+	return o, nil
+}
+
+// CreateOwner writes the owner record if there is none yet (ErrExists
+// otherwise): of two writers that race to own a store, one wins.
+func (s *Store) CreateOwner(ctx context.Context, o spec.ClusterOwner) error {
+	data, err := jsonLine(o)
+	if err != nil {
+		return err
+	}
+	return s.Create(ctx, KeyOwner, data)
+}
+
+// WriteOwner replaces the owner record: a store taken over on purpose.
+func (s *Store) WriteOwner(ctx context.Context, o spec.ClusterOwner) error {
+	data, err := jsonLine(o)
+	if err != nil {
+		return err
+	}
+	return s.Write(ctx, KeyOwner, data)
 }
 
 func (s *Store) wrap(op, key string, err error) error {
