@@ -31,6 +31,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/node"
+	"github.com/etcd-manager/etcd-manager/internal/operatorapi"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -194,6 +195,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	srv := peer.NewServer(a.serverCreds, a.cfg.ClusterName, n)
 	srv.OnPeerChange(a.pokeFromPeer)
+	ops := &operatorCalls{a: a, n: n}
+	defer ops.close()
+	operatorapi.Register(srv, a.cfg.ClusterName, ops)
 	go func() {
 		if err := srv.Serve(l); err != nil {
 			a.log.Error("peer API stopped", "error", err)

@@ -411,7 +411,12 @@ type codec struct{}
 
 func (codec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
 func (codec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
-func (codec) Name() string                       { return "json" }
+func (codec) Name() string                       { return CodecName }
+
+// CodecName is the content subtype of the messages' JSON codec: other
+// services on the peer API's server (see Server.RegisterService) call with
+// it.
+const CodecName = "json"
 
 func init() { encoding.RegisterCodec(codec{}) }
 
@@ -616,6 +621,11 @@ func authorize(ctx context.Context, readOnly bool) error {
 	return nil
 }
 
+// RegisterService adds another service to the server, such as the
+// operator's calls (package operatorapi), which authorizes its callers
+// itself. Call it before Serve.
+func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) { s.grpc.RegisterService(desc, impl) }
+
 // Serve serves on l until Stop.
 func (s *Server) Serve(l net.Listener) error { return s.grpc.Serve(l) }
 
@@ -657,6 +667,13 @@ func Dial(addr, clusterName string, creds credentials.TransportCredentials) (*Cl
 
 // Close releases the connection.
 func (c *Client) Close() error { return c.conn.Close() }
+
+// Conn is the client's connection, for the other services the agent
+// serves on it (package operatorapi).
+func (c *Client) Conn() grpc.ClientConnInterface { return c.conn }
+
+// Target is the address the client dials.
+func (c *Client) Target() string { return c.conn.Target() }
 
 // Redial has a connection that waits in its reconnect backoff dial again
 // at once, and has the next Info wait for it (within its context) rather than
