@@ -60,8 +60,8 @@ type SpecReply struct {
 
 // WriteSpecRequest writes the whole spec for Owner.
 type WriteSpecRequest struct {
-	ClusterName string           `json:"clusterName"`
-	Spec        spec.ClusterSpec `json:"spec"`
+	ClusterName string            `json:"clusterName"`
+	Spec        spec.ClusterSpec  `json:"spec"`
 	Owner       spec.ClusterOwner `json:"owner"`
 	// TakeOver replaces another owner's record; Unowned owns a store
 	// whose spec has no owner record (see storeops.Claim).

@@ -624,7 +624,9 @@ func authorize(ctx context.Context, readOnly bool) error {
 // RegisterService adds another service to the server, such as the
 // operator's calls (package operatorapi), which authorizes its callers
 // itself. Call it before Serve.
-func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) { s.grpc.RegisterService(desc, impl) }
+func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) {
+	s.grpc.RegisterService(desc, impl)
+}
 
 // Serve serves on l until Stop.
 func (s *Server) Serve(l net.Listener) error { return s.grpc.Serve(l) }
