@@ -49,9 +49,12 @@ generate:
 	@hack/build-go-tool.sh controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
 	bin/controller-gen object paths=./api/... crd:crdVersions=v1 output:crd:artifacts:config=deploy/crds \
 	  rbac:roleName=etcd-manager-operator paths=./internal/operator/... output:rbac:artifacts:config=deploy/operator/rbac
-	@# The Helm chart carries the same CRDs and ClusterRole.
-	cp deploy/crds/etcd-manager.dev_*.yaml deploy/helm/etcd-manager-operator/crds/
-	cp deploy/operator/rbac/role.yaml deploy/helm/etcd-manager-operator/templates/clusterrole.yaml
+	@# The Helm chart carries the same CRDs and rules (its templates render them
+	@# as a ClusterRole, or as a Role per watched namespace), and so does the
+	@# kustomization that watches one namespace.
+	cp deploy/crds/etcd-manager.dev_*.yaml deploy/helm/etcd-manager-operator/files/crds/
+	cp deploy/operator/rbac/role.yaml deploy/helm/etcd-manager-operator/files/rbac-rules.yaml
+	sed -e 's/^kind: ClusterRole$$/kind: Role/' deploy/operator/rbac/role.yaml > deploy/operator-namespaced/role.yaml
 
 ## image: the container image as a tarball, bin/etcd-manager-image.tar, tagged $(IMAGE_TAG); built without a
 ## Docker engine, reproducibly; docker load, podman load and ctr images import accept it.

@@ -28,9 +28,10 @@ backup store, where the agents pick it up: they form, scale, heal, back up and
 roll the cluster as they do on VMs. EtcdBackup, EtcdBackupSchedule and
 EtcdRestore objects queue commands in the same store.
 
-It reads the store through etcd-manager-ctl in a running member pod, so it needs
-no credentials of its own. It uses KUBECONFIG, or the in-cluster service
-account.`,
+It reaches the store through the agents in the member pods, over their peer API
+with mutual TLS and a certificate it issues itself from each cluster's CA
+Secret: it holds no store credentials and needs no pods/exec. It uses
+KUBECONFIG, or the in-cluster service account.`,
 		Example:       "  etcd-manager-operator --image=registry.example/etcd-manager:v0.1",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,

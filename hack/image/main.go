@@ -84,6 +84,13 @@ func run() error {
 		return fmt.Errorf("image: %w", err)
 	}
 	defer os.RemoveAll(tmp)
+	// The operator, run from this image, reads which etcd versions its
+	// member pods can run from this file, as the label says.
+	vf := filepath.Join(tmp, "etcd-versions")
+	if err := os.WriteFile(vf, []byte(strings.Join(versions, ",")+"\n"), 0o644); err != nil {
+		return fmt.Errorf("image: %w", err)
+	}
+	files = append(files, image.File{Path: image.VersionsFile, Source: vf, Mode: 0o644})
 	img, err := image.Build(image.Image{
 		Files:      files,
 		Entrypoint: []string{image.BinDir + "/etcd-manager"},

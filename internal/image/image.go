@@ -53,6 +53,9 @@ type Image struct {
 const (
 	BinDir      = "/usr/local/bin"
 	CACertsPath = "/etc/ssl/certs/ca-certificates.crt"
+	// VersionsFile lists the etcd versions the image holds, as
+	// LabelEtcdVersions does, for the operator that runs from it.
+	VersionsFile = "/etc/etcd-manager/etcd-versions"
 )
 
 // LabelEtcdVersions lists the etcd versions an image holds, comma

@@ -18,6 +18,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
+	"github.com/etcd-manager/etcd-manager/internal/operatorapi"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -25,7 +26,7 @@ import (
 // cluster's store, and follows it.
 type BackupReconciler struct {
 	Client client.Client
-	Ctl    StoreCtl
+	Engine Engine
 	Events events.EventRecorder
 }
 
@@ -55,13 +56,18 @@ func (r *BackupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		st.Message = fmt.Sprintf("no EtcdCluster %s in this namespace", b.Spec.ClusterName)
 		return r.update(ctx, &b, st, pollSteady)
 	}
-	pod, err := RunningPod(ctx, r.Client, &c)
-	if err != nil {
-		st.Message = "waiting for a running member pod: " + err.Error()
-		return r.update(ctx, &b, st, pollProgress)
-	}
 	if st.CommandID == "" {
-		id, err := r.Ctl.BackupNow(ctx, &c, pod)
+		// A backup queued before its ID reached the status (a call that
+		// timed out, a failed status write) is adopted, not queued again.
+		rows, err := r.Engine.Commands(ctx, &c)
+		if err != nil {
+			st.Message = "cannot read the command queue: " + err.Error()
+			return r.update(ctx, &b, st, pollProgress)
+		}
+		id := queuedSince(rows, "backup-now", "", b.CreationTimestamp.Time)
+		if id == "" {
+			id, err = r.Engine.BackupNow(ctx, &c)
+		}
 		if err != nil {
 			st.Message = "cannot queue the backup: " + err.Error()
 			return r.update(ctx, &b, st, pollProgress)
@@ -69,7 +75,7 @@ func (r *BackupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		st.Phase, st.CommandID, st.Message = v1alpha1.BackupRunning, id, "queued as command "+id
 		return r.update(ctx, &b, st, pollProgress)
 	}
-	rows, err := r.Ctl.Commands(ctx, &c, pod)
+	rows, err := r.Engine.Commands(ctx, &c)
 	if err != nil {
 		st.Message = "cannot read the command queue: " + err.Error()
 		return r.update(ctx, &b, st, pollProgress)
@@ -80,7 +86,7 @@ func (r *BackupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		// Finished commands leave the queue after a while: a backup taken
 		// since this object was made is the one it asked for.
 		st.Phase, st.Message = v1alpha1.BackupFailed, fmt.Sprintf("command %s left the queue before it was seen done", st.CommandID)
-		if backups, err := r.Ctl.Backups(ctx, &c, pod); err == nil {
+		if backups, err := r.Engine.Backups(ctx, &c); err == nil {
 			for _, bk := range backups {
 				at := time.Now().Add(-time.Duration(bk.AgeSeconds * float64(time.Second)))
 				if !at.Before(b.CreationTimestamp.Time) {
@@ -94,7 +100,7 @@ func (r *BackupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		st.Phase, st.BackupName, st.Message = v1alpha1.BackupSucceeded, row.Backup, ""
 		now := metav1.Now()
 		st.CompletionTime = &now
-		if backups, err := r.Ctl.Backups(ctx, &c, pod); err == nil {
+		if backups, err := r.Engine.Backups(ctx, &c); err == nil {
 			for _, bk := range backups {
 				if bk.Name == row.Backup {
 					st.Size, st.Revision = bk.Size, bk.Revision
@@ -152,7 +158,7 @@ func findCommand(rows []cli.CommandRow, id string) (cli.CommandRow, bool) {
 // EtcdCluster it makes from a template.
 type RestoreReconciler struct {
 	Client client.Client
-	Ctl    StoreCtl
+	Engine Engine
 	Events events.EventRecorder
 }
 
@@ -182,13 +188,8 @@ func (r *RestoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if c == nil {
 		return r.update(ctx, &rs, st, pollProgress)
 	}
-	pod, err := RunningPod(ctx, r.Client, c)
-	if err != nil {
-		st.Message = "waiting for a running member pod: " + err.Error()
-		return r.update(ctx, &rs, st, pollProgress)
-	}
 	if st.CommandID == "" {
-		if err := r.queue(ctx, &rs, c, pod, st); err != nil {
+		if err := r.queue(ctx, &rs, c, st); err != nil {
 			st.Message = err.Error()
 		}
 		if st.Phase == v1alpha1.RestoreFailed && st.CommandID == "" && rs.Spec.ClusterTemplate != nil && c.Annotations[AnnotationRestoredBy] == rs.Name {
@@ -209,7 +210,7 @@ func (r *RestoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, fmt.Errorf("operator: release EtcdCluster %s for its restore: %w", c.Name, err)
 		}
 	}
-	rows, err := r.Ctl.Commands(ctx, c, pod)
+	rows, err := r.Engine.Commands(ctx, c)
 	if err != nil {
 		st.Message = "cannot read the command queue: " + err.Error()
 		return r.update(ctx, &rs, st, pollProgress)
@@ -232,7 +233,7 @@ func (r *RestoreReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		if st.CommandEndTime == nil {
 			st.CommandEndTime = &now
 		}
-		status, err := r.Ctl.Status(ctx, c, pod)
+		status, err := r.Engine.Status(ctx, c)
 		if err != nil {
 			st.Message = "the restore command is gone; cannot read the members: " + err.Error()
 			break
@@ -350,11 +351,11 @@ func (r *RestoreReconciler) target(ctx context.Context, rs *v1alpha1.EtcdRestore
 
 // queue queues the restore once it has checked that the backup is in the
 // store and, for a new cluster, that no other cluster lives on that store.
-func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore, c *v1alpha1.EtcdCluster, pod string, st *v1alpha1.EtcdRestoreStatus) error {
+func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore, c *v1alpha1.EtcdCluster, st *v1alpha1.EtcdRestoreStatus) error {
 	// A restore queued before its ID reached the status (a failed status
 	// write) is adopted, never queued again: each run would erase the
 	// writes made since the one before.
-	rows, err := r.Ctl.Commands(ctx, c, pod)
+	rows, err := r.Engine.Commands(ctx, c)
 	if err != nil {
 		return fmt.Errorf("cannot read the command queue: %w", err)
 	}
@@ -362,13 +363,13 @@ func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore,
 		st.Phase, st.CommandID, st.Message = v1alpha1.RestoreRunning, id, "adopted queued command "+id
 		if row, _ := findCommand(rows, id); row.Phase == "" {
 			// Not taken up yet: the cluster it replaces is still there.
-			if status, err := r.Ctl.Status(ctx, c, pod); err == nil {
+			if status, err := r.Engine.Status(ctx, c); err == nil {
 				st.ReplacedClusterID = healthyClusterID(status)
 			}
 		}
 		return nil
 	}
-	backups, err := r.Ctl.Backups(ctx, c, pod)
+	backups, err := r.Engine.Backups(ctx, c)
 	if err != nil {
 		return fmt.Errorf("cannot list the store's backups: %w", err)
 	}
@@ -382,7 +383,7 @@ func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore,
 		r.Events.Eventf(c, rs, corev1.EventTypeWarning, reasonRestoreFailed, "Restore", "%s", st.Message)
 		return nil
 	}
-	status, err := r.Ctl.Status(ctx, c, pod)
+	status, err := r.Engine.Status(ctx, c)
 	if err != nil {
 		return fmt.Errorf("cannot read the members before the restore: %w", err)
 	}
@@ -394,8 +395,8 @@ func (r *RestoreReconciler) queue(ctx context.Context, rs *v1alpha1.EtcdRestore,
 		}
 	}
 	st.ReplacedClusterID = healthyClusterID(status)
-	id, err := r.Ctl.RestoreBackup(ctx, c, pod, rs.Spec.BackupName)
-	if errors.Is(err, ErrBackupRefused) {
+	id, err := r.Engine.RestoreBackup(ctx, c, rs.Spec.BackupName)
+	if errors.Is(err, operatorapi.ErrRefused) {
 		st.Phase, st.Message = v1alpha1.RestoreFailed, err.Error()
 		r.Events.Eventf(c, rs, corev1.EventTypeWarning, reasonRestoreFailed, "Restore", "%s", st.Message)
 		return nil

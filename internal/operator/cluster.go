@@ -10,6 +10,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,21 +29,10 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
+	"github.com/etcd-manager/etcd-manager/internal/operatorapi"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
-
-// StoreCtl is what the reconciles need of the store and the agents.
-type StoreCtl interface {
-	Spec(ctx context.Context, c *v1alpha1.EtcdCluster, pod string) (*spec.ClusterSpec, error)
-	WriteSpec(ctx context.Context, c *v1alpha1.EtcdCluster, pod string, cs spec.ClusterSpec) error
-	Status(ctx context.Context, c *v1alpha1.EtcdCluster, pod string) (cli.ClusterStatus, error)
-	Backups(ctx context.Context, c *v1alpha1.EtcdCluster, pod string) ([]cli.BackupRow, error)
-	Commands(ctx context.Context, c *v1alpha1.EtcdCluster, pod string) ([]cli.CommandRow, error)
-	BackupNow(ctx context.Context, c *v1alpha1.EtcdCluster, pod string) (string, error)
-	RestoreBackup(ctx context.Context, c *v1alpha1.EtcdCluster, pod, backup string) (string, error)
-	MoveLeader(ctx context.Context, c *v1alpha1.EtcdCluster, pod, version, to string) error
-}
 
 // Event reasons.
 const (
@@ -60,6 +50,17 @@ const (
 	reasonRestoreFailed   = "RestoreFailed"
 	reasonClusterCreated  = "ClusterCreated"
 	reasonRollStep        = "RollStep"
+	reasonStoreInUse      = "StoreInUse"
+	reasonImageLacks      = "ImageLacksVersion"
+)
+
+// Annotations a user sets on an EtcdCluster.
+const (
+	// AnnotationTakeOverStore lets an EtcdCluster own a store whose owner
+	// record names an EtcdCluster this Kubernetes cluster does not hold
+	// (deleted, say), or that holds a spec with no owner record (one of
+	// etcd-manager-ctl's). The store's cluster becomes this one's.
+	AnnotationTakeOverStore = "etcd-manager.dev/take-over-store"
 )
 
 // Requeue intervals: status is polled, since the engine does not call back.
@@ -71,10 +72,13 @@ const (
 // ClusterReconciler reconciles EtcdCluster objects.
 type ClusterReconciler struct {
 	Client client.Client
-	Ctl    StoreCtl
+	Engine Engine
 	Events events.EventRecorder
 	// Image is the image member pods run unless spec.image says otherwise.
 	Image string
+	// ImageVersions are the etcd versions Image carries, nil when they are
+	// not known: a cluster on Image whose versions it lacks is held.
+	ImageVersions []string
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -87,7 +91,6 @@ type ClusterReconciler struct {
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
-// +kubebuilder:rbac:groups="",resources=pods/exec,verbs=get;create
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -126,9 +129,29 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	st.ObservedGeneration = c.Generation
 	st.Selector = Selector(&c)
 
+	// Another EtcdCluster that names the same store keeps it: nothing is
+	// made for this one.
+	if other, err := r.olderSharer(ctx, &c); err != nil {
+		return r.finish(ctx, &c, st, pollSteady, err)
+	} else if other != "" {
+		msg := fmt.Sprintf("the backup store %s is the store of EtcdCluster %s: one store holds one cluster; give this cluster a store of its own", c.Spec.BackupStore.URL, other)
+		return r.hold(ctx, &c, st, reasonStoreInUse, msg)
+	}
 	if err := r.ensureCA(ctx, &c); err != nil {
 		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "CAUnavailable", err.Error())
 		return r.finish(ctx, &c, st, pollSteady, err)
+	}
+
+	// The agents' reports and the store, through the agents.
+	var status *cli.ClusterStatus
+	s, statusErr := r.Engine.Status(ctx, &c)
+	if statusErr == nil {
+		status = &s
+	} else {
+		lg.Info("no live status from the agents", "error", statusErr)
+	}
+	if msg := r.imageLacks(&c, status); msg != "" {
+		return r.hold(ctx, &c, st, reasonImageLacks, msg)
 	}
 	for _, obj := range []client.Object{RenderPeerService(&c), RenderClientService(&c), RenderPDB(&c)} {
 		if err := r.apply(ctx, &c, obj); err != nil {
@@ -152,41 +175,38 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	case !apierrors.IsNotFound(err):
 		return r.finish(ctx, &c, st, pollSteady, err)
 	}
-
-	// The store and the agents are read through a running member pod.
-	pod, podErr := RunningPod(ctx, r.Client, &c)
-	var status *cli.ClusterStatus
-	if podErr == nil {
-		if s, err := r.Ctl.Status(ctx, &c, pod); err == nil {
-			status = &s
-			o.Members = memberNames(s)
-			if len(s.Unreachable) > 0 || slices.ContainsFunc(s.Agents, func(a cli.AgentStatus) bool { return a.Role == cli.RolePending }) {
-				// An agent that did not answer may be a member still: the
-				// StatefulSet must not shrink on a partial view.
-				o.Members = nil
-			}
-		} else {
-			lg.Info("no live status from the agents", "pod", pod, "error", err)
+	if status != nil {
+		o.Members = memberNames(*status)
+		if len(status.Unreachable) > 0 || slices.ContainsFunc(status.Agents, func(a cli.AgentStatus) bool { return a.Role == cli.RolePending }) {
+			// An agent that did not answer may be a member still: the
+			// StatefulSet must not shrink on a partial view.
+			o.Members = nil
 		}
-		// The status carries the store's spec when it is readable; only
-		// without it is the store asked on its own, to tell "none yet"
-		// from an error.
-		if status != nil && status.Spec != nil {
-			o.Store, o.StoreKnown = status.Spec, true
-		} else {
-			cs, err := r.Ctl.Spec(ctx, &c, pod)
-			switch {
-			case err == nil:
-				o.Store, o.StoreKnown = cs, true
-			case errors.Is(err, ErrNoSpec):
-				o.StoreKnown = true
-			default:
-				// An invalid spec too: its fields the EtcdCluster does not
-				// own (etcd settings set with the ctl, say) would be lost
-				// if it were written afresh, so a person decides.
-				podErr = err
+	}
+	storeErr := statusErr
+	var use StoreUse
+	if statusErr == nil {
+		rep, err := r.Engine.Spec(ctx, &c)
+		switch {
+		case err != nil:
+			storeErr = err
+		case rep.Invalid != "":
+			// Its fields the EtcdCluster does not own (etcd settings set
+			// with the ctl, say) would be lost if it were written
+			// afresh, so a person decides.
+			storeErr = fmt.Errorf("%w: %s", ErrInvalidSpec, rep.Invalid)
+		default:
+			o.Store, o.StoreKnown = rep.Spec, true
+		}
+		if err == nil {
+			if use, err = r.storeUse(ctx, &c, rep, status); err != nil {
+				return r.finish(ctx, &c, st, pollSteady, err)
 			}
 		}
+	}
+	inUse, takeOver, unowned := PlanStoreUse(ownerOf(&c), use)
+	if inUse != "" {
+		return r.hold(ctx, &c, st, reasonStoreInUse, inUse)
 	}
 
 	steps := PlanSteps(o)
@@ -196,37 +216,48 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if o.StatefulSet != 0 && steps.StatefulSet != o.StatefulSet {
 		r.Events.Eventf(&c, nil, corev1.EventTypeNormal, reasonScaled, "Scale", "StatefulSet scaled from %d to %d pods", o.StatefulSet, steps.StatefulSet)
 	}
-	if steps.WriteSpec != nil && podErr == nil {
-		if err := r.Ctl.WriteSpec(ctx, &c, pod, *steps.WriteSpec); err != nil {
+	if steps.WriteSpec != nil && storeErr == nil {
+		req := operatorapi.WriteSpecRequest{Spec: *steps.WriteSpec, Owner: ownerOf(&c), TakeOver: takeOver, Unowned: unowned}
+		switch err := r.Engine.WriteSpec(ctx, &c, req); {
+		case errors.Is(err, operatorapi.ErrStoreInUse):
+			return r.hold(ctx, &c, st, reasonStoreInUse, err.Error())
+		case err != nil:
 			r.Events.Eventf(&c, nil, corev1.EventTypeWarning, reasonStoreError, "WriteSpec", "cannot write the cluster spec: %v", err)
-			podErr = err
-		} else {
+			storeErr = err
+		default:
 			r.Events.Eventf(&c, nil, corev1.EventTypeNormal, reasonSpecWritten, "WriteSpec", "cluster spec written to the store: %s", steps.WriteSpec)
 		}
 	}
 
-	r.observeStatus(ctx, &c, st, status, pod, podErr)
+	r.observeStatus(ctx, &c, st, status, storeErr)
 	if etcdErr != nil {
 		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, reasonInvalidEtcdSpec,
 			"spec.etcd is refused, and the store keeps its settings: "+etcdErr.Error())
 	}
 	rolling := ""
-	if status != nil && podErr == nil && steps.Waiting == "" && steps.WriteSpec == nil && steps.StatefulSet == o.Desired {
+	if status != nil && storeErr == nil && steps.Waiting == "" && steps.WriteSpec == nil && steps.StatefulSet == o.Desired {
 		var err error
 		if rolling, err = r.roll(ctx, &c, st, status); err != nil {
 			lg.Info("image roll step failed", "error", err)
 			rolling = "the image roll: " + err.Error()
 		}
 	}
-	progressing := steps.Waiting != "" || steps.WriteSpec != nil || st.ReadyReplicas != o.Desired || st.CurrentVersion != c.Spec.Version || rolling != ""
+	settling := ""
+	if status != nil && o.Store != nil && steps.WriteSpec == nil {
+		settling = settingsRolling(*status, o.Store.EtcdSettings)
+	}
+	progressing := steps.Waiting != "" || steps.WriteSpec != nil || st.ReadyReplicas != o.Desired || st.CurrentVersion != c.Spec.Version ||
+		rolling != "" || settling != ""
 	msg := "the cluster matches its spec"
 	switch {
 	case steps.Waiting != "":
 		msg = "waiting for " + steps.Waiting
 	case rolling != "":
 		msg = "rolling the pods to a new template: " + rolling
-	case podErr != nil:
-		msg = "waiting for a running member pod to reach the store: " + podErr.Error()
+	case storeErr != nil:
+		msg = "waiting for a member pod's agent to reach the store: " + storeErr.Error()
+	case settling != "":
+		msg = "waiting for the agents to roll the etcd settings: " + settling
 	case progressing:
 		msg = fmt.Sprintf("%d of %d members ready on etcd %s", st.ReadyReplicas, o.Desired, orDash(st.CurrentVersion))
 	}
@@ -242,8 +273,122 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return r.finish(ctx, &c, st, poll, nil)
 }
 
+// settingsRolling names the members whose etcd runs with other settings
+// than the store's spec, which the agents roll one member at a time; ""
+// when none does.
+func settingsRolling(s cli.ClusterStatus, want spec.Settings) string {
+	var behind []string
+	for _, a := range s.Agents {
+		if isMember(a.Role) && a.Role != cli.RolePending && !a.EtcdSettings.Equal(want) {
+			behind = append(behind, a.ID)
+		}
+	}
+	if len(behind) == 0 {
+		return ""
+	}
+	return strings.Join(behind, ", ") + " still run with the settings before"
+}
+
+// hold reports a reason to change nothing: Degraded with reason and msg,
+// Progressing for as long as it lasts, and an Event when it starts.
+func (r *ClusterReconciler) hold(ctx context.Context, c *v1alpha1.EtcdCluster, st *v1alpha1.EtcdClusterStatus, reason, msg string) (ctrl.Result, error) {
+	if cond := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDegraded); cond == nil || cond.Reason != reason {
+		r.Events.Eventf(c, nil, corev1.EventTypeWarning, reason, "Hold", "%s; nothing is changed until it is resolved", msg)
+	}
+	setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, msg)
+	setCondition(st, c.Generation, v1alpha1.ConditionProgressing, metav1.ConditionTrue, reason, "held: "+msg)
+	return r.finish(ctx, c, st, pollSteady, nil)
+}
+
+// ownerOf is the owner record an EtcdCluster writes to its store.
+func ownerOf(c *v1alpha1.EtcdCluster) spec.ClusterOwner {
+	return spec.ClusterOwner{Kind: spec.OwnerKindEtcdCluster, Namespace: c.Namespace, Name: c.Name, UID: string(c.UID)}
+}
+
+// olderSharer names the EtcdCluster, made before c (or, made at once,
+// first by name), that names c's store too; "" when none does. The older
+// keeps the store unless the store's owner record says otherwise, which
+// PlanStoreUse reads.
+func (r *ClusterReconciler) olderSharer(ctx context.Context, c *v1alpha1.EtcdCluster) (string, error) {
+	var all v1alpha1.EtcdClusterList
+	if err := r.Client.List(ctx, &all); err != nil {
+		return "", fmt.Errorf("operator: list EtcdClusters: %w", err)
+	}
+	for _, o := range all.Items {
+		if o.UID == c.UID || !o.DeletionTimestamp.IsZero() || !sameStore(o.Spec.BackupStore.URL, c.Spec.BackupStore.URL) {
+			continue
+		}
+		older := o.CreationTimestamp.Before(&c.CreationTimestamp) ||
+			(o.CreationTimestamp.Equal(&c.CreationTimestamp) && o.Namespace+"/"+o.Name < c.Namespace+"/"+c.Name)
+		if older && !heldForStore(&o) {
+			return o.Namespace + "/" + o.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// heldForStore says whether c is held because its store is in use: such
+// a sharer keeps nothing from the others. (A cluster made again after a
+// copy of it was made is younger than the copy, and the store's owner
+// record, which names it, holds the copy instead.)
+func heldForStore(c *v1alpha1.EtcdCluster) bool {
+	cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionDegraded)
+	return cond != nil && cond.Status == metav1.ConditionTrue && cond.Reason == reasonStoreInUse
+}
+
+// storeUse gathers what PlanStoreUse decides on.
+func (r *ClusterReconciler) storeUse(ctx context.Context, c *v1alpha1.EtcdCluster, rep operatorapi.SpecReply, status *cli.ClusterStatus) (StoreUse, error) {
+	u := StoreUse{Owner: rep.Owner, HasSpec: rep.Spec != nil || rep.Invalid != "",
+		TakeOver: c.Annotations[AnnotationRestoredBy] != "" || c.Annotations[AnnotationTakeOverStore] == "true"}
+	if status != nil {
+		u.OwnMembers = slices.ContainsFunc(status.Agents, func(a cli.AgentStatus) bool { return isMember(a.Role) && ownPod(c, a.ID) })
+	}
+	if o := rep.Owner; o != nil && !o.Same(ownerOf(c)) && o.Kind == spec.OwnerKindEtcdCluster {
+		var other v1alpha1.EtcdCluster
+		err := r.Client.Get(ctx, types.NamespacedName{Namespace: o.Namespace, Name: o.Name}, &other)
+		switch {
+		case err == nil:
+			u.OwnerExists = other.DeletionTimestamp.IsZero()
+		case apierrors.IsNotFound(err):
+		case apierrors.IsForbidden(err):
+			u.OwnerExists = true // out of the operator's sight: it may well exist
+		default:
+			return u, fmt.Errorf("operator: the store's owner %s: %w", o, err)
+		}
+	}
+	return u, nil
+}
+
+// imageLacks says which etcd versions the default member image lacks that
+// c needs (the one it asks for, and those its members run), when c runs
+// on that image and its versions are known; "" otherwise.
+func (r *ClusterReconciler) imageLacks(c *v1alpha1.EtcdCluster, status *cli.ClusterStatus) string {
+	if c.Spec.Image != "" || r.ImageVersions == nil {
+		return ""
+	}
+	need := []string{c.Spec.Version}
+	if status != nil {
+		for _, a := range status.Agents {
+			if isMember(a.Role) && a.EtcdVersion != "" && !slices.Contains(need, a.EtcdVersion) {
+				need = append(need, a.EtcdVersion)
+			}
+		}
+	}
+	var lacks []string
+	for _, v := range need {
+		if !slices.Contains(r.ImageVersions, v) {
+			lacks = append(lacks, v)
+		}
+	}
+	if len(lacks) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the member image %s carries etcd %s, not %s, which the cluster needs (spec.version, or a version its members run): set spec.image to an image that carries it, or move spec.version to one this image carries one minor at a time",
+		r.Image, strings.Join(r.ImageVersions, ", "), strings.Join(lacks, ", "))
+}
+
 // observeStatus fills in the members, the conditions and the last backup.
-func (r *ClusterReconciler) observeStatus(ctx context.Context, c *v1alpha1.EtcdCluster, st *v1alpha1.EtcdClusterStatus, status *cli.ClusterStatus, pod string, podErr error) {
+func (r *ClusterReconciler) observeStatus(ctx context.Context, c *v1alpha1.EtcdCluster, st *v1alpha1.EtcdClusterStatus, status *cli.ClusterStatus, podErr error) {
 	want := Replicas(c)
 	if status != nil {
 		before := map[string]bool{}
@@ -305,12 +450,12 @@ func (r *ClusterReconciler) observeStatus(ctx context.Context, c *v1alpha1.EtcdC
 		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "Healthy", "no member is unhealthy")
 	}
 	if podErr == nil {
-		r.observeBackups(ctx, c, st, pod)
+		r.observeBackups(ctx, c, st)
 	}
 }
 
-func (r *ClusterReconciler) observeBackups(ctx context.Context, c *v1alpha1.EtcdCluster, st *v1alpha1.EtcdClusterStatus, pod string) {
-	rows, err := r.Ctl.Backups(ctx, c, pod)
+func (r *ClusterReconciler) observeBackups(ctx context.Context, c *v1alpha1.EtcdCluster, st *v1alpha1.EtcdClusterStatus) {
+	rows, err := r.Engine.Backups(ctx, c)
 	if err != nil {
 		setCondition(st, c.Generation, v1alpha1.ConditionBackupReady, metav1.ConditionUnknown, "ListFailed", err.Error())
 		return
@@ -348,31 +493,6 @@ func (r *ClusterReconciler) finish(ctx context.Context, c *v1alpha1.EtcdCluster,
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: poll}, nil
-}
-
-// RunningPod is the name of the lowest-ordinal member pod of c whose agent
-// container runs.
-func RunningPod(ctx context.Context, cl client.Client, c *v1alpha1.EtcdCluster) (string, error) {
-	var pods corev1.PodList
-	if err := cl.List(ctx, &pods, client.InNamespace(c.Namespace), client.MatchingLabels(selectorLabels(c))); err != nil {
-		return "", err
-	}
-	var names []string
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
-			continue
-		}
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.Name == container && cs.State.Running != nil {
-				names = append(names, p.Name)
-			}
-		}
-	}
-	if len(names) == 0 {
-		return "", errors.New("no member pod is running")
-	}
-	sort.Slice(names, func(i, j int) bool { return ordinalLess(names[i], names[j]) })
-	return names[0], nil
 }
 
 func (r *ClusterReconciler) apply(ctx context.Context, c *v1alpha1.EtcdCluster, want client.Object) error {
@@ -515,11 +635,11 @@ func (r *ClusterReconciler) roll(ctx context.Context, c *v1alpha1.EtcdCluster, s
 		if to == "" {
 			return "a member to hand leadership to", nil
 		}
-		version := st.CurrentVersion
-		if version == "" {
-			version = c.Spec.Version
+		id, err := strconv.ParseUint(to, 16, 64)
+		if err != nil {
+			return "", fmt.Errorf("operator: member ID %q: %w", to, err)
 		}
-		if err := r.Ctl.MoveLeader(ctx, c, step.MoveLeaderFrom, version, to); err != nil {
+		if err := r.Engine.MoveLeader(ctx, c, step.MoveLeaderFrom, id); err != nil {
 			return "", err
 		}
 		r.Events.Eventf(c, nil, corev1.EventTypeNormal, reasonRollStep, "MoveLeader", "moved leadership off %s before replacing its pod", step.MoveLeaderFrom)
@@ -529,11 +649,9 @@ func (r *ClusterReconciler) roll(ctx context.Context, c *v1alpha1.EtcdCluster, s
 }
 
 // ensureCA makes sure the CA Secret exists: the named one must; <name>-ca
-// is generated when missing.
+// is generated when missing. Every cluster has one: the agents' peer API,
+// which the operator calls, runs mutual TLS even when etcd runs none.
 func (r *ClusterReconciler) ensureCA(ctx context.Context, c *v1alpha1.EtcdCluster) error {
-	if !TLSEnabled(c) {
-		return nil
-	}
 	var sec corev1.Secret
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: CASecretName(c)}, &sec)
 	switch {

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -22,6 +25,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 // Config is the operator's configuration.
@@ -29,11 +33,19 @@ type Config struct {
 	// Image is the image of member pods whose EtcdCluster names none;
 	// empty means the operator's own, read from its pod.
 	Image string
-	// Namespace limits the operator to one namespace; empty watches all.
-	Namespace string
+	// ImageVersions are the etcd versions Image carries; empty means the
+	// versions recorded in the operator's own image (ImageVersionsFile),
+	// when member pods run that image. A cluster whose versions the image
+	// lacks is held (Degraded, reason ImageLacksVersion).
+	ImageVersions []string
+	// Namespaces limit the operator to these namespaces; none watches all.
+	Namespaces []string
 	// LeaderElection makes one of several replicas act.
 	LeaderElection          bool
 	LeaderElectionNamespace string
+	// LeaderElectionID names the Lease: two installs in one namespace
+	// need two.
+	LeaderElectionID string
 	// MetricsAddress and HealthAddress serve /metrics and /healthz,
 	// /readyz ("0" turns them off).
 	MetricsAddress string
@@ -42,7 +54,7 @@ type Config struct {
 
 // Default returns the defaults.
 func Default() Config {
-	return Config{LeaderElection: true, MetricsAddress: ":8080", HealthAddress: ":8081"}
+	return Config{LeaderElection: true, LeaderElectionID: "etcd-manager-operator.etcd-manager.dev", MetricsAddress: ":8080", HealthAddress: ":8081"}
 }
 
 // The environment that names the operator's own pod (from the downward
@@ -55,8 +67,12 @@ const (
 // AddFlags registers the operator's flags.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Image, "image", c.Image, "image of the member pods of an EtcdCluster that sets no spec.image (default: the operator's own, read from its pod, named by $POD_NAMESPACE and $POD_NAME)")
-	fs.StringVar(&c.Namespace, "namespace", c.Namespace, "watch only this namespace (default: all)")
+	fs.StringSliceVar(&c.ImageVersions, "image-etcd-versions", c.ImageVersions, "the etcd versions the member image carries, comma separated; a cluster on that image whose versions it lacks is held, not rolled (default: the versions recorded in the operator's own image at "+ImageVersionsFile+", when --image is not set)")
+	fs.StringSliceVar(&c.Namespaces, "namespaces", c.Namespaces, "watch only these namespaces, comma separated, with a Role in each (default: all, with a ClusterRole)")
+	fs.StringSliceVar(&c.Namespaces, "namespace", c.Namespaces, "the same as --namespaces")
+	_ = fs.MarkHidden("namespace")
 	fs.BoolVar(&c.LeaderElection, "leader-elect", c.LeaderElection, "elect one active operator among replicas with a Lease")
+	fs.StringVar(&c.LeaderElectionID, "leader-election-id", c.LeaderElectionID, "name of the leader election Lease; installs that share a namespace need one each")
 	fs.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", c.LeaderElectionNamespace, "namespace of the leader election Lease (default: the operator's own, from the service account)")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port for Prometheus metrics at /metrics (0 turns them off)")
 	fs.StringVar(&c.HealthAddress, "health-address", c.HealthAddress, "host:port for /healthz and /readyz (0 turns them off)")
@@ -65,6 +81,16 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 // Validate checks the configuration.
 func (c *Config) Validate() error {
 	var errs []error
+	for _, ns := range c.Namespaces {
+		if bad := validation.IsDNS1123Label(ns); len(bad) > 0 {
+			errs = append(errs, fmt.Errorf("--namespaces: %q is not a namespace name: %s", ns, strings.Join(bad, "; ")))
+		}
+	}
+	for _, v := range c.ImageVersions {
+		if _, err := spec.ParseVersion(v); err != nil {
+			errs = append(errs, fmt.Errorf("--image-etcd-versions: %w", err))
+		}
+	}
 	for name, addr := range map[string]string{"--metrics-address": c.MetricsAddress, "--health-address": c.HealthAddress} {
 		if addr == "0" {
 			continue
@@ -109,11 +135,14 @@ func NewManager(cfg Config, restCfg *rest.Config) (ctrl.Manager, error) {
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddress},
 		HealthProbeBindAddress:  cfg.HealthAddress,
 		LeaderElection:          cfg.LeaderElection,
-		LeaderElectionID:        "etcd-manager-operator.etcd-manager.dev",
+		LeaderElectionID:        cfg.LeaderElectionID,
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
 	}
-	if cfg.Namespace != "" {
-		opts.Cache.DefaultNamespaces = map[string]cache.Config{cfg.Namespace: {}}
+	if len(cfg.Namespaces) > 0 {
+		opts.Cache.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range cfg.Namespaces {
+			opts.Cache.DefaultNamespaces[ns] = cache.Config{}
+		}
 	}
 	mgr, err := ctrl.NewManager(restCfg, opts)
 	if err != nil {
@@ -123,17 +152,29 @@ func NewManager(cfg Config, restCfg *rest.Config) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("operator: client: %w", err)
 	}
+	versions := cfg.ImageVersions
 	if cfg.Image == "" {
 		if cfg.Image, err = OwnImage(context.Background(), kc, os.Getenv(EnvPodNamespace), os.Getenv(EnvPodName)); err != nil {
 			return nil, err
 		}
+		if len(versions) == 0 {
+			if versions, err = ReadImageVersions(ImageVersionsFile); err != nil {
+				return nil, err
+			}
+		}
 	}
-	ctl := Ctl{Exec: PodExec{Config: restCfg, Client: kc}}
+	lg := ctrl.Log.WithName("setup")
+	if len(versions) == 0 {
+		lg.Info("the etcd versions of the member image are not known: clusters are rolled to it unchecked; set --image-etcd-versions", "image", cfg.Image)
+	} else {
+		lg.Info("member image", "image", cfg.Image, "etcd-versions", strings.Join(versions, ","))
+	}
+	engine := &Agents{Client: mgr.GetClient()}
 	rec := mgr.GetEventRecorder(managerName)
 	for _, r := range []interface{ SetupWithManager(ctrl.Manager) error }{
-		&ClusterReconciler{Client: mgr.GetClient(), Ctl: ctl, Events: rec, Image: cfg.Image},
-		&BackupReconciler{Client: mgr.GetClient(), Ctl: ctl, Events: rec},
-		&RestoreReconciler{Client: mgr.GetClient(), Ctl: ctl, Events: rec},
+		&ClusterReconciler{Client: mgr.GetClient(), Engine: engine, Events: rec, Image: cfg.Image, ImageVersions: versions},
+		&BackupReconciler{Client: mgr.GetClient(), Engine: engine, Events: rec},
+		&RestoreReconciler{Client: mgr.GetClient(), Engine: engine, Events: rec},
 		&ScheduleReconciler{Client: mgr.GetClient()},
 	} {
 		if err := r.SetupWithManager(mgr); err != nil {
@@ -170,6 +211,36 @@ func OwnImage(ctx context.Context, kc kubernetes.Interface, namespace, name stri
 		}
 	}
 	return "", fmt.Errorf("operator: --image is not set, and pod %s/%s has no container %q", namespace, name, operatorContainer)
+}
+
+// ImageVersionsFile is where the image (hack/image) records the etcd
+// versions it carries, comma separated: the operator reads its own.
+const ImageVersionsFile = "/etc/etcd-manager/etcd-versions"
+
+// ReadImageVersions reads the etcd versions recorded at path; none, with
+// no error, when there is no such file (an operator run outside its
+// image).
+func ReadImageVersions(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("operator: the image's etcd versions: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 4<<10))
+	if err != nil {
+		return nil, fmt.Errorf("operator: the image's etcd versions: %w", err)
+	}
+	var out []string
+	for _, v := range strings.FieldsFunc(string(b), func(r rune) bool { return r == ',' || r == '\n' || r == ' ' }) {
+		if _, err := spec.ParseVersion(v); err != nil {
+			return nil, fmt.Errorf("operator: the image's etcd versions in %s: %w", path, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 // operatorContainer is the operator's container in its Deployment.

@@ -138,10 +138,11 @@ func AgentArgs(c *v1alpha1.EtcdCluster) []string {
 		"--etcd-bin-dir=" + etcdBinDir,
 		fmt.Sprintf("--metrics-address=0.0.0.0:%d", MetricsPort),
 	}
-	if TLSEnabled(c) {
-		args = append(args, "--pki-dir="+pkiDir)
-	} else {
-		args = append(args, "--insecure", "--etcd-insecure")
+	// The peer API always runs mutual TLS, whatever TLS etcd runs: the
+	// operator calls the agents there.
+	args = append(args, "--pki-dir="+pkiDir)
+	if !TLSEnabled(c) {
+		args = append(args, "--etcd-insecure")
 	}
 	if b := c.Spec.Backup; b != nil {
 		if b.Interval != nil {
@@ -189,17 +190,6 @@ func backupKeys(c *v1alpha1.EtcdCluster) []backupKey {
 		keys = append(keys, backupKey{secret: s, key: key, volume: fmt.Sprintf("backup-old-key-%d", i), flag: "backup-decryption-key-file"})
 	}
 	return keys
-}
-
-// CtlArgs are the flags that point etcd-manager-ctl, run in a member pod,
-// at the cluster.
-func CtlArgs(c *v1alpha1.EtcdCluster) []string {
-	args := []string{binDir + "/etcd-manager-ctl", "--backup-store=" + c.Spec.BackupStore.URL, "--cluster-name=" + c.Name,
-		fmt.Sprintf("--peer-port=%d", AgentPort)}
-	if TLSEnabled(c) {
-		return append(args, "--pki-dir="+pkiDir)
-	}
-	return append(args, "--insecure")
 }
 
 // RenderStatefulSet is the StatefulSet of a cluster's member pods, with
@@ -255,13 +245,11 @@ func RenderStatefulSet(c *v1alpha1.EtcdCluster, image string, replicas int32) (*
 		ctr.EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: s}}}}
 	}
 	var volumes []corev1.Volume
-	if TLSEnabled(c) {
-		volumes = append(volumes, corev1.Volume{Name: "pki", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName: CASecretName(c),
-			Items:      []corev1.KeyToPath{{Key: corev1.TLSCertKey, Path: "ca.crt"}, {Key: corev1.TLSPrivateKeyKey, Path: "ca.key"}},
-		}}})
-		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: "pki", MountPath: pkiDir, ReadOnly: true})
-	}
+	volumes = append(volumes, corev1.Volume{Name: "pki", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName: CASecretName(c),
+		Items:      []corev1.KeyToPath{{Key: corev1.TLSCertKey, Path: "ca.crt"}, {Key: corev1.TLSPrivateKeyKey, Path: "ca.key"}},
+	}}})
+	ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: "pki", MountPath: pkiDir, ReadOnly: true})
 	// The keys are private: the agent refuses a key file that group or
 	// others may read.
 	keyMode := int32(0o400)

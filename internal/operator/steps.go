@@ -1,6 +1,8 @@
 package operator
 
 import (
+	"fmt"
+
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -124,4 +126,47 @@ func PlanSteps(o Observed) Steps {
 		st.StatefulSet = o.Desired
 	}
 	return st
+}
+
+// StoreUse is what the reconcile knows of who else holds a cluster's
+// store, once an agent has read it.
+type StoreUse struct {
+	// Owner is the store's owner record, nil when it has none.
+	Owner *spec.ClusterOwner
+	// OwnerExists says the owner's object is in this Kubernetes cluster
+	// (or may be: the operator may not see it).
+	OwnerExists bool
+	// HasSpec says the store holds a spec, valid or not.
+	HasSpec bool
+	// OwnMembers says an agent reports that one of this cluster's pods is
+	// an etcd member: the store is this cluster's own.
+	OwnMembers bool
+	// TakeOver says the user lets this cluster take the store: it was
+	// made by an EtcdRestore, or carries AnnotationTakeOverStore.
+	TakeOver bool
+}
+
+// PlanStoreUse decides whether self may write the store's spec: inUse,
+// when not empty, says why it may not; takeOver and unowned are the claim
+// its write makes (see operatorapi.WriteSpecRequest). One store holds one
+// cluster: a store another EtcdCluster owns is never taken from a live
+// one, and one owned by an object that is gone, or holding a spec no one
+// owns, only by a cluster whose pods are its members, or on purpose. It
+// is pure.
+func PlanStoreUse(self spec.ClusterOwner, u StoreUse) (inUse string, takeOver, unowned bool) {
+	switch o := u.Owner; {
+	case o != nil && o.Same(self):
+		return "", false, false
+	case o != nil && u.OwnerExists:
+		return fmt.Sprintf("the backup store holds the spec of %s, which exists: one store holds one cluster; give this cluster a store of its own", o), false, false
+	case o != nil && !u.TakeOver:
+		return fmt.Sprintf("the backup store holds the spec of %s, which this Kubernetes cluster does not hold (deleted, or run elsewhere): to take its store over, annotate this EtcdCluster %s=true", o, AnnotationTakeOverStore), false, false
+	case o != nil:
+		return "", true, false
+	case u.HasSpec && !u.OwnMembers && !u.TakeOver:
+		return fmt.Sprintf("the backup store holds a cluster spec with no owner record (written by etcd-manager-ctl, or by another operator) and none of this cluster's pods is its member: to take it over, annotate this EtcdCluster %s=true", AnnotationTakeOverStore), false, false
+	case u.HasSpec:
+		return "", false, true
+	}
+	return "", false, false
 }

@@ -2,7 +2,10 @@ package operator
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
+	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -170,5 +174,84 @@ func TestOwnedFields(t *testing.T) {
 				t.Fatalf("OwnedFields = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestPlanStoreUse(t *testing.T) {
+	self := spec.ClusterOwner{Kind: spec.OwnerKindEtcdCluster, Namespace: "db", Name: "main", UID: "u1"}
+	other := &spec.ClusterOwner{Kind: spec.OwnerKindEtcdCluster, Namespace: "db", Name: "old", UID: "u0"}
+	again := &spec.ClusterOwner{Kind: spec.OwnerKindEtcdCluster, Namespace: "db", Name: "main", UID: "u9"}
+	for _, tc := range []struct {
+		name              string
+		u                 StoreUse
+		inUse             string // in the reason; "" for none
+		takeOver, unowned bool
+	}{
+		{name: "a fresh store", u: StoreUse{}},
+		{name: "its own", u: StoreUse{Owner: &self, HasSpec: true}},
+		{name: "its own, the object made again", u: StoreUse{Owner: again, HasSpec: true}},
+		{name: "a live cluster's", u: StoreUse{Owner: other, OwnerExists: true, HasSpec: true}, inUse: "the spec of EtcdCluster db/old, which exists"},
+		{name: "a live cluster's, even asked to take it", u: StoreUse{Owner: other, OwnerExists: true, HasSpec: true, TakeOver: true}, inUse: "which exists"},
+		{name: "a gone cluster's", u: StoreUse{Owner: other, HasSpec: true}, inUse: "annotate this EtcdCluster etcd-manager.dev/take-over-store=true"},
+		{name: "a gone cluster's, taken over (a restore's)", u: StoreUse{Owner: other, HasSpec: true, TakeOver: true}, takeOver: true},
+		{name: "an unowned spec", u: StoreUse{HasSpec: true}, inUse: "no owner record"},
+		{name: "an unowned spec its pods are members of (an older operator's)", u: StoreUse{HasSpec: true, OwnMembers: true}, unowned: true},
+		{name: "an unowned spec, taken over", u: StoreUse{HasSpec: true, TakeOver: true}, unowned: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inUse, takeOver, unowned := PlanStoreUse(self, tc.u)
+			if (tc.inUse == "") != (inUse == "") || !strings.Contains(inUse, tc.inUse) || takeOver != tc.takeOver || unowned != tc.unowned {
+				t.Errorf("PlanStoreUse = %q, %v, %v; want %q, %v, %v", inUse, takeOver, unowned, tc.inUse, tc.takeOver, tc.unowned)
+			}
+		})
+	}
+}
+
+func TestImageLacks(t *testing.T) {
+	r := &ClusterReconciler{Image: "etcd-manager:v2", ImageVersions: []string{"3.5.35", "3.6.16"}}
+	member := func(v string) cli.AgentStatus {
+		return cli.AgentStatus{ID: "main-0", Role: cli.RoleMember, EtcdVersion: v}
+	}
+	for _, tc := range []struct {
+		name   string
+		c      *v1alpha1.EtcdCluster
+		status *cli.ClusterStatus
+		lacks  string
+	}{
+		{name: "carried", c: cluster(nil), status: &cli.ClusterStatus{Agents: []cli.AgentStatus{member("3.6.16")}}},
+		{name: "the wanted version missing", c: cluster(func(c *v1alpha1.EtcdCluster) { c.Spec.Version = "3.6.15" }), lacks: "not 3.6.15"},
+		{name: "the version the members run missing", c: cluster(nil), status: &cli.ClusterStatus{Agents: []cli.AgentStatus{member("3.5.34")}}, lacks: "not 3.5.34"},
+		{name: "an image of the user's own is theirs to check", c: cluster(func(c *v1alpha1.EtcdCluster) { c.Spec.Image = "mine"; c.Spec.Version = "3.6.15" })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := r.imageLacks(tc.c, tc.status)
+			if (tc.lacks == "") != (got == "") || !strings.Contains(got, tc.lacks) {
+				t.Errorf("imageLacks = %q, want %q", got, tc.lacks)
+			}
+		})
+	}
+	if got := (&ClusterReconciler{Image: "x"}).imageLacks(cluster(func(c *v1alpha1.EtcdCluster) { c.Spec.Version = "3.6.15" }), nil); got != "" {
+		t.Errorf("with the image's versions unknown: %q, want no hold", got)
+	}
+}
+
+func TestReadImageVersions(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	if err := os.WriteFile(good, []byte("3.5.35,3.6.16,3.7.3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadImageVersions(good); err != nil || !slices.Equal(got, []string{"3.5.35", "3.6.16", "3.7.3"}) {
+		t.Errorf("ReadImageVersions = %v, %v", got, err)
+	}
+	if got, err := ReadImageVersions(filepath.Join(dir, "none")); err != nil || got != nil {
+		t.Errorf("no file: %v, %v; want nothing known", got, err)
+	}
+	bad := filepath.Join(dir, "bad")
+	if err := os.WriteFile(bad, []byte("3.6,rm -rf"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadImageVersions(bad); err == nil {
+		t.Error("a file of junk was read")
 	}
 }

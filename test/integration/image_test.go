@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 
 	"github.com/etcd-manager/etcd-manager/internal/image"
+	"github.com/etcd-manager/etcd-manager/internal/operator"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -95,7 +96,7 @@ func TestImage(t *testing.T) {
 		t.Errorf("label %s = %q, want 3.5.35,3.6.16,3.7.3", image.LabelEtcdVersions, got)
 	}
 	want := map[string]bool{"tmp/": true, "etc/ssl/certs/ca-certificates.crt": true,
-		"usr/local/bin/etcd-manager": true, "usr/local/bin/etcd-manager-ctl": true, "usr/local/bin/etcd-manager-operator": true}
+		"usr/local/bin/etcd-manager": true, "usr/local/bin/etcd-manager-ctl": true, "usr/local/bin/etcd-manager-operator": true, "versions file": true}
 	for _, v := range []string{"3.5.35", "3.6.16", "3.7.3"} { // the Makefile's ETCD_VERSIONS
 		for _, b := range []string{"etcd", "etcdctl", "etcdutl"} {
 			want["opt/etcd-v"+v+"/"+b] = true
@@ -121,6 +122,21 @@ func TestImage(t *testing.T) {
 		}
 		if strings.HasPrefix(h.Name, "opt/etcd-v3.4") {
 			t.Errorf("the image holds %s, which needs a C library", h.Name)
+		}
+		if "/"+h.Name == operator.ImageVersionsFile {
+			// What the operator, run from the image, reads of it.
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "versions")
+			if err := os.WriteFile(path, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := operator.ReadImageVersions(path); err != nil || strings.Join(got, ",") != cfg.Config.Labels[image.LabelEtcdVersions] {
+				t.Errorf("%s: %q (%v), want the label's %q", operator.ImageVersionsFile, got, err, cfg.Config.Labels[image.LabelEtcdVersions])
+			}
+			delete(want, "versions file")
 		}
 		delete(want, h.Name)
 	}

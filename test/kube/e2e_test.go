@@ -367,22 +367,29 @@ func etcdClientOf(t *testing.T, name string) *clientv3.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pods corev1.PodList
-	if err := k8s.List(t.Context(), &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: name}); err != nil {
-		t.Fatal(err)
-	}
-	var eps []string
-	for _, p := range pods.Items {
-		if p.Status.PodIP != "" {
-			eps = append(eps, fmt.Sprintf("https://%s:%d", p.Status.PodIP, operator.ClientPort))
-		}
-	}
+	eps := podEndpoints(t, name)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, TLS: pki.StaticClientConfig(pair, ca.Pool()), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
 	return cli
+}
+
+// podEndpoints are the client URLs of cluster name's pods, at their
+// addresses.
+func podEndpoints(t *testing.T, name string) []string {
+	var pods corev1.PodList
+	if err := k8s.List(t.Context(), &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: name}); err != nil {
+		return nil
+	}
+	var eps []string
+	for _, p := range pods.Items {
+		if p.Status.PodIP != "" && p.DeletionTimestamp == nil {
+			eps = append(eps, fmt.Sprintf("https://%s:%d", p.Status.PodIP, operator.ClientPort))
+		}
+	}
+	return eps
 }
 
 // waitRestored waits up to 10 minutes for restore r to succeed, and fails
@@ -443,6 +450,15 @@ func TestOperator(t *testing.T) {
 	keySecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "backup-key", Namespace: ns}, Data: map[string][]byte{"key": keyData}}
 	if err := k8s.Create(ctx, keySecret); err != nil {
 		t.Fatal(err)
+	}
+	// The operator runs as shipped, with no pods/exec anywhere: the API
+	// server's authorizer says so.
+	for _, where := range []string{ns, "kube-system"} {
+		out, _ := kubectl("auth", "can-i", "create", "pods", "--subresource=exec", "-n", where,
+			"--as=system:serviceaccount:"+operatorNS+":etcd-manager-operator")
+		if strings.TrimSpace(out) != "no" {
+			t.Fatalf("the operator may exec into pods of %s: kubectl auth can-i says %q", where, out)
+		}
 	}
 	replicas := int32(3)
 	storeDir := filepath.Join(kubeDir, "store")
@@ -630,65 +646,16 @@ spec:
 	})
 
 	step(t, "5 roll 3.5 to 3.6 under a writer", func(t *testing.T) {
-		cli := etcdClient(t)
-		var acked atomic.Int64
-		var longest atomic.Int64
-		stopW := make(chan struct{})
-		done := make(chan error, 1)
-		go func() {
-			last := time.Now()
-			for i := 0; i < 200000; i++ {
-				select {
-				case <-stopW:
-					done <- nil
-					return
-				default:
-				}
-				wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				_, err := cli.Put(wctx, fmt.Sprintf("/e2e/roll/%06d", i), "v")
-				cancel()
-				if err != nil {
-					i-- // the same key again: an unacknowledged write may or may not be there
-					time.Sleep(50 * time.Millisecond)
-					continue
-				}
-				acked.Store(int64(i + 1))
-				if gap := time.Since(last); gap.Nanoseconds() > longest.Load() {
-					longest.Store(gap.Nanoseconds())
-				}
-				last = time.Now()
-				time.Sleep(10 * time.Millisecond)
-			}
-			done <- errors.New("the writer ran out of keys")
-		}()
+		w := startWriter(t, etcdClient(t), "/e2e/roll/")
 		time.Sleep(3 * time.Second)
 		if _, err := kubectl("-n", ns, "patch", "etcdcluster", clusterName, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"version":%q}}`, toVersion)); err != nil {
 			t.Fatal(err)
 		}
 		took := waitFor(t, "every member on "+toVersion, 10*time.Minute, func() (bool, string) { return settled(t, 3, toVersion) })
 		time.Sleep(3 * time.Second)
-		close(stopW)
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		n := acked.Load()
-		gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		resp, err := cli.Get(gctx, "/e2e/roll/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		have := map[string]bool{}
-		for _, kv := range resp.Kvs {
-			have[string(kv.Key)] = true
-		}
-		for i := range n {
-			if k := fmt.Sprintf("/e2e/roll/%06d", i); !have[k] {
-				t.Fatalf("the acknowledged write %s was lost in the roll (%d acknowledged)", k, n)
-			}
-		}
+		n, longest := w.stop(t)
 		record("roll 3.5 to 3.6", took.Round(time.Second).String())
-		record("longest write stall during the roll", time.Duration(longest.Load()).Round(time.Millisecond).String())
+		record("longest write stall during the roll", longest.Round(time.Millisecond).String())
 		record("acknowledged writes during the roll", fmt.Sprint(n))
 		// No pod was restarted: the agents rolled etcd inside them.
 		var pods corev1.PodList
@@ -700,6 +667,29 @@ spec:
 				t.Errorf("pod %s: container statuses %+v, want one that never restarted", p.Name, p.Status.ContainerStatuses)
 			}
 		}
+	})
+
+	step(t, "5a an etcd setting reaches every member's etcd", func(t *testing.T) {
+		if _, err := kubectl("-n", ns, "patch", "etcdcluster", clusterName, "--type=merge", "-p", `{"spec":{"etcd":{"settings":{"snapshot-count":"5000"}}}}`); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "snapshot-count in every member's etcd, Progressing False", 10*time.Minute, func() (bool, string) {
+			for i := range 3 {
+				args, err := etcdArgs(fmt.Sprintf("%s-%d", clusterName, i))
+				if err != nil {
+					return false, err.Error()
+				}
+				if !slices.Contains(args, "--snapshot-count=5000") {
+					return false, fmt.Sprintf("%s-%d's etcd runs %v", clusterName, i, args)
+				}
+			}
+			if ok, detail := settled(t, 3, toVersion); !ok {
+				return false, detail
+			}
+			p := meta.FindStatusCondition(getCluster(t).Status.Conditions, v1alpha1.ConditionProgressing)
+			return p != nil && p.Status == metav1.ConditionFalse, fmt.Sprintf("Progressing %+v", p)
+		})
+		record("settings roll of 3 members", took.Round(time.Second).String())
 	})
 
 	step(t, "5b a new image rolls the pods one at a time", func(t *testing.T) {
@@ -744,6 +734,43 @@ spec:
 		if n := count(t, etcdClient(t), "/e2e/create/"); n != 100 {
 			t.Fatalf("%d keys, want 100", n)
 		}
+	})
+
+	step(t, "5c a pod template change rolls the pods under a writer", func(t *testing.T) {
+		w := startWriter(t, etcdClient(t), "/e2e/template/")
+		time.Sleep(2 * time.Second)
+		before := map[string]types.UID{}
+		var pods corev1.PodList
+		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods.Items {
+			before[p.Name] = p.UID
+		}
+		if _, err := kubectl("-n", ns, "patch", "etcdcluster", clusterName, "--type=merge", "-p", `{"spec":{"podTemplate":{"annotations":{"e2e.etcd-manager.dev/rolled":"yes"}}}}`); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, "every pod replaced with the annotation", 10*time.Minute, func() (bool, string) {
+			var pods corev1.PodList
+			if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{operator.LabelCluster: clusterName}); err != nil {
+				return false, err.Error()
+			}
+			var old []string
+			for _, p := range pods.Items {
+				if p.UID == before[p.Name] || p.Annotations["e2e.etcd-manager.dev/rolled"] != "yes" {
+					old = append(old, p.Name)
+				}
+			}
+			if len(old) > 0 || len(pods.Items) != 3 {
+				return false, fmt.Sprintf("pods not yet replaced: %v", old)
+			}
+			return settled(t, 3, toVersion)
+		})
+		time.Sleep(2 * time.Second)
+		n, longest := w.stop(t)
+		record("pod template roll of 3 pods", took.Round(time.Second).String())
+		record("longest write stall during the pod template roll", longest.Round(time.Millisecond).String())
+		record("acknowledged writes during the pod template roll", fmt.Sprint(n))
 	})
 
 	step(t, "6 EtcdBackup then an in-place EtcdRestore", func(t *testing.T) {
@@ -849,4 +876,114 @@ spec:
 
 	out, _ := json.Marshal(figures)
 	t.Logf("figures: %s", out)
+}
+
+// writer puts keys under a prefix, one after another, and records which
+// were acknowledged.
+type writer struct {
+	cli     *clientv3.Client
+	prefix  string
+	acked   atomic.Int64
+	longest atomic.Int64
+	stopW   chan struct{}
+	done    chan error
+}
+
+// startWriter writes prefix000000, prefix000001, ... every 10 ms, trying a
+// key again until it is acknowledged, at most 200,000 keys.
+func startWriter(t *testing.T, cli *clientv3.Client, prefix string) *writer {
+	w := &writer{cli: cli, prefix: prefix, stopW: make(chan struct{}), done: make(chan error, 1)}
+	// Replaced pods come back at other addresses: follow them.
+	go func() {
+		tick := time.NewTicker(2 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.stopW:
+				return
+			case <-tick.C:
+			}
+			if eps := podEndpoints(t, clusterName); len(eps) > 0 {
+				cli.SetEndpoints(eps...)
+			}
+		}
+	}()
+	go func() {
+		last := time.Now()
+		for i := 0; i < 200000; i++ {
+			select {
+			case <-w.stopW:
+				w.done <- nil
+				return
+			default:
+			}
+			wctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			_, err := cli.Put(wctx, fmt.Sprintf("%s%06d", prefix, i), "v")
+			cancel()
+			if err != nil {
+				i-- // the same key again: an unacknowledged write may or may not be there
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			w.acked.Store(int64(i + 1))
+			if gap := time.Since(last); gap.Nanoseconds() > w.longest.Load() {
+				w.longest.Store(gap.Nanoseconds())
+			}
+			last = time.Now()
+			time.Sleep(10 * time.Millisecond)
+		}
+		w.done <- errors.New("the writer ran out of keys")
+	}()
+	return w
+}
+
+// stop stops the writer and checks, against etcd, that every acknowledged
+// write is there; it returns how many there were and the longest gap
+// between two acknowledgements.
+func (w *writer) stop(t *testing.T) (int64, time.Duration) {
+	t.Helper()
+	close(w.stopW)
+	if err := <-w.done; err != nil {
+		t.Fatal(err)
+	}
+	n := w.acked.Load()
+	gctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	resp, err := w.cli.Get(gctx, w.prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, kv := range resp.Kvs {
+		have[string(kv.Key)] = true
+	}
+	for i := range n {
+		if k := fmt.Sprintf("%s%06d", w.prefix, i); !have[k] {
+			t.Fatalf("the acknowledged write %s was lost (%d acknowledged)", k, n)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no write was acknowledged")
+	}
+	return n, time.Duration(w.longest.Load())
+}
+
+// etcdArgs is the command line of the etcd of member name, read from this
+// machine's /proc, where the pods' processes run: what etcd was given.
+func etcdArgs(name string) ([]string, error) {
+	dirs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range dirs {
+		b, err := os.ReadFile(f)
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if strings.HasSuffix(args[0], "/etcd") && slices.Contains(args, "--name="+name) {
+			return args, nil
+		}
+	}
+	return nil, fmt.Errorf("no etcd process of member %s on this machine", name)
 }
