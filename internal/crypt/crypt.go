@@ -29,6 +29,8 @@ import (
 	"strings"
 
 	"filippo.io/age"
+
+	"github.com/etcd-manager/etcd-manager/internal/secretfile"
 )
 
 // Scheme is the only encryption scheme: age.
@@ -108,7 +110,8 @@ func KeyID(recipient string) string {
 // LoadKeyFile reads a key file: one age identity (AGE-SECRET-KEY-1… or
 // AGE-SECRET-KEY-PQ-1…), with comment lines, as age-keygen writes it. The
 // file must be a regular file that neither group nor others may access,
-// and at most MaxKeyFileSize bytes. Errors name the file, never its
+// and at most MaxKeyFileSize bytes (see secretfile.Check: a Kubernetes
+// Secret under the pod's fsGroup passes too). Errors name the file, never its
 // contents.
 func LoadKeyFile(path string) (*Key, error) {
 	f, err := os.Open(path)
@@ -121,12 +124,10 @@ func LoadKeyFile(path string) (*Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrKeyFile, err)
 	}
+	if err := secretfile.Check(f, path); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrKeyFile, err)
+	}
 	switch {
-	case !st.Mode().IsRegular():
-		return nil, fmt.Errorf("%w: %s is not a regular file", ErrKeyFile, path)
-	case st.Mode().Perm()&0o077 != 0:
-		return nil, fmt.Errorf("%w: %s has mode %04o: group or others may access it, and it holds a secret key; make it private (chmod 600 %s)",
-			ErrKeyFile, path, st.Mode().Perm(), path)
 	case st.Size() > MaxKeyFileSize:
 		return nil, fmt.Errorf("%w: %s is %d bytes, over the %d a key file may be (age-keygen writes one key of about 190 bytes)",
 			ErrKeyFile, path, st.Size(), MaxKeyFileSize)
