@@ -30,7 +30,7 @@ SOCK=$W/containerd/containerd.sock
 PAUSE_IMAGE=${KUBE_PAUSE_IMAGE:-localhost/pause:e2e}
 BRIDGE=emk0
 SUBNET=10.244.0.0/24
-PVS=${KUBE_PVS:-16}
+PVS=${KUBE_PVS:-40}
 NODE=$(hostname)
 
 log() { echo "[kube $(date +%T)] $*"; }

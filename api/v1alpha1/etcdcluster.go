@@ -81,6 +81,16 @@ type EtcdClusterSpec struct {
 	// the source of truth whenever etcd is down.
 	BackupStore BackupStore `json:"backupStore"`
 
+	// ClientPort is the port etcd serves clients on, in the pods and on
+	// the Services. Left out: 2379 for a new cluster; a cluster made by
+	// an operator from before the field keeps the 4001 it serves on.
+	//
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +kubebuilder:validation:XValidation:rule="self != 2380 && self != 8000 && self != 8001 && self != 8080",message="clientPort must differ from the pods' other ports: 2380 (peers), 8000 (agents), 8001 (quarantine) and 8080 (metrics)"
+	// +optional
+	ClientPort *int32 `json:"clientPort,omitempty"`
+
 	// Storage is the volume claim template of each member's data.
 	// Without it, members keep their data in an emptyDir, which a pod's
 	// deletion loses.
@@ -277,6 +287,39 @@ type PodTemplate struct {
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 	// +optional
 	PriorityClassName string `json:"priorityClassName,omitempty"`
+
+	// SecurityContext is merged over the member pods' own, which passes
+	// the restricted Pod Security Standard (user and group 65532, fsGroup
+	// 65532, seccomp RuntimeDefault): each field set here replaces the
+	// default's, so a pod is weaker only where you say so.
+	//
+	// +optional
+	SecurityContext *corev1.PodSecurityContext `json:"securityContext,omitempty"`
+
+	// ContainerSecurityContext is merged over the agent container's own
+	// (no privilege escalation, every capability dropped, a read-only
+	// root file system, non-root), as securityContext is.
+	//
+	// +optional
+	ContainerSecurityContext *corev1.SecurityContext `json:"containerSecurityContext,omitempty"`
+
+	// ImagePullSecrets name Secrets to pull the image with.
+	//
+	// +optional
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+
+	// ServiceAccountName is the pods' service account. The agents call no
+	// Kubernetes API: its token is not mounted.
+	//
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// TopologySpreadConstraints of the member pods. Left out, the pods
+	// spread across nodes (kubernetes.io/hostname) where they can.
+	//
+	// +optional
+	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
 }
 
 // BackupPolicy says when backups are taken and which are kept.

@@ -96,6 +96,7 @@ func run() error {
 		Entrypoint: []string{image.BinDir + "/etcd-manager"},
 		Env:        []string{"PATH=" + image.BinDir + ":/usr/bin:/bin"},
 		Labels:     map[string]string{image.LabelEtcdVersions: strings.Join(versions, ",")},
+		User:       image.User,
 		Epoch:      time.Unix(*epoch, 0),
 	}, tmp)
 	if err != nil {

@@ -186,7 +186,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("controller: peer API: %w", err)
 	}
 	if a.cfg.MetricsAddress != "" {
-		stop, err := a.met.serve(a.cfg.MetricsAddress, n.Ready, a.page, a.cfg.EnablePprof)
+		ready := n.Ready
+		if a.cfg.Readiness == ReadinessVoter {
+			ready = n.ReadyVoter
+		}
+		stop, err := a.met.serve(a.cfg.MetricsAddress, ready, a.page, a.cfg.EnablePprof)
 		if err != nil {
 			l.Close()
 			return fmt.Errorf("controller: metrics: %w", err)

@@ -66,6 +66,9 @@ type Config struct {
 	// CertValidity is how long node certificates are issued for; they are
 	// renewed two thirds into it.
 	CertValidity time.Duration
+	// CertNames are more DNS names and IP addresses for the node
+	// certificate, such as the Kubernetes Service names clients dial.
+	CertNames []string
 
 	EtcdBinDir string
 
@@ -89,6 +92,10 @@ type Config struct {
 	MetricsAddress string
 	// EnablePprof serves Go's runtime profiles beside the metrics.
 	EnablePprof bool
+	// Readiness is what /readyz reports ready: ReadinessRunning (a
+	// standby, or a member whose etcd runs) or ReadinessVoter (a voting
+	// member whose etcd serves).
+	Readiness string
 
 	// LoopInterval is the time between control-loop cycles.
 	LoopInterval time.Duration
@@ -183,6 +190,7 @@ func Default() Config {
 		HashCheckInterval:        DefaultHashCheckInterval,
 		RestoreDrillInterval:     DefaultRestoreDrillInterval,
 		CertValidity:             pki.DefaultCertValidity,
+		Readiness:                ReadinessRunning,
 		EtcdPeerCertCheck:        true,
 		Trash:                    etcdproc.TrashPolicy{MaxAge: DefaultTrashMaxAge},
 		MaxSnapshotBytes:         DefaultMaxSnapshotBytes,
@@ -208,6 +216,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.EtcdInsecure, flagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http; by default they are https and require client certificates from the cluster's CA")
 	fs.BoolVar(&c.EtcdPeerCertCheck, "etcd-peer-cert-check", c.EtcdPeerCertCheck, "let the leader make etcd's peer port accept only node certificates (the name "+pki.NodeMarker("<cluster-name>")+", which no operator's certificate carries), once every member's agent has one; false on any agent turns the check off for the whole cluster, one member at a time, as before a downgrade to an etcd-manager without it")
 	fs.StringVar(&c.PKIDir, "pki-dir", c.PKIDir, "directory holding the cluster's CA as ca.crt and ca.key; when empty, the CA is generated once and kept in the backup store under pki/ (guard that prefix as you would the key)")
+	fs.StringSliceVar(&c.CertNames, "cert-names", c.CertNames, "more DNS names and IP addresses for the node certificate, comma separated, such as the names clients dial (the operator passes its Services' names)")
+	fs.StringVar(&c.Readiness, "readiness", c.Readiness, "what /readyz on --metrics-address reports ready: running (a standby, or a member whose etcd runs) or voter (a voting member whose etcd serves: what a Kubernetes Service and PodDisruptionBudget should count)")
 	fs.DurationVar(&c.CertValidity, "cert-validity", c.CertValidity, "validity of the node certificates the agent issues itself; each is renewed two thirds into its life, with no restart")
 	fs.StringVar(&c.EtcdBinDir, "etcd-bin-dir", c.EtcdBinDir, "directory holding etcd installs as etcd-v<version>/etcd (or etcd-v<version>-linux-amd64/etcd), with etcdctl and etcdutl beside it")
 	fs.StringVar(&c.Discovery, "discovery", c.Discovery, "how agents find each other: store (records in the backup store), file:///DIR (a shared directory), static:HOST:PORT,... (a seed list of peer API addresses) or dns:NAME (SRV, or A records with --peer-port)")
@@ -280,6 +290,14 @@ func (c *Config) Validate() error {
 		if _, port, err := net.SplitHostPort(c.PeerAPIListenAddress); err != nil || port == "" {
 			errs = append(errs, fmt.Errorf("--peer-api-listen-address %q: want host:port", c.PeerAPIListenAddress))
 		}
+	}
+	for _, n := range c.CertNames {
+		if n == "" || strings.ContainsAny(n, " /,:") && net.ParseIP(n) == nil || pki.IsReservedName(n) {
+			errs = append(errs, fmt.Errorf("--cert-names: %q is not a DNS name or an IP address a certificate may carry", n))
+		}
+	}
+	if c.Readiness != ReadinessRunning && c.Readiness != ReadinessVoter {
+		errs = append(errs, fmt.Errorf("--readiness %q: use %s or %s", c.Readiness, ReadinessRunning, ReadinessVoter))
 	}
 	if c.CertValidity < 30*time.Second {
 		errs = append(errs, errors.New("--cert-validity must be at least 30s"))
@@ -528,3 +546,9 @@ func (c BackupConfig) newBackups(node string, log *slog.Logger, met *metrics, no
 	return &backups{node: node, log: log, met: met, now: now, retention: c.Retention, retryDelay: c.RetryDelay, maxRetry: max(c.Interval, c.RetryDelay),
 		status: childStatusReader(), revision: childRevisionReader()}
 }
+
+// Readiness modes (--readiness).
+const (
+	ReadinessRunning = "running"
+	ReadinessVoter   = "voter"
+)

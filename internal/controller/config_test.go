@@ -62,6 +62,11 @@ func TestConfigValidate(t *testing.T) {
 		{name: "backup interval too short", mutate: func(c *Config) { c.Backup.Interval = time.Second }, wantErr: "--backup-interval"},
 		{name: "bad discovery", mutate: func(c *Config) { c.Discovery = "consul:x" }, wantErr: "--discovery"},
 		{name: "short leader lease", mutate: func(c *Config) { c.LeaderLease = time.Millisecond }, wantErr: "--leader-lease"},
+		{name: "certificate names", mutate: func(c *Config) { c.CertNames = []string{"main-client.db.svc", "$(POD_NAME).main.db.svc", "10.0.0.1"} }},
+		{name: "a certificate name with a space", mutate: func(c *Config) { c.CertNames = []string{"main client"} }, wantErr: "--cert-names"},
+		{name: "a reserved certificate name", mutate: func(c *Config) { c.CertNames = []string{"node.main.etcd-manager.internal"} }, wantErr: "--cert-names"},
+		{name: "voter readiness", mutate: func(c *Config) { c.Readiness = ReadinessVoter }},
+		{name: "unknown readiness", mutate: func(c *Config) { c.Readiness = "healthy" }, wantErr: "--readiness"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

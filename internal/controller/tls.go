@@ -101,6 +101,9 @@ func (a *Agent) certRequest() pki.CertRequest {
 			}
 		}
 	}
+	for _, n := range a.cfg.CertNames {
+		add(n)
+	}
 	add("localhost")
 	add("127.0.0.1")
 	if h, err := os.Hostname(); err == nil {

@@ -45,6 +45,8 @@ type Image struct {
 	Entrypoint []string
 	Env        []string
 	Labels     map[string]string
+	// User runs the container unless told otherwise, as user[:group].
+	User string
 	// Epoch stamps every entry and the config (SOURCE_DATE_EPOCH).
 	Epoch time.Time
 }
@@ -56,6 +58,9 @@ const (
 	// VersionsFile lists the etcd versions the image holds, as
 	// LabelEtcdVersions does, for the operator that runs from it.
 	VersionsFile = "/etc/etcd-manager/etcd-versions"
+	// User is who the image runs as: not root, and owning nothing in it
+	// (it writes only to /tmp and the volumes mounted for it).
+	User = "65532:65532"
 )
 
 // LabelEtcdVersions lists the etcd versions an image holds, comma
@@ -165,6 +170,7 @@ func Build(img Image, tmpDir string) (v1.Image, error) {
 			Entrypoint: img.Entrypoint,
 			Env:        img.Env,
 			Labels:     img.Labels,
+			User:       img.User,
 			WorkingDir: "/",
 		},
 	}

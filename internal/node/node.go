@@ -235,6 +235,34 @@ func (n *Node) Ready() (ok bool, why string) {
 	return true, "etcd is running"
 }
 
+// ReadyVoter says whether the node is a voting member whose etcd serves,
+// as its last cycle saw it: what a Kubernetes Service should send clients
+// to and a PodDisruptionBudget should count. A standby, a learner, a
+// member still waiting for its cluster or whose etcd does not answer is
+// not ready.
+func (n *Node) ReadyVoter() (ok bool, why string) {
+	m := n.Member()
+	switch {
+	case m == nil:
+		return false, "standby: not a member"
+	case m.Pending:
+		return false, "waiting for the cluster's creation"
+	}
+	if st := n.proc.Status(); st.PID == 0 {
+		return false, "etcd is not running"
+	}
+	n.infoMu.Lock()
+	info := n.info
+	n.infoMu.Unlock()
+	switch {
+	case info.IsLearner:
+		return false, "a learner, catching up before it votes"
+	case !info.EtcdHealthy:
+		return false, "etcd does not answer"
+	}
+	return true, "a voting member; etcd serves"
+}
+
 // DataRevision is the revision of the member's data when etcd last
 // started on it, 0 when unknown: the revision of a member whose etcd does
 // not serve (one that restarted without quorum never does).

@@ -52,6 +52,8 @@ const (
 	reasonRollStep        = "RollStep"
 	reasonStoreInUse      = "StoreInUse"
 	reasonImageLacks      = "ImageLacksVersion"
+	reasonCAMissing       = "CAMissing"
+	reasonClientCert      = "ClientCertIssued"
 )
 
 // Annotations a user sets on an EtcdCluster.
@@ -79,6 +81,10 @@ type ClusterReconciler struct {
 	// ImageVersions are the etcd versions Image carries, nil when they are
 	// not known: a cluster on Image whose versions it lacks is held.
 	ImageVersions []string
+	// ClusterDomain is the Kubernetes cluster's DNS domain, for the
+	// names in the members' certificates (DefaultClusterDomain when
+	// empty).
+	ClusterDomain string
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -137,7 +143,9 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		msg := fmt.Sprintf("the backup store %s is the store of EtcdCluster %s: one store holds one cluster; give this cluster a store of its own", c.Spec.BackupStore.URL, other)
 		return r.hold(ctx, &c, st, reasonStoreInUse, msg)
 	}
-	if err := r.ensureCA(ctx, &c); err != nil {
+	if err := r.ensureCA(ctx, &c); errors.Is(err, errCAMissing) {
+		return r.hold(ctx, &c, st, reasonCAMissing, err.Error())
+	} else if err != nil {
 		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "CAUnavailable", err.Error())
 		return r.finish(ctx, &c, st, pollSteady, err)
 	}
@@ -153,27 +161,33 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if msg := r.imageLacks(&c, status); msg != "" {
 		return r.hold(ctx, &c, st, reasonImageLacks, msg)
 	}
-	for _, obj := range []client.Object{RenderPeerService(&c), RenderClientService(&c), RenderPDB(&c)} {
-		if err := r.apply(ctx, &c, obj); err != nil {
-			return r.finish(ctx, &c, st, pollSteady, err)
-		}
-	}
-
 	var sts appsv1.StatefulSet
 	o := Observed{Desired: Replicas(&c), Version: c.Spec.Version, RestorePending: c.Annotations[AnnotationRestorePending]}
-	owned, etcdErr := OwnedFields(&c)
-	if etcdErr == nil {
-		o.Owned = owned
-	} else {
-		r.Events.Eventf(&c, nil, corev1.EventTypeWarning, reasonInvalidEtcdSpec, "Validate", "spec.etcd is refused, and the store keeps its settings: %v", etcdErr)
-	}
+	var existing *appsv1.StatefulSet
 	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, &sts); {
 	case err == nil:
+		existing = &sts
 		if sts.Spec.Replicas != nil {
 			o.StatefulSet = *sts.Spec.Replicas
 		}
 	case !apierrors.IsNotFound(err):
 		return r.finish(ctx, &c, st, pollSteady, err)
+	}
+	port := ClientPortOf(&c, existing)
+	for _, obj := range []client.Object{RenderPeerService(&c, port), RenderClientService(&c, port), RenderPDB(&c)} {
+		if err := r.apply(ctx, &c, obj); err != nil {
+			return r.finish(ctx, &c, st, pollSteady, err)
+		}
+	}
+	if err := r.ensureClientSecret(ctx, &c); err != nil {
+		setCondition(st, c.Generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "ClientCertUnavailable", err.Error())
+		return r.finish(ctx, &c, st, pollSteady, err)
+	}
+	owned, etcdErr := OwnedFields(&c)
+	if etcdErr == nil {
+		o.Owned = owned
+	} else {
+		r.Events.Eventf(&c, nil, corev1.EventTypeWarning, reasonInvalidEtcdSpec, "Validate", "spec.etcd is refused, and the store keeps its settings: %v", etcdErr)
 	}
 	if status != nil {
 		o.Members = memberNames(*status)
@@ -210,7 +224,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 
 	steps := PlanSteps(o)
-	if err := r.applyStatefulSet(ctx, &c, steps.StatefulSet); err != nil {
+	if err := r.applyStatefulSet(ctx, &c, RenderOptions{Image: r.Image, Replicas: steps.StatefulSet, ClientPort: port, ClusterDomain: r.ClusterDomain}); err != nil {
 		return r.finish(ctx, &c, st, pollSteady, err)
 	}
 	if o.StatefulSet != 0 && steps.StatefulSet != o.StatefulSet {
@@ -524,8 +538,8 @@ func (r *ClusterReconciler) apply(ctx context.Context, c *v1alpha1.EtcdCluster, 
 // API server's defaults make the stored template differ from the rendered).
 const annotationTemplateHash = "etcd-manager.dev/template-hash"
 
-func (r *ClusterReconciler) applyStatefulSet(ctx context.Context, c *v1alpha1.EtcdCluster, replicas int32) error {
-	want, err := RenderStatefulSet(c, r.Image, replicas)
+func (r *ClusterReconciler) applyStatefulSet(ctx context.Context, c *v1alpha1.EtcdCluster, o RenderOptions) error {
+	want, err := RenderStatefulSet(c, o)
 	if err != nil {
 		return err
 	}
@@ -648,9 +662,15 @@ func (r *ClusterReconciler) roll(ctx context.Context, c *v1alpha1.EtcdCluster, s
 	return step.Waiting, nil
 }
 
+// errCAMissing means the CA Secret of a live cluster is gone: a new CA
+// would not be trusted by the members that still run, so none is made.
+var errCAMissing = errors.New("operator: the CA Secret is missing")
+
 // ensureCA makes sure the CA Secret exists: the named one must; <name>-ca
-// is generated when missing. Every cluster has one: the agents' peer API,
-// which the operator calls, runs mutual TLS even when etcd runs none.
+// is generated for a new cluster. Every cluster has one: the agents' peer
+// API, which the operator calls, runs mutual TLS even when etcd runs none.
+// A live cluster's CA is never generated again: its members trust the one
+// they have, and a pod started with another could not rejoin them.
 func (r *ClusterReconciler) ensureCA(ctx context.Context, c *v1alpha1.EtcdCluster) error {
 	var sec corev1.Secret
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: CASecretName(c)}, &sec)
@@ -680,7 +700,12 @@ func (r *ClusterReconciler) ensureCA(ctx context.Context, c *v1alpha1.EtcdCluste
 	case !apierrors.IsNotFound(err):
 		return err
 	case c.Spec.TLS != nil && c.Spec.TLS.CASecret != "":
-		return fmt.Errorf("operator: the CA Secret %s named by spec.tls.caSecret does not exist", c.Spec.TLS.CASecret)
+		return fmt.Errorf("%w: the Secret %s named by spec.tls.caSecret does not exist; create it with the CA as tls.crt and tls.key", errCAMissing, c.Spec.TLS.CASecret)
+	}
+	if live, err := r.live(ctx, c); err != nil {
+		return err
+	} else if live {
+		return fmt.Errorf("%w: Secret %s is gone while the cluster runs; nothing is restarted until it is back: restore it (tls.crt and tls.key of the same CA) from your own copy, or from a member pod's /etc/etcd-manager/pki (ca.crt, ca.key) while one runs", errCAMissing, CASecretName(c))
 	}
 	ca, err := pki.GenerateCA(r.now(), pki.DefaultCAValidity)
 	if err != nil {
@@ -706,6 +731,22 @@ func (r *ClusterReconciler) ensureCA(ctx context.Context, c *v1alpha1.EtcdCluste
 	}
 	r.Events.Eventf(c, nil, corev1.EventTypeNormal, reasonCAGenerated, "GenerateCA", "generated the cluster's CA into Secret %s", sec.Name)
 	return nil
+}
+
+// live says whether c has run: its StatefulSet exists, or its status has
+// members. A CA made for it now would not be its members' CA.
+func (r *ClusterReconciler) live(ctx context.Context, c *v1alpha1.EtcdCluster) (bool, error) {
+	if len(c.Status.Members) > 0 {
+		return true, nil
+	}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, &appsv1.StatefulSet{})
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	}
+	return false, err
 }
 
 // isMember says whether an agent's role is that of an etcd member.

@@ -40,6 +40,9 @@ type Config struct {
 	ImageVersions []string
 	// Namespaces limit the operator to these namespaces; none watches all.
 	Namespaces []string
+	// ClusterDomain is the Kubernetes cluster's DNS domain, for the
+	// Service names in the members' certificates.
+	ClusterDomain string
 	// LeaderElection makes one of several replicas act.
 	LeaderElection          bool
 	LeaderElectionNamespace string
@@ -54,7 +57,7 @@ type Config struct {
 
 // Default returns the defaults.
 func Default() Config {
-	return Config{LeaderElection: true, LeaderElectionID: "etcd-manager-operator.etcd-manager.dev", MetricsAddress: ":8080", HealthAddress: ":8081"}
+	return Config{ClusterDomain: DefaultClusterDomain, LeaderElection: true, LeaderElectionID: "etcd-manager-operator.etcd-manager.dev", MetricsAddress: ":8080", HealthAddress: ":8081"}
 }
 
 // The environment that names the operator's own pod (from the downward
@@ -68,6 +71,7 @@ const (
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Image, "image", c.Image, "image of the member pods of an EtcdCluster that sets no spec.image (default: the operator's own, read from its pod, named by $POD_NAMESPACE and $POD_NAME)")
 	fs.StringSliceVar(&c.ImageVersions, "image-etcd-versions", c.ImageVersions, "the etcd versions the member image carries, comma separated; a cluster on that image whose versions it lacks is held, not rolled (default: the versions recorded in the operator's own image at "+ImageVersionsFile+", when --image is not set)")
+	fs.StringVar(&c.ClusterDomain, "cluster-domain", c.ClusterDomain, "the Kubernetes cluster's DNS domain: the members' certificates name <cluster>-client.<namespace>.svc.<domain> and each pod's <pod>.<cluster>.<namespace>.svc.<domain>")
 	fs.StringSliceVar(&c.Namespaces, "namespaces", c.Namespaces, "watch only these namespaces, comma separated, with a Role in each (default: all, with a ClusterRole)")
 	fs.StringSliceVar(&c.Namespaces, "namespace", c.Namespaces, "the same as --namespaces")
 	_ = fs.MarkHidden("namespace")
@@ -85,6 +89,9 @@ func (c *Config) Validate() error {
 		if bad := validation.IsDNS1123Label(ns); len(bad) > 0 {
 			errs = append(errs, fmt.Errorf("--namespaces: %q is not a namespace name: %s", ns, strings.Join(bad, "; ")))
 		}
+	}
+	if bad := validation.IsDNS1123Subdomain(c.ClusterDomain); len(bad) > 0 {
+		errs = append(errs, fmt.Errorf("--cluster-domain %q is not a DNS domain: %s", c.ClusterDomain, strings.Join(bad, "; ")))
 	}
 	for _, v := range c.ImageVersions {
 		if _, err := spec.ParseVersion(v); err != nil {
@@ -172,7 +179,7 @@ func NewManager(cfg Config, restCfg *rest.Config) (ctrl.Manager, error) {
 	engine := &Agents{Client: mgr.GetClient()}
 	rec := mgr.GetEventRecorder(managerName)
 	for _, r := range []interface{ SetupWithManager(ctrl.Manager) error }{
-		&ClusterReconciler{Client: mgr.GetClient(), Engine: engine, Events: rec, Image: cfg.Image, ImageVersions: versions},
+		&ClusterReconciler{Client: mgr.GetClient(), Engine: engine, Events: rec, Image: cfg.Image, ImageVersions: versions, ClusterDomain: cfg.ClusterDomain},
 		&BackupReconciler{Client: mgr.GetClient(), Engine: engine, Events: rec},
 		&RestoreReconciler{Client: mgr.GetClient(), Engine: engine, Events: rec},
 		&ScheduleReconciler{Client: mgr.GetClient()},

@@ -6,9 +6,12 @@
 package operator
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"path"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -19,15 +22,21 @@ import (
 	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
 )
 
-// Ports and paths inside a member pod.
+// Ports and paths inside a member pod. Clients use the cluster's client
+// port (ClientPortOf).
 const (
-	ClientPort     = 4001
-	QuarantinePort = 8001
+	// DefaultClientPort is a new cluster's client port, as Kubernetes
+	// users expect; LegacyClientPort is the one clusters made before
+	// spec.clientPort serve on (the VM default, as kops has it).
+	DefaultClientPort = 2379
+	LegacyClientPort  = 4001
+	QuarantinePort    = 8001
 	PeerPort       = 2380
 	AgentPort      = 8000
 	MetricsPort    = 8080
 
 	dataDir    = "/var/lib/etcd-manager"
+	tmpDir     = "/tmp"
 	pkiDir     = "/etc/etcd-manager/pki"
 	binDir     = "/usr/local/bin"
 	etcdBinDir = "/opt"
@@ -119,9 +128,71 @@ func storePath(c *v1alpha1.EtcdCluster) (string, error) {
 	return p, nil
 }
 
+// RenderOptions are what the pods are rendered with besides the
+// EtcdCluster.
+type RenderOptions struct {
+	// Image is the member image unless spec.image names one.
+	Image string
+	// Replicas is the StatefulSet's.
+	Replicas int32
+	// ClientPort is the cluster's client port (ClientPortOf).
+	ClientPort int32
+	// ClusterDomain is the Kubernetes cluster's DNS domain (default
+	// cluster.local), for the names in the members' certificates.
+	ClusterDomain string
+}
+
+// DefaultClusterDomain is the DNS domain of most Kubernetes clusters.
+const DefaultClusterDomain = "cluster.local"
+
+func (o RenderOptions) domain() string {
+	if o.ClusterDomain == "" {
+		return DefaultClusterDomain
+	}
+	return o.ClusterDomain
+}
+
+func (o RenderOptions) port() int32 {
+	if o.ClientPort == 0 {
+		return DefaultClientPort
+	}
+	return o.ClientPort
+}
+
+// ClientPortOf is the port a cluster serves clients on: spec.clientPort;
+// else the one its StatefulSet, if it has one, already serves on (a
+// cluster an older operator made keeps its 4001); else DefaultClientPort.
+func ClientPortOf(c *v1alpha1.EtcdCluster, existing *appsv1.StatefulSet) int32 {
+	if c.Spec.ClientPort != nil {
+		return *c.Spec.ClientPort
+	}
+	if existing != nil {
+		for _, ctr := range existing.Spec.Template.Spec.Containers {
+			for _, p := range ctr.Ports {
+				if ctr.Name == container && p.Name == "client" && p.ContainerPort > 0 {
+					return p.ContainerPort
+				}
+			}
+		}
+	}
+	return DefaultClientPort
+}
+
+// ServerNames are the DNS names the members' certificates carry for
+// clients inside the Kubernetes cluster: the client Service's, in each
+// form a client may dial, and each pod's under the headless Service
+// ($(POD_NAME) is expanded by the kubelet).
+func ServerNames(c *v1alpha1.EtcdCluster, domain string) []string {
+	svc := ClientServiceName(c)
+	return []string{
+		svc, svc + "." + c.Namespace, svc + "." + c.Namespace + ".svc", svc + "." + c.Namespace + ".svc." + domain,
+		"$(POD_NAME)." + c.Name + "." + c.Namespace + ".svc", "$(POD_NAME)." + c.Name + "." + c.Namespace + ".svc." + domain,
+	}
+}
+
 // AgentArgs are the agent's flags in a member pod; $(POD_NAME) and
 // $(POD_IP) are expanded by the kubelet.
-func AgentArgs(c *v1alpha1.EtcdCluster) []string {
+func AgentArgs(c *v1alpha1.EtcdCluster, o RenderOptions) []string {
 	sch := urlScheme(c)
 	args := []string{
 		"--cluster-name=" + c.Name,
@@ -134,9 +205,13 @@ func AgentArgs(c *v1alpha1.EtcdCluster) []string {
 		// etcd advertises the pod's IP and binds every address, so that
 		// kubectl port-forward and exec reach it on the pod's loopback;
 		// in quarantine it binds the quarantine URL only.
-		fmt.Sprintf("--listen-client-urls=%s://0.0.0.0:%d", sch, ClientPort),
+		fmt.Sprintf("--client-urls=%s://$(POD_IP):%d", sch, o.port()),
+		fmt.Sprintf("--listen-client-urls=%s://0.0.0.0:%d", sch, o.port()),
 		"--etcd-bin-dir=" + etcdBinDir,
 		fmt.Sprintf("--metrics-address=0.0.0.0:%d", MetricsPort),
+		// Ready means serving: what the client Service and the PDB count.
+		"--readiness=voter",
+		"--cert-names=" + strings.Join(ServerNames(c, o.domain()), ","),
 	}
 	// The peer API always runs mutual TLS, whatever TLS etcd runs: the
 	// operator calls the agents there.
@@ -192,9 +267,63 @@ func backupKeys(c *v1alpha1.EtcdCluster) []backupKey {
 	return keys
 }
 
-// RenderStatefulSet is the StatefulSet of a cluster's member pods, with
-// replicas pods, running image.
-func RenderStatefulSet(c *v1alpha1.EtcdCluster, image string, replicas int32) (*appsv1.StatefulSet, error) {
+// The member pods' user and group: the image's, not root.
+const podUser = 65532
+
+// defaultPodSecurity and defaultContainerSecurity pass the restricted Pod
+// Security Standard.
+func defaultPodSecurity() *corev1.PodSecurityContext {
+	id := int64(podUser)
+	onMismatch := corev1.FSGroupChangeOnRootMismatch
+	return &corev1.PodSecurityContext{RunAsNonRoot: new(true), RunAsUser: &id, RunAsGroup: &id, FSGroup: &id, FSGroupChangePolicy: &onMismatch,
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+}
+
+func defaultContainerSecurity() *corev1.SecurityContext {
+	return &corev1.SecurityContext{AllowPrivilegeEscalation: new(false), RunAsNonRoot: new(true), ReadOnlyRootFilesystem: new(true),
+		Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
+}
+
+// mergeOver sets on def each field that over sets: the user's fields win,
+// one by one, and those left out keep the default.
+func mergeOver[T any](def, over *T) (*T, error) {
+	if over == nil {
+		return def, nil
+	}
+	var m map[string]json.RawMessage
+	b, err := json.Marshal(def)
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	var o map[string]json.RawMessage
+	if b, err = json.Marshal(over); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, &o); err != nil {
+		return nil, err
+	}
+	maps.Copy(m, o)
+	if b, err = json.Marshal(m); err != nil {
+		return nil, err
+	}
+	out := new(T)
+	if err := json.Unmarshal(b, out); err != nil {
+		return nil, fmt.Errorf("operator: merge a security context: %w", err)
+	}
+	return out, nil
+}
+
+// secretMode is the mode of the Secrets' files in the pods: readable by
+// the pods' fsGroup, which their user is in, on Kubernetes' read-only
+// mount (the agent takes no wider).
+const secretMode = int32(0o440)
+
+// RenderStatefulSet is the StatefulSet of a cluster's member pods.
+func RenderStatefulSet(c *v1alpha1.EtcdCluster, o RenderOptions) (*appsv1.StatefulSet, error) {
+	image, replicas := o.Image, o.Replicas
 	if c.Spec.Image != "" {
 		image = c.Spec.Image
 	}
@@ -219,43 +348,54 @@ func RenderStatefulSet(c *v1alpha1.EtcdCluster, image string, replicas int32) (*
 		Image:           image,
 		ImagePullPolicy: corev1.PullIfNotPresent,
 		Command:         []string{binDir + "/etcd-manager"},
-		Args:            AgentArgs(c),
+		Args:            AgentArgs(c, o),
 		Env: []corev1.EnvVar{
 			{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 		},
 		Ports: []corev1.ContainerPort{
-			{Name: "client", ContainerPort: ClientPort},
+			{Name: "client", ContainerPort: o.port()},
 			{Name: "quarantine", ContainerPort: QuarantinePort},
 			{Name: "peer", ContainerPort: PeerPort},
 			{Name: "agent", ContainerPort: AgentPort},
 			{Name: "metrics", ContainerPort: MetricsPort},
 		},
 		Resources: pt.Resources,
-		// Ready once the agent serves: a started member or a standby.
-		// Never "the cluster is healthy", which would deadlock creation
-		// and scale-up.
+		// Ready while the member is a started, healthy voter (see
+		// --readiness): the client Service sends clients there, and the
+		// PDB counts it. The headless Service publishes pods that are not
+		// ready, and the pods start in parallel, so creation and scale-up
+		// never wait on readiness.
 		ReadinessProbe: &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(MetricsPort)}},
 			PeriodSeconds: 2, FailureThreshold: 3,
 		},
-		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: dataDir}},
+		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: dataDir}, {Name: "tmp", MountPath: tmpDir}},
+	}
+	var err error
+	if ctr.SecurityContext, err = mergeOver(defaultContainerSecurity(), pt.ContainerSecurityContext); err != nil {
+		return nil, err
+	}
+	podSecurity, err := mergeOver(defaultPodSecurity(), pt.SecurityContext)
+	if err != nil {
+		return nil, err
 	}
 	if s := c.Spec.BackupStore.CredentialsSecret; s != "" {
 		ctr.EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: s}}}}
 	}
-	var volumes []corev1.Volume
+	// The root file system is read-only: scratch space is an emptyDir.
+	volumes := []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	mode := secretMode
 	volumes = append(volumes, corev1.Volume{Name: "pki", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-		SecretName: CASecretName(c),
+		SecretName: CASecretName(c), DefaultMode: &mode,
 		Items:      []corev1.KeyToPath{{Key: corev1.TLSCertKey, Path: "ca.crt"}, {Key: corev1.TLSPrivateKeyKey, Path: "ca.key"}},
 	}}})
 	ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: "pki", MountPath: pkiDir, ReadOnly: true})
-	// The keys are private: the agent refuses a key file that group or
-	// others may read.
-	keyMode := int32(0o400)
+	// The keys are private: readable by the pods' group only, on the
+	// read-only mount the agent requires of a group-readable key.
 	for _, k := range backupKeys(c) {
 		volumes = append(volumes, corev1.Volume{Name: k.volume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName: k.secret, DefaultMode: &keyMode, Items: []corev1.KeyToPath{{Key: k.key, Path: "key"}},
+			SecretName: k.secret, DefaultMode: &mode, Items: []corev1.KeyToPath{{Key: k.key, Path: "key"}},
 		}}})
 		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: k.volume, MountPath: k.dir(), ReadOnly: true})
 	}
@@ -308,6 +448,12 @@ func RenderStatefulSet(c *v1alpha1.EtcdCluster, image string, replicas int32) (*
 					PriorityClassName:             pt.PriorityClassName,
 					TerminationGracePeriodSeconds: &grace,
 					EnableServiceLinks:            new(bool),
+					SecurityContext:               podSecurity,
+					// The agents call no Kubernetes API.
+					AutomountServiceAccountToken: new(false),
+					ServiceAccountName:           pt.ServiceAccountName,
+					ImagePullSecrets:             pt.ImagePullSecrets,
+					TopologySpreadConstraints:    spread(c, pt.TopologySpreadConstraints),
 				},
 			},
 			VolumeClaimTemplates: claims,
@@ -316,10 +462,20 @@ func RenderStatefulSet(c *v1alpha1.EtcdCluster, image string, replicas int32) (*
 	return sts, nil
 }
 
+// spread is the pods' topology spread: the user's, or across nodes where
+// the scheduler can (never a pod left pending for it).
+func spread(c *v1alpha1.EtcdCluster, user []corev1.TopologySpreadConstraint) []corev1.TopologySpreadConstraint {
+	if len(user) > 0 {
+		return user
+	}
+	return []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.ScheduleAnyway,
+		LabelSelector: &metav1.LabelSelector{MatchLabels: selectorLabels(c)}}}
+}
+
 // RenderPeerService is the headless Service that gives member pods stable
 // names. Agents find each other through the store, so it is a convenience,
 // not a dependency.
-func RenderPeerService(c *v1alpha1.EtcdCluster) *corev1.Service {
+func RenderPeerService(c *v1alpha1.EtcdCluster, clientPort int32) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: c.Namespace, Labels: commonLabels(c)},
 		Spec: corev1.ServiceSpec{
@@ -327,7 +483,7 @@ func RenderPeerService(c *v1alpha1.EtcdCluster) *corev1.Service {
 			Selector:                 selectorLabels(c),
 			PublishNotReadyAddresses: true,
 			Ports: []corev1.ServicePort{
-				{Name: "client", Port: ClientPort, TargetPort: intstr.FromInt32(ClientPort)},
+				{Name: "client", Port: clientPort, TargetPort: intstr.FromInt32(clientPort)},
 				{Name: "peer", Port: PeerPort, TargetPort: intstr.FromInt32(PeerPort)},
 				{Name: "agent", Port: AgentPort, TargetPort: intstr.FromInt32(AgentPort)},
 			},
@@ -335,26 +491,35 @@ func RenderPeerService(c *v1alpha1.EtcdCluster) *corev1.Service {
 	}
 }
 
-// RenderClientService is the Service clients use: <name>-client, port 4001.
-func RenderClientService(c *v1alpha1.EtcdCluster) *corev1.Service {
+// RenderClientService is the Service clients use: <name>-client, on the
+// client port. It sends clients to ready pods only: serving voters.
+func RenderClientService(c *v1alpha1.EtcdCluster, clientPort int32) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: ClientServiceName(c), Namespace: c.Namespace, Labels: commonLabels(c)},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeClusterIP,
 			Selector: selectorLabels(c),
-			Ports:    []corev1.ServicePort{{Name: "client", Port: ClientPort, TargetPort: intstr.FromInt32(ClientPort)}},
+			Ports:    []corev1.ServicePort{{Name: "client", Port: clientPort, TargetPort: intstr.FromInt32(clientPort)}},
 		},
 	}
 }
 
-// RenderPDB keeps a quorum of members through voluntary disruptions.
+// RenderPDB keeps a quorum of members through voluntary disruptions,
+// counting only ready pods, which are serving voters: one pod away at a
+// time. A single member may go (it has no quorum to keep, and a drain
+// must not hang on it for nothing); of two, neither may, since one away is
+// quorum lost, so a drain waits until the cluster is grown or shrunk.
 func RenderPDB(c *v1alpha1.EtcdCluster) *policyv1.PodDisruptionBudget {
-	minAvailable := intstr.FromInt32(Replicas(c)/2 + 1)
+	spec := policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(c)}}
+	if Replicas(c) == 2 {
+		two := intstr.FromInt32(2)
+		spec.MinAvailable = &two
+	} else {
+		one := intstr.FromInt32(1)
+		spec.MaxUnavailable = &one
+	}
 	return &policyv1.PodDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: c.Namespace, Labels: commonLabels(c)},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MinAvailable: &minAvailable,
-			Selector:     &metav1.LabelSelector{MatchLabels: selectorLabels(c)},
-		},
+		Spec:       spec,
 	}
 }

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/etcd-manager/etcd-manager/api/v1alpha1"
 )
@@ -38,15 +40,17 @@ func TestRenderStatefulSet(t *testing.T) {
 	}{
 		{name: "defaults: TLS from the CA Secret, data in an emptyDir",
 			c:        cluster(nil),
-			argsHave: []string{"--cluster-name=main", "--node-name=$(POD_NAME)", "--address=$(POD_IP)", "--pki-dir=/etc/etcd-manager/pki", "--listen-client-urls=https://0.0.0.0:4001", "--etcd-bin-dir=/opt"},
+			argsHave: []string{"--cluster-name=main", "--node-name=$(POD_NAME)", "--address=$(POD_IP)", "--pki-dir=/etc/etcd-manager/pki", "--listen-client-urls=https://0.0.0.0:2379",
+				"--client-urls=https://$(POD_IP):2379", "--etcd-bin-dir=/opt", "--readiness=voter",
+				"--cert-names=main-client,main-client.db,main-client.db.svc,main-client.db.svc.cluster.local,$(POD_NAME).main.db.svc,$(POD_NAME).main.db.svc.cluster.local"},
 			argsLack: []string{"--insecure", "--backup-interval"},
-			mounts:   []string{"/var/lib/etcd-manager", "/etc/etcd-manager/pki"},
+			mounts:   []string{"/var/lib/etcd-manager", "/tmp", "/etc/etcd-manager/pki"},
 			image:    "etcd-manager:dev", whenGone: "Retain"},
 		{name: "no TLS for etcd: the peer API, which the operator calls, keeps mutual TLS",
 			c:        cluster(func(c *v1alpha1.EtcdCluster) { c.Spec.TLS = &v1alpha1.TLSSpec{Enabled: &off} }),
-			argsHave: []string{"--etcd-insecure", "--listen-client-urls=http://0.0.0.0:4001", "--pki-dir=/etc/etcd-manager/pki"},
+			argsHave: []string{"--etcd-insecure", "--listen-client-urls=http://0.0.0.0:2379", "--pki-dir=/etc/etcd-manager/pki"},
 			argsLack: []string{"--insecure"},
-			mounts:   []string{"/var/lib/etcd-manager", "/etc/etcd-manager/pki"},
+			mounts:   []string{"/var/lib/etcd-manager", "/tmp", "/etc/etcd-manager/pki"},
 			image:    "etcd-manager:dev", whenGone: "Retain"},
 		{name: "a file store's volume at its path, storage, backups, image, Delete",
 			c: cluster(func(c *v1alpha1.EtcdCluster) {
@@ -58,14 +62,14 @@ func TestRenderStatefulSet(t *testing.T) {
 				c.Spec.DeletionPolicy = v1alpha1.DeletionDelete
 			}),
 			argsHave: []string{"--backup-store=file:///srv/backups/main", "--backup-interval=5m0s", "--backup-retention=count:10", "--member-failure-grace=2m0s"},
-			mounts:   []string{"/var/lib/etcd-manager", "/etc/etcd-manager/pki", "/srv/backups/main"},
+			mounts:   []string{"/var/lib/etcd-manager", "/tmp", "/etc/etcd-manager/pki", "/srv/backups/main"},
 			image:    "registry.example/etcd-manager:v1", claims: 1, whenGone: "Delete"},
 		{name: "backup encryption: the writing key and an older one, each a private Secret volume",
 			c: cluster(func(c *v1alpha1.EtcdCluster) {
 				c.Spec.Backup = &v1alpha1.BackupPolicy{Encryption: &v1alpha1.BackupEncryption{KeySecret: "backup-key-2", DecryptionKeySecrets: []string{"backup-key-1"}}}
 			}),
 			argsHave: []string{"--backup-encryption-key-file=/etc/etcd-manager/backup-keys/backup-key/key", "--backup-decryption-key-file=/etc/etcd-manager/backup-keys/backup-old-key-0/key"},
-			mounts:   []string{"/var/lib/etcd-manager", "/etc/etcd-manager/pki", "/etc/etcd-manager/backup-keys/backup-key", "/etc/etcd-manager/backup-keys/backup-old-key-0"},
+			mounts:   []string{"/var/lib/etcd-manager", "/tmp", "/etc/etcd-manager/pki", "/etc/etcd-manager/backup-keys/backup-key", "/etc/etcd-manager/backup-keys/backup-old-key-0"},
 			image:    "etcd-manager:dev", whenGone: "Retain"},
 		{name: "a file store at the root is refused",
 			c: cluster(func(c *v1alpha1.EtcdCluster) {
@@ -75,7 +79,7 @@ func TestRenderStatefulSet(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			sts, err := RenderStatefulSet(tc.c, "etcd-manager:dev", 3)
+			sts, err := RenderStatefulSet(tc.c, RenderOptions{Image: "etcd-manager:dev", Replicas: 3, ClientPort: 2379})
 			if tc.wantError != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantError) {
 					t.Fatalf("error %v, want %q", err, tc.wantError)
@@ -112,10 +116,18 @@ func TestRenderStatefulSet(t *testing.T) {
 				t.Error("member pods must use the pod network")
 			}
 			for _, v := range sts.Spec.Template.Spec.Volumes {
-				if sec := v.Secret; sec != nil && strings.HasPrefix(v.Name, "backup-") {
-					if sec.DefaultMode == nil || *sec.DefaultMode != 0o400 || len(sec.Items) != 1 || sec.Items[0].Key != "key" || sec.Items[0].Path != "key" {
-						t.Errorf("key volume %s: %+v, want mode 0400 and the Secret's key as key", v.Name, sec)
+				if sec := v.Secret; sec != nil {
+					if sec.DefaultMode == nil || *sec.DefaultMode != 0o440 {
+						t.Errorf("Secret volume %s: mode %v, want 0440, for the pods' group on a read-only mount", v.Name, sec.DefaultMode)
 					}
+					if strings.HasPrefix(v.Name, "backup-") && (len(sec.Items) != 1 || sec.Items[0].Key != "key" || sec.Items[0].Path != "key") {
+						t.Errorf("key volume %s: %+v, want the Secret's key as key", v.Name, sec)
+					}
+				}
+			}
+			for _, m := range ctr.VolumeMounts {
+				if !m.ReadOnly && m.MountPath != "/var/lib/etcd-manager" && m.MountPath != "/tmp" && !strings.HasPrefix(tc.c.Spec.BackupStore.URL, "file://"+m.MountPath) {
+					t.Errorf("mount %s is writable", m.MountPath)
 				}
 			}
 			if p := ctr.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
@@ -126,10 +138,94 @@ func TestRenderStatefulSet(t *testing.T) {
 }
 
 func TestRenderPDBKeepsQuorum(t *testing.T) {
-	for replicas, want := range map[int32]int{1: 1, 3: 2, 4: 3, 5: 3, 7: 4} {
-		c := cluster(func(c *v1alpha1.EtcdCluster) { c.Spec.Replicas = &replicas })
-		if got := RenderPDB(c).Spec.MinAvailable.IntValue(); got != want {
-			t.Errorf("%d replicas: minAvailable %d, want %d", replicas, got, want)
+	for _, tc := range []struct {
+		replicas                   int32
+		maxUnavailable, minAvailable string
+	}{
+		{1, "1", ""}, // nothing to keep: a drain must not hang on it
+		{2, "", "2"}, // one away is quorum lost: a drain waits
+		{3, "1", ""}, {4, "1", ""}, {5, "1", ""}, {7, "1", ""},
+	} {
+		c := cluster(func(c *v1alpha1.EtcdCluster) { c.Spec.Replicas = &tc.replicas })
+		pdb := RenderPDB(c).Spec
+		str := func(v *intstr.IntOrString) string {
+			if v == nil {
+				return ""
+			}
+			return v.String()
+		}
+		if str(pdb.MaxUnavailable) != tc.maxUnavailable || str(pdb.MinAvailable) != tc.minAvailable {
+			t.Errorf("%d replicas: maxUnavailable %q, minAvailable %q; want %q, %q", tc.replicas, str(pdb.MaxUnavailable), str(pdb.MinAvailable), tc.maxUnavailable, tc.minAvailable)
+		}
+	}
+}
+
+// The pods pass the restricted Pod Security Standard by default; the
+// user's fields replace the defaults' one by one.
+func TestRenderSecurityContext(t *testing.T) {
+	sts, err := RenderStatefulSet(cluster(nil), RenderOptions{Image: "x", Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := sts.Spec.Template.Spec
+	ps, cs := pod.SecurityContext, pod.Containers[0].SecurityContext
+	if ps == nil || !*ps.RunAsNonRoot || *ps.RunAsUser != 65532 || *ps.RunAsGroup != 65532 || *ps.FSGroup != 65532 || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context %+v", ps)
+	}
+	if cs == nil || *cs.AllowPrivilegeEscalation || !*cs.ReadOnlyRootFilesystem || !*cs.RunAsNonRoot || !slices.Equal(cs.Capabilities.Drop, []corev1.Capability{"ALL"}) || cs.Privileged != nil {
+		t.Errorf("container security context %+v", cs)
+	}
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Error("the service account token is mounted")
+	}
+	if len(pod.TopologySpreadConstraints) != 1 || pod.TopologySpreadConstraints[0].TopologyKey != corev1.LabelHostname ||
+		pod.TopologySpreadConstraints[0].WhenUnsatisfiable != corev1.ScheduleAnyway {
+		t.Errorf("topology spread %+v, want across nodes, never blocking", pod.TopologySpreadConstraints)
+	}
+
+	user := int64(1000)
+	c := cluster(func(c *v1alpha1.EtcdCluster) {
+		c.Spec.PodTemplate = &v1alpha1.PodTemplate{
+			SecurityContext:          &corev1.PodSecurityContext{RunAsUser: &user},
+			ContainerSecurityContext: &corev1.SecurityContext{ReadOnlyRootFilesystem: new(false)},
+			ImagePullSecrets:         []corev1.LocalObjectReference{{Name: "pull"}},
+			ServiceAccountName:       "etcd",
+			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: "topology.kubernetes.io/zone",
+				WhenUnsatisfiable: corev1.DoNotSchedule}},
+		}
+	})
+	if sts, err = RenderStatefulSet(c, RenderOptions{Image: "x", Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	pod = sts.Spec.Template.Spec
+	ps, cs = pod.SecurityContext, pod.Containers[0].SecurityContext
+	if *ps.RunAsUser != 1000 || *ps.FSGroup != 65532 || !*ps.RunAsNonRoot || ps.SeccompProfile == nil {
+		t.Errorf("merged pod security context %+v: want the user's runAsUser, the rest the defaults'", ps)
+	}
+	if *cs.ReadOnlyRootFilesystem || *cs.AllowPrivilegeEscalation || cs.Capabilities == nil {
+		t.Errorf("merged container security context %+v", cs)
+	}
+	if pod.ServiceAccountName != "etcd" || len(pod.ImagePullSecrets) != 1 || pod.TopologySpreadConstraints[0].TopologyKey != "topology.kubernetes.io/zone" {
+		t.Errorf("pod template fields: %q %v %v", pod.ServiceAccountName, pod.ImagePullSecrets, pod.TopologySpreadConstraints)
+	}
+}
+
+func TestClientPortOf(t *testing.T) {
+	p := int32(12379)
+	old := &appsv1.StatefulSet{Spec: appsv1.StatefulSetSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+		Name: "etcd-manager", Ports: []corev1.ContainerPort{{Name: "client", ContainerPort: 4001}}}}}}}}
+	for _, tc := range []struct {
+		name     string
+		c        *v1alpha1.EtcdCluster
+		existing *appsv1.StatefulSet
+		want     int32
+	}{
+		{"a new cluster", cluster(nil), nil, 2379},
+		{"a cluster an older operator made", cluster(nil), old, 4001},
+		{"spec.clientPort", cluster(func(c *v1alpha1.EtcdCluster) { c.Spec.ClientPort = &p }), old, 12379},
+	} {
+		if got := ClientPortOf(tc.c, tc.existing); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}
 }

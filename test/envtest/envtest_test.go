@@ -590,7 +590,7 @@ func TestClusterReconcile(t *testing.T) {
 	}
 	ctr := sts.Spec.Template.Spec.Containers[0]
 	args := strings.Join(ctr.Args, " ")
-	for _, want := range []string{"--node-name=$(POD_NAME)", "--cluster-name=etcd", "--backup-store=s3://bucket/etcd", "--pki-dir=", "--listen-client-urls=https://0.0.0.0:4001"} {
+	for _, want := range []string{"--node-name=$(POD_NAME)", "--cluster-name=etcd", "--backup-store=s3://bucket/etcd", "--pki-dir=", "--listen-client-urls=https://0.0.0.0:2379", "--readiness=voter"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("agent args %q lack %q", args, want)
 		}
@@ -605,12 +605,12 @@ func TestClusterReconcile(t *testing.T) {
 	if err := k8s.Get(ctx, key, &peers); err != nil || peers.Spec.ClusterIP != corev1.ClusterIPNone {
 		t.Errorf("headless service: %v %q", err, peers.Spec.ClusterIP)
 	}
-	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "etcd-client"}, &clients); err != nil || clients.Spec.Ports[0].Port != 4001 {
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "etcd-client"}, &clients); err != nil || clients.Spec.Ports[0].Port != 2379 {
 		t.Errorf("client service: %v %+v", err, clients.Spec.Ports)
 	}
 	var pdb policyv1.PodDisruptionBudget
-	if err := k8s.Get(ctx, key, &pdb); err != nil || pdb.Spec.MinAvailable.IntValue() != 2 {
-		t.Errorf("PDB: %v, minAvailable %v, want a quorum of 2", err, pdb.Spec.MinAvailable)
+	if err := k8s.Get(ctx, key, &pdb); err != nil || pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || pdb.Spec.MinAvailable != nil {
+		t.Errorf("PDB: %v, maxUnavailable %v, minAvailable %v, want one pod away at a time", err, pdb.Spec.MaxUnavailable, pdb.Spec.MinAvailable)
 	}
 	var ca corev1.Secret
 	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "etcd-ca"}, &ca); err != nil || len(ca.Data["tls.key"]) == 0 {

@@ -92,6 +92,9 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.Config.User != "65532:65532" {
+		t.Errorf("the image runs as %q, want 65532:65532, not root", cfg.Config.User)
+	}
 	if got := cfg.Config.Labels[image.LabelEtcdVersions]; got != "3.5.35,3.6.16,3.7.3" {
 		t.Errorf("label %s = %q, want 3.5.35,3.6.16,3.7.3", image.LabelEtcdVersions, got)
 	}

@@ -386,7 +386,7 @@ func podEndpoints(t *testing.T, name string) []string {
 	var eps []string
 	for _, p := range pods.Items {
 		if p.Status.PodIP != "" && p.DeletionTimestamp == nil {
-			eps = append(eps, fmt.Sprintf("https://%s:%d", p.Status.PodIP, operator.ClientPort))
+			eps = append(eps, fmt.Sprintf("https://%s:%d", p.Status.PodIP, operator.DefaultClientPort))
 		}
 	}
 	return eps
@@ -463,6 +463,15 @@ func TestOperator(t *testing.T) {
 	replicas := int32(3)
 	storeDir := filepath.Join(kubeDir, "store")
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
+	// The pods run as 65532, and a hostPath volume is not given to their
+	// fsGroup: the store's folder is made theirs here, as a user of a
+	// hostPath store would.
+	if err := os.MkdirAll(filepath.Join(storeDir, clusterName), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(storeDir, clusterName), 65532, 65532); err != nil {
+		t.Fatal(err)
+	}
 	storageClass := "local"
 	c := &v1alpha1.EtcdCluster{
 		ObjectMeta: metav1.ObjectMeta{Name: clusterName, Namespace: ns},
@@ -501,6 +510,7 @@ spec:
   template:
     metadata: {labels: {app: plain}}
     spec:
+      securityContext: {fsGroup: 65532}
       containers:
       - name: etcd
         image: etcd-manager:dev
@@ -572,7 +582,7 @@ spec:
 			t.Fatalf("read back %d keys, want 100", n)
 		}
 		// etcd serves the pod's loopback too, for kubectl exec.
-		out, err := kubectl("-n", ns, "exec", clusterName+"-0", "--", "/opt/etcd-v"+fromVersion+"/etcdctl", "--endpoints=https://127.0.0.1:4001",
+		out, err := kubectl("-n", ns, "exec", clusterName+"-0", "--", "/opt/etcd-v"+fromVersion+"/etcdctl", "--endpoints=https://127.0.0.1:2379",
 			"--cacert=/var/lib/etcd-manager/pki/ca.crt", "--cert=/var/lib/etcd-manager/pki/node.crt", "--key=/var/lib/etcd-manager/pki/node.key",
 			"get", "--prefix", "--count-only", "--write-out=fields", "/e2e/create/")
 		if err != nil || !strings.Contains(out, `"Count" : 100`) {
