@@ -31,9 +31,9 @@ const (
 	DefaultClientPort = 2379
 	LegacyClientPort  = 4001
 	QuarantinePort    = 8001
-	PeerPort       = 2380
-	AgentPort      = 8000
-	MetricsPort    = 8080
+	PeerPort          = 2380
+	AgentPort         = 8000
+	MetricsPort       = 8080
 
 	dataDir    = "/var/lib/etcd-manager"
 	tmpDir     = "/tmp"
@@ -388,7 +388,7 @@ func RenderStatefulSet(c *v1alpha1.EtcdCluster, o RenderOptions) (*appsv1.Statef
 	mode := secretMode
 	volumes = append(volumes, corev1.Volume{Name: "pki", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: CASecretName(c), DefaultMode: &mode,
-		Items:      []corev1.KeyToPath{{Key: corev1.TLSCertKey, Path: "ca.crt"}, {Key: corev1.TLSPrivateKeyKey, Path: "ca.key"}},
+		Items: []corev1.KeyToPath{{Key: corev1.TLSCertKey, Path: "ca.crt"}, {Key: corev1.TLSPrivateKeyKey, Path: "ca.key"}},
 	}}})
 	ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: "pki", MountPath: pkiDir, ReadOnly: true})
 	// The keys are private: readable by the pods' group only, on the

@@ -39,7 +39,7 @@ func TestRenderStatefulSet(t *testing.T) {
 		wantError string
 	}{
 		{name: "defaults: TLS from the CA Secret, data in an emptyDir",
-			c:        cluster(nil),
+			c: cluster(nil),
 			argsHave: []string{"--cluster-name=main", "--node-name=$(POD_NAME)", "--address=$(POD_IP)", "--pki-dir=/etc/etcd-manager/pki", "--listen-client-urls=https://0.0.0.0:2379",
 				"--client-urls=https://$(POD_IP):2379", "--etcd-bin-dir=/opt", "--readiness=voter",
 				"--cert-names=main-client,main-client.db,main-client.db.svc,main-client.db.svc.cluster.local,$(POD_NAME).main.db.svc,$(POD_NAME).main.db.svc.cluster.local"},
@@ -139,7 +139,7 @@ func TestRenderStatefulSet(t *testing.T) {
 
 func TestRenderPDBKeepsQuorum(t *testing.T) {
 	for _, tc := range []struct {
-		replicas                   int32
+		replicas                     int32
 		maxUnavailable, minAvailable string
 	}{
 		{1, "1", ""}, // nothing to keep: a drain must not hang on it
