@@ -362,6 +362,16 @@ func (l *lease) Hold(ctx context.Context) (int64, error) {
 	return l.term, nil
 }
 
+// Deadline is when the lease runs out unless renewed; zero with no term.
+func (l *lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.term == 0 {
+		return time.Time{}
+	}
+	return l.validUntil
+}
+
 // Renew renews the lock while a procedure step runs. The term never
 // changes on renewal: a different one means the lock was lost.
 func (l *lease) Renew(ctx context.Context) error {

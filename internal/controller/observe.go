@@ -213,6 +213,16 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 			self.PendingFor = lp.now().Sub(pendingSince)
 		}
 	}
+	self.HeldBy = lp.node.Held()
+	if pos := lp.node.HeldPosition(); pos != nil && st.Member != nil {
+		// Held down: where the data stands, from its database.
+		self.DataIndex, self.Revision = pos.ConsistentIndex, pos.Revision
+		var ms []plan.Member
+		for _, m := range pos.Members {
+			ms = append(ms, plan.Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner})
+		}
+		self.LocalMembers = startedMembers(ms)
+	}
 	var local etcdproc.MemberStatus
 	ps := lp.node.EtcdStatus()
 	self.EtcdWanted = ps.Wanted
@@ -301,6 +311,7 @@ func (lp *loop) takeLock(ctx context.Context, s *store.Store, obs *plan.Observed
 		}
 		return nil
 	}
+	prev := lp.lease.Term()
 	term, err := lp.lease.Acquire(ctx, s)
 	switch {
 	case errors.Is(err, spec.ErrNewerFormat):
@@ -309,6 +320,12 @@ func (lp *loop) takeLock(ctx context.Context, s *store.Store, obs *plan.Observed
 		return err
 	}
 	obs.LockHeld = term != 0
+	if term != 0 && term != prev {
+		// A new term: every node it reaches refuses the older ones from
+		// now on, whether this driver acts or not. A driver paused in a
+		// step, which resumes, changes nothing on them.
+		lp.procedures.FenceAll(ctx, *obs, term)
+	}
 	return nil
 }
 
@@ -497,6 +514,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
 		NoLeaderFor: info.NoLeaderFor, CertMarker: info.CertMarker, PeerCertCheckOff: info.PeerCertCheckOff,
 		Trust: info.Trust, EtcdTrust: info.EtcdTrust, CAFromDir: info.CAFromDir, RestoreRoom: info.RestoreRoom,
+		HeldBy: info.HeldBy, DataIndex: info.DataIndex,
 	}
 	if info.Cert != nil {
 		n.CertCA = info.Cert.CAFingerprint
@@ -718,6 +736,8 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		EtcdTrust:            self.EtcdTrust,
 		CAFromDir:            self.CAFromDir,
 		RestoreRoom:          self.RestoreRoom,
+		HeldBy:               self.HeldBy,
+		DataIndex:            self.DataIndex,
 	}
 	if leader {
 		info.Failing = lp.failures.report()
@@ -821,7 +841,7 @@ func startedMembers(ms []plan.Member) []plan.Member {
 func toRefs(ms []plan.Member) []peer.MemberRef {
 	var out []peer.MemberRef
 	for _, m := range ms {
-		out = append(out, peer.MemberRef{Name: m.Name, PeerURLs: m.PeerURLs})
+		out = append(out, peer.MemberRef{Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner})
 	}
 	return out
 }
@@ -829,7 +849,7 @@ func toRefs(ms []plan.Member) []peer.MemberRef {
 func fromRefs(refs []peer.MemberRef) []plan.Member {
 	var out []plan.Member
 	for _, r := range refs {
-		out = append(out, plan.Member{Name: r.Name, PeerURLs: r.PeerURLs})
+		out = append(out, plan.Member{Name: r.Name, PeerURLs: r.PeerURLs, IsLearner: r.IsLearner})
 	}
 	return out
 }

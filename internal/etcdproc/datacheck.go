@@ -3,6 +3,7 @@ package etcdproc
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -284,4 +285,82 @@ func ReadRevision(dataDir string) (rev int64, err error) {
 		return 0, fmt.Errorf("%w: %s: %v", ErrDamagedData, DBPath(dataDir), err)
 	}
 	return rev, nil
+}
+
+// DataPosition is how far a member's data goes, read from its database
+// with etcd stopped: what recover-quorum ranks the survivors by when some
+// of them do not serve.
+type DataPosition struct {
+	// ConsistentIndex is the raft index of the last entry applied to
+	// the database; Revision its newest revision.
+	ConsistentIndex uint64
+	Revision        int64
+	// Members are the members the data lists (etcd 3.5 and later keep
+	// them in the database), learners included.
+	Members []DataMember
+}
+
+// DataMember is one member as the database lists it.
+type DataMember struct {
+	ID        uint64
+	Name      string
+	PeerURLs  []string
+	IsLearner bool
+}
+
+// maxMemberRecord bounds one member's record read from a database: a
+// name and a few URLs.
+const maxMemberRecord = 16 << 10
+
+// ReadPosition reads the position of the database under etcd's data dir,
+// which no etcd may hold open (an etcd that holds it, stopped or not,
+// makes this fail within a second). A damaged file is an error, never the
+// caller's crash.
+func ReadPosition(dataDir string) (pos DataPosition, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: reading it failed: %v", ErrDamagedData, DBPath(dataDir), r)
+		}
+	}()
+	db, err := bolt.Open(DBPath(dataDir), 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return pos, fmt.Errorf("etcdproc: read the data's position: %w", err)
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		var err error
+		if pos.Revision, err = headRevision(tx); err != nil {
+			return err
+		}
+		if mb := tx.Bucket(schema.Meta.Name()); mb != nil {
+			if v := mb.Get(schema.MetaConsistentIndexKeyName); len(v) == 8 {
+				pos.ConsistentIndex = binary.BigEndian.Uint64(v)
+			}
+		}
+		mb := tx.Bucket(schema.Members.Name())
+		if mb == nil {
+			return nil
+		}
+		return mb.ForEach(func(k, v []byte) error {
+			if len(v) > maxMemberRecord || len(pos.Members) >= 1024 {
+				return fmt.Errorf("its members bucket holds a record of %d bytes, or over 1024 records", len(v))
+			}
+			var m struct {
+				ID        uint64   `json:"id"`
+				Name      string   `json:"name"`
+				PeerURLs  []string `json:"peerURLs"`
+				IsLearner bool     `json:"isLearner"`
+			}
+			if err := json.Unmarshal(v, &m); err != nil {
+				return fmt.Errorf("its member record %q is not valid JSON: %w", k, err)
+			}
+			pos.Members = append(pos.Members, DataMember{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, IsLearner: m.IsLearner})
+			return nil
+		})
+	})
+	if err != nil {
+		return DataPosition{}, fmt.Errorf("%w: %s: %v", ErrDamagedData, DBPath(dataDir), err)
+	}
+	return pos, nil
 }

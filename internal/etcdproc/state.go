@@ -32,7 +32,20 @@ type State struct {
 	// ObeyedTerm is the highest fencing term of a procedure call this
 	// node has obeyed; calls of older terms are refused.
 	ObeyedTerm int64 `json:"obeyedTerm,omitempty"`
+	// Hold keeps etcd stopped for a procedure's driver (see
+	// peer.FenceRequest.Hold), across restarts of the agent.
+	Hold *Hold `json:"hold,omitempty"`
 }
+
+// Hold is a driver's hold on a node's etcd: etcd is not started while it
+// lasts, unless the driver itself forces it (recover-quorum's survivor).
+type Hold struct {
+	Term  int64     `json:"term"`
+	Until time.Time `json:"until"`
+}
+
+// Holds says whether h keeps etcd stopped at now.
+func (h *Hold) Holds(now time.Time) bool { return h != nil && now.Before(h.Until) }
 
 // MemberState describes the etcd member this node runs.
 type MemberState struct {

@@ -44,11 +44,103 @@ func (n *Node) obeyLocked(term int64, what string) error {
 }
 
 // Fence serves the peer API: a procedure's driver of req.Term took over;
-// from now on the node refuses calls of older terms.
-func (n *Node) Fence(_ context.Context, req peer.FenceRequest) error {
+// from now on the node refuses calls of older terms. With req.Hold, the
+// node also stops its etcd and keeps it stopped until the driver releases
+// it or peer.HoldFor passes without the driver renewing the hold, and
+// reads where its data stands from its database (see HeldPosition). With
+// req.Release, a hold of that term or an older one ends.
+func (n *Node) Fence(ctx context.Context, req peer.FenceRequest) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.obeyLocked(req.Term, "fence")
+	if !req.Release {
+		if err := n.obeyLocked(req.Term, "fence"); err != nil {
+			return err
+		}
+	}
+	// A release is no fence: it ends a hold of its term or an older one,
+	// whatever term the node obeys since (the leader releases a hold
+	// whose procedure ended, under the hold's own term).
+	switch {
+	case req.Release:
+		if h := n.state.Hold; h != nil && h.Term <= req.Term {
+			st := n.state
+			st.Hold = nil
+			if err := n.setState(st); err != nil {
+				return err
+			}
+			n.heldPosition.Store(nil)
+			n.log.Info("the driver released its hold on etcd", "term", req.Term)
+			defer n.poke()
+		}
+		return nil
+	case !req.Hold:
+		return nil
+	}
+	if err := peer.CheckNotAfter(req.NotAfter, n.now(), "a hold on etcd"); err != nil {
+		return err
+	}
+	if req.Term == 0 {
+		return errors.New("node: a hold on etcd needs a driver's term")
+	}
+	first := !n.state.Hold.Holds(n.now())
+	st := n.state
+	st.Hold = &etcdproc.Hold{Term: req.Term, Until: n.now().Add(peer.HoldFor)}
+	// Recorded before etcd stops: an agent that restarts meanwhile does
+	// not start it again.
+	if err := n.setState(st); err != nil {
+		return err
+	}
+	if first {
+		n.log.Warn("holding etcd down for a procedure's driver; it starts again when the driver releases it", "term", req.Term, "leader", req.LeaderID,
+			"at-most", peer.HoldFor)
+	}
+	// A frozen (SIGSTOP) etcd takes no SIGTERM: it is killed after a
+	// short grace, and its data kept.
+	if err := n.proc.StopWithin(ctx, replacedStopGrace); err != nil {
+		return err
+	}
+	defer n.poke()
+	n.readHeldPositionLocked()
+	return nil
+}
+
+// readHeldPositionLocked reads where the member's data stands, with etcd
+// stopped, for the driver to rank the survivors by. Callers hold n.mu.
+func (n *Node) readHeldPositionLocked() {
+	m := n.state.Member
+	if m == nil || !n.layout.HasEtcdData(m.ClusterToken) {
+		n.heldPosition.Store(nil)
+		return
+	}
+	dir, err := n.layout.EtcdDataDir(m.ClusterToken)
+	if err != nil {
+		return
+	}
+	pos, err := etcdproc.ReadPosition(dir)
+	if err != nil {
+		n.log.Warn("cannot read where the held member's data stands", "error", err)
+		n.heldPosition.Store(nil)
+		return
+	}
+	n.heldPosition.Store(&pos)
+}
+
+// HeldPosition is where the member's data stands while a driver holds
+// etcd down, as read from its database; nil when etcd is not held, or
+// the position could not be read.
+func (n *Node) HeldPosition() *etcdproc.DataPosition {
+	if n.Held() == 0 {
+		return nil
+	}
+	return n.heldPosition.Load()
+}
+
+// Held is the term of the driver that holds etcd down, 0 when none does.
+func (n *Node) Held() int64 {
+	if h := n.hold.Load(); h.Holds(n.now()) {
+		return h.Term
+	}
+	return 0
 }
 
 // Restore serves the peer API: become a member of a new cluster restored
@@ -59,6 +151,18 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	defer n.mu.Unlock()
 	if err := n.obeyLocked(req.Term, "restore"); err != nil {
 		return err
+	}
+	if err := peer.CheckNotAfter(req.NotAfter, n.now(), "restore"); err != nil {
+		return err
+	}
+	if h := n.state.Hold; h != nil && h.Term <= req.Term {
+		// The cluster is replaced: the hold's data goes to the trash.
+		st := n.state
+		st.Hold = nil
+		if err := n.setState(st); err != nil {
+			return err
+		}
+		n.heldPosition.Store(nil)
 	}
 	m := req.Member
 	token := m.ClusterToken
@@ -160,6 +264,9 @@ func (n *Node) Quarantine(ctx context.Context, req peer.QuarantineRequest) error
 	if err := n.obeyLocked(req.Term, "quarantine"); err != nil {
 		return err
 	}
+	if err := peer.CheckNotAfter(req.NotAfter, n.now(), "quarantine"); err != nil {
+		return err
+	}
 	cur := n.state.Member
 	if cur == nil || cur.ClusterToken != req.Token {
 		return fmt.Errorf("node: quarantine cluster %s: this node is not its member", req.Token)
@@ -200,12 +307,24 @@ func (n *Node) Recover(ctx context.Context, req peer.RecoverRequest) error {
 	if err := n.obeyLocked(req.Term, "recover"); err != nil {
 		return err
 	}
+	if err := peer.CheckNotAfter(req.NotAfter, n.now(), "recover"); err != nil {
+		return err
+	}
 	cur := n.state.Member
 	if cur == nil || cur.ClusterToken != req.Token || !n.layout.HasEtcdData(req.Token) {
 		return fmt.Errorf("node: recover cluster %s: this node holds none of its data", req.Token)
 	}
 	if st, err := n.localStatus(ctx); err == nil && st.LeaderID != 0 {
 		return nil // recovered already, or never lost quorum
+	}
+	if h := n.state.Hold; h != nil && h.Term <= req.Term {
+		// The driver that held it forces it: the hold ends here.
+		st := n.state
+		st.Hold = nil
+		if err := n.setState(st); err != nil {
+			return err
+		}
+		n.heldPosition.Store(nil)
 	}
 	if err := n.setForceNewClusterLocked(true); err != nil {
 		return err

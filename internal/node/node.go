@@ -129,12 +129,17 @@ type Node struct {
 	// for readers that do not take mu.
 	id         string
 	obeyedTerm atomic.Int64
+	// hold mirrors the state's Hold.
+	hold atomic.Pointer[etcdproc.Hold]
 	// corrupt holds the line etcd printed when its initial corruption
 	// check failed, until the data is set aside.
 	corrupt atomic.Pointer[string]
 	// dataRevision is the revision of the member's data when etcd last
 	// started on it (0: unknown).
 	dataRevision atomic.Int64
+	// heldPosition is where the data stands while a driver holds etcd
+	// down (see Fence).
+	heldPosition atomic.Pointer[etcdproc.DataPosition]
 	// etcdTrust are the fingerprints of the CAs in the trust file when
 	// etcd last started, which it keeps until it restarts.
 	etcdTrust atomic.Pointer[[]string]
@@ -197,6 +202,12 @@ func New(cfg Config, layout etcdproc.Layout, st etcdproc.State, backups BackupFe
 	}
 	n.id = st.NodeID
 	n.obeyedTerm.Store(st.ObeyedTerm)
+	n.hold.Store(st.Hold)
+	if st.Hold.Holds(now()) {
+		// Held across the agent's restart: etcd does not run yet, and the
+		// driver wants the data's position.
+		n.readHeldPositionLocked()
+	}
 	return n
 }
 
@@ -263,6 +274,10 @@ func (n *Node) ReadyVoter() (ok bool, why string) {
 	return true, "a voting member; etcd serves"
 }
 
+// ErrHeld means a procedure's driver holds etcd down (see Fence): it is
+// not started.
+var ErrHeld = errors.New("node: etcd is held down")
+
 // DataRevision is the revision of the member's data when etcd last
 // started on it, 0 when unknown: the revision of a member whose etcd does
 // not serve (one that restarted without quorum never does).
@@ -294,6 +309,7 @@ func (n *Node) setState(st etcdproc.State) error {
 	}
 	n.state = st
 	n.obeyedTerm.Store(st.ObeyedTerm)
+	n.hold.Store(st.Hold)
 	n.refreshInfoMember()
 	return nil
 }
@@ -490,6 +506,9 @@ func (n *Node) Leave(ctx context.Context, req peer.LeaveRequest) error {
 	if err := n.obeyLocked(req.Term, "leave"); err != nil {
 		return err
 	}
+	if err := peer.CheckNotAfter(req.NotAfter, n.now(), "leave"); err != nil {
+		return err
+	}
 	cur := n.state.Member
 	if cur == nil {
 		return nil
@@ -524,10 +543,12 @@ func (n *Node) leaveLocked(ctx context.Context, reason string, grace time.Durati
 		return err
 	}
 	st := n.state
-	st.Member = nil
+	// The data a hold kept is gone with the membership.
+	st.Member, st.Hold = nil, nil
 	if err := n.setState(st); err != nil {
 		return err
 	}
+	n.heldPosition.Store(nil)
 	n.log.Warn("left the cluster; this node is now a standby", "cluster-token", token, "reason", reason, "data-moved-to", trashed)
 	return nil
 }
@@ -536,6 +557,9 @@ func (n *Node) startEtcdLocked(ctx context.Context) error {
 	m := n.state.Member
 	if m == nil {
 		return errors.New("node: this node is not a member")
+	}
+	if h := n.state.Hold; h.Holds(n.now()) && !m.ForceNewCluster {
+		return fmt.Errorf("%w: the driver of term %d holds etcd down until it releases it, or until %s", ErrHeld, h.Term, h.Until.UTC().Format(time.RFC3339))
 	}
 	v, err := spec.ParseSupportedVersion(m.EtcdVersion)
 	if err != nil {

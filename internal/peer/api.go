@@ -137,6 +137,13 @@ type NodeInfo struct {
 	// restore now: its data dir's free space less the reserve, or its
 	// --max-snapshot-bytes when smaller; 0 when unknown.
 	RestoreRoom int64 `json:"restoreRoom,omitempty"`
+	// HeldBy is the term of the procedure's driver that holds the node's
+	// etcd down (see FenceRequest.Hold); 0 when none does.
+	HeldBy int64 `json:"heldBy,omitempty"`
+	// DataIndex is the raft index its data is applied to, read from the
+	// database while etcd is held down; 0 when unknown. Revision and
+	// LocalMembers then come from the database too.
+	DataIndex uint64 `json:"dataIndex,omitempty"`
 }
 
 // CertInfo is a node's certificate and the CA that issued it.
@@ -152,8 +159,9 @@ type CertInfo struct {
 
 // MemberRef names an etcd member: its name (the node ID) and peer URLs.
 type MemberRef struct {
-	Name     string   `json:"name"`
-	PeerURLs []string `json:"peerURLs,omitempty"`
+	Name      string   `json:"name"`
+	PeerURLs  []string `json:"peerURLs,omitempty"`
+	IsLearner bool     `json:"isLearner,omitempty"`
 }
 
 // InfoRequest asks an agent for its NodeInfo.
@@ -192,6 +200,8 @@ type LeaveRequest struct {
 	// waiting on clients' requests that it can no longer answer. An
 	// older node ignores it and stops etcd gracefully.
 	Replaced bool `json:"replaced,omitempty"`
+	// NotAfter is when the driver's lease runs out (see CheckNotAfter).
+	NotAfter time.Time `json:"notAfter,omitzero"`
 }
 
 // RestoreRequest tells a node to become a member of a new cluster made
@@ -210,6 +220,8 @@ type RestoreRequest struct {
 	// lock's), 0 outside a procedure. A node refuses a term older than one
 	// it has obeyed.
 	Term int64 `json:"term,omitempty"`
+	// NotAfter is when the driver's lease runs out (see CheckNotAfter).
+	NotAfter time.Time `json:"notAfter,omitzero"`
 }
 
 // QuarantineRequest sets whether the node's etcd, a member of the cluster
@@ -223,6 +235,8 @@ type QuarantineRequest struct {
 	// lock's), 0 outside a procedure. A node refuses a term older than one
 	// it has obeyed.
 	Term int64 `json:"term,omitempty"`
+	// NotAfter is when the driver's lease runs out (see CheckNotAfter).
+	NotAfter time.Time `json:"notAfter,omitzero"`
 }
 
 // RecoverRequest tells a member of the cluster with Token that lost
@@ -236,6 +250,9 @@ type RecoverRequest struct {
 	// lock's), 0 outside a procedure. A node refuses a term older than one
 	// it has obeyed.
 	Term int64 `json:"term,omitempty"`
+	// NotAfter is when the driver's lease runs out, by its clock: a node
+	// refuses the call later than that (see CheckNotAfter).
+	NotAfter time.Time `json:"notAfter,omitzero"`
 }
 
 // RecoverWait bounds how long a node's Recover waits for its etcd,
@@ -340,6 +357,34 @@ type FenceRequest struct {
 	ClusterName string `json:"clusterName"`
 	LeaderID    string `json:"leaderId"`
 	Term        int64  `json:"term"`
+	// Hold has the node stop its etcd and keep it stopped, until Release
+	// or HoldFor passes (a driver that went away), and report its data's
+	// position read from its database: what recover-quorum does to every
+	// data holder before it forces one. A frozen etcd that thaws finds
+	// its agent holding it down.
+	Hold bool `json:"hold,omitempty"`
+	// Release ends a hold of this term or an older one.
+	Release bool `json:"release,omitempty"`
+	// NotAfter is when the driver's lease runs out (see CheckNotAfter).
+	NotAfter time.Time `json:"notAfter,omitzero"`
+}
+
+// HoldFor bounds a hold a driver stopped renewing (it renews it every
+// cycle while it plans): etcd may start again once it passes.
+const HoldFor = 10 * time.Minute
+
+// ErrLeaseOver means a procedure's call came after the driver's lease
+// ran out by the node's clock: the driver may have been paused, and
+// another may have acted since.
+var ErrLeaseOver = errors.New("peer: call after its driver's lease ran out")
+
+// CheckNotAfter refuses a call whose NotAfter is past at now; a zero one
+// (from an agent older than it) passes.
+func CheckNotAfter(notAfter, now time.Time, what string) error {
+	if !notAfter.IsZero() && now.After(notAfter) {
+		return fmt.Errorf("%w: %s was due by %s, and it is %s here", ErrLeaseOver, what, notAfter.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
 }
 
 // Maintenance is the leader's record of its maintenance work since it

@@ -257,6 +257,12 @@ type Node struct {
 	// RestoreRoom is the largest snapshot its agent would unpack for a
 	// restore now (0: unknown).
 	RestoreRoom int64
+	// HeldBy is the term of the driver that holds its etcd down; 0 when
+	// none does. DataIndex is then the raft index its data is applied to,
+	// read from its database (0: unknown), and Revision and LocalMembers
+	// come from the database too.
+	HeldBy    int64
+	DataIndex uint64
 }
 
 // ClusterView is the etcd cluster as its raft leader sees it.
@@ -470,6 +476,9 @@ func Plan(o Observed) []Action {
 		}
 		return append(actions, planRestore(o, *r)...)
 	}
+	if o.Cluster != nil || o.LockHeld {
+		actions = append(actions, planReleaseHolds(o)...)
+	}
 	if m := o.Self.Member; m != nil && m.Pending {
 		return append(actions, planPending(o)...)
 	}
@@ -557,6 +566,9 @@ func planLocal(o Observed) []Action {
 	m := o.Self.Member
 	switch {
 	case m == nil || m.Pending || o.Self.EtcdWanted:
+	case o.Self.HeldBy != 0:
+		actions = append(actions, Report{Level: slog.LevelInfo, Msg: "etcd is held down by a procedure's driver until it releases it",
+			Attrs: []any{"term", o.Self.HeldBy}})
 	case !o.Self.HasData && m.HasRun:
 		// Starting etcd as the old member on an empty data dir would
 		// rejoin with an empty log, or panic. The leader removes this

@@ -28,7 +28,59 @@ func (RecoverMember) Mutates() bool    { return true }
 func (a FinishRecover) String() string { return "finish-recover " + a.ID }
 func (FinishRecover) Mutates() bool    { return true }
 
+// HoldNodes has each node stop its etcd and keep it stopped under the
+// driver's term (peer.FenceRequest.Hold), and read where its data stands:
+// what recover-quorum does to every reachable data holder before it
+// forces one. A frozen etcd that thaws finds its agent holding it down.
+type HoldNodes struct {
+	ID    string
+	Nodes []Node
+}
+
+// ReleaseHolds ends the holds of nodes no procedure needs held any more.
+type ReleaseHolds struct{ Nodes []Node }
+
+func (a HoldNodes) String() string    { return fmt.Sprintf("hold-nodes %s %s", a.ID, NodeIDs(a.Nodes)) }
+func (HoldNodes) Mutates() bool         { return true }
+func (a ReleaseHolds) String() string { return "release-holds " + NodeIDs(a.Nodes) }
+func (ReleaseHolds) Mutates() bool      { return true }
+
+// NodeIDs names the nodes, comma separated.
+func NodeIDs(ns []Node) string {
+	ids := make([]string, len(ns))
+	for i, n := range ns {
+		ids[i] = n.ID
+	}
+	return strings.Join(ids, ",")
+}
+
+// planReleaseHolds releases the nodes held down once no recover-quorum
+// runs: the procedure ended (done, failed or deleted), and they go back
+// to the usual membership steps.
+func planReleaseHolds(o Observed) []Action {
+	var held []Node
+	for _, n := range o.Peers {
+		if n.HeldBy != 0 {
+			held = append(held, n)
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	return []Action{ReleaseHolds{Nodes: held}}
+}
+
 // planRecoverQuorum is the lock holder's next step of recover-quorum c.
+//
+// Forcing a new cluster from one member's data is safe only when the
+// other members cannot form a quorum again: each must be proven out (its
+// data gone, no membership, another cluster's, or named --lost and
+// silent), or be a reachable holder of the data, held down under the
+// driver's term. A holder whose etcd is stalled or restarting counts as a
+// voter: should the holders make a quorum, the command waits for them. A
+// record in the store may veto a force (it shows a leader), never prove
+// one. The survivor is the holder whose data goes furthest, read from its
+// database once it is held.
 func planRecoverQuorum(o Observed, c Command) []Action {
 	if id := c.Status.Node; id != "" {
 		return planRecovering(o, c, id)
@@ -48,36 +100,116 @@ func planRecoverQuorum(o Observed, c Command) []Action {
 				"quorum is not lost: the etcd of %s follows raft leader %x; recover-quorum is only for a cluster that has lost a majority of its members", n.ID, n.RaftLeader))
 		}
 	}
-	survivors, why := survivorsOf(o)
+	holders, why := survivorsOf(o)
 	switch {
 	case why != "":
 		return []Action{FailCommand{ID: c.ID, Reason: why}}
-	case len(survivors) == 0:
+	case len(holders) == 0:
 		return planNoSurvivor(o, c)
 	}
-	s := survivors[0]
+	members := membersOf(holders)
+	if len(members) == 0 {
+		// No holder's etcd serves to list the members: held, each reads
+		// them from its database.
+		return holdAll(c, holders, "no member's etcd serves to list the members")
+	}
+	voters := int(o.Spec.MemberCount)
+	if n := len(voterNames(members)); n > 0 {
+		voters = n
+	}
 	healthy := 0
-	for _, n := range survivors {
+	for _, n := range holders {
 		if n.Healthy {
 			healthy++
 		}
-	}
-	// Quorum of the cluster as its members list it, else as the spec says.
-	voters := int(o.Spec.MemberCount)
-	if n := len(voterNames(s.LocalMembers)); n > 0 {
-		voters = n
 	}
 	if healthy >= voters/2+1 {
 		return refuse(fmt.Sprintf(
 			"quorum is not lost: %d members with data are up, a quorum of the cluster's %d; they may still be electing a leader", healthy, voters))
 	}
-	if why := noQuorumEvidence(o, c, s); len(why) > 0 {
+	if len(holders) >= voters/2+1 {
+		var ids []string
+		for _, n := range holders {
+			ids = append(ids, n.ID)
+		}
+		return waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: a quorum of members hold the cluster's data and answer; their etcd may be stalled or restarting, and would serve again",
+			Attrs: []any{"command", c.ID, "holders", ids, "voters", voters}},
+			fmt.Sprintf("waiting: %s hold the cluster's data, a quorum of its %d voters; their etcd may be stalled or restarting, and quorum comes back with them. If an etcd cannot start for good, stop its agent (or move its data away) and queue recover-quorum --lost with its name",
+				strings.Join(ids, ", "), voters))
+	}
+	if why := noQuorumEvidence(o, c, members, holders); len(why) > 0 {
 		return why
 	}
+	var unheld []string
+	for _, n := range holders {
+		if n.HeldBy == 0 {
+			unheld = append(unheld, n.ID)
+		}
+	}
+	if len(unheld) > 0 {
+		return holdAll(c, holders, "before one is forced")
+	}
+	var unknown []string
+	for _, n := range holders {
+		if n.DataIndex == 0 {
+			unknown = append(unknown, n.ID)
+		}
+	}
+	if len(unknown) > 0 {
+		return waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum waits to know where each held member's data stands",
+			Attrs: []any{"command", c.ID, "unknown", unknown}},
+			"waiting to read where the data of "+strings.Join(unknown, ", ")+" stands")
+	}
+	sort.SliceStable(holders, func(i, j int) bool {
+		a, b := holders[i], holders[j]
+		if a.DataIndex != b.DataIndex {
+			return a.DataIndex > b.DataIndex
+		}
+		if a.Revision != b.Revision {
+			return a.Revision > b.Revision
+		}
+		return a.ID < b.ID
+	})
+	s := holders[0]
 	if why := behindBackup(o, c, s); len(why) > 0 {
 		return why
 	}
 	return []Action{RecoverMember{ID: c.ID, NodeID: s.ID, Token: s.Member.ClusterToken}}
+}
+
+// holdAll holds every holder down, noting why the command waits.
+func holdAll(c Command, holders []Node, why string) []Action {
+	var hold []Node
+	for _, n := range holders {
+		if n.HeldBy == 0 {
+			hold = append(hold, n)
+		}
+	}
+	if len(hold) == 0 {
+		return waitNoted(c, Report{Level: slog.LevelInfo, Msg: "recover-quorum waits for the held members to report their data",
+			Attrs: []any{"command", c.ID}}, "waiting for the held members to report where their data stands")
+	}
+	return append(waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum holds the etcd of every member with data down",
+		Attrs: []any{"command", c.ID, "nodes", NodeIDs(hold), "why", why}},
+		"holding the etcd of "+NodeIDs(hold)+" down ("+why+"), to read where each member's data stands"), HoldNodes{ID: c.ID, Nodes: hold})
+}
+
+// membersOf are the members the holder whose data goes furthest lists.
+func membersOf(holders []Node) []Member {
+	var best *Node
+	for i := range holders {
+		n := &holders[i]
+		if len(n.LocalMembers) == 0 {
+			continue
+		}
+		if best == nil || max(n.DataIndex, n.RaftIndex) > max(best.DataIndex, best.RaftIndex) {
+			best = n
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	return best.LocalMembers
 }
 
 // behindBackup returns what to do instead of forcing a new cluster from
@@ -156,6 +288,18 @@ func replacedAt(peers []Node, r Record) bool {
 // planRecovering goes on with a recovery whose survivor id was chosen.
 func planRecovering(o Observed, c Command, id string) []Action {
 	n, err := FindNode(o.Peers, id)
+	forced := err == nil && n.Healthy && n.RaftLeader != 0 && n.RaftLeader == n.MemberID
+	if !forced {
+		// The majority came back before the survivor was forced: the
+		// decision is void. (Its driver, should it resume, finds every
+		// node fenced by a newer term, and its own lease over.)
+		for _, p := range o.Peers {
+			if p.ID != id && p.Healthy && p.RaftLeader != 0 && (err != nil || p.RaftLeader != n.MemberID) {
+				return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf(
+					"quorum came back before the survivor %s was forced: the etcd of %s follows raft leader %x; nothing was forced, and the cluster goes on as it was", id, p.ID, p.RaftLeader)}}
+			}
+		}
+	}
 	switch {
 	case err != nil:
 		return []Action{Report{Level: slog.LevelWarn, Msg: "recover-quorum waits for the survivor's agent to be reachable",
@@ -164,18 +308,36 @@ func planRecovering(o Observed, c Command, id string) []Action {
 		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("the survivor %s no longer holds any etcd membership", id)}}
 	case c.Status.NodeToken != "" && n.Member.ClusterToken != c.Status.NodeToken:
 		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("the survivor %s now runs cluster %s, not %s, which it was chosen from", id, n.Member.ClusterToken, c.Status.NodeToken)}}
-	case n.Healthy && n.RaftLeader != 0 && !n.Member.ForceNewCluster:
+	case forced && !n.Member.ForceNewCluster:
 		return []Action{FinishRecover{ID: c.ID}}
+	case n.Healthy && n.RaftLeader != 0 && !n.Member.ForceNewCluster && n.MemberID != 0:
+		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf(
+			"quorum came back before the survivor %s was forced: its etcd follows raft leader %x; nothing was forced, and the cluster goes on as it was", id, n.RaftLeader)}}
 	case !n.HasData:
 		return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf(
 			"the survivor %s no longer holds the cluster's data (its start-up check may have found it damaged and moved it to its trash): queue recover-quorum again to choose another survivor, or use restore-backup", id)}}
 	}
 	// Not forced yet, or not leading yet: the evidence must still hold
-	// (once forced, the survivor lists only itself).
-	if why := noQuorumEvidence(o, c, n); len(why) > 0 {
+	// (once forced, the survivor lists only itself), and every other
+	// holder must still be held. The survivor stays the one chosen.
+	holders, why := survivorsOf(o)
+	if why != "" || !slices.ContainsFunc(holders, func(h Node) bool { return h.ID == id }) {
+		holders = []Node{n}
+	}
+	members := membersOf(holders)
+	if len(members) == 0 {
+		members = n.LocalMembers
+	}
+	if len(members) == 0 {
+		return holdAll(c, holders, "no member's etcd serves to list the members")
+	}
+	if why := noQuorumEvidence(o, c, members, holders); len(why) > 0 {
 		return why
 	}
 	if !n.Member.ForceNewCluster && n.RaftLeader == 0 {
+		if slices.ContainsFunc(holders, func(h Node) bool { return h.HeldBy == 0 && h.ID != id }) {
+			return holdAll(c, holders, "before the survivor is forced")
+		}
 		if why := behindBackup(o, c, n); len(why) > 0 {
 			return why
 		}
@@ -184,8 +346,10 @@ func planRecovering(o Observed, c Command, id string) []Action {
 }
 
 // survivorsOf returns the reachable nodes that hold data of one cluster,
-// the one most of them hold, that of the longest raft log first; or why
-// there is no telling which cluster to recover.
+// the one most of them hold, by ID; or why there is no telling which
+// cluster to recover. (Which of them goes furthest is read from their
+// databases, once they are held: a serving etcd's index is no measure of
+// a restarting one's data.)
 func survivorsOf(o Observed) ([]Node, string) {
 	byToken := map[string][]Node{}
 	for _, n := range o.Peers {
@@ -215,12 +379,7 @@ func survivorsOf(o Observed) ([]Node, string) {
 			strings.Join(held, ", "))
 	}
 	survivors := byToken[best]
-	sort.Slice(survivors, func(i, j int) bool {
-		if survivors[i].RaftIndex != survivors[j].RaftIndex {
-			return survivors[i].RaftIndex > survivors[j].RaftIndex
-		}
-		return survivors[i].ID < survivors[j].ID
-	})
+	sort.Slice(survivors, func(i, j int) bool { return survivors[i].ID < survivors[j].ID })
 	return survivors, ""
 }
 
@@ -235,31 +394,24 @@ func voterNames(ms []Member) []string {
 }
 
 // noQuorumEvidence returns what to do instead of forcing a new cluster
-// from survivor s while there is no positive evidence that the other
-// members have no quorum; nothing when there is. Not reaching a member is
-// no evidence: an agent cut off from its peers, but not from the store,
-// must never fork a cluster that still serves. And a member that sees no
-// leader only for a moment may be in an election. So the survivor must
-// have seen no leader for o.NoLeaderSettle, and each other member (as the
-// survivor's etcd lists them) must be reachable and either outside the
-// cluster (a wiped node back on the member's peer URLs) or without a
-// leader for as long; or have a fresh record in the store showing that;
-// or be named lost by the operator and silent (no fresh record).
-func noQuorumEvidence(o Observed, c Command, s Node) []Action {
-	if len(s.LocalMembers) == 0 {
-		return []Action{Report{Level: slog.LevelInfo, Msg: "recover-quorum waits for the survivor's etcd to report its members",
-			Attrs: []any{"command", c.ID, "node", s.ID}}}
-	}
-	if s.NoLeaderFor < o.NoLeaderSettle && len(s.LocalMembers) > 1 {
-		return []Action{Report{Level: slog.LevelInfo, Msg: "recover-quorum waits: the survivor must see no leader for a while, or it may be an election",
-			Attrs: []any{"command", c.ID, "node", s.ID, "no-leader-for", s.NoLeaderFor.Round(time.Millisecond), "needed", o.NoLeaderSettle}}}
-	}
+// while some member of members (as the furthest holder's data lists them)
+// is neither one of the reachable holders nor proven out; nothing when
+// each is. Not reaching a member is no evidence: an agent cut off from
+// its peers, but not from the store, must never fork a cluster that
+// still serves. A member is proven out when its agent answers and holds
+// no data of the cluster (no membership, another cluster's, or its data
+// gone), or when the operator named it --lost and its agent is silent (no
+// fresh record). A fresh record in the store never proves a member out:
+// it may veto (it shows a leader, or a loss of one too recent to tell
+// from an election), and that is all. The members that answer must also
+// have seen no leader for o.NoLeaderSettle.
+func noQuorumEvidence(o Observed, c Command, members []Member, holders []Node) []Action {
 	var lost []string
 	if rq := c.Command.RecoverQuorum; rq != nil {
 		lost = rq.Lost
 	}
 	var names []string
-	for _, m := range s.LocalMembers {
+	for _, m := range members {
 		names = append(names, m.Name)
 	}
 	for _, name := range lost {
@@ -268,11 +420,19 @@ func noQuorumEvidence(o Observed, c Command, s Node) []Action {
 				name, strings.Join(names, ", "))}}
 		}
 	}
-	token := s.Member.ClusterToken
+	token := holders[0].Member.ClusterToken
+	isHolder := func(id string) bool {
+		return slices.ContainsFunc(holders, func(h Node) bool { return h.ID == id })
+	}
 	var silent, inQuorum, settling []string
-	for _, m := range s.LocalMembers {
+	for _, h := range holders {
+		if h.HeldBy == 0 && h.Healthy && h.NoLeaderFor < o.NoLeaderSettle && len(members) > 1 {
+			settling = append(settling, h.ID)
+		}
+	}
+	for _, m := range members {
 		name := m.Name
-		if name == s.ID {
+		if isHolder(name) {
 			continue
 		}
 		// Its agent, by name or, if its node came back wiped under a new
@@ -285,29 +445,33 @@ func noQuorumEvidence(o Observed, c Command, s Node) []Action {
 				}
 			}
 		}
-		ours := func(t string, healthy bool) bool { return t == token && healthy }
 		if err == nil {
 			switch {
-			case n.Member == nil || !ours(n.Member.ClusterToken, n.Healthy):
-				// Reachable and outside the cluster, or its etcd down:
-				// evidence.
+			case n.Member == nil || n.Member.ClusterToken != token || !n.HasData:
+				// Reachable, and holds none of the cluster's data: proven
+				// out.
+			case isHolder(n.ID):
+				// A wiped node's successor that holds data again: a holder.
 			case n.RaftLeader != 0:
 				inQuorum = append(inQuorum, name) // caught earlier; kept for safety
-			case n.NoLeaderFor < o.NoLeaderSettle:
+			default:
+				// Holds the data but is not among the holders (another
+				// cluster's data won the count): it may serve again.
 				settling = append(settling, name)
 			}
 			continue
 		}
 		r, ok := findRecord(o.Records, name)
+		fresh := ok && r.Age <= o.RecordFresh
 		switch {
-		case ok && r.Age <= o.RecordFresh && ours(r.ClusterToken, r.Healthy) && r.RaftLeader != 0:
+		case fresh && r.ClusterToken == token && r.Healthy && r.RaftLeader != 0:
 			inQuorum = append(inQuorum, fmt.Sprintf("%s (reported leader %x %s ago)", name, r.RaftLeader, r.Age.Round(time.Second)))
-		case ok && r.Age <= o.RecordFresh && ours(r.ClusterToken, r.Healthy) && r.NoLeaderFor < o.NoLeaderSettle:
+		case fresh && r.ClusterToken == token && r.Healthy && r.NoLeaderFor < o.NoLeaderSettle:
 			settling = append(settling, name)
-		case ok && r.Age <= o.RecordFresh:
-			// It reports no leader for long, or no membership: evidence.
+		case slices.Contains(lost, name) && !fresh:
+			// Named lost, and silent: proven out.
 		case slices.Contains(lost, name):
-			// Named lost, and silent: evidence.
+			silent = append(silent, fmt.Sprintf("%s (named lost, but its agent published a record %s ago)", name, r.Age.Round(time.Second)))
 		default:
 			silent = append(silent, name)
 		}
@@ -316,15 +480,20 @@ func noQuorumEvidence(o Observed, c Command, s Node) []Action {
 	case len(inQuorum) > 0:
 		return waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum waits: agents this one cannot reach report a raft leader; this agent may be cut off from a cluster that still has quorum, which must not be forked",
 			Attrs: []any{"command", c.ID, "members", inQuorum}},
-			fmt.Sprintf("waiting: members %s report a raft leader but cannot be reached; the survivor %s may be cut off from a cluster that still has quorum", strings.Join(inQuorum, ", "), s.ID))
+			fmt.Sprintf("waiting: members %s report a raft leader but cannot be reached; this agent may be cut off from a cluster that still has quorum", strings.Join(inQuorum, ", ")))
 	case len(settling) > 0:
 		return []Action{Report{Level: slog.LevelInfo, Msg: "recover-quorum waits: members lost their leader only moments ago, which may be an election",
 			Attrs: []any{"command", c.ID, "members", settling}}}
 	case len(silent) > 0:
+		var names []string
+		for _, s := range silent {
+			name, _, _ := strings.Cut(s, " ")
+			names = append(names, name)
+		}
 		return waitNoted(c, Report{Level: slog.LevelWarn, Msg: "recover-quorum waits for evidence that the other members have no quorum: their agents are silent; if their nodes are gone for good, delete this command and queue recover-quorum --lost with their names",
 			Attrs: []any{"command", c.ID, "silent", silent}},
-			fmt.Sprintf("waiting for evidence that the other members have no quorum: the agents of %s are silent; if those nodes are gone for good, delete this command and run recover-quorum --lost=%s",
-				strings.Join(silent, ", "), strings.Join(silent, ",")))
+			fmt.Sprintf("waiting for evidence that the other members have no quorum: the agents of %s are silent; if those nodes are gone for good, stop their agents, delete this command and run recover-quorum --lost=%s",
+				strings.Join(silent, ", "), strings.Join(names, ",")))
 	}
 	return nil
 }

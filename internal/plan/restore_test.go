@@ -139,6 +139,13 @@ func TestPlanRecoverQuorum(t *testing.T) {
 		n.RaftIndex, n.LocalMembers = index, []Member{member("a", false), member("b", true), member("c", false)}
 		return n
 	}
+	// held is a member whose etcd a driver holds down: its position and
+	// members read from its database.
+	held := func(id string, index uint64) Node {
+		n := node(id, "stopped")
+		n.HeldBy, n.DataIndex, n.LocalMembers = 5, index, []Member{member("a", false), member("b", true), member("c", false)}
+		return n
+	}
 	leading := func(id string) Node {
 		n := node(id, "member")
 		n.RaftLeader = 7
@@ -168,7 +175,9 @@ func TestPlanRecoverQuorum(t *testing.T) {
 		obs  Observed
 		want string
 	}{
-		{"one survivor, two wiped", lockObs(recoverCmd(""), node("a", "standby"), noQuorum("b", 40), node("c", "standby")),
+		{"one survivor, two wiped: held down first", lockObs(recoverCmd(""), node("a", "standby"), noQuorum("b", 40), node("c", "standby")),
+			"report[WARN] recover-quorum holds the etcd of every member with data down; note-command q1; hold-nodes q1 b"},
+		{"one survivor, two wiped, held: forced", lockObs(recoverCmd(""), node("a", "standby"), held("b", 40), node("c", "standby")),
 			"recover-member q1 node=b token=tok"},
 		{"the survivor with the longest log", lockObs(recoverCmd(""), noQuorum("a", 40), noQuorum("b", 41), node("c", "wiped")),
 			"fail-command q1 (quorum is not lost: 2 members with data are up"},
@@ -179,8 +188,52 @@ func TestPlanRecoverQuorum(t *testing.T) {
 			"report[INFO] recover-quorum waits a moment: quorum looks held"},
 		{"no data anywhere", lockObs(recoverCmd(""), node("a", "standby"), node("b", "wiped")),
 			"fail-command q1 (no reachable node holds etcd data; use restore-backup instead)"},
-		{"stopped survivor: longest log wins", lockObs(recoverCmd(""), node("c", "standby"), node("a", "stopped"), noQuorum("b", 9)),
+		// Stalled is not lost: a holder whose etcd does not serve would
+		// serve again, and with another holder makes a quorum.
+		{"a holder stopped or stalled counts as a voter", lockObs(recoverCmd(""), node("c", "standby"), node("a", "stopped"), noQuorum("b", 9)),
+			"report[WARN] recover-quorum waits: a quorum of members hold the cluster's data"},
+		{"two holders frozen and reachable, of three: never forced", lockObs(recoverCmd(""), noQuorum("a", 9),
+			func() Node { n := node("b", "member"); n.Healthy = false; return n }(), func() Node { n := node("c", "member"); n.Healthy = false; return n }()),
+			"report[WARN] recover-quorum waits: a quorum of members hold the cluster's data"},
+		// Five members, three lost: a stale one that serves and an
+		// up-to-date one restarting are both held, and the data on their
+		// disks decides.
+		{"of five, the holders are held down before any is chosen",
+			func() Observed {
+				five := func(n Node) Node {
+					n.LocalMembers = []Member{member("a", false), member("b", false), member("c", false), member("d", false), member("e", false)}
+					return n
+				}
+				stale := five(noQuorum("a", 90))
+				restarting := five(node("b", "stopped"))
+				o := lockObs(recoverLost("c", "d", "e"), stale, restarting)
+				o.Spec.MemberCount = 5
+				return o
+			}(),
+			"report[WARN] recover-quorum holds the etcd of every member with data down; note-command q1; hold-nodes q1 a,b"},
+		{"of five, held: the data that goes furthest wins, whichever served",
+			func() Observed {
+				five := func(n Node) Node {
+					n.LocalMembers = []Member{member("a", false), member("b", false), member("c", false), member("d", false), member("e", false)}
+					return n
+				}
+				stale, upToDate := five(held("a", 90)), five(held("b", 120))
+				o := lockObs(recoverLost("c", "d", "e"), node("x", "standby"), stale, upToDate)
+				o.Spec.MemberCount = 5
+				return o
+			}(),
 			"recover-member q1 node=b token=tok"},
+		{"of five, a held member's position unknown: wait",
+			func() Observed {
+				five := func(n Node) Node {
+					n.LocalMembers = []Member{member("a", false), member("b", false), member("c", false), member("d", false), member("e", false)}
+					return n
+				}
+				o := lockObs(recoverLost("c", "d", "e"), node("x", "standby"), five(held("a", 90)), five(held("b", 0)))
+				o.Spec.MemberCount = 5
+				return o
+			}(),
+			"report[WARN] recover-quorum waits to know where each held member's data stands"},
 		{"in progress: the survivor does not lead yet", lockObs(recoverCmd("b"), node("a", "standby"), noQuorum("b", 50), node("c", "standby")),
 			"recover-member q1 node=b token=tok"},
 		{"in progress, but the evidence is gone: wait",
@@ -193,8 +246,16 @@ func TestPlanRecoverQuorum(t *testing.T) {
 			lockObs(recoverCmd(""), node("a", "standby"), noQuorum("b", 9), func() Node { n := noQuorum("c", 90); n.Member.ClusterToken = "stale"; return n }()),
 			"fail-command q1 (the reachable nodes hold data of different clusters"},
 		{"a leftover of an older cluster with a longer log is not the survivor",
-			lockObs(recoverCmd(""), func() Node { n := noQuorum("x", 900); n.Member.ClusterToken = "stale"; return n }(),
-				noQuorum("a", 9), func() Node { n := noQuorum("b", 8); n.Healthy = false; return n }(), node("c", "standby")),
+			func() Observed {
+				five := func(n Node) Node {
+					n.LocalMembers = []Member{member("a", false), member("b", false), member("c", false), member("d", false), member("e", false)}
+					return n
+				}
+				o := lockObs(recoverLost("d", "e"), node("c", "standby"), func() Node { n := five(held("x", 900)); n.Member.ClusterToken = "stale"; return n }(),
+					five(held("a", 9)), five(held("b", 8)))
+				o.Spec.MemberCount = 5
+				return o
+			}(),
 			"recover-member q1 node=a token=tok"},
 		{"quorum counts the members etcd lists, not the spec's count",
 			func() Observed {
@@ -209,7 +270,7 @@ func TestPlanRecoverQuorum(t *testing.T) {
 				o.NoLeaderSettle = 3 * time.Second
 				return o
 			}(),
-			"report[INFO] recover-quorum waits: the survivor must see no leader for a while"},
+			"report[INFO] recover-quorum waits: members lost their leader only moments ago"},
 		{"a member's fresh record shows it lost its leader a moment ago",
 			func() Observed {
 				o := withRecords(lockObs(recoverCmd(""), node("a", "standby"), func() Node { n := noQuorum("b", 9); n.NoLeaderFor = time.Minute; return n }()),
@@ -218,8 +279,14 @@ func TestPlanRecoverQuorum(t *testing.T) {
 				return o
 			}(),
 			"report[INFO] recover-quorum waits: members lost their leader only moments ago"},
-		{"done once the survivor leads", lockObs(recoverCmd("b"), node("a", "standby"), leading("b")),
+		{"done once the survivor leads", lockObs(recoverCmd("b"), node("a", "standby"), func() Node { n := leading("b"); n.MemberID = 7; return n }()),
 			"finish-recover q1"},
+		{"chosen, not forced, and the majority is back with a leader: the decision is void",
+			lockObs(recoverCmd("b"), leading("a"), held("b", 9), leading("c")),
+			"fail-command q1 (quorum came back before the survivor b was forced"},
+		{"chosen, unreachable, and the majority is back: void too",
+			lockObs(recoverCmd("b"), leading("a"), leading("c")),
+			"fail-command q1 (quorum came back before the survivor b was forced"},
 		{"the survivor is unreachable", lockObs(recoverCmd("b"), node("a", "standby")),
 			"report[WARN] recover-quorum waits for the survivor's agent"},
 
@@ -227,7 +294,7 @@ func TestPlanRecoverQuorum(t *testing.T) {
 		{"a member's agent is silent: wait, and say how to name it lost", lockObs(recoverCmd(""), node("a", "standby"), noQuorum("b", 9)),
 			"report[WARN] recover-quorum waits for evidence that the other members have no quorum: their agents are silent"},
 		{"the silent member is named lost: recover",
-			withRecords(lockObs(recoverLost("c"), node("a", "standby"), noQuorum("b", 9)), record("c", time.Minute, "tok", true, 7)),
+			withRecords(lockObs(recoverLost("c"), node("a", "standby"), held("b", 9)), record("c", time.Minute, "tok", true, 7)),
 			"recover-member q1 node=b token=tok"},
 		{"named lost, but its record is fresh and shows a leader: wait",
 			withRecords(lockObs(recoverLost("c"), node("a", "standby"), noQuorum("b", 9)), record("c", time.Second, "tok", true, 7)),
@@ -235,17 +302,18 @@ func TestPlanRecoverQuorum(t *testing.T) {
 		{"cut off from peers, not from the store: the others' fresh records show a leader; never fork",
 			withRecords(lockObs(recoverCmd(""), noQuorum("b", 9)), record("a", time.Second, "tok", true, 7), record("c", 2*time.Second, "tok", true, 7)),
 			"report[WARN] recover-quorum waits: agents this one cannot reach report a raft leader"},
-		{"fresh records of the others show no leader: recover",
+		// A record vetoes, never proves.
+		{"fresh records of the others show no leader: no proof, wait",
 			withRecords(lockObs(recoverCmd(""), noQuorum("b", 9)), record("a", time.Second, "tok", true, 0), record("c", time.Second, "", false, 0)),
-			"recover-member q1 node=b token=tok"},
+			"report[WARN] recover-quorum waits for evidence that the other members have no quorum: their agents are silent"},
 		{"--lost names a node that is no member", lockObs(recoverLost("z"), node("a", "standby"), noQuorum("b", 9), node("c", "standby")),
 			"fail-command q1 (--lost names z, which is not a member of the cluster"},
 		{"a wiped node back under a new ID, on the member's peer URLs: evidence",
-			lockObs(recoverCmd(""), func() Node { n := node("a2", "standby"); n.PeerURLs = urls("a"); return n }(), noQuorum("b", 9),
+			lockObs(recoverCmd(""), func() Node { n := node("a2", "standby"); n.PeerURLs = urls("a"); return n }(), held("b", 9),
 				func() Node { n := node("c2", "standby"); n.PeerURLs = urls("c"); return n }()),
 			"recover-member q1 node=b token=tok"},
-		{"the survivor has not listed its members yet", lockObs(recoverCmd(""), node("a", "standby"), node("b", "member"), node("c", "standby")),
-			"report[INFO] recover-quorum waits for the survivor's etcd to report its members"},
+		{"the survivor has not listed its members yet: held, to read them from its data", lockObs(recoverCmd(""), node("a", "standby"), node("b", "member"), node("c", "standby")),
+			"report[WARN] recover-quorum holds the etcd of every member with data down; note-command q1; hold-nodes q1 b"},
 		{"no reachable data, but a fresh record shows an agent with data: wait",
 			withRecords(lockObs(recoverCmd(""), node("a", "standby"), node("c", "standby")), record("b", time.Second, "tok", true, 0)),
 			"report[WARN] recover-quorum waits: an agent with etcd data cannot be reached"},
@@ -267,20 +335,20 @@ func TestPlanRecoverQuorum(t *testing.T) {
 			"fail-command q1 (no reachable node holds etcd data; use restore-backup instead)"},
 		// The survivor seeds the cluster: it must not be behind a backup.
 		{"the survivor is at the newest backup's revision: recover",
-			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(noQuorum("b", 9), 500), node("c", "standby")), newest, nil),
+			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(held("b", 9), 500), node("c", "standby")), newest, nil),
 			"recover-member q1 node=b token=tok"},
 		{"the survivor is behind the newest backup of its cluster: fail, naming the backup",
-			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(noQuorum("b", 9), 499), node("c", "standby")), newest, nil),
+			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(held("b", 9), 499), node("c", "standby")), newest, nil),
 			"fail-command q1 (the survivor b holds revision 499, behind backup 2026-11-23T10:00:00Z of the same cluster at revision 500"},
 		{"a chosen survivor found behind before it is forced: fail",
 			withBackups(lockObs(recoverCmd("b"), node("a", "standby"), atRev(noQuorum("b", 9), 10), node("c", "standby")), newest, nil),
 			"fail-command q1 (the survivor b holds revision 10, behind backup"},
 		{"backups of another cluster do not count",
-			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(noQuorum("b", 9), 20), node("c", "standby")),
+			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(held("b", 9), 20), node("c", "standby")),
 				map[string]BackupPoint{"other": {Name: "x", Revision: 9000}}, nil),
 			"recover-member q1 node=b token=tok"},
 		{"the backups cannot be read: wait",
-			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(noQuorum("b", 9), 20), node("c", "standby")), nil, errors.New("store: unreachable")),
+			withBackups(lockObs(recoverCmd(""), node("a", "standby"), atRev(held("b", 9), 20), node("c", "standby")), nil, errors.New("store: unreachable")),
 			"report[WARN] recover-quorum waits: the backups cannot be read"},
 		{"the chosen survivor's data is gone: fail",
 			lockObs(recoverCmd("b"), node("a", "standby"), func() Node { n := noQuorum("b", 9); n.HasData, n.DataLost = false, true; return n }()),

@@ -142,7 +142,15 @@ func (e *Executor) Execute(ctx context.Context, obs plan.Observed, act plan.Acti
 	case plan.FinishRecover:
 		return true, e.finishRecover(ctx, act)
 	case plan.NoteCommand:
-		return true, e.Runner.Note(ctx, act.ID, act.Message)
+		cur := spec.CommandStatus{}
+		if c := plan.FindCommand(obs.Commands, act.ID); c != nil {
+			cur = c.Status
+		}
+		return true, e.Runner.Note(ctx, act.ID, cur, act.Message)
+	case plan.HoldNodes:
+		return true, e.holdNodes(ctx, obs, act)
+	case plan.ReleaseHolds:
+		return true, e.releaseHolds(ctx, act)
 	case plan.FailCommand:
 		// A procedure's command is failed by its driver, under its term,
 		// so that the failure outranks the statuses it wrote before.
@@ -249,9 +257,66 @@ func (e *Executor) LiftStrayQuarantine(ctx context.Context, obs plan.Observed, a
 func (e *Executor) quarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine, term int64) error {
 	return onNodesLeaderLast(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error {
 		return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
-			return api.Quarantine(ctx, peer.QuarantineRequest{LeaderID: e.SelfID, Term: term, Token: act.Token, Quarantined: act.On})
+			req := peer.QuarantineRequest{LeaderID: e.SelfID, Term: term, Token: act.Token, Quarantined: act.On}
+			if term != 0 {
+				req.NotAfter = e.Runner.NotAfter()
+			}
+			return api.Quarantine(ctx, req)
 		})
 	})
+}
+
+// FenceAll tells every reachable node that a driver of term holds the
+// store lock now: the loop calls it when it takes a new term, so that a
+// driver that stalled and resumes is refused everywhere, before this one
+// acts or not.
+func (e *Executor) FenceAll(ctx context.Context, obs plan.Observed, term int64) { e.fenceNodes(ctx, obs, term) }
+
+// holdNodes has each node stop its etcd and keep it stopped under the
+// driver's term, and read where its data stands (recover-quorum's step
+// before it forces a survivor).
+func (e *Executor) holdNodes(ctx context.Context, obs plan.Observed, act plan.HoldNodes) error {
+	c, d, err := command(obs, act.ID)
+	if err != nil {
+		return err
+	}
+	return e.Runner.Do(ctx, d, c, phaseOf(c), func(ctx context.Context, term int64) error {
+		errs := make([]error, len(act.Nodes))
+		var wg sync.WaitGroup
+		for i, n := range act.Nodes {
+			wg.Go(func() {
+				errs[i] = e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
+					return api.Fence(ctx, peer.FenceRequest{LeaderID: e.SelfID, Term: term, Hold: true, NotAfter: e.Runner.NotAfter()})
+				})
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		e.Log.Warn("held the etcd of the members with data down, to read where each one's data stands", "command", act.ID, "nodes", plan.NodeIDs(act.Nodes), "term", term)
+		return nil
+	})
+}
+
+// releaseHolds ends the holds no procedure needs: each under the term
+// that holds it.
+func (e *Executor) releaseHolds(ctx context.Context, act plan.ReleaseHolds) error {
+	errs := make([]error, len(act.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range act.Nodes {
+		wg.Go(func() {
+			errs[i] = e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
+				return api.Fence(ctx, peer.FenceRequest{LeaderID: e.SelfID, Term: n.HeldBy, Release: true})
+			})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	e.Log.Info("released the holds on etcd that no procedure needs", "nodes", plan.NodeIDs(act.Nodes))
+	return nil
 }
 
 // fenceNodes tells every reachable node that the driver of term took over,

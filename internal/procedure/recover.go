@@ -45,8 +45,14 @@ func (e *Executor) recoverMember(ctx context.Context, obs plan.Observed, act pla
 		if err != nil {
 			return err
 		}
+		// The lease still holds now: a driver paused since it planned,
+		// whose lease ran out, forces nothing (the node checks the
+		// deadline too, by its clock).
+		if _, err := e.Runner.Fence.Hold(ctx); err != nil {
+			return err
+		}
 		return e.call(ctx, n, peer.RecoverWait+callTimeout, func(ctx context.Context, api NodeAPI) error {
-			return api.Recover(ctx, peer.RecoverRequest{LeaderID: e.SelfID, Term: term, Token: act.Token})
+			return api.Recover(ctx, peer.RecoverRequest{LeaderID: e.SelfID, Term: term, Token: act.Token, NotAfter: e.Runner.NotAfter()})
 		})
 	})
 }

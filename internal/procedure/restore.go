@@ -206,7 +206,8 @@ func (e *Executor) stopForRestore(ctx context.Context, obs plan.Observed, act pl
 		}
 		return onNodesLeaderLast(ctx, obs, ids, func(ctx context.Context, n plan.Node) error {
 			return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
-				return api.Leave(ctx, peer.LeaveRequest{LeaderID: e.SelfID, Term: term, Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster", Replaced: true})
+				return api.Leave(ctx, peer.LeaveRequest{LeaderID: e.SelfID, Term: term, Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster", Replaced: true,
+					NotAfter: e.Runner.NotAfter()})
 			})
 		})
 	})
@@ -234,7 +235,11 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 			},
 		}
 		return onNodes(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error {
-			err := e.call(ctx, n, restoreCallTimeout, func(ctx context.Context, api NodeAPI) error { return api.Restore(ctx, req) })
+			err := e.call(ctx, n, restoreCallTimeout, func(ctx context.Context, api NodeAPI) error {
+				r := req
+				r.NotAfter = e.Runner.NotAfter()
+				return api.Restore(ctx, r)
+			})
 			if err != nil {
 				return fmt.Errorf("procedure: restore on %s: %w", n.ID, err)
 			}

@@ -120,6 +120,10 @@ type Fence interface {
 	// Renew extends the driver's lease; it fails, wrapping ErrFenced,
 	// once another agent holds the fence.
 	Renew(ctx context.Context) error
+	// Deadline is when the driver's lease runs out unless renewed, by
+	// this process's clock; zero when it holds none. Destructive calls
+	// carry it (as their NotAfter) for the node to check.
+	Deadline() time.Time
 }
 
 // Records is where the runner records a procedure's progress: the
@@ -186,14 +190,35 @@ func (r *Runner) Do(ctx context.Context, d Definition, c *plan.Command, phase st
 	done := make(chan struct{})
 	go func() {
 		// Renew until the step ends; a lease that cannot be renewed
-		// stops the step.
+		// stops the step, and so does its deadline passing between two
+		// renewals (a process paused, a store too slow).
 		t := time.NewTicker(r.RenewEvery)
 		defer t.Stop()
 		for {
+			var expiry <-chan time.Time
+			var timer *time.Timer
+			if d := r.Fence.Deadline(); !d.IsZero() {
+				timer = time.NewTimer(time.Until(d))
+				expiry = timer.C
+			}
+			stop := func() {
+				if timer != nil {
+					timer.Stop()
+				}
+			}
 			select {
 			case <-done:
+				stop()
 				return
+			case <-expiry:
+				if d := r.Fence.Deadline(); !d.IsZero() && !time.Now().Before(d) {
+					fenced <- fmt.Errorf("%w: the lease ran out before it was renewed", ErrFenced)
+					cancel()
+					return
+				}
+				continue
 			case <-t.C:
+				stop()
 			}
 			err := r.Fence.Renew(ctx)
 			switch {
@@ -254,14 +279,25 @@ func (r *Runner) Choose(ctx context.Context, id string, c spec.Choice) (spec.Cho
 }
 
 // Note writes why the procedure's command waits into its status, under
-// the fence; the command stays pending.
-func (r *Runner) Note(ctx context.Context, id, message string) error {
+// the fence. It changes the message only: a running procedure's node,
+// phase and choice stay, and a command not started stays pending.
+func (r *Runner) Note(ctx context.Context, id string, cur spec.CommandStatus, message string) error {
 	term, err := r.Fence.Hold(ctx)
 	if err != nil {
 		return err
 	}
-	return r.Records.SetCommandStatus(ctx, id, term, spec.CommandStatus{State: spec.CommandPending, Message: message}, r.Now())
+	st := cur
+	st.Message = message
+	if st.State == "" {
+		st.State = spec.CommandPending
+	}
+	return r.Records.SetCommandStatus(ctx, id, term, st, r.Now())
 }
+
+// NotAfter is when the driver's lease runs out, for the destructive calls
+// to carry: a node refuses one that arrives later (a driver paused past
+// its lease, whose late call must change nothing).
+func (r *Runner) NotAfter() time.Time { return r.Fence.Deadline() }
 
 // Fail marks the procedure's command failed, under the fence, keeping it
 // for the operator to read in list-commands.

@@ -25,6 +25,14 @@ type fakeFence struct {
 	loseAfter int // renewals that succeed before the fence is lost (0: never lost by renewal)
 	renewals  int
 	flaky     bool // renewals fail, but not for a lost lease
+	// deadline is the lease's local deadline; zero: none kept.
+	deadline time.Time
+}
+
+func (f *fakeFence) Deadline() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.deadline
 }
 
 func (f *fakeFence) Hold(context.Context) (int64, error) {

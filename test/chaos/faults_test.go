@@ -125,6 +125,9 @@ var faults = []fault{
 		}
 		return "SIGKILL every agent and etcd, all restarted at once", nil
 	}},
+	{"freeze-etcd", func(c *cluster, rng *rand.Rand) (string, error) {
+		return c.freezeEtcd(rng)
+	}},
 	{"store-outage", func(c *cluster, rng *rand.Rand) (string, error) {
 		c.minio.Stop()
 		d := time.Duration(5+rng.IntN(10)) * time.Second
@@ -451,6 +454,76 @@ func (c *cluster) commands() ([]commandRow, error) {
 	}
 	var rows []commandRow
 	return rows, json.Unmarshal([]byte(out), &rows)
+}
+
+// freezeEtcd stops (SIGSTOP) the etcd of one or two members for a few
+// seconds: a stalled disk, a paused VM. With two frozen, half the time a
+// recover-quorum is queued meanwhile; their agents answer, with the data
+// on their disks, so stalled is not lost: nothing may be forced, and the
+// command is refused once they thaw.
+func (c *cluster) freezeEtcd(rng *rand.Rand) (string, error) {
+	n := 1 + rng.IntN(2)
+	var frozen []*harness.Agent
+	var names []string
+	for _, i := range rng.Perm(len(c.agents))[:n] {
+		a := c.agents[i]
+		pid := a.EtcdPID()
+		if pid == 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			return "", err
+		}
+		frozen = append(frozen, a)
+		names = append(names, a.Name)
+	}
+	thaw := func() {
+		for _, a := range frozen {
+			if pid := a.EtcdPID(); pid != 0 {
+				_ = syscall.Kill(pid, syscall.SIGCONT)
+			}
+		}
+	}
+	defer thaw()
+	// A few seconds: long enough for the survivor to see no leader and
+	// the engine to judge, short enough for the history of a frozen
+	// majority (every write meanwhile in doubt) to stay checkable.
+	d := time.Duration(3+rng.IntN(4)) * time.Second
+	start := time.Now()
+	queued := len(frozen) == 2 && rng.IntN(2) == 0
+	if queued {
+		time.Sleep(1500 * time.Millisecond) // once the survivor sees no leader
+		_, _, _ = c.env.Ctl("recover-quorum", "--timeout=1s") // only queues it
+	}
+	time.Sleep(time.Until(start.Add(d)))
+	thaw()
+	what := fmt.Sprintf("SIGSTOP etcd of %s for %s", strings.Join(names, ", "), d)
+	if !queued {
+		return what, nil
+	}
+	// The command ends refused, never done: a done recover-quorum forced
+	// a member out of a majority that was only frozen.
+	err := waitUntil(2*time.Minute, func() bool {
+		rows, err := c.commands()
+		if err != nil {
+			return false
+		}
+		for _, r := range rows {
+			if r.Kind == "recover-quorum" && r.State != "failed" {
+				return false
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return "", fmt.Errorf("the recover-quorum queued while %s were frozen did not end refused: %w", strings.Join(names, ", "), err)
+	}
+	for _, a := range c.agents {
+		if strings.Contains(a.Log(), "restarting etcd with --force-new-cluster") {
+			return "", fmt.Errorf("agent %s forced a new cluster while %s were only frozen", a.Name, strings.Join(names, ", "))
+		}
+	}
+	return what + ", with a recover-quorum queued meanwhile, refused once they thawed", nil
 }
 
 // pausedRestore: the workload stops, a backup is taken, and its restore
