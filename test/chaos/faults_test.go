@@ -492,7 +492,7 @@ func (c *cluster) freezeEtcd(rng *rand.Rand) (string, error) {
 	start := time.Now()
 	queued := len(frozen) == 2 && rng.IntN(2) == 0
 	if queued {
-		time.Sleep(1500 * time.Millisecond) // once the survivor sees no leader
+		time.Sleep(1500 * time.Millisecond)                   // once the survivor sees no leader
 		_, _, _ = c.env.Ctl("recover-quorum", "--timeout=1s") // only queues it
 	}
 	time.Sleep(time.Until(start.Add(d)))
