@@ -41,9 +41,9 @@ type HoldNodes struct {
 type ReleaseHolds struct{ Nodes []Node }
 
 func (a HoldNodes) String() string    { return fmt.Sprintf("hold-nodes %s %s", a.ID, NodeIDs(a.Nodes)) }
-func (HoldNodes) Mutates() bool         { return true }
+func (HoldNodes) Mutates() bool       { return true }
 func (a ReleaseHolds) String() string { return "release-holds " + NodeIDs(a.Nodes) }
-func (ReleaseHolds) Mutates() bool      { return true }
+func (ReleaseHolds) Mutates() bool    { return true }
 
 // NodeIDs names the nodes, comma separated.
 func NodeIDs(ns []Node) string {

@@ -270,7 +270,9 @@ func (e *Executor) quarantine(ctx context.Context, obs plan.Observed, act plan.S
 // store lock now: the loop calls it when it takes a new term, so that a
 // driver that stalled and resumes is refused everywhere, before this one
 // acts or not.
-func (e *Executor) FenceAll(ctx context.Context, obs plan.Observed, term int64) { e.fenceNodes(ctx, obs, term) }
+func (e *Executor) FenceAll(ctx context.Context, obs plan.Observed, term int64) {
+	e.fenceNodes(ctx, obs, term)
+}
 
 // holdNodes has each node stop its etcd and keep it stopped under the
 // driver's term, and read where its data stands (recover-quorum's step
