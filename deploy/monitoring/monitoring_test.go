@@ -84,6 +84,10 @@ etcd_manager_leader{job="main",instance="b"} 0x200`,
 		fire:  `etcd_manager_alarms{job="main",instance="a",alarm="CORRUPT"} 1x200`,
 		quiet: `etcd_manager_alarms{job="main",instance="a",alarm="NOSPACE"} 1x200`,
 	},
+	"EtcdManagerDataDisagreement": {
+		fire:  `etcd_manager_data_corrupt{job="main",instance="a"} 1x200`,
+		quiet: `etcd_manager_data_corrupt{job="main",instance="a"} 0x200`,
+	},
 	"EtcdManagerProcedureStuck": {
 		fire:  `etcd_manager_procedure_phase{job="main",instance="a",procedure="restore",phase="restoring"} 1x200`,
 		quiet: `etcd_manager_procedure_phase{job="main",instance="a",procedure="restore",phase="restoring"} 1x30 _x170`,

@@ -27,6 +27,13 @@ const hashResultFresh = time.Minute
 type hashCheck struct {
 	last   time.Time
 	result *plan.HashCheck
+	// recheck asks for a comparison at once: a member resumed after its
+	// initial check failed, and the verdict that resumed it named a
+	// minority still to set aside.
+	recheck bool
+	// checked is set once this agent compared the hashes (last is also
+	// set when it begins to lead, to wait out the first interval).
+	checked bool
 }
 
 // checkHashes asks every voting member for its HashKV at the leader's
@@ -37,7 +44,8 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 	if err != nil {
 		return err
 	}
-	lp.hash.last = lp.now()
+	lp.hash.last, lp.hash.checked = lp.now(), true
+	lp.hash.recheck = false
 	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	st, err := c.Status(sctx, lp.clientEndpoint)
 	cancel()
@@ -45,11 +53,42 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 		return fmt.Errorf("controller: hash check: etcd status: %w", err)
 	}
 	r := &plan.HashCheck{Revision: st.Header.Revision, Hashes: map[uint64]plan.MemberHash{}}
+	// Members whose etcd is kept stopped (a failed initial check) are
+	// hashed from their data, at a revision their data holds: the
+	// comparison goes no further than the one that is furthest behind.
+	offline := map[uint64]plan.Node{}
 	for _, m := range obs.Cluster.Members {
-		if m.IsLearner || len(m.ClientURLs) == 0 {
+		if m.IsLearner || m.Healthy {
 			continue
 		}
-		h, err := memberHash(ctx, lp.client, m.ClientURLs[0], r.Revision)
+		n, ok := plan.NodeOfMember(obs, m)
+		if !ok || !n.InitialCheckFailed {
+			continue
+		}
+		offline[m.ID] = n
+		h, err := lp.dataHash(ctx, obs, n, 0)
+		if err != nil {
+			lp.met.hashChecks.WithLabelValues("inconclusive").Inc()
+			return fmt.Errorf("controller: hash check: the data of %s: %w", m.Name, err)
+		}
+		r.Revision = min(r.Revision, h.CurrentRevision)
+	}
+	for _, m := range obs.Cluster.Members {
+		if m.IsLearner {
+			continue
+		}
+		var h plan.MemberHash
+		var err error
+		switch n, ok := offline[m.ID]; {
+		case ok:
+			var dh peer.DataHash
+			dh, err = lp.dataHash(ctx, obs, n, r.Revision)
+			h = plan.MemberHash{Hash: dh.Hash, CompactRevision: dh.CompactRevision}
+		case len(m.ClientURLs) == 0:
+			continue
+		default:
+			h, err = memberHash(ctx, lp.client, m.ClientURLs[0], r.Revision)
+		}
 		if err != nil {
 			lp.met.hashChecks.WithLabelValues("inconclusive").Inc()
 			return fmt.Errorf("controller: hash check: HashKV of %s at revision %d: %w", m.Name, r.Revision, err)
@@ -57,6 +96,10 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 		r.Hashes[m.ID] = h
 	}
 	lp.hash.result = r
+	lp.met.dataDisagreement.Set(0)
+	if v := plan.JudgeHashes(r, obs.Cluster.Members); v.NoMajority() {
+		lp.met.dataDisagreement.Set(1)
+	}
 	outcome := "agree"
 	seen := map[plan.MemberHash]bool{}
 	for _, h := range r.Hashes {
@@ -73,6 +116,41 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 		return nil
 	}
 	lp.log.Warn("the voting members' HashKV differ", "revision", r.Revision, "hashes", fmt.Sprint(r.Hashes), "reason", act.Reason)
+	return nil
+}
+
+// dataHash asks the agent of n, whose etcd is kept stopped, for the HashKV
+// of its data at rev (0: its newest).
+func (lp *loop) dataHash(ctx context.Context, obs plan.Observed, n plan.Node, rev int64) (peer.DataHash, error) {
+	var h peer.DataHash
+	err := lp.members.call(ctx, n, func(ctx context.Context, api memberAPI) error {
+		var err error
+		h, err = api.HashData(ctx, peer.HashDataRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, Revision: rev})
+		return err
+	})
+	return h, err
+}
+
+// resumeMember has a member whose initial check failed, and whose data
+// the majority's agrees with, start etcd without that check; the minority
+// is compared again once it serves.
+func (lp *loop) resumeMember(ctx context.Context, obs plan.Observed, act plan.ResumeMember) error {
+	if _, err := lp.members.leader(ctx); err != nil {
+		return err
+	}
+	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	if err != nil {
+		return err
+	}
+	lp.log.Warn("a member whose initial corruption check failed holds the majority's data: it starts again without the check",
+		"node", act.NodeID, "member", fmt.Sprintf("%x", act.MemberID), "reason", act.Reason)
+	err = lp.members.call(ctx, n, func(ctx context.Context, api memberAPI) error {
+		return api.Resume(ctx, peer.ResumeRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, Reason: act.Reason})
+	})
+	if err != nil {
+		return err
+	}
+	lp.hash.recheck = true
 	return nil
 }
 

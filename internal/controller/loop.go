@@ -321,8 +321,10 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		}
 	}()
 	if _, bad := lp.node.CorruptData(); bad {
-		if err := lp.node.DiscardCorruptData(ctx); err != nil {
-			lp.log.Error("cannot set aside data etcd found corrupt; will retry", "error", err)
+		// Reported, never acted on alone: the leader judges by the
+		// majority's HashKV which copy is damaged.
+		if err := lp.node.StopForFailedCheck(ctx); err != nil {
+			lp.log.Error("cannot stop etcd after its failed initial corruption check; will retry", "error", err)
 		}
 	}
 	lp.met.backingOff.Set(float64(lp.failures.prune(lp.now())))
@@ -448,6 +450,10 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 	switch act := act.(type) {
 	case plan.StartEtcd:
 		return lp.node.StartEtcd(ctx)
+	case plan.ResumeMember:
+		return lp.resumeMember(ctx, obs, act)
+	case plan.ResumeUnjudged:
+		return lp.node.ResumeUnjudged(ctx, act.Reason)
 	case plan.MarkBootstrapped:
 		return lp.node.MarkBootstrapped()
 	case plan.ConfirmCreate:
@@ -524,7 +530,7 @@ func (lp *loop) noteOutcome(act plan.Action, err error) {
 	switch act := act.(type) {
 	case plan.AddMember, plan.PromoteMember, plan.EvictNode, plan.SetMemberVersion, plan.SetMemberSettings, plan.SetPeerCertCheck,
 		plan.SetPeerURLs, plan.MoveLeader, plan.EnableDowngrade, plan.DefragMember, plan.RecoverSpace, plan.DisarmNoSpace,
-		plan.CheckHashes, plan.DiscardMemberData, plan.DisarmCorrupt, plan.SyncCA, plan.AdvanceCARotation:
+		plan.CheckHashes, plan.DiscardMemberData, plan.ResumeMember, plan.DisarmCorrupt, plan.SyncCA, plan.AdvanceCARotation:
 	case plan.SetQuarantine:
 		if act.ID != "" {
 			return

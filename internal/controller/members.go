@@ -47,6 +47,8 @@ type memberAPI interface {
 	SetVersion(ctx context.Context, req peer.VersionRequest) error
 	SetSettings(ctx context.Context, req peer.SettingsRequest) error
 	DiscardData(ctx context.Context, req peer.DiscardRequest) error
+	HashData(ctx context.Context, req peer.HashDataRequest) (peer.DataHash, error)
+	Resume(ctx context.Context, req peer.ResumeRequest) error
 	SetPeerURLs(ctx context.Context, req peer.PeerURLsRequest) error
 	SetPeerCertCheck(ctx context.Context, req peer.PeerCertCheckRequest) error
 	SyncCA(ctx context.Context, req peer.CARequest) error

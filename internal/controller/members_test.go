@@ -64,6 +64,10 @@ func (r recordingNode) Leave(_ context.Context, req peer.LeaveRequest) error {
 func (r recordingNode) SetVersion(context.Context, peer.VersionRequest) error   { return nil }
 func (r recordingNode) SetSettings(context.Context, peer.SettingsRequest) error { return nil }
 func (r recordingNode) DiscardData(context.Context, peer.DiscardRequest) error  { return nil }
+func (r recordingNode) HashData(context.Context, peer.HashDataRequest) (peer.DataHash, error) {
+	return peer.DataHash{}, nil
+}
+func (r recordingNode) Resume(context.Context, peer.ResumeRequest) error        { return nil }
 func (r recordingNode) SetPeerURLs(context.Context, peer.PeerURLsRequest) error { return nil }
 func (r recordingNode) SetPeerCertCheck(context.Context, peer.PeerCertCheckRequest) error {
 	return nil

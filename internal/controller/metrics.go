@@ -47,6 +47,7 @@ type metrics struct {
 	// Corruption: the leader's HashKV comparisons and the members rebuilt.
 	hashChecks       *prometheus.CounterVec
 	hashCheckLast    prometheus.Gauge
+	dataDisagreement prometheus.Gauge
 	corruptDiscarded prometheus.Counter
 	dataDiscarded    *prometheus.CounterVec
 	// Read from the store, alike on every agent.
@@ -112,6 +113,8 @@ func newMetrics() *metrics {
 			Help: "Comparisons of the voting members' HashKV at one revision by this agent as leader, by outcome: agree, mismatch (a member's data differs), inconclusive (a member did not answer, or a compaction came between)."}, []string{"outcome"}),
 		hashCheckLast: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_hash_check_last_agree_timestamp_seconds",
 			Help: "Unix time of the last comparison in which every voting member's HashKV agreed."}),
+		dataDisagreement: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_data_corrupt",
+			Help: "1 when this agent's last comparison as leader found the voting members' data disagree with no copy held by a majority: the cluster is CORRUPT, and nothing is rebuilt on its own; 0 otherwise."}),
 		corruptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_corrupt_members_discarded_total",
 			Help: "Members whose data disagreed with the majority's, set aside by this agent as leader to be rebuilt from their peers."}),
 		dataDiscarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_member_data_discarded_total",
@@ -143,7 +146,7 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
 	m.reg.MustRegister(m.restorablePoint, m.certificateExpiry, m.clusterMembers, m.memberLag, m.memberDBSize, m.alarms, m.leaderChanges, m.loopCycles)
-	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.corruptDiscarded, m.dataDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
+	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.dataDisagreement, m.corruptDiscarded, m.dataDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
 		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

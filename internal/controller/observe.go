@@ -100,9 +100,16 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 					}
 					obs.HashCheckDue = lp.now().Sub(lp.hash.last) >= every
 				}
+				obs.HashCheckDue = obs.HashCheckDue || lp.hash.recheck
+				if !lp.hash.last.IsZero() && lp.hash.checked {
+					obs.HashCheckedAgo = max(lp.now().Sub(lp.hash.last), time.Nanosecond)
+				}
+				// A verdict is acted on in the one cycle after the
+				// comparison: a later cycle compares again.
 				if lp.now().Sub(lp.hash.last) < hashResultFresh {
 					obs.HashCheck = lp.hash.result
 				}
+				lp.hash.result = nil
 			}
 		}
 	}
@@ -214,6 +221,9 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		}
 	}
 	self.HeldBy = lp.node.Held()
+	_, self.InitialCheckFailed = lp.node.InitialCheckFailed()
+	self.InitialCheckFailedFor = lp.node.InitialCheckFailedFor()
+	self.Unjudged = lp.node.Unjudged()
 	if pos := lp.node.HeldPosition(); pos != nil && st.Member != nil {
 		// Held down: where the data stands, from its database.
 		self.DataIndex, self.Revision = pos.ConsistentIndex, pos.Revision
@@ -514,7 +524,7 @@ func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),
 		NoLeaderFor: info.NoLeaderFor, CertMarker: info.CertMarker, PeerCertCheckOff: info.PeerCertCheckOff,
 		Trust: info.Trust, EtcdTrust: info.EtcdTrust, CAFromDir: info.CAFromDir, RestoreRoom: info.RestoreRoom,
-		HeldBy: info.HeldBy, DataIndex: info.DataIndex,
+		HeldBy: info.HeldBy, DataIndex: info.DataIndex, InitialCheckFailed: info.InitialCheckFailed != "", Unjudged: info.Unjudged,
 	}
 	if info.Cert != nil {
 		n.CertCA = info.Cert.CAFingerprint
@@ -738,6 +748,8 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		RestoreRoom:          self.RestoreRoom,
 		HeldBy:               self.HeldBy,
 		DataIndex:            self.DataIndex,
+		InitialCheckFailed:   lp.initialCheckLine(),
+		Unjudged:             self.Unjudged,
 	}
 	if leader {
 		info.Failing = lp.failures.report()
@@ -916,4 +928,11 @@ func announcedState(self plan.Node) string {
 		m = fmt.Sprintf("%s pending=%t quarantined=%t", self.Member.ClusterToken, self.Member.Pending, self.Member.Quarantined)
 	}
 	return fmt.Sprintf("%s data=%t healthy=%t", m, self.HasData, self.Healthy)
+}
+
+// initialCheckLine is what etcd said when its initial corruption check
+// failed, while the node keeps it stopped; "" otherwise.
+func (lp *loop) initialCheckLine() string {
+	line, _ := lp.node.InitialCheckFailed()
+	return line
 }

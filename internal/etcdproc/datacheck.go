@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"os/exec"
@@ -17,8 +18,10 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	"go.etcd.io/etcd/server/v3/storage/schema"
+	"google.golang.org/protobuf/proto"
 )
 
 // Start-up validation. etcd trusts its bbolt file: a page damaged by a
@@ -364,3 +367,166 @@ func ReadPosition(dataDir string) (pos DataPosition, err error) {
 	}
 	return pos, nil
 }
+
+// OfflineHash is a member's HashKV, computed from its database with etcd
+// stopped, as etcd computes it: the CRC-32C of the key bucket's name,
+// then of every key and value up to Revision, of those up to the
+// compaction revision only the ones compaction keeps.
+type OfflineHash struct {
+	Hash            uint32
+	CompactRevision int64
+	// Revision is the revision hashed up to; CurrentRevision the
+	// database's newest.
+	Revision, CurrentRevision int64
+}
+
+// ErrHashUnknown means a stopped member's hash cannot be computed at the
+// revision asked: it lies beyond the data, or before its compaction, or a
+// compaction was cut short.
+var ErrHashUnknown = errors.New("etcdproc: the hash is unknown at that revision")
+
+// HashOffline computes the HashKV at rev (0: the newest revision) of the
+// database under etcd's data dir, which no etcd may hold open. It reads
+// the whole key bucket once.
+func HashOffline(dataDir string, rev int64) (out OfflineHash, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: reading it failed: %v", ErrDamagedData, DBPath(dataDir), r)
+		}
+	}()
+	db, err := bolt.Open(DBPath(dataDir), 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return out, fmt.Errorf("etcdproc: hash the data: %w", err)
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		cur, err := headRevision(tx)
+		if err != nil {
+			return err
+		}
+		out.CurrentRevision = cur
+		mb := tx.Bucket(schema.Meta.Name())
+		// Never compacted: etcd reports -1.
+		scheduled, finished := int64(-1), int64(-1)
+		if mb != nil {
+			if v := mb.Get(schema.FinishedCompactKeyName); len(v) >= 17 {
+				finished = mvcc.BytesToRev(v[:17]).Main
+			}
+			if v := mb.Get(schema.ScheduledCompactKeyName); len(v) >= 17 {
+				scheduled = mvcc.BytesToRev(v[:17]).Main
+			}
+		}
+		if scheduled > finished {
+			return fmt.Errorf("%w: a compaction to revision %d was cut short at %d", ErrHashUnknown, scheduled, finished)
+		}
+		out.CompactRevision = finished
+		if rev == 0 {
+			rev = cur
+		}
+		if rev > cur || rev < finished {
+			return fmt.Errorf("%w: revision %d is outside the data's %d to %d", ErrHashUnknown, rev, finished, cur)
+		}
+		if rev == finished && finished > 0 {
+			// etcd answers its hash at a compaction's revision from what it
+			// computed as it compacted, before, under the compaction
+			// before that: no reading of the data now gives that.
+			return fmt.Errorf("%w: revision %d is the compaction's; etcd answers its hash from before the compaction", ErrHashUnknown, rev)
+		}
+		out.Revision = rev
+		kb := tx.Bucket(schema.Key.Name())
+		if kb == nil {
+			return errors.New("it has no key bucket")
+		}
+		keep, err := keepAt(kb, rev)
+		if err != nil {
+			return err
+		}
+		h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+		h.Write(schema.Key.Name())
+		err = kb.ForEach(func(k, v []byte) error {
+			r := mvcc.BytesToRev(k[:17])
+			switch {
+			case r.Main > rev:
+				return nil
+			case r.Main <= finished && len(keep) > 0 && !keep[keepKey{r.Main, r.Sub}]:
+				return nil
+			case r.Main == finished && mvcc.IsTombstone(k):
+				return nil
+			}
+			h.Write(k)
+			h.Write(v)
+			return nil
+		})
+		out.Hash = h.Sum32()
+		return err
+	})
+	if errors.Is(err, ErrHashUnknown) {
+		return OfflineHash{}, err
+	}
+	if err != nil {
+		return OfflineHash{}, fmt.Errorf("%w: %s: %v", ErrDamagedData, DBPath(dataDir), err)
+	}
+	return out, nil
+}
+
+// keepAt is the revision etcd's key index keeps of each key at rev, as
+// HashKV asks it: in the key's generation alive at rev, its newest
+// revision at or before rev, unless that is the tombstone that ends the
+// generation. The index is rebuilt from the bucket, as etcd rebuilds it
+// when it starts. Revisions are unique per main revision within a key's
+// history, so the set holds main revisions with their key.
+func keepAt(kb *bolt.Bucket, rev int64) (map[keepKey]bool, error) {
+	type entry struct {
+		main, sub int64
+		tomb      bool
+	}
+	hist := map[string][]entry{}
+	err := kb.ForEach(func(k, v []byte) error {
+		if len(k) != 17 && len(k) != 18 {
+			return fmt.Errorf("its key bucket holds a key of %d bytes", len(k))
+		}
+		var kv mvccpb.KeyValue
+		if err := proto.Unmarshal(v, &kv); err != nil {
+			return fmt.Errorf("its key bucket holds a value that is no key-value: %w", err)
+		}
+		r := mvcc.BytesToRev(k[:17])
+		hist[string(kv.Key)] = append(hist[string(kv.Key)], entry{r.Main, r.Sub, mvcc.IsTombstone(k)})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	keep := map[keepKey]bool{}
+	for _, es := range hist {
+		// Generations: each ends with a tombstone; after the last
+		// tombstone an empty one begins.
+		var gens [][]entry
+		cur := []entry{}
+		for _, e := range es {
+			cur = append(cur, e)
+			if e.tomb {
+				gens = append(gens, cur)
+				cur = []entry{}
+			}
+		}
+		gens = append(gens, cur)
+		gi := 0
+		for gi < len(gens)-1 && gens[gi][len(gens[gi])-1].main < rev {
+			gi++
+		}
+		g := gens[gi]
+		for i := len(g) - 1; i >= 0; i-- {
+			if g[i].main <= rev {
+				if !(i == len(g)-1 && gi != len(gens)-1) {
+					keep[keepKey{g[i].main, g[i].sub}] = true
+				}
+				break
+			}
+		}
+	}
+	return keep, nil
+}
+
+// keepKey is a revision (main, sub) that the key index keeps.
+type keepKey struct{ main, sub int64 }

@@ -80,30 +80,164 @@ func (n *Node) CorruptData() (string, bool) {
 	return "", false
 }
 
-// DiscardCorruptData stops etcd and moves the member's data to the trash,
-// keeping the membership: the member then counts as having lost its data
-// (see the leader's lost-data rule), and is rebuilt from its peers.
-func (n *Node) DiscardCorruptData(ctx context.Context) error {
+// StopForFailedCheck stops etcd once its initial corruption check failed
+// and keeps it stopped, keeping the data: the check fails on a mismatch
+// with any peer, so it does not say which copy is damaged, and the
+// member's data may be the good one while a peer's (the leader's, even)
+// is not. The leader judges by the majority: every member's HashKV, this
+// one's read from its database (HashData). Then it has this member start
+// again without the check (Resume), or sets its data aside (DiscardData).
+func (n *Node) StopForFailedCheck(ctx context.Context) error {
 	line, ok := n.CorruptData()
-	if !ok {
+	if !ok || n.checkFailed.Load() != nil {
 		return nil
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	m := n.state.Member
-	if m == nil {
+	if n.state.Member == nil {
 		n.corrupt.Store(nil)
 		return nil
 	}
-	trashed, err := n.discardLocked(ctx, m.ClusterToken)
-	if err != nil {
-		return err
+	if err := n.proc.StopWithin(ctx, replacedStopGrace); err != nil {
+		return fmt.Errorf("node: stop etcd after its failed initial check: %w", err)
 	}
-	n.corrupt.Store(nil)
-	n.log.Error("etcd found its data differs from its peers' (its initial corruption check); the data is moved to the trash, and the leader rebuilds this member from its peers",
-		"cluster-token", m.ClusterToken, "data-moved-to", trashed, "etcd-said", line)
-	n.discarded(DiscardInitialCheck, trashed, line)
+	n.checkFailed.Store(&line)
+	n.checkFailedAt.Store(n.now().UnixNano())
+	n.refreshInfoMember()
+	n.log.Error("etcd found its data differs from a peer's (its initial corruption check); etcd stays stopped, its data kept, until the leader compares every member's data and rebuilds the minority",
+		"cluster-token", n.state.Member.ClusterToken, "etcd-said", line)
 	return nil
+}
+
+// InitialCheckFailed is what etcd said when its initial corruption check
+// failed, while the node keeps it stopped for the leader to judge.
+func (n *Node) InitialCheckFailed() (string, bool) {
+	if p := n.checkFailed.Load(); p != nil {
+		return *p, true
+	}
+	return "", false
+}
+
+// InitialCheckFailedFor is how long etcd has been kept stopped after its
+// failed initial check; 0 when it is not.
+func (n *Node) InitialCheckFailedFor() time.Duration {
+	if n.checkFailed.Load() == nil {
+		return 0
+	}
+	return max(n.now().Sub(time.Unix(0, n.checkFailedAt.Load())), time.Nanosecond)
+}
+
+// UnjudgedFor is how long after this member started without its initial
+// check, with no leader to judge it (ResumeUnjudged), the leader is asked
+// to compare its data: until then it reports itself unjudged.
+const UnjudgedFor = 10 * time.Minute
+
+// ResumeUnjudged starts etcd without its initial check when no leader can
+// judge the failed check: the other members' etcd do not serve either
+// (they may have failed theirs against the same damaged peer). Kept
+// stopped, no cluster would ever serve; started, the data stays as it is,
+// and the leader compares every member's HashKV once there is one
+// (Unjudged), setting aside the minority's.
+func (n *Node) ResumeUnjudged(ctx context.Context, reason string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	line := n.checkFailed.Load()
+	if line == nil || n.state.Member == nil {
+		return nil
+	}
+	n.checkFailed.Store(nil)
+	n.corrupt.Store(nil)
+	n.unjudgedUntil.Store(n.now().Add(UnjudgedFor).UnixNano())
+	n.quietStart = true
+	defer func() { n.quietStart = false }()
+	n.log.Warn("no leader can judge etcd's failed initial check; starting etcd without it, and the leader compares every member's data once the cluster has one",
+		"cluster-token", n.state.Member.ClusterToken, "reason", reason, "etcd-said", *line)
+	defer n.poke()
+	return n.startEtcdLocked(ctx)
+}
+
+// Unjudged says whether this member started without its initial check,
+// with no leader to judge it, and the leader is to compare its data.
+func (n *Node) Unjudged() bool { return n.now().UnixNano() < n.unjudgedUntil.Load() }
+
+// HashData serves the peer API: the HashKV of this member's data at
+// req.Revision, read from its database while etcd does not run.
+func (n *Node) HashData(_ context.Context, req peer.HashDataRequest) (peer.DataHash, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.state.Member
+	if m == nil || m.ClusterToken != req.Token || !n.layout.HasEtcdData(req.Token) {
+		return peer.DataHash{}, fmt.Errorf("node: hash the data of cluster %s: this node holds none of it", req.Token)
+	}
+	if n.proc.Status().PID != 0 {
+		return peer.DataHash{}, errors.New("node: hash the data: etcd runs; ask it for its HashKV")
+	}
+	dir, err := n.layout.EtcdDataDir(req.Token)
+	if err != nil {
+		return peer.DataHash{}, err
+	}
+	h, err := etcdproc.HashOffline(dir, req.Revision)
+	if err != nil {
+		return peer.DataHash{}, err
+	}
+	return peer.DataHash{Hash: h.Hash, CompactRevision: h.CompactRevision, Revision: h.Revision, CurrentRevision: h.CurrentRevision}, nil
+}
+
+// Resume serves the peer API: the leader found that this member's data,
+// whose initial check failed, agrees with the majority's. etcd starts once
+// without the check, which compared it with a damaged peer.
+func (n *Node) Resume(ctx context.Context, req peer.ResumeRequest) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.state.Member
+	if m == nil || m.ClusterToken != req.Token {
+		return fmt.Errorf("node: resume etcd of cluster %s: this node is not its member", req.Token)
+	}
+	if id, err := n.memberIDLocked(); err != nil || id != req.MemberID {
+		return fmt.Errorf("node: resume etcd of member %x: this node's member is %x (%v)", req.MemberID, id, err)
+	}
+	if n.checkFailed.Load() == nil {
+		return nil
+	}
+	n.checkFailed.Store(nil)
+	n.corrupt.Store(nil)
+	n.unjudgedUntil.Store(0)
+	n.quietStart = true
+	defer func() { n.quietStart = false }()
+	n.log.Warn("the leader found this member's data agrees with the majority's; starting etcd without its initial check, which compared it with a damaged peer",
+		"cluster-token", m.ClusterToken, "leader", req.LeaderID, "reason", req.Reason)
+	defer n.poke()
+	return n.startEtcdLocked(ctx)
+}
+
+// memberIDLocked is this node's etcd member ID: from its running etcd's
+// status as last observed, else from its data, by its name. Callers hold
+// n.mu.
+func (n *Node) memberIDLocked() (uint64, error) {
+	n.infoMu.Lock()
+	id := n.info.MemberID
+	n.infoMu.Unlock()
+	if id != 0 {
+		return id, nil
+	}
+	m := n.state.Member
+	if m == nil || n.proc.Status().PID != 0 {
+		return 0, errors.New("node: the member ID is not known yet")
+	}
+	dir, err := n.layout.EtcdDataDir(m.ClusterToken)
+	if err != nil {
+		return 0, err
+	}
+	pos, err := etcdproc.ReadPosition(dir)
+	if err != nil {
+		return 0, err
+	}
+	for _, mm := range pos.Members {
+		if mm.Name == n.state.NodeID {
+			return mm.ID, nil
+		}
+	}
+	return 0, fmt.Errorf("node: its data lists no member named %s", n.state.NodeID)
 }
 
 // DiscardData serves the peer API: the leader found this member's data
@@ -118,16 +252,21 @@ func (n *Node) DiscardData(ctx context.Context, req peer.DiscardRequest) error {
 	if m == nil || m.ClusterToken != req.Token {
 		return fmt.Errorf("node: discard data of cluster %s: this node is not its member", req.Token)
 	}
-	n.infoMu.Lock()
-	memberID := n.info.MemberID
-	n.infoMu.Unlock()
-	if memberID != 0 && memberID != req.MemberID {
+	// The member ID is checked whatever etcd does: a request meant for
+	// an earlier member of this node discards nothing.
+	memberID, err := n.memberIDLocked()
+	if err != nil {
+		return fmt.Errorf("node: discard data of member %x: %w", req.MemberID, err)
+	}
+	if memberID != req.MemberID {
 		return fmt.Errorf("node: discard data of member %x: this node's etcd is member %x", req.MemberID, memberID)
 	}
 	trashed, err := n.discardLocked(ctx, m.ClusterToken)
 	if err != nil {
 		return err
 	}
+	n.checkFailed.Store(nil)
+	n.corrupt.Store(nil)
 	n.log.Error("the leader found this member's data disagrees with its peers'; the data is moved to the trash, and the leader rebuilds this member from its peers",
 		"cluster-token", m.ClusterToken, "leader", req.LeaderID, "reason", req.Reason, "data-moved-to", trashed)
 	n.discarded(DiscardHashMismatch, trashed, req.Reason)

@@ -77,7 +77,7 @@ type Config struct {
 
 // Why a node set its member's data aside.
 const (
-	DiscardInitialCheck = "initial-check" // etcd's initial corruption check failed
+	DiscardInitialCheck = "initial-check" // kept for the metric's series; the failed check is judged by the leader (DiscardHashMismatch)
 	DiscardDamagedDB    = "damaged-db"    // the database failed its check after an unclean exit
 	DiscardHashMismatch = "hash-mismatch" // the leader found its HashKV disagrees with the majority
 )
@@ -132,8 +132,14 @@ type Node struct {
 	// hold mirrors the state's Hold.
 	hold atomic.Pointer[etcdproc.Hold]
 	// corrupt holds the line etcd printed when its initial corruption
-	// check failed, until the data is set aside.
-	corrupt atomic.Pointer[string]
+	// check failed, until the leader judged it; checkFailed holds it
+	// once etcd is kept stopped for that (see StopForFailedCheck).
+	corrupt       atomic.Pointer[string]
+	checkFailed   atomic.Pointer[string]
+	checkFailedAt atomic.Int64
+	// unjudgedUntil (Unix ns) is set while the member runs after it
+	// started without its initial check, with no leader to judge it.
+	unjudgedUntil atomic.Int64
 	// dataRevision is the revision of the member's data when etcd last
 	// started on it (0: unknown).
 	dataRevision atomic.Int64
@@ -325,6 +331,10 @@ func (n *Node) refreshInfoMember() {
 	n.info.EtcdWanted = n.proc.Status().Wanted
 	if !n.info.EtcdWanted {
 		n.info.EtcdHealthy = false
+	}
+	n.info.InitialCheckFailed = ""
+	if line := n.checkFailed.Load(); line != nil {
+		n.info.InitialCheckFailed = *line
 	}
 }
 
@@ -560,6 +570,9 @@ func (n *Node) startEtcdLocked(ctx context.Context) error {
 	}
 	if h := n.state.Hold; h.Holds(n.now()) && !m.ForceNewCluster {
 		return fmt.Errorf("%w: the driver of term %d holds etcd down until it releases it, or until %s", ErrHeld, h.Term, h.Until.UTC().Format(time.RFC3339))
+	}
+	if line := n.checkFailed.Load(); line != nil {
+		return fmt.Errorf("%w: its initial corruption check failed (%s); the leader judges whose data is right", ErrHeld, *line)
 	}
 	v, err := spec.ParseSupportedVersion(m.EtcdVersion)
 	if err != nil {

@@ -144,6 +144,14 @@ type NodeInfo struct {
 	// database while etcd is held down; 0 when unknown. Revision and
 	// LocalMembers then come from the database too.
 	DataIndex uint64 `json:"dataIndex,omitempty"`
+	// InitialCheckFailed is what its etcd said when its initial
+	// corruption check failed: its data differs from a peer's, and its
+	// agent keeps etcd stopped until the leader judges which is right.
+	InitialCheckFailed string `json:"initialCheckFailed,omitempty"`
+	// Unjudged is set while the member runs after it started without its
+	// initial check, which failed with no leader to judge it: the leader
+	// compares every member's data.
+	Unjudged bool `json:"unjudged,omitempty"`
 }
 
 // CertInfo is a node's certificate and the CA that issued it.
@@ -283,6 +291,37 @@ type SettingsRequest struct {
 // that the leader rebuilds the member from its peers. MemberID guards
 // against a request meant for an earlier member of the node.
 type DiscardRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Token       string `json:"token"`
+	MemberID    uint64 `json:"memberId"`
+	Reason      string `json:"reason"`
+}
+
+// HashDataRequest asks a member's agent, whose etcd does not run, for the
+// HashKV of its data at Revision (0: its newest), read from its database:
+// the leader judges a member that cannot serve (its initial corruption
+// check failed, say) by the majority's hash, as the others by theirs.
+type HashDataRequest struct {
+	ClusterName string `json:"clusterName"`
+	LeaderID    string `json:"leaderId"`
+	Token       string `json:"token"`
+	Revision    int64  `json:"revision"`
+}
+
+// DataHash is a member's HashKV read from its database.
+type DataHash struct {
+	Hash            uint32 `json:"hash"`
+	CompactRevision int64  `json:"compactRevision"`
+	Revision        int64  `json:"revision"`
+	CurrentRevision int64  `json:"currentRevision"`
+}
+
+// ResumeRequest tells a member's agent whose etcd refused to start, its
+// initial corruption check failed, that the leader found its data agrees
+// with the majority's: it starts etcd once without that check (the check
+// compared it with a damaged peer).
+type ResumeRequest struct {
 	ClusterName string `json:"clusterName"`
 	LeaderID    string `json:"leaderId"`
 	Token       string `json:"token"`
@@ -442,6 +481,8 @@ type Handler interface {
 	SetVersion(ctx context.Context, req VersionRequest) error
 	SetSettings(ctx context.Context, req SettingsRequest) error
 	DiscardData(ctx context.Context, req DiscardRequest) error
+	HashData(ctx context.Context, req HashDataRequest) (DataHash, error)
+	Resume(ctx context.Context, req ResumeRequest) error
 	Defrag(ctx context.Context, req DefragRequest) (DefragResult, error)
 	SetPeerURLs(ctx context.Context, req PeerURLsRequest) error
 	SetPeerCertCheck(ctx context.Context, req PeerCertCheckRequest) error
@@ -564,6 +605,19 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 				}
 				return &Empty{}, s.h.DiscardData(ctx, *r)
 			})},
+			{MethodName: "HashData", Handler: unary(func(ctx context.Context, r *HashDataRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				res, err := s.h.HashData(ctx, *r)
+				return &res, err
+			})},
+			{MethodName: "Resume", Handler: unary(func(ctx context.Context, r *ResumeRequest) (any, error) {
+				if err := s.checkCluster(r.ClusterName); err != nil {
+					return nil, err
+				}
+				return &Empty{}, s.h.Resume(ctx, *r)
+			})},
 			{MethodName: "Defrag", Handler: unary(func(ctx context.Context, r *DefragRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
@@ -611,6 +665,8 @@ func (r *RecoverRequest) clusterToken() string       { return r.Token }
 func (r *VersionRequest) clusterToken() string       { return r.Token }
 func (r *SettingsRequest) clusterToken() string      { return r.Token }
 func (r *DiscardRequest) clusterToken() string       { return r.Token }
+func (r *HashDataRequest) clusterToken() string      { return r.Token }
+func (r *ResumeRequest) clusterToken() string        { return r.Token }
 func (r *DefragRequest) clusterToken() string        { return r.Token }
 func (r *PeerURLsRequest) clusterToken() string      { return r.Token }
 func (r *PeerCertCheckRequest) clusterToken() string { return r.Token }
@@ -825,6 +881,25 @@ func (c *Client) DiscardData(ctx context.Context, req DiscardRequest) error {
 	req.ClusterName = c.clusterName
 	if err := c.conn.Invoke(ctx, "/"+serviceName+"/DiscardData", &req, &Empty{}); err != nil {
 		return fmt.Errorf("peer: discard data on %s: %w", c.conn.Target(), err)
+	}
+	return nil
+}
+
+// HashData asks the agent for its data's HashKV, read from its database.
+func (c *Client) HashData(ctx context.Context, req HashDataRequest) (DataHash, error) {
+	req.ClusterName = c.clusterName
+	var res DataHash
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/HashData", &req, &res); err != nil {
+		return DataHash{}, fmt.Errorf("peer: hash the data on %s: %w", c.conn.Target(), err)
+	}
+	return res, nil
+}
+
+// Resume tells the agent to start etcd once without its initial check.
+func (c *Client) Resume(ctx context.Context, req ResumeRequest) error {
+	req.ClusterName = c.clusterName
+	if err := c.conn.Invoke(ctx, "/"+serviceName+"/Resume", &req, &Empty{}); err != nil {
+		return fmt.Errorf("peer: resume etcd on %s: %w", c.conn.Target(), err)
 	}
 	return nil
 }

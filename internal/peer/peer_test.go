@@ -87,6 +87,14 @@ func (r *recorder) DiscardData(_ context.Context, req DiscardRequest) error {
 	r.add(fmt.Sprintf("DiscardData(%s,%x)", req.Token, req.MemberID))
 	return nil
 }
+func (r *recorder) HashData(_ context.Context, req HashDataRequest) (DataHash, error) {
+	r.add(fmt.Sprintf("HashData(%s,%d)", req.Token, req.Revision))
+	return DataHash{Hash: 7, Revision: req.Revision}, nil
+}
+func (r *recorder) Resume(_ context.Context, req ResumeRequest) error {
+	r.add(fmt.Sprintf("Resume(%s,%x)", req.Token, req.MemberID))
+	return nil
+}
 
 func (r *recorder) Defrag(_ context.Context, req DefragRequest) (DefragResult, error) {
 	r.add(fmt.Sprintf("Defrag(%s,%x,%d)", req.Token, req.MemberID, req.InUseBytes))

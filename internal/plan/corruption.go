@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Corruption. etcd's own checks catch a member whose data differs from
@@ -44,6 +45,28 @@ type DiscardMemberData struct {
 	MemberID uint64
 	Reason   string
 }
+
+// RecheckFailedAfter spaces the comparisons a failed initial check asks
+// for, when one was inconclusive: each reads every member's keyspace.
+const RecheckFailedAfter = 10 * time.Second
+
+// UnjudgedRecheck spaces the comparisons asked for by members that
+// started without their failed initial check.
+const UnjudgedRecheck = time.Minute
+
+// ResumeMember has a member whose initial corruption check failed, and
+// whose data agrees with the majority's, start etcd without that check:
+// it failed against a damaged peer.
+type ResumeMember struct {
+	NodeID   string
+	MemberID uint64
+	Reason   string
+}
+
+func (a ResumeMember) String() string {
+	return fmt.Sprintf("resume-member %s member=%x (%s)", a.NodeID, a.MemberID, a.Reason)
+}
+func (ResumeMember) Mutates() bool { return true }
 
 // DisarmCorrupt disarms etcd's CORRUPT alarms of these members.
 type DisarmCorrupt struct {
@@ -86,6 +109,25 @@ type hashVerdict struct {
 	// a strict majority.
 	noMajority bool
 }
+
+// JudgeHashes compares the voting members' hashes in r, for the agent's
+// metrics: which verdict the planner acts on.
+func JudgeHashes(r *HashCheck, members []Member) Verdict {
+	var voters []Member
+	for _, m := range members {
+		if !m.IsLearner {
+			voters = append(voters, m)
+		}
+	}
+	return Verdict{judgeHashes(r, voters)}
+}
+
+// Verdict is a comparison's outcome.
+type Verdict struct{ v hashVerdict }
+
+// NoMajority says the voters' data disagree and no copy is held by a
+// majority: the cluster is corrupt, and nothing is rebuilt on its own.
+func (v Verdict) NoMajority() bool { return v.v.noMajority }
 
 // judgeHashes compares the voters' hashes in r.
 func judgeHashes(r *HashCheck, voters []Member) hashVerdict {
@@ -138,15 +180,43 @@ func planCorruption(o Observed) []Action {
 	v := judgeHashes(o.HashCheck, voters)
 	switch {
 	case len(v.minority) > 0:
-		return discardMinority(o, v.minority, o.HashCheck.Revision)
+		return settleMinority(o, voters, v)
 	case v.noMajority:
 		var hs []string
 		for _, m := range voters {
 			hs = append(hs, fmt.Sprintf("%s=%08x", m.Name, o.HashCheck.Hashes[m.ID].Hash))
 		}
 		return []Action{Report{Level: slog.LevelError,
-			Msg:   "the members' data disagree and no copy is held by a majority: nothing is rebuilt automatically; compare the members' data, then remove the wrong ones (or restore a backup)",
+			Msg:   "CORRUPT: the members' data disagree and no copy is held by a majority: nothing is rebuilt automatically; compare the members' data, then remove the wrong ones (or restore a backup)",
 			Attrs: []any{"revision", o.HashCheck.Revision, "hashes", hs}}}
+	}
+	// A member whose initial check failed is judged by the majority's
+	// hash, its own read from its data.
+	var failed []string
+	for _, m := range voters {
+		if n, ok := nodeOfMember(o, m); ok && n.InitialCheckFailed {
+			failed = append(failed, m.Name)
+		}
+	}
+	var unjudged []string
+	for _, m := range voters {
+		if n, ok := nodeOfMember(o, m); ok && n.Unjudged {
+			unjudged = append(unjudged, m.Name)
+		}
+	}
+	if len(failed) == 0 && len(unjudged) > 0 && (o.HashCheckedAgo == 0 || o.HashCheckedAgo >= UnjudgedRecheck) && hashable(o, voters) && len(voters) > 1 {
+		return []Action{CheckHashes{Reason: strings.Join(unjudged, ", ") + " started without the initial check, unjudged"}}
+	}
+	if len(failed) > 0 {
+		if o.HashCheckedAgo != 0 && o.HashCheckedAgo < RecheckFailedAfter {
+			return []Action{Report{Level: slog.LevelError, Msg: "a member's initial corruption check failed; the members' data are compared again in a moment",
+				Attrs: []any{"members", failed}}}
+		}
+		if hashable(o, voters) && len(voters) > 1 {
+			return []Action{CheckHashes{Reason: "the initial corruption check of " + strings.Join(failed, ", ") + " failed"}}
+		}
+		return []Action{Report{Level: slog.LevelError, Msg: "a member's initial corruption check failed; its data is judged once every other voting member serves or can be read",
+			Attrs: []any{"members", failed}}}
 	}
 	if len(c.Corrupt) > 0 {
 		var gone, kept []uint64
@@ -163,7 +233,7 @@ func planCorruption(o Observed) []Action {
 		case v.agreed:
 			return []Action{DisarmCorrupt{MemberIDs: kept, Reason: fmt.Sprintf("every voting member's HashKV agrees at revision %d", o.HashCheck.Revision)}}
 		}
-		if healthyVoters(voters) {
+		if hashable(o, voters) {
 			return []Action{CheckHashes{Reason: "etcd's CORRUPT alarm is raised for member(s) " + hexIDs(kept)}}
 		}
 		return []Action{Report{Level: slog.LevelError, Msg: "etcd's CORRUPT alarm is raised, and the cluster refuses requests; the hashes are compared once every voting member is healthy",
@@ -175,11 +245,60 @@ func planCorruption(o Observed) []Action {
 	return nil
 }
 
-// discardMinority sets aside the data of the first member of the
-// minority, one at a time; the leader's own only after it handed on
-// leadership.
-func discardMinority(o Observed, minority []Member, rev int64) []Action {
+// settleMinority acts on a verdict with a majority: first, a member of
+// the majority whose initial check failed (against a damaged peer) starts
+// again without the check; then the data of the minority is set aside,
+// one member at a time, those that do not serve first, never leaving
+// fewer than a quorum of voters serving.
+func settleMinority(o Observed, voters []Member, v hashVerdict) []Action {
+	rev := o.HashCheck.Revision
+	inMinority := func(m Member) bool {
+		return slices.ContainsFunc(v.minority, func(x Member) bool { return x.ID == m.ID })
+	}
+	for _, m := range voters {
+		if inMinority(m) {
+			continue
+		}
+		if n, ok := nodeOfMember(o, m); ok && n.InitialCheckFailed {
+			return []Action{ResumeMember{NodeID: n.ID, MemberID: m.ID,
+				Reason: fmt.Sprintf("its HashKV at revision %d is the majority's: its initial check failed against a damaged peer", rev)}}
+		}
+	}
+	serving := 0
+	for _, m := range voters {
+		if m.Healthy {
+			serving++
+		}
+	}
+	minority := slices.Clone(v.minority)
+	sort.SliceStable(minority, func(i, j int) bool { return !minority[i].Healthy && minority[j].Healthy })
 	m := minority[0]
+	if m.Healthy && serving-1 < len(voters)/2+1 {
+		return []Action{Report{Level: slog.LevelError, Msg: "a member's data disagrees with the majority's, but setting it aside now would leave fewer than a quorum serving; it waits",
+			Attrs: []any{"member", m.Name, "revision", rev, "serving", serving, "voters", len(voters)}}}
+	}
+	return discardMinority(o, m, rev)
+}
+
+// hashable says whether every voter's data can be hashed: its etcd
+// serves, or its agent answers with its etcd kept stopped after a failed
+// initial check (its data is read from its database).
+func hashable(o Observed, voters []Member) bool {
+	for _, m := range voters {
+		if m.Healthy {
+			continue
+		}
+		n, ok := nodeOfMember(o, m)
+		if !ok || !n.InitialCheckFailed || !n.HasData {
+			return false
+		}
+	}
+	return len(voters) > 0
+}
+
+// discardMinority sets aside the data of member m of the minority; the
+// leader's own only after it handed on leadership.
+func discardMinority(o Observed, m Member, rev int64) []Action {
 	n, ok := nodeOfMember(o, m)
 	if !ok {
 		return []Action{Report{Level: slog.LevelError, Msg: "a member's data disagrees with the majority's, but no agent manages it: remove it by hand",
@@ -222,3 +341,7 @@ func oneVersion(o Observed, voters []Member) bool {
 	}
 	return true
 }
+
+// NodeOfMember is the agent that runs etcd member m, as the planner finds
+// it: by name, or on the member's peer URLs.
+func NodeOfMember(o Observed, m Member) (Node, bool) { return nodeOfMember(o, m) }

@@ -53,7 +53,35 @@ func TestPlanCorruption(t *testing.T) {
 			"move-leader to=" + hexID(b.ID) + " (before the leader's own data is set aside"},
 		{"no majority: report, rebuild nothing", with(func(o *Observed) {
 			o.HashCheck = hashes(7, 8, 9)
-		}), "report[ERROR] the members' data disagree and no copy is held by a majority"},
+		}), "report[ERROR] CORRUPT: the members' data disagree and no copy is held by a majority"},
+		// A failed initial check says only that the member differs from a
+		// peer: the majority decides whose data is damaged.
+		{"a member's initial check failed: compare, its hash read from its data", with(func(o *Observed) {
+			o.Cluster.Members[2].Healthy = false
+			o.Peers[2].Healthy, o.Peers[2].EtcdWanted, o.Peers[2].InitialCheckFailed = false, false, true
+		}), "check-hashes (the initial corruption check of c failed)"},
+		{"its data is the majority's, the leader's is not: it starts again without the check first", with(func(o *Observed) {
+			o.Cluster.Members[2].Healthy = false
+			o.Peers[2].Healthy, o.Peers[2].EtcdWanted, o.Peers[2].InitialCheckFailed = false, false, true
+			o.HashCheck = hashes(8, 7, 7)
+		}), "resume-member c member=" + hexID(c.ID) + " (its HashKV at revision 100 is the majority's"},
+		{"its data is the damaged one: set aside (it serves no one: quorum is kept)", with(func(o *Observed) {
+			o.Cluster.Members[2].Healthy = false
+			o.Peers[2].Healthy, o.Peers[2].EtcdWanted, o.Peers[2].InitialCheckFailed = false, false, true
+			o.HashCheck = hashes(7, 7, 8)
+		}), "discard-member-data c member=" + hexID(c.ID)},
+		{"a serving minority is not set aside below quorum", with(func(o *Observed) {
+			o.Cluster.Members[1].Healthy = false
+			o.HashCheck = hashes(7, 8, 7)
+			o.HashCheck.Hashes[a.ID] = MemberHash{Hash: 7, CompactRevision: 40}
+			o.HashCheck.Hashes[c.ID] = MemberHash{Hash: 8, CompactRevision: 40}
+			o.HashCheck.Hashes[b.ID] = MemberHash{Hash: 8, CompactRevision: 40}
+		}), "report[ERROR] a member's data disagrees with the majority's, but setting it aside now would leave fewer than a quorum serving"},
+		{"a member's initial check failed, another member down: wait", with(func(o *Observed) {
+			o.Cluster.Members[2].Healthy = false
+			o.Peers[2].Healthy, o.Peers[2].EtcdWanted, o.Peers[2].InitialCheckFailed = false, false, true
+			o.Cluster.Members[1].Healthy = false
+		}), "report[ERROR] a member's initial corruption check failed; its data is judged once"},
 		{"a member did not answer: inconclusive, nothing", with(func(o *Observed) { o.HashCheck = hashes(7, 8, 0) }), ""},
 		{"different compaction revisions: inconclusive, nothing", with(func(o *Observed) {
 			o.HashCheck = hashes(7, 7, 8)

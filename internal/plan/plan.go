@@ -81,6 +81,10 @@ type Observed struct {
 	// none is new since its last step.
 	HashCheckDue bool
 	HashCheck    *HashCheck
+	// HashCheckedAgo is how long ago the leader last compared the
+	// members' HashKV (0: never); a comparison asked for by a failed
+	// initial check is not repeated sooner than RecheckFailedAfter.
+	HashCheckedAgo time.Duration
 	// SpaceCompacted is set once the leader compacted etcd to its head
 	// since the NOSPACE alarm it last saw was raised.
 	SpaceCompacted bool
@@ -263,6 +267,13 @@ type Node struct {
 	// come from the database too.
 	HeldBy    int64
 	DataIndex uint64
+	// InitialCheckFailed is set while its agent keeps etcd stopped after
+	// its initial corruption check failed, for the leader to judge, and
+	// InitialCheckFailedFor how long; Unjudged while it runs after it
+	// started without the check, with no leader to judge it then.
+	InitialCheckFailed    bool
+	InitialCheckFailedFor time.Duration
+	Unjudged              bool
 }
 
 // ClusterView is the etcd cluster as its raft leader sees it.
@@ -569,6 +580,11 @@ func planLocal(o Observed) []Action {
 	case o.Self.HeldBy != 0:
 		actions = append(actions, Report{Level: slog.LevelInfo, Msg: "etcd is held down by a procedure's driver until it releases it",
 			Attrs: []any{"term", o.Self.HeldBy}})
+	case o.Self.InitialCheckFailed && o.Self.InitialCheckFailedFor >= FailedCheckPatience && !leaderServes(o.Peers):
+		actions = append(actions, ResumeUnjudged{Reason: fmt.Sprintf("no member's etcd has served with a leader for the %s since the check failed", FailedCheckPatience)})
+	case o.Self.InitialCheckFailed:
+		actions = append(actions, Report{Level: slog.LevelError, Msg: "etcd's initial corruption check failed: its data differs from a peer's; etcd stays stopped until the leader compares every member's data and rebuilds the minority",
+			Attrs: []any{"cluster-token", m.ClusterToken}})
 	case !o.Self.HasData && m.HasRun:
 		// Starting etcd as the old member on an empty data dir would
 		// rejoin with an empty log, or panic. The leader removes this
@@ -584,6 +600,29 @@ func planLocal(o Observed) []Action {
 		actions = append(actions, MarkBootstrapped{})
 	}
 	return actions
+}
+
+// FailedCheckPatience is how long a member whose initial check failed
+// waits, stopped, for a leader to judge it, when no member serves with a
+// leader: after that it starts without the check (ResumeUnjudged).
+const FailedCheckPatience = 30 * time.Second
+
+// ResumeUnjudged starts this node's etcd without its initial check, which
+// failed with no leader to judge it.
+type ResumeUnjudged struct{ Reason string }
+
+func (a ResumeUnjudged) String() string { return "resume-unjudged (" + a.Reason + ")" }
+func (ResumeUnjudged) Mutates() bool    { return true }
+
+// leaderServes says whether a reachable node's etcd serves with a raft
+// leader.
+func leaderServes(nodes []Node) bool {
+	for _, n := range nodes {
+		if n.Healthy && n.RaftLeader != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // planPending finishes or drops a creation this node was told about.

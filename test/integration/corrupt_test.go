@@ -44,10 +44,11 @@ func putMarkers(t *testing.T, ctx context.Context, c *clientv3.Client, prefix, m
 
 // TestCorruptMemberRebuilt: bytes flipped inside a stored value of one
 // member's database, while it is stopped, are caught by etcd's initial
-// corruption check when it starts; its agent sets the data aside, and
-// the leader rebuilds the member from its peers: the cluster is whole
-// again, every member's HashKV agrees, and the value reads back intact
-// from the rebuilt member.
+// corruption check when it starts; its agent keeps etcd stopped and the
+// data, and the leader compares it (read from its database) with the
+// others': it is the minority, so it is set aside and the member rebuilt
+// from its peers: the cluster is whole again, every member's HashKV
+// agrees, and the value reads back intact from the rebuilt member.
 func TestCorruptMemberRebuilt(t *testing.T) {
 	env := harness.NewEnv(t)
 	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
@@ -77,9 +78,9 @@ func TestCorruptMemberRebuilt(t *testing.T) {
 	t.Logf("flipped %d stored values in %s", n, db)
 	victim.Start()
 
-	victim.WaitLog("etcd found its data differs from its peers'", 1, 2*time.Minute)
+	victim.WaitLog("etcd found its data differs from a peer's", 1, 2*time.Minute)
 	assertRebuilt(t, ctx, c, agents, victim, "/corrupt/7", marker+"-7")
-	assertDiscardEvent(t, env, victim, "initial-check")
+	assertDiscardEvent(t, env, victim, "hash-mismatch")
 }
 
 // assertDiscardEvent waits for the victim's event of setting its data
@@ -305,4 +306,104 @@ func assertRebuilt(t *testing.T, ctx context.Context, c *clientv3.Client, agents
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != want {
 		t.Fatalf("the rebuilt member reads %v, %v", resp, err)
 	}
+}
+
+// TestDamagedLeaderIsTheOneRebuilt: a value is rewritten (same length) in
+// one member's stopped database, and the cluster starts all at once, so
+// that no initial check compares it; that member leads. A settings roll
+// then restarts the followers, whose initial checks fail against the
+// damaged leader. A failed check says only that two copies differ: the
+// leader compares every member's HashKV (the stopped one's read from its
+// database), the follower is in the majority and starts again without the
+// check, and the leader, the minority, is the one rebuilt. Every member
+// then holds the majority's value, as etcd itself answers on each.
+func TestDamagedLeaderIsTheOneRebuilt(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{ExtraArgs: []string{"--hash-check-interval=0", "--etcd-corrupt-check-interval=0"}})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	c := clusterClient(t, agents)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	marker := "majority-marker-" + strings.Repeat("m", 64)
+	putMarkers(t, ctx, c, "/damaged-leader/", marker)
+
+	for _, a := range agents {
+		a.Stop()
+	}
+	damaged := agents[0]
+	db := memberDB(t, damaged)
+	data, err := os.ReadFile(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(marker, "majority", "MINORITY", 1)
+	n := bytes.Count(data, []byte(marker))
+	if n == 0 {
+		t.Fatalf("the marker is not in %s", db)
+	}
+	if err := os.WriteFile(db, bytes.ReplaceAll(data, []byte(marker), []byte(bad)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rewrote %d stored values in %s", n, db)
+	// The damaged member first: with no peer serving, its etcd starts
+	// without the initial check; the others' checks cannot read its hash
+	// before it has quorum, and pass it by.
+	damaged.Start()
+	harness.WaitFor(t, time.Minute, "the damaged member's etcd to run", func() bool { return damaged.EtcdPID() > 0 })
+	time.Sleep(2 * time.Second)
+	for _, a := range agents[1:] {
+		a.Start()
+	}
+	// Should the followers' checks fail now already, against the damaged
+	// member (they may, as it serves its peers), no leader can judge
+	// them: each starts without its check after a while, and the leader
+	// compares the data once there is one.
+	harness.WaitSettled(t, agents, 3, 3*settleTimeout)
+	// The damaged member leads.
+	harness.WaitFor(t, time.Minute, damaged.Name+" to lead", func() bool {
+		if damaged.Leads() {
+			return true
+		}
+		st, ok := memberStatus(damaged)
+		if !ok {
+			return false
+		}
+		for _, a := range agents {
+			if a.Leads() {
+				mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				_, _ = a.Client().MoveLeader(mctx, st.Header.MemberId)
+				cancel()
+			}
+		}
+		return damaged.Leads()
+	})
+	env.MustCtl("--snapshot-count=5001", "configure-cluster")
+	damaged.WaitLog("the leader found this member's data disagrees with its peers'", 1, 5*time.Minute)
+	harness.WaitFor(t, 4*time.Minute, "three healthy members", func() bool {
+		st := harness.Observe(agents)
+		return st.Healthy == 3 && len(st.Voters) == 3 && len(st.ClusterIDs) == 1
+	})
+	// Each member's own etcd answers with the majority's value.
+	for _, a := range agents {
+		harness.WaitFor(t, time.Minute, a.Name+" to read the majority's value", func() bool {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			resp, err := a.Client().Get(rctx, "/damaged-leader/7", clientv3.WithSerializable())
+			return err == nil && len(resp.Kvs) == 1 && string(resp.Kvs[0].Value) == marker+"-7"
+		})
+	}
+	failed := 0
+	for _, a := range agents[1:] {
+		if strings.Contains(a.Log(), "the data is moved to the trash") {
+			t.Errorf("%s, which held the majority's data, had its data set aside", a.Name)
+		}
+		if strings.Contains(a.Log(), "etcd found its data differs from a peer's") {
+			failed++
+		}
+	}
+	if failed == 0 {
+		t.Error("no follower's initial check failed against the damaged member: the test did not reach its case")
+	}
+	assertDiscardEvent(t, env, damaged, "hash-mismatch")
 }
