@@ -183,6 +183,12 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 		}
 		return n.startEtcdLocked(ctx)
 	}
+	if cur := n.state.Member; cur != nil && cur.ClusterToken == token && cur.HasRun {
+		// Its peers may have seen this member's log: restoring it again
+		// under the same member ID would bring it back with amnesia.
+		return fmt.Errorf("node: refusing to restore cluster %s again: this member's restored data is gone, "+
+			"and it may not come back under the same member ID; it rejoins as a new member once the cluster serves", token)
+	}
 	v, err := spec.ParseSupportedVersion(m.EtcdVersion)
 	if err != nil {
 		return err

@@ -164,3 +164,37 @@ func TestAwaitEarlierMembers(t *testing.T) {
 		})
 	}
 }
+
+// A member whose restored data is gone is never restored again under the
+// same member ID: its peers may have seen its log. One whose etcd never
+// ran on it may be.
+func TestRestoreRefusesAmnesia(t *testing.T) {
+	tests := []struct {
+		name   string
+		hasRun bool
+		refuse bool
+	}{
+		{name: "ran on the restored data, now gone", hasRun: true, refuse: true},
+		{name: "never ran", hasRun: false, refuse: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			layout := etcdproc.Layout{Root: t.TempDir()}
+			st, err := LoadState(layout, "a", []string{"http://127.0.0.1:2380"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st.Member = &etcdproc.MemberState{ClusterToken: "restored-1", EtcdVersion: "3.6.16", HasRun: tt.hasRun}
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			n := New(Config{DataDir: layout.Root, EtcdBinDir: t.TempDir()}, layout, st, nil, log, time.Now, func() {})
+			err = n.Restore(t.Context(), peer.RestoreRequest{Term: 3, Backup: "b",
+				Member: etcdproc.MemberState{ClusterToken: "restored-1", EtcdVersion: "3.6.16"}})
+			if err == nil {
+				t.Fatal("Restore succeeded without binaries or a backup store")
+			}
+			if got := strings.Contains(err.Error(), "may not come back under the same member ID"); got != tt.refuse {
+				t.Errorf("Restore: %v; refused as amnesia = %v, want %v", err, got, tt.refuse)
+			}
+		})
+	}
+}

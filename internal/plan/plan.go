@@ -689,6 +689,11 @@ func planNoCluster(o Observed) []Action {
 func planCluster(o Observed) []Action {
 	var actions []Action
 	for _, a := range planStrayQuarantine(o) {
+		if _, ok := a.(Report); ok {
+			// Held quarantined: nothing else is done to a cluster no
+			// client may reach yet.
+			return []Action{a}
+		}
 		// A lift that keeps failing backs off; the rest goes on.
 		if why, ok := o.Backoff[ActionKey(a)]; ok {
 			actions = append(actions, backingOff(a, why))

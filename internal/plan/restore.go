@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -185,24 +186,32 @@ func planRestore(o Observed, c Command) []Action {
 		}
 		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreRestoring}}
 	case spec.RestoreRestoring:
-		return planRestoring(c, p, peers)
-	case spec.RestoreVerifying:
-		return []Action{VerifyRestore{ID: c.ID}}
-	case spec.RestoreLifting:
-		if acts := planLifting(c, p, peers); len(acts) > 0 {
+		if acts := planChosenPresent(o, c, p, peers); len(acts) > 0 {
 			return acts
 		}
-		return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreBackingUp}}
+		return planRestoring(c, p, peers)
+	case spec.RestoreVerifying:
+		if acts := planChosenPresent(o, c, p, peers); len(acts) > 0 {
+			return acts
+		}
+		return []Action{VerifyRestore{ID: c.ID}}
+	case spec.RestoreLifting:
+		acts, ready := planLifting(c, p, peers)
+		if !ready {
+			return acts
+		}
+		return append(acts, SetRestorePhase{ID: c.ID, Phase: spec.RestoreBackingUp})
 	case spec.RestoreBackingUp:
 		// A restore recorded by an older etcd-manager, which backed up
 		// before it lifted, still has its quarantine to lift.
-		if acts := planLifting(c, p, peers); len(acts) > 0 {
+		acts, ready := planLifting(c, p, peers)
+		if !ready {
 			return acts
 		}
 		if p.Fresh != "" {
-			return []Action{FinishRestore{ID: c.ID}}
+			return append(acts, FinishRestore{ID: c.ID})
 		}
-		return []Action{BackupRestored{ID: c.ID}}
+		return append(acts, BackupRestored{ID: c.ID})
 	}
 	return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("restore is in an unknown phase %q (known: %s)", p.Phase,
 		strings.Join([]string{spec.RestoreQuarantining, spec.RestoreDumping, spec.RestoreStopping, spec.RestoreRestoring, spec.RestoreVerifying, spec.RestoreLifting, spec.RestoreBackingUp}, ", "))}}
@@ -252,8 +261,62 @@ func planQuarantining(c Command, p *spec.RestoreProgress, peers []Node) []Action
 	return []Action{SetRestorePhase{ID: c.ID, Phase: spec.RestoreDumping}}
 }
 
+// ChosenGonePatience is how long, beyond a record's freshness, the agent
+// of a chosen member may stay silent before the lift: after that it is
+// gone for good, and the restore fails instead of waiting forever.
+const ChosenGonePatience = 2 * time.Minute
+
+// planChosenPresent fails a restore, before its lift, whose chosen member
+// is gone for good or has lost its restored data, and waits for one whose
+// agent is out of reach for now. The cluster stays quarantined: its
+// restored members hold data no client has seen yet.
+func planChosenPresent(o Observed, c Command, p *spec.RestoreProgress, peers []Node) []Action {
+	for _, id := range p.Members {
+		n, err := FindNode(peers, id)
+		if err == nil {
+			if n.DataLost && n.Member != nil && n.Member.ClusterToken == p.Token {
+				// Restoring it again would bring back a member ID whose
+				// log its peers have seen, with an empty one.
+				return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("chosen member %s lost its restored data before the quarantine was lifted; "+
+					"it may not be restored again under the same member ID. %s", id, quarantinedHint)}}
+			}
+			continue
+		}
+		if silent, gone := chosenSilence(o, c, id); gone {
+			return []Action{FailCommand{ID: c.ID, Reason: fmt.Sprintf("the agent of chosen member %s has been silent for %s, before the quarantine was lifted. %s",
+				id, silent.Round(time.Second), quarantinedHint)}}
+		}
+		return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for a chosen member's agent to be reachable",
+			Attrs: []any{"command", c.ID, "node", id, "fails-after", (o.RecordFresh + ChosenGonePatience).String()}}}
+	}
+	return nil
+}
+
+// quarantinedHint says what a restore that failed before its lift leaves
+// behind, and how to go on.
+const quarantinedHint = "The restored cluster stays quarantined, serving no client: queue the restore again " +
+	"(its agents must be reachable), or delete this command to lift the quarantine on the members restored so far"
+
+// chosenSilence is how long the agent id has been silent, by its record
+// in the store or, without one, by the restore's last recorded step, and
+// whether that proves it gone. A store that did not answer for every
+// record proves nothing.
+func chosenSilence(o Observed, c Command, id string) (time.Duration, bool) {
+	limit := o.RecordFresh + ChosenGonePatience
+	for _, r := range o.Records {
+		if r.NodeID == id {
+			return r.Age, o.RecordFresh > 0 && r.Age > limit
+		}
+	}
+	if o.RecordsErr != nil || o.RecordFresh == 0 {
+		return c.Age, false
+	}
+	return c.Age, c.Age > limit
+}
+
 // planRestoring has the chosen nodes restore the backup, and moves on once
-// every one of them runs it.
+// every one of them runs it. planChosenPresent has made sure each is
+// reachable and has lost no restored data.
 func planRestoring(c Command, p *spec.RestoreProgress, peers []Node) []Action {
 	var todo, starting []string
 	for _, id := range p.Members {
@@ -279,23 +342,38 @@ func planRestoring(c Command, p *spec.RestoreProgress, peers []Node) []Action {
 }
 
 // planLifting lifts the restored cluster's quarantine where it is still
-// on, or returns nothing once it is lifted everywhere.
-func planLifting(c Command, p *spec.RestoreProgress, peers []Node) []Action {
-	var lift []string
+// on. It reports the restore ready to go on to its backup once the
+// quarantine is lifted on every chosen member it can reach. Clients may
+// be back by then, so the restore never waits for a chosen member that
+// cannot be reached or lost its data: with a quorum of chosen members
+// serving, it finishes, and membership repair then replaces the rest like
+// any failed member.
+func planLifting(c Command, p *spec.RestoreProgress, peers []Node) ([]Action, bool) {
+	var lift, missing []string
+	serving := 0
 	for _, id := range p.Members {
 		n, err := FindNode(peers, id)
-		if err != nil {
-			return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for a chosen member's agent to be reachable",
-				Attrs: []any{"command", c.ID, "node", id}}}
-		}
-		if n.Member != nil && n.Member.ClusterToken == p.Token && n.Member.Quarantined {
+		switch {
+		case err != nil || n.DataLost || n.Member == nil || n.Member.ClusterToken != p.Token:
+			missing = append(missing, id)
+		case n.Member.Quarantined:
 			lift = append(lift, id)
+		case n.Healthy:
+			serving++
 		}
 	}
 	if len(lift) > 0 {
-		return []Action{SetQuarantine{ID: c.ID, Token: p.Token, NodeIDs: lift}}
+		return []Action{SetQuarantine{ID: c.ID, Token: p.Token, NodeIDs: lift}}, false
 	}
-	return nil
+	if len(missing) == 0 {
+		return nil, true
+	}
+	if quorum := len(p.Members)/2 + 1; serving < quorum {
+		return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits: chosen members are missing, and too few of the others serve for a quorum",
+			Attrs: []any{"command", c.ID, "missing", missing, "serving", serving, "quorum", quorum}}}, false
+	}
+	return []Action{Report{Level: slog.LevelWarn, Msg: "restore goes on without the chosen members that are missing; membership repair replaces them once it is complete",
+		Attrs: []any{"command", c.ID, "missing", missing}}}, true
 }
 
 // planPrepareDump picks the members of the cluster a dump-restore makes:
@@ -346,8 +424,14 @@ func isMemberOf(n Node, token string) bool { return n.Member != nil && n.Member.
 
 // planStrayQuarantine lifts a quarantine that no command explains, such as
 // one left by a dump-restore that was called off or deleted: a quarantined
-// cluster serves no client.
+// cluster serves no client. A restore that failed before its lift
+// explains its quarantine for as long as its command is kept: the
+// restored data has not been verified, and no client has seen it.
 func planStrayQuarantine(o Observed) []Action {
+	if c := failedBeforeLift(o); c != nil {
+		return []Action{Report{Level: slog.LevelWarn, Msg: "the cluster stays quarantined: a restore failed before its quarantine was lifted; queue the restore again, or delete the failed command to lift the quarantine",
+			Attrs: []any{"command", c.ID, "reason", c.Status.Message}}}
+	}
 	var lift []string
 	for _, n := range o.Peers {
 		if n.Member != nil && n.Member.ClusterToken == o.Cluster.Token && n.Member.Quarantined {
@@ -359,6 +443,23 @@ func planStrayQuarantine(o Observed) []Action {
 	}
 	sort.Strings(lift)
 	return []Action{SetQuarantine{Token: o.Cluster.Token, NodeIDs: lift}}
+}
+
+// failedBeforeLift returns the failed restore or dump-restore whose
+// restored cluster is o.Cluster, if it failed before its quarantine was
+// lifted; nil for none.
+func failedBeforeLift(o Observed) *Command {
+	for i, c := range o.Commands {
+		p := c.Status.Restore
+		if c.Status.State != spec.CommandFailed || p == nil || p.Token != o.Cluster.Token ||
+			(p.Phase != spec.RestoreRestoring && p.Phase != spec.RestoreVerifying) {
+			continue
+		}
+		if c.Command.RestoreBackup != nil || c.Command.DumpRestore != nil {
+			return &o.Commands[i]
+		}
+	}
+	return nil
 }
 
 // damagedProgress says what is wrong with a restore's recorded progress,

@@ -27,6 +27,13 @@ func TestPlanRestore(t *testing.T) {
 		n.Member, n.Healthy = &m, healthy
 		return n
 	}
+	dataLost := func(n Node) Node { n.HasData, n.DataLost = false, true; return n }
+	// silent gives node id a record last published age ago.
+	silent := func(o Observed, id string, age time.Duration) Observed {
+		o.RecordFresh = 20 * time.Second
+		o.Records = append(o.Records, Record{NodeID: id, Age: age, ClusterToken: "new", HasData: true})
+		return o
+	}
 	// lockObs is the lock holder "a" with the given peers and restore.
 	lockObs := func(p *spec.RestoreProgress, peers ...Node) Observed {
 		return Observed{Spec: specN(3), Created: &spec.ClusterCreated{ClusterToken: "tok"}, Self: peers[0], Peers: peers,
@@ -68,7 +75,53 @@ func TestPlanRestore(t *testing.T) {
 		{name: "restoring done",
 			obs:  lockObs(progress(spec.RestoreRestoring), restored("a", true, true), restored("b", true, true), restored("c", true, true), node("d", "standby")),
 			want: []string{"set-restore-phase r1 verifying"}},
-		{name: "verifying", obs: lockObs(progress(spec.RestoreVerifying), restored("a", true, true)), want: []string{"verify-restore r1"}},
+		{name: "verifying", obs: lockObs(progress(spec.RestoreVerifying), restored("a", true, true), restored("b", true, true), restored("c", true, true)),
+			want: []string{"verify-restore r1"}},
+		{name: "verifying: a chosen agent silent for a while: wait",
+			obs:  silent(lockObs(progress(spec.RestoreVerifying), restored("a", true, true), restored("b", true, true)), "c", time.Minute),
+			want: []string{"report[WARN] restore waits for a chosen member's agent to be reachable"}},
+		{name: "verifying: a chosen agent gone for good: fail, held quarantined",
+			obs:  silent(lockObs(progress(spec.RestoreVerifying), restored("a", true, true), restored("b", true, true)), "c", 3*time.Minute),
+			want: []string{"fail-command r1 (the agent of chosen member c has been silent for 3m0s, before the quarantine was lifted. The restored cluster stays quarantined"}},
+		{name: "restoring: a chosen agent with no record, silent since the last step: fail",
+			obs: func() Observed {
+				o := silent(lockObs(progress(spec.RestoreRestoring), restored("a", true, true), node("b", "standby")), "zz", 0)
+				o.Commands[0].Age = 3 * time.Minute
+				return o
+			}(),
+			want: []string{"fail-command r1 (the agent of chosen member c has been silent for 3m0s"}},
+		{name: "restoring: records unreadable prove nothing: wait",
+			obs: func() Observed {
+				o := silent(lockObs(progress(spec.RestoreRestoring), restored("a", true, true), node("b", "standby")), "zz", 0)
+				o.Commands[0].Age, o.RecordsErr = time.Hour, errors.New("store timeout")
+				return o
+			}(),
+			want: []string{"report[WARN] restore waits for a chosen member's agent to be reachable"}},
+		{name: "restoring: a restored member lost its data: fail, never restored again",
+			obs:  lockObs(progress(spec.RestoreRestoring), restored("a", true, true), dataLost(restored("b", false, true)), node("c", "standby")),
+			want: []string{"fail-command r1 (chosen member b lost its restored data before the quarantine was lifted; it may not be restored again under the same member ID"}},
+		{name: "lifting: a chosen member gone, a quorum serves: go on",
+			obs:  lockObs(progress(spec.RestoreLifting), restored("a", true, false), restored("b", true, false)),
+			want: []string{"report[WARN] restore goes on without the chosen members that are missing; membership repair replaces them once it is complete", "set-restore-phase r1 backing-up"}},
+		{name: "lifting: a chosen member gone, lift the rest first",
+			obs:  lockObs(progress(spec.RestoreLifting), restored("a", true, false), restored("b", true, true)),
+			want: []string{"lift-quarantine r1 nodes=[b]"}},
+		{name: "lifting: a chosen member lost its data, a quorum serves: go on",
+			obs:  lockObs(progress(spec.RestoreLifting), restored("a", true, false), restored("b", true, false), dataLost(restored("c", false, false))),
+			want: []string{"report[WARN] restore goes on without the chosen members that are missing; membership repair replaces them once it is complete", "set-restore-phase r1 backing-up"}},
+		{name: "lifting: a chosen member gone, too few serve: wait",
+			obs:  lockObs(progress(spec.RestoreLifting), restored("a", true, false), restored("b", false, false)),
+			want: []string{"report[WARN] restore waits: chosen members are missing, and too few of the others serve for a quorum"}},
+		{name: "backing up without a gone member",
+			obs:  lockObs(progress(spec.RestoreBackingUp), restored("a", true, false), restored("c", true, false)),
+			want: []string{"report[WARN] restore goes on without the chosen members that are missing; membership repair replaces them once it is complete", "backup-restored r1"}},
+		{name: "backed up without a gone member: finish",
+			obs: func() Observed {
+				o := lockObs(progress(spec.RestoreBackingUp), restored("a", true, false), restored("c", true, false))
+				o.Commands[0].Status.Restore.Fresh = "2026-11-24T09:00:00Z-000001"
+				return o
+			}(),
+			want: []string{"report[WARN] restore goes on without the chosen members that are missing; membership repair replaces them once it is complete", "finish-restore r1"}},
 		{name: "lifting: every quarantined member at once",
 			obs:  lockObs(progress(spec.RestoreLifting), restored("a", true, false), restored("b", true, true), restored("c", true, true)),
 			want: []string{"lift-quarantine r1 nodes=[b c]"}},
@@ -511,4 +564,37 @@ func TestPlanStrayQuarantineBacksOff(t *testing.T) {
 	o.Backoff = map[string]string{"set-quarantine tok": "peer unreachable"}
 	o.BackupDue = true
 	assertPlan(t, o, []string{"report[INFO] an action keeps failing", "take-backup (periodic)"})
+}
+
+// A restore that failed before its lift holds the restored cluster
+// quarantined, doing nothing else to it, for as long as its command is
+// kept; one that failed after, or for another cluster, holds nothing.
+func TestPlanFailedRestoreHoldsQuarantine(t *testing.T) {
+	quarantined := func(id string) Node { n := node(id, "member"); n.Member.Quarantined = true; return n }
+	failed := func(phase, token string) Command {
+		c := cmd("r1", spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b1"}}, spec.CommandFailed)
+		c.Status.Message = "the agent of chosen member c has been silent for 3m0s"
+		c.Status.Restore = &spec.RestoreProgress{Phase: phase, Token: token, Members: []string{"a", "b", "c"}, EtcdVersion: "3.6.16"}
+		return c
+	}
+	tests := []struct {
+		name string
+		cmd  Command
+		want []string
+	}{
+		{name: "failed verifying", cmd: failed(spec.RestoreVerifying, "tok"),
+			want: []string{"report[WARN] the cluster stays quarantined: a restore failed before its quarantine was lifted"}},
+		{name: "failed restoring", cmd: failed(spec.RestoreRestoring, "tok"),
+			want: []string{"report[WARN] the cluster stays quarantined: a restore failed before its quarantine was lifted"}},
+		{name: "failed for another cluster", cmd: failed(spec.RestoreVerifying, "other"), want: []string{"lift-quarantine nodes=[a b]"}},
+		{name: "failed after its lift", cmd: failed(spec.RestoreLifting, "tok"), want: []string{"lift-quarantine nodes=[a b]"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := leaderObs(3, cluster(member("a", true), member("b", true), member("c", false)), quarantined("a"), quarantined("b"))
+			o.Commands = []Command{tt.cmd}
+			o.BackupDue = true
+			assertPlan(t, o, tt.want)
+		})
+	}
 }

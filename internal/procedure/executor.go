@@ -158,7 +158,7 @@ func (e *Executor) Execute(ctx context.Context, obs plan.Observed, act plan.Acti
 		if c == nil || !obs.LockHeld || !isProcedure(c) {
 			return false, nil
 		}
-		return true, e.Runner.Fail(ctx, act.ID, act.Reason)
+		return true, e.Runner.Fail(ctx, act.ID, c.Status, act.Reason)
 	}
 	return false, nil
 }

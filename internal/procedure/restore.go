@@ -37,12 +37,12 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		checked, err := e.Backups.Validate(ctx, act.Backup, point)
 		meta := checked.Meta
 		if errors.Is(err, backup.ErrNoKey) {
-			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore: %v; %s; the cluster was not touched", err, keyHint))
+			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore: %v; %s; the cluster was not touched", err, keyHint))
 		}
 		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) ||
 			errors.Is(err, backup.ErrTooLarge) || errors.Is(err, backup.ErrTempFull) ||
 			errors.Is(err, wal.ErrCorrupt) || errors.Is(err, wal.ErrGap) || errors.Is(err, wal.ErrRange) || errors.Is(err, wal.ErrTooLarge) {
-			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore: %v; the cluster was not touched", err))
+			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore: %v; the cluster was not touched", err))
 		}
 		if err != nil {
 			return err
@@ -50,10 +50,10 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		// Every node restores the backup itself: each needs its keys,
 		// and room for it.
 		if lacking := lackingKeys(obs, act.Members, checked.Keys); lacking != "" {
-			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore backup %s: %s; %s; the cluster was not touched", act.Backup, lacking, keyHint))
+			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore backup %s: %s; %s; the cluster was not touched", act.Backup, lacking, keyHint))
 		}
 		if lacking := lackingRoom(obs, act.Members, max(meta.Size, checked.Size)); lacking != "" {
-			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore backup %s: %s; the cluster was not touched", act.Backup, lacking))
+			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore backup %s: %s; the cluster was not touched", act.Backup, lacking))
 		}
 		v, err := spec.ParseSupportedVersion(obs.Spec.EtcdVersion)
 		if err != nil {
@@ -406,12 +406,12 @@ func (e *Executor) dumpBackup(ctx context.Context, obs plan.Observed, act plan.D
 		// maximum or disk fails now, while the old cluster still runs.
 		const untouched = "the old cluster was not stopped, and its quarantine is lifted"
 		if err := e.Backups.Fits(info.Meta, info.Name); errors.Is(err, backup.ErrTooLarge) || errors.Is(err, backup.ErrTempFull) {
-			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore the dump: %v; %s", err, untouched))
+			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore the dump: %v; %s", err, untouched))
 		} else if err != nil {
 			return err
 		}
 		if lacking := lackingRoom(obs, p.Members, info.Meta.Size); lacking != "" {
-			return e.Runner.Fail(ctx, act.ID, fmt.Sprintf("cannot restore the dump %s: %s; %s", info.Name, lacking, untouched))
+			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore the dump %s: %s; %s", info.Name, lacking, untouched))
 		}
 		p.Backup, p.Phase = info.Name, spec.RestoreStopping
 		p.ParentToken, p.ParentRevision = p.OldToken, wal.SnapshotRevision(info.Meta.Revision)

@@ -300,14 +300,17 @@ func (r *Runner) Note(ctx context.Context, id string, cur spec.CommandStatus, me
 func (r *Runner) NotAfter() time.Time { return r.Fence.Deadline() }
 
 // Fail marks the procedure's command failed, under the fence, keeping it
-// for the operator to read in list-commands.
-func (r *Runner) Fail(ctx context.Context, id, reason string) error {
+// for the operator to read in list-commands. The progress of its current
+// status cur is kept, so that what the procedure left behind (a restored
+// cluster held quarantined, the survivor chosen) can still be read.
+func (r *Runner) Fail(ctx context.Context, id string, cur spec.CommandStatus, reason string) error {
 	term, err := r.Fence.Hold(ctx)
 	if err != nil {
 		return err
 	}
 	r.Log.Error("queued command failed", "command", id, "reason", reason)
-	err = r.Records.SetCommandStatus(ctx, id, term, spec.CommandStatus{State: spec.CommandFailed, Message: reason}, r.Now())
+	st := spec.CommandStatus{State: spec.CommandFailed, Message: reason, Restore: cur.Restore, Node: cur.Node, NodeToken: cur.NodeToken}
+	err = r.Records.SetCommandStatus(ctx, id, term, st, r.Now())
 	r.Metrics.idle()
 	if err == nil && r.OnFail != nil {
 		r.OnFail(id, reason)

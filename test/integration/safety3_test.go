@@ -15,6 +15,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -333,5 +334,76 @@ func TestHashOfflineMatchesEtcd(t *testing.T) {
 	}
 	if _, err := etcdproc.HashOffline(m.DataDir, head+1); !errors.Is(err, etcdproc.ErrHashUnknown) {
 		t.Errorf("a revision beyond the data: %v, want ErrHashUnknown", err)
+	}
+}
+
+// A chosen member killed for good right after the restore lifted its
+// quarantine: clients are back, so the restore does not wait for it. It
+// finishes with the two members left, whose fresh backup holds a write
+// made after the kill, and membership repair then deals with the dead
+// member like any other.
+func TestRestoreFinishesWithoutAMemberLostAfterTheLift(t *testing.T) {
+	env := harness.NewEnv(t)
+	claim := filepath.Join(env.Root, "paused")
+	env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"=procedure-restore-recorded-"+spec.RestoreBackingUp+"@"+claim)
+	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(3, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	c := clusterClient(t, agents)
+	put(t, c, "/lost/in-backup", "v")
+	name := strings.TrimSpace(env.MustCtl("backup-now"))
+	put(t, c, "/lost/after-backup", "rolled back by the restore")
+	env.MustCtl("restore-backup", name, "--wait=false")
+
+	// The driver pauses once the quarantine is lifted everywhere; a
+	// chosen member other than the driver then dies for good.
+	driver := pausedAgent(t, agents, claim)
+	var victim *harness.Agent
+	var survivors []*harness.Agent
+	for _, a := range agents {
+		switch {
+		case a != driver && victim == nil:
+			victim = a
+		default:
+			survivors = append(survivors, a)
+		}
+	}
+	victim.Kill()
+	driver.Continue()
+	start := time.Now()
+
+	c2 := clusterClient(t, survivors)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	resp, err := c2.Put(ctx, "/lost/after-kill", "v")
+	cancel()
+	if err != nil {
+		t.Fatalf("a write to the restored cluster after the kill: %v", err)
+	}
+	after := resp.Header.Revision
+	harness.WaitFor(t, 5*time.Minute, "the restore to finish without the dead member", func() bool {
+		out, _, err := env.Ctl("list-commands")
+		return err == nil && !strings.Contains(out, "restore-backup")
+	})
+	fresh := restoredBackups(t, env)
+	if len(fresh) == 0 {
+		t.Fatal("the restore finished without a fresh backup of the restored cluster")
+	}
+	if last := fresh[len(fresh)-1]; last.Revision < after {
+		t.Errorf("the fresh backup %s is at revision %d, before the write made at %d after the kill", last.Name, last.Revision, after)
+	}
+	t.Logf("restore finished %s after the kill; fresh backup %s", time.Since(start).Round(time.Second), fresh[len(fresh)-1].Name)
+	// etcd itself: the restored data, the write after the kill, and the
+	// dead member still in its member list until repair removes it.
+	if got := get(t, c2, "/lost/in-backup"); got != "v" {
+		t.Errorf("/lost/in-backup = %q after the restore", got)
+	}
+	if n := count(t, c2, "/lost/after-backup"); n != 0 {
+		t.Error("the cluster serving clients is not the restored one")
+	}
+	if got := get(t, c2, "/lost/after-kill"); got != "v" {
+		t.Errorf("/lost/after-kill = %q after the restore", got)
+	}
+	if !strings.Contains(allLogs(survivors), "restore goes on without the chosen members that are missing") {
+		t.Error("no agent said the restore went on without the dead member")
 	}
 }
