@@ -22,6 +22,8 @@ type pointFlags struct {
 	timeline      string
 	bump          int64
 	markCompacted bool
+	// requireDigest refuses a point no digest checks.
+	requireDigest bool
 	// keyFiles hold the keys to read encrypted segments with, which
 	// --to-time needs to find its revision.
 	keyFiles []string

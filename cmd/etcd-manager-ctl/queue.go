@@ -93,6 +93,7 @@ included, or has failed.`,
 	restore.Flags().Int64Var(&pf.bump, "bump-revision", 0, "etcd's --bump-revision: raise the restored revision by this much, so that watching clients (Kubernetes) never see a revision twice; needs --mark-compacted and etcd 3.5 or later")
 	restore.Flags().StringSliceVar(&pf.keyFiles, "backup-decryption-key-file", nil, "with --to-time, a file holding the age key the captured segments are encrypted with, to read the times inside them (repeat for several); nothing else the ctl does needs a key")
 	restore.Flags().BoolVar(&pf.markCompacted, "mark-compacted", false, "etcd's --mark-compacted: mark the restored revision compacted, so that watches from before the restore fail and start again")
+	restore.Flags().BoolVar(&pf.requireDigest, "require-digest", false, "refuse a point that no digest checks: one brought forward with captured changes when capture recorded no digest between the backup and the target (see list-backups --ranges)")
 	restore.Flags().BoolVar(&restoreWait, "wait", true, "wait until the restore is complete or has failed")
 	restore.Flags().DurationVar(&restoreTimeout, "timeout", 30*time.Minute, "how long --wait waits; the restore goes on after it")
 
@@ -429,7 +430,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 	if point.ToRevision > 0 {
 		fprintf(progress, "restoring timeline %s at revision %d: backup %s brought forward with captured changes\n", point.Timeline, point.ToRevision, name)
 	}
-	cmd := spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: name, RestorePoint: point}}
+	cmd := spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: name, RestorePoint: point, RequireDigest: pf.requireDigest}}
 	// The format carries the spec to restore as; ours is the store's.
 	if cs, err := s.ReadSpec(ctx); err == nil {
 		cmd.RestoreBackup.ClusterSpec = &cs
@@ -443,12 +444,16 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		fmt.Fprintln(w, id)
 		return nil
 	}
-	lastPhase, fresh := "", ""
+	lastPhase, fresh, check := "", "", ""
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
+		if err == nil && q.Status.Restore != nil && q.Status.Restore.Check != "" && check == "" {
+			check = q.Status.Restore.Check
+			fprintf(progress, "restore %s: %s\n", id, printable(q.Status.Message))
+		}
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// The leader removes a restore command once it is complete.
-			fprintf(w, "restored backup %s\n", name)
+			fprintf(w, "restored backup %s%s\n", name, prefixed(" ", check))
 			return true, nil
 		case err == nil && q.Status.State == spec.CommandFailed:
 			return true, fmt.Errorf("restore-backup: command %s failed: %s", id, printable(q.Status.Message))

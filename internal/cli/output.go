@@ -87,12 +87,14 @@ type ClusterStatus struct {
 
 // CommandRow is one queued command in `list-commands`.
 type CommandRow struct {
-	ID      string `json:"id"`
-	Kind    string `json:"kind"`
-	State   string `json:"state"`
-	Detail  string `json:"detail,omitempty"`
-	Backup  string `json:"backup,omitempty"`
-	Phase   string `json:"phase,omitempty"`
+	ID     string `json:"id"`
+	Kind   string `json:"kind"`
+	State  string `json:"state"`
+	Detail string `json:"detail,omitempty"`
+	Backup string `json:"backup,omitempty"`
+	Phase  string `json:"phase,omitempty"`
+	// Check is a restore's: verified or unverified (see docs).
+	Check   string `json:"check,omitempty"`
 	Queued  string `json:"queued,omitempty"`
 	Updated string `json:"updated,omitempty"`
 }

@@ -314,8 +314,8 @@ func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoin
 		// says.
 		opts.Hashed = false
 	}
-	path, _, _, err := fetchPoint(ctx, s, name, p, dir, opts, f.log)
-	return path, err
+	got, err := fetchPoint(ctx, s, name, p, dir, opts, f.log)
+	return got.Path, err
 }
 
 // fetchOptions bound what a backup fetched for a restore may unpack on
@@ -337,17 +337,29 @@ func (c Config) restoreFetchOptions(status backup.VerifyFunc, keys *crypt.Keyrin
 	return o
 }
 
+// fetched is a backup fetched, verified and brought forward to a point.
+type fetched struct {
+	Path string
+	Meta backup.Meta
+	// Keys are the IDs of the encryption keys the backup and the segments
+	// needed.
+	Keys []string
+	// Forward is set when captured changes were applied, and Digest is
+	// the revision of the digest that checked them (0: none in range).
+	Forward bool
+	Digest  int64
+}
+
 // fetchPoint fetches and verifies a backup, and brings it forward to the
-// point's revision with the captured segments. It returns the IDs of the
-// encryption keys the backup and the segments needed.
-func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, opts backup.FetchOptions, log *slog.Logger) (string, backup.Meta, []string, error) {
+// point's revision with the captured segments.
+func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, opts backup.FetchOptions, log *slog.Logger) (fetched, error) {
 	path, meta, err := backup.Fetch(ctx, s, name, dir, opts)
-	var keys []string
+	f := fetched{Path: path, Meta: meta}
 	if meta.Encryption != nil {
-		keys = append(keys, meta.Encryption.KeyID)
+		f.Keys = append(f.Keys, meta.Encryption.KeyID)
 	}
 	if err != nil || p.ToRevision == 0 {
-		return path, meta, keys, err
+		return f, err
 	}
 	start := time.Now()
 	// The snapshot may grow to what it takes now plus the room left, and
@@ -355,7 +367,7 @@ func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.Restore
 	bound := opts.MaxBytes
 	st, err := os.Stat(path)
 	if err != nil {
-		return "", meta, keys, fmt.Errorf("controller: %w", err)
+		return f, fmt.Errorf("controller: %w", err)
 	}
 	if room, err := opts.Room(dir); err == nil {
 		bound = st.Size() + room
@@ -367,17 +379,19 @@ func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.Restore
 	}
 	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision, wal.ApplyOptions{Keys: opts.Keys, MaxBytes: bound})
 	if err != nil {
-		return "", meta, keys, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
+		f.Path = ""
+		return f, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
 	}
 	for _, k := range applied.Keys {
-		if !slices.Contains(keys, k) {
-			keys = append(keys, k)
+		if !slices.Contains(f.Keys, k) {
+			f.Keys = append(f.Keys, k)
 		}
 	}
+	f.Forward, f.Digest = applied.Revisions > 0, applied.Digest
 	log.Info("backup brought forward with captured changes", "backup", name, "timeline", p.Timeline, "from-revision", applied.From,
 		"to-revision", applied.To, "revisions", applied.Revisions, "segments", applied.Segments, "leases", applied.Leases,
 		"digest-checked-at", applied.Digest, "duration", time.Since(start).Round(time.Millisecond))
-	return path, meta, keys, nil
+	return f, nil
 }
 
 // errWait means an action found its precondition not yet met (a learner

@@ -237,7 +237,7 @@ func TestLeaderLockNewerFormat(t *testing.T) {
 	s := openLockStore(t)
 	ctx := t.Context()
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	if err := s.Create(ctx, lockKey(4), []byte(`{"format":3,"nodeId":"new","acquired":"2020-01-01T00:00:00Z","ttl":1}`)); err != nil {
+	if err := s.Create(ctx, lockKey(4), []byte(`{"format":9,"nodeId":"new","acquired":"2020-01-01T00:00:00Z","ttl":1}`)); err != nil {
 		t.Fatal(err)
 	}
 	a := &LeaderLock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now}

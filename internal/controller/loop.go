@@ -706,9 +706,9 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 		return procedure.Validated{}, err
 	}
 	defer os.RemoveAll(dir)
-	path, meta, keys, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.status, b.lp.keys), b.lp.log)
-	v := procedure.Validated{Meta: meta, Keys: keys}
-	if st, serr := os.Stat(path); err == nil && serr == nil {
+	got, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.status, b.lp.keys), b.lp.log)
+	v := procedure.Validated{Meta: got.Meta, Keys: got.Keys, Forward: got.Forward, Digest: got.Digest}
+	if st, serr := os.Stat(got.Path); err == nil && serr == nil {
 		v.Size = st.Size()
 	}
 	return v, err

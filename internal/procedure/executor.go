@@ -62,6 +62,11 @@ type Validated struct {
 	// Keys are the IDs of the encryption keys the backup and the segments
 	// applied need: every node that restores them needs them too.
 	Keys []string
+	// Forward is set when captured changes were applied, and Digest is
+	// the revision of the digest capture recorded that the result was
+	// checked against (0: none between the backup and the target).
+	Forward bool
+	Digest  int64
 }
 
 // Source is the etcd member a backup is taken from.

@@ -55,6 +55,11 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		if lacking := lackingRoom(obs, act.Members, max(meta.Size, checked.Size)); lacking != "" {
 			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore backup %s: %s; the cluster was not touched", act.Backup, lacking))
 		}
+		check, how := restoreCheck(point, checked)
+		if check == spec.RestoreUnverified && c.Command.RestoreBackup.RequireDigest {
+			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore backup %s brought forward to revision %d unverified: %s, and the restore requires one (--require-digest); "+
+				"restore without --require-digest, or pick a target at or after a revision capture recorded a digest for; the cluster was not touched", act.Backup, point.ToRevision, how))
+		}
 		v, err := spec.ParseSupportedVersion(obs.Spec.EtcdVersion)
 		if err != nil {
 			return err
@@ -71,12 +76,29 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		if point.ToRevision > 0 {
 			what += fmt.Sprintf(" brought forward to revision %d", point.ToRevision)
 		}
+		progress.Check, progress.DigestRevision = check, checked.Digest
 		st := spec.CommandStatus{State: spec.CommandRunning, Restore: progress,
-			Message: fmt.Sprintf("restoring %s as cluster %s", what, progress.Token)}
+			Message: fmt.Sprintf("restoring %s as cluster %s; %s: %s", what, progress.Token, check, how)}
+		if check == spec.RestoreUnverified {
+			e.Log.Warn("restoring a point no digest checks: the captured changes applied are not checked against etcd", "command", act.ID,
+				"backup", act.Backup, "to-revision", point.ToRevision)
+		}
 		e.Log.Warn("restore started: stopping the current cluster", "command", act.ID, "backup", act.Backup,
 			"cluster-token", progress.Token, "members", progress.Members, "lock-term", term)
 		return e.Runner.Record(ctx, Restore, act.ID, "", st, spec.RestoreStopping, "restore-"+spec.RestoreStopping)
 	})
+}
+
+// restoreCheck says whether what a restore restores is checked against
+// etcd itself, and how.
+func restoreCheck(p spec.RestorePoint, v Validated) (check, how string) {
+	switch {
+	case !v.Forward:
+		return spec.RestoreVerified, "the backup's snapshot as etcd wrote it, its checksums verified"
+	case v.Digest > 0:
+		return spec.RestoreVerified, fmt.Sprintf("the data brought forward matched, at revision %d, the digest capture read from etcd", v.Digest)
+	}
+	return spec.RestoreUnverified, fmt.Sprintf("capture recorded no digest between the backup and revision %d to check the changes applied against", p.ToRevision)
 }
 
 // keyHint says how to give the agents a key they lack.

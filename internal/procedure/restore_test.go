@@ -2,6 +2,7 @@ package procedure
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -56,6 +57,34 @@ func TestRestoredEndpoint(t *testing.T) {
 				}
 			case err != nil || got != tt.want:
 				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}
+
+// A restore says whether what it restores was checked against etcd: a
+// backup as it is, or one brought forward whose result matched a digest
+// capture read from etcd, is verified; one brought forward with no digest
+// in range is not.
+func TestRestoreCheck(t *testing.T) {
+	point := spec.RestorePoint{ToRevision: 90, Timeline: "t"}
+	tests := []struct {
+		name  string
+		point spec.RestorePoint
+		v     Validated
+		want  string
+		how   string
+	}{
+		{"the backup alone", spec.RestorePoint{}, Validated{}, spec.RestoreVerified, "the backup's snapshot as etcd wrote it"},
+		{"a point at the backup's own revision", point, Validated{}, spec.RestoreVerified, "the backup's snapshot"},
+		{"brought forward, a digest in range", point, Validated{Forward: true, Digest: 80}, spec.RestoreVerified, "matched, at revision 80, the digest"},
+		{"brought forward, no digest in range", point, Validated{Forward: true}, spec.RestoreUnverified, "no digest between the backup and revision 90"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, how := restoreCheck(tt.point, tt.v)
+			if got != tt.want || !strings.Contains(how, tt.how) {
+				t.Errorf("restoreCheck = %s (%s), want %s (%s)", got, how, tt.want, tt.how)
 			}
 		})
 	}

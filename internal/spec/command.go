@@ -52,6 +52,10 @@ type RestoreBackupCommand struct {
 	ClusterSpec *ClusterSpec `json:"clusterSpec,omitempty"`
 	Backup      string       `json:"backup"`
 	RestorePoint
+	// RequireDigest refuses a point that no digest recorded by capture
+	// checks: one with captured changes applied and no digest between the
+	// backup's revision and the target.
+	RequireDigest bool `json:"requireDigest,omitempty"`
 }
 
 // RestorePoint says how far past its full backup a restore goes, and
@@ -88,6 +92,9 @@ func (p RestorePoint) IsZero() bool { return p == RestorePoint{} }
 // NeededFormat is the oldest record format that holds the command's
 // meaning.
 func (c Command) NeededFormat() int {
+	if r := c.RestoreBackup; r != nil && r.RequireDigest {
+		return FormatRequireDigest
+	}
 	if r := c.RestoreBackup; r != nil && !r.RestorePoint.IsZero() {
 		return FormatPointInTime
 	}
@@ -286,7 +293,23 @@ type RestoreProgress struct {
 	// Fresh is the fresh backup of the restored cluster, once it is
 	// taken: the restore is then complete.
 	Fresh string `json:"fresh,omitempty"`
+	// Check says whether what is restored was checked against etcd
+	// itself (RestoreVerified) or not (RestoreUnverified), and
+	// DigestRevision the revision of the digest it was checked against (0
+	// when the backup alone is restored).
+	Check          string `json:"check,omitempty"`
+	DigestRevision int64  `json:"digestRevision,omitempty"`
 }
+
+// A restore's check. A backup restored as it is holds the snapshot etcd
+// wrote, its checksums verified: verified. A backup brought forward with
+// captured changes is verified when a digest capture read from etcd lies
+// between the backup's revision and the target, and the restored data
+// matches it; unverified when none does.
+const (
+	RestoreVerified   = "verified"
+	RestoreUnverified = "unverified"
+)
 
 // Choice is what a procedure decides once, before anything acts on it:
 // a restore's new cluster (token, members, version) or a recover-quorum's

@@ -11,7 +11,7 @@ import (
 // without a format field is format 0: written before formats existed, or
 // by kops's etcd-manager. A newer etcd-manager that changes the meaning of
 // a record raises the format; an older one never acts on such a record.
-const FormatVersion = 2
+const FormatVersion = 3
 
 // The formats written. A record is written in the oldest format that
 // holds its meaning, so that an older etcd-manager still reads what it
@@ -24,6 +24,10 @@ const (
 	// (toRevision): an older etcd-manager would restore the plain backup
 	// instead, so it must refuse the command.
 	FormatPointInTime = 2
+	// FormatRequireDigest is a restore command that refuses an unverified
+	// point (requireDigest): an older etcd-manager would apply it
+	// unchecked.
+	FormatRequireDigest = 3
 )
 
 // ErrNewerFormat means a record was written by a newer etcd-manager than

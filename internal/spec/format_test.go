@@ -18,8 +18,12 @@ func TestNewerFormats(t *testing.T) {
 			_, err := DecodeCommand([]byte(`{"format":2,"restoreBackup":{"backup":"b","toRevision":9,"timeline":"t"}}`))
 			return err
 		}, false},
-		{"command of a newer format", func() error { _, err := DecodeCommand([]byte(`{"format":3,"backupNow":{}}`)); return err }, true},
-		{"newer command of an unknown kind is newer, not junk", func() error { _, err := DecodeCommand([]byte(`{"format":3,"rollCA":{}}`)); return err }, true},
+		{"restore that requires a digest", func() error {
+			_, err := DecodeCommand([]byte(`{"format":3,"restoreBackup":{"backup":"b","toRevision":9,"timeline":"t","requireDigest":true}}`))
+			return err
+		}, false},
+		{"command of a newer format", func() error { _, err := DecodeCommand([]byte(`{"format":4,"backupNow":{}}`)); return err }, true},
+		{"newer command of an unknown kind is newer, not junk", func() error { _, err := DecodeCommand([]byte(`{"format":4,"rollCA":{}}`)); return err }, true},
 		{"status of this format", func() error { _, err := DecodeCommandStatus([]byte(`{"format":1,"state":"running"}`)); return err }, false},
 		{"status without format", func() error { _, err := DecodeCommandStatus([]byte(`{"state":"running"}`)); return err }, false},
 		{"status of a newer format", func() error { _, err := DecodeCommandStatus([]byte(`{"format":7,"state":"running"}`)); return err }, true},
@@ -30,8 +34,31 @@ func TestNewerFormats(t *testing.T) {
 			if got := errors.Is(err, ErrNewerFormat); got != tt.newer {
 				t.Fatalf("error %v: newer = %v, want %v", err, got, tt.newer)
 			}
-			if tt.newer && !strings.Contains(err.Error(), "understands formats up to 2") {
+			if tt.newer && !strings.Contains(err.Error(), "understands formats up to 3") {
 				t.Errorf("error %q does not say which formats this version understands", err)
+			}
+		})
+	}
+}
+
+// A command is written in the oldest format that holds its meaning: an
+// agent too old for it refuses it rather than act on less than was asked.
+func TestNeededFormat(t *testing.T) {
+	point := RestorePoint{ToRevision: 9, Timeline: "t"}
+	tests := []struct {
+		name string
+		cmd  Command
+		want int
+	}{
+		{"backup-now", Command{BackupNow: &BackupNowCommand{}}, FormatBase},
+		{"restore of a backup", Command{RestoreBackup: &RestoreBackupCommand{Backup: "b"}}, FormatBase},
+		{"restore of a point", Command{RestoreBackup: &RestoreBackupCommand{Backup: "b", RestorePoint: point}}, FormatPointInTime},
+		{"restore of a point that requires a digest", Command{RestoreBackup: &RestoreBackupCommand{Backup: "b", RestorePoint: point, RequireDigest: true}}, FormatRequireDigest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.cmd.NeededFormat(); got != tt.want {
+				t.Errorf("NeededFormat() = %d, want %d", got, tt.want)
 			}
 		})
 	}

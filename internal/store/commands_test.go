@@ -143,14 +143,14 @@ func TestReadCommandNewerFormat(t *testing.T) {
 	if err != nil || q.Newer != nil || q.Err != nil || q.Command.Format != spec.FormatBase {
 		t.Fatalf("own command: %+v, %v", q, err)
 	}
-	if err := s.Write(ctx, "control/"+id+"/_status.json", []byte(`{"format":3,"state":"running"}`)); err != nil {
+	if err := s.Write(ctx, "control/"+id+"/_status.json", []byte(`{"format":9,"state":"running"}`)); err != nil {
 		t.Fatal(err)
 	}
 	q, err = s.ReadCommand(ctx, id)
 	if err != nil || !errors.Is(q.Newer, spec.ErrNewerFormat) || q.Err != nil {
 		t.Fatalf("newer status: Newer %v, Err %v, %v", q.Newer, q.Err, err)
 	}
-	if err := s.Write(ctx, "control/"+id+"/_command.json", []byte(`{"format":3,"rollCA":{}}`)); err != nil {
+	if err := s.Write(ctx, "control/"+id+"/_command.json", []byte(`{"format":9,"rollCA":{}}`)); err != nil {
 		t.Fatal(err)
 	}
 	q, err = s.ReadCommand(ctx, id)

@@ -55,7 +55,7 @@ func CommandRow(q store.QueuedCommand) cli.CommandRow {
 	case q.Command.RestoreBackup != nil:
 		r.Backup = q.Command.RestoreBackup.Backup
 		if q.Status.Restore != nil {
-			r.Phase = q.Status.Restore.Phase
+			r.Phase, r.Check = q.Status.Restore.Phase, q.Status.Restore.Check
 		}
 	case q.Command.DumpRestore != nil:
 		if p := q.Status.Restore; p != nil {

@@ -531,3 +531,51 @@ func TestPointInTimeRestore(t *testing.T) {
 		t.Errorf("a refused restore left a command:\n%s", cmds)
 	}
 }
+
+// A point that no digest checks is restored only when the user accepts
+// that: with --require-digest it is refused before anything stops, and
+// without, the restore says it is unverified. The result is checked
+// against etcd's own history at the target either way.
+func TestRestoreRequireDigest(t *testing.T) {
+	env, agents, _ := startCluster(t, 3, 3, harness.AgentOptions{ExtraArgs: []string{"--capture-digest-interval=0"}})
+	c := clusterClient(t, agents)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := openStore(t, env.StoreURL)
+	env.MustCtl("backup-now")
+	pitrWorkload(t, c, rand.New(rand.NewPCG(3, 3)), "unverified", 60)
+	target := viewAt(t, c, 0)
+	harness.WaitFor(t, time.Minute, "capture to make the target durable in the store", func() bool {
+		tls, err := wal.Timelines(ctx, s)
+		if err != nil || len(tls) != 1 {
+			return false
+		}
+		runs, err := wal.Runs(ctx, s, tls[0])
+		return err == nil && len(runs) > 0 && runs[len(runs)-1].Last >= target.rev
+	})
+	put(t, c, "/digest/after-target", "still here if nothing was touched")
+
+	out, errOut, err := env.Ctl("restore-backup", fmt.Sprintf("--to-revision=%d", target.rev), "--require-digest", "--timeout=3m")
+	if err == nil {
+		t.Fatalf("restore-backup --require-digest of a point no digest checks succeeded:\n%s\n%s", out, errOut)
+	}
+	if msg := err.Error() + errOut; !strings.Contains(msg, "unverified") || !strings.Contains(msg, "the cluster was not touched") {
+		t.Errorf("the refusal does not say why, or what it left: %v\n%s", err, errOut)
+	}
+	if got := get(t, c, "/digest/after-target"); got != "still here if nothing was touched" {
+		t.Fatalf("the refused restore touched the cluster: /digest/after-target = %q", got)
+	}
+
+	out, errOut, err = env.Ctl("restore-backup", fmt.Sprintf("--to-revision=%d", target.rev), "--timeout=3m")
+	if err != nil {
+		t.Fatalf("restore-backup --to-revision: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+	if !strings.Contains(out, "unverified") || !strings.Contains(errOut, "capture recorded no digest") {
+		t.Errorf("the restore does not say it is unverified:\nstdout: %s\nstderr: %s", out, errOut)
+	}
+	harness.WaitSettled(t, agents, 3, settleTimeout)
+	c2 := clusterClient(t, agents)
+	if d := target.diff(viewAt(t, c2, 0)); d != "" {
+		t.Errorf("restored to %d: %s", target.rev, d)
+	}
+}
