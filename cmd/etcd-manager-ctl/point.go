@@ -135,20 +135,28 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 				continue
 			}
 		}
-		got, p, err := resolveOn(ctx, s, infos, link.Timeline, name, pf, at, limit, point, keys)
-		if errors.Is(err, errBeforeBackups) && br != nil && pf.toTime != "" {
-			// After the restore began but before its first backup: the
-			// state it restored.
-			limit = br.Revision
-			continue
-		}
-		return got, p, err
+		// A time after the timeline began, before its oldest backup kept,
+		// is refused: clients may have written to it by then, and
+		// retention may have removed its early backups. Only a time
+		// before the branch is the parent's.
+		return resolveOn(ctx, s, infos, link.Timeline, name, pf, at, limit, point, keys)
 	}
 	return "", point, fmt.Errorf("%w: %s is before the oldest backup of timeline %s and of every timeline it was restored from", wal.ErrRange, targetString(pf), timeline)
 }
 
 // errBeforeBackups means a target lies before a timeline's oldest backup.
 var errBeforeBackups = errors.New("before the oldest backup")
+
+// beganNote says when a restored timeline began, for a refusal of a time
+// after that but before its oldest backup kept.
+func beganNote(ctx context.Context, s *store.Store, timeline string) string {
+	b, ok, err := wal.ReadBranch(ctx, s, timeline)
+	if err != nil || !ok {
+		return ""
+	}
+	return fmt.Sprintf("; the timeline began at %s, restored from revision %d of timeline %s: a time before that resolves there, "+
+		"and what clients wrote between then and its oldest backup kept cannot be restored", rfcTime(b.Time), b.Revision, b.Parent)
+}
 
 func targetString(pf pointFlags) string {
 	if pf.toTime != "" {
@@ -176,7 +184,7 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 		return "", point, err
 	}
 	newest := own[len(own)-1]
-	lastRev, lastTime := newest.Meta.Revision, time.Unix(int64(newest.Meta.Timestamp), 0)
+	lastRev, lastTime := newest.Meta.Revision, newest.Meta.PointTime()
 	if len(runs) > 0 && runs[len(runs)-1].Last > lastRev {
 		lastRev, lastTime = runs[len(runs)-1].Last, runs[len(runs)-1].LastTime
 	}
@@ -206,13 +214,23 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 		if err != nil {
 			return "", point, err
 		}
+		// A backup's revision counts only by the precise time its
+		// snapshot was whole: its Timestamp, in whole seconds before the
+		// snapshot, could raise the target past writes made after at.
 		for _, in := range own {
-			if !time.Unix(int64(in.Meta.Timestamp), 0).After(at) {
+			if in.Meta.SnapshotTime > 0 && !in.Meta.PointTime().After(at) {
 				rev = max(rev, in.Meta.Revision)
 			}
 		}
 		if rev == 0 {
-			return "", point, fmt.Errorf("%w: %w: --to-time %s is before the oldest backup of timeline %s (%s)", wal.ErrRange, errBeforeBackups, pf.toTime, timeline, own[0].Name)
+			for i := len(own) - 1; i >= 0; i-- {
+				if in := own[i]; in.Meta.SnapshotTime == 0 && !in.Meta.PointTime().After(at) {
+					return "", point, fmt.Errorf("%w: --to-time %s: no change was captured at or before it, and backup %s records only the second it began (an older etcd-manager or kops took it), "+
+						"so whether its snapshot held writes made after that time is not known; restore it by name, or give --to-revision", wal.ErrRange, pf.toTime, in.Name)
+				}
+			}
+			return "", point, fmt.Errorf("%w: %w: --to-time %s is before the oldest backup kept of timeline %s (%s, at %s)%s", wal.ErrRange, errBeforeBackups, pf.toTime, timeline,
+				own[0].Name, rfcTime(own[0].Meta.PointTime()), beganNote(ctx, s, timeline))
 		}
 		to = rev
 		if limit > 0 {
@@ -316,7 +334,7 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 			if in.Meta.ClusterToken != t {
 				continue
 			}
-			at := time.Unix(int64(in.Meta.Timestamp), 0).UTC()
+			at := in.Meta.PointTime().UTC()
 			if r.Backups == 0 {
 				r.EarliestRevision, r.EarliestTime = in.Meta.Revision, at
 			}

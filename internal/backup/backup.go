@@ -90,6 +90,20 @@ type Meta struct {
 	// HashKV is the member's HashKV at Revision, read as the backup was
 	// taken; a restore drill compares the restored data's with it.
 	HashKV *HashKV `json:"hashKV,omitempty"`
+	// SnapshotTime is when the snapshot had been read whole, in unix
+	// nanoseconds: Revision was committed by then. Timestamp is in whole
+	// seconds and taken before the snapshot, so it may precede writes
+	// the snapshot holds. 0 in backups of older versions and of kops.
+	SnapshotTime spec.Int64 `json:"snapshotTime,omitempty"`
+}
+
+// PointTime is when the backup's state held, as near as the meta says:
+// its SnapshotTime, or its Timestamp where it has none.
+func (m Meta) PointTime() time.Time {
+	if m.SnapshotTime > 0 {
+		return time.Unix(0, int64(m.SnapshotTime))
+	}
+	return time.Unix(int64(m.Timestamp), 0)
 }
 
 // HashKV is etcd's HashKV of a member's keys at a revision, and the
@@ -313,6 +327,7 @@ func Take(ctx context.Context, s Store, req Request) (Info, error) {
 		Kind:           req.Kind,
 		HashKV:         h,
 		Seconds:        time.Since(start).Seconds(),
+		SnapshotTime:   spec.Int64(began.UnixNano()),
 	}
 	if err := writeMeta(mctx, s, name, meta); err != nil {
 		return failed(err, true)

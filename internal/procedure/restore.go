@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -214,6 +215,9 @@ func (e *Executor) setRestorePhase(ctx context.Context, obs plan.Observed, id, p
 	p := *st.Restore
 	from := p.Phase
 	p.Phase = phase
+	if phase == spec.RestoreLifting {
+		p.Lifted = spec.Int64(e.Now().UnixNano())
+	}
 	st.Restore = &p
 	return e.Runner.Record(ctx, d, id, from, st, phase, "restore-"+phase)
 }
@@ -342,7 +346,13 @@ func (e *Executor) recordBranch(ctx context.Context, c *plan.Command, p *spec.Re
 	if p.ParentToken == "" || p.ParentRevision < 1 {
 		return nil
 	}
-	b := wal.Branch{Timeline: p.Token, Parent: p.ParentToken, Revision: p.ParentRevision, Backup: p.Backup, Time: e.Now().UTC()}
+	// The timeline begins when clients could first write to it: at the
+	// lift, which a restore recorded by an older agent does not hold.
+	began := e.Now().UTC()
+	if p.Lifted > 0 {
+		began = time.Unix(0, int64(p.Lifted)).UTC()
+	}
+	b := wal.Branch{Timeline: p.Token, Parent: p.ParentToken, Revision: p.ParentRevision, Backup: p.Backup, Time: began}
 	if r := c.Command.RestoreBackup; r != nil {
 		b.Backup, b.BumpRevision = r.Backup, r.BumpRevision
 	}

@@ -290,6 +290,10 @@ type RestoreProgress struct {
 	// up, so restores can follow its history back.
 	ParentToken    string `json:"parentToken,omitempty"`
 	ParentRevision int64  `json:"parentRevision,omitempty"`
+	// Lifted is when the lift of the quarantine was recorded, in unix
+	// nanoseconds: no client wrote to the restored cluster before. Its
+	// timeline's branch record begins then.
+	Lifted Int64 `json:"lifted,omitempty"`
 	// Fresh is the fresh backup of the restored cluster, once it is
 	// taken: the restore is then complete.
 	Fresh string `json:"fresh,omitempty"`

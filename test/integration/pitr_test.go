@@ -579,3 +579,104 @@ func TestRestoreRequireDigest(t *testing.T) {
 		t.Errorf("restored to %d: %s", target.rev, d)
 	}
 }
+
+// --to-time maps a moment to the last revision etcd committed by then,
+// and no later: a backup's whole-second timestamp, taken before its
+// snapshot, never raises it; and a moment after a restored timeline began
+// but before its oldest backup kept is refused, not answered with the
+// state the restore started from. The oracle is etcd's own revisions,
+// from the writes' responses.
+func TestToTimeIsExact(t *testing.T) {
+	env := harness.NewEnv(t)
+	live := env.NewBareCluster(1, false)
+	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
+	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitEtcd(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := openStore(t, env.StoreURL)
+	take := func(token string, now time.Time) backup.Info {
+		t.Helper()
+		info, err := backup.Take(ctx, s, backup.Request{
+			Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: live.Endpoints()[0],
+			TempDir: filepath.Join(env.Root, "tmp"), ClusterToken: token, Now: now,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info
+	}
+	put := func(k string) int64 {
+		t.Helper()
+		r, err := c.Put(ctx, k, "v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Header.Revision
+	}
+	rfc := func(at time.Time) string { return at.UTC().Format(time.RFC3339Nano) }
+	put("/exact/before-base")
+	base := take("tl1", time.Now())
+	capture, err := wal.New(wal.Default(), filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	capCtx, stopCapture := context.WithCancel(ctx)
+	defer stopCapture()
+	go func() { _ = capture.Run(capCtx, wal.Etcd(c), "tl1", &wal.Base{Backup: base.Name, Revision: base.Meta.Revision}) }()
+	go capture.Upload(capCtx)
+
+	revA := put("/exact/a")
+	time.Sleep(200 * time.Millisecond)
+	at := time.Now()
+	time.Sleep(200 * time.Millisecond)
+	revB := put("/exact/b")
+	// A backup stamped with the whole second before at, whose snapshot
+	// holds /exact/b, written after at.
+	late := take("tl1", at.Truncate(time.Second))
+	if late.Meta.Revision < revB {
+		t.Fatalf("the backup is at revision %d, before /exact/b (%d)", late.Meta.Revision, revB)
+	}
+	harness.WaitFor(t, time.Minute, "capture to make /exact/b durable", func() bool { return harness.CapturedTo(ctx, s) >= revB })
+
+	queued := func(args ...string) string {
+		t.Helper()
+		out, errOut, err := env.Ctl(append([]string{"restore-backup", "--wait=false"}, args...)...)
+		if err != nil {
+			t.Fatalf("restore-backup %v: %v\n%s", args, err, errOut)
+		}
+		env.MustCtl("delete-command", strings.TrimSpace(out))
+		return errOut
+	}
+	want := fmt.Sprintf("restoring timeline tl1 at revision %d:", revA)
+	if got := queued("--to-time="+rfc(at), "--timeline=tl1"); !strings.Contains(got, want) {
+		t.Errorf("--to-time between /exact/a (revision %d) and /exact/b (%d) resolved to:\n%s\nwant %q", revA, revB, got, want)
+	}
+
+	// A restored timeline tl2 began after /exact/b; retention has
+	// removed its early backups, so its oldest kept is a while later.
+	time.Sleep(200 * time.Millisecond)
+	began := time.Now()
+	if err := wal.WriteBranch(ctx, s, wal.Branch{Timeline: "tl2", Parent: "tl1", Revision: revB, Backup: late.Name, Time: began.UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	keptAt := time.Now()
+	take("tl2", keptAt)
+	mid := began.Add(keptAt.Sub(began) / 2)
+	_, errOut, err := env.Ctl("restore-backup", "--wait=false", "--to-time="+rfc(mid), "--timeline=tl2")
+	if err == nil || !strings.Contains(errOut, "before the oldest backup kept of timeline tl2") || !strings.Contains(errOut, "the timeline began at") {
+		t.Errorf("--to-time after tl2 began, before its oldest backup kept: %v\n%s\nwant a refusal", err, errOut)
+	}
+	// Before tl2 began, the time is the parent's.
+	if got := queued("--to-time="+rfc(at), "--timeline=tl2"); !strings.Contains(got, want) {
+		t.Errorf("--to-time before tl2 began resolved to:\n%s\nwant %q", got, want)
+	}
+	if cmds := env.MustCtl("list-commands"); strings.Contains(cmds, "restore-backup") {
+		t.Errorf("a refused or deleted restore left a command:\n%s", cmds)
+	}
+}
