@@ -627,7 +627,9 @@ func TestToTimeIsExact(t *testing.T) {
 	}
 	capCtx, stopCapture := context.WithCancel(ctx)
 	defer stopCapture()
-	go func() { _ = capture.Run(capCtx, wal.Etcd(c), "tl1", &wal.Base{Backup: base.Name, Revision: base.Meta.Revision}) }()
+	go func() {
+		_ = capture.Run(capCtx, wal.Etcd(c), "tl1", &wal.Base{Backup: base.Name, Revision: base.Meta.Revision})
+	}()
 	go capture.Upload(capCtx)
 
 	revA := put("/exact/a")
