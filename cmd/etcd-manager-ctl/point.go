@@ -285,9 +285,12 @@ type timelineRange struct {
 	// Branch says where a restore started the timeline from another.
 	Branch *wal.Branch `json:"branch,omitempty"`
 	// BranchError says why the branch record cannot be read.
-	BranchError string    `json:"branchError,omitempty"`
-	Runs        []runRow  `json:"runs"`
-	Gaps        []wal.Gap `json:"gaps"`
+	BranchError string   `json:"branchError,omitempty"`
+	Runs        []runRow `json:"runs"`
+	// Restorable are the stretches of revisions the kept backups reach
+	// through the runs; Gaps the holes between them.
+	Restorable []wal.Span `json:"restorable"`
+	Gaps       []wal.Gap  `json:"gaps"`
 }
 
 type runRow struct {
@@ -324,23 +327,24 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 	}
 	var out []timelineRange
 	for _, t := range order {
-		r := timelineRange{Timeline: t, Runs: []runRow{}, Gaps: []wal.Gap{}}
+		r := timelineRange{Timeline: t, Runs: []runRow{}, Restorable: []wal.Span{}, Gaps: []wal.Gap{}}
 		if b, ok, err := wal.ReadBranch(ctx, s, t); err != nil {
 			r.BranchError = err.Error()
 		} else if ok {
 			r.Branch = &b
 		}
+		var revs []int64
+		at := map[int64]time.Time{} // when each reachable end held
 		for _, in := range infos {
 			if in.Meta.ClusterToken != t {
 				continue
 			}
-			at := in.Meta.PointTime().UTC()
+			rev := wal.SnapshotRevision(in.Meta.Revision)
 			if r.Backups == 0 {
-				r.EarliestRevision, r.EarliestTime = in.Meta.Revision, at
+				r.EarliestRevision, r.EarliestTime = rev, in.Meta.PointTime().UTC()
 			}
-			if in.Meta.Revision >= r.LatestRevision {
-				r.LatestRevision, r.LatestTime = in.Meta.Revision, at
-			}
+			revs = append(revs, rev)
+			at[rev] = in.Meta.PointTime().UTC()
 			r.Backups++
 		}
 		runs, err := wal.Runs(ctx, s, t)
@@ -353,11 +357,19 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 				row.Base = run.Base.Backup
 			}
 			r.Runs = append(r.Runs, row)
-			if run.Last > r.LatestRevision && r.Backups > 0 {
-				r.LatestRevision, r.LatestTime = run.Last, run.LastTime.UTC()
-			}
+			at[run.Last] = run.LastTime.UTC()
 		}
-		r.Gaps = append(r.Gaps, wal.Gaps(runs)...)
+		// What the kept backups reach, not what the runs hold: a run
+		// whose base backup retention removed is reachable only from a
+		// kept backup inside it.
+		if spans := wal.Reachable(runs, revs); spans != nil {
+			r.Restorable = spans
+		}
+		if n := len(r.Restorable); n > 0 {
+			r.LatestRevision = r.Restorable[n-1].To
+			r.LatestTime = at[r.LatestRevision]
+		}
+		r.Gaps = append(r.Gaps, wal.Holes(r.Restorable)...)
 		out = append(out, r)
 	}
 	return out, nil

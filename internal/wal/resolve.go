@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
@@ -165,6 +166,58 @@ func Gaps(runs []Run) []Gap {
 		}
 	}
 	return out
+}
+
+// Span is a stretch of revisions a restore can reach: from a kept full
+// backup at From on, through captured changes without a hole, to To.
+type Span struct {
+	From int64 `json:"from"`
+	To   int64 `json:"to"`
+}
+
+// Reachable computes what can be restored from the full backups kept (at
+// the revisions backups, in any order) and the runs: a run whose base
+// backup retention removed is reachable only from a kept backup inside
+// it. The holes between the spans cannot be restored, whatever the runs
+// hold. It is pure.
+func Reachable(runs []Run, backups []int64) []Span {
+	sorted := slices.Clone(backups)
+	slices.Sort(sorted)
+	var out []Span
+	for _, b := range sorted {
+		to := reach(runs, b)
+		if n := len(out); n > 0 && b <= out[n-1].To+1 {
+			out[n-1].To = max(out[n-1].To, to)
+			continue
+		}
+		out = append(out, Span{From: b, To: to})
+	}
+	return out
+}
+
+// Holes are the revisions between spans, which cannot be restored.
+func Holes(spans []Span) []Gap {
+	var out []Gap
+	for i := 1; i < len(spans); i++ {
+		out = append(out, Gap{After: spans[i-1].To, Before: spans[i].From})
+	}
+	return out
+}
+
+// reach is the last revision the runs carry a full backup at revision
+// from to without a hole.
+func reach(runs []Run, from int64) int64 {
+	covered := from
+	for _, r := range runs {
+		if r.Last <= covered {
+			continue
+		}
+		if r.First > covered+1 {
+			break
+		}
+		covered = r.Last
+	}
+	return covered
 }
 
 // CheckReach says whether revision to can be reached from a full backup

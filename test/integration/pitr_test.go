@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -681,4 +682,122 @@ func TestToTimeIsExact(t *testing.T) {
 	if cmds := env.MustCtl("list-commands"); strings.Contains(cmds, "restore-backup") {
 		t.Errorf("a refused or deleted restore left a command:\n%s", cmds)
 	}
+}
+
+// A run of captured changes whose base backup retention removed is
+// reachable only from a kept backup inside it: list-backups --ranges,
+// and the restore, say so alike. The revisions come from etcd's own
+// responses, and the gap is made as in production: capture stopped, etcd
+// compacted past it, capture started a new run after a fresh backup.
+func TestRangesFromKeptBackups(t *testing.T) {
+	env := harness.NewEnv(t)
+	live := env.NewBareCluster(1, false)
+	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
+	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitEtcd(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := openStore(t, env.StoreURL)
+	take := func() backup.Info {
+		t.Helper()
+		info, err := backup.Take(ctx, s, backup.Request{
+			Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: live.Endpoints()[0],
+			TempDir: filepath.Join(env.Root, "tmp"), ClusterToken: "tl1", Now: time.Now(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info
+	}
+	writes := func(prefix string, n int) int64 {
+		t.Helper()
+		var rev int64
+		for i := range n {
+			r, err := c.Put(ctx, fmt.Sprintf("%s/%d", prefix, i), "v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rev = r.Header.Revision
+		}
+		return rev
+	}
+	capture, err := wal.New(wal.Default(), filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go capture.Upload(ctx)
+	runFrom := func(b backup.Info) (stop func()) {
+		rctx, rcancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = capture.Run(rctx, wal.Etcd(c), "tl1", &wal.Base{Backup: b.Name, Revision: b.Meta.Revision})
+		}()
+		return func() { rcancel(); <-done }
+	}
+
+	writes("/ranges/before", 5)
+	stop := runFrom(take())
+	first := writes("/ranges/run1", 10)
+	harness.WaitFor(t, time.Minute, "capture of the first run", func() bool { return harness.CapturedTo(ctx, s) >= first })
+	stop()
+	// Uncaptured, and compacted away: capture must start a new run.
+	lost := writes("/ranges/uncaptured", 10)
+	if _, err := c.Compact(ctx, lost); err != nil {
+		t.Fatal(err)
+	}
+	base2 := take()
+	stop = runFrom(base2)
+	mid := writes("/ranges/run2-early", 10) - 5 // between the removed base and the kept backup
+	kept := take()
+	end := writes("/ranges/run2-late", 10)
+	harness.WaitFor(t, time.Minute, "capture of the second run", func() bool { return harness.CapturedTo(ctx, s) >= end })
+	stop()
+	// Retention removes the second run's base.
+	if err := backup.Remove(ctx, s, base2.Name); err != nil {
+		t.Fatal(err)
+	}
+
+	var rs []timelineRangeJSON
+	out := env.MustCtl("list-backups", "--ranges", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &rs); err != nil || len(rs) != 1 {
+		t.Fatalf("list-backups --ranges -o json: %v\n%s", err, out)
+	}
+	unreachable := false
+	for _, g := range rs[0].Gaps {
+		unreachable = unreachable || (g.After < mid && mid < g.Before)
+	}
+	if !unreachable {
+		t.Errorf("--ranges shows revision %d, between the removed base %s (%d) and the kept backup %s (%d), as restorable:\n%s",
+			mid, base2.Name, base2.Meta.Revision, kept.Name, kept.Meta.Revision, out)
+	}
+	if rs[0].LatestRevision != end {
+		t.Errorf("--ranges: latest revision %d, want %d", rs[0].LatestRevision, end)
+	}
+	if _, errOut, err := env.Ctl("restore-backup", "--wait=false", "--timeline=tl1", fmt.Sprintf("--to-revision=%d", mid)); err == nil {
+		t.Errorf("a restore to revision %d, which no kept backup reaches, was queued", mid)
+	} else if !strings.Contains(errOut, "not captured") {
+		t.Errorf("the refusal does not say why:\n%s", errOut)
+	}
+	out, errOut, err := env.Ctl("restore-backup", "--wait=false", "--timeline=tl1", fmt.Sprintf("--to-revision=%d", end))
+	if err != nil || !strings.Contains(errOut, fmt.Sprintf("at revision %d: backup %s", end, kept.Name)) {
+		t.Errorf("a restore to revision %d from the kept backup %s: %v\n%s", end, kept.Name, err, errOut)
+	}
+	if err == nil {
+		env.MustCtl("delete-command", strings.TrimSpace(out))
+	}
+}
+
+// timelineRangeJSON is what list-backups --ranges -o json prints of a
+// timeline, as far as the tests read it.
+type timelineRangeJSON struct {
+	LatestRevision int64 `json:"latestRevision"`
+	Gaps           []struct {
+		After  int64 `json:"After"`
+		Before int64 `json:"Before"`
+	} `json:"gaps"`
 }
