@@ -92,6 +92,34 @@ etcd_manager_leader{job="main",instance="b"} 0x200`,
 		fire:  `etcd_manager_procedure_phase{job="main",instance="a",procedure="restore",phase="restoring"} 1x200`,
 		quiet: `etcd_manager_procedure_phase{job="main",instance="a",procedure="restore",phase="restoring"} 1x30 _x170`,
 	},
+	// Capture stuck at revision 500 while etcd goes on; quiet: an idle
+	// cluster (etcd stays at capture's revision), and a busy one whose
+	// capture follows.
+	"EtcdManagerCaptureBehind": {
+		fire: `etcd_manager_etcd_revision{job="main",instance="a"} 500+10x200
+etcd_manager_capture_durable_revision{job="main",instance="a"} 500x200
+etcd_manager_capture_enabled{job="main",instance="a"} 1x200`,
+		quiet: `etcd_manager_etcd_revision{job="main",instance="a"} 500x100 500+10x100
+etcd_manager_capture_durable_revision{job="main",instance="a"} 500x100 499+10x100
+etcd_manager_capture_enabled{job="main",instance="a"} 1x200
+etcd_manager_etcd_revision{job="off",instance="b"} 500+10x200
+etcd_manager_capture_durable_revision{job="off",instance="b"} 0x200
+etcd_manager_capture_enabled{job="off",instance="b"} 0x200`,
+	},
+	"EtcdManagerCaptureGap": {
+		fire: `etcd_manager_capture_gaps{job="main",instance="a"} 0x100 1x100
+etcd_manager_capture_set_aside{job="main",instance="a"} 0x200`,
+		quiet: `etcd_manager_capture_gaps{job="main",instance="a"} 0x200
+etcd_manager_capture_set_aside{job="main",instance="a"} 0x200`,
+	},
+	"EtcdManagerCaptureSpoolFull": {
+		fire:  `etcd_manager_capture_spool_full{job="main",instance="a"} 0x10 1x190`,
+		quiet: `etcd_manager_capture_spool_full{job="main",instance="a"} 0x10 1x2 0x188`,
+	},
+	"EtcdManagerCompactionOvertookCapture": {
+		fire:  `etcd_manager_compaction_overtook_capture_total{job="main",instance="a"} 0x100 1x100`,
+		quiet: `etcd_manager_compaction_overtook_capture_total{job="main",instance="a"} 0x200`,
+	},
 	// A change that keeps failing backs off (5 s doubling to 5 min), so
 	// its errors are sparse; the backoff gauge holds while it does.
 	"EtcdManagerActionsFailing": {

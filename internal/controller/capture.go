@@ -71,6 +71,12 @@ func newCapturer(cfg wal.Config, dataDir, url string, log *slog.Logger, now func
 		}
 	}
 	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_enabled",
+			Help: "1 when this agent runs with continuous capture (--capture): its leader's capture is expected to follow every change."},
+			func() float64 { return b2f(cfg.Enabled) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_set_aside",
+			Help: "Spooled segments that did not read and were set aside, since the agent started: each ended its run there."},
+			status(func(s wal.Status) float64 { return float64(s.SetAside) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_running",
 			Help: "1 while this agent captures its cluster's changes into the store (the leader, with --capture)."},
 			status(func(s wal.Status) float64 { return b2f(s.Running) })),

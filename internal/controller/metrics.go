@@ -33,6 +33,7 @@ type metrics struct {
 	drills            *prometheus.CounterVec
 	leader            prometheus.Gauge
 	etcdHealthy       prometheus.Gauge
+	etcdRevision      prometheus.Gauge
 	actionsPerformed  *prometheus.CounterVec
 	backingOff        prometheus.Gauge
 	panics            prometheus.Counter
@@ -87,6 +88,8 @@ func newMetrics() *metrics {
 			Help: "Restore drills this agent ran as leader, by result: ok, failed (the backup did not restore as its meta says), not_run (the drill could not run: no room, the store away)."}, []string{"result"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_leader",
 			Help: "1 while this agent acts as the manager leader."}),
+		etcdRevision: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_etcd_revision",
+			Help: "The revision this node's etcd last reported while it answered: with etcd_manager_capture_durable_revision, how far capture is behind."}),
 		etcdHealthy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_etcd_healthy",
 			Help: "1 while the local etcd answers."}),
 		actionsPerformed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_actions_total",
@@ -146,7 +149,7 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
 	m.reg.MustRegister(m.restorablePoint, m.certificateExpiry, m.clusterMembers, m.memberLag, m.memberDBSize, m.alarms, m.leaderChanges, m.loopCycles)
-	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.dataDisagreement, m.corruptDiscarded, m.dataDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy,
+	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.dataDisagreement, m.corruptDiscarded, m.dataDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
 		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -60,6 +60,9 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		lp.setView(obs, procedure)
 		boolGauge(lp.met.leader, leading)
 		boolGauge(lp.met.etcdHealthy, self.Healthy)
+		if self.Healthy && self.Revision > 0 {
+			lp.met.etcdRevision.Set(float64(self.Revision))
+		}
 	}()
 
 	// Leadership: through etcd while it has quorum, else the store lock

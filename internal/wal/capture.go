@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -99,6 +100,11 @@ var (
 	ErrNeedBase = errors.New("wal: capture needs a fresh full backup to start from")
 	// ErrSpoolFull means the spool reached its bound: capture stopped.
 	ErrSpoolFull = errors.New("wal: capture spool is full")
+	// ErrRunEnded means a spooled segment of the run did not read and was
+	// set aside: the run ends before it, and capture starts again from
+	// the last revision the store holds whole (a new run after a fresh
+	// backup, when etcd has compacted that away).
+	ErrRunEnded = errors.New("wal: a spooled segment was set aside; the run ends before it")
 )
 
 // Client is what capture needs of etcd.
@@ -134,8 +140,10 @@ type Status struct {
 	DurableTime time.Time
 	SpoolBytes  int64
 	SpoolFull   bool
-	// Gaps counts the times capture had to start a new run.
-	Gaps int
+	// Gaps counts the times capture had to start a new run; SetAside the
+	// spooled segments that did not read and were set aside.
+	Gaps     int
+	SetAside int
 }
 
 // Capture writes segments: Run follows one member, Upload ships the
@@ -153,6 +161,12 @@ type Capture struct {
 	status Status
 	// durable is the last revision in the store per timeline.
 	durable map[string]int64
+	// holes are, per timeline, the first revision of a spooled segment
+	// set aside, until a run resumes before it; spoolMu orders the
+	// spool's listings, so that no listing misses a hole another found.
+	holes    map[string]int64
+	holeWake chan struct{}
+	spoolMu  sync.Mutex
 	wake    chan struct{}
 	lock    *os.File // held for the process's life
 }
@@ -178,7 +192,7 @@ func New(cfg Config, dir string, s Store, log *slog.Logger) (*Capture, error) {
 		lock.Close()
 		return nil, err
 	}
-	return &Capture{Config: cfg, Dir: dir, Store: s, Log: log, Now: time.Now, wake: make(chan struct{}, 1), lock: lock}, nil
+	return &Capture{Config: cfg, Dir: dir, Store: s, Log: log, Now: time.Now, wake: make(chan struct{}, 1), holeWake: make(chan struct{}, 1), lock: lock}, nil
 }
 
 // DurableRevision is the last revision of timeline this capture made
@@ -199,6 +213,69 @@ func (c *Capture) noteDurable(timeline string, rev int64) {
 		c.durable = map[string]int64{}
 	}
 	c.durable[timeline] = max(c.durable[timeline], rev)
+}
+
+// listSpool lists the spool. A segment that does not read is set aside,
+// logged and counted, and ends its run there: every later segment of its
+// timeline is set aside too, since its chain can never be whole in the
+// store, and is not listed.
+func (c *Capture) listSpool() ([]spooled, int64, error) {
+	c.spoolMu.Lock()
+	defer c.spoolMu.Unlock()
+	segs, total, aside, err := readSpool(c.Dir)
+	if err != nil {
+		return nil, 0, err
+	}
+	c.mu.Lock()
+	for _, a := range aside {
+		c.status.SetAside++
+		if a.Timeline == "" {
+			continue
+		}
+		if c.holes == nil {
+			c.holes = map[string]int64{}
+		}
+		if h, ok := c.holes[a.Timeline]; !ok || a.First < h {
+			c.holes[a.Timeline] = a.First
+		}
+		select { // a follower that idles ends its run now
+		case c.holeWake <- struct{}{}:
+		default:
+		}
+	}
+	holes := maps.Clone(c.holes)
+	c.mu.Unlock()
+	for _, a := range aside {
+		c.Log.Error("a spooled segment does not read: it is set aside, and its run ends before it", "file", a.Path,
+			"timeline", a.Timeline, "first-revision", a.First)
+	}
+	kept := segs[:0]
+	orphaned := map[string]int{}
+	for _, s := range segs {
+		h, ok := holes[s.Header.Timeline]
+		if !ok || s.Header.First < h {
+			kept = append(kept, s)
+			continue
+		}
+		if err := s.orphan(); err != nil {
+			return nil, 0, err
+		}
+		total -= s.size()
+		orphaned[s.Header.Timeline]++
+	}
+	for t, n := range orphaned {
+		c.Log.Warn("spooled segments after one that does not read are set aside: their chain cannot be whole in the store",
+			"timeline", t, "from-revision", holes[t], "segments", n)
+	}
+	return kept, total, nil
+}
+
+// hole is the first revision of a segment of timeline set aside, if any.
+func (c *Capture) hole(timeline string) (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, ok := c.holes[timeline]
+	return h, ok
 }
 
 // Status returns a copy of the current status.
@@ -239,7 +316,7 @@ func runStart(timeline string, base *Base) Point {
 func (c *Capture) Resume(ctx context.Context, timeline string) (Point, bool, error) {
 	var p Point
 	found := false
-	segs, _, err := readSpool(c.Dir)
+	segs, _, err := c.listSpool()
 	if err != nil {
 		return p, false, err
 	}
@@ -300,6 +377,14 @@ func (c *Capture) run(ctx context.Context, cl Client, timeline string, base *Bas
 	if err != nil {
 		return err
 	}
+	// Resume listed no segment at or after a hole: this run rewrites
+	// those revisions from etcd, or starts after a fresh backup.
+	c.mu.Lock()
+	if h, ok := c.holes[timeline]; ok && at.Revision < h {
+		delete(c.holes, timeline)
+		c.Log.Warn("capture resumes before a spooled segment that was set aside", "timeline", timeline, "from-revision", at.Revision+1, "set-aside-from", h)
+	}
+	c.mu.Unlock()
 	// Continue after the last captured revision, even when a full backup
 	// is newer, so that the history between stays reachable; the watch
 	// says if it is compacted away.
@@ -383,6 +468,9 @@ func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Poi
 		if err := f.cut(); err != nil {
 			return err
 		}
+		if h, ok := c.hole(timeline); ok && h <= f.last {
+			return fmt.Errorf("%w: timeline %s, a segment from revision %d; capture is at %d", ErrRunEnded, timeline, h, f.last)
+		}
 		f.maybeDigest(ctx)
 		next := tick.C
 		switch {
@@ -423,6 +511,10 @@ func (f *follower) idle(ctx context.Context, next, poll <-chan time.Time) error 
 		case m, ok := <-f.quiet.ch:
 			f.quiet.pending, f.quiet.closed = &m, !ok
 			return nil
+		case <-f.c.holeWake:
+			if h, ok := f.c.hole(f.timeline); ok && h <= f.last {
+				return fmt.Errorf("%w: timeline %s, a segment from revision %d; capture is at %d", ErrRunEnded, f.timeline, h, f.last)
+			}
 		case d := <-f.digests:
 			if err := f.digested(d); err != nil {
 				return err
@@ -908,7 +1000,7 @@ func (c *Capture) Upload(ctx context.Context) {
 
 // UploadOnce uploads every segment in the spool.
 func (c *Capture) UploadOnce(ctx context.Context) error {
-	segs, total, err := readSpool(c.Dir)
+	segs, total, err := c.listSpool()
 	if err != nil {
 		return err
 	}
@@ -974,6 +1066,14 @@ func (c *Capture) upload(ctx context.Context, s spooled) error {
 	}
 	if err := s.remove(); err != nil {
 		return err
+	}
+	// Durable only with its whole chain in the store: a segment that
+	// does not follow on from what is known durable (nor starts a run)
+	// leaves a hole before it.
+	if prev := c.DurableRevision(s.Header.Timeline); s.Header.Base == nil && prev > 0 && s.Header.First > prev+1 {
+		c.Log.Error("a segment uploaded does not follow on from the last durable revision: revisions between are missing from the store", "key", key,
+			"durable-revision", prev, "first-revision", s.Header.First)
+		return nil
 	}
 	c.update(func(st *Status) {
 		if s.Header.Last > st.Durable {

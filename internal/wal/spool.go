@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
@@ -36,7 +37,35 @@ const (
 	legacyBody = ".body"
 	tempExt    = ".tmp"
 	badExt     = ".bad"
+	// orphanExt marks a segment set aside because an earlier one of its
+	// timeline did not read: its chain can never be whole in the store.
+	orphanExt = ".orphan"
 )
+
+// setAside is a spooled segment that did not read, moved aside; its name
+// says its timeline and first revision.
+type setAside struct {
+	Timeline string
+	First    int64
+	Path     string
+}
+
+// errSetAside means readSpooled moved the segment aside.
+var errSetAside = errors.New("wal: spooled segment set aside")
+
+// parseSpoolName is the timeline and first revision of a spool name
+// (spoolName's form); ok is false for another.
+func parseSpoolName(name string) (string, int64, bool) {
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 || len(name)-i-1 != 20 {
+		return "", 0, false
+	}
+	first, err := strconv.ParseInt(name[i+1:], 10, 64)
+	if err != nil || !ValidTimeline(name[:i]) {
+		return "", 0, false
+	}
+	return name[:i], first, true
+}
 
 // segmentWriter writes one segment into the spool.
 type segmentWriter struct {
@@ -212,6 +241,22 @@ func (s spooled) openBody() (*os.File, error) {
 	return f, nil
 }
 
+// orphan sets the segment aside: an earlier one of its timeline did not
+// read, so its chain can never be whole in the store. It is kept, for a
+// person to look at.
+func (s spooled) orphan() error {
+	names := []string{s.path + spoolExt}
+	if s.legacy {
+		names = []string{s.path + legacyHdr, s.path + legacyBody}
+	}
+	for _, name := range names {
+		if err := os.Rename(name, name+orphanExt); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("wal: spool: %w", err)
+		}
+	}
+	return nil
+}
+
 func (s spooled) remove() error {
 	names := []string{s.path + spoolExt}
 	if s.legacy {
@@ -227,28 +272,38 @@ func (s spooled) remove() error {
 
 // readSpool lists the cut segments in dir, oldest first per timeline. A
 // segment whose header does not read is moved aside, not trusted and not
-// deleted.
-func readSpool(dir string) ([]spooled, int64, error) {
+// deleted, and returned in aside.
+func readSpool(dir string) (segs []spooled, total int64, aside []setAside, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, 0, fmt.Errorf("wal: spool: %w", err)
+		return nil, 0, nil, fmt.Errorf("wal: spool: %w", err)
 	}
 	var out []spooled
-	var total int64
 	for _, e := range entries {
 		name := e.Name()
 		var s spooled
 		var ok bool
+		var base string
 		switch {
 		case strings.HasSuffix(name, spoolExt):
-			s, ok, err = readSpooled(filepath.Join(dir, strings.TrimSuffix(name, spoolExt)))
+			base = strings.TrimSuffix(name, spoolExt)
+			s, ok, err = readSpooled(filepath.Join(dir, base))
 		case strings.HasSuffix(name, legacyHdr):
-			s, ok, err = readLegacy(filepath.Join(dir, strings.TrimSuffix(name, legacyHdr)))
+			base = strings.TrimSuffix(name, legacyHdr)
+			s, ok, err = readLegacy(filepath.Join(dir, base))
 		default:
-			continue // being written (.tmp), set aside (.bad), or not ours
+			continue // being written (.tmp), set aside (.bad, .orphan), or not ours
+		}
+		if errors.Is(err, errSetAside) {
+			a := setAside{Path: filepath.Join(dir, name)}
+			if t, first, ok := parseSpoolName(base); ok {
+				a.Timeline, a.First = t, first
+			}
+			aside = append(aside, a)
+			continue
 		}
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, nil, err
 		}
 		if ok {
 			out = append(out, s)
@@ -262,7 +317,7 @@ func readSpool(dir string) ([]spooled, int64, error) {
 		}
 		return a.First < b.First
 	})
-	return out, total, nil
+	return out, total, aside, nil
 }
 
 // readSpooled reads the header of the segment file path.seg; ok is false
@@ -278,8 +333,10 @@ func readSpooled(path string) (spooled, bool, error) {
 	}
 	defer f.Close()
 	bad := func() (spooled, bool, error) {
-		_ = os.Rename(path+spoolExt, path+spoolExt+badExt)
-		return s, false, nil
+		if err := os.Rename(path+spoolExt, path+spoolExt+badExt); err != nil {
+			return s, false, nil // another reader set it aside first
+		}
+		return s, false, errSetAside
 	}
 	st, err := f.Stat()
 	if err != nil {
@@ -319,8 +376,10 @@ func readLegacy(path string) (spooled, bool, error) {
 		return s, false, err
 	}
 	if json.Unmarshal(data, &s.Header) != nil || s.Header.Validate() != nil {
-		_ = os.Rename(path+legacyHdr, path+legacyHdr+badExt)
-		return s, false, nil
+		if err := os.Rename(path+legacyHdr, path+legacyHdr+badExt); err != nil {
+			return s, false, nil
+		}
+		return s, false, errSetAside
 	}
 	return s, true, nil
 }

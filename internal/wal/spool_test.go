@@ -2,6 +2,7 @@ package wal
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -79,12 +80,23 @@ func TestReadSpool(t *testing.T) {
 	if err := clearSpoolTemp(dir); err != nil {
 		t.Fatal(err)
 	}
-	segs, total, err := readSpool(dir)
+	segs, total, aside, err := readSpool(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(segs) != 2 || segs[0].Header.First != 10 || segs[1].Header.First != 13 || total != segs[0].size()+segs[1].size() {
 		t.Fatalf("spool: %+v (total %d)", segs, total)
+	}
+	if len(aside) != len(bad) {
+		t.Errorf("%d segments reported set aside, want %d: %+v", len(aside), len(bad), aside)
+	}
+	for _, a := range aside {
+		if a.Timeline != "tl1" || a.First < 99 || a.First >= first {
+			t.Errorf("a segment set aside is reported as %+v", a)
+		}
+	}
+	if _, _, again, err := readSpool(dir); err != nil || len(again) != 0 {
+		t.Errorf("a second listing reports %v set aside again (%v)", again, err)
 	}
 	for _, b := range bad {
 		name, what, _ := strings.Cut(b, " ")
@@ -118,7 +130,7 @@ func TestLegacySpoolUploads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	segs, _, err := readSpool(dir)
+	segs, _, _, err := readSpool(dir)
 	if err != nil || len(segs) != 1 || !segs[0].legacy {
 		t.Fatalf("legacy spool: %+v, %v", segs, err)
 	}
@@ -193,7 +205,7 @@ func TestSpoolBound(t *testing.T) {
 		t.Fatalf("after the upload: %v, status %+v", err, c.Status())
 	}
 	w.abandon()
-	segs, _, err := readSpool(dir)
+	segs, _, _, err := readSpool(dir)
 	if err != nil || len(segs) != 0 {
 		t.Fatalf("spool after the upload: %+v, %v", segs, err)
 	}
@@ -240,5 +252,62 @@ func TestUploadBacksOff(t *testing.T) {
 	defer st.mu.Unlock()
 	if st.tries < 1 || st.tries > 2 {
 		t.Fatalf("%d uploads tried in 1.5s of outage with a cut every 10ms; want 1 or 2", st.tries)
+	}
+}
+
+// A spooled segment that does not read ends its run: it is set aside and
+// counted, the segments after it are set aside and never uploaded (the
+// store would hold a run with a hole that only a restore finds), nothing
+// after the hole is durable, and capture resumes before it.
+func TestSetAsideEndsTheRun(t *testing.T) {
+	dir := t.TempDir()
+	first := spoolSegment(t, dir, mustHex(RunStart("tl1", 9)), 10, 20, &Base{Backup: "b", Revision: 9})
+	second := spoolSegment(t, dir, mustHex(first.Header.Chain), 21, 30, nil)
+	third := spoolSegment(t, dir, mustHex(second.Header.Chain), 31, 40, nil)
+	// The second is damaged on disk.
+	if err := os.WriteFile(second.path+spoolExt, []byte("damaged"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := fileStore(t)
+	c, err := New(Default(), dir, st, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := c.UploadOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	refs, err := List(ctx, st, "tl1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(refs) != 1 || refs[0].First != 10 {
+		t.Fatalf("the store holds %+v, want the first segment alone", refs)
+	}
+	if s := c.Status(); s.SetAside != 1 || s.Durable != 20 {
+		t.Errorf("status %+v: want 1 set aside and revision 20 durable", s)
+	}
+	if _, err := os.Stat(second.path + spoolExt + badExt); err != nil {
+		t.Errorf("the damaged segment is not kept aside: %v", err)
+	}
+	if _, err := os.Stat(third.path + spoolExt + orphanExt); err != nil {
+		t.Errorf("the segment after the damaged one is not kept aside: %v", err)
+	}
+	if h, ok := c.hole("tl1"); !ok || h != 21 {
+		t.Errorf("hole = %d, %v; want 21", h, ok)
+	}
+	// Capture resumes after the last revision held whole.
+	at, found, err := c.Resume(ctx, "tl1")
+	if err != nil || !found || at.Revision != 20 || hex.EncodeToString(at.Chain) != first.Header.Chain {
+		t.Errorf("Resume = %+v, %v, %v; want revision 20 and the first segment's chain", at, found, err)
+	}
+	// Nothing after the hole is uploaded, even if a writer cut it before
+	// it stopped.
+	spoolSegment(t, dir, mustHex(third.Header.Chain), 41, 50, nil)
+	if err := c.UploadOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if refs, _ := List(ctx, st, "tl1"); len(refs) != 1 {
+		t.Errorf("a segment after the hole was uploaded: %+v", refs)
 	}
 }
