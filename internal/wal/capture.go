@@ -167,8 +167,8 @@ type Capture struct {
 	holes    map[string]int64
 	holeWake chan struct{}
 	spoolMu  sync.Mutex
-	wake    chan struct{}
-	lock    *os.File // held for the process's life
+	wake     chan struct{}
+	lock     *os.File // held for the process's life
 }
 
 // ErrSpoolBusy means another process uses the spool directory.
