@@ -204,6 +204,17 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 			return "", point, fmt.Errorf("%w: --to-time %s is after the last captured point of timeline %s (revision %d at %s); use --latest",
 				wal.ErrRange, at.UTC().Format(time.RFC3339Nano), timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
 		}
+		// A moment between two runs, while capture was not following,
+		// has no known state: the revisions of the gap were committed at
+		// times no record says.
+		for i := 1; i < len(runs); i++ {
+			prev, next := runs[i-1], runs[i]
+			if next.First > prev.Last+1 && prev.LastTime.Before(at) && at.Before(next.FirstTime) {
+				return "", point, fmt.Errorf("%w: --to-time %s falls in a gap of capture on timeline %s: revisions %d to %d were not captured, and capture was not following between %s and %s; "+
+					"give --to-revision, or restore a backup by name (list-backups --ranges)", wal.ErrRange, pf.toTime, timeline, prev.Last+1, next.First-1,
+					rfcTime(prev.LastTime), rfcTime(next.FirstTime))
+			}
+		}
 		rev, _, err := wal.RevisionAt(ctx, s, timeline, at, keys)
 		var nk *crypt.NoKeyError
 		if errors.As(err, &nk) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -32,6 +33,9 @@ type capturer struct {
 	// keys encrypt the segments uploaded and merged, and decrypt those
 	// merged; set before upload runs.
 	keys *crypt.Keyring
+	// clockRefused is why capture was last refused for the clocks, said
+	// once; "" while it is not (loop goroutine only).
+	clockRefused string
 
 	mu       sync.Mutex
 	wal      *wal.Capture // set once the store is open
@@ -183,6 +187,18 @@ func (c *capturer) backedUp() {
 // it otherwise or when the cluster changes.
 func (c *capturer) sync(lp *loop, obs plan.Observed) {
 	want := obs.Cluster != nil && obs.Self.Member != nil && !obs.Self.Member.Quarantined && lp.clientEndpoint != ""
+	if err := lp.captureClockErr(); want && err != nil {
+		// A revision's time is this agent's clock: one far off would put
+		// --to-time's boundaries in the wrong place.
+		want = false
+		if msg := err.Error(); msg != c.clockRefused {
+			c.clockRefused = msg
+			c.log.Error("capture refused: this agent's clock is too far off; fix the clocks (NTP)", "error", err)
+		}
+	} else if err == nil && c.clockRefused != "" {
+		c.clockRefused = ""
+		c.log.Info("capture may go on: the clocks agree again")
+	}
 	token := ""
 	if want {
 		token = obs.Cluster.Token
@@ -364,4 +380,23 @@ func (c *capturer) requestBase() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.wantBase()
+}
+
+// captureClockErr says why this agent's clock is too far off its peers'
+// or the store's for it to capture, or nil.
+func (lp *loop) captureClockErr() error {
+	limit := lp.cfg.Capture.MaxClockOffset
+	if limit <= 0 {
+		return nil
+	}
+	// Stores keep modification times to the second.
+	if off, storeLimit := lp.storeOffset, limit+time.Second; off > storeLimit || off < -storeLimit {
+		return fmt.Errorf("controller: the backup store's clock is %s off this agent's, more than %s (--capture-max-clock-offset and a second)", off.Round(time.Millisecond), storeLimit)
+	}
+	for id, off := range lp.offsets {
+		if off > limit || off < -limit {
+			return fmt.Errorf("controller: the clock of %s is %s off this agent's, more than --capture-max-clock-offset=%s", id, off.Round(time.Millisecond), limit)
+		}
+	}
+	return nil
 }

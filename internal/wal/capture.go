@@ -45,13 +45,19 @@ type Config struct {
 	// DigestInterval is how often capture records a digest of every key
 	// live at a revision it cut, read from etcd, for restores to check.
 	DigestInterval time.Duration
+	// MaxClockOffset bounds how far this agent's clock may be off its
+	// peers' (or, by a second more, the store's) for it to capture: each
+	// revision's time comes from the capturing agent's clock, and
+	// --to-time is only as exact as that.
+	MaxClockOffset time.Duration
 }
 
 // Default returns the defaults: capture on, a cut every 200ms.
 func Default() Config {
 	return Config{Enabled: true, CutInterval: 200 * time.Millisecond, MaxSegmentBytes: 4 << 20,
 		MaxSpoolBytes: 1 << 30, LeasePollInterval: time.Second,
-		MergeInterval: time.Minute, MergeWindows: DefaultMergeWindows, DigestInterval: 10 * time.Minute}
+		MergeInterval: time.Minute, MergeWindows: DefaultMergeWindows, DigestInterval: 10 * time.Minute,
+		MaxClockOffset: time.Second}
 }
 
 // AddFlags registers the flags.
@@ -63,6 +69,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LeasePollInterval, "capture-lease-poll-interval", c.LeasePollInterval, "how often leases are listed to capture grants and revocations")
 	fs.DurationVar(&c.MergeInterval, "capture-merge-interval", c.MergeInterval, "how often the capturing agent merges the segments of closed windows into larger ones (0: never)")
 	fs.DurationVar(&c.DigestInterval, "capture-digest-interval", c.DigestInterval, "how often capture reads every key at a captured revision from etcd and records their digest, which a restore reaching that revision must match (0: never; each costs a full read of the keyspace)")
+	fs.DurationVar(&c.MaxClockOffset, "capture-max-clock-offset", c.MaxClockOffset, "capture only while this agent's clock is at most this far off its peers' (and a second more off the store's): the revisions' times, which --to-time goes by, come from the capturing agent's clock")
 	fs.DurationSliceVar(&c.MergeWindows, "capture-merge-windows", c.MergeWindows, "the merge windows, one per level: segments cut in one window are merged into one segment of the next level")
 }
 
@@ -77,6 +84,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("wal: --capture-max-spool-bytes %d is under one segment (%d)", c.MaxSpoolBytes, c.MaxSegmentBytes)
 	case c.LeasePollInterval < 10*time.Millisecond:
 		return fmt.Errorf("wal: --capture-lease-poll-interval %s is under 10ms", c.LeasePollInterval)
+	case c.MaxClockOffset <= 0:
+		return fmt.Errorf("wal: --capture-max-clock-offset %s must be positive", c.MaxClockOffset)
 	case c.DigestInterval < 0:
 		return fmt.Errorf("wal: --capture-digest-interval %s is negative", c.DigestInterval)
 	case c.MergeInterval < 0:
@@ -303,6 +312,9 @@ func (c *Capture) poke() {
 type Point struct {
 	Revision int64
 	Chain    []byte
+	// Time is when the revision was captured, in unix nanoseconds (0:
+	// unknown): the times a writer goes on with never go back before it.
+	Time int64
 }
 
 // runStart is the point a run after base starts from.
@@ -355,7 +367,7 @@ const resumeLookBack = 1000
 
 func point(h Header) Point {
 	chain, _ := hex.DecodeString(h.Chain)
-	return Point{Revision: h.Last, Chain: chain}
+	return Point{Revision: h.Last, Chain: chain, Time: h.LastTime}
 }
 
 // Run follows client's changes on timeline into the spool until ctx
@@ -404,7 +416,9 @@ func (c *Capture) run(ctx context.Context, cl Client, timeline string, base *Bas
 				"timeline", timeline, "next-revision", at.Revision+1, "compacted-to", compacted.rev, "backup", base.Backup, "gap-to", base.Revision)
 			c.update(func(s *Status) { s.Gaps++ })
 			c.noteDurable(timeline, base.Revision)
-			return c.follow(ctx, cl, timeline, runStart(timeline, base), base)
+			next := runStart(timeline, base)
+			next.Time = at.Time // the timeline's times go on from its last
+			return c.follow(ctx, cl, timeline, next, base)
 		}
 		c.update(func(s *Status) { s.Gaps++ })
 		return fmt.Errorf("%w: revision %d of timeline %s is compacted (etcd is compacted to %d)", ErrNeedBase, at.Revision+1, timeline, compacted.rev)
@@ -421,7 +435,7 @@ func (e *compactedError) Error() string {
 // follow watches from after at and spools what it sees.
 func (c *Capture) follow(ctx context.Context, cl Client, timeline string, at Point, base *Base) error {
 	ctx, cancel := context.WithCancel(ctx)
-	f := &follower{c: c, cl: cl, timeline: timeline, chain: at.Chain, last: at.Revision, base: base, known: map[int64]bool{},
+	f := &follower{c: c, cl: cl, timeline: timeline, chain: at.Chain, last: at.Revision, lastTime: at.Time, base: base, known: map[int64]bool{},
 		digests: make(chan digestResult, 1), nextDigest: c.Now()}
 	defer f.abandon()
 	defer func() {
@@ -752,10 +766,15 @@ type follower struct {
 	w        *segmentWriter
 	chain    []byte
 	last     int64
-	base     *Base // set until the run's first segment is cut
-	known    map[int64]bool
-	rec      Record
-	split    []*mvccpb.Event // a revision a fragment split, until its rest arrives
+	// lastTime is the capture time of last: a revision's time is never
+	// before it, even when this agent's clock is behind the writer's
+	// before it, so that times are monotonic on the timeline.
+	lastTime  int64
+	clockBack bool  // said once per follower
+	base      *Base // set until the run's first segment is cut
+	known     map[int64]bool
+	rec       Record
+	split     []*mvccpb.Event // a revision a fragment split, until its rest arrives
 	// pollFailedAt is the first of consecutive failed lease polls.
 	pollFailedAt time.Time
 
@@ -861,7 +880,14 @@ func (f *follower) revision(ctx context.Context, rev int64, evs []*mvccpb.Event)
 		return err
 	}
 	r := &f.rec
-	*r = Record{Kind: KindRevision, Revision: rev, Time: f.c.Now().UnixNano(), Events: r.Events[:0]}
+	now := f.c.Now().UnixNano()
+	if now < f.lastTime && !f.clockBack {
+		f.clockBack = true
+		f.c.Log.Warn("this agent's clock is behind the time capture last wrote on the timeline; revisions take that time until the clock passes it",
+			"timeline", f.timeline, "behind", time.Duration(f.lastTime-now).String())
+	}
+	f.lastTime = max(now, f.lastTime)
+	*r = Record{Kind: KindRevision, Revision: rev, Time: f.lastTime, Events: r.Events[:0]}
 	for _, ev := range evs {
 		var kv *mvccpb.KeyValue
 		if ev.Type == mvccpb.DELETE {

@@ -750,6 +750,8 @@ func TestRangesFromKeptBackups(t *testing.T) {
 	harness.WaitFor(t, time.Minute, "capture of the first run", func() bool { return harness.CapturedTo(ctx, s) >= first })
 	stop()
 	// Uncaptured, and compacted away: capture must start a new run.
+	time.Sleep(100 * time.Millisecond)
+	inGap := time.Now()
 	lost := writes("/ranges/uncaptured", 10)
 	if _, err := c.Compact(ctx, lost); err != nil {
 		t.Fatal(err)
@@ -786,6 +788,10 @@ func TestRangesFromKeptBackups(t *testing.T) {
 		t.Errorf("a restore to revision %d, which no kept backup reaches, was queued", mid)
 	} else if !strings.Contains(errOut, "not captured") {
 		t.Errorf("the refusal does not say why:\n%s", errOut)
+	}
+	// A moment while capture was not following has no known state.
+	if _, errOut, err := env.Ctl("restore-backup", "--wait=false", "--timeline=tl1", "--to-time="+inGap.UTC().Format(time.RFC3339Nano)); err == nil || !strings.Contains(errOut, "falls in a gap of capture") {
+		t.Errorf("--to-time inside the gap: %v\n%s\nwant a refusal", err, errOut)
 	}
 	out, errOut, err := env.Ctl("restore-backup", "--wait=false", "--timeline=tl1", fmt.Sprintf("--to-revision=%d", end))
 	if err != nil || !strings.Contains(errOut, fmt.Sprintf("at revision %d: backup %s", end, kept.Name)) {
@@ -922,5 +928,83 @@ func TestDamagedSpoolSegmentEndsTheRun(t *testing.T) {
 	}
 	if d := want.diff(got); d != "" {
 		t.Errorf("the restored history differs from etcd's at revision %d: %s", head, d)
+	}
+}
+
+// Capture times are monotonic on a timeline: a writer whose clock is
+// behind the one before it goes on from the last time written, so that
+// --to-time's search never finds a later revision at an earlier time.
+// The oracle is etcd's own revision of the write before the moment.
+func TestCaptureTimesMonotonic(t *testing.T) {
+	env := harness.NewEnv(t)
+	live := env.NewBareCluster(1, false)
+	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
+	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitEtcd(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := openStore(t, env.StoreURL)
+	if _, err := c.Put(ctx, "/mono/before-base", "v"); err != nil {
+		t.Fatal(err)
+	}
+	base, err := backup.Take(ctx, s, backup.Request{
+		Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: live.Endpoints()[0],
+		TempDir: filepath.Join(env.Root, "tmp"), ClusterToken: "tl1", Now: time.Now(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(k string) int64 {
+		t.Helper()
+		r, err := c.Put(ctx, k, "v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Header.Revision
+	}
+	// writer captures with the clock now, from the last point the store
+	// holds, until stop.
+	writer := func(name string, now func() time.Time) (stop func()) {
+		w, err := wal.New(wal.Default(), filepath.Join(env.Root, name), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Now = now
+		wctx, wcancel := context.WithCancel(ctx)
+		done := make(chan struct{}, 2)
+		go func() {
+			_ = w.Run(wctx, wal.Etcd(c), "tl1", &wal.Base{Backup: base.Name, Revision: base.Meta.Revision})
+			done <- struct{}{}
+		}()
+		go func() { w.Upload(wctx); done <- struct{}{} }()
+		return func() { wcancel(); <-done; <-done }
+	}
+	stop := writer("spool-1", time.Now)
+	revA := put("/mono/a")
+	time.Sleep(200 * time.Millisecond)
+	at := time.Now()
+	time.Sleep(200 * time.Millisecond)
+	revB := put("/mono/b")
+	harness.WaitFor(t, time.Minute, "the first writer to make /mono/b durable", func() bool { return harness.CapturedTo(ctx, s) >= revB })
+	stop()
+	// The next writer's clock is an hour behind.
+	stop = writer("spool-2", func() time.Time { return time.Now().Add(-time.Hour) })
+	var head int64
+	for i := range 20 {
+		head = put(fmt.Sprintf("/mono/late/%d", i))
+	}
+	harness.WaitFor(t, time.Minute, "the second writer to make its writes durable", func() bool { return harness.CapturedTo(ctx, s) >= head })
+	stop()
+	got, ok, err := wal.RevisionAt(ctx, s, "tl1", at, nil)
+	if err != nil || !ok || got != revA {
+		t.Errorf("RevisionAt(between /mono/a and /mono/b) = %d, %v, %v; want %d (etcd's revision of /mono/a)", got, ok, err, revA)
+	}
+	rs, err := wal.Runs(ctx, s, "tl1")
+	if err != nil || len(rs) != 1 || rs[0].LastTime.Before(at) {
+		t.Errorf("runs %+v (%v): the last capture time went back before %s", rs, err, at)
 	}
 }
