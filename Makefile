@@ -15,6 +15,9 @@ export GOTOOLCHAIN := local
 # of 39: every package linked is initialised at start.
 GO_TAGS ?= disable_grpc_modules
 export GOFLAGS += -tags=$(GO_TAGS)
+# The tests' builds add testhooks: crash, pause and clock hooks
+# (internal/testhook) that release builds (build, image, bench) leave out.
+TEST_TAGS := -tags=$(GO_TAGS),testhooks
 
 .PHONY: all tools etcd kube build image generate demo test unit integration e2e-kube bench bench-large chaos lint clean
 
@@ -73,14 +76,14 @@ demo: tools build
 
 ## test: every test, unit and integration, against real etcd; benchmarks at small scale.
 test: tools
-	BENCH_SCALE=small $(GO) test -count=1 -timeout 45m ./...
+	BENCH_SCALE=small $(GO) test $(TEST_TAGS) -count=1 -timeout 45m ./...
 	cd deploy/monitoring && $(GO) test -count=1 ./...
 
 unit:
-	$(GO) test -count=1 ./internal/... ./cmd/...
+	$(GO) test $(TEST_TAGS) -count=1 ./internal/... ./cmd/...
 
 integration: tools
-	$(GO) test -count=1 -timeout 45m ./test/...
+	$(GO) test $(TEST_TAGS) -count=1 -timeout 45m ./test/...
 
 ## e2e-kube: the operator end to end on a real single-node Kubernetes v1.37.0 (hack/kube.sh) with the shipped CRDs,
 ## RBAC and image: create, scale, pod loss, a wiped member, a version roll under a writer, backup and restore,
@@ -103,7 +106,7 @@ bench-large: tools
 ROUNDS ?= 20
 chaos: tools
 	@rm -rf chaos-report
-	@CHAOS_ROUNDS=$(ROUNDS) CHAOS_REPORT_DIR=$(CURDIR)/chaos-report $(GO) test -count=1 -timeout 12h -run TestChaos -v ./test/chaos/; \
+	@CHAOS_ROUNDS=$(ROUNDS) CHAOS_REPORT_DIR=$(CURDIR)/chaos-report $(GO) test $(TEST_TAGS) -count=1 -timeout 12h -run TestChaos -v ./test/chaos/; \
 	  rc=$$?; tail -n 1 chaos-report/summary.txt 2>/dev/null || echo "chaos: no summary (see the output above)"; exit $$rc
 
 ## lint: gofmt, go vet, staticcheck, and generated files that match their sources.
@@ -112,7 +115,9 @@ lint: tools
 	@$(MAKE) -s generate >/dev/null
 	@git diff --exit-code -- api deploy || { echo "generated files are stale: run make generate and commit"; exit 1; }
 	$(GO) vet ./...
+	$(GO) vet $(TEST_TAGS) ./...
 	bin/staticcheck ./...
+	bin/staticcheck $(TEST_TAGS) ./internal/testhook/
 	cd deploy/monitoring && $(GO) vet ./... && ../../bin/staticcheck ./...
 
 clean:

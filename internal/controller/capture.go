@@ -18,6 +18,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
@@ -130,6 +131,9 @@ func (c *capturer) upload(ctx context.Context) {
 				return
 			}
 			w.Keys = c.keys
+			// The tests can set capture's clock back (a release build
+			// ignores it).
+			w.Now = testhook.Clock(w.Now)
 			c.mu.Lock()
 			c.wal, c.store = w, s
 			c.mu.Unlock()

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -52,7 +52,7 @@ func (m *members) syncCA(ctx context.Context, obs plan.Observed, act plan.SyncCA
 		return api.SyncCA(ctx, peer.CARequest{LeaderID: m.selfID, Token: obs.Cluster.Token, Trust: act.Trust, Issuer: act.Issuer, RestartEtcd: act.Restart})
 	})
 	if err == nil {
-		crashpoint.Here(m.log, "ca-rotation-synced-"+act.Phase)
+		testhook.Here(m.log, "ca-rotation-synced-"+act.Phase)
 	}
 	return err
 }

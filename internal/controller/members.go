@@ -13,7 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -429,7 +429,7 @@ func (m *members) setVersion(ctx context.Context, obs plan.Observed, act plan.Se
 	err = m.call(ctx, n, func(ctx context.Context, api memberAPI) error {
 		return api.SetVersion(ctx, peer.VersionRequest{LeaderID: m.selfID, Token: obs.Cluster.Token, Version: act.Version})
 	})
-	crashpoint.Here(m.log, "version-member-restarted")
+	testhook.Here(m.log, "version-member-restarted")
 	return err
 }
 

@@ -19,7 +19,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
 
 // CompactTxBytes is how much data CompactDB copies per transaction by
@@ -45,7 +45,7 @@ type Compaction struct {
 // CompactDB in this process, or CompactDBCommand in a child.
 type Compactor func(ctx context.Context, dataDir string) (Compaction, error)
 
-// CompactPausePoint is the crashpoint.PauseEnv point at which a compaction
+// CompactPausePoint is the testhook.PauseEnv point at which a compaction
 // has written its copy and not yet renamed it over the database, for the
 // tests of a compaction stopped midway.
 const CompactPausePoint = "compact-db-before-rename"
@@ -184,7 +184,7 @@ func compactDB(ctx context.Context, dataDir string, txBytes int64, beforeRename 
 	if err := copyDB(path, tmp, txBytes); err != nil {
 		return res, fmt.Errorf("etcdproc: compact %s: %w", path, err)
 	}
-	crashpoint.Pause(slog.Default(), CompactPausePoint)
+	testhook.Pause(slog.Default(), CompactPausePoint)
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("etcdproc: compact %s: %w", path, err)
 	}

@@ -17,7 +17,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"go.etcd.io/etcd/server/v3/storage/schema"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
 
 // dumpDB reads every bucket's keys and values.
@@ -215,6 +215,7 @@ func TestCompactDBCommand(t *testing.T) {
 	})
 
 	t.Run("stopped midway", func(t *testing.T) {
+		needHooks(t)
 		dir := t.TempDir()
 		path := writeDB(t, dir, 2000, 0)
 		before, err := os.ReadFile(path)
@@ -222,7 +223,7 @@ func TestCompactDBCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 		claim := filepath.Join(t.TempDir(), "claim")
-		t.Setenv(crashpoint.PauseEnv, CompactPausePoint+"@"+claim)
+		t.Setenv(testhook.PauseEnv, CompactPausePoint+"@"+claim)
 		ctx, cancel := context.WithCancelCause(t.Context())
 		stopped := errors.New("the cluster degraded")
 		errc := make(chan error, 1)
@@ -271,6 +272,7 @@ func TestCompactDBCommand(t *testing.T) {
 // away at its next start.
 func TestCompactDBOutlivesNoAgent(t *testing.T) {
 	t.Run("killed with its agent", func(t *testing.T) {
+		needHooks(t)
 		dir := t.TempDir()
 		path := writeDB(t, dir, 2000, 0)
 		before, err := os.ReadFile(path)
@@ -279,7 +281,7 @@ func TestCompactDBOutlivesNoAgent(t *testing.T) {
 		}
 		claim := filepath.Join(t.TempDir(), "claim")
 		agent := exec.Command(os.Args[0], "-test.run=^$", dir)
-		agent.Env = append(os.Environ(), compactParent+"=1", crashpoint.PauseEnv+"="+CompactPausePoint+"@"+claim)
+		agent.Env = append(os.Environ(), compactParent+"=1", testhook.PauseEnv+"="+CompactPausePoint+"@"+claim)
 		if err := agent.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -388,5 +390,14 @@ func TestCrashedOnData(t *testing.T) {
 		if got := crashedOnData(tc.exit, tc.msg); got != tc.want {
 			t.Errorf("exit %d with %q: crashedOnData = %v, want %v", tc.exit.ExitCode(), tc.msg, got, tc.want)
 		}
+	}
+}
+
+// needHooks fails a test that pauses the copy at its test hook in a test
+// binary built without them: make test builds with -tags testhooks.
+func needHooks(t *testing.T) {
+	t.Helper()
+	if !testhook.Enabled {
+		t.Fatal("this test pauses the copy at a test hook: build it with -tags testhooks (make test and make unit do)")
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
@@ -250,7 +250,7 @@ func (n *Node) Restore(ctx context.Context, req peer.RestoreRequest) error {
 	if err := os.Rename(staging, out); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	crashpoint.Here(n.log, "restore-node-data") // restored data, not yet in the state
+	testhook.Here(n.log, "restore-node-data") // restored data, not yet in the state
 	m.NewCluster, m.Pending, m.PeerURLs, m.HasRun, m.Since = false, false, n.cfg.PeerURLs, true, n.now().UTC()
 	st := n.state
 	st.Member = &m
@@ -366,7 +366,7 @@ func (n *Node) Recover(ctx context.Context, req peer.RecoverRequest) error {
 		}
 	}
 	n.log.Warn("quorum recovered: this member now leads a one-member cluster with all its data", "cluster-token", req.Token)
-	crashpoint.Here(n.log, "recover-forced")
+	testhook.Here(n.log, "recover-forced")
 	defer n.poke()
 	return nil
 }

@@ -32,7 +32,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -181,7 +181,7 @@ func (r *Runner) Do(ctx context.Context, d Definition, c *plan.Command, phase st
 		}
 	}
 	r.Metrics.running(d.Name, phase)
-	crashpoint.Pause(r.Log, pausePoint(d, phase))
+	testhook.Pause(r.Log, pausePoint(d, phase))
 	ph := d.phase(phase)
 	ctx, cancel := context.WithTimeoutCause(ctx, ph.Deadline,
 		fmt.Errorf("procedure: %s phase %s: a step took longer than its deadline of %s", d.Name, phase, ph.Deadline))
@@ -252,7 +252,7 @@ func (r *Runner) Do(ctx context.Context, d Definition, c *plan.Command, phase st
 }
 
 // pausePoint names the test hook inside a step of phase (see
-// crashpoint.Pause): after the fence check, before the step acts.
+// testhook.Pause): after the fence check, before the step acts.
 func pausePoint(d Definition, phase string) string {
 	if phase == "" {
 		phase = "prepare"
@@ -336,9 +336,9 @@ func (r *Runner) Record(ctx context.Context, d Definition, id, from string, st s
 	r.Metrics.running(d.Name, phase)
 	r.Log.Info("procedure moves on", "procedure", d.Name, "command", id, "phase", phase)
 	if crash != "" {
-		crashpoint.Here(r.Log, crash)
+		testhook.Here(r.Log, crash)
 	}
-	crashpoint.Pause(r.Log, "procedure-"+d.Name+"-recorded-"+phase)
+	testhook.Pause(r.Log, "procedure-"+d.Name+"-recorded-"+phase)
 	return nil
 }
 

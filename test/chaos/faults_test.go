@@ -19,6 +19,8 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -127,6 +129,9 @@ var faults = []fault{
 	}},
 	{"freeze-etcd", func(c *cluster, rng *rand.Rand) (string, error) {
 		return c.freezeEtcd(rng)
+	}},
+	{"clock-behind", func(c *cluster, rng *rand.Rand) (string, error) {
+		return c.clockBehind(rng)
 	}},
 	{"store-outage", func(c *cluster, rng *rand.Rand) (string, error) {
 		c.minio.Stop()
@@ -631,4 +636,82 @@ func lockHolder(env *harness.Env) string {
 		}
 	}
 	return ""
+}
+
+// clockBehind sets the clock of the leader's capture back by 10 s to a
+// minute, through the test hook, for a few seconds while the workload
+// writes. Capture's times must stay monotonic: the moment just before the
+// fault still maps to a revision before the first write acknowledged
+// after it, as etcd numbered them.
+func (c *cluster) clockBehind(rng *rand.Rand) (string, error) {
+	a, err := c.pick(rng, true) // the leader captures
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := store.Open(ctx, c.env.StoreURL, store.Options{})
+	if err != nil {
+		return "", err
+	}
+	defer s.Close()
+	cl, err := memberClient(a)
+	if err != nil {
+		return "", err
+	}
+	defer cl.Close()
+	before, err := cl.Put(ctx, "chaos-clock", "before")
+	if err != nil {
+		return "", fmt.Errorf("a put before the fault: %w", err)
+	}
+	if err := waitUntil(30*time.Second, func() bool { return harness.CapturedTo(ctx, s) >= before.Header.Revision }); err != nil {
+		return "", fmt.Errorf("capture of the put before the fault: %w", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	at := time.Now()
+	time.Sleep(100 * time.Millisecond)
+	back := time.Duration(10+rng.IntN(51)) * time.Second
+	if err := a.SetClockOffset(-back); err != nil {
+		return "", err
+	}
+	defer func() { _ = a.SetClockOffset(0) }()
+	time.Sleep(300 * time.Millisecond) // the hook reads the file every 100 ms
+	after, err := cl.Put(ctx, "chaos-clock", "after")
+	if err != nil {
+		return "", fmt.Errorf("a put during the fault: %w", err)
+	}
+	d := time.Duration(3+rng.IntN(4)) * time.Second
+	time.Sleep(d)
+	if err := a.SetClockOffset(0); err != nil {
+		return "", err
+	}
+	what := fmt.Sprintf("the capture clock of %s set back %s for %s", a.Name, back, d)
+	if err := waitUntil(30*time.Second, func() bool { return harness.CapturedTo(ctx, s) >= after.Header.Revision }); err != nil {
+		// Leadership may have moved meanwhile; capture goes on elsewhere.
+		return what + "; the put during it was not captured within 30 s", nil
+	}
+	// The current timeline: the one captured last.
+	tls, err := wal.Timelines(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	current, newest := "", time.Time{}
+	for _, tl := range tls {
+		runs, err := wal.Runs(ctx, s, tl)
+		if err != nil {
+			return "", err
+		}
+		if n := len(runs); n > 0 && runs[n-1].LastTime.After(newest) {
+			current, newest = tl, runs[n-1].LastTime
+		}
+	}
+	rev, ok, err := wal.RevisionAt(ctx, s, current, at, nil)
+	if err != nil {
+		return "", err
+	}
+	if ok && rev >= after.Header.Revision {
+		return "", fmt.Errorf("%s: --to-time just before the fault resolves to revision %d on timeline %s, at or after the put acknowledged after it (%d)",
+			what, rev, current, after.Header.Revision)
+	}
+	return what, nil
 }

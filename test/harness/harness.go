@@ -26,6 +26,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
 
 // DefaultEtcdVersion is the etcd the tests run unless they ask otherwise.
@@ -36,6 +38,30 @@ var (
 	buildDir  string
 	buildErr  error
 )
+
+// ReleaseBuild, set before the first Env, builds the binaries as a
+// release is built: without the testhooks tag, so that no test hook is
+// in them (the benchmark measures what users run).
+var ReleaseBuild bool
+
+// BuildTags are the build tags of the binaries the harness builds: those
+// of GOFLAGS (the Makefile's), and testhooks unless ReleaseBuild is set.
+func BuildTags() string {
+	var tags []string
+	for _, f := range strings.Fields(os.Getenv("GOFLAGS")) {
+		if v, ok := strings.CutPrefix(f, "-tags="); ok {
+			for _, tag := range strings.Split(v, ",") {
+				if tag != "testhooks" && tag != "" {
+					tags = append(tags, tag)
+				}
+			}
+		}
+	}
+	if !ReleaseBuild {
+		tags = append(tags, "testhooks")
+	}
+	return strings.Join(tags, ",")
+}
 
 // RepoRoot finds the module root by walking up to go.mod.
 func RepoRoot() (string, error) {
@@ -95,7 +121,7 @@ func build() (string, error) {
 			buildErr = err
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", buildDir+"/", "./cmd/etcd-manager", "./cmd/etcd-manager-ctl")
+		cmd := exec.Command("go", "build", "-tags="+BuildTags(), "-o", buildDir+"/", "./cmd/etcd-manager", "./cmd/etcd-manager-ctl")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("harness: go build: %v\n%s", err, out)
@@ -390,7 +416,7 @@ func (a *Agent) Start() {
 	}
 	fmt.Fprintf(f, "=== harness: starting agent %s\n", a.Name)
 	cmd := exec.Command(a.env.AgentBin, a.args...)
-	cmd.Env = a.env.environ()
+	cmd.Env = append(a.env.environ(), testhook.ClockFileEnv+"="+a.clockFile())
 	cmd.Stdout, cmd.Stderr = f, f
 	// Should the test binary die before its cleanups run, the agent
 	// stops, and stops its etcd.
@@ -444,6 +470,16 @@ func (a *Agent) Signal(sig syscall.Signal, timeout time.Duration) error {
 	case <-time.After(timeout):
 		return fmt.Errorf("agent %s did not exit within %s of %s", a.Name, timeout, sig)
 	}
+}
+
+// clockFile holds the offset the agent's capture adds to its clock (see
+// testhook.Clock).
+func (a *Agent) clockFile() string { return filepath.Join(a.env.Root, a.Name+".clock") }
+
+// SetClockOffset moves the clock of the agent's capture by d (0: back to
+// the real clock) while it runs, within a tenth of a second.
+func (a *Agent) SetClockOffset(d time.Duration) error {
+	return os.WriteFile(a.clockFile(), []byte(d.String()), 0o644)
 }
 
 // Stop sends SIGTERM and waits for a clean exit.

@@ -17,7 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/cli"
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/test/harness"
@@ -98,7 +98,7 @@ func TestCARotation(t *testing.T) {
 	if err := os.WriteFile(claim, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env.ExtraEnv = append(env.ExtraEnv, crashpoint.Env+"=ca-rotation-synced-reissue@"+claim)
+	env.ExtraEnv = append(env.ExtraEnv, testhook.Env+"=ca-rotation-synced-reissue@"+claim)
 	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{})
 	harness.WaitSettled(t, agents, 3, settleTimeout)

@@ -14,7 +14,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
@@ -538,7 +538,7 @@ func TestDefragStopsWhenTheClusterDegrades(t *testing.T) {
 	env := harness.NewEnv(t)
 	claim := filepath.Join(t.TempDir(), "pause-claim")
 	// The first copy pauses once written, before its rename.
-	env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"="+etcdproc.CompactPausePoint+"@"+claim)
+	env.ExtraEnv = append(env.ExtraEnv, testhook.PauseEnv+"="+etcdproc.CompactPausePoint+"@"+claim)
 	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "--auto-defrag=false", "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{})
 	harness.WaitSettled(t, agents, 3, settleTimeout)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -577,7 +577,7 @@ func TestRestoreCrashSafety(t *testing.T) {
 	for _, phase := range points {
 		t.Run(phase, func(t *testing.T) {
 			env := harness.NewEnv(t)
-			env.ExtraEnv = append(env.ExtraEnv, crashpoint.Env+"=restore-"+phase)
+			env.ExtraEnv = append(env.ExtraEnv, testhook.Env+"=restore-"+phase)
 			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 			agents := env.StartAgents(3, harness.AgentOptions{})
 			harness.WaitSettled(t, agents, 3, settleTimeout)
@@ -644,7 +644,7 @@ func TestRestoreCrashSafety(t *testing.T) {
 // write made meanwhile, and only then is the command removed.
 func TestRestoreClientsBackBeforeFreshBackup(t *testing.T) {
 	env := harness.NewEnv(t)
-	env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"=procedure-restore-"+spec.RestoreBackingUp)
+	env.ExtraEnv = append(env.ExtraEnv, testhook.PauseEnv+"=procedure-restore-"+spec.RestoreBackingUp)
 	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{})
 	harness.WaitSettled(t, agents, 3, settleTimeout)

@@ -13,7 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/test/harness"
@@ -199,7 +199,7 @@ func TestReadPositionMatchesEtcd(t *testing.T) {
 func TestPausedForcingAfterMajorityHeals(t *testing.T) {
 	env := harness.NewEnv(t)
 	claim := filepath.Join(env.Root, "paused")
-	env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"=procedure-recover-quorum-recorded-forcing@"+claim)
+	env.ExtraEnv = append(env.ExtraEnv, testhook.PauseEnv+"=procedure-recover-quorum-recorded-forcing@"+claim)
 	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{})
 	before := harness.WaitSettled(t, agents, 3, settleTimeout)
@@ -345,7 +345,7 @@ func TestHashOfflineMatchesEtcd(t *testing.T) {
 func TestRestoreFinishesWithoutAMemberLostAfterTheLift(t *testing.T) {
 	env := harness.NewEnv(t)
 	claim := filepath.Join(env.Root, "paused")
-	env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"=procedure-restore-recorded-"+spec.RestoreBackingUp+"@"+claim)
+	env.ExtraEnv = append(env.ExtraEnv, testhook.PauseEnv+"=procedure-restore-recorded-"+spec.RestoreBackingUp+"@"+claim)
 	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{})
 	harness.WaitSettled(t, agents, 3, settleTimeout)

@@ -15,7 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
@@ -136,7 +136,7 @@ func TestDataLostUnderRunningAgent(t *testing.T) {
 }
 
 // pausedAgent waits for the agent that paused itself at a claimed pause
-// point (crashpoint.PauseEnv) and returns it.
+// point (testhook.PauseEnv) and returns it.
 func pausedAgent(t *testing.T, agents []*harness.Agent, claim string) *harness.Agent {
 	t.Helper()
 	var p *harness.Agent
@@ -231,7 +231,7 @@ func TestPausedRestoreDriver(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			env := harness.NewEnv(t)
 			claim := filepath.Join(env.Root, "paused")
-			env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"=procedure-restore-"+point+"@"+claim)
+			env.ExtraEnv = append(env.ExtraEnv, testhook.PauseEnv+"=procedure-restore-"+point+"@"+claim)
 			env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 			agents := env.StartAgents(4, harness.AgentOptions{})
 			harness.WaitSettled(t, agents, 3, settleTimeout)
@@ -271,7 +271,7 @@ func TestPausedRecoverDriver(t *testing.T) {
 			t.Run(driver+"/"+point, func(t *testing.T) {
 				env := harness.NewEnv(t)
 				claim := filepath.Join(env.Root, "paused")
-				env.ExtraEnv = append(env.ExtraEnv, crashpoint.PauseEnv+"=procedure-recover-quorum-"+point+"@"+claim)
+				env.ExtraEnv = append(env.ExtraEnv, testhook.PauseEnv+"=procedure-recover-quorum-"+point+"@"+claim)
 				env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 				agents := env.StartAgents(3, harness.AgentOptions{})
 				harness.WaitSettled(t, agents, 3, settleTimeout)

@@ -12,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/etcd-manager/etcd-manager/internal/crashpoint"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -214,7 +214,7 @@ func TestUpgradeStepsThroughMinors(t *testing.T) {
 // version. A new leader carries the roll on to the end.
 func TestRollingUpgradeSurvivesLeaderCrash(t *testing.T) {
 	env := harness.NewEnv(t)
-	env.ExtraEnv = append(env.ExtraEnv, crashpoint.Env+"=version-member-restarted")
+	env.ExtraEnv = append(env.ExtraEnv, testhook.Env+"=version-member-restarted")
 	env.MustCtl("--member-count=3", "--etcd-version=3.6.16", "configure-cluster")
 	agents := env.StartAgents(3, harness.AgentOptions{})
 	harness.WaitSettled(t, agents, 3, settleTimeout)
@@ -395,7 +395,7 @@ func TestDumpRestoreCrashSafety(t *testing.T) {
 	for _, phase := range []string{"quarantining", "stopping"} {
 		t.Run(phase, func(t *testing.T) {
 			env := harness.NewEnv(t)
-			env.ExtraEnv = append(env.ExtraEnv, crashpoint.Env+"=restore-"+phase)
+			env.ExtraEnv = append(env.ExtraEnv, testhook.Env+"=restore-"+phase)
 			env.MustCtl("--member-count=3", "--etcd-version=3.5.35", "configure-cluster")
 			agents := env.StartAgents(3, harness.AgentOptions{})
 			harness.WaitSettled(t, agents, 3, settleTimeout)

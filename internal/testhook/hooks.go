@@ -1,8 +1,6 @@
-// Package crashpoint marks the agent's crash-consistency points: places
-// where a crash must leave the store and the node's disk in a state the
-// agent resumes from. The crash-safety tests name one point in the agent's
-// environment and the agent kills itself there, as a power cut would.
-package crashpoint
+//go:build testhooks
+
+package testhook
 
 import (
 	"fmt"
@@ -10,17 +8,17 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 )
 
-// Env names the point (see Here) at which the agent kills itself. It
-// exists for the crash-safety tests; production agents never set it.
-const Env = "ETCD_MANAGER_TEST_CRASH_AT"
+// Enabled is set in binaries built with the testhooks tag.
+const Enabled = true
 
 // Here SIGKILLs the agent when Env names this point. Its etcd dies with
 // it (the child's parent-death signal). It returns only when Env names
-// another point, or none. Env may be point@claim, as for PauseEnv: only
-// the first process to create the claim file crashes, once.
+// another point, or none.
 func Here(log *slog.Logger, name string) {
 	point, claim, _ := strings.Cut(os.Getenv(Env), "@")
 	if point != name || !claimed(claim) {
@@ -30,14 +28,6 @@ func Here(log *slog.Logger, name string) {
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // the signal is on its way
 }
-
-// PauseEnv names points at which the agent stops itself with SIGSTOP, as
-// a long GC pause or a frozen VM would, for the tests of fencing: a
-// comma-separated list of point@claim. With a claim file, only the first
-// process to create it pauses (once across all agents of a test); without
-// one, every process pauses every time it passes the point. The test
-// resumes the agent with SIGCONT.
-const PauseEnv = "ETCD_MANAGER_TEST_PAUSE_AT"
 
 // Pause stops the agent when PauseEnv names this point, and returns once
 // it is resumed.
@@ -75,4 +65,36 @@ func claimed(claim string) bool {
 	fmt.Fprintf(f, "%d\n", os.Getpid())
 	f.Close()
 	return true
+}
+
+// clockReread is how often Clock reads ClockFileEnv's file again.
+const clockReread = 100 * time.Millisecond
+
+var clock struct {
+	sync.Mutex
+	offset time.Duration
+	read   time.Time
+}
+
+// Clock returns now with the offset ClockFileEnv's file holds added, or
+// now itself when the variable is not set.
+func Clock(now func() time.Time) func() time.Time {
+	path := os.Getenv(ClockFileEnv)
+	if path == "" {
+		return now
+	}
+	return func() time.Time {
+		clock.Lock()
+		defer clock.Unlock()
+		if time.Since(clock.read) >= clockReread {
+			clock.read = time.Now()
+			clock.offset = 0
+			if b, err := os.ReadFile(path); err == nil {
+				if d, err := time.ParseDuration(strings.TrimSpace(string(b))); err == nil {
+					clock.offset = d
+				}
+			}
+		}
+		return now().Add(clock.offset)
+	}
 }

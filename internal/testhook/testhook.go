@@ -1,0 +1,27 @@
+// Package testhook holds the hooks the tests drive the agent with: crash
+// points, where a crash must leave the store and the node's disk in a
+// state the agent resumes from; pause points, for the tests of fencing;
+// and a clock offset, for the capture's clock. They are built only under
+// the testhooks build tag, which the tests and the chaos suite use; in a
+// release binary (make build, make image) each is a no-op and the
+// variables below are ignored.
+package testhook
+
+// Env names the point (see Here) at which the agent kills itself, as a
+// power cut would. Env may be point@claim, as for PauseEnv: only the
+// first process to create the claim file crashes, once.
+const Env = "ETCD_MANAGER_TEST_CRASH_AT"
+
+// PauseEnv names points at which the agent stops itself with SIGSTOP, as
+// a long GC pause or a frozen VM would: a comma-separated list of
+// point@claim. With a claim file, only the first process to create it
+// pauses (once across all agents of a test); without one, every process
+// pauses every time it passes the point. The test resumes the agent with
+// SIGCONT.
+const PauseEnv = "ETCD_MANAGER_TEST_PAUSE_AT"
+
+// ClockFileEnv names a file holding a duration (as "-30s"; empty or
+// absent: 0) that Clock adds to the capture's clock, read again at most
+// every clockReread, so that a test can set the capturing agent's clock
+// back while it runs.
+const ClockFileEnv = "ETCD_MANAGER_TEST_CLOCK_FILE"
