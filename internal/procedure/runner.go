@@ -32,10 +32,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/etcd-manager/etcd-manager/internal/testhook"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
 
 // ErrFenced means the driver no longer holds the term it acted under:
