@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -393,15 +394,25 @@ func (w *storeWatch) poll(ctx context.Context) error {
 	return nil
 }
 
-// durable is the highest revision the segments seen hold.
+// durable is the highest revision the segments seen hold with no hole
+// before it, back to the first seen: a segment counts only with its whole
+// chain, as the agent's own durable revision and its RPO metric count it.
 func (w *storeWatch) durable() int64 {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	var m int64
-	for _, s := range w.segs {
-		m = max(m, s.last)
+	sorted := slices.Clone(w.segs)
+	w.mu.Unlock()
+	if len(sorted) == 0 {
+		return 0
 	}
-	return m
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].first < sorted[j].first })
+	covered := sorted[0].first - 1
+	for _, s := range sorted {
+		if s.first > covered+1 {
+			break
+		}
+		covered = max(covered, s.last)
+	}
+	return covered
 }
 
 // stop waits until rev is durable (bounded by durableTimeout), stops
@@ -423,8 +434,8 @@ func (w *storeWatch) stop(t *testing.T, rev int64) []segSeen {
 }
 
 // rpos is, for each acknowledged write, the time from its
-// acknowledgement until a segment holding its revision was first seen in
-// the store. early counts writes seen durable before their Put returned
+// acknowledgement until a segment holding its revision, and every
+// revision before it back to the first write's, was seen in the store. early counts writes seen durable before their Put returned
 // (their RPO is 0); missing those never seen.
 func rpos(acks []loadAck, segs []segSeen) (out []time.Duration, early, missing int) {
 	if len(acks) == 0 {
@@ -443,6 +454,17 @@ func rpos(acks []loadAck, segs []segSeen) (out []time.Duration, early, missing i
 				seen[r-lo] = s.at
 			}
 		}
+	}
+	// Durable only with the whole chain before it: a revision counts once
+	// every one from the first write's on is in the store.
+	var whole time.Time
+	for i := range seen {
+		if seen[i].IsZero() || (i > 0 && seen[i-1].IsZero()) {
+			seen[i] = time.Time{}
+			continue
+		}
+		whole = maxTime(whole, seen[i])
+		seen[i] = whole
 	}
 	for _, a := range acks {
 		at := seen[a.rev-lo]
@@ -1139,4 +1161,35 @@ func revision(t *testing.T, endpoints []string, cfg *tls.Config) int64 {
 		t.Fatal(err)
 	}
 	return resp.Header.Revision
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// The benchmark's RPO counts a write durable only once the store holds
+// every revision before it, as the agent's durable revision does: a
+// segment seen after a hole does not make its writes durable.
+func TestRPOCountsWholeChains(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	acks := []loadAck{{rev: 10, at: at(0)}, {rev: 11, at: at(0)}, {rev: 12, at: at(0)}, {rev: 13, at: at(0)}}
+	// 10-11 seen at 1 s, 13 at 2 s, 12 (the hole) only at 5 s.
+	segs := []segSeen{{first: 10, last: 11, at: at(1)}, {first: 13, last: 13, at: at(2)}, {first: 12, last: 12, at: at(5)}}
+	got, _, missing := rpos(acks, segs)
+	want := []time.Duration{time.Second, time.Second, 5 * time.Second, 5 * time.Second}
+	if missing != 0 || !slices.Equal(got, want) {
+		t.Errorf("rpos = %v (missing %d), want %v", got, missing, want)
+	}
+	// Without the hole's segment, 12 and 13 are never durable.
+	if _, _, missing := rpos(acks, segs[:2]); missing != 2 {
+		t.Errorf("with a hole at 12: %d writes missing, want 2", missing)
+	}
+	w := &storeWatch{segs: segs[:2]}
+	if d := w.durable(); d != 11 {
+		t.Errorf("durable with a hole at 12 = %d, want 11", d)
+	}
 }
