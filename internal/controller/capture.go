@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -273,6 +275,8 @@ func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s
 	case errors.Is(err, wal.ErrNeedBase):
 		c.wantBase()
 		c.log.Warn("capture needs a fresh full backup to go on from; taking one", "cluster-token", r.token, "reason", err)
+	case errors.Is(err, wal.ErrClockBehind):
+		c.log.Error("capture refused: this agent's clock is behind the last time captured; fix the clocks (NTP)", "cluster-token", r.token, "error", err, "retry-in", delay)
 	case errors.Is(err, wal.ErrSpoolFull):
 		c.wantBase()
 		c.log.Error("capture stopped: its spool is full while the store is unreachable; a full backup follows once the store is back", "error", err)
@@ -397,10 +401,17 @@ func (lp *loop) captureClockErr() error {
 	if off, storeLimit := lp.storeOffset, limit+time.Second; off > storeLimit || off < -storeLimit {
 		return fmt.Errorf("controller: the backup store's clock is %s off this agent's, more than %s (--capture-max-clock-offset and a second)", off.Round(time.Millisecond), storeLimit)
 	}
-	for id, off := range lp.offsets {
-		if off > limit || off < -limit {
-			return fmt.Errorf("controller: the clock of %s is %s off this agent's, more than --capture-max-clock-offset=%s", id, off.Round(time.Millisecond), limit)
+	// Off most peers: this agent's clock is the one that is wrong. One
+	// peer off among agreeing ones is that peer's problem, not ours.
+	var off []string
+	for _, id := range slices.Sorted(maps.Keys(lp.offsets)) {
+		if d := lp.offsets[id]; d > limit || d < -limit {
+			off = append(off, fmt.Sprintf("%s by %s", id, d.Round(time.Millisecond)))
 		}
+	}
+	if 2*len(off) > len(lp.offsets) {
+		return fmt.Errorf("controller: this agent's clock is off the clocks of %s (of %d peers), more than --capture-max-clock-offset=%s",
+			strings.Join(off, ", "), len(lp.offsets), limit)
 	}
 	return nil
 }

@@ -18,8 +18,11 @@ func TestCaptureClockErr(t *testing.T) {
 		want    string
 	}{
 		{name: "clocks agree", offsets: map[string]time.Duration{"b": 200 * time.Millisecond, "c": -300 * time.Millisecond}, store: 1500 * time.Millisecond},
-		{name: "a peer ahead", offsets: map[string]time.Duration{"b": 1500 * time.Millisecond}, want: "the clock of b is 1.5s off"},
-		{name: "a peer behind", offsets: map[string]time.Duration{"c": -3 * time.Second}, want: "the clock of c is -3s off"},
+		{name: "the only peer ahead", offsets: map[string]time.Duration{"b": 1500 * time.Millisecond}, want: "off the clocks of b by 1.5s (of 1 peers)"},
+		{name: "both peers behind", offsets: map[string]time.Duration{"b": -3 * time.Second, "c": -2 * time.Second}, want: "off the clocks of b by -3s, c by -2s (of 2 peers)"},
+		{name: "one peer of two off: the peer is wrong", offsets: map[string]time.Duration{"b": 50 * time.Millisecond, "c": -3 * time.Second}},
+		{name: "two peers of four off: this agent agrees with the majority", offsets: map[string]time.Duration{"b": 0, "c": 0, "d": 5 * time.Second, "e": 5 * time.Second}},
+		{name: "three peers of four off", offsets: map[string]time.Duration{"b": 0, "c": 2 * time.Second, "d": 5 * time.Second, "e": 5 * time.Second}, want: "off the clocks of c by 2s, d by 5s, e by 5s (of 4 peers)"},
 		{name: "the store, to the second", store: 2500 * time.Millisecond, want: "the backup store's clock is 2.5s off"},
 	}
 	for _, tt := range tests {

@@ -23,6 +23,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
 
 const (
@@ -401,7 +402,7 @@ func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
 	if lp.now().Sub(lp.lastPublish) < lp.publishEvery() && !changed {
 		return
 	}
-	sent := time.Now()
+	sent := time.Now().Add(testhook.Offset())
 	if err := peer.PublishToStore(ctx, s, rec, lp.now()); err != nil {
 		lp.log.Warn("cannot publish this agent's record to the store", "error", err)
 		return
@@ -409,7 +410,7 @@ func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
 	// The store's clock, from the record just written: an agent that
 	// reaches no peer still measures its clock against a common one.
 	if mt, err := s.ModTime(ctx, peer.DiscoveryPrefix+self.ID); err == nil {
-		if off, ok := clockOffset(mt, sent, time.Now(), maxClockOffset(lp.cfg.LeaderLease)); ok {
+		if off, ok := clockOffset(mt, sent, time.Now().Add(testhook.Offset()), maxClockOffset(lp.cfg.LeaderLease)); ok {
 			lp.storeOffset = off
 		}
 	}
@@ -492,9 +493,9 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			defer wg.Done()
 			cctx, cancel := context.WithTimeout(ctx, peerCallTimeout)
 			defer cancel()
-			sent := time.Now()
+			sent := time.Now().Add(testhook.Offset()) // a test may move this agent's clock
 			info, err := c.Info(cctx)
-			received := time.Now()
+			received := time.Now().Add(testhook.Offset())
 			if err != nil || info.NodeID == "" || info.NodeID == self.ID || info.ClusterName != lp.cfg.ClusterName {
 				return
 			}

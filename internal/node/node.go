@@ -28,6 +28,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
 
 // Config is what the node needs of the agent's configuration.
@@ -358,7 +359,7 @@ func (n *Node) Info(context.Context) (peer.NodeInfo, error) {
 	n.infoMu.Lock()
 	defer n.infoMu.Unlock()
 	info := n.info
-	info.Now = n.now().UTC()
+	info.Now = n.now().Add(testhook.Offset()).UTC() // a test may move it
 	info.ObeyedTerm = n.obeyedTerm.Load()
 	return info, nil
 }

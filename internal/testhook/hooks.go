@@ -76,25 +76,32 @@ var clock struct {
 	read   time.Time
 }
 
-// Clock returns now with the offset ClockFileEnv's file holds added, or
-// now itself when the variable is not set.
-func Clock(now func() time.Time) func() time.Time {
+// Offset is the duration ClockFileEnv's file holds now, 0 when the
+// variable is not set or the file holds none.
+func Offset() time.Duration {
 	path := os.Getenv(ClockFileEnv)
 	if path == "" {
-		return now
+		return 0
 	}
-	return func() time.Time {
-		clock.Lock()
-		defer clock.Unlock()
-		if time.Since(clock.read) >= clockReread {
-			clock.read = time.Now()
-			clock.offset = 0
-			if b, err := os.ReadFile(path); err == nil {
-				if d, err := time.ParseDuration(strings.TrimSpace(string(b))); err == nil {
-					clock.offset = d
-				}
+	clock.Lock()
+	defer clock.Unlock()
+	if time.Since(clock.read) >= clockReread {
+		clock.read = time.Now()
+		clock.offset = 0
+		if b, err := os.ReadFile(path); err == nil {
+			if d, err := time.ParseDuration(strings.TrimSpace(string(b))); err == nil {
+				clock.offset = d
 			}
 		}
-		return now().Add(clock.offset)
 	}
+	return clock.offset
+}
+
+// Clock returns now with Offset added, or now itself when ClockFileEnv
+// is not set.
+func Clock(now func() time.Time) func() time.Time {
+	if os.Getenv(ClockFileEnv) == "" {
+		return now
+	}
+	return func() time.Time { return now().Add(Offset()) }
 }

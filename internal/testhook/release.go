@@ -16,5 +16,8 @@ func Here(*slog.Logger, string) {}
 // Pause does nothing in a release binary.
 func Pause(*slog.Logger, string) {}
 
+// Offset is 0 in a release binary.
+func Offset() time.Duration { return 0 }
+
 // Clock returns now itself in a release binary.
 func Clock(now func() time.Time) func() time.Time { return now }

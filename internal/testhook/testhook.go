@@ -21,7 +21,8 @@ const Env = "ETCD_MANAGER_TEST_CRASH_AT"
 const PauseEnv = "ETCD_MANAGER_TEST_PAUSE_AT"
 
 // ClockFileEnv names a file holding a duration (as "-30s"; empty or
-// absent: 0) that Clock adds to the capture's clock, read again at most
-// every clockReread, so that a test can set the capturing agent's clock
-// back while it runs.
+// absent: 0), read again at most every 100 ms, by which a test moves the
+// agent's clock while it runs: Clock adds it to the capture's clock, and
+// Offset to the clock the agent shows its peers and measures them and the
+// store with. Leases keep the real clock.
 const ClockFileEnv = "ETCD_MANAGER_TEST_CLOCK_FILE"

@@ -109,6 +109,11 @@ var (
 	ErrNeedBase = errors.New("wal: capture needs a fresh full backup to start from")
 	// ErrSpoolFull means the spool reached its bound: capture stopped.
 	ErrSpoolFull = errors.New("wal: capture spool is full")
+	// ErrClockBehind means this agent's clock is further behind the last
+	// time captured on the timeline than MaxClockOffset: its times would
+	// put --to-time's boundaries in the wrong place, so it does not
+	// capture until its clock agrees.
+	ErrClockBehind = errors.New("wal: this agent's clock is behind the last time captured on the timeline")
 	// ErrRunEnded means a spooled segment of the run did not read and was
 	// set aside: the run ends before it, and capture starts again from
 	// the last revision the store holds whole (a new run after a fresh
@@ -881,9 +886,13 @@ func (f *follower) revision(ctx context.Context, rev int64, evs []*mvccpb.Event)
 	}
 	r := &f.rec
 	now := f.c.Now().UnixNano()
+	if behind := time.Duration(f.lastTime - now); behind > f.c.MaxClockOffset && f.c.MaxClockOffset > 0 {
+		return fmt.Errorf("%w: by %s, more than --capture-max-clock-offset=%s (timeline %s, revision %d)", ErrClockBehind, behind.Round(time.Millisecond),
+			f.c.MaxClockOffset, f.timeline, rev)
+	}
 	if now < f.lastTime && !f.clockBack {
 		f.clockBack = true
-		f.c.Log.Warn("this agent's clock is behind the time capture last wrote on the timeline; revisions take that time until the clock passes it",
+		f.c.Log.Warn("this agent's clock is a little behind the time capture last wrote on the timeline; revisions take that time until the clock passes it",
 			"timeline", f.timeline, "behind", time.Duration(f.lastTime-now).String())
 	}
 	f.lastTime = max(now, f.lastTime)

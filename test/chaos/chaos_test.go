@@ -112,6 +112,12 @@ func TestChaos(t *testing.T) {
 	minio.CreateBucket(t, "chaos")
 	env := harness.NewEnv(t)
 	env.UseStore(minio.StoreURL("chaos", "etcd/main"), minio.Env())
+	// Faults that read the store themselves (clock-behind) use MinIO's
+	// credentials, and never a cloud's metadata service.
+	for _, kv := range minio.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
 	env.MustCtl(fmt.Sprintf("--member-count=%d", members), "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
 	fw := harness.NewPeerFirewall(t)
 	agents := env.StartAgents(members, harness.AgentOptions{PeerFirewall: fw, ExtraArgs: []string{"--member-failure-grace=5s", "--backup-interval=1m", "--backup-retry-delay=2s"}})

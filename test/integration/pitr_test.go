@@ -991,8 +991,9 @@ func TestCaptureTimesMonotonic(t *testing.T) {
 	revB := put("/mono/b")
 	harness.WaitFor(t, time.Minute, "the first writer to make /mono/b durable", func() bool { return harness.CapturedTo(ctx, s) >= revB })
 	stop()
-	// The next writer's clock is an hour behind.
-	stop = writer("spool-2", func() time.Time { return time.Now().Add(-time.Hour) })
+	// The next writer's clock is a little behind, within
+	// --capture-max-clock-offset.
+	stop = writer("spool-2", func() time.Time { return time.Now().Add(-900 * time.Millisecond) })
 	var head int64
 	for i := range 20 {
 		head = put(fmt.Sprintf("/mono/late/%d", i))
@@ -1006,5 +1007,23 @@ func TestCaptureTimesMonotonic(t *testing.T) {
 	rs, err := wal.Runs(ctx, s, "tl1")
 	if err != nil || len(rs) != 1 || rs[0].LastTime.Before(at) {
 		t.Errorf("runs %+v (%v): the last capture time went back before %s", rs, err, at)
+	}
+	// A writer whose clock is an hour behind refuses to capture, and says
+	// why, rather than stamp revisions with times that are not theirs.
+	w, err := wal.New(wal.Default(), filepath.Join(env.Root, "spool-3"), s, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Now = func() time.Time { return time.Now().Add(-time.Hour) }
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(ctx, wal.Etcd(c), "tl1", nil) }()
+	put("/mono/refused")
+	select {
+	case err := <-ran:
+		if !errors.Is(err, wal.ErrClockBehind) {
+			t.Errorf("capture with a clock an hour behind ended with %v, want ErrClockBehind", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("capture with a clock an hour behind went on")
 	}
 }
