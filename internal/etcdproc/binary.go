@@ -88,7 +88,9 @@ func (b Binaries) CheckVersion(ctx context.Context) error {
 	if !ok {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, b.Etcd, "--version").Output()
+		cmd := exec.CommandContext(ctx, b.Etcd, "--version")
+		cmd.Env = ChildEnv()
+		out, err := cmd.Output()
 		if err != nil {
 			return fmt.Errorf("etcdproc: run %s --version: %w", b.Etcd, err)
 		}
@@ -138,4 +140,23 @@ func InstalledVersions(binDir string) []string {
 		out[i] = v.String()
 	}
 	return out
+}
+
+// childEnvKeep are the variables of the agent's environment its etcd
+// and etcd's tools get: what a process needs to run, never the agent's
+// cloud credentials, nor a stray ETCD_* variable, which etcd would read as
+// a flag. ETCD_UNSUPPORTED_ARCH passes, since only a person sets it, for
+// etcd on an architecture it does not support by default.
+var childEnvKeep = []string{"PATH", "HOME", "TMPDIR", "GOMAXPROCS", "ETCD_UNSUPPORTED_ARCH"}
+
+// ChildEnv is the environment of etcd and its tools: childEnvKeep from
+// the agent's, and extra (as KEY=value).
+func ChildEnv(extra ...string) []string {
+	var out []string
+	for _, k := range childEnvKeep {
+		if v, ok := os.LookupEnv(k); ok {
+			out = append(out, k+"="+v)
+		}
+	}
+	return append(out, extra...)
 }

@@ -62,7 +62,9 @@ func (b Binaries) Help(ctx context.Context) (Help, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// etcd prints its help and exits 0; some versions print it to stderr.
-	out, err := exec.CommandContext(ctx, b.Etcd, "--help").CombinedOutput()
+	cmd := exec.CommandContext(ctx, b.Etcd, "--help")
+	cmd.Env = ChildEnv()
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return Help{}, fmt.Errorf("etcdproc: run %s --help: %w", b.Etcd, err)
 	}

@@ -402,6 +402,7 @@ func (s *Supervisor) runOnce(spec Spec, stop <-chan struct{}, onStart func(error
 		return err
 	}
 	cmd := exec.Command(spec.Binaries.Etcd, spec.Args()...)
+	cmd.Env = ChildEnv()
 	cmd.Stdout = s.cfg.Output
 	cmd.Stderr = s.cfg.Output
 	cmd.SysProcAttr = &syscall.SysProcAttr{

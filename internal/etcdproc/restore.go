@@ -34,9 +34,9 @@ type RestoreOptions struct {
 // into an older etcd (a dump-restore down to 3.4) gets the layout that
 // version expects.
 func (b Binaries) RestoreSnapshot(ctx context.Context, o RestoreOptions) error {
-	tool, env := b.Etcdutl, os.Environ()
+	tool, env := b.Etcdutl, ChildEnv()
 	if !isExecutable(tool) {
-		tool, env = b.Etcdctl, append(env, "ETCDCTL_API=3")
+		tool, env = b.Etcdctl, ChildEnv("ETCDCTL_API=3")
 		if !isExecutable(tool) {
 			return fmt.Errorf("%w: no etcdutl or etcdctl in %s to restore a snapshot with", ErrNoBinary, b.Dir)
 		}

@@ -77,6 +77,7 @@ func StartScratch(spec Spec, logPath string) (*Scratch, error) {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		cmd := exec.Command(spec.Binaries.Etcd, spec.Args()...)
+		cmd.Env = ChildEnv()
 		cmd.Stdout, cmd.Stderr = logFile, logFile
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 		if err := cmd.Start(); err != nil {

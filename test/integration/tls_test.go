@@ -501,3 +501,37 @@ func TestOutOfDatePKIDirIsRefusedAtStart(t *testing.T) {
 		}
 	}
 }
+
+// etcd gets an explicit environment: what it needs to run, never the
+// agent's cloud credentials or a stray ETCD_* variable (which etcd would
+// read as a flag). Read from /proc, as the kernel gave it to etcd.
+func TestEtcdEnvironmentIsExplicit(t *testing.T) {
+	env := harness.NewEnv(t)
+	env.ExtraEnv = append(env.ExtraEnv, "AWS_SECRET_ACCESS_KEY=not-for-etcd", "GOOGLE_APPLICATION_CREDENTIALS=/not/for/etcd",
+		"ETCD_QUOTA_BACKEND_BYTES=1", "AZURE_STORAGE_KEY=not-for-etcd")
+	env.MustCtl("--member-count=1", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
+	agents := env.StartAgents(1, harness.AgentOptions{})
+	harness.WaitSettled(t, agents, 1, settleTimeout)
+	pid := agents[0].EtcdPID()
+	if pid <= 0 {
+		t.Fatal("no etcd runs")
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+	hasPath := false
+	for _, v := range vars {
+		k, _, _ := strings.Cut(v, "=")
+		hasPath = hasPath || k == "PATH"
+		if !slices.Contains([]string{"PATH", "HOME", "TMPDIR", "GOMAXPROCS", "ETCD_UNSUPPORTED_ARCH"}, k) {
+			t.Errorf("etcd's environment holds %s", k)
+		}
+	}
+	if !hasPath {
+		t.Errorf("etcd's environment has no PATH: %q", vars)
+	}
+	// The stray ETCD_QUOTA_BACKEND_BYTES=1 would have made every write fail.
+	put(t, clusterClient(t, agents), "/env/ok", "v")
+}
