@@ -80,6 +80,14 @@ const FormatEncrypted = 3
 const (
 	maxHeaderSize = 64 << 10
 	maxEventSize  = 256 << 20
+	// maxRevisionBytes bounds one revision's events together: one
+	// revision is one etcd request, which --max-request-bytes bounds (1.5
+	// MiB by default) far below this.
+	maxRevisionBytes = 512 << 20
+	// readChunk is how much of an event the reader takes at a time: its
+	// buffer grows with the bytes that arrive, never by what a length
+	// prefix claims.
+	readChunk = 64 << 10
 )
 
 // Header is a segment's first line.
@@ -290,7 +298,9 @@ func NewReader(r io.Reader, name string, keys *crypt.Keyring) (*Reader, error) {
 	}
 	prev, _ := hex.DecodeString(h.Prev)
 	sr := &Reader{Header: h, name: name, body: sha256.New(), chain: prev, last: h.First - 1}
-	sr.r = bufio.NewReaderSize(countingReader{r: body, h: sr.body, n: &sr.read}, 64<<10)
+	// The body is read no further than its declared size, and one byte
+	// more to tell a longer one (see finish).
+	sr.r = bufio.NewReaderSize(countingReader{r: io.LimitReader(body, h.BodySize+1), h: sr.body, n: &sr.read}, 64<<10)
 	return sr, nil
 }
 
@@ -383,13 +393,18 @@ func (s *Reader) Next() (Record, error) {
 			if err != nil {
 				return r, err
 			}
-			if size > maxEventSize || int64(size) > s.Header.BodySize {
+			if size > maxEventSize || int64(size) > s.Header.BodySize || len(s.buf)+int(size) > maxRevisionBytes {
 				return r, fmt.Errorf("%w: %s: revision %d has an event of %d bytes", ErrCorrupt, s.name, r.Revision, size)
 			}
 			from := len(s.buf)
-			s.buf = append(s.buf, make([]byte, size)...)
-			if _, err := io.ReadFull(s.r, s.buf[from:]); err != nil {
-				return r, s.readErr(err)
+			for left := int(size); left > 0; {
+				n := min(left, readChunk)
+				at := len(s.buf)
+				s.buf = append(s.buf, make([]byte, n)...)
+				if _, err := io.ReadFull(s.r, s.buf[at:]); err != nil {
+					return r, s.readErr(err)
+				}
+				left -= n
 			}
 			spans = append(spans, span{tomb: k == 1, from: from, to: len(s.buf)})
 		}

@@ -2,12 +2,14 @@ package wal
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -164,4 +166,44 @@ func TestSegmentKeys(t *testing.T) {
 func mustHex(s string) []byte {
 	b, _ := hex.DecodeString(s)
 	return b
+}
+
+// A segment whose lengths lie is refused before the reader allocates what
+// they claim: a small object that says it holds a 200 MiB event, in a body
+// it says is 256 MiB, costs the reader what it actually read; and a body
+// longer than its header says is refused too.
+func TestSegmentLengthsAreNotTrusted(t *testing.T) {
+	s := spoolSegment(t, t.TempDir(), mustHex(RunStart("tl1", 9)), 10, 10, &Base{Backup: "b", Revision: 9})
+	good := objectBytes(t, s)
+	h := s.Header
+	h.BodySize = 256 << 20
+	head, _ := json.Marshal(h)
+	body := []byte{KindRevision}
+	body = binary.AppendUvarint(body, 10)
+	body = binary.AppendVarint(body, 1)
+	body = binary.AppendUvarint(body, 1) // one event
+	body = append(body, 0)
+	body = binary.AppendUvarint(body, 200<<20) // of 200 MiB, it says
+	body = append(body, bytes.Repeat([]byte("x"), 100)...)
+	data := append(append(head, '\n'), body...)
+	if len(data) > 1024 {
+		t.Fatalf("the hostile segment is %d bytes", len(data))
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, _, err := readAll(data)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "truncated") {
+		t.Errorf("a %d-byte segment claiming a 200 MiB event: %v, want ErrCorrupt (truncated)", len(data), err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+		t.Errorf("reading it allocated %d bytes, want under 1 MiB", got)
+	}
+
+	// A body longer than its header says.
+	longer := append(bytes.Clone(good), 'x')
+	if _, _, err := readAll(longer); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a body one byte longer than its header says: %v, want ErrCorrupt", err)
+	}
 }
