@@ -34,7 +34,7 @@ func checkInstalled(ctx context.Context, s peer.BlobStore, version string, now t
 	if err != nil {
 		return usagef("--etcd-version: %w", err)
 	}
-	recs, err := peer.StoreRecords(ctx, s)
+	recs, err := peer.StoreRecords(ctx, s, peer.ReadLimits{Now: now})
 	if err != nil {
 		// Some records, or all, could not be read: check by the rest.
 		fprintf(warn, "warning: cannot read every node's record to check etcd %s against what it has installed: %v; the agents refuse it, before they stop anything, if a member lacks it\n", v, err)

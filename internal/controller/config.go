@@ -72,8 +72,10 @@ type Config struct {
 
 	EtcdBinDir string
 
-	// Discovery names the provider that finds peers (see peer.ParseDiscovery).
-	Discovery string
+	// Discovery names the provider that finds peers (see peer.ParseDiscovery);
+	// DiscoveryMaxRecords bounds how many of its records are read.
+	Discovery           string
+	DiscoveryMaxRecords int
 	// MemberFailureGrace is how long a member may be unhealthy before a
 	// standby replaces it.
 	MemberFailureGrace time.Duration
@@ -178,6 +180,7 @@ func Default() Config {
 		EtcdAddress:              defaultAddress,
 		EtcdBinDir:               etcdproc.DefaultBinDir,
 		Discovery:                "store",
+		DiscoveryMaxRecords:      peer.DefaultMaxRecords,
 		MemberFailureGrace:       DefaultMemberFailureGrace,
 		LearnerTimeout:           DefaultLearnerTimeout,
 		LeaderLease:              DefaultLeaderLease,
@@ -220,6 +223,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Readiness, "readiness", c.Readiness, "what /readyz on --metrics-address reports ready: running (a standby, or a member whose etcd runs) or voter (a voting member whose etcd serves: what a Kubernetes Service and PodDisruptionBudget should count)")
 	fs.DurationVar(&c.CertValidity, "cert-validity", c.CertValidity, "validity of the node certificates the agent issues itself; each is renewed two thirds into its life, with no restart")
 	fs.StringVar(&c.EtcdBinDir, "etcd-bin-dir", c.EtcdBinDir, "directory holding etcd installs as etcd-v<version>/etcd (or etcd-v<version>-linux-amd64/etcd), with etcdctl and etcdutl beside it")
+	fs.IntVar(&c.DiscoveryMaxRecords, "discovery-max-records", c.DiscoveryMaxRecords, "the most discovery records read (from the store, or a file:// directory) each cycle: records planted without end are cut off here, and the cut is logged")
 	fs.StringVar(&c.Discovery, "discovery", c.Discovery, "how agents find each other: store (records in the backup store), file:///DIR (a shared directory), static:HOST:PORT,... (a seed list of peer API addresses) or dns:NAME (SRV, or A records with --peer-port)")
 	fs.DurationVar(&c.MemberFailureGrace, "member-failure-grace", c.MemberFailureGrace, "how long a member may be unhealthy before a standby agent replaces it")
 	fs.DurationVar(&c.LearnerTimeout, "learner-timeout", c.LearnerTimeout, "how long a new member may take to start and catch up as a learner before it is removed again (its node waits before it is added again); allow for copying the whole database")
@@ -317,6 +321,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := peer.ParseDiscovery(c.Discovery, peer.DiscoveryOptions{Store: func(context.Context) (peer.BlobStore, error) { return nil, nil }}); err != nil {
 		errs = append(errs, err)
+	}
+	if c.DiscoveryMaxRecords < 1 {
+		errs = append(errs, fmt.Errorf("--discovery-max-records %d: read at least 1", c.DiscoveryMaxRecords))
 	}
 	if c.MemberFailureGrace < 0 {
 		errs = append(errs, errors.New("--member-failure-grace must not be negative"))

@@ -164,9 +164,10 @@ func newLoop(a *Agent, n *node.Node) (*loop, error) {
 			}
 			return s, nil
 		},
-		PeerPort: a.cfg.PeerPort,
-		MaxAge:   10 * time.Minute,
-		Now:      a.now,
+		PeerPort:   a.cfg.PeerPort,
+		MaxAge:     10 * time.Minute,
+		Now:        a.now,
+		MaxRecords: a.cfg.DiscoveryMaxRecords,
 	})
 	if err != nil {
 		return nil, err

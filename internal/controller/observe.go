@@ -427,7 +427,7 @@ func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
 // is set when the store did not answer for some of them, so that the
 // records may be incomplete.
 func (lp *loop) records(ctx context.Context, s *store.Store) ([]plan.Record, error) {
-	recs, err := peer.StoreRecords(ctx, s)
+	recs, err := peer.StoreRecords(ctx, s, peer.ReadLimits{Max: lp.cfg.DiscoveryMaxRecords, Now: lp.now()})
 	var unreachable error
 	if err != nil {
 		lp.log.Warn("some agents' records cannot be read", "error", err)

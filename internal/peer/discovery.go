@@ -114,6 +114,45 @@ type BlobStore interface {
 // one.
 const maxRecordSize = 16 << 10
 
+// Bounds on what is read of the discovery records: anyone who can write
+// the store or the shared folder could plant records without end, or
+// date one in the future, where it would stay fresh forever.
+const (
+	DefaultMaxRecords = 1000
+	DefaultFutureSkew = time.Minute
+)
+
+// ReadLimits bound a read of the discovery records.
+type ReadLimits struct {
+	// Max is the most records read (0: DefaultMaxRecords); past it the
+	// rest are left out, with an error that says so.
+	Max int
+	// A record dated more than FutureSkew (0: DefaultFutureSkew) after
+	// Now is left out, with an error that says so; a zero Now checks
+	// nothing.
+	Now        time.Time
+	FutureSkew time.Duration
+}
+
+func (l ReadLimits) max() int {
+	if l.Max <= 0 {
+		return DefaultMaxRecords
+	}
+	return l.Max
+}
+
+// future says why a record dated updated is refused, or "".
+func (l ReadLimits) future(updated time.Time) string {
+	skew := l.FutureSkew
+	if skew <= 0 {
+		skew = DefaultFutureSkew
+	}
+	if l.Now.IsZero() || updated.IsZero() || !updated.After(l.Now.Add(skew)) {
+		return ""
+	}
+	return fmt.Sprintf("dated %s, more than %s after this agent's clock: left out", updated.UTC().Format(time.RFC3339), skew)
+}
+
 // Resolver is the part of net.Resolver the DNS provider needs.
 type Resolver interface {
 	LookupSRV(ctx context.Context, service, proto, name string) (string, []*net.SRV, error)
@@ -133,6 +172,9 @@ type DiscoveryOptions struct {
 	MaxAge time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// MaxRecords bounds how many records are read (0:
+	// DefaultMaxRecords).
+	MaxRecords int
 }
 
 // DiscoveryPrefix is where --discovery=store keeps records in the store.
@@ -153,13 +195,13 @@ func ParseDiscovery(spec string, o DiscoveryOptions) (Discovery, error) {
 		if o.Store == nil {
 			return nil, fmt.Errorf("%w %q: no backup store", ErrBadDiscovery, spec)
 		}
-		return &storeDiscovery{open: o.Store, maxAge: o.MaxAge, now: o.Now}, nil
+		return &storeDiscovery{open: o.Store, maxAge: o.MaxAge, now: o.Now, max: o.MaxRecords}, nil
 	case strings.HasPrefix(spec, "file://"):
 		dir := strings.TrimPrefix(spec, "file://")
 		if !filepath.IsAbs(dir) {
 			return nil, fmt.Errorf("%w %q: a file URL needs an absolute path, as in file:///tmp/discovery", ErrBadDiscovery, spec)
 		}
-		return &dirDiscovery{dir: filepath.Clean(dir), maxAge: o.MaxAge, now: o.Now}, nil
+		return &dirDiscovery{dir: filepath.Clean(dir), maxAge: o.MaxAge, now: o.Now, max: o.MaxRecords}, nil
 	case strings.HasPrefix(spec, "static:"):
 		var recs []Record
 		for _, addr := range strings.Split(strings.TrimPrefix(spec, "static:"), ",") {
@@ -204,6 +246,7 @@ type dirDiscovery struct {
 	dir    string
 	maxAge time.Duration
 	now    func() time.Time
+	max    int
 }
 
 func (d *dirDiscovery) Publish(_ context.Context, self Record) error {
@@ -245,9 +288,15 @@ func (d *dirDiscovery) Poll(context.Context) ([]Record, error) {
 	}
 	var recs []Record
 	var errs []error
+	limits := ReadLimits{Max: d.max, Now: d.now()}
+	read := 0
 	for _, e := range entries {
 		if e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
+		}
+		if read++; read > limits.max() {
+			errs = append(errs, fmt.Errorf("peer: %s holds more than %d records; the rest are left out (remove the stale ones)", d.dir, limits.max()))
+			break
 		}
 		data, err := readFileMax(filepath.Join(d.dir, e.Name()), maxRecordSize)
 		if errors.Is(err, errRecordTooLarge) {
@@ -260,6 +309,10 @@ func (d *dirDiscovery) Poll(context.Context) ([]Record, error) {
 		r, ok, err := decodeRecord(data, d.maxAge, d.now())
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
+		}
+		if why := limits.future(r.Updated); ok && why != "" {
+			errs = append(errs, fmt.Errorf("peer: discovery record %s %s", e.Name(), why))
+			ok = false
 		}
 		if ok {
 			recs = append(recs, r)
@@ -294,6 +347,7 @@ type storeDiscovery struct {
 	open   func(ctx context.Context) (BlobStore, error)
 	maxAge time.Duration
 	now    func() time.Time
+	max    int
 }
 
 func (d *storeDiscovery) Publish(ctx context.Context, self Record) error {
@@ -318,16 +372,22 @@ func PublishToStore(ctx context.Context, s BlobStore, self Record, now time.Time
 	return s.Write(ctx, DiscoveryPrefix+self.NodeID, data)
 }
 
-// StoreRecords reads every agent's record from the store, however old;
-// junk is left out, and a record of a newer format is left out with an
-// error that says so.
-func StoreRecords(ctx context.Context, s BlobStore) ([]Record, error) {
+// StoreRecords reads the agents' records from the store, however old,
+// within limits; junk is left out, and a record of a newer format, one
+// dated in the future or one past the limit is left out with an error
+// that says so.
+func StoreRecords(ctx context.Context, s BlobStore, limits ReadLimits) ([]Record, error) {
 	keys, err := s.List(ctx, DiscoveryPrefix, "")
 	if err != nil {
 		return nil, err
 	}
 	var recs []Record
 	var errs []error
+	sort.Strings(keys) // the same cut every time
+	if n := limits.max(); len(keys) > n {
+		errs = append(errs, fmt.Errorf("peer: the store holds %d discovery records, more than %d; the rest are left out (remove the stale ones under %s)", len(keys), n, DiscoveryPrefix))
+		keys = keys[:n]
+	}
 	for _, k := range keys {
 		data, err := s.ReadMax(ctx, k, maxRecordSize)
 		if err != nil {
@@ -339,6 +399,10 @@ func StoreRecords(ctx context.Context, s BlobStore) ([]Record, error) {
 		r, ok, err := decodeRecord(data, 0, time.Time{})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", k, err))
+		}
+		if why := limits.future(r.Updated); ok && why != "" {
+			errs = append(errs, fmt.Errorf("peer: discovery record %s %s", k, why))
+			ok = false
 		}
 		if ok {
 			recs = append(recs, r)
@@ -352,8 +416,8 @@ func (d *storeDiscovery) Poll(ctx context.Context) ([]Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	recs, err := StoreRecords(ctx, s)
 	now := d.now()
+	recs, err := StoreRecords(ctx, s, ReadLimits{Max: d.max, Now: now})
 	fresh := recs[:0]
 	for _, r := range recs {
 		if d.maxAge <= 0 || r.Updated.IsZero() || now.Sub(r.Updated) <= d.maxAge {
@@ -422,7 +486,7 @@ func PruneRecords(ctx context.Context, s interface {
 	BlobStore
 	Deleter
 }, now time.Time, maxAge time.Duration) ([]string, error) {
-	recs, err := StoreRecords(ctx, s)
+	recs, err := StoreRecords(ctx, s, ReadLimits{Now: now})
 	if err != nil && len(recs) == 0 {
 		return nil, err
 	}

@@ -435,7 +435,7 @@ func TestStoreRecordsAndPrune(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	recs, err := StoreRecords(t.Context(), mem)
+	recs, err := StoreRecords(t.Context(), mem, ReadLimits{})
 	if err != nil || len(recs) != 2 || recs[0].Etcd == nil || recs[0].Etcd.RaftLeader != 7 {
 		t.Fatalf("records: %+v, %v", recs, err)
 	}
@@ -443,7 +443,7 @@ func TestStoreRecordsAndPrune(t *testing.T) {
 	if err != nil || len(gone) != 1 || gone[0] != "b" {
 		t.Fatalf("pruned %v, %v; want b", gone, err)
 	}
-	if recs, _ := StoreRecords(t.Context(), mem); len(recs) != 1 || recs[0].NodeID != "a" {
+	if recs, _ := StoreRecords(t.Context(), mem, ReadLimits{}); len(recs) != 1 || recs[0].NodeID != "a" {
 		t.Errorf("left: %+v", recs)
 	}
 }
@@ -575,5 +575,43 @@ func TestAnnounceTellsThePeer(t *testing.T) {
 	}
 	if h := from.Load(); h != "127.0.0.1" {
 		t.Errorf("the announcement came from host %q, want 127.0.0.1", h)
+	}
+}
+
+// Planted records are bounded: of 20,000, at most the limit are read, the
+// cut is reported, and a record dated a century ahead (fresh forever, by
+// age) is left out and reported.
+func TestStoreRecordsBounded(t *testing.T) {
+	mem := &memStore{objs: map[string][]byte{}}
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	rec := func(id string, at time.Time) []byte {
+		data, _ := json.Marshal(Record{Format: spec.FormatBase, NodeID: id, Address: "127.0.0.1:8000", Updated: at})
+		return data
+	}
+	mem.objs[DiscoveryPrefix+"a-future"] = rec("a-future", now.AddDate(100, 0, 0))
+	mem.objs[DiscoveryPrefix+"a-real"] = rec("a-real", now)
+	for i := range 20000 {
+		id := fmt.Sprintf("planted-%05d", i)
+		mem.objs[DiscoveryPrefix+id] = rec(id, now)
+	}
+	recs, err := StoreRecords(t.Context(), mem, ReadLimits{Now: now})
+	if len(recs) > DefaultMaxRecords {
+		t.Errorf("%d records read, want at most %d", len(recs), DefaultMaxRecords)
+	}
+	for _, r := range recs {
+		if r.NodeID == "a-future" {
+			t.Error("a record dated a century ahead was read")
+		}
+	}
+	if err == nil || !strings.Contains(err.Error(), "more than 1000") || !strings.Contains(err.Error(), "after this agent's clock") {
+		t.Errorf("the cut and the future record are not reported: %v", err)
+	}
+	// Through the provider, as the agents poll it.
+	d, err := ParseDiscovery("store", DiscoveryOptions{Store: func(context.Context) (BlobStore, error) { return mem, nil }, Now: func() time.Time { return now }, MaxRecords: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if polled, _ := d.Poll(t.Context()); len(polled) > 50 {
+		t.Errorf("the provider returned %d records, want at most 50", len(polled))
 	}
 }

@@ -255,7 +255,7 @@ func TestSpecVersionWithoutBinary(t *testing.T) {
 			return false
 		}
 		defer s.Close()
-		recs, _ := peer.StoreRecords(t.Context(), s)
+		recs, _ := peer.StoreRecords(t.Context(), s, peer.ReadLimits{})
 		for _, r := range recs {
 			if r.Address == a.PeerAPI && len(r.EtcdVersions) > 0 {
 				rec = r
