@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 )
 
@@ -83,5 +84,25 @@ func TestMetricsServeHealth(t *testing.T) {
 				t.Errorf("/readyz: %d %q, want %d %q", code, body, tt.wantStatus, tt.wantBody)
 			}
 		})
+	}
+}
+
+// pprof's seconds are capped: a profile asked for an hour runs a minute,
+// within the server's write timeout.
+func TestPprofSecondsCapped(t *testing.T) {
+	tests := []struct{ query, want string }{
+		{"seconds=5", "5"},
+		{"seconds=3600", "60"},
+		{"seconds=-1", "60"},
+		{"seconds=abc", "60"},
+		{"", ""},
+	}
+	for _, tt := range tests {
+		var got string
+		h := capSeconds(func(_ http.ResponseWriter, r *http.Request) { got = r.URL.Query().Get("seconds") })
+		h(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/debug/pprof/profile?"+tt.query, nil))
+		if got != tt.want {
+			t.Errorf("?%s: the profile runs %q seconds, want %q", tt.query, got, tt.want)
+		}
 	}
 }

@@ -17,12 +17,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/keepalive"
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -542,7 +544,7 @@ func callerHost(ctx context.Context) string {
 // NewServer returns a server for h, which checks that requests name
 // clusterName.
 func NewServer(creds credentials.TransportCredentials, clusterName string, h Handler) *Server {
-	s := &Server{grpc: grpc.NewServer(grpc.Creds(creds)), clusterName: clusterName, h: h}
+	s := &Server{grpc: grpc.NewServer(append(serverLimits(), grpc.Creds(creds))...), clusterName: clusterName, h: h}
 	s.grpc.RegisterService(&grpc.ServiceDesc{
 		ServiceName: serviceName,
 		HandlerType: (*any)(nil),
@@ -730,7 +732,35 @@ func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) {
 }
 
 // Serve serves on l until Stop.
-func (s *Server) Serve(l net.Listener) error { return s.grpc.Serve(l) }
+func (s *Server) Serve(l net.Listener) error {
+	return s.grpc.Serve(netutil.LimitListener(l, MaxConnections))
+}
+
+// Limits of the peer API's server: a handful of agents and one operator
+// call it, so a peer that opens connections or streams without end, or
+// holds idle ones, is cut off long before it costs the agent much.
+const (
+	// MaxConnections bounds the connections open at once; more wait in
+	// the kernel's backlog.
+	MaxConnections = 256
+	// MaxStreams bounds the concurrent calls on one connection.
+	MaxStreams = 64
+	// HandshakeTimeout bounds a connection's TLS handshake.
+	HandshakeTimeout = 10 * time.Second
+)
+
+func serverLimits() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxConcurrentStreams(MaxStreams),
+		grpc.ConnectionTimeout(HandshakeTimeout),
+		// A client may ping at most every 10 s, even with no call open;
+		// more often, and its connection is closed.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// An idle connection is closed after 5 minutes, and a silent one
+		// after a ping unanswered for 20 s.
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 5 * time.Minute, Time: time.Minute, Timeout: 20 * time.Second}),
+	}
+}
 
 // Stop stops the server, waiting briefly for calls in flight.
 func (s *Server) Stop() {

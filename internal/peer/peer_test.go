@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"fmt"
 	"net"
 	"os"
@@ -613,5 +614,46 @@ func TestStoreRecordsBounded(t *testing.T) {
 	}
 	if polled, _ := d.Poll(t.Context()); len(polled) > 50 {
 		t.Errorf("the provider returned %d records, want at most 50", len(polled))
+	}
+}
+
+// The server bounds its connections, and closes one that never finishes
+// its handshake: a peer that opens connections without end, or holds
+// them silent, is cut off, and real calls get through again.
+func TestServerLimits(t *testing.T) {
+	rec := &recorder{}
+	c, addr := servePeerAPI(t, rec)
+	var silent []net.Conn
+	t.Cleanup(func() {
+		for _, s := range silent {
+			s.Close()
+		}
+	})
+	for range MaxConnections {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, conn)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	_, err := c.Info(ctx)
+	cancel()
+	if err == nil {
+		t.Fatalf("a call went through with %d silent connections open", MaxConnections)
+	}
+	// The silent connections are closed once their handshake is overdue.
+	_ = silent[0].SetReadDeadline(time.Now().Add(HandshakeTimeout + 10*time.Second))
+	if _, err := io.Copy(io.Discard, silent[0]); err != nil { // the server's settings, then its close
+		t.Fatalf("a silent connection was not closed within its handshake timeout: %v", err)
+	}
+	if took := time.Since(start); took > HandshakeTimeout+10*time.Second {
+		t.Errorf("closed after %s", took)
+	}
+	ctx, cancel = context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Info(ctx); err != nil {
+		t.Errorf("a call after the silent connections were closed: %v", err)
 	}
 }
