@@ -1,4 +1,4 @@
-package testhook
+package testhook_test
 
 import (
 	"errors"
@@ -8,28 +8,18 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/etcd-manager/etcd-manager/internal/testhook"
+	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
-// build builds the probe, and the agent, with the Makefile's tags plus
-// extra.
-func build(t *testing.T, extra string) (probe, agent string) {
+// build builds the probe and the agent, as a release (without the
+// testhooks tag) or not.
+func build(t *testing.T, release bool) (probe, agent string) {
 	t.Helper()
-	var tags []string
-	for _, f := range strings.Fields(os.Getenv("GOFLAGS")) {
-		if v, ok := strings.CutPrefix(f, "-tags="); ok {
-			for _, tag := range strings.Split(v, ",") {
-				if tag != "testhooks" && tag != "" {
-					tags = append(tags, tag)
-				}
-			}
-		}
-	}
-	if extra != "" {
-		tags = append(tags, extra)
-	}
 	dir := t.TempDir()
 	for _, pkg := range []string{"./internal/testhook/probe", "./cmd/etcd-manager"} {
-		cmd := exec.Command("go", "build", "-tags="+strings.Join(tags, ","), "-o", dir+"/", pkg)
+		cmd := exec.Command("go", "build", "-tags="+harness.Tags(release), "-o", dir+"/", pkg)
 		cmd.Dir = "../.."
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
@@ -46,9 +36,9 @@ func TestReleaseIgnoresHooks(t *testing.T) {
 	if err := os.WriteFile(clockFile, []byte("-30s"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), Env+"=probe", PauseEnv+"=probe", ClockFileEnv+"="+clockFile)
+	env := append(os.Environ(), testhook.Env+"=probe", testhook.PauseEnv+"=probe", testhook.ClockFileEnv+"="+clockFile)
 
-	probe, agent := build(t, "")
+	probe, agent := build(t, true)
 	cmd := exec.Command(probe)
 	cmd.Env = env
 	out, err := cmd.Output()
@@ -59,13 +49,13 @@ func TestReleaseIgnoresHooks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{Env, PauseEnv, ClockFileEnv} {
+	for _, name := range []string{testhook.Env, testhook.PauseEnv, testhook.ClockFileEnv} {
 		if strings.Contains(string(bin), name) {
 			t.Errorf("the release agent's binary holds %s", name)
 		}
 	}
 
-	hooked, _ := build(t, "testhooks")
+	hooked, _ := build(t, false)
 	cmd = exec.Command(hooked)
 	cmd.Env = env
 	err = cmd.Run()
@@ -74,7 +64,7 @@ func TestReleaseIgnoresHooks(t *testing.T) {
 		t.Errorf("the testhooks probe at its crash point: %v; want it killed", err)
 	}
 	cmd = exec.Command(hooked)
-	cmd.Env = append(os.Environ(), ClockFileEnv+"="+clockFile)
+	cmd.Env = append(os.Environ(), testhook.ClockFileEnv+"="+clockFile)
 	if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "-30s" {
 		t.Errorf("the testhooks probe with its clock set back: %q, %v; want -30s", out, err)
 	}

@@ -46,7 +46,10 @@ var ReleaseBuild bool
 
 // BuildTags are the build tags of the binaries the harness builds: those
 // of GOFLAGS (the Makefile's), and testhooks unless ReleaseBuild is set.
-func BuildTags() string {
+func BuildTags() string { return Tags(ReleaseBuild) }
+
+// Tags are GOFLAGS's build tags, with testhooks unless release.
+func Tags(release bool) string {
 	var tags []string
 	for _, f := range strings.Fields(os.Getenv("GOFLAGS")) {
 		if v, ok := strings.CutPrefix(f, "-tags="); ok {
@@ -57,7 +60,7 @@ func BuildTags() string {
 			}
 		}
 	}
-	if !ReleaseBuild {
+	if !release {
 		tags = append(tags, "testhooks")
 	}
 	return strings.Join(tags, ",")

@@ -592,29 +592,9 @@ func TestRestoreRequireDigest(t *testing.T) {
 // state the restore started from. The oracle is etcd's own revisions,
 // from the writes' responses.
 func TestToTimeIsExact(t *testing.T) {
-	env := harness.NewEnv(t)
-	live := env.NewBareCluster(1, false)
-	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
-	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitEtcd(t, c)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	s := openStore(t, env.StoreURL)
-	take := func(token string, now time.Time) backup.Info {
-		t.Helper()
-		info, err := backup.Take(ctx, s, backup.Request{
-			Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: live.Endpoints()[0],
-			TempDir: filepath.Join(env.Root, "tmp"), ClusterToken: token, Now: now,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info
-	}
+	w := newBareWorld(t)
+	env, c, ctx, s := w.env, w.c, w.ctx, w.s
+	take := func(token string, now time.Time) backup.Info { return w.backup(t, token, now) }
 	put := func(k string) int64 {
 		t.Helper()
 		r, err := c.Put(ctx, k, "v")
@@ -694,29 +674,9 @@ func TestToTimeIsExact(t *testing.T) {
 // responses, and the gap is made as in production: capture stopped, etcd
 // compacted past it, capture started a new run after a fresh backup.
 func TestRangesFromKeptBackups(t *testing.T) {
-	env := harness.NewEnv(t)
-	live := env.NewBareCluster(1, false)
-	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
-	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitEtcd(t, c)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	s := openStore(t, env.StoreURL)
-	take := func() backup.Info {
-		t.Helper()
-		info, err := backup.Take(ctx, s, backup.Request{
-			Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: live.Endpoints()[0],
-			TempDir: filepath.Join(env.Root, "tmp"), ClusterToken: "tl1", Now: time.Now(),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info
-	}
+	w := newBareWorld(t)
+	env, c, ctx, s := w.env, w.c, w.ctx, w.s
+	take := func() backup.Info { return w.backup(t, "tl1", time.Now()) }
 	writes := func(prefix string, n int) int64 {
 		t.Helper()
 		var rev int64
@@ -832,27 +792,11 @@ func (o *outageStore) CreateFrom(ctx context.Context, key string, r io.Reader) e
 // history with no hole, which a restore applies and checks against the
 // digests capture read from etcd itself.
 func TestDamagedSpoolSegmentEndsTheRun(t *testing.T) {
-	env := harness.NewEnv(t)
-	live := env.NewBareCluster(1, false)
-	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
-	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitEtcd(t, c)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	s := openStore(t, env.StoreURL)
+	w := newBareWorld(t)
+	env, c, ctx, s := w.env, w.c, w.ctx, w.s
 	rng := rand.New(rand.NewPCG(11, 11))
 	pitrWorkload(t, c, rng, "before", 20)
-	base, err := backup.Take(ctx, s, backup.Request{
-		Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: live.Endpoints()[0],
-		TempDir: filepath.Join(env.Root, "tmp"), ClusterToken: "tl1", Now: time.Now(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	base := w.backup(t, "tl1", time.Now())
 	spool := filepath.Join(env.Root, "spool")
 	st := &outageStore{Store: s}
 	cfg := wal.Default()
@@ -936,28 +880,12 @@ func TestDamagedSpoolSegmentEndsTheRun(t *testing.T) {
 // --to-time's search never finds a later revision at an earlier time.
 // The oracle is etcd's own revision of the write before the moment.
 func TestCaptureTimesMonotonic(t *testing.T) {
-	env := harness.NewEnv(t)
-	live := env.NewBareCluster(1, false)
-	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
-	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitEtcd(t, c)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	s := openStore(t, env.StoreURL)
+	w := newBareWorld(t)
+	env, c, ctx, s := w.env, w.c, w.ctx, w.s
 	if _, err := c.Put(ctx, "/mono/before-base", "v"); err != nil {
 		t.Fatal(err)
 	}
-	base, err := backup.Take(ctx, s, backup.Request{
-		Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: live.Endpoints()[0],
-		TempDir: filepath.Join(env.Root, "tmp"), ClusterToken: "tl1", Now: time.Now(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	base := w.backup(t, "tl1", time.Now())
 	put := func(k string) int64 {
 		t.Helper()
 		r, err := c.Put(ctx, k, "v")
@@ -1010,13 +938,13 @@ func TestCaptureTimesMonotonic(t *testing.T) {
 	}
 	// A writer whose clock is an hour behind refuses to capture, and says
 	// why, rather than stamp revisions with times that are not theirs.
-	w, err := wal.New(wal.Default(), filepath.Join(env.Root, "spool-3"), s, slog.New(slog.DiscardHandler))
+	late, err := wal.New(wal.Default(), filepath.Join(env.Root, "spool-3"), s, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.Now = func() time.Time { return time.Now().Add(-time.Hour) }
+	late.Now = func() time.Time { return time.Now().Add(-time.Hour) }
 	ran := make(chan error, 1)
-	go func() { ran <- w.Run(ctx, wal.Etcd(c), "tl1", nil) }()
+	go func() { ran <- late.Run(ctx, wal.Etcd(c), "tl1", nil) }()
 	put("/mono/refused")
 	select {
 	case err := <-ran:
@@ -1026,4 +954,44 @@ func TestCaptureTimesMonotonic(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Error("capture with a clock an hour behind went on")
 	}
+}
+
+// bareWorld is one bare etcd member, a client of it and the env's store,
+// for the tests that drive capture and backups themselves.
+type bareWorld struct {
+	env  *harness.Env
+	live *harness.BareCluster
+	c    *clientv3.Client
+	ctx  context.Context
+	s    *store.Store
+}
+
+func newBareWorld(t *testing.T) *bareWorld {
+	t.Helper()
+	env := harness.NewEnv(t)
+	live := env.NewBareCluster(1, false)
+	live.Start(filepath.Join(env.BinDir, "etcd-v"+harness.DefaultEtcdVersion, "etcd"))
+	c, err := clientv3.New(clientv3.Config{Endpoints: live.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	waitEtcd(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return &bareWorld{env: env, live: live, c: c, ctx: ctx, s: openStore(t, env.StoreURL)}
+}
+
+// backup takes a full backup of the member as timeline token's, named
+// by now.
+func (w *bareWorld) backup(t *testing.T, token string, now time.Time) backup.Info {
+	t.Helper()
+	info, err := backup.Take(w.ctx, w.s, backup.Request{
+		Client: clientv3.Config{DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, Endpoint: w.live.Endpoints()[0],
+		TempDir: filepath.Join(w.env.Root, "tmp"), ClusterToken: token, Now: now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
 }
