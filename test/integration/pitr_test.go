@@ -595,14 +595,7 @@ func TestToTimeIsExact(t *testing.T) {
 	w := newBareWorld(t)
 	env, c, ctx, s := w.env, w.c, w.ctx, w.s
 	take := func(token string, now time.Time) backup.Info { return w.backup(t, token, now) }
-	put := func(k string) int64 {
-		t.Helper()
-		r, err := c.Put(ctx, k, "v")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Header.Revision
-	}
+	put := func(k string) int64 { return w.put(t, k) }
 	rfc := func(at time.Time) string { return at.UTC().Format(time.RFC3339Nano) }
 	put("/exact/before-base")
 	base := take("tl1", time.Now())
@@ -886,14 +879,7 @@ func TestCaptureTimesMonotonic(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := w.backup(t, "tl1", time.Now())
-	put := func(k string) int64 {
-		t.Helper()
-		r, err := c.Put(ctx, k, "v")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Header.Revision
-	}
+	put := func(k string) int64 { return w.put(t, k) }
 	// writer captures with the clock now, from the last point the store
 	// holds, until stop.
 	writer := func(name string, now func() time.Time) (stop func()) {
@@ -994,4 +980,14 @@ func (w *bareWorld) backup(t *testing.T, token string, now time.Time) backup.Inf
 		t.Fatal(err)
 	}
 	return info
+}
+
+// put writes k and returns etcd's revision of the write.
+func (w *bareWorld) put(t *testing.T, k string) int64 {
+	t.Helper()
+	r, err := w.c.Put(w.ctx, k, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Header.Revision
 }
