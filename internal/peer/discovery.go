@@ -127,11 +127,9 @@ type ReadLimits struct {
 	// Max is the most records read (0: DefaultMaxRecords); past it the
 	// rest are left out, with an error that says so.
 	Max int
-	// A record dated more than FutureSkew (0: DefaultFutureSkew) after
-	// Now is left out, with an error that says so; a zero Now checks
-	// nothing.
-	Now        time.Time
-	FutureSkew time.Duration
+	// A record dated more than DefaultFutureSkew after Now is left out,
+	// with an error that says so; a zero Now checks nothing.
+	Now time.Time
 }
 
 func (l ReadLimits) max() int {
@@ -143,14 +141,10 @@ func (l ReadLimits) max() int {
 
 // future says why a record dated updated is refused, or "".
 func (l ReadLimits) future(updated time.Time) string {
-	skew := l.FutureSkew
-	if skew <= 0 {
-		skew = DefaultFutureSkew
-	}
-	if l.Now.IsZero() || updated.IsZero() || !updated.After(l.Now.Add(skew)) {
+	if l.Now.IsZero() || updated.IsZero() || !updated.After(l.Now.Add(DefaultFutureSkew)) {
 		return ""
 	}
-	return fmt.Sprintf("dated %s, more than %s after this agent's clock: left out", updated.UTC().Format(time.RFC3339), skew)
+	return fmt.Sprintf("dated %s, more than %s after this agent's clock: left out", updated.UTC().Format(time.RFC3339), DefaultFutureSkew)
 }
 
 // Resolver is the part of net.Resolver the DNS provider needs.

@@ -224,20 +224,13 @@ func reach(runs []Run, from int64) int64 {
 // at revision from with the runs: ErrRange when it lies beyond the last
 // captured revision, ErrGap when a hole lies between.
 func CheckReach(runs []Run, from, to int64) error {
-	if to <= from {
+	covered := reach(runs, from)
+	if to <= covered {
 		return nil
 	}
-	covered := from
 	for _, r := range runs {
-		if r.Last <= covered {
-			continue
-		}
-		if r.First > covered+1 {
+		if r.Last > covered { // reach stopped here: the run starts after a hole
 			return fmt.Errorf("%w: revisions %d to %d were not captured (capture started again after a full backup at %d); restore from that backup or a point after it", ErrGap, covered+1, r.First-1, r.First-1)
-		}
-		covered = r.Last
-		if covered >= to {
-			return nil
 		}
 	}
 	return fmt.Errorf("%w: revision %d is after the last captured revision %d", ErrRange, to, covered)

@@ -245,11 +245,7 @@ func (s spooled) openBody() (*os.File, error) {
 // read, so its chain can never be whole in the store. It is kept, for a
 // person to look at.
 func (s spooled) orphan() error {
-	names := []string{s.path + spoolExt}
-	if s.legacy {
-		names = []string{s.path + legacyHdr, s.path + legacyBody}
-	}
-	for _, name := range names {
+	for _, name := range s.files() {
 		if err := os.Rename(name, name+orphanExt); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("wal: spool: %w", err)
 		}
@@ -257,12 +253,16 @@ func (s spooled) orphan() error {
 	return nil
 }
 
-func (s spooled) remove() error {
-	names := []string{s.path + spoolExt}
+// files are the segment's files in the spool.
+func (s spooled) files() []string {
 	if s.legacy {
-		names = []string{s.path + legacyHdr, s.path + legacyBody}
+		return []string{s.path + legacyHdr, s.path + legacyBody}
 	}
-	for _, name := range names {
+	return []string{s.path + spoolExt}
+}
+
+func (s spooled) remove() error {
+	for _, name := range s.files() {
 		if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("wal: spool: %w", err)
 		}
