@@ -369,11 +369,11 @@ func TestRestoreFinishesWithoutAMemberLostAfterTheLift(t *testing.T) {
 		}
 	}
 	victim.Kill()
-	driver.Continue()
 	start := time.Now()
 
 	// The victim may have led: the write is retried while the other two
-	// elect a leader.
+	// elect a leader. The driver stays paused until the write is made, so
+	// that its fresh backup, taken after it goes on, must hold it.
 	c2 := clusterClient(t, survivors)
 	var after int64
 	harness.WaitFor(t, time.Minute, "a write to the restored cluster after the kill", func() bool {
@@ -387,6 +387,7 @@ func TestRestoreFinishesWithoutAMemberLostAfterTheLift(t *testing.T) {
 		after = resp.Header.Revision
 		return true
 	})
+	driver.Continue()
 	harness.WaitFor(t, 5*time.Minute, "the restore to finish without the dead member", func() bool {
 		out, _, err := env.Ctl("list-commands")
 		return err == nil && !strings.Contains(out, "restore-backup")
