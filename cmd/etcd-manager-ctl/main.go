@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/etcd-manager/etcd-manager/internal/cli"
+	"github.com/etcd-manager/etcd-manager/cmd/internal/flags"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -33,7 +33,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := newRootCommand(stdout, stderr)
-	args = cli.NormalizeArgs(cmd.PersistentFlags(), args)
+	args = flags.Normalize(cmd.PersistentFlags(), args)
 	// An unknown command is a usage error; ExecuteContext would report
 	// it as any other. Cobra adds its help and completion commands as it
 	// starts, so add them first.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/etcd-manager/etcd-manager/cmd/internal/flags"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/operator"
 )
@@ -52,8 +53,8 @@ KUBECONFIG, or the in-cluster service account.`,
 			return operator.Run(ctrl.SetupSignalHandler(), cfg, restCfg)
 		},
 	}
-	cfg.AddFlags(cmd.Flags())
-	logCfg.AddFlags(cmd.Flags())
+	flags.Operator(cmd.Flags(), &cfg)
+	flags.Log(cmd.Flags(), &logCfg)
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "etcd-manager-operator:", err)
 		os.Exit(1)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/etcd-manager/etcd-manager/cmd/internal/flags"
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
@@ -85,8 +86,8 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 			return controller.NewAgent(cfg, log).Run(ctx)
 		},
 	}
-	cfg.AddFlags(cmd.Flags())
-	logCfg.AddFlags(cmd.Flags())
+	flags.Agent(cmd.Flags(), &cfg)
+	flags.Log(cmd.Flags(), &logCfg)
 	backupAgent := newBackupAgentCommand()
 	var statusOnly, revisionOnly bool
 	verifyCmd := &cobra.Command{
@@ -123,9 +124,9 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 	})
 	args := os.Args[1:]
 	if len(args) > 0 && args[0] == backupAgent.Name() {
-		cmd.SetArgs(append(args[:1:1], cli.NormalizeArgs(backupAgent.Flags(), args[1:])...))
+		cmd.SetArgs(append(args[:1:1], flags.Normalize(backupAgent.Flags(), args[1:])...))
 	} else {
-		cmd.SetArgs(cli.NormalizeArgs(cmd.Flags(), args))
+		cmd.SetArgs(flags.Normalize(cmd.Flags(), args))
 	}
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "etcd-manager:", err)
@@ -170,7 +171,7 @@ one that backs up.`,
 			return controller.NewBackupAgent(cfg, log).Run(ctx)
 		},
 	}
-	cfg.AddFlags(cmd.Flags())
-	logCfg.AddFlags(cmd.Flags())
+	flags.BackupAgent(cmd.Flags(), &cfg)
+	flags.Log(cmd.Flags(), &logCfg)
 	return cmd
 }

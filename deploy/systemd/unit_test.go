@@ -1,5 +1,6 @@
 // Package systemd_test checks the systemd unit and environment file
-// shipped in deploy/systemd with systemd's own tools.
+// shipped in deploy/systemd with systemd's own tools. That the agent takes
+// the flags they pass is checked beside the flags, in cmd/internal/flags.
 package systemd_test
 
 import (
@@ -11,10 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/spf13/pflag"
-
-	"github.com/etcd-manager/etcd-manager/internal/controller"
 )
 
 const unit = "etcd-manager@.service"
@@ -98,42 +95,5 @@ func TestUnitHardening(t *testing.T) {
 		if !bytes.Contains(data, []byte(want)) {
 			t.Errorf("the unit lacks %q", strings.TrimSpace(want))
 		}
-	}
-}
-
-// Every flag of the environment file, with those the unit adds, is one
-// the agent knows and takes.
-func TestEnvFileFlags(t *testing.T) {
-	data, err := os.ReadFile("etcd-manager.env")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.ReplaceAll(string(data), "\\\n", " ")
-	var flags []string
-	for _, line := range strings.Split(text, "\n") {
-		if v, ok := strings.CutPrefix(line, "ETCD_MANAGER_FLAGS="); ok {
-			flags = strings.Fields(v)
-		}
-	}
-	if len(flags) < 5 {
-		t.Fatalf("ETCD_MANAGER_FLAGS holds %d flags", len(flags))
-	}
-	unitData, _ := os.ReadFile(unit)
-	m := regexp.MustCompile(`(?m)^ExecStart=\S+ (.*) \$ETCD_MANAGER_FLAGS$`).FindStringSubmatch(string(unitData))
-	if m == nil {
-		t.Fatal("ExecStart does not end with $ETCD_MANAGER_FLAGS")
-	}
-	args := append(strings.Fields(strings.ReplaceAll(m[1], "%i", "main")), flags...)
-	cfg := controller.Default()
-	fs := pflag.NewFlagSet("etcd-manager", pflag.ContinueOnError)
-	cfg.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatalf("the agent refuses the flags %v: %v", args, err)
-	}
-	if fs.NArg() != 0 {
-		t.Errorf("words that are not flags: %v", fs.Args())
-	}
-	if cfg.ClusterName != "main" || cfg.DataDir != "/var/lib/etcd-manager/main" || !strings.HasPrefix(cfg.BackupStore, "s3://") {
-		t.Errorf("parsed %q, %q, %q", cfg.ClusterName, cfg.DataDir, cfg.BackupStore)
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/pflag"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	etcdclient "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -62,22 +61,6 @@ func DefaultBackupAgent() BackupAgentConfig {
 	}
 }
 
-// AddFlags registers the backup agent's flags on fs.
-func (c *BackupAgentConfig) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.BackupStore, flagBackupStore, c.BackupStore, "URL of the backup store: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix (required)")
-	fs.StringSliceVar(&c.Endpoints, "endpoints", c.Endpoints, "etcd client URLs, comma-separated (required)")
-	fs.StringVar(&c.CACert, "cacert", c.CACert, "CA bundle that signed etcd's server certificates (https endpoints)")
-	fs.StringVar(&c.Cert, "cert", c.Cert, "client certificate for etcd, when it requires client-certificate auth")
-	fs.StringVar(&c.Key, "key", c.Key, "private key of --cert")
-	c.Backup.AddFlags(fs)
-	fs.StringVar(&c.TempDir, "temp-dir", c.TempDir, "directory for a snapshot while it is verified and compressed; it needs room for one full database")
-	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
-	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "this agent's name in the store's lock (default: host name and a random suffix)")
-	fs.DurationVar(&c.LockLease, "lock-lease", c.LockLease, "lease of the store lock that picks one backup agent when several share a store")
-	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between cycles (queued commands are picked up once per cycle)")
-	c.Capture.AddFlags(fs)
-}
-
 // Complete fills in defaults that depend on the machine.
 func (c *BackupAgentConfig) Complete() {
 	if c.NodeID == "" {
@@ -92,9 +75,9 @@ func (c *BackupAgentConfig) Complete() {
 func (c BackupAgentConfig) Validate() error {
 	var errs []error
 	if c.BackupStore == "" {
-		errs = append(errs, fmt.Errorf("--%s is required", flagBackupStore))
+		errs = append(errs, fmt.Errorf("--%s is required", FlagBackupStore))
 	} else if err := store.CheckURL(c.BackupStore); err != nil {
-		errs = append(errs, fmt.Errorf("--%s: %w", flagBackupStore, err))
+		errs = append(errs, fmt.Errorf("--%s: %w", FlagBackupStore, err))
 	}
 	if len(c.Endpoints) == 0 {
 		errs = append(errs, errors.New("--endpoints is required, for example --endpoints=https://10.0.0.1:2379"))

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spf13/pflag"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
@@ -42,13 +41,6 @@ const (
 // DefaultCompactionConfig returns the defaults.
 func DefaultCompactionConfig() CompactionConfig {
 	return CompactionConfig{Interval: DefaultCompactionInterval, CaptureWait: DefaultCompactionCaptureWait, QuotaShare: DefaultCompactionQuotaShare}
-}
-
-// AddFlags registers the compaction flags on fs.
-func (c *CompactionConfig) AddFlags(fs *pflag.FlagSet) {
-	fs.DurationVar(&c.Interval, "compaction-interval", c.Interval, "how often the agent leading etcd checks the spec's compaction policy (configure-cluster --auto-compaction-mode/--auto-compaction-retention) and compacts")
-	fs.DurationVar(&c.CaptureWait, "compaction-capture-wait", c.CaptureWait, "how long continuous capture may make no progress while it holds compaction back (compaction never goes past what capture made durable in the store) before compaction goes ahead anyway and a full backup is taken")
-	fs.Float64Var(&c.QuotaShare, "compaction-quota-share", c.QuotaShare, "share of the backend quota (configure-cluster --quota-backend-bytes, else etcd's 2 GiB) the database's bytes in use may reach while a stalled capture holds compaction back; above it compaction goes ahead at once")
 }
 
 // Validate reports every problem with the compaction settings.

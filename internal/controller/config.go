@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/pflag"
-
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
@@ -145,16 +143,16 @@ const (
 	defaultAddress = "127.0.0.1"
 )
 
-// Flag names used in error messages as well as in AddFlags.
+// Flag names used in error messages, and by cmd/internal/flags, which registers them.
 const (
-	flagBackupStore          = "backup-store"
-	flagEtcdInsecure         = "etcd-insecure"
-	flagInsecure             = "insecure"
-	flagClientURLs           = "client-urls"
-	flagQuarantineClientURLs = "quarantine-client-urls"
-	flagPeerURLs             = "peer-urls"
-	flagListenPeerURLs       = "listen-peer-urls"
-	flagListenClientURLs     = "listen-client-urls"
+	FlagBackupStore          = "backup-store"
+	FlagEtcdInsecure         = "etcd-insecure"
+	FlagInsecure             = "insecure"
+	FlagClientURLs           = "client-urls"
+	FlagQuarantineClientURLs = "quarantine-client-urls"
+	FlagPeerURLs             = "peer-urls"
+	FlagListenPeerURLs       = "listen-peer-urls"
+	FlagListenClientURLs     = "listen-client-urls"
 )
 
 // DefaultEtcdCorruptCheckInterval is how often etcd's periodic
@@ -200,50 +198,6 @@ func Default() Config {
 	}
 }
 
-// AddFlags registers the agent's flags on fs.
-func (c *Config) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.ClusterName, "cluster-name", c.ClusterName, "name of the etcd cluster (for example main or events); agents of other clusters are ignored")
-	fs.StringVar(&c.BackupStore, flagBackupStore, c.BackupStore, "URL of the backup store, the source of truth when etcd is down: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix")
-	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's ID and etcd member name when its data dir is new, such as a StatefulSet pod's name (default: a random ID); a data dir keeps the ID it was created with")
-	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for this node's state and etcd data; it must survive restarts")
-	fs.StringVar(&c.Address, "address", c.Address, "IP address the agent's peer API listens on and advertises")
-	fs.IntVar(&c.PeerPort, "peer-port", c.PeerPort, "port of the agent's peer API")
-	fs.StringVar(&c.PeerAPIListenAddress, "peer-api-listen-address", c.PeerAPIListenAddress, "host:port the agent's peer API binds when it differs from the --address and --peer-port it advertises, as behind NAT or a proxy (default: those)")
-	fs.StringVar(&c.EtcdAddress, "etcd-address", c.EtcdAddress, "IP address etcd listens on; used to fill in --client-urls, --quarantine-client-urls and --peer-urls when they are not given")
-	fs.StringSliceVar(&c.ClientURLs, flagClientURLs, c.ClientURLs, fmt.Sprintf("URLs etcd serves clients on (default http://<etcd-address>:%d)", DefaultClientPort))
-	fs.StringSliceVar(&c.ListenClientURLs, flagListenClientURLs, c.ListenClientURLs, "URLs etcd binds for clients when they differ from the --client-urls it advertises, such as https://0.0.0.0:4001 to serve a pod's loopback too (default: the --client-urls); while quarantined etcd binds only the --quarantine-client-urls")
-	fs.StringSliceVar(&c.QuarantineClientURLs, flagQuarantineClientURLs, c.QuarantineClientURLs, fmt.Sprintf("URLs etcd serves on while quarantined, so that ordinary clients cannot reach it (default http://<etcd-address>:%d)", DefaultQuarantinePort))
-	fs.StringSliceVar(&c.PeerURLs, flagPeerURLs, c.PeerURLs, fmt.Sprintf("URLs etcd uses for raft traffic with its peers (default http://<etcd-address>:%d)", DefaultEtcdPeerPort))
-	fs.StringSliceVar(&c.ListenPeerURLs, flagListenPeerURLs, c.ListenPeerURLs, "URLs etcd binds for raft traffic when they differ from the --peer-urls it advertises, as behind NAT or a proxy (default: the --peer-urls)")
-	fs.BoolVar(&c.Insecure, flagInsecure, c.Insecure, "run the agents' peer API without TLS; by default it uses mutual TLS with certificates from the cluster's CA")
-	fs.BoolVar(&c.EtcdInsecure, flagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http; by default they are https and require client certificates from the cluster's CA")
-	fs.BoolVar(&c.EtcdPeerCertCheck, "etcd-peer-cert-check", c.EtcdPeerCertCheck, "let the leader make etcd's peer port accept only node certificates (the name "+pki.NodeMarker("<cluster-name>")+", which no operator's certificate carries), once every member's agent has one; false on any agent turns the check off for the whole cluster, one member at a time, as before a downgrade to an etcd-manager without it")
-	fs.StringVar(&c.PKIDir, "pki-dir", c.PKIDir, "directory holding the cluster's CA as ca.crt and ca.key; when empty, the CA is generated once and kept in the backup store under pki/ (guard that prefix as you would the key)")
-	fs.StringSliceVar(&c.CertNames, "cert-names", c.CertNames, "more DNS names and IP addresses for the node certificate, comma separated, such as the names clients dial (the operator passes its Services' names)")
-	fs.StringVar(&c.Readiness, "readiness", c.Readiness, "what /readyz on --metrics-address reports ready: running (a standby, or a member whose etcd runs) or voter (a voting member whose etcd serves: what a Kubernetes Service and PodDisruptionBudget should count)")
-	fs.DurationVar(&c.CertValidity, "cert-validity", c.CertValidity, "validity of the node certificates the agent issues itself; each is renewed two thirds into its life, with no restart")
-	fs.StringVar(&c.EtcdBinDir, "etcd-bin-dir", c.EtcdBinDir, "directory holding etcd installs as etcd-v<version>/etcd (or etcd-v<version>-linux-amd64/etcd), with etcdctl and etcdutl beside it")
-	fs.IntVar(&c.DiscoveryMaxRecords, "discovery-max-records", c.DiscoveryMaxRecords, "the most discovery records read (from the store, or a file:// directory) each cycle: records planted without end are cut off here, and the cut is logged")
-	fs.StringVar(&c.Discovery, "discovery", c.Discovery, "how agents find each other: store (records in the backup store), file:///DIR (a shared directory), static:HOST:PORT,... (a seed list of peer API addresses) or dns:NAME (SRV, or A records with --peer-port)")
-	fs.DurationVar(&c.MemberFailureGrace, "member-failure-grace", c.MemberFailureGrace, "how long a member may be unhealthy before a standby agent replaces it")
-	fs.DurationVar(&c.LearnerTimeout, "learner-timeout", c.LearnerTimeout, "how long a new member may take to start and catch up as a learner before it is removed again (its node waits before it is added again); allow for copying the whole database")
-	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
-	c.Backup.AddFlags(fs)
-	c.Capture.AddFlags(fs)
-	c.Compaction.AddFlags(fs)
-	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
-	fs.BoolVar(&c.EnablePprof, "enable-pprof", c.EnablePprof, "also serve Go's runtime profiles at /debug/pprof/ on --metrics-address, for performance work (they show the agent's internals: keep the address private)")
-	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between control-loop cycles")
-	fs.DurationVar(&c.EtcdStopTimeout, "etcd-stop-timeout", c.EtcdStopTimeout, "how long a graceful etcd stop may take before etcd is killed")
-	fs.DurationVar(&c.Trash.MaxAge, "trash-max-age", c.Trash.MaxAge, "copies of etcd data moved to <data-dir>/trash are deleted after this long, once this node is a healthy member whose live data supersedes them; the newest copy is always kept (0 keeps them for ever)")
-	fs.Int64Var(&c.MaxSnapshotBytes, "max-snapshot-bytes", c.MaxSnapshotBytes, "largest etcd snapshot the agent unpacks from a backup, for a restore or the check before one; a backup whose snapshot would be larger, or would leave less than 1 GiB (a tenth of a disk under 10 GiB) free on the data dir's disk, is refused and named")
-	fs.Int64Var(&c.Trash.MaxBytes, "trash-max-bytes", c.Trash.MaxBytes, "older copies in <data-dir>/trash are also deleted, oldest first, while the trash holds more than this many bytes, under the same conditions (0: no bound on size)")
-	fs.DurationVar(&c.EtcdCorruptCheckInterval, "etcd-corrupt-check-interval", c.EtcdCorruptCheckInterval, "how often etcd's periodic corruption check hashes every member's keyspace at one revision and compares them (0: never; a mismatch raises etcd's CORRUPT alarm); etcd's checks at start and after each compaction are always on")
-	fs.DurationVar(&c.RestoreDrillInterval, "restore-drill-interval", c.RestoreDrillInterval, "how often the leader checks that the newest backup restores: it restores it into a scratch etcd on loopback under --data-dir's tmp/ (when the snapshot and its copy fit on that disk), compares its revision and HashKV with the backup's meta, and records the outcome in the store; the cluster is not touched (0: never)")
-	fs.DurationVar(&c.HashCheckInterval, "hash-check-interval", c.HashCheckInterval, "how often the leader compares every voting member's HashKV at one revision; a member whose hash differs from a majority's has its data set aside and is rebuilt from its peers (0: never; etcd's CORRUPT alarm still triggers a comparison)")
-	fs.IntVar(&c.EtcdSnapshotCount, "etcd-snapshot-count", c.EtcdSnapshotCount, "etcd's --snapshot-count: committed entries between raft snapshots (0 keeps etcd's default); an upgrade from 3.5 past 3.6 waits for a snapshot on every member")
-}
-
 // Complete fills in the URLs derived from --etcd-address.
 func (c *Config) Complete() {
 	scheme := "https"
@@ -276,10 +230,10 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--cluster-name %q: use 1 to 63 lowercase letters, digits and dashes, such as main or events", c.ClusterName))
 	}
 	if c.BackupStore == "" {
-		errs = append(errs, fmt.Errorf("--%s is required, for example file:///var/lib/etcd-manager/backups/main", flagBackupStore))
+		errs = append(errs, fmt.Errorf("--%s is required, for example file:///var/lib/etcd-manager/backups/main", FlagBackupStore))
 	} else if err := store.CheckURL(c.BackupStore); err != nil {
 		// Refused now: retrying would never make it reachable.
-		errs = append(errs, fmt.Errorf("--%s: %w", flagBackupStore, err))
+		errs = append(errs, fmt.Errorf("--%s: %w", FlagBackupStore, err))
 	}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir is required"))
@@ -306,7 +260,7 @@ func (c *Config) Validate() error {
 	if c.CertValidity < 30*time.Second {
 		errs = append(errs, errors.New("--cert-validity must be at least 30s"))
 	}
-	for name, urls := range map[string][]string{flagClientURLs: c.ClientURLs, flagQuarantineClientURLs: c.QuarantineClientURLs, flagPeerURLs: c.PeerURLs, flagListenPeerURLs: c.ListenPeerURLs, flagListenClientURLs: c.ListenClientURLs} {
+	for name, urls := range map[string][]string{FlagClientURLs: c.ClientURLs, FlagQuarantineClientURLs: c.QuarantineClientURLs, FlagPeerURLs: c.PeerURLs, FlagListenPeerURLs: c.ListenPeerURLs, FlagListenClientURLs: c.ListenClientURLs} {
 		for _, u := range urls {
 			if err := checkURL(u, c.EtcdInsecure); err != nil {
 				errs = append(errs, fmt.Errorf("--%s: %w", name, err))
@@ -317,7 +271,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--node-name %q: use 1 to 63 lowercase letters, digits, dots and dashes, such as etcd-0", c.NodeName))
 	}
 	if overlap(c.ClientURLs, c.QuarantineClientURLs) || overlap(c.ListenClientURLs, c.QuarantineClientURLs) {
-		errs = append(errs, fmt.Errorf("--%s and --%s must differ, or quarantine would not keep clients out", flagClientURLs, flagQuarantineClientURLs))
+		errs = append(errs, fmt.Errorf("--%s and --%s must differ, or quarantine would not keep clients out", FlagClientURLs, FlagQuarantineClientURLs))
 	}
 	if _, err := peer.ParseDiscovery(c.Discovery, peer.DiscoveryOptions{Store: func(context.Context) (peer.BlobStore, error) { return nil, nil }}); err != nil {
 		errs = append(errs, err)
@@ -388,10 +342,10 @@ func (c Config) securityOff() []any {
 	)
 	var off, flags, risks []string
 	if c.Insecure {
-		off, flags, risks = append(off, "peer API"), append(flags, "--"+flagInsecure), append(risks, peerRisk)
+		off, flags, risks = append(off, "peer API"), append(flags, "--"+FlagInsecure), append(risks, peerRisk)
 	}
 	if c.EtcdInsecure {
-		off, flags, risks = append(off, "etcd"), append(flags, "--"+flagEtcdInsecure), append(risks, etcdRisk)
+		off, flags, risks = append(off, "etcd"), append(flags, "--"+FlagEtcdInsecure), append(risks, etcdRisk)
 	}
 	var on string
 	switch {
@@ -460,8 +414,8 @@ type BackupConfig struct {
 
 // Flags of the encryption keys, named in error messages as well.
 const (
-	flagEncryptionKeyFile  = "backup-encryption-key-file"
-	flagDecryptionKeyFiles = "backup-decryption-key-file"
+	FlagEncryptionKeyFile  = "backup-encryption-key-file"
+	FlagDecryptionKeyFiles = "backup-decryption-key-file"
 )
 
 // Backup defaults.
@@ -472,15 +426,6 @@ const (
 // DefaultBackupConfig returns the defaults.
 func DefaultBackupConfig() BackupConfig {
 	return BackupConfig{Interval: DefaultBackupInterval, Retention: "default", RetryDelay: DefaultBackupRetryDelay}
-}
-
-// AddFlags registers the backup flags on fs.
-func (c *BackupConfig) AddFlags(fs *pflag.FlagSet) {
-	fs.DurationVar(&c.Interval, "backup-interval", c.Interval, "time between periodic full backups to the backup store; the managing agent also backs up before every membership change")
-	fs.StringVar(&c.Retention, "backup-retention", c.Retention, "which backups to keep: default (everything under 1h, hourly for 7d, daily for 90d), exponential (hourly for 24h, daily for 7d, weekly for 4w) or count:N; the newest, and any a queued restore names, are always kept")
-	fs.DurationVar(&c.RetryDelay, "backup-retry-delay", c.RetryDelay, "wait after a failed backup before the next attempt; it doubles with each further failure, up to --backup-interval")
-	fs.StringVar(&c.EncryptionKeyFile, flagEncryptionKeyFile, c.EncryptionKeyFile, "file holding an age key (as age-keygen writes it, mode 0600) to encrypt backups and captured segments with, and to read them; read at start (default: no encryption; see docs/security.md)")
-	fs.StringSliceVar(&c.DecryptionKeyFiles, flagDecryptionKeyFiles, c.DecryptionKeyFiles, "file holding an older age key, only to read the backups and captured segments it encrypted, as during a key rotation; repeat the flag for several")
 }
 
 // Validate reports every problem with the backup settings.
@@ -510,19 +455,19 @@ func (c BackupConfig) Keyring() (*crypt.Keyring, error) {
 	if c.EncryptionKeyFile != "" {
 		k, err := crypt.LoadKeyFile(c.EncryptionKeyFile)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("--%s: %w", flagEncryptionKeyFile, err))
+			errs = append(errs, fmt.Errorf("--%s: %w", FlagEncryptionKeyFile, err))
 		}
 		write = k
 	}
 	var read []*crypt.Key
 	for _, f := range c.DecryptionKeyFiles {
 		if f == "" {
-			errs = append(errs, fmt.Errorf("--%s: an empty file name", flagDecryptionKeyFiles))
+			errs = append(errs, fmt.Errorf("--%s: an empty file name", FlagDecryptionKeyFiles))
 			continue
 		}
 		k, err := crypt.LoadKeyFile(f)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("--%s: %w", flagDecryptionKeyFiles, err))
+			errs = append(errs, fmt.Errorf("--%s: %w", FlagDecryptionKeyFiles, err))
 			continue
 		}
 		read = append(read, k)
@@ -543,7 +488,7 @@ func logKeys(log *slog.Logger, keys *crypt.Keyring) {
 	case keys.Encrypting():
 		log.Info("backups and captured segments are encrypted at rest", "key-id", keys.WriteKeyID(), "readable-key-ids", keys.IDs())
 	case keys != nil:
-		log.Warn("backups and captured segments are written unencrypted: there is no --"+flagEncryptionKeyFile+"; older encrypted ones stay readable",
+		log.Warn("backups and captured segments are written unencrypted: there is no --"+FlagEncryptionKeyFile+"; older encrypted ones stay readable",
 			"readable-key-ids", keys.IDs())
 	}
 }

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/spf13/pflag"
 )
 
 func validConfig() Config {
@@ -83,27 +81,6 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatalf("err = %v, want it to mention %q", err, tt.wantErr)
 			}
 		})
-	}
-}
-
-func TestConfigFlagsHaveHelp(t *testing.T) {
-	c := Default()
-	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
-	c.AddFlags(fs)
-	want := []string{"insecure", "etcd-insecure", "address", "etcd-address", "cluster-name", "backup-store", "data-dir",
-		"client-urls", "quarantine-client-urls", "peer-urls", "etcd-bin-dir", "peer-port"}
-	for _, name := range want {
-		f := fs.Lookup(name)
-		if f == nil {
-			t.Errorf("flag --%s is missing", name)
-			continue
-		}
-		if len(f.Usage) < 10 {
-			t.Errorf("flag --%s has no real help text: %q", name, f.Usage)
-		}
-	}
-	if got := fs.Lookup("etcd-bin-dir").DefValue; got != "/opt" {
-		t.Errorf("--etcd-bin-dir default = %q, want /opt", got)
 	}
 }
 

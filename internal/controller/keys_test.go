@@ -5,55 +5,19 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
-
-	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/internal/crypt/crypttest"
 )
 
-// The key flags exist on the managing agent and the backup agent alike,
-// and parse as documented: one encryption key, decryption keys repeated.
-func TestKeyFlags(t *testing.T) {
-	dir := t.TempDir()
-	cur, curID := crypttest.KeyFile(t, dir, "current.key")
-	old1, old1ID := crypttest.KeyFile(t, dir, "old1.key")
-	old2, old2ID := crypttest.KeyFile(t, dir, "old2.key")
-	args := []string{"--backup-encryption-key-file=" + cur, "--backup-decryption-key-file=" + old1, "--backup-decryption-key-file", old2}
-
-	agent := Default()
-	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	agent.AddFlags(fs)
-	backupAgent := DefaultBackupAgent()
-	bfs := pflag.NewFlagSet("backup-agent", pflag.ContinueOnError)
-	backupAgent.AddFlags(bfs)
-	for name, set := range map[string]struct {
-		fs  *pflag.FlagSet
-		cfg *BackupConfig
-	}{"agent": {fs, &agent.Backup}, "backup-agent": {bfs, &backupAgent.Backup}} {
-		for _, f := range []string{flagEncryptionKeyFile, flagDecryptionKeyFiles} {
-			if fl := set.fs.Lookup(f); fl == nil || len(fl.Usage) < 20 {
-				t.Fatalf("%s: --%s is missing or has no help", name, f)
-			}
-		}
-		if err := set.fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		keys, err := set.cfg.Keyring()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, want := keys.IDs(), []string{curID, old1ID, old2ID}; !slices.Equal(got, want) || keys.WriteKeyID() != curID {
-			t.Errorf("%s: keys %v writing with %s, want %v writing with %s", name, got, keys.WriteKeyID(), want, curID)
-		}
-	}
-	// No flag: no keyring, plaintext as before.
+// No key file: no keyring, plaintext as before. Only decryption keys:
+// old backups read, new ones written in plaintext.
+func TestKeyringOfTheBackupConfig(t *testing.T) {
 	if keys, err := Default().Backup.Keyring(); keys != nil || err != nil {
 		t.Errorf("without key files: %v, %v", keys.IDs(), err)
 	}
-	// Only decryption keys: reads old backups, writes plaintext.
+	old1, old1ID := crypttest.KeyFile(t, t.TempDir(), "old1.key")
 	c := DefaultBackupConfig()
 	c.DecryptionKeyFiles = []string{old1}
 	keys, err := c.Keyring()

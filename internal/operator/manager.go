@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -66,21 +65,6 @@ const (
 	EnvPodName      = "POD_NAME"
 	EnvPodNamespace = "POD_NAMESPACE"
 )
-
-// AddFlags registers the operator's flags.
-func (c *Config) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Image, "image", c.Image, "image of the member pods of an EtcdCluster that sets no spec.image (default: the operator's own, read from its pod, named by $POD_NAMESPACE and $POD_NAME)")
-	fs.StringSliceVar(&c.ImageVersions, "image-etcd-versions", c.ImageVersions, "the etcd versions the member image carries, comma separated; a cluster on that image whose versions it lacks is held, not rolled (default: the versions recorded in the operator's own image at "+ImageVersionsFile+", when --image is not set)")
-	fs.StringVar(&c.ClusterDomain, "cluster-domain", c.ClusterDomain, "the Kubernetes cluster's DNS domain: the members' certificates name <cluster>-client.<namespace>.svc.<domain> and each pod's <pod>.<cluster>.<namespace>.svc.<domain>")
-	fs.StringSliceVar(&c.Namespaces, "namespaces", c.Namespaces, "watch only these namespaces, comma separated, with a Role in each (default: all, with a ClusterRole)")
-	fs.StringSliceVar(&c.Namespaces, "namespace", c.Namespaces, "the same as --namespaces")
-	_ = fs.MarkHidden("namespace")
-	fs.BoolVar(&c.LeaderElection, "leader-elect", c.LeaderElection, "elect one active operator among replicas with a Lease")
-	fs.StringVar(&c.LeaderElectionID, "leader-election-id", c.LeaderElectionID, "name of the leader election Lease; installs that share a namespace need one each")
-	fs.StringVar(&c.LeaderElectionNamespace, "leader-election-namespace", c.LeaderElectionNamespace, "namespace of the leader election Lease (default: the operator's own, from the service account)")
-	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port for Prometheus metrics at /metrics (0 turns them off)")
-	fs.StringVar(&c.HealthAddress, "health-address", c.HealthAddress, "host:port for /healthz and /readyz (0 turns them off)")
-}
 
 // Validate checks the configuration.
 func (c *Config) Validate() error {

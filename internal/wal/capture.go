@@ -15,7 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/spf13/pflag"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -58,19 +57,6 @@ func Default() Config {
 		MaxSpoolBytes: 1 << 30, LeasePollInterval: time.Second,
 		MergeInterval: time.Minute, MergeWindows: DefaultMergeWindows, DigestInterval: 10 * time.Minute,
 		MaxClockOffset: time.Second}
-}
-
-// AddFlags registers the flags.
-func (c *Config) AddFlags(fs *pflag.FlagSet) {
-	fs.BoolVar(&c.Enabled, "capture", c.Enabled, "continuous capture: the leader writes every change to the store's wal/ prefix, for restores to any point (see docs/disaster-recovery.md)")
-	fs.DurationVar(&c.CutInterval, "capture-cut-interval", c.CutInterval, "how often captured changes are made durable and uploaded: the RPO of continuous capture is about this plus the upload's time")
-	fs.Int64Var(&c.MaxSegmentBytes, "capture-max-segment-bytes", c.MaxSegmentBytes, "cut a segment early at this size")
-	fs.Int64Var(&c.MaxSpoolBytes, "capture-max-spool-bytes", c.MaxSpoolBytes, "bound on captured changes kept on local disk while the store is unreachable; when full, capture stops and a full backup is taken once the store is back")
-	fs.DurationVar(&c.LeasePollInterval, "capture-lease-poll-interval", c.LeasePollInterval, "how often leases are listed to capture grants and revocations")
-	fs.DurationVar(&c.MergeInterval, "capture-merge-interval", c.MergeInterval, "how often the capturing agent merges the segments of closed windows into larger ones (0: never)")
-	fs.DurationVar(&c.DigestInterval, "capture-digest-interval", c.DigestInterval, "how often capture reads every key at a captured revision from etcd and records their digest, which a restore reaching that revision must match (0: never; each costs a full read of the keyspace)")
-	fs.DurationVar(&c.MaxClockOffset, "capture-max-clock-offset", c.MaxClockOffset, "capture only while this agent's clock is at most this far off its peers' (and a second more off the store's): the revisions' times, which --to-time goes by, come from the capturing agent's clock")
-	fs.DurationSliceVar(&c.MergeWindows, "capture-merge-windows", c.MergeWindows, "the merge windows, one per level: segments cut in one window are merged into one segment of the next level")
 }
 
 // Validate checks the configuration.
