@@ -102,6 +102,11 @@ func TestKeyFlags(t *testing.T) {
 		fs  *pflag.FlagSet
 		cfg *controller.BackupConfig
 	}{"agent": {fs, &agent.Backup}, "backup-agent": {bfs, &backupAgent.Backup}} {
+		for _, f := range []string{controller.FlagEncryptionKeyFile, controller.FlagDecryptionKeyFiles} {
+			if fl := set.fs.Lookup(f); fl == nil || len(fl.Usage) < 20 {
+				t.Fatalf("%s: --%s is missing or has no help", name, f)
+			}
+		}
 		if err := set.fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
