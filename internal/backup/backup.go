@@ -583,17 +583,13 @@ func (t *trailerHash) check() error {
 	return nil
 }
 
-// hashKVTimeout bounds the HashKV read beside a backup: etcd hashes the
-// whole keyspace, about a second per GiB.
-const hashKVTimeout = 2 * time.Minute
-
 // hashKV reads a member's HashKV at rev.
 func hashKV(ctx context.Context, cfg clientv3.Config, endpoint string, rev int64) (*HashKV, error) {
 	if rev <= 0 {
 		// HashKV at 0 would hash the member's current revision.
 		return nil, fmt.Errorf("backup: the snapshot records no revision to read the HashKV at")
 	}
-	ctx, cancel := context.WithTimeout(ctx, hashKVTimeout)
+	ctx, cancel := context.WithTimeout(ctx, etcdproc.HashKVTimeout) // the dial too
 	defer cancel()
 	cfg.Context = ctx
 	c, err := clientv3.New(cfg)
@@ -601,7 +597,7 @@ func hashKV(ctx context.Context, cfg clientv3.Config, endpoint string, rev int64
 		return nil, fmt.Errorf("backup: HashKV of %s: %w", endpoint, err)
 	}
 	defer c.Close()
-	resp, err := c.HashKV(ctx, endpoint, rev)
+	resp, err := etcdproc.HashKV(ctx, c, endpoint, rev)
 	if err != nil {
 		return nil, fmt.Errorf("backup: HashKV of %s at revision %d: %w", endpoint, rev, err)
 	}

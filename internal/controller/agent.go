@@ -394,14 +394,12 @@ func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.Restore
 	return f, nil
 }
 
-// errWait means an action found its precondition not yet met (a learner
-// still catching up); it is retried on a later cycle and is no failure.
-// A procedure step says so with procedure.ErrWait; waiting reports both.
-var errWait = errors.New("controller: not ready yet")
-
-// waiting reports whether err means an action must wait.
+// waiting reports whether err means an action found its precondition not
+// yet met (a learner still catching up): it is retried on a later cycle
+// and is no failure. Actions and procedure steps both say so with
+// procedure.ErrWait.
 func waiting(err error) bool {
-	return errors.Is(err, errWait) || errors.Is(err, procedure.ErrWait)
+	return errors.Is(err, procedure.ErrWait)
 }
 
 // actionKind is the action's name without its arguments, for metrics.

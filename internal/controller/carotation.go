@@ -8,6 +8,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
@@ -73,7 +74,7 @@ func (lp *loop) advanceCARotation(ctx context.Context, act plan.AdvanceCARotatio
 		return err
 	}
 	if r == nil || r.Phase != act.From {
-		return fmt.Errorf("%w: the CA rotation record changed meanwhile", errWait)
+		return fmt.Errorf("controller: the CA rotation record changed meanwhile: %w", procedure.ErrWait)
 	}
 	if act.To == "" {
 		// The copy for whoever only trusts the cluster drops the old CA

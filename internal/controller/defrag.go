@@ -289,9 +289,7 @@ func (lp *loop) finishDefrag(ctx context.Context, obs plan.Observed, act plan.Fi
 // memberDBSize is the database size a member reports, 0 when it does not
 // answer.
 func memberDBSize(ctx context.Context, c leaderEtcd, endpoint string) int64 {
-	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	st, err := c.Status(sctx, endpoint)
+	st, err := etcdproc.AskStatus(ctx, c, endpoint)
 	if err != nil {
 		return 0
 	}
@@ -306,9 +304,7 @@ func (lp *loop) recoverSpace(ctx context.Context, act plan.RecoverSpace) error {
 	if err != nil {
 		return err
 	}
-	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	st, err := c.Status(sctx, lp.clientEndpoint)
-	cancel()
+	st, err := etcdproc.AskStatus(ctx, c, lp.clientEndpoint)
 	if err != nil {
 		return fmt.Errorf("controller: NOSPACE: etcd status: %w", err)
 	}
@@ -343,7 +339,7 @@ func (lp *loop) disarmAlarms(ctx context.Context, ids []uint64, alarm etcdserver
 	if _, err := lp.members.leader(ctx); err != nil {
 		return err
 	}
-	dctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	dctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
 	defer cancel()
 	for _, id := range ids {
 		if _, err := lp.client.AlarmDisarm(dctx, &clientv3.AlarmMember{MemberID: id, Alarm: alarm}); err != nil {

@@ -389,7 +389,7 @@ func (lp *loop) restoreDrill(ctx context.Context, s *store.Store, name, runningV
 
 // drillChecker is the part of an etcd client a drill's check needs.
 type drillChecker interface {
-	hashKVer
+	etcdproc.HashKVer
 	Compact(ctx context.Context, rev int64, opts ...clientv3.CompactOption) (*clientv3.CompactResponse, error)
 }
 
@@ -408,7 +408,7 @@ func checkDrill(ctx context.Context, c drillChecker, endpoint string, meta backu
 		out.note = "revision checked; the backup records no HashKV"
 		return out, nil
 	}
-	h, err := c.HashKV(ctx, endpoint, meta.Revision)
+	h, err := etcdproc.HashKV(ctx, c, endpoint, meta.Revision)
 	if err != nil {
 		return out, fmt.Errorf("controller: HashKV of the restored etcd at revision %d: %w", meta.Revision, err)
 	}
@@ -416,7 +416,7 @@ func checkDrill(ctx context.Context, c drillChecker, endpoint string, meta backu
 		if _, err := c.Compact(ctx, want.CompactRevision, clientv3.WithCompactPhysical()); err != nil {
 			return out, fmt.Errorf("controller: compact the restored etcd to revision %d: %w", want.CompactRevision, err)
 		}
-		if h, err = c.HashKV(ctx, endpoint, meta.Revision); err != nil {
+		if h, err = etcdproc.HashKV(ctx, c, endpoint, meta.Revision); err != nil {
 			return out, fmt.Errorf("controller: HashKV of the restored etcd at revision %d: %w", meta.Revision, err)
 		}
 	}

@@ -31,7 +31,7 @@ func TestEventLogOutcomes(t *testing.T) {
 		{0, add, nil},
 		{time.Second, plan.TakeBackup{Reason: "periodic"}, boom},
 		{time.Minute, plan.TakeBackup{Reason: "periodic"}, boom},
-		{2 * time.Minute, plan.TakeBackup{Reason: "periodic"}, fmt.Errorf("%w: not yet", errWait)},
+		{2 * time.Minute, plan.TakeBackup{Reason: "periodic"}, fmt.Errorf("%w: not yet", procedure.ErrWait)},
 		{3 * time.Minute, plan.BackupRestored{ID: "r1"}, fmt.Errorf("%w: members starting", procedure.ErrWait)},
 		{9 * time.Minute, plan.TakeBackup{Reason: "periodic"}, boom},
 		{11 * time.Minute, plan.TakeBackup{Reason: "periodic"}, errors.New("boom again")},
@@ -74,7 +74,7 @@ func TestResult(t *testing.T) {
 	}{
 		{nil, "ok"},
 		{errors.New("boom"), "error"},
-		{fmt.Errorf("%w: learner catching up", errWait), "wait"},
+		{fmt.Errorf("%w: learner catching up", procedure.ErrWait), "wait"},
 		{fmt.Errorf("restore r1: %w: members starting", procedure.ErrWait), "wait"},
 	}
 	for _, tt := range tests {

@@ -8,15 +8,11 @@ import (
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 )
-
-// hashTimeout bounds one member's HashKV: it reads the member's whole
-// keyspace.
-const hashTimeout = 2 * time.Minute
 
 // hashResultFresh is how long a comparison's result is acted on: a later
 // alarm, or a change of members, needs a new one.
@@ -46,9 +42,7 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 	}
 	lp.hash.last, lp.hash.checked = lp.now(), true
 	lp.hash.recheck = false
-	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	st, err := c.Status(sctx, lp.clientEndpoint)
-	cancel()
+	st, err := etcdproc.AskStatus(ctx, c, lp.clientEndpoint)
 	if err != nil {
 		return fmt.Errorf("controller: hash check: etcd status: %w", err)
 	}
@@ -154,19 +148,12 @@ func (lp *loop) resumeMember(ctx context.Context, obs plan.Observed, act plan.Re
 	return nil
 }
 
-// hashKVer is the part of the etcd client a hash check needs.
-type hashKVer interface {
-	HashKV(ctx context.Context, endpoint string, rev int64) (*clientv3.HashKVResponse, error)
-}
-
 // memberHash is a member's HashKV at rev, asked again while the member
 // has not applied rev yet.
-func memberHash(ctx context.Context, c hashKVer, endpoint string, rev int64) (plan.MemberHash, error) {
+func memberHash(ctx context.Context, c etcdproc.HashKVer, endpoint string, rev int64) (plan.MemberHash, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		hctx, cancel := context.WithTimeout(ctx, hashTimeout)
-		resp, err := c.HashKV(hctx, endpoint, rev)
-		cancel()
+		resp, err := etcdproc.HashKV(ctx, c, endpoint, rev)
 		if err == nil {
 			return plan.MemberHash{Hash: resp.Hash, CompactRevision: resp.CompactRevision}, nil
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/testhook"
@@ -244,7 +245,9 @@ func (m *members) leader(ctx context.Context) (leaderEtcd, error) {
 	if c == nil {
 		return nil, ErrNotLeader
 	}
-	cctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	// One bound for both calls: a leader that is slow to say so is as
+	// good as none.
+	cctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
 	defer cancel()
 	st, err := c.Status(cctx, endpoint)
 	if err != nil {
@@ -295,7 +298,7 @@ func (m *members) add(ctx context.Context, obs plan.Observed, act plan.AddMember
 			resp, err = m.addThroughOthers(ctx, members, n.PeerURLs)
 		}
 		if isUnhealthy(err) {
-			return fmt.Errorf("%w: etcd reports the cluster not yet settled for adding %s", errWait, n.ID)
+			return fmt.Errorf("controller: etcd reports the cluster not yet settled for adding %s: %w", n.ID, procedure.ErrWait)
 		}
 		if err != nil {
 			return fmt.Errorf("controller: add %s as learner: %w", n.ID, err)
@@ -356,7 +359,7 @@ func (m *members) promote(ctx context.Context, act plan.PromoteMember) error {
 	defer cancel()
 	_, err = c.MemberPromote(pctx, act.MemberID)
 	if errors.Is(err, rpctypes.ErrGRPCLearnerNotReady) || (err != nil && strings.Contains(err.Error(), rpctypes.ErrGRPCLearnerNotReady.Error())) {
-		return fmt.Errorf("%w: learner %x is still catching up", errWait, act.MemberID)
+		return fmt.Errorf("controller: learner %x is still catching up: %w", act.MemberID, procedure.ErrWait)
 	}
 	if err != nil {
 		return fmt.Errorf("controller: promote %x: %w", act.MemberID, err)

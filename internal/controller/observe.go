@@ -28,7 +28,6 @@ import (
 
 const (
 	peerCallTimeout   = 2 * time.Second
-	statusTimeout     = 2 * time.Second
 	publishInterval   = 10 * time.Second
 	pendingTimeoutMul = 3
 )
@@ -243,7 +242,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 	if ps.Wanted && ps.PID != 0 {
 		endpoint := ps.Spec.ServedClientURL()
 		if c, err := lp.localClient(endpoint); err == nil {
-			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+			sctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
 			ms, err := etcdproc.LocalStatus(sctx, c, endpoint)
 			cancel()
 			if err == nil {
@@ -555,7 +554,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	if m == nil || lp.client == nil {
 		return nil, errors.New("controller: no local member")
 	}
-	cctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	cctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
 	defer cancel()
 	resp, err := lp.client.MemberList(cctx)
 	if err != nil {
@@ -581,7 +580,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+			sctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
 			defer cancel()
 			st, err := etcdproc.MemberStatusOf(sctx, mc, url)
 			members[i].Healthy = err == nil
@@ -665,7 +664,7 @@ func raisedAlarms(ctx context.Context, c alarmLister, statusErrs [][]string, ala
 	if !mentioned || len(ids) > 0 {
 		return ids, known || len(ids) > 0
 	}
-	actx, cancel := context.WithTimeout(ctx, statusTimeout)
+	actx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
 	defer cancel()
 	alarms, err := c.AlarmList(actx)
 	if err != nil {
@@ -828,7 +827,7 @@ func (lp *loop) noLeaderFor() time.Duration {
 // localMembers are the started members that etcd's own copy of the
 // membership lists (a serializable read, which needs no quorum).
 func localMembers(ctx context.Context, c *clientv3.Client) []plan.Member {
-	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	ctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
 	defer cancel()
 	resp, err := c.MemberList(ctx, clientv3.WithSerializable())
 	if err != nil {

@@ -109,9 +109,6 @@ const (
 	restoreCallTimeout = 30 * time.Minute
 	// etcdCallTimeout bounds a call to etcd.
 	etcdCallTimeout = 10 * time.Second
-	// hashKVTimeout bounds one member's HashKV, which reads its whole
-	// keyspace: about a minute for 8 GiB on a busy disk.
-	hashKVTimeout = 2 * time.Minute
 )
 
 // Execute carries out act if it is a procedure's, reporting whether it

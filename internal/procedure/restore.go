@@ -541,9 +541,7 @@ func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgr
 	}
 	var first *clientv3.HashKVResponse
 	for _, ep := range endpoints {
-		hctx, hcancel := context.WithTimeout(ctx, hashKVTimeout)
-		h, err := c.HashKV(hctx, ep, rev)
-		hcancel()
+		h, err := etcdproc.HashKV(ctx, c, ep, rev)
 		if err != nil {
 			return fmt.Errorf("procedure: restored cluster: HashKV of %s at revision %d: %w", ep, rev, err)
 		}

@@ -42,9 +42,9 @@ import (
 // another agent drives now, and this one must stop acting.
 var ErrFenced = errors.New("procedure: no longer the driver")
 
-// ErrWait means a step found its precondition not yet met (the members of
-// a restored cluster still starting, say). The step is tried again soon;
-// waiting is no failure.
+// ErrWait means a step or a loop action found its precondition not yet
+// met (the members of a restored cluster still starting, a learner still
+// catching up). It is tried again soon; waiting is no failure.
 var ErrWait = errors.New("procedure: not ready yet")
 
 // Phase is one phase of a procedure.
