@@ -26,8 +26,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -366,7 +366,7 @@ func watchStore(t *testing.T, s *store.Store, timeline string) *storeWatch {
 
 func (w *storeWatch) poll(ctx context.Context) error {
 	begin := time.Now()
-	refs, err := wal.List(ctx, w.s, w.timeline)
+	refs, err := changelog.List(ctx, w.s, w.timeline)
 	if err != nil {
 		return err
 	}
@@ -378,7 +378,7 @@ func (w *storeWatch) poll(ctx context.Context) error {
 		if old {
 			continue
 		}
-		h, err := wal.ReadHeaderAt(ctx, w.s, r.Key)
+		h, err := changelog.ReadHeaderAt(ctx, w.s, r.Key)
 		if err != nil {
 			return fmt.Errorf("read the header of %s: %w", r.Key, err)
 		}
@@ -921,12 +921,12 @@ func waitCaptured(t *testing.T, c *captureCluster, s *store.Store) string {
 	}
 	var timeline string
 	harness.WaitFor(t, 2*time.Minute, "capture to make a write durable in the store", func() bool {
-		tlines, err := wal.Timelines(ctx, s)
+		tlines, err := changelog.Timelines(ctx, s)
 		if err != nil || len(tlines) != 1 {
 			return false
 		}
 		timeline = tlines[0]
-		runs, err := wal.Runs(ctx, s, timeline)
+		runs, err := changelog.Runs(ctx, s, timeline)
 		return err == nil && len(runs) > 0 && runs[len(runs)-1].Last >= resp.Header.Revision
 	})
 	return timeline
@@ -948,7 +948,7 @@ type pitrRun struct {
 	namePhases           []string
 	errorLines           int
 	applySecs            float64
-	applied              wal.Applied
+	applied              changelog.Applied
 }
 
 func benchPITR(t *testing.T, sc scale) []Result {
@@ -997,7 +997,7 @@ func benchPITR(t *testing.T, sc scale) []Result {
 		verdict = "does NOT meet"
 	}
 	apply := Result{Name: "pitr-apply-rate", Value: rate, Unit: "revisions/s", Baseline: writeRate, Ratio: ratio(rate, writeRate),
-		Note: fmt.Sprintf("%s the goal of ≥ %.0f revisions/s; wal.Apply, the code restore-backup runs on each node, run alone in the benchmark's process on the fetched %.0f MiB snapshot of backup %s: "+
+		Note: fmt.Sprintf("%s the goal of ≥ %.0f revisions/s; changelog.Apply, the code restore-backup runs on each node, run alone in the benchmark's process on the fetched %.0f MiB snapshot of backup %s: "+
 			"%d revisions from %d segments applied in %.2fs (fetch and gunzip before the clock); "+
 			"baseline: the rate at which the live cluster took those revisions from its writers in the same run, %.0f/s; %s",
 			verdict, applyGoal, mib(r.dbSize), r.backup, r.applied.Revisions, r.applied.Segments, r.applySecs, writeRate, setup)}
@@ -1036,7 +1036,7 @@ func runPITR(t *testing.T, sc scale) pitrRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.baseRev = wal.SnapshotRevision(meta.Revision)
+	r.baseRev = changelog.SnapshotRevision(meta.Revision)
 	timeline := meta.ClusterToken
 	t.Logf("filled to %.0f MiB in %.1fs; backup %s at revision %d of timeline %s in %.1fs", mib(r.dbSize), r.fillSecs, r.backup, r.baseRev, timeline, r.backupSecs)
 
@@ -1050,16 +1050,16 @@ func runPITR(t *testing.T, sc scale) pitrRun {
 	}
 	t.Logf("wrote revisions %d to %d in %.1fs: %s", r.baseRev+1, r.head, r.writeSecs, r.load.describe())
 	harness.WaitFor(t, 10*time.Minute, fmt.Sprintf("capture to make revision %d durable", r.head), func() bool {
-		runs, err := wal.Runs(ctx, s, timeline)
+		runs, err := changelog.Runs(ctx, s, timeline)
 		return err == nil && len(runs) > 0 && runs[len(runs)-1].Last >= r.head
 	})
 	r.durableLag = time.Since(r.load.end).Seconds()
-	refs, err := wal.List(ctx, s, timeline)
+	refs, err := changelog.List(ctx, s, timeline)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, ref := range refs {
-		h, err := wal.ReadHeaderAt(ctx, s, ref.Key)
+		h, err := changelog.ReadHeaderAt(ctx, s, ref.Key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1117,13 +1117,13 @@ func runPITR(t *testing.T, sc scale) pitrRun {
 		}
 	}
 
-	// wal.Apply alone, in this process, with nothing else running.
+	// changelog.Apply alone, in this process, with nothing else running.
 	path, _, err := backup.Fetch(ctx, s, r.backup, t.TempDir(), backup.FetchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	start = time.Now()
-	r.applied, err = wal.Apply(ctx, s, path, timeline, r.head, wal.ApplyOptions{})
+	r.applied, err = changelog.Apply(ctx, s, path, timeline, r.head, changelog.ApplyOptions{})
 	r.applySecs = time.Since(start).Seconds()
 	if err != nil {
 		t.Fatalf("apply to %d: %v", r.head, err)
@@ -1131,7 +1131,7 @@ func runPITR(t *testing.T, sc scale) pitrRun {
 	if r.applied.To != r.head {
 		t.Fatalf("apply to %d reached %d", r.head, r.applied.To)
 	}
-	t.Logf("wal.Apply: %d revisions from %d segments in %.2fs", r.applied.Revisions, r.applied.Segments, r.applySecs)
+	t.Logf("changelog.Apply: %d revisions from %d segments in %.2fs", r.applied.Revisions, r.applied.Segments, r.applySecs)
 	return r
 }
 

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // pointFlags are restore-backup's point-in-time flags.
@@ -103,7 +103,7 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 			return "", point, fmt.Errorf("the newest backup, %s, records no cluster token (an older etcd-manager or kops wrote it); name the timeline with --timeline (see list-backups)", infos[len(infos)-1].Name)
 		}
 	}
-	if !wal.ValidTimeline(timeline) {
+	if !changelog.ValidTimeline(timeline) {
 		return "", point, fmt.Errorf("--timeline %q is not a cluster token", timeline)
 	}
 	var at time.Time
@@ -113,9 +113,9 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 		}
 	}
 	// The newest point is the timeline's own: no history to read.
-	history := []wal.Link{{Timeline: timeline}}
+	history := []changelog.Link{{Timeline: timeline}}
 	if !pf.latest {
-		if history, err = wal.History(ctx, s, timeline); err != nil {
+		if history, err = changelog.History(ctx, s, timeline); err != nil {
 			return "", point, err
 		}
 	}
@@ -129,7 +129,7 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 			switch {
 			case pf.toRevision > br.Revision && pf.toRevision < br.Start():
 				return "", point, fmt.Errorf("%w: revisions %d to %d do not exist: timeline %s starts at revision %d, restored from revision %d of timeline %s with --bump-revision=%d",
-					wal.ErrRange, br.Revision+1, br.Start()-1, br.Timeline, br.Start(), br.Revision, br.Parent, br.BumpRevision)
+					changelog.ErrRange, br.Revision+1, br.Start()-1, br.Timeline, br.Start(), br.Revision, br.Parent, br.BumpRevision)
 			case pf.toRevision > 0 && pf.toRevision <= br.Revision, pf.toTime != "" && at.Before(br.Time):
 				limit = br.Revision
 				continue
@@ -141,7 +141,7 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 		// before the branch is the parent's.
 		return resolveOn(ctx, s, infos, link.Timeline, name, pf, at, limit, point, keys)
 	}
-	return "", point, fmt.Errorf("%w: %s is before the oldest backup of timeline %s and of every timeline it was restored from", wal.ErrRange, targetString(pf), timeline)
+	return "", point, fmt.Errorf("%w: %s is before the oldest backup of timeline %s and of every timeline it was restored from", changelog.ErrRange, targetString(pf), timeline)
 }
 
 // errBeforeBackups means a target lies before a timeline's oldest backup.
@@ -150,7 +150,7 @@ var errBeforeBackups = errors.New("before the oldest backup")
 // beganNote says when a restored timeline began, for a refusal of a time
 // after that but before its oldest backup kept.
 func beganNote(ctx context.Context, s *store.Store, timeline string) string {
-	b, ok, err := wal.ReadBranch(ctx, s, timeline)
+	b, ok, err := changelog.ReadBranch(ctx, s, timeline)
 	if err != nil || !ok {
 		return ""
 	}
@@ -172,14 +172,14 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 	var own []backup.Info
 	for _, in := range infos {
 		if in.Meta.ClusterToken == timeline {
-			in.Meta.Revision = wal.SnapshotRevision(in.Meta.Revision)
+			in.Meta.Revision = changelog.SnapshotRevision(in.Meta.Revision)
 			own = append(own, in)
 		}
 	}
 	if len(own) == 0 {
 		return "", point, fmt.Errorf("%w: timeline %s has no full backup (see list-backups)", errBeforeBackups, timeline)
 	}
-	runs, err := wal.Runs(ctx, s, timeline)
+	runs, err := changelog.Runs(ctx, s, timeline)
 	if err != nil {
 		return "", point, err
 	}
@@ -202,7 +202,7 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 	default:
 		if at.After(lastTime) {
 			return "", point, fmt.Errorf("%w: --to-time %s is after the last captured point of timeline %s (revision %d at %s); use --latest",
-				wal.ErrRange, at.UTC().Format(time.RFC3339Nano), timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
+				changelog.ErrRange, at.UTC().Format(time.RFC3339Nano), timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
 		}
 		// A moment between two runs, while capture was not following,
 		// has no known state: the revisions of the gap were committed at
@@ -211,11 +211,11 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 			prev, next := runs[i-1], runs[i]
 			if next.First > prev.Last+1 && prev.LastTime.Before(at) && at.Before(next.FirstTime) {
 				return "", point, fmt.Errorf("%w: --to-time %s falls in a gap of capture on timeline %s: revisions %d to %d were not captured, and capture was not following between %s and %s; "+
-					"give --to-revision, or restore a backup by name (list-backups --ranges)", wal.ErrRange, pf.toTime, timeline, prev.Last+1, next.First-1,
+					"give --to-revision, or restore a backup by name (list-backups --ranges)", changelog.ErrRange, pf.toTime, timeline, prev.Last+1, next.First-1,
 					rfcTime(prev.LastTime), rfcTime(next.FirstTime))
 			}
 		}
-		rev, _, err := wal.RevisionAt(ctx, s, timeline, at, keys)
+		rev, _, err := changelog.RevisionAt(ctx, s, timeline, at, keys)
 		var nk *crypt.NoKeyError
 		if errors.As(err, &nk) {
 			return "", point, fmt.Errorf("--to-time %s: the revision captured at that time is found from the times inside the captured segments, and %v: "+
@@ -237,10 +237,10 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 			for i := len(own) - 1; i >= 0; i-- {
 				if in := own[i]; in.Meta.SnapshotTime == 0 && !in.Meta.PointTime().After(at) {
 					return "", point, fmt.Errorf("%w: --to-time %s: no change was captured at or before it, and backup %s records only the second it began (an older etcd-manager or kops took it), "+
-						"so whether its snapshot held writes made after that time is not known; restore it by name, or give --to-revision", wal.ErrRange, pf.toTime, in.Name)
+						"so whether its snapshot held writes made after that time is not known; restore it by name, or give --to-revision", changelog.ErrRange, pf.toTime, in.Name)
 				}
 			}
-			return "", point, fmt.Errorf("%w: %w: --to-time %s is before the oldest backup kept of timeline %s (%s, at %s)%s", wal.ErrRange, errBeforeBackups, pf.toTime, timeline,
+			return "", point, fmt.Errorf("%w: %w: --to-time %s is before the oldest backup kept of timeline %s (%s, at %s)%s", changelog.ErrRange, errBeforeBackups, pf.toTime, timeline,
 				own[0].Name, rfcTime(own[0].Meta.PointTime()), beganNote(ctx, s, timeline))
 		}
 		to = rev
@@ -249,7 +249,7 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 		}
 	}
 	if to > lastRev {
-		return "", point, fmt.Errorf("%w: revision %d is after the last captured revision of timeline %s, %d (at %s)", wal.ErrRange, to, timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
+		return "", point, fmt.Errorf("%w: revision %d is after the last captured revision of timeline %s, %d (at %s)", changelog.ErrRange, to, timeline, lastRev, lastTime.UTC().Format(time.RFC3339Nano))
 	}
 
 	var base *backup.Info
@@ -258,7 +258,7 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 		if err != nil {
 			return "", point, err
 		}
-		meta.Revision = wal.SnapshotRevision(meta.Revision)
+		meta.Revision = changelog.SnapshotRevision(meta.Revision)
 		if meta.ClusterToken != timeline || meta.Revision > to {
 			return "", point, fmt.Errorf("backup %s (timeline %s, revision %d) cannot be brought to revision %d of timeline %s", name, meta.ClusterToken, meta.Revision, to, timeline)
 		}
@@ -271,10 +271,10 @@ func resolveOn(ctx context.Context, s *store.Store, infos []backup.Info, timelin
 			}
 		}
 		if base == nil {
-			return "", point, fmt.Errorf("%w: %w: revision %d is before the oldest backup of timeline %s (%s, revision %d)", wal.ErrRange, errBeforeBackups, to, timeline, own[0].Name, own[0].Meta.Revision)
+			return "", point, fmt.Errorf("%w: %w: revision %d is before the oldest backup of timeline %s (%s, revision %d)", changelog.ErrRange, errBeforeBackups, to, timeline, own[0].Name, own[0].Meta.Revision)
 		}
 	}
-	if err := wal.CheckReach(runs, base.Meta.Revision, to); err != nil {
+	if err := changelog.CheckReach(runs, base.Meta.Revision, to); err != nil {
 		return "", point, err
 	}
 	if to > base.Meta.Revision {
@@ -294,14 +294,14 @@ type timelineRange struct {
 	LatestTime       time.Time `json:"latestTime"`
 	Backups          int       `json:"backups"`
 	// Branch says where a restore started the timeline from another.
-	Branch *wal.Branch `json:"branch,omitempty"`
+	Branch *changelog.Branch `json:"branch,omitempty"`
 	// BranchError says why the branch record cannot be read.
 	BranchError string   `json:"branchError,omitempty"`
 	Runs        []runRow `json:"runs"`
 	// Restorable are the stretches of revisions the kept backups reach
 	// through the runs; Gaps the holes between them.
-	Restorable []wal.Span `json:"restorable"`
-	Gaps       []wal.Gap  `json:"gaps"`
+	Restorable []changelog.Span `json:"restorable"`
+	Gaps       []changelog.Gap  `json:"gaps"`
 }
 
 type runRow struct {
@@ -318,7 +318,7 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 	if err != nil {
 		return nil, err
 	}
-	tls, err := wal.Timelines(ctx, s)
+	tls, err := changelog.Timelines(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -338,8 +338,8 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 	}
 	var out []timelineRange
 	for _, t := range order {
-		r := timelineRange{Timeline: t, Runs: []runRow{}, Restorable: []wal.Span{}, Gaps: []wal.Gap{}}
-		if b, ok, err := wal.ReadBranch(ctx, s, t); err != nil {
+		r := timelineRange{Timeline: t, Runs: []runRow{}, Restorable: []changelog.Span{}, Gaps: []changelog.Gap{}}
+		if b, ok, err := changelog.ReadBranch(ctx, s, t); err != nil {
 			r.BranchError = err.Error()
 		} else if ok {
 			r.Branch = &b
@@ -350,7 +350,7 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 			if in.Meta.ClusterToken != t {
 				continue
 			}
-			rev := wal.SnapshotRevision(in.Meta.Revision)
+			rev := changelog.SnapshotRevision(in.Meta.Revision)
 			if r.Backups == 0 {
 				r.EarliestRevision, r.EarliestTime = rev, in.Meta.PointTime().UTC()
 			}
@@ -358,7 +358,7 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 			at[rev] = in.Meta.PointTime().UTC()
 			r.Backups++
 		}
-		runs, err := wal.Runs(ctx, s, t)
+		runs, err := changelog.Runs(ctx, s, t)
 		if err != nil {
 			return nil, err
 		}
@@ -373,14 +373,14 @@ func ranges(ctx context.Context, s *store.Store) ([]timelineRange, error) {
 		// What the kept backups reach, not what the runs hold: a run
 		// whose base backup retention removed is reachable only from a
 		// kept backup inside it.
-		if spans := wal.Reachable(runs, revs); spans != nil {
+		if spans := changelog.Reachable(runs, revs); spans != nil {
 			r.Restorable = spans
 		}
 		if n := len(r.Restorable); n > 0 {
 			r.LatestRevision = r.Restorable[n-1].To
 			r.LatestTime = at[r.LatestRevision]
 		}
-		r.Gaps = append(r.Gaps, wal.Holes(r.Restorable)...)
+		r.Gaps = append(r.Gaps, changelog.Holes(r.Restorable)...)
 		out = append(out, r)
 	}
 	return out, nil

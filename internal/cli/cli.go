@@ -1,4 +1,3 @@
-// Package cli holds what the commands share at run time: the logger.
 package cli
 
 import (

@@ -1,13 +1,3 @@
-// Package controller is the agent: it wires the node (package node), the
-// peer API, the store and TLS together, and runs the control loop. Each
-// cycle the loop observes the store, its peers and etcd, asks the planner
-// (package plan) what to do, and carries the actions out one at a time:
-// membership and version steps itself, long operations on the procedure
-// runner (package procedure), and the node's own steps through the node.
-//
-// Leadership is etcd's: the agent beside etcd's raft leader leads while
-// etcd has quorum. While it has none (first boot, a restore, a lost
-// quorum), a lock in the store (lock.go) picks the one agent that acts.
 package controller
 
 import (
@@ -28,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/node"
@@ -38,7 +29,6 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // Agent is one node's etcd-manager: it keeps the process's lifetime and
@@ -377,7 +367,7 @@ func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.Restore
 	} else {
 		log.Warn("cannot read the free space before bringing a backup forward; bounding it by --max-snapshot-bytes alone", "error", err)
 	}
-	applied, err := wal.Apply(ctx, s, path, p.Timeline, p.ToRevision, wal.ApplyOptions{Keys: opts.Keys, MaxBytes: bound})
+	applied, err := changelog.Apply(ctx, s, path, p.Timeline, p.ToRevision, changelog.ApplyOptions{Keys: opts.Keys, MaxBytes: bound})
 	if err != nil {
 		f.Path = ""
 		return f, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)

@@ -19,10 +19,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // BackupAgentConfig configures the backup-only agent, for an etcd that
@@ -47,7 +47,7 @@ type BackupAgentConfig struct {
 	LoopInterval time.Duration
 	// Capture is continuous capture of the etcd, by the lock holder,
 	// spooled under <temp-dir>/capture.
-	Capture wal.Config
+	Capture changelog.Config
 }
 
 // DefaultBackupAgent returns the defaults.
@@ -57,7 +57,7 @@ func DefaultBackupAgent() BackupAgentConfig {
 		TempDir:      filepath.Join(os.TempDir(), "etcd-manager-backup"),
 		LockLease:    30 * time.Second,
 		LoopInterval: 5 * time.Second,
-		Capture:      wal.Default(),
+		Capture:      changelog.Default(),
 	}
 }
 

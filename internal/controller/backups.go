@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // VerifySnapshotCommand is the etcd-manager subcommand that verifies a
@@ -264,11 +264,11 @@ func (b *backups) prune(ctx context.Context, s *store.Store) {
 		if t == "" {
 			continue
 		}
-		if f, ok := floors[t]; !ok || wal.SnapshotRevision(in.Meta.Revision) < f {
-			floors[t] = wal.SnapshotRevision(in.Meta.Revision)
+		if f, ok := floors[t]; !ok || changelog.SnapshotRevision(in.Meta.Revision) < f {
+			floors[t] = changelog.SnapshotRevision(in.Meta.Revision)
 		}
 	}
-	pruned, err := wal.Prune(ctx, s, floors, oldest)
+	pruned, err := changelog.Prune(ctx, s, floors, oldest)
 	if err != nil {
 		b.log.Warn("cannot delete captured segments that no kept backup reaches", "error", err)
 	}

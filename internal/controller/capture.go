@@ -16,19 +16,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/testhook"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // capturer runs continuous capture beside the control loop: the upload of
 // the spool always (so a former leader's segments still land), and the
 // capture itself while this agent leads the cluster, on its own etcd.
 type capturer struct {
-	cfg wal.Config
+	cfg changelog.Config
 	log *slog.Logger
 	now func() time.Time
 	dir string
@@ -41,7 +41,7 @@ type capturer struct {
 	clockRefused string
 
 	mu       sync.Mutex
-	wal      *wal.Capture // set once the store is open
+	changes  *changelog.Capture // set once the store is open
 	store    *store.Store
 	run      *captureRun
 	needBase bool
@@ -64,12 +64,12 @@ type captureRun struct {
 	done      chan struct{}
 }
 
-func newCapturer(cfg wal.Config, dataDir, url string, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *capturer {
+func newCapturer(cfg changelog.Config, dataDir, url string, log *slog.Logger, now func() time.Time, reg prometheus.Registerer) *capturer {
 	c := &capturer{cfg: cfg, log: log, now: now, dir: filepath.Join(dataDir, "capture"), url: url}
-	status := func(f func(wal.Status) float64) func() float64 {
+	status := func(f func(changelog.Status) float64) func() float64 {
 		return func() float64 {
 			c.mu.Lock()
-			w := c.wal
+			w := c.changes
 			c.mu.Unlock()
 			if w == nil {
 				return 0
@@ -83,16 +83,16 @@ func newCapturer(cfg wal.Config, dataDir, url string, log *slog.Logger, now func
 			func() float64 { return b2f(cfg.Enabled) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_set_aside",
 			Help: "Spooled segments that did not read and were set aside, since the agent started: each ended its run there."},
-			status(func(s wal.Status) float64 { return float64(s.SetAside) })),
+			status(func(s changelog.Status) float64 { return float64(s.SetAside) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_running",
 			Help: "1 while this agent captures its cluster's changes into the store (the leader, with --capture)."},
-			status(func(s wal.Status) float64 { return b2f(s.Running) })),
+			status(func(s changelog.Status) float64 { return b2f(s.Running) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_durable_revision",
 			Help: "The last revision this agent's capture made durable in the store."},
-			status(func(s wal.Status) float64 { return float64(s.Durable) })),
+			status(func(s changelog.Status) float64 { return float64(s.Durable) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_durable_timestamp_seconds",
 			Help: "Unix time capture observed the last revision it made durable in the store: a restore can reach it."},
-			status(func(s wal.Status) float64 {
+			status(func(s changelog.Status) float64 {
 				if s.DurableTime.IsZero() {
 					return 0
 				}
@@ -100,13 +100,13 @@ func newCapturer(cfg wal.Config, dataDir, url string, log *slog.Logger, now func
 			})),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_spool_bytes",
 			Help: "Captured changes on local disk waiting for the store."},
-			status(func(s wal.Status) float64 { return float64(s.SpoolBytes) })),
+			status(func(s changelog.Status) float64 { return float64(s.SpoolBytes) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_spool_full",
 			Help: "1 while capture is stopped because its spool reached --capture-max-spool-bytes."},
-			status(func(s wal.Status) float64 { return b2f(s.SpoolFull) })),
+			status(func(s changelog.Status) float64 { return b2f(s.SpoolFull) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "etcd_manager_capture_gaps",
 			Help: "Times capture could not continue from the last captured revision and started again after a full backup, since the agent started."},
-			status(func(s wal.Status) float64 { return float64(s.Gaps) })),
+			status(func(s changelog.Status) float64 { return float64(s.Gaps) })),
 	)
 	return c
 }
@@ -127,7 +127,7 @@ func (c *capturer) upload(ctx context.Context) {
 		s, err := store.Open(ctx, c.url, store.Options{Create: true})
 		if err == nil {
 			defer s.Close()
-			w, err := wal.New(c.cfg, c.dir, s, c.log)
+			w, err := changelog.New(c.cfg, c.dir, s, c.log)
 			if err != nil {
 				c.log.Error("continuous capture is off: its spool is unusable", "dir", c.dir, "error", err)
 				return
@@ -137,7 +137,7 @@ func (c *capturer) upload(ctx context.Context) {
 			// ignores it).
 			w.Now = testhook.Clock(w.Now)
 			c.mu.Lock()
-			c.wal, c.store = w, s
+			c.changes, c.store = w, s
 			c.mu.Unlock()
 			w.Upload(ctx)
 			return
@@ -220,7 +220,7 @@ func (c *capturer) sync(lp *loop, obs plan.Observed) {
 func (c *capturer) follow(want bool, token string, endpoints []string, tlsCfg *tls.Config, backupDue bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	want = want && c.cfg.Enabled && c.wal != nil
+	want = want && c.cfg.Enabled && c.changes != nil
 	if r := c.run; r != nil {
 		select {
 		case <-r.done:
@@ -242,11 +242,11 @@ func (c *capturer) follow(want bool, token string, endpoints []string, tlsCfg *t
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &captureRun{token: token, endpoints: endpoints, backupDue: backupDue, cancel: cancel, done: make(chan struct{})}
 	c.run = r
-	go c.capture(ctx, r, c.wal, c.store, tlsCfg)
+	go c.capture(ctx, r, c.changes, c.store, tlsCfg)
 }
 
 // capture runs one capture until it fails or is stopped.
-func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s *store.Store, tlsCfg *tls.Config) {
+func (c *capturer) capture(ctx context.Context, r *captureRun, w *changelog.Capture, s *store.Store, tlsCfg *tls.Config) {
 	defer close(r.done)
 	mctx, stopMerging := context.WithCancel(ctx)
 	merged := make(chan struct{})
@@ -262,7 +262,7 @@ func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if errors.Is(err, wal.ErrNeedBase) && r.backupDue {
+	if errors.Is(err, changelog.ErrNeedBase) && r.backupDue {
 		// The backup already due is the base: no failure, no delay.
 		c.wantBase()
 		c.log.Info("capture waits for the full backup that is due", "cluster-token", r.token, "reason", err)
@@ -272,12 +272,12 @@ func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s
 	delay := min(time.Duration(c.failures)*2*time.Second, 30*time.Second)
 	c.retryAt = c.now().Add(delay)
 	switch {
-	case errors.Is(err, wal.ErrNeedBase):
+	case errors.Is(err, changelog.ErrNeedBase):
 		c.wantBase()
 		c.log.Warn("capture needs a fresh full backup to go on from; taking one", "cluster-token", r.token, "reason", err)
-	case errors.Is(err, wal.ErrClockBehind):
+	case errors.Is(err, changelog.ErrClockBehind):
 		c.log.Error("capture refused: this agent's clock is behind the last time captured; fix the clocks (NTP)", "cluster-token", r.token, "error", err, "retry-in", delay)
-	case errors.Is(err, wal.ErrSpoolFull):
+	case errors.Is(err, changelog.ErrSpoolFull):
 		c.wantBase()
 		c.log.Error("capture stopped: its spool is full while the store is unreachable; a full backup follows once the store is back", "error", err)
 	default:
@@ -285,7 +285,7 @@ func (c *capturer) capture(ctx context.Context, r *captureRun, w *wal.Capture, s
 	}
 }
 
-func (c *capturer) captureOnce(ctx context.Context, r *captureRun, w *wal.Capture, s *store.Store, tlsCfg *tls.Config) error {
+func (c *capturer) captureOnce(ctx context.Context, r *captureRun, w *changelog.Capture, s *store.Store, tlsCfg *tls.Config) error {
 	base, err := newestBackup(ctx, s, r.token)
 	if err != nil {
 		return err
@@ -296,7 +296,7 @@ func (c *capturer) captureOnce(ctx context.Context, r *captureRun, w *wal.Captur
 	}
 	defer cl.Close()
 	started := c.now()
-	err = w.Run(ctx, wal.Etcd(cl), r.token, base)
+	err = w.Run(ctx, changelog.Etcd(cl), r.token, base)
 	if c.now().Sub(started) > time.Minute {
 		c.mu.Lock()
 		c.failures = 0 // it ran well for a while
@@ -311,7 +311,7 @@ func (c *capturer) merge(ctx context.Context, s *store.Store, token string) {
 	if c.cfg.MergeInterval <= 0 || len(c.cfg.MergeWindows) == 0 {
 		return
 	}
-	m := &wal.Merger{Store: s, Dir: filepath.Join(c.dir, "merge"), Windows: c.cfg.MergeWindows, Log: c.log, Keys: c.keys}
+	m := &changelog.Merger{Store: s, Dir: filepath.Join(c.dir, "merge"), Windows: c.cfg.MergeWindows, Log: c.log, Keys: c.keys}
 	// A disagreement that persists is said again hourly, not every pass.
 	lastKept, keptSaid := 0, time.Time{}
 	for {
@@ -346,12 +346,12 @@ func (c *capturer) merge(ctx context.Context, s *store.Store, token string) {
 }
 
 // newestBackup is the newest full backup of the cluster token, or nil.
-func newestBackup(ctx context.Context, s *store.Store, token string) (*wal.Base, error) {
+func newestBackup(ctx context.Context, s *store.Store, token string) (*changelog.Base, error) {
 	in, err := backup.Newest(ctx, s, func(m backup.Meta) bool { return m.ClusterToken == token }, 0)
 	if err != nil || in == nil {
 		return nil, err
 	}
-	return &wal.Base{Backup: in.Name, Revision: wal.SnapshotRevision(in.Meta.Revision)}, nil
+	return &changelog.Base{Backup: in.Name, Revision: changelog.SnapshotRevision(in.Meta.Revision)}, nil
 }
 
 // stop ends capture and waits for it.
@@ -374,7 +374,7 @@ func (c *capturer) durable(token string) (rev int64, on bool) {
 		return 0, false
 	}
 	c.mu.Lock()
-	w := c.wal
+	w := c.changes
 	c.mu.Unlock()
 	if w == nil {
 		return 0, true

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // Config is the agent's configuration. The flag names follow the
@@ -85,7 +85,7 @@ type Config struct {
 	// Backup says when backups are taken and how long they are kept.
 	Backup BackupConfig
 	// Capture is continuous capture, for restores to any point.
-	Capture wal.Config
+	Capture changelog.Config
 	// Compaction is how the spec's compaction policy is carried out.
 	Compaction CompactionConfig
 	// MetricsAddress serves Prometheus metrics when set (host:port).
@@ -183,7 +183,7 @@ func Default() Config {
 		LearnerTimeout:           DefaultLearnerTimeout,
 		LeaderLease:              DefaultLeaderLease,
 		Backup:                   DefaultBackupConfig(),
-		Capture:                  wal.Default(),
+		Capture:                  changelog.Default(),
 		Compaction:               DefaultCompactionConfig(),
 		LoopInterval:             DefaultLoopInterval,
 		EtcdStopTimeout:          DefaultEtcdStopTimeout,

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
@@ -21,7 +22,6 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // loop is the control loop. Everything in it belongs to the loop's
@@ -237,7 +237,7 @@ func (lp *loop) run(ctx context.Context) {
 }
 
 // releasePages gives back the binary's pages a busy spell touched (see
-// pages.go). It is best effort: a kernel without MADV_PAGEOUT only costs
+// pageout.go). It is best effort: a kernel without MADV_PAGEOUT only costs
 // a debug line.
 func (lp *loop) releasePages() {
 	n, err := releaseCodePages()
@@ -719,12 +719,12 @@ func (b procedureBackups) Fits(meta backup.Meta, name string) error {
 	return b.lp.cfg.fetchOptions(b.lp.backups.status, b.lp.keys).Fits(b.lp.cfg.DataDir, meta, name)
 }
 
-func (b procedureBackups) RecordBranch(ctx context.Context, br wal.Branch) error {
+func (b procedureBackups) RecordBranch(ctx context.Context, br changelog.Branch) error {
 	s, err := b.lp.openStore(ctx)
 	if err != nil {
 		return err
 	}
-	return wal.WriteBranch(ctx, s, br)
+	return changelog.WriteBranch(ctx, s, br)
 }
 
 func (b procedureBackups) Take(ctx context.Context, from procedure.Source, kind, reason string) (backup.Info, error) {

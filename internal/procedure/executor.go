@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // NodeAPI is what a procedure asks of a node: this agent's own, or a peer
@@ -39,7 +39,7 @@ type Backups interface {
 	// or backup.ErrCorrupt, and one too large for the agent's maximum or
 	// its disk wraps backup.ErrTooLarge or backup.ErrTempFull.
 	// With a point, the backup is brought forward to it as a restore
-	// would, and a fault in the segments wraps wal.ErrCorrupt, ErrGap or
+	// would, and a fault in the segments wraps changelog.ErrCorrupt, ErrGap or
 	// ErrRange. A backup or segment encrypted with a key this agent does
 	// not hold wraps backup.ErrNoKey.
 	Validate(ctx context.Context, name string, p spec.RestorePoint) (Validated, error)
@@ -50,7 +50,7 @@ type Backups interface {
 	// backup.ErrTooLarge or backup.ErrTempFull.
 	Fits(meta backup.Meta, name string) error
 	// RecordBranch records where a restored cluster's timeline began.
-	RecordBranch(ctx context.Context, b wal.Branch) error
+	RecordBranch(ctx context.Context, b changelog.Branch) error
 }
 
 // Validated is what checking a restore's backup found.

@@ -12,11 +12,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // The restore procedure replaces the cluster with one made from a backup;
@@ -42,7 +42,7 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		}
 		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) ||
 			errors.Is(err, backup.ErrTooLarge) || errors.Is(err, backup.ErrTempFull) ||
-			errors.Is(err, wal.ErrCorrupt) || errors.Is(err, wal.ErrGap) || errors.Is(err, wal.ErrRange) || errors.Is(err, wal.ErrTooLarge) {
+			errors.Is(err, changelog.ErrCorrupt) || errors.Is(err, changelog.ErrGap) || errors.Is(err, changelog.ErrRange) || errors.Is(err, changelog.ErrTooLarge) {
 			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore: %v; the cluster was not touched", err))
 		}
 		if err != nil {
@@ -69,7 +69,7 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		if err != nil {
 			return err
 		}
-		progress.ParentToken, progress.ParentRevision = meta.ClusterToken, wal.SnapshotRevision(meta.Revision)
+		progress.ParentToken, progress.ParentRevision = meta.ClusterToken, changelog.SnapshotRevision(meta.Revision)
 		if point.ToRevision > 0 {
 			progress.ParentToken, progress.ParentRevision = point.Timeline, point.ToRevision
 		}
@@ -352,7 +352,7 @@ func (e *Executor) recordBranch(ctx context.Context, c *plan.Command, p *spec.Re
 	if p.Lifted > 0 {
 		began = time.Unix(0, int64(p.Lifted)).UTC()
 	}
-	b := wal.Branch{Timeline: p.Token, Parent: p.ParentToken, Revision: p.ParentRevision, Backup: p.Backup, Time: began}
+	b := changelog.Branch{Timeline: p.Token, Parent: p.ParentToken, Revision: p.ParentRevision, Backup: p.Backup, Time: began}
 	if r := c.Command.RestoreBackup; r != nil {
 		b.Backup, b.BumpRevision = r.Backup, r.BumpRevision
 	}
@@ -446,7 +446,7 @@ func (e *Executor) dumpBackup(ctx context.Context, obs plan.Observed, act plan.D
 			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore the dump %s: %s; %s", info.Name, lacking, untouched))
 		}
 		p.Backup, p.Phase = info.Name, spec.RestoreStopping
-		p.ParentToken, p.ParentRevision = p.OldToken, wal.SnapshotRevision(info.Meta.Revision)
+		p.ParentToken, p.ParentRevision = p.OldToken, changelog.SnapshotRevision(info.Meta.Revision)
 		st := c.Status
 		st.Restore = &p
 		st.Message = fmt.Sprintf("changing etcd to %s by dump and restore of backup %s (revision %d) as cluster %s",

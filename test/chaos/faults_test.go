@@ -19,8 +19,8 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -691,13 +691,13 @@ func (c *cluster) clockBehind(rng *rand.Rand) (string, error) {
 		return what + "; the put during it was not captured within 30 s", nil
 	}
 	// The current timeline: the one captured last.
-	tls, err := wal.Timelines(ctx, s)
+	tls, err := changelog.Timelines(ctx, s)
 	if err != nil {
 		return "", err
 	}
 	current, newest := "", time.Time{}
 	for _, tl := range tls {
-		runs, err := wal.Runs(ctx, s, tl)
+		runs, err := changelog.Runs(ctx, s, tl)
 		if err != nil {
 			return "", err
 		}
@@ -705,7 +705,7 @@ func (c *cluster) clockBehind(rng *rand.Rand) (string, error) {
 			current, newest = tl, runs[n-1].LastTime
 		}
 	}
-	rev, ok, err := wal.RevisionAt(ctx, s, current, at, nil)
+	rev, ok, err := changelog.RevisionAt(ctx, s, current, at, nil)
 	if err != nil {
 		return "", err
 	}

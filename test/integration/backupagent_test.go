@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -107,7 +107,7 @@ func TestBackupAgent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	harness.WaitFor(t, 30*time.Second, "capture to reach the last write", func() bool { return harness.CapturedTo(ctx, s) >= head.rev })
-	tls, err := wal.Timelines(ctx, s)
+	tls, err := changelog.Timelines(ctx, s)
 	if err != nil || len(tls) != 1 {
 		t.Fatalf("timelines %v, %v: want the etcd cluster's ID", tls, err)
 	}

@@ -22,8 +22,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -120,16 +120,16 @@ func TestCaptureAcrossFaults(t *testing.T) {
 	}
 
 	// One run, no gap: every revision from the backup on, once.
-	tls, err := wal.Timelines(ctx, s)
+	tls, err := changelog.Timelines(ctx, s)
 	if err != nil || len(tls) != 1 {
 		t.Fatalf("timelines: %v, %v; want one", tls, err)
 	}
 	tl := tls[0]
-	runs, err := wal.Runs(ctx, s, tl)
+	runs, err := changelog.Runs(ctx, s, tl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(runs) != 1 || wal.SnapshotRevision(base.Revision)+1 != runs[0].First || runs[0].Last < head {
+	if len(runs) != 1 || changelog.SnapshotRevision(base.Revision)+1 != runs[0].First || runs[0].Last < head {
 		t.Fatalf("captured runs %+v; want one from revision %d to at least %d", runs, base.Revision+1, head)
 	}
 	for _, a := range agents {
@@ -147,7 +147,7 @@ func TestCaptureAcrossFaults(t *testing.T) {
 	}
 	for range 5 {
 		at := runs[0].FirstTime.Add(time.Duration(rng.Int64N(int64(runs[0].LastTime.Sub(runs[0].FirstTime)))))
-		rev, ok, err := wal.RevisionAt(ctx, s, tl, at, nil)
+		rev, ok, err := changelog.RevisionAt(ctx, s, tl, at, nil)
 		if err != nil || !ok {
 			t.Fatalf("revision at %s: %d %v %v", at, rev, ok, err)
 		}
@@ -159,7 +159,7 @@ func TestCaptureAcrossFaults(t *testing.T) {
 		if d := want.diff(got); d != "" {
 			t.Errorf("restored to %d: %s", target, d)
 		}
-		if applied.Revisions != target-wal.SnapshotRevision(base.Revision) {
+		if applied.Revisions != target-changelog.SnapshotRevision(base.Revision) {
 			t.Errorf("restored to %d: applied %d revisions, want %d", target, applied.Revisions, target-base.Revision)
 		}
 	}
@@ -204,14 +204,14 @@ func TestCaptureAcrossFaults(t *testing.T) {
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_, _ = c.Put(wctx, "/capture/after-gap", "v")
 		cancel()
-		runs, err := wal.Runs(ctx, s, tl)
+		runs, err := changelog.Runs(ctx, s, tl)
 		return err == nil && len(runs) == 2 && runs[1].Base != nil
 	})
-	runs, err = wal.Runs(ctx, s, tl)
+	runs, err = changelog.Runs(ctx, s, tl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gaps := wal.Gaps(runs)
+	gaps := changelog.Gaps(runs)
 	if len(gaps) != 1 || gaps[0].After >= compactTo || gaps[0].Before <= compactTo-30 {
 		t.Fatalf("gaps %+v after a compaction to %d; want one hole before it", gaps, compactTo)
 	}
@@ -340,10 +340,10 @@ func TestCaptureCatchesUp(t *testing.T) {
 	}
 	head := headRevision(t, ctx, etcd)
 
-	cfg := wal.Default()
+	cfg := changelog.Default()
 	cfg.CutInterval = 10 * time.Millisecond
 	cfg.MaxSegmentBytes = 64 << 10
-	c := startCapture(t, ctx, cfg, s, wal.Etcd(etcd), "catchup", base, slog.LevelWarn)
+	c := startCapture(t, ctx, cfg, s, changelog.Etcd(etcd), "catchup", base, slog.LevelWarn)
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("the backlog to revision %d in the store", head), func() bool {
 		return c.Status().Durable >= head
 	})
@@ -359,8 +359,8 @@ func TestCaptureCatchesUp(t *testing.T) {
 	})
 	c.stop(t)
 
-	next, prev, bySize := base+1, wal.RunStart("catchup", base), 0
-	segments := eachStoredRecord(t, ctx, s, "catchup", func(key string, h wal.Header) {
+	next, prev, bySize := base+1, changelog.RunStart("catchup", base), 0
+	segments := eachStoredRecord(t, ctx, s, "catchup", func(key string, h changelog.Header) {
 		if h.Prev != prev {
 			t.Fatalf("%s does not follow the segment before it", key)
 		}
@@ -368,7 +368,7 @@ func TestCaptureCatchesUp(t *testing.T) {
 		if h.BodySize >= cfg.MaxSegmentBytes {
 			bySize++
 		}
-	}, func(key string, rec wal.Record) {
+	}, func(key string, rec changelog.Record) {
 		next = nextRevision(t, key, rec, next)
 	})
 	if next != head+1 {
@@ -384,9 +384,9 @@ func TestCaptureCatchesUp(t *testing.T) {
 // calls segment (when set) with each one's header, then record with each
 // of its records, whose events hold only during the call. It returns how
 // many segments it read.
-func eachStoredRecord(t *testing.T, ctx context.Context, s *store.Store, timeline string, segment func(key string, h wal.Header), record func(key string, rec wal.Record)) int {
+func eachStoredRecord(t *testing.T, ctx context.Context, s *store.Store, timeline string, segment func(key string, h changelog.Header), record func(key string, rec changelog.Record)) int {
 	t.Helper()
-	refs, err := wal.List(ctx, s, timeline)
+	refs, err := changelog.List(ctx, s, timeline)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +395,7 @@ func eachStoredRecord(t *testing.T, ctx context.Context, s *store.Store, timelin
 		if err != nil {
 			t.Fatal(err)
 		}
-		sr, err := wal.NewReader(r, ref.Key, nil)
+		sr, err := changelog.NewReader(r, ref.Key, nil)
 		if err != nil {
 			r.Close()
 			t.Fatal(err)
@@ -421,9 +421,9 @@ func eachStoredRecord(t *testing.T, ctx context.Context, s *store.Store, timelin
 
 // nextRevision checks that a revision record is the one due next, and
 // returns the one due after it; other records change nothing.
-func nextRevision(t *testing.T, key string, rec wal.Record, next int64) int64 {
+func nextRevision(t *testing.T, key string, rec changelog.Record, next int64) int64 {
 	t.Helper()
-	if rec.Kind != wal.KindRevision {
+	if rec.Kind != changelog.KindRevision {
 		return next
 	}
 	if rec.Revision != next {
@@ -432,10 +432,10 @@ func nextRevision(t *testing.T, key string, rec wal.Record, next int64) int64 {
 	return next + 1
 }
 
-// capturing is a wal capture of one timeline, and its upload, running
+// capturing is a changelog capture of one timeline, and its upload, running
 // against a real etcd until stop.
 type capturing struct {
-	*wal.Capture
+	*changelog.Capture
 	timeline string
 	ran      chan error
 	uploaded chan struct{}
@@ -445,16 +445,16 @@ type capturing struct {
 // startCapture runs capture of timeline after base with cfg, from a fresh
 // spool, reading etcd through cl, and its upload into s; it logs at
 // level and above.
-func startCapture(t *testing.T, ctx context.Context, cfg wal.Config, s *store.Store, cl wal.Client, timeline string, base int64, level slog.Level) *capturing {
+func startCapture(t *testing.T, ctx context.Context, cfg changelog.Config, s *store.Store, cl changelog.Client, timeline string, base int64, level slog.Level) *capturing {
 	t.Helper()
-	c, err := wal.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level})))
+	c, err := changelog.New(cfg, t.TempDir(), s, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level})))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	r := &capturing{Capture: c, timeline: timeline, ran: make(chan error, 1), uploaded: make(chan struct{}), cancel: cancel}
-	go func() { r.ran <- c.Run(cctx, cl, timeline, &wal.Base{Backup: "full-backup", Revision: base}) }()
+	go func() { r.ran <- c.Run(cctx, cl, timeline, &changelog.Base{Backup: "full-backup", Revision: base}) }()
 	go func() { c.Upload(cctx); close(r.uploaded) }()
 	return r
 }
@@ -474,7 +474,7 @@ func (r *capturing) stop(t *testing.T) {
 // streams opened, keeping the size of the largest message any sent, and
 // counting the revisions a fragment boundary split.
 type countingWatches struct {
-	wal.Client
+	changelog.Client
 	watches atomic.Int64
 	largest atomic.Int64
 	splits  atomic.Int64
@@ -525,9 +525,9 @@ func TestCaptureIdleKeepsOneWatch(t *testing.T) {
 	defer cancel()
 	s := openStore(t, "file://"+t.TempDir())
 	base := headRevision(t, ctx, etcd)
-	cfg := wal.Default()
+	cfg := changelog.Default()
 	cfg.CutInterval = 10 * time.Millisecond
-	cl := &countingWatches{Client: wal.Etcd(etcd)}
+	cl := &countingWatches{Client: changelog.Etcd(etcd)}
 	c := startCapture(t, ctx, cfg, s, cl, "idle", base, slog.LevelWarn)
 
 	// idleFor checks that capture opens at most one watch in a second,
@@ -570,10 +570,10 @@ func TestCaptureDigestsWhileIdle(t *testing.T) {
 	defer cancel()
 	s := openStore(t, "file://"+t.TempDir())
 	base := headRevision(t, ctx, etcd)
-	cfg := wal.Default()
+	cfg := changelog.Default()
 	cfg.CutInterval = 10 * time.Millisecond
 	cfg.DigestInterval = 2 * time.Second
-	c := startCapture(t, ctx, cfg, s, wal.Etcd(etcd), "quiet", base, slog.LevelWarn)
+	c := startCapture(t, ctx, cfg, s, changelog.Etcd(etcd), "quiet", base, slog.LevelWarn)
 
 	// The burst lands within the first digest's interval: no digest of
 	// it is due before the cluster goes quiet.
@@ -597,8 +597,8 @@ func TestCaptureDigestsWhileIdle(t *testing.T) {
 	c.stop(t)
 
 	var digests []int64
-	eachStoredRecord(t, ctx, s, "quiet", nil, func(_ string, rec wal.Record) {
-		if rec.Kind == wal.KindDigest {
+	eachStoredRecord(t, ctx, s, "quiet", nil, func(_ string, rec changelog.Record) {
+		if rec.Kind == changelog.KindDigest {
 			digests = append(digests, rec.Revision)
 		}
 	})
@@ -661,9 +661,9 @@ func TestCaptureCatchesUpInFragments(t *testing.T) {
 		t.Fatalf("the backlog is revisions %d to %d, want %d revisions", base+1, head, n)
 	}
 
-	cfg := wal.Default()
+	cfg := changelog.Default()
 	cfg.CutInterval = 10 * time.Millisecond
-	cl := &countingWatches{Client: wal.Etcd(etcd)}
+	cl := &countingWatches{Client: changelog.Etcd(etcd)}
 	c := startCapture(t, ctx, cfg, s, cl, "fragments", base, slog.LevelWarn)
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("the backlog to revision %d in the store", head), func() bool {
 		return c.Status().Durable >= head
@@ -680,8 +680,8 @@ func TestCaptureCatchesUpInFragments(t *testing.T) {
 		t.Errorf("no fragment boundary split a transaction: the test does not cover a revision split across fragments")
 	}
 	got := map[int64]map[string]int{}
-	segments := eachStoredRecord(t, ctx, s, "fragments", nil, func(_ string, rec wal.Record) {
-		if rec.Kind != wal.KindRevision {
+	segments := eachStoredRecord(t, ctx, s, "fragments", nil, func(_ string, rec changelog.Record) {
+		if rec.Kind != changelog.KindRevision {
 			return
 		}
 		if got[rec.Revision] != nil {
@@ -718,9 +718,9 @@ func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 	defer cancel()
 	s := openStore(t, "file://"+t.TempDir())
 	base := headRevision(t, ctx, etcd)
-	cfg := wal.Default()
+	cfg := changelog.Default()
 	cfg.CutInterval = 10 * time.Millisecond
-	cl := &countingWatches{Client: wal.Etcd(etcd)}
+	cl := &countingWatches{Client: changelog.Etcd(etcd)}
 	c := startCapture(t, ctx, cfg, s, cl, "restart", base, slog.LevelDebug)
 
 	for i := range 20 {
@@ -757,7 +757,7 @@ func TestCaptureAcrossAnEtcdRestart(t *testing.T) {
 	}
 
 	next := base + 1
-	eachStoredRecord(t, ctx, s, "restart", nil, func(key string, rec wal.Record) {
+	eachStoredRecord(t, ctx, s, "restart", nil, func(key string, rec changelog.Record) {
 		next = nextRevision(t, key, rec, next)
 	})
 	if next != head+1 {

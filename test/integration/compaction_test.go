@@ -13,7 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/etcd-manager/etcd-manager/internal/wal"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -127,11 +127,11 @@ func TestCompactionKeepsBehindCapture(t *testing.T) {
 		return overtook >= 0 && strings.Contains(a.Log()[overtook:], `msg="backup taken"`)
 	})
 	harness.WaitFor(t, time.Minute, "capture to store the head", func() bool { return harness.CapturedTo(ctx, s) >= head })
-	tls, err := wal.Timelines(ctx, s)
+	tls, err := changelog.Timelines(ctx, s)
 	if err != nil || len(tls) != 1 {
 		t.Fatalf("timelines %v, %v; want one", tls, err)
 	}
-	runs, err := wal.Runs(ctx, s, tls[0])
+	runs, err := changelog.Runs(ctx, s, tls[0])
 	if err != nil || len(runs) != 1 {
 		t.Errorf("runs %+v, %v; want one, with nothing lost", runs, err)
 	}

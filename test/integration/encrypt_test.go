@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt/crypttest"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -86,23 +86,23 @@ func TestEncryptionAtRest(t *testing.T) {
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("capture to reach revision %d", afterRev), func() bool {
 		return harness.CapturedTo(t.Context(), s) >= afterRev
 	})
-	timelines, err := wal.Timelines(t.Context(), s)
+	timelines, err := changelog.Timelines(t.Context(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	segments := 0
 	for _, tl := range timelines {
-		refs, err := wal.List(t.Context(), s, tl)
+		refs, err := changelog.List(t.Context(), s, tl)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, r := range refs {
-			h, err := wal.ReadHeaderAt(t.Context(), s, r.Key)
+			h, err := changelog.ReadHeaderAt(t.Context(), s, r.Key)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if h.Format != wal.FormatEncrypted || h.Encryption == nil || h.Encryption.KeyID != keyA {
-				t.Errorf("segment %s: format %d, encryption %+v; want format %d with %s", r.Key, h.Format, h.Encryption, wal.FormatEncrypted, keyA)
+			if h.Format != changelog.FormatEncrypted || h.Encryption == nil || h.Encryption.KeyID != keyA {
+				t.Errorf("segment %s: format %d, encryption %+v; want format %d with %s", r.Key, h.Format, h.Encryption, changelog.FormatEncrypted, keyA)
 			}
 			raw, err := s.ReadMax(t.Context(), r.Key, 64<<20)
 			if err != nil {

@@ -22,10 +22,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
@@ -140,9 +140,9 @@ func testPITRVersion(t *testing.T, version string) {
 
 	// A digest at most every 300ms: restores check their result against
 	// one read from etcd, before and after a compaction.
-	cfg := wal.Default()
+	cfg := changelog.Default()
 	cfg.DigestInterval = 300 * time.Millisecond
-	capture, err := wal.New(cfg, filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	capture, err := changelog.New(cfg, filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func testPITRVersion(t *testing.T, version string) {
 	defer stopCapture()
 	runErr := make(chan error, 1)
 	go func() {
-		runErr <- capture.Run(capCtx, wal.Etcd(c), "tl1", &wal.Base{Backup: info.Name, Revision: info.Meta.Revision})
+		runErr <- capture.Run(capCtx, changelog.Etcd(c), "tl1", &changelog.Base{Backup: info.Name, Revision: info.Meta.Revision})
 	}()
 	go capture.Upload(capCtx)
 
@@ -223,7 +223,7 @@ func testPITRVersion(t *testing.T, version string) {
 
 	for i, target := range targets {
 		var got kvView
-		var applied wal.Applied
+		var applied changelog.Applied
 		got, applied = restoreOffline(t, env, s, info.Name, "tl1", target, version, fmt.Sprintf("restore%d", i), func(rc *clientv3.Client, got kvView) {
 			checkLeases(t, rc, got)
 			if target == withLeases.rev {
@@ -257,7 +257,7 @@ func testPITRVersion(t *testing.T, version string) {
 // version's own tool into a fresh single member, and returns what that
 // member holds and what the apply did; check, if set, looks at the
 // member before it stops.
-func restoreOffline(t *testing.T, env *harness.Env, s *store.Store, name, timeline string, target int64, version, work string, check func(*clientv3.Client, kvView)) (kvView, wal.Applied) {
+func restoreOffline(t *testing.T, env *harness.Env, s *store.Store, name, timeline string, target int64, version, work string, check func(*clientv3.Client, kvView)) (kvView, changelog.Applied) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -274,7 +274,7 @@ func restoreOffline(t *testing.T, env *harness.Env, s *store.Store, name, timeli
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied, err := wal.Apply(ctx, s, path, timeline, target, wal.ApplyOptions{})
+	applied, err := changelog.Apply(ctx, s, path, timeline, target, changelog.ApplyOptions{})
 	if err != nil {
 		t.Fatalf("apply to %d: %v", target, err)
 	}
@@ -382,12 +382,12 @@ func TestPointInTimeRestore(t *testing.T) {
 	acked := time.Now()
 	var timeline string
 	harness.WaitFor(t, time.Minute, "capture to make the head durable in the store", func() bool {
-		tls, err := wal.Timelines(ctx, s)
+		tls, err := changelog.Timelines(ctx, s)
 		if err != nil || len(tls) != 1 {
 			return false
 		}
 		timeline = tls[0]
-		runs, err := wal.Runs(ctx, s, timeline)
+		runs, err := changelog.Runs(ctx, s, timeline)
 		return err == nil && len(runs) > 0 && runs[len(runs)-1].Last >= head.rev
 	})
 	t.Logf("the head (revision %d) was durable in the store when checked, %s after its write and the views were read", head.rev, time.Since(acked).Round(10*time.Millisecond))
@@ -396,10 +396,10 @@ func TestPointInTimeRestore(t *testing.T) {
 	// the restores below read merged segments. Writes that all land in
 	// one 1s window make a single level-1 segment, which no level-2
 	// merge follows (a fast run), so the wait is for any merged level;
-	// internal/wal's tests check the levels themselves.
+	// internal/changelog's tests check the levels themselves.
 	levels := map[int]int{}
 	harness.WaitFor(t, time.Minute, "the writes' segments to be merged", func() bool {
-		refs, err := wal.List(ctx, s, timeline)
+		refs, err := changelog.List(ctx, s, timeline)
 		if err != nil {
 			return false
 		}
@@ -551,11 +551,11 @@ func TestRestoreRequireDigest(t *testing.T) {
 	pitrWorkload(t, c, rand.New(rand.NewPCG(3, 3)), "unverified", 60)
 	target := viewAt(t, c, 0)
 	harness.WaitFor(t, time.Minute, "capture to make the target durable in the store", func() bool {
-		tls, err := wal.Timelines(ctx, s)
+		tls, err := changelog.Timelines(ctx, s)
 		if err != nil || len(tls) != 1 {
 			return false
 		}
-		runs, err := wal.Runs(ctx, s, tls[0])
+		runs, err := changelog.Runs(ctx, s, tls[0])
 		return err == nil && len(runs) > 0 && runs[len(runs)-1].Last >= target.rev
 	})
 	put(t, c, "/digest/after-target", "still here if nothing was touched")
@@ -599,14 +599,14 @@ func TestToTimeIsExact(t *testing.T) {
 	rfc := func(at time.Time) string { return at.UTC().Format(time.RFC3339Nano) }
 	put("/exact/before-base")
 	base := take("tl1", time.Now())
-	capture, err := wal.New(wal.Default(), filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	capture, err := changelog.New(changelog.Default(), filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
 	}
 	capCtx, stopCapture := context.WithCancel(ctx)
 	defer stopCapture()
 	go func() {
-		_ = capture.Run(capCtx, wal.Etcd(c), "tl1", &wal.Base{Backup: base.Name, Revision: base.Meta.Revision})
+		_ = capture.Run(capCtx, changelog.Etcd(c), "tl1", &changelog.Base{Backup: base.Name, Revision: base.Meta.Revision})
 	}()
 	go capture.Upload(capCtx)
 
@@ -641,7 +641,7 @@ func TestToTimeIsExact(t *testing.T) {
 	// removed its early backups, so its oldest kept is a while later.
 	time.Sleep(200 * time.Millisecond)
 	began := time.Now()
-	if err := wal.WriteBranch(ctx, s, wal.Branch{Timeline: "tl2", Parent: "tl1", Revision: revB, Backup: late.Name, Time: began.UTC()}); err != nil {
+	if err := changelog.WriteBranch(ctx, s, changelog.Branch{Timeline: "tl2", Parent: "tl1", Revision: revB, Backup: late.Name, Time: began.UTC()}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1500 * time.Millisecond)
@@ -682,7 +682,7 @@ func TestRangesFromKeptBackups(t *testing.T) {
 		}
 		return rev
 	}
-	capture, err := wal.New(wal.Default(), filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	capture, err := changelog.New(changelog.Default(), filepath.Join(env.Root, "spool"), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -692,7 +692,7 @@ func TestRangesFromKeptBackups(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = capture.Run(rctx, wal.Etcd(c), "tl1", &wal.Base{Backup: b.Name, Revision: b.Meta.Revision})
+			_ = capture.Run(rctx, changelog.Etcd(c), "tl1", &changelog.Base{Backup: b.Name, Revision: b.Meta.Revision})
 		}()
 		return func() { rcancel(); <-done }
 	}
@@ -767,7 +767,7 @@ type timelineRangeJSON struct {
 
 // outageStore refuses uploads while down: segments stay in the spool.
 type outageStore struct {
-	wal.Store
+	changelog.Store
 	down atomic.Bool
 }
 
@@ -792,9 +792,9 @@ func TestDamagedSpoolSegmentEndsTheRun(t *testing.T) {
 	base := w.backup(t, "tl1", time.Now())
 	spool := filepath.Join(env.Root, "spool")
 	st := &outageStore{Store: s}
-	cfg := wal.Default()
+	cfg := changelog.Default()
 	cfg.DigestInterval = 300 * time.Millisecond
-	capture, err := wal.New(cfg, spool, st, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	capture, err := changelog.New(cfg, spool, st, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -802,7 +802,7 @@ func TestDamagedSpoolSegmentEndsTheRun(t *testing.T) {
 	runs := make(chan error, 4)
 	run := func() {
 		go func() {
-			runs <- capture.Run(ctx, wal.Etcd(c), "tl1", &wal.Base{Backup: base.Name, Revision: base.Meta.Revision})
+			runs <- capture.Run(ctx, changelog.Etcd(c), "tl1", &changelog.Base{Backup: base.Name, Revision: base.Meta.Revision})
 		}()
 	}
 	run()
@@ -831,7 +831,7 @@ func TestDamagedSpoolSegmentEndsTheRun(t *testing.T) {
 	// The run ends; capture starts again, as the agent does.
 	select {
 	case err := <-runs:
-		if !errors.Is(err, wal.ErrRunEnded) {
+		if !errors.Is(err, changelog.ErrRunEnded) {
 			t.Fatalf("capture ended with %v, want ErrRunEnded", err)
 		}
 	case <-time.After(time.Minute):
@@ -849,11 +849,11 @@ func TestDamagedSpoolSegmentEndsTheRun(t *testing.T) {
 	harness.WaitFor(t, time.Minute, "capture to catch up after the hole", func() bool { return harness.CapturedTo(ctx, s) >= head })
 	want := viewAt(t, c, head)
 
-	rs, err := wal.Runs(ctx, s, "tl1")
+	rs, err := changelog.Runs(ctx, s, "tl1")
 	if err != nil || len(rs) != 1 {
 		t.Fatalf("runs after the hole: %+v, %v; want one run, whole", rs, err)
 	}
-	if err := wal.CheckReach(rs, base.Meta.Revision, head); err != nil {
+	if err := changelog.CheckReach(rs, base.Meta.Revision, head); err != nil {
 		t.Fatal(err)
 	}
 	// Apply it all to the backup and restore it with etcd's own tool:
@@ -883,7 +883,7 @@ func TestCaptureTimesMonotonic(t *testing.T) {
 	// writer captures with the clock now, from the last point the store
 	// holds, until stop.
 	writer := func(name string, now func() time.Time) (stop func()) {
-		w, err := wal.New(wal.Default(), filepath.Join(env.Root, name), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		w, err := changelog.New(changelog.Default(), filepath.Join(env.Root, name), s, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -891,7 +891,7 @@ func TestCaptureTimesMonotonic(t *testing.T) {
 		wctx, wcancel := context.WithCancel(ctx)
 		done := make(chan struct{}, 2)
 		go func() {
-			_ = w.Run(wctx, wal.Etcd(c), "tl1", &wal.Base{Backup: base.Name, Revision: base.Meta.Revision})
+			_ = w.Run(wctx, changelog.Etcd(c), "tl1", &changelog.Base{Backup: base.Name, Revision: base.Meta.Revision})
 			done <- struct{}{}
 		}()
 		go func() { w.Upload(wctx); done <- struct{}{} }()
@@ -914,27 +914,27 @@ func TestCaptureTimesMonotonic(t *testing.T) {
 	}
 	harness.WaitFor(t, time.Minute, "the second writer to make its writes durable", func() bool { return harness.CapturedTo(ctx, s) >= head })
 	stop()
-	got, ok, err := wal.RevisionAt(ctx, s, "tl1", at, nil)
+	got, ok, err := changelog.RevisionAt(ctx, s, "tl1", at, nil)
 	if err != nil || !ok || got != revA {
 		t.Errorf("RevisionAt(between /mono/a and /mono/b) = %d, %v, %v; want %d (etcd's revision of /mono/a)", got, ok, err, revA)
 	}
-	rs, err := wal.Runs(ctx, s, "tl1")
+	rs, err := changelog.Runs(ctx, s, "tl1")
 	if err != nil || len(rs) != 1 || rs[0].LastTime.Before(at) {
 		t.Errorf("runs %+v (%v): the last capture time went back before %s", rs, err, at)
 	}
 	// A writer whose clock is an hour behind refuses to capture, and says
 	// why, rather than stamp revisions with times that are not theirs.
-	late, err := wal.New(wal.Default(), filepath.Join(env.Root, "spool-3"), s, slog.New(slog.DiscardHandler))
+	late, err := changelog.New(changelog.Default(), filepath.Join(env.Root, "spool-3"), s, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	late.Now = func() time.Time { return time.Now().Add(-time.Hour) }
 	ran := make(chan error, 1)
-	go func() { ran <- late.Run(ctx, wal.Etcd(c), "tl1", nil) }()
+	go func() { ran <- late.Run(ctx, changelog.Etcd(c), "tl1", nil) }()
 	put("/mono/refused")
 	select {
 	case err := <-ran:
-		if !errors.Is(err, wal.ErrClockBehind) {
+		if !errors.Is(err, changelog.ErrClockBehind) {
 			t.Errorf("capture with a clock an hour behind ended with %v, want ErrClockBehind", err)
 		}
 	case <-time.After(30 * time.Second):

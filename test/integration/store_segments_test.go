@@ -21,13 +21,13 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 	"github.com/etcd-manager/etcd-manager/test/harness"
 )
 
 // startSegmentSource starts a real etcd whose watch the segment subtest
-// captures: its segments are the wal package's own, from its own capture.
+// captures: its segments are the changelog package's own, from its own capture.
 func startSegmentSource(t *testing.T) *clientv3.Client {
 	t.Helper()
 	c, _, _ := startBareSource(t)
@@ -72,7 +72,7 @@ func testSegments(t *testing.T, ctx context.Context, s *store.Store, etcd *clien
 	laterEnd := writeBurst(t, ctx, etcd, later, 0, map[string]bool{})
 	captureTo(t, ctx, s, etcd, later, ends[2], laterEnd)
 
-	tls, err := wal.Timelines(ctx, s)
+	tls, err := changelog.Timelines(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func testSegments(t *testing.T, ctx context.Context, s *store.Store, etcd *clien
 		t.Fatalf("timelines %q, want %q", tls, want)
 	}
 
-	refs, err := wal.List(ctx, s, timeline)
+	refs, err := changelog.List(ctx, s, timeline)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func testSegments(t *testing.T, ctx context.Context, s *store.Store, etcd *clien
 	t.Logf("%s: %d segments of revisions %d to %d", timeline, len(refs), base+1, ends[2])
 	// The store lists the keys in order, and a key's order is its first
 	// revision's.
-	keys, err := s.List(ctx, wal.Prefix+timeline+"/", "")
+	keys, err := s.List(ctx, changelog.Prefix+timeline+"/", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,22 +100,22 @@ func testSegments(t *testing.T, ctx context.Context, s *store.Store, etcd *clien
 		refKeys = append(refKeys, r.Key)
 	}
 	if !slices.Equal(keys, refKeys) {
-		t.Fatalf("store lists %q, wal.List %q: want the same keys in the same order", keys, refKeys)
+		t.Fatalf("store lists %q, changelog.List %q: want the same keys in the same order", keys, refKeys)
 	}
 
 	objects := map[string][]byte{}
 	ended := map[int64]bool{}
 	seen := map[string]bool{}
-	var prev wal.Header
+	var prev changelog.Header
 	for i, ref := range refs {
-		h, err := wal.ReadHeaderAt(ctx, s, ref.Key)
+		h, err := changelog.ReadHeaderAt(ctx, s, ref.Key)
 		if err != nil {
 			t.Fatal(err)
 		}
 		switch {
-		case ref.Level != 0 || ref.RunStart != (i == 0) || wal.KeyOf(h) != ref.Key:
+		case ref.Level != 0 || ref.RunStart != (i == 0) || changelog.KeyOf(h) != ref.Key:
 			t.Fatalf("segment %d: %+v with header %+v: want level 0, only the first a run start", i, ref, h)
-		case i == 0 && (h.First != base+1 || h.Base.Revision != base || h.Prev != wal.RunStart(timeline, base)):
+		case i == 0 && (h.First != base+1 || h.Base.Revision != base || h.Prev != changelog.RunStart(timeline, base)):
 			t.Fatalf("first segment %+v does not start the run after revision %d", h, base)
 		case i > 0 && (h.First != prev.Last+1 || h.Prev != prev.Chain):
 			t.Fatalf("segment %+v does not follow %+v", h, prev)
@@ -128,7 +128,7 @@ func testSegments(t *testing.T, ctx context.Context, s *store.Store, etcd *clien
 		if sum := sha256.Sum256(body); hex.EncodeToString(sum[:]) != h.SHA256 || int64(len(body)) != h.BodySize {
 			t.Fatalf("%s: body of %d bytes does not match its header's sha256 and size %d", ref.Key, len(body), h.BodySize)
 		}
-		rd, err := wal.NewReader(bytes.NewReader(data), ref.Key, nil)
+		rd, err := changelog.NewReader(bytes.NewReader(data), ref.Key, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -186,13 +186,13 @@ func testSegments(t *testing.T, ctx context.Context, s *store.Store, etcd *clien
 				t.Fatal(err)
 			}
 		}
-		if left, err := wal.List(ctx, s, timeline); err != nil || len(left) != 0 {
+		if left, err := changelog.List(ctx, s, timeline); err != nil || len(left) != 0 {
 			t.Fatalf("after deleting every segment, the timeline lists %+v (%v)", left, err)
 		}
-		if tls, err := wal.Timelines(ctx, s); err != nil || !slices.Equal(tls, []string{later}) {
+		if tls, err := changelog.Timelines(ctx, s); err != nil || !slices.Equal(tls, []string{later}) {
 			t.Fatalf("timelines %q (%v), want only %q", tls, err, later)
 		}
-		laterRefs, err := wal.List(ctx, s, later)
+		laterRefs, err := changelog.List(ctx, s, later)
 		if err != nil || len(laterRefs) == 0 {
 			t.Fatalf("the later timeline lists %+v (%v)", laterRefs, err)
 		}
@@ -201,7 +201,7 @@ func testSegments(t *testing.T, ctx context.Context, s *store.Store, etcd *clien
 				t.Fatal(err)
 			}
 		}
-		if tls, err := wal.Timelines(ctx, s); err != nil || len(tls) != 0 {
+		if tls, err := changelog.Timelines(ctx, s); err != nil || len(tls) != 0 {
 			t.Fatalf("timelines %q (%v) after deleting every segment", tls, err)
 		}
 	})
@@ -242,12 +242,12 @@ func writeBurst(t *testing.T, ctx context.Context, etcd *clientv3.Client, timeli
 	return rev
 }
 
-// captureTo runs the wal package's capture and upload of timeline, from
+// captureTo runs the changelog package's capture and upload of timeline, from
 // a fresh spool, until revision head is in the store. A timeline with no
 // segments yet starts a run after base.
 func captureTo(t *testing.T, ctx context.Context, s *store.Store, etcd *clientv3.Client, timeline string, base, head int64) {
 	t.Helper()
-	c := startCapture(t, ctx, wal.Default(), s, wal.Etcd(etcd), timeline, base, slog.LevelWarn)
+	c := startCapture(t, ctx, changelog.Default(), s, changelog.Etcd(etcd), timeline, base, slog.LevelWarn)
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("capture of %s to reach revision %d in the store", timeline, head), func() bool {
 		return c.Status().Durable >= head
 	})

@@ -1,7 +1,3 @@
-// Package flags registers the commands' flags on their configurations.
-// Flags live here, under cmd/, and nowhere else: the packages under
-// internal/ take a Config with Default and Validate, and know nothing of
-// pflag or cobra.
 package flags
 
 import (
@@ -10,11 +6,11 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
 	"github.com/etcd-manager/etcd-manager/internal/operator"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // Agent registers the agent's flags on fs, bound to c; c's values are their defaults.
@@ -46,7 +42,7 @@ func Agent(fs *pflag.FlagSet, c *controller.Config) {
 	fs.DurationVar(&c.LearnerTimeout, "learner-timeout", c.LearnerTimeout, "how long a new member may take to start and catch up as a learner before it is removed again (its node waits before it is added again); allow for copying the whole database")
 	fs.DurationVar(&c.LeaderLease, "leader-lease", c.LeaderLease, "lease of the backup-store lock that elects a leader while etcd has no quorum; clocks must agree to well within it")
 	backup(fs, &c.Backup)
-	capture(fs, &c.Capture)
+	captureFlags(fs, &c.Capture)
 	compaction(fs, &c.Compaction)
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port to serve Prometheus metrics on at /metrics (off when empty)")
 	fs.BoolVar(&c.EnablePprof, "enable-pprof", c.EnablePprof, "also serve Go's runtime profiles at /debug/pprof/ on --metrics-address, for performance work (they show the agent's internals: keep the address private)")
@@ -74,7 +70,7 @@ func BackupAgent(fs *pflag.FlagSet, c *controller.BackupAgentConfig) {
 	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "this agent's name in the store's lock (default: host name and a random suffix)")
 	fs.DurationVar(&c.LockLease, "lock-lease", c.LockLease, "lease of the store lock that picks one backup agent when several share a store")
 	fs.DurationVar(&c.LoopInterval, "loop-interval", c.LoopInterval, "time between cycles (queued commands are picked up once per cycle)")
-	capture(fs, &c.Capture)
+	captureFlags(fs, &c.Capture)
 }
 
 // backup registers the full-backup flags, which both agents take.
@@ -94,7 +90,7 @@ func compaction(fs *pflag.FlagSet, c *controller.CompactionConfig) {
 }
 
 // capture registers the continuous-capture flags, which both agents take.
-func capture(fs *pflag.FlagSet, c *wal.Config) {
+func captureFlags(fs *pflag.FlagSet, c *changelog.Config) {
 	fs.BoolVar(&c.Enabled, "capture", c.Enabled, "continuous capture: the leader writes every change to the store's wal/ prefix, for restores to any point (see docs/disaster-recovery.md)")
 	fs.DurationVar(&c.CutInterval, "capture-cut-interval", c.CutInterval, "how often captured changes are made durable and uploaded: the RPO of continuous capture is about this plus the upload's time")
 	fs.Int64Var(&c.MaxSegmentBytes, "capture-max-segment-bytes", c.MaxSegmentBytes, "cut a segment early at this size")

@@ -1,4 +1,3 @@
-// Package crypttest makes age keys for tests, as age-keygen writes them.
 package crypttest
 
 import (

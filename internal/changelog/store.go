@@ -1,4 +1,4 @@
-package wal
+package changelog
 
 import (
 	"context"
@@ -80,7 +80,7 @@ func ValidTimeline(t string) bool { return spec.ValidClusterToken(t) }
 func Timelines(ctx context.Context, s Store) ([]string, error) {
 	dirs, err := s.List(ctx, Prefix, "/")
 	if err != nil {
-		return nil, fmt.Errorf("wal: list timelines: %w", err)
+		return nil, fmt.Errorf("changelog: list timelines: %w", err)
 	}
 	var out []string
 	for _, d := range dirs {
@@ -97,11 +97,11 @@ func Timelines(ctx context.Context, s Store) ([]string, error) {
 // ignored.
 func List(ctx context.Context, s Store, timeline string) ([]Ref, error) {
 	if !ValidTimeline(timeline) {
-		return nil, fmt.Errorf("wal: %q is not a timeline (a cluster token)", timeline)
+		return nil, fmt.Errorf("changelog: %q is not a timeline (a cluster token)", timeline)
 	}
 	keys, err := s.List(ctx, Prefix+timeline+"/", "")
 	if err != nil {
-		return nil, fmt.Errorf("wal: list %s: %w", timeline, err)
+		return nil, fmt.Errorf("changelog: list %s: %w", timeline, err)
 	}
 	var out []Ref
 	for _, k := range keys {
@@ -122,7 +122,7 @@ func List(ctx context.Context, s Store, timeline string) ([]Ref, error) {
 func ReadHeaderAt(ctx context.Context, s Store, key string) (Header, error) {
 	r, err := s.Reader(ctx, key)
 	if err != nil {
-		return Header{}, fmt.Errorf("wal: %w", err)
+		return Header{}, fmt.Errorf("changelog: %w", err)
 	}
 	defer r.Close()
 	h, err := ReadHeader(r, key)
@@ -138,7 +138,7 @@ func ReadHeaderAt(ctx context.Context, s Store, key string) (Header, error) {
 func openSegment(ctx context.Context, s Store, ref Ref, keys *crypt.Keyring) (*Reader, io.Closer, error) {
 	rc, err := s.Reader(ctx, ref.Key)
 	if err != nil {
-		return nil, nil, fmt.Errorf("wal: %w", err)
+		return nil, nil, fmt.Errorf("changelog: %w", err)
 	}
 	seg, err := NewReader(rc, ref.Key, keys)
 	if err == nil {

@@ -1,4 +1,4 @@
-package wal
+package changelog
 
 import (
 	"bytes"
@@ -51,7 +51,7 @@ type ApplyOptions struct {
 
 // ErrTooLarge means the snapshot grew past its bound while segments were
 // applied.
-var ErrTooLarge = errors.New("wal: snapshot too large")
+var ErrTooLarge = errors.New("changelog: snapshot too large")
 
 // SnapshotRevision is the etcd revision of a snapshot whose status
 // reports rev: an empty store is at revision 1, where etcd starts, though
@@ -94,7 +94,7 @@ func Apply(ctx context.Context, s Store, path, timeline string, to int64, opts A
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{NoSync: true, Timeout: 5 * time.Second})
 	if err != nil {
-		return out, fmt.Errorf("wal: open snapshot %s: %w", path, err)
+		return out, fmt.Errorf("changelog: open snapshot %s: %w", path, err)
 	}
 	a := &applier{db: db, path: path, maxBytes: opts.MaxBytes, keys: opts.Keys, leases: map[int64]int64{}, ttls: map[int64]int64{}, revoked: map[int64]bool{}, referenced: map[int64]bool{}}
 	err = a.apply(ctx, s, refs, timeline, to, &out)
@@ -105,7 +105,7 @@ func Apply(ctx context.Context, s Store, path, timeline string, to int64, opts A
 		a.tx = nil
 	}
 	if cerr := db.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("wal: close snapshot %s: %w", path, cerr)
+		err = fmt.Errorf("changelog: close snapshot %s: %w", path, cerr)
 	}
 	if err != nil {
 		return out, err
@@ -373,7 +373,7 @@ func (a *applier) revision(rec Record) error {
 	if a.tx == nil {
 		tx, err := a.db.Begin(true)
 		if err != nil {
-			return fmt.Errorf("wal: %w", err)
+			return fmt.Errorf("changelog: %w", err)
 		}
 		a.tx = tx
 	}
@@ -388,7 +388,7 @@ func (a *applier) revision(rec Record) error {
 		}
 		// bbolt keeps the value until the commit; the record's is reused.
 		if err := b.Put(key, bytes.Clone(e.Value)); err != nil {
-			return fmt.Errorf("wal: write revision %d: %w", rec.Revision, err)
+			return fmt.Errorf("changelog: write revision %d: %w", rec.Revision, err)
 		}
 		a.pendingBytes += len(key) + len(e.Value)
 	}
@@ -406,7 +406,7 @@ func (a *applier) commit() error {
 	err := a.tx.Commit()
 	a.tx, a.pendingRevs, a.pendingBytes = nil, 0, 0
 	if err != nil {
-		return fmt.Errorf("wal: commit: %w", err)
+		return fmt.Errorf("changelog: commit: %w", err)
 	}
 	if a.maxBytes > 0 {
 		if st, err := os.Stat(a.path); err == nil && st.Size() > a.maxBytes {
@@ -456,27 +456,27 @@ func (a *applier) writeLeases() error {
 	if a.tx == nil {
 		tx, err := a.db.Begin(true)
 		if err != nil {
-			return fmt.Errorf("wal: %w", err)
+			return fmt.Errorf("changelog: %w", err)
 		}
 		a.tx = tx
 	}
 	name := schema.Lease.Name()
 	if a.tx.Bucket(name) != nil {
 		if err := a.tx.DeleteBucket(name); err != nil {
-			return fmt.Errorf("wal: leases: %w", err)
+			return fmt.Errorf("changelog: leases: %w", err)
 		}
 	}
 	b, err := a.tx.CreateBucket(name)
 	if err != nil {
-		return fmt.Errorf("wal: leases: %w", err)
+		return fmt.Errorf("changelog: leases: %w", err)
 	}
 	for id, ttl := range a.leases {
 		v, err := proto.Marshal(&leasepb.Lease{ID: id, TTL: ttl})
 		if err != nil {
-			return fmt.Errorf("wal: lease %x: %w", id, err)
+			return fmt.Errorf("changelog: lease %x: %w", id, err)
 		}
 		if err := b.Put(binary.BigEndian.AppendUint64(nil, uint64(id)), v); err != nil {
-			return fmt.Errorf("wal: lease %x: %w", id, err)
+			return fmt.Errorf("changelog: lease %x: %w", id, err)
 		}
 	}
 	return nil
@@ -487,13 +487,13 @@ func (a *applier) writeLeases() error {
 func stripTrailer(path string) error {
 	st, err := os.Stat(path)
 	if err != nil {
-		return fmt.Errorf("wal: %w", err)
+		return fmt.Errorf("changelog: %w", err)
 	}
 	if st.Size()%512 != sha256.Size {
-		return fmt.Errorf("wal: snapshot %s has no sha256 trailer (size %d)", path, st.Size())
+		return fmt.Errorf("changelog: snapshot %s has no sha256 trailer (size %d)", path, st.Size())
 	}
 	if err := os.Truncate(path, st.Size()-sha256.Size); err != nil {
-		return fmt.Errorf("wal: %w", err)
+		return fmt.Errorf("changelog: %w", err)
 	}
 	return nil
 }
@@ -503,18 +503,18 @@ func stripTrailer(path string) error {
 func appendTrailer(path string) error {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return fmt.Errorf("wal: %w", err)
+		return fmt.Errorf("changelog: %w", err)
 	}
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return fmt.Errorf("wal: read %s: %w", path, err)
+		return fmt.Errorf("changelog: read %s: %w", path, err)
 	}
 	if _, err := f.Write(h.Sum(nil)); err != nil {
-		return fmt.Errorf("wal: write %s: %w", path, err)
+		return fmt.Errorf("changelog: write %s: %w", path, err)
 	}
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("wal: %w", err)
+		return fmt.Errorf("changelog: %w", err)
 	}
 	return f.Close()
 }

@@ -1,4 +1,4 @@
-package wal
+package changelog
 
 import (
 	"bufio"
@@ -51,7 +51,7 @@ type setAside struct {
 }
 
 // errSetAside means readSpooled moved the segment aside.
-var errSetAside = errors.New("wal: spooled segment set aside")
+var errSetAside = errors.New("changelog: spooled segment set aside")
 
 // parseSpoolName is the timeline and first revision of a spool name
 // (spoolName's form); ok is false for another.
@@ -89,7 +89,7 @@ func spoolName(timeline string, first int64) string {
 func newSegmentWriter(dir, timeline string, prev []byte, first int64, base *Base) (*segmentWriter, error) {
 	f, err := os.OpenFile(filepath.Join(dir, spoolName(timeline, first)+spoolExt+tempExt), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("wal: spool: %w", err)
+		return nil, fmt.Errorf("changelog: spool: %w", err)
 	}
 	sw := &segmentWriter{dir: dir, f: f, sum: sha256.New(), chain: prev,
 		header: Header{Format: FormatVersion, Timeline: timeline, First: first, Last: first - 1, Prev: hex.EncodeToString(prev), Base: base}}
@@ -102,7 +102,7 @@ func (sw *segmentWriter) add(r Record) error {
 	sw.buf = AppendRecord(sw.buf[:0], r)
 	if r.Kind == KindRevision {
 		if r.Revision != sw.header.Last+1 {
-			return fmt.Errorf("wal: revision %d after %d: the watch skipped revisions", r.Revision, sw.header.Last)
+			return fmt.Errorf("changelog: revision %d after %d: the watch skipped revisions", r.Revision, sw.header.Last)
 		}
 		sw.chained = chainBytes(sw.chained[:0], r)
 		sw.chain = NextChain(sw.chain, sw.chained)
@@ -116,7 +116,7 @@ func (sw *segmentWriter) add(r Record) error {
 	sw.header.Records++
 	sw.header.BodySize += int64(len(sw.buf))
 	if _, err := sw.w.Write(sw.buf); err != nil {
-		return fmt.Errorf("wal: spool: %w", err)
+		return fmt.Errorf("changelog: spool: %w", err)
 	}
 	return nil
 }
@@ -128,31 +128,31 @@ func (sw *segmentWriter) cut() (Header, error) {
 	h := sw.header
 	if err := sw.w.Flush(); err != nil {
 		sw.abandon()
-		return h, fmt.Errorf("wal: spool: %w", err)
+		return h, fmt.Errorf("changelog: spool: %w", err)
 	}
 	h.SHA256 = hex.EncodeToString(sw.sum.Sum(nil))
 	h.Chain = hex.EncodeToString(sw.chain)
 	data, err := json.Marshal(h)
 	if err != nil {
 		sw.abandon()
-		return h, fmt.Errorf("wal: spool: %w", err)
+		return h, fmt.Errorf("changelog: spool: %w", err)
 	}
 	data = append(data, spoolMagic...)
 	data = binary.BigEndian.AppendUint32(data, uint32(len(data)-len(spoolMagic)))
 	if _, err := sw.f.Write(data); err != nil {
 		sw.abandon()
-		return h, fmt.Errorf("wal: spool: %w", err)
+		return h, fmt.Errorf("changelog: spool: %w", err)
 	}
 	if err := sw.f.Sync(); err != nil {
 		sw.abandon()
-		return h, fmt.Errorf("wal: spool: %w", err)
+		return h, fmt.Errorf("changelog: spool: %w", err)
 	}
 	if err := sw.f.Close(); err != nil {
-		return h, fmt.Errorf("wal: spool: %w", err)
+		return h, fmt.Errorf("changelog: spool: %w", err)
 	}
 	name := filepath.Join(sw.dir, spoolName(h.Timeline, h.First)) + spoolExt
 	if err := os.Rename(name+tempExt, name); err != nil {
-		return h, fmt.Errorf("wal: spool: %w", err)
+		return h, fmt.Errorf("changelog: spool: %w", err)
 	}
 	return h, syncDir(sw.dir)
 }
@@ -166,11 +166,11 @@ func (sw *segmentWriter) abandon() {
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("wal: spool: %w", err)
+		return fmt.Errorf("changelog: spool: %w", err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("wal: spool: %w", err)
+		return fmt.Errorf("changelog: spool: %w", err)
 	}
 	return nil
 }
@@ -188,7 +188,7 @@ func (s spooled) size() int64 { return s.Header.BodySize }
 func (s spooled) open() (io.ReadCloser, error) {
 	data, err := json.Marshal(s.Header)
 	if err != nil {
-		return nil, fmt.Errorf("wal: spool: %w", err)
+		return nil, fmt.Errorf("changelog: spool: %w", err)
 	}
 	f, err := s.openBody()
 	if err != nil {
@@ -214,14 +214,14 @@ func (s spooled) object(keys *crypt.Keyring) (io.ReadCloser, error) {
 	enc, info, err := keys.EncryptReader(io.LimitReader(body, s.Header.BodySize))
 	if err != nil {
 		body.Close()
-		return nil, fmt.Errorf("wal: %w", err)
+		return nil, fmt.Errorf("changelog: %w", err)
 	}
 	h := s.Header
 	h.Format, h.Encryption = FormatEncrypted, info
 	data, err := json.Marshal(h)
 	if err != nil {
 		body.Close()
-		return nil, fmt.Errorf("wal: spool: %w", err)
+		return nil, fmt.Errorf("changelog: spool: %w", err)
 	}
 	return struct {
 		io.Reader
@@ -236,7 +236,7 @@ func (s spooled) openBody() (*os.File, error) {
 	}
 	f, err := os.Open(name)
 	if err != nil {
-		return nil, fmt.Errorf("wal: spool: %w", err)
+		return nil, fmt.Errorf("changelog: spool: %w", err)
 	}
 	return f, nil
 }
@@ -247,7 +247,7 @@ func (s spooled) openBody() (*os.File, error) {
 func (s spooled) orphan() error {
 	for _, name := range s.files() {
 		if err := os.Rename(name, name+orphanExt); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("wal: spool: %w", err)
+			return fmt.Errorf("changelog: spool: %w", err)
 		}
 	}
 	return nil
@@ -264,7 +264,7 @@ func (s spooled) files() []string {
 func (s spooled) remove() error {
 	for _, name := range s.files() {
 		if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("wal: spool: %w", err)
+			return fmt.Errorf("changelog: spool: %w", err)
 		}
 	}
 	return nil
@@ -276,7 +276,7 @@ func (s spooled) remove() error {
 func readSpool(dir string) (segs []spooled, total int64, aside []setAside, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, 0, nil, fmt.Errorf("wal: spool: %w", err)
+		return nil, 0, nil, fmt.Errorf("changelog: spool: %w", err)
 	}
 	var out []spooled
 	for _, e := range entries {
@@ -329,7 +329,7 @@ func readSpooled(path string) (spooled, bool, error) {
 		return s, false, nil
 	}
 	if err != nil {
-		return s, false, fmt.Errorf("wal: spool: %w", err)
+		return s, false, fmt.Errorf("changelog: spool: %w", err)
 	}
 	defer f.Close()
 	bad := func() (spooled, bool, error) {
@@ -340,7 +340,7 @@ func readSpooled(path string) (spooled, bool, error) {
 	}
 	st, err := f.Stat()
 	if err != nil {
-		return s, false, fmt.Errorf("wal: spool: %w", err)
+		return s, false, fmt.Errorf("changelog: spool: %w", err)
 	}
 	size := st.Size()
 	if size < int64(footerSize) {
@@ -348,7 +348,7 @@ func readSpooled(path string) (spooled, bool, error) {
 	}
 	var foot [footerSize]byte
 	if _, err := f.ReadAt(foot[:], size-int64(footerSize)); err != nil {
-		return s, false, fmt.Errorf("wal: spool: %w", err)
+		return s, false, fmt.Errorf("changelog: spool: %w", err)
 	}
 	n := int64(binary.BigEndian.Uint32(foot[len(spoolMagic):]))
 	if string(foot[:len(spoolMagic)]) != spoolMagic || n > maxHeaderSize || n > size-int64(footerSize) {
@@ -356,7 +356,7 @@ func readSpooled(path string) (spooled, bool, error) {
 	}
 	data := make([]byte, n)
 	if _, err := f.ReadAt(data, size-int64(footerSize)-n); err != nil {
-		return s, false, fmt.Errorf("wal: spool: %w", err)
+		return s, false, fmt.Errorf("changelog: spool: %w", err)
 	}
 	if err := json.Unmarshal(data, &s.Header); err != nil || s.Header.Validate() != nil ||
 		s.Header.BodySize != size-int64(footerSize)-n {
@@ -392,10 +392,10 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("wal: spool: %w", err)
+		return nil, fmt.Errorf("changelog: spool: %w", err)
 	}
 	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("wal: spool: %s is over %d bytes", path, limit)
+		return nil, fmt.Errorf("changelog: spool: %s is over %d bytes", path, limit)
 	}
 	return data, nil
 }
@@ -404,12 +404,12 @@ func readBounded(path string, limit int64) ([]byte, error) {
 func clearSpoolTemp(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return fmt.Errorf("wal: spool: %w", err)
+		return fmt.Errorf("changelog: spool: %w", err)
 	}
 	for _, e := range entries {
 		if strings.HasSuffix(e.Name(), tempExt) {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
-				return fmt.Errorf("wal: spool: %w", err)
+				return fmt.Errorf("changelog: spool: %w", err)
 			}
 		}
 	}

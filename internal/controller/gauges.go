@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/wal"
 )
 
 // The figures the agent exports beside its own counters: the cluster as
@@ -99,7 +99,7 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 		lp.met.backupLastOK.Set(float64(point.Unix()))
 	}
 	if m := obs.Self.Member; m != nil && lp.cfg.Capture.Enabled {
-		runs, err := wal.Runs(ctx, s, m.ClusterToken)
+		runs, err := changelog.Runs(ctx, s, m.ClusterToken)
 		switch {
 		case err != nil:
 			lp.log.Warn("cannot read the captured revisions for the metrics", "error", err)

@@ -1,4 +1,4 @@
-package wal
+package changelog
 
 import (
 	"context"
@@ -46,11 +46,11 @@ func (b Branch) Start() int64 { return b.Revision + b.BumpRevision }
 func (b Branch) Validate() error {
 	switch {
 	case !ValidTimeline(b.Timeline) || !ValidTimeline(b.Parent):
-		return fmt.Errorf("wal: branch %q from %q: not cluster tokens", b.Timeline, b.Parent)
+		return fmt.Errorf("changelog: branch %q from %q: not cluster tokens", b.Timeline, b.Parent)
 	case b.Timeline == b.Parent:
-		return fmt.Errorf("wal: timeline %s cannot branch from itself", b.Timeline)
+		return fmt.Errorf("changelog: timeline %s cannot branch from itself", b.Timeline)
 	case b.Revision < 1 || b.BumpRevision < 0:
-		return fmt.Errorf("wal: branch of %s: revision %d, bump %d", b.Timeline, b.Revision, b.BumpRevision)
+		return fmt.Errorf("changelog: branch of %s: revision %d, bump %d", b.Timeline, b.Revision, b.BumpRevision)
 	}
 	return nil
 }
@@ -69,10 +69,10 @@ func WriteBranch(ctx context.Context, s BranchStore, b Branch) error {
 	}
 	data, err := json.Marshal(b)
 	if err != nil {
-		return fmt.Errorf("wal: %w", err)
+		return fmt.Errorf("changelog: %w", err)
 	}
 	if err := s.Create(ctx, BranchKey(b.Timeline), data); err != nil && !isExists(err) {
-		return fmt.Errorf("wal: record the branch of %s: %w", b.Timeline, err)
+		return fmt.Errorf("changelog: record the branch of %s: %w", b.Timeline, err)
 	}
 	return nil
 }
@@ -85,7 +85,7 @@ func ReadBranch(ctx context.Context, s BranchStore, timeline string) (Branch, bo
 		return b, false, nil
 	}
 	if err != nil {
-		return b, false, fmt.Errorf("wal: branch of %s: %w", timeline, err)
+		return b, false, fmt.Errorf("changelog: branch of %s: %w", timeline, err)
 	}
 	if err := json.Unmarshal(data, &b); err != nil {
 		return b, false, fmt.Errorf("%w: %s is not valid JSON: %w", ErrCorrupt, BranchKey(timeline), err)

@@ -1,4 +1,4 @@
-package wal
+package changelog
 
 import (
 	"context"
@@ -63,25 +63,25 @@ func Default() Config {
 func (c Config) Validate() error {
 	switch {
 	case c.CutInterval < 10*time.Millisecond || c.CutInterval > time.Minute:
-		return fmt.Errorf("wal: --capture-cut-interval %s is outside 10ms..1m", c.CutInterval)
+		return fmt.Errorf("changelog: --capture-cut-interval %s is outside 10ms..1m", c.CutInterval)
 	case c.MaxSegmentBytes < 64<<10:
-		return fmt.Errorf("wal: --capture-max-segment-bytes %d is under 64 KiB", c.MaxSegmentBytes)
+		return fmt.Errorf("changelog: --capture-max-segment-bytes %d is under 64 KiB", c.MaxSegmentBytes)
 	case c.MaxSpoolBytes < c.MaxSegmentBytes:
-		return fmt.Errorf("wal: --capture-max-spool-bytes %d is under one segment (%d)", c.MaxSpoolBytes, c.MaxSegmentBytes)
+		return fmt.Errorf("changelog: --capture-max-spool-bytes %d is under one segment (%d)", c.MaxSpoolBytes, c.MaxSegmentBytes)
 	case c.LeasePollInterval < 10*time.Millisecond:
-		return fmt.Errorf("wal: --capture-lease-poll-interval %s is under 10ms", c.LeasePollInterval)
+		return fmt.Errorf("changelog: --capture-lease-poll-interval %s is under 10ms", c.LeasePollInterval)
 	case c.MaxClockOffset <= 0:
-		return fmt.Errorf("wal: --capture-max-clock-offset %s must be positive", c.MaxClockOffset)
+		return fmt.Errorf("changelog: --capture-max-clock-offset %s must be positive", c.MaxClockOffset)
 	case c.DigestInterval < 0:
-		return fmt.Errorf("wal: --capture-digest-interval %s is negative", c.DigestInterval)
+		return fmt.Errorf("changelog: --capture-digest-interval %s is negative", c.DigestInterval)
 	case c.MergeInterval < 0:
-		return fmt.Errorf("wal: --capture-merge-interval %s is negative", c.MergeInterval)
+		return fmt.Errorf("changelog: --capture-merge-interval %s is negative", c.MergeInterval)
 	case len(c.MergeWindows) > 9:
-		return fmt.Errorf("wal: --capture-merge-windows has %d levels; at most 9", len(c.MergeWindows))
+		return fmt.Errorf("changelog: --capture-merge-windows has %d levels; at most 9", len(c.MergeWindows))
 	}
 	for i, w := range c.MergeWindows {
 		if w < time.Second || (i > 0 && w <= c.MergeWindows[i-1]) {
-			return fmt.Errorf("wal: --capture-merge-windows %v: each window must be at least 1s and longer than the one before", c.MergeWindows)
+			return fmt.Errorf("changelog: --capture-merge-windows %v: each window must be at least 1s and longer than the one before", c.MergeWindows)
 		}
 	}
 	return nil
@@ -92,19 +92,19 @@ var (
 	// ErrNeedBase means capture cannot continue from what the store holds
 	// (nothing yet, or the next revision is compacted away): a full
 	// backup must be taken, and capture starts a new run after it.
-	ErrNeedBase = errors.New("wal: capture needs a fresh full backup to start from")
+	ErrNeedBase = errors.New("changelog: capture needs a fresh full backup to start from")
 	// ErrSpoolFull means the spool reached its bound: capture stopped.
-	ErrSpoolFull = errors.New("wal: capture spool is full")
+	ErrSpoolFull = errors.New("changelog: capture spool is full")
 	// ErrClockBehind means this agent's clock is further behind the last
 	// time captured on the timeline than MaxClockOffset: its times would
 	// put --to-time's boundaries in the wrong place, so it does not
 	// capture until its clock agrees.
-	ErrClockBehind = errors.New("wal: this agent's clock is behind the last time captured on the timeline")
+	ErrClockBehind = errors.New("changelog: this agent's clock is behind the last time captured on the timeline")
 	// ErrRunEnded means a spooled segment of the run did not read and was
 	// set aside: the run ends before it, and capture starts again from
 	// the last revision the store holds whole (a new run after a fresh
 	// backup, when etcd has compacted that away).
-	ErrRunEnded = errors.New("wal: a spooled segment was set aside; the run ends before it")
+	ErrRunEnded = errors.New("changelog: a spooled segment was set aside; the run ends before it")
 )
 
 // Client is what capture needs of etcd.
@@ -172,17 +172,17 @@ type Capture struct {
 }
 
 // ErrSpoolBusy means another process uses the spool directory.
-var ErrSpoolBusy = errors.New("wal: another process uses the capture spool")
+var ErrSpoolBusy = errors.New("changelog: another process uses the capture spool")
 
 // New returns a capture spooling into dir, which it locks for the
 // process's life: two processes must never share a spool.
 func New(cfg Config, dir string, s Store, log *slog.Logger) (*Capture, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("wal: spool: %w", err)
+		return nil, fmt.Errorf("changelog: spool: %w", err)
 	}
 	lock, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("wal: spool: %w", err)
+		return nil, fmt.Errorf("changelog: spool: %w", err)
 	}
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		lock.Close()
@@ -368,7 +368,7 @@ func point(h Header) Point {
 // ErrNeedBase when base is nil or also compacted away.
 func (c *Capture) Run(ctx context.Context, cl Client, timeline string, base *Base) error {
 	if !ValidTimeline(timeline) {
-		return fmt.Errorf("wal: capture: %q is not a cluster token", timeline)
+		return fmt.Errorf("changelog: capture: %q is not a cluster token", timeline)
 	}
 	c.update(func(s *Status) { s.Running = true })
 	defer c.update(func(s *Status) { s.Running = false })
@@ -420,7 +420,7 @@ func (c *Capture) run(ctx context.Context, cl Client, timeline string, base *Bas
 type compactedError struct{ rev int64 }
 
 func (e *compactedError) Error() string {
-	return fmt.Sprintf("wal: the watch start is compacted (compacted to revision %d)", e.rev)
+	return fmt.Sprintf("changelog: the watch start is compacted (compacted to revision %d)", e.rev)
 }
 
 // follow watches from after at and spools what it sees.
@@ -548,7 +548,7 @@ func (f *follower) idle(ctx context.Context, next, poll <-chan time.Time) error 
 
 // errLeasesUnlisted is a failed listing of the leases: idle tries again
 // at each poll for up to watchRetryFor before the run ends with it.
-var errLeasesUnlisted = errors.New("wal: capture: list leases")
+var errLeasesUnlisted = errors.New("changelog: capture: list leases")
 
 // catchUp reads every revision after the last one captured up to etcd's
 // current revision, from a watch opened for this pass alone, and reports
@@ -628,7 +628,7 @@ func (f *follower) catchUp(ctx context.Context) (bool, error) {
 			return fail(&compactedError{rev: resp.CompactRevision})
 		}
 		if resp.Canceled {
-			return fail(fmt.Errorf("wal: capture: etcd cancelled the watch: %s", resp.CancelReason))
+			return fail(fmt.Errorf("changelog: capture: etcd cancelled the watch: %s", resp.CancelReason))
 		}
 		if err := f.events(ctx, resp.Events, resp.Fragment); err != nil {
 			return fail(err)
@@ -656,7 +656,7 @@ func (f *follower) catchUp(ctx context.Context) (bool, error) {
 // errWatchBroke is a watch stream that failed or ended: the next pass
 // opens another from the last revision taken, every watchRetryDelay for
 // up to watchRetryFor, after which the run ends with the error.
-var errWatchBroke = errors.New("wal: capture: the watch broke")
+var errWatchBroke = errors.New("changelog: capture: the watch broke")
 
 const (
 	watchRetryDelay = 500 * time.Millisecond
@@ -897,7 +897,7 @@ func (f *follower) revision(ctx context.Context, rev int64, evs []*mvccpb.Event)
 		}
 		v, err := proto.Marshal(kv)
 		if err != nil {
-			return fmt.Errorf("wal: capture: encode revision %d: %w", rev, err)
+			return fmt.Errorf("changelog: capture: encode revision %d: %w", rev, err)
 		}
 		r.Events = append(r.Events, Event{Tombstone: ev.Type == mvccpb.DELETE, Value: v})
 	}
@@ -1054,7 +1054,7 @@ func (c *Capture) UploadOnce(ctx context.Context) error {
 type conflictError struct{ existing Header }
 
 func (e *conflictError) Error() string {
-	return fmt.Sprintf("wal: another writer's segment holds revisions %d to %d", e.existing.First, e.existing.Last)
+	return fmt.Sprintf("changelog: another writer's segment holds revisions %d to %d", e.existing.First, e.existing.Last)
 }
 
 // upload writes one spooled segment create-once. When another writer's
@@ -1083,7 +1083,7 @@ func (c *Capture) upload(ctx context.Context, s spooled) error {
 		err = nil
 	}
 	if err != nil {
-		return fmt.Errorf("wal: upload %s: %w", key, err)
+		return fmt.Errorf("changelog: upload %s: %w", key, err)
 	}
 	if err := s.remove(); err != nil {
 		return err

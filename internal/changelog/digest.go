@@ -1,4 +1,4 @@
-package wal
+package changelog
 
 import (
 	"context"
@@ -89,7 +89,7 @@ func DigestAt(ctx context.Context, c Ranger, rev int64) (Digest, error) {
 		resp, err := c.Get(ctx, from, clientv3.WithFromKey(), clientv3.WithRev(rev), clientv3.WithLimit(limit),
 			clientv3.WithSerializable())
 		if err != nil {
-			return d, fmt.Errorf("wal: digest at revision %d: %w", rev, err)
+			return d, fmt.Errorf("changelog: digest at revision %d: %w", rev, err)
 		}
 		var size int64
 		for _, kv := range resp.Kvs {

@@ -1,4 +1,4 @@
-package wal
+package changelog
 
 import (
 	"context"
@@ -63,7 +63,7 @@ func Prune(ctx context.Context, s Store, floors map[string]int64, before time.Ti
 				}
 			}
 			if err := s.Delete(ctx, r.Key); err != nil {
-				return out, fmt.Errorf("wal: prune %s: %w", r.Key, err)
+				return out, fmt.Errorf("changelog: prune %s: %w", r.Key, err)
 			}
 			deleted++
 		}

@@ -1,4 +1,4 @@
-package wal
+package changelog
 
 import (
 	"context"
@@ -226,10 +226,10 @@ func (m *Merger) list(ctx context.Context, timeline string) ([]Header, error) {
 // the same window first.
 func (m *Merger) merge(ctx context.Context, g mergeGroup) (Header, error) {
 	if err := os.RemoveAll(m.Dir); err != nil {
-		return Header{}, fmt.Errorf("wal: merge: %w", err)
+		return Header{}, fmt.Errorf("changelog: merge: %w", err)
 	}
 	if err := os.MkdirAll(m.Dir, 0o700); err != nil {
-		return Header{}, fmt.Errorf("wal: merge: %w", err)
+		return Header{}, fmt.Errorf("changelog: merge: %w", err)
 	}
 	first := g.Sources[0]
 	prev, err := hex.DecodeString(first.Prev)
@@ -264,7 +264,7 @@ func (m *Merger) merge(ctx context.Context, g mergeGroup) (Header, error) {
 		return ReadHeaderAt(ctx, m.Store, key)
 	}
 	if err != nil {
-		return h, fmt.Errorf("wal: merge: upload %s: %w", key, err)
+		return h, fmt.Errorf("changelog: merge: upload %s: %w", key, err)
 	}
 	m.Log.Info("segments merged", "key", key, "segments", len(g.Sources), "first-revision", h.First, "last-revision", h.Last, "bytes", h.BodySize)
 	return h, nil
@@ -340,7 +340,7 @@ func (m *Merger) verifyAndDelete(ctx context.Context, by Header, sources []Heade
 			continue
 		}
 		if err := m.Store.Delete(ctx, key); err != nil {
-			return fmt.Errorf("wal: merge: delete %s: %w", key, err)
+			return fmt.Errorf("changelog: merge: delete %s: %w", key, err)
 		}
 		delete(m.headers, key)
 		res.Deleted++

@@ -1,0 +1,2 @@
+// Package crypttest makes age keys for tests, as age-keygen writes them.
+package crypttest
