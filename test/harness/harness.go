@@ -619,16 +619,29 @@ func (a *Agent) Client() *clientv3.Client {
 	return c
 }
 
-// Leads reports whether the agent's etcd member is the raft leader.
+// Leads reports whether the agent's etcd member is the raft leader; the
+// test fails when etcd does not answer.
 func (a *Agent) Leads() bool {
+	a.env.t.Helper()
+	leads, err := a.Leading()
+	if err != nil {
+		a.env.t.Fatalf("harness: status of agent %s's etcd: %v", a.Name, err)
+	}
+	return leads
+}
+
+// Leading reports whether the agent's etcd member is the raft leader, or
+// why etcd did not answer: for waits across restarts, where a member may be
+// briefly down.
+func (a *Agent) Leading() (bool, error) {
 	a.env.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, err := a.Client().Status(ctx, a.ClientURL)
 	if err != nil {
-		a.env.t.Fatalf("harness: status of agent %s's etcd: %v", a.Name, err)
+		return false, err
 	}
-	return st.Leader == st.Header.MemberId
+	return st.Leader == st.Header.MemberId, nil
 }
 
 // WaitHealthy waits until the agent's etcd serves a linearizable read.

@@ -361,8 +361,14 @@ func TestDamagedLeaderIsTheOneRebuilt(t *testing.T) {
 	// compares the data once there is one.
 	harness.WaitSettled(t, agents, 3, 3*settleTimeout)
 	// The damaged member leads.
+	// A member whose etcd restarts meanwhile (a follower whose check
+	// failed) does not answer for a moment: the wait asks again.
+	leads := func(a *harness.Agent) bool {
+		ok, err := a.Leading()
+		return err == nil && ok
+	}
 	harness.WaitFor(t, time.Minute, damaged.Name+" to lead", func() bool {
-		if damaged.Leads() {
+		if leads(damaged) {
 			return true
 		}
 		st, ok := memberStatus(damaged)
@@ -370,13 +376,13 @@ func TestDamagedLeaderIsTheOneRebuilt(t *testing.T) {
 			return false
 		}
 		for _, a := range agents {
-			if a.Leads() {
+			if leads(a) {
 				mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				_, _ = a.Client().MoveLeader(mctx, st.Header.MemberId)
 				cancel()
 			}
 		}
-		return damaged.Leads()
+		return leads(damaged)
 	})
 	env.MustCtl("--snapshot-count=5001", "configure-cluster")
 	damaged.WaitLog("the leader found this member's data disagrees with its peers'", 1, 5*time.Minute)
