@@ -21,6 +21,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/operatorapi"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
@@ -390,6 +391,13 @@ func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.Restore
 // procedure.ErrWait.
 func waiting(err error) bool {
 	return errors.Is(err, procedure.ErrWait)
+}
+
+// lostLead reports whether err says only that this agent does not lead
+// (any more): by etcd's raft, or by the store lock. Neither is a failure
+// of the action.
+func lostLead(err error) bool {
+	return errors.Is(err, ErrNotLeader) || errors.Is(err, lease.ErrNotHeld)
 }
 
 // actionKind is the action's name without its arguments, for metrics.

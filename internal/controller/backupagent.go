@@ -20,6 +20,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
+	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -161,7 +162,7 @@ type BackupAgent struct {
 	met     *metrics
 	now     func() time.Time
 	backups *backups
-	lock    LeaderLock
+	lock    lease.Lock
 	capture *capturer
 	store   *store.Store
 	tls     *tls.Config
@@ -178,7 +179,7 @@ func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger) *BackupAgent {
 	met := newMetrics()
 	b := &BackupAgent{cfg: cfg, log: log, met: met, now: time.Now}
 	b.backups = cfg.Backup.newBackups(cfg.NodeID, log, met, func() time.Time { return b.now() })
-	b.lock = LeaderLock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
+	b.lock = lease.Lock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
 	b.capture = newCapturer(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, met.reg)
 	b.events = newEventLog(cfg.NodeID, func() time.Time { return b.now() }, log)
 	return b
@@ -238,8 +239,8 @@ func (b *BackupAgent) cycle(ctx context.Context) {
 	if !b.storeChecked {
 		// Of several backup agents, one backs up: the store lock decides,
 		// which needs create-if-absent.
-		switch err := checkCreateOnce(ctx, s, b.cfg.NodeID); {
-		case errors.Is(err, ErrUntrustedStore):
+		switch err := lease.CheckCreateOnce(ctx, s, b.cfg.NodeID); {
+		case errors.Is(err, lease.ErrUntrustedStore):
 			b.log.Error("not backing up: this store cannot elect one backup agent", "error", err)
 			return
 		case err != nil:

@@ -76,7 +76,7 @@ func (e *eventLog) outcome(act plan.Action, err error) {
 	stepFailed := e.commandFailedStep
 	e.commandFailedStep = false
 	e.mu.Unlock()
-	if waiting(err) || errors.Is(err, ErrNotLeader) {
+	if waiting(err) || lostLead(err) {
 		return
 	}
 	now := e.now()

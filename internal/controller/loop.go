@@ -16,6 +16,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -39,7 +40,7 @@ type loop struct {
 	// memberConns holds a client of each etcd member's client URL, kept
 	// across cycles (see memberClient).
 	memberConns map[string]*clientv3.Client
-	lease       *lease
+	lease       *lease.Fence
 	// unhealthySince and learnerSince track, per etcd member, since when
 	// it has been unhealthy, or a learner.
 	unhealthySince, learnerSince since
@@ -151,9 +152,9 @@ func newLoop(a *Agent, n *node.Node) (*loop, error) {
 	}
 	lp.backups = a.cfg.Backup.newBackups(n.ID(), a.log, a.met, func() time.Time { return a.now() })
 	lp.backups.keys = a.keys
-	lp.lease = &lease{
-		lock:  &LeaderLock{NodeID: n.ID(), TTL: a.cfg.LeaderLease, Now: a.now, Floor: func() int64 { return lp.termFloor }},
-		store: func() lockStore { return lp.store },
+	lp.lease = &lease.Fence{
+		Lock:  &lease.Lock{NodeID: n.ID(), TTL: a.cfg.LeaderLease, Now: a.now, Floor: func() int64 { return lp.termFloor }},
+		Store: func() lease.Store { return lp.store },
 	}
 	var err error
 	lp.discovery, err = peer.ParseDiscovery(a.cfg.Discovery, peer.DiscoveryOptions{
@@ -548,7 +549,7 @@ func (lp *loop) noteOutcome(act plan.Action, err error) {
 	switch {
 	case err == nil:
 		lp.failures.succeeded(key)
-	case !waiting(err) && !errors.Is(err, ErrNotLeader):
+	case !waiting(err) && !lostLead(err):
 		lp.failures.failed(key, err, lp.now())
 	}
 	lp.met.backingOff.Set(float64(lp.failures.prune(lp.now())))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -162,7 +163,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		obs.Commands = cmds
 		lp.lastQueueRead = lp.now()
 		for _, c := range cmds {
-			lp.termFloor = statusFloor(lp.termFloor, c.StatusTerm, lp.log)
+			lp.termFloor = lease.StatusFloor(lp.termFloor, c.StatusTerm, lp.log)
 		}
 	}
 	// Evidence about agents this one cannot reach: what they last
@@ -170,7 +171,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	if plan.ActiveExclusive(obs.Commands) != nil || (noCluster && obs.Created != nil) {
 		obs.Records, obs.RecordsErr = lp.records(ctx, s)
 		obs.RecordFresh = lp.cfg.LeaderLease + lp.publishEvery()
-		obs.NoLeaderSettle = noLeaderSettle(lp.cfg.LeaderLease)
+		obs.NoLeaderSettle = lease.NoLeaderSettle(lp.cfg.LeaderLease)
 	}
 	if c := plan.ActiveExclusive(obs.Commands); c != nil && c.Command.RecoverQuorum != nil {
 		obs.NewestBackups, obs.NewestBackupsErr = lp.newestBackups(ctx, s)
@@ -348,11 +349,11 @@ func (lp *loop) takeLock(ctx context.Context, s *store.Store, obs *plan.Observed
 // this cycle.
 func (lp *loop) lockRefused(ctx context.Context, s *store.Store) error {
 	if !lp.storeChecked {
-		err := checkCreateOnce(ctx, s, lp.node.ID())
+		err := lease.CheckCreateOnce(ctx, s, lp.node.ID())
 		switch {
 		case err == nil:
 			lp.storeChecked = true
-		case errors.Is(err, ErrUntrustedStore):
+		case errors.Is(err, lease.ErrUntrustedStore):
 			lp.storeChecked, lp.untrusted = true, err
 		default:
 			return fmt.Errorf("the store's create-if-absent is not checked yet: %w", err)
@@ -361,7 +362,7 @@ func (lp *loop) lockRefused(ctx context.Context, s *store.Store) error {
 	if lp.untrusted != nil {
 		return lp.untrusted
 	}
-	limit := maxClockOffset(lp.cfg.LeaderLease)
+	limit := lease.MaxClockOffset(lp.cfg.LeaderLease)
 	// Stores keep modification times to the second.
 	if off, storeLimit := lp.storeOffset, limit+time.Second; off > storeLimit || off < -storeLimit {
 		return fmt.Errorf("controller: the backup store's clock is %s off this agent's, more than %s; leases compare clocks, so fix the clocks (NTP)",
@@ -409,7 +410,7 @@ func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
 	// The store's clock, from the record just written: an agent that
 	// reaches no peer still measures its clock against a common one.
 	if mt, err := s.ModTime(ctx, peer.DiscoveryPrefix+self.ID); err == nil {
-		if off, ok := clockOffset(mt, sent, time.Now().Add(testhook.Offset()), maxClockOffset(lp.cfg.LeaderLease)); ok {
+		if off, ok := lease.ClockOffset(mt, sent, time.Now().Add(testhook.Offset()), lease.MaxClockOffset(lp.cfg.LeaderLease)); ok {
 			lp.storeOffset = off
 		}
 	}
@@ -501,7 +502,7 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			mu.Lock()
 			defer mu.Unlock()
 			nodes[info.NodeID] = nodeFromInfo(addr, info)
-			if off, ok := clockOffset(info.Now, sent, received, maxClockOffset(lp.cfg.LeaderLease)/2); ok {
+			if off, ok := lease.ClockOffset(info.Now, sent, received, lease.MaxClockOffset(lp.cfg.LeaderLease)/2); ok {
 				offsets[info.NodeID] = off
 			} else if prev, had := lp.offsets[info.NodeID]; had {
 				offsets[info.NodeID] = prev // a slow call: keep the last good sample

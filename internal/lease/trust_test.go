@@ -1,4 +1,4 @@
-package controller
+package lease
 
 import (
 	"context"
@@ -33,20 +33,20 @@ func (downStore) Delete(context.Context, string) error { return nil }
 
 func TestCheckCreateOnce(t *testing.T) {
 	real := openLockStore(t)
-	if err := checkCreateOnce(t.Context(), real, "n1"); err != nil {
+	if err := CheckCreateOnce(t.Context(), real, "n1"); err != nil {
 		t.Errorf("a file store: %v", err)
 	}
 	if keys, _ := real.List(t.Context(), probePrefix, ""); len(keys) != 0 {
 		t.Errorf("the probe left %v", keys)
 	}
 	lenient := &lenientStore{objects: map[string]bool{}}
-	if err := checkCreateOnce(t.Context(), lenient, "n1"); !errors.Is(err, ErrUntrustedStore) {
+	if err := CheckCreateOnce(t.Context(), lenient, "n1"); !errors.Is(err, ErrUntrustedStore) {
 		t.Errorf("a store that does not honour create-if-absent: %v, want ErrUntrustedStore", err)
 	}
 	if len(lenient.objects) != 0 {
 		t.Errorf("the probe left %v", lenient.objects)
 	}
-	if err := checkCreateOnce(t.Context(), downStore{}, "n1"); err == nil || errors.Is(err, ErrUntrustedStore) {
+	if err := CheckCreateOnce(t.Context(), downStore{}, "n1"); err == nil || errors.Is(err, ErrUntrustedStore) {
 		t.Errorf("an unreachable store: %v, want an error to retry, not a verdict", err)
 	}
 }
@@ -69,7 +69,7 @@ func TestClockOffset(t *testing.T) {
 		{"no clock reported", time.Time{}, t0, t0.Add(time.Second), 0, true},
 	}
 	for _, tt := range tests {
-		if got, ok := clockOffset(tt.peer, tt.sent, tt.got, 400*time.Millisecond); got != tt.want || ok != tt.wantOK {
+		if got, ok := ClockOffset(tt.peer, tt.sent, tt.got, 400*time.Millisecond); got != tt.want || ok != tt.wantOK {
 			t.Errorf("%s: offset %s (a sample: %t), want %s (%t)", tt.name, got, ok, tt.want, tt.wantOK)
 		}
 	}

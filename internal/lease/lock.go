@@ -1,4 +1,4 @@
-package controller
+package lease
 
 import (
 	"context"
@@ -9,10 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -20,8 +18,8 @@ import (
 // lockPrefix holds the leader lock's terms: control/leader/<term>.
 const lockPrefix = "control/leader/"
 
-// lockStore is the part of the backup store the lock needs.
-type lockStore interface {
+// Store is the part of the backup store the lock needs.
+type Store interface {
 	Create(ctx context.Context, key string, data []byte) error
 	Write(ctx context.Context, key string, data []byte) error
 	ReadMax(ctx context.Context, key string, max int64) ([]byte, error)
@@ -29,9 +27,9 @@ type lockStore interface {
 	Delete(ctx context.Context, key string) error
 }
 
-// lockRecord is one term of the lock, written by its holder only: created
+// record is one term of the lock, written by its holder only: created
 // once when the term is taken, rewritten on each renewal and on release.
-type lockRecord struct {
+type record struct {
 	// Format is the record's format (see spec.FormatVersion).
 	Format int    `json:"format,omitempty"`
 	NodeID string `json:"nodeId"`
@@ -52,7 +50,7 @@ type lockRecord struct {
 // rather than wrapped around. A record of a larger term is junk.
 const maxTerm = spec.MaxTerm
 
-// LeaderLock decides which agent leads while etcd has no quorum (first
+// Lock decides which agent leads while etcd has no quorum (first
 // boot, total loss, a restore). Each term is an object created only if
 // absent, so at most one agent ever takes a term; the term number is the
 // fencing token that every record and every call of the holder carries.
@@ -67,7 +65,7 @@ const maxTerm = spec.MaxTerm
 // lock when they do not. Safety does not rest on the lock alone: the
 // choices of a procedure are created once in the store, records of an
 // older term are ignored, and nodes refuse calls of an older term.
-type LeaderLock struct {
+type Lock struct {
 	NodeID string
 	TTL    time.Duration
 	Now    func() time.Time
@@ -80,7 +78,7 @@ type LeaderLock struct {
 }
 
 // expired reports whether rec's lease has run out for this reader.
-func (l *LeaderLock) expired(rec *lockRecord, now time.Time) bool {
+func (l *Lock) expired(rec *record, now time.Time) bool {
 	switch {
 	case rec == nil || rec.Released:
 		return true
@@ -98,14 +96,14 @@ func (l *LeaderLock) expired(rec *lockRecord, now time.Time) bool {
 
 // Acquire takes or renews the lock. It returns the term held, or 0 when
 // another agent holds an unexpired lease.
-func (l *LeaderLock) Acquire(ctx context.Context, s lockStore) (int64, error) {
+func (l *Lock) Acquire(ctx context.Context, s Store) (int64, error) {
 	term, _, err := l.acquire(ctx, s, false)
 	return term, err
 }
 
 // acquire is Acquire, and says whether it wrote the record (took the
 // term, or renewed the lease); renew forces a renewal of a term held.
-func (l *LeaderLock) acquire(ctx context.Context, s lockStore, renew bool) (int64, bool, error) {
+func (l *Lock) acquire(ctx context.Context, s Store, renew bool) (int64, bool, error) {
 	term, rec, err := l.latest(ctx, s)
 	if err != nil {
 		return 0, false, err
@@ -137,10 +135,10 @@ func (l *LeaderLock) acquire(ctx context.Context, s lockStore, renew bool) (int6
 	// term.
 	next := max(term, floor)
 	if next >= maxTerm {
-		return 0, false, fmt.Errorf("controller: the store lock's term %d is at its maximum; remove %s by hand", next, lockPrefix)
+		return 0, false, fmt.Errorf("lease: the store lock's term %d is at its maximum; remove %s by hand", next, lockPrefix)
 	}
 	next++
-	rec = &lockRecord{NodeID: l.NodeID, Term: next, Since: now.UTC(), Acquired: now.UTC(), TTL: l.TTL}
+	rec = &record{NodeID: l.NodeID, Term: next, Since: now.UTC(), Acquired: now.UTC(), TTL: l.TTL}
 	if err := l.write(ctx, s, next, *rec, true); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return 0, false, nil
@@ -153,11 +151,11 @@ func (l *LeaderLock) acquire(ctx context.Context, s lockStore, renew bool) (int6
 
 // write stores rec as term's record: created once for a new term,
 // rewritten by its holder after.
-func (l *LeaderLock) write(ctx context.Context, s lockStore, term int64, rec lockRecord, create bool) error {
+func (l *Lock) write(ctx context.Context, s Store, term int64, rec record, create bool) error {
 	rec.Format = spec.FormatBase
 	data, err := json.Marshal(rec)
 	if err != nil {
-		return fmt.Errorf("controller: encode lock: %w", err)
+		return fmt.Errorf("lease: encode lock: %w", err)
 	}
 	if create {
 		err = s.Create(ctx, lockKey(term), data)
@@ -165,7 +163,7 @@ func (l *LeaderLock) write(ctx context.Context, s lockStore, term int64, rec loc
 		err = s.Write(ctx, lockKey(term), data)
 	}
 	if err != nil && !errors.Is(err, store.ErrExists) {
-		return fmt.Errorf("controller: leader lock term %d: %w", term, err)
+		return fmt.Errorf("lease: leader lock term %d: %w", term, err)
 	}
 	return err
 }
@@ -173,7 +171,7 @@ func (l *LeaderLock) write(ctx context.Context, s lockStore, term int64, rec loc
 // Holds reports whether term is still the newest term, this agent's,
 // and unexpired: the fencing check before a step that must not be taken
 // twice.
-func (l *LeaderLock) Holds(ctx context.Context, s lockStore, term int64) (bool, error) {
+func (l *Lock) Holds(ctx context.Context, s Store, term int64) (bool, error) {
 	latest, rec, err := l.latest(ctx, s)
 	if err != nil {
 		return false, err
@@ -185,7 +183,7 @@ func (l *LeaderLock) Holds(ctx context.Context, s lockStore, term int64) (bool, 
 // (the cluster it was creating or restoring is up): it marks its term
 // released, so the next agent to need the lock takes the next term at
 // once instead of waiting for the lease.
-func (l *LeaderLock) Release(ctx context.Context, s lockStore, term int64) error {
+func (l *Lock) Release(ctx context.Context, s Store, term int64) error {
 	latest, rec, err := l.latest(ctx, s)
 	if err != nil {
 		return err
@@ -199,7 +197,7 @@ func (l *LeaderLock) Release(ctx context.Context, s lockStore, term int64) error
 	return l.write(ctx, s, term, released, false)
 }
 
-func (l *LeaderLock) latest(ctx context.Context, s lockStore) (int64, *lockRecord, error) {
+func (l *Lock) latest(ctx context.Context, s Store) (int64, *record, error) {
 	terms, err := lockTerms(ctx, s)
 	if err != nil {
 		return 0, nil, err
@@ -216,9 +214,9 @@ func (l *LeaderLock) latest(ctx context.Context, s lockStore) (int64, *lockRecor
 		// Junk, like below: an expired lease.
 		return term, nil, nil
 	case err != nil:
-		return 0, nil, fmt.Errorf("controller: read leader lock: %w", err)
+		return 0, nil, fmt.Errorf("lease: read leader lock: %w", err)
 	}
-	var rec lockRecord
+	var rec record
 	if err := json.Unmarshal(data, &rec); err != nil || rec.NodeID == "" {
 		// Junk in the lock counts as an expired lease, so it cannot wedge
 		// leadership forever.
@@ -233,7 +231,7 @@ func (l *LeaderLock) latest(ctx context.Context, s lockStore) (int64, *lockRecor
 }
 
 // gc deletes old terms, keeping a few for debugging.
-func (l *LeaderLock) gc(ctx context.Context, s lockStore, current int64) {
+func (l *Lock) gc(ctx context.Context, s Store, current int64) {
 	terms, err := lockTerms(ctx, s)
 	if err != nil {
 		return
@@ -245,10 +243,10 @@ func (l *LeaderLock) gc(ctx context.Context, s lockStore, current int64) {
 	}
 }
 
-func lockTerms(ctx context.Context, s lockStore) ([]int64, error) {
+func lockTerms(ctx context.Context, s Store) ([]int64, error) {
 	keys, err := s.List(ctx, lockPrefix, "")
 	if err != nil {
-		return nil, fmt.Errorf("controller: list leader lock: %w", err)
+		return nil, fmt.Errorf("lease: list leader lock: %w", err)
 	}
 	var terms []int64
 	for _, k := range keys {
@@ -263,159 +261,16 @@ func lockTerms(ctx context.Context, s lockStore) ([]int64, error) {
 
 func lockKey(term int64) string { return fmt.Sprintf("%s%020d", lockPrefix, term) }
 
-// lease is this agent's hold on the store lock: the term it holds,
-// shared by the loop (which takes, renews and releases the lock once a
-// cycle) and the procedure runner (which renews it while a long step
-// runs, and checks it before every step). It implements procedure.Fence.
-//
-// Besides the store's record, the lease keeps its own deadline on this
-// process's monotonic clock: half the lease after the start of the call
-// that last wrote the record (took the term or renewed it). Others may
-// take over only once a whole lease has passed since that write, by their
-// clocks, so the holder stops first, with half a lease to spare for clock
-// offsets (which the agents keep under a fifth), even if it was paused (a
-// paused process finds its deadline past when it resumes).
-type lease struct {
-	lock  *LeaderLock
-	store func() lockStore
-	// now is the local clock of the deadline; nil: time.Now.
-	now func() time.Time
-
-	mu         sync.Mutex
-	term       int64
-	validUntil time.Time
-}
-
-func (l *lease) clock() time.Time {
-	if l.now != nil {
-		return l.now()
-	}
-	return time.Now()
-}
-
-// Term is the term held, 0 for none.
-func (l *lease) Term() int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.term
-}
-
-// acquireLocked takes or renews the lock and moves the local deadline:
-// half a lease after the start of the call that last wrote the record.
-// With no deadline yet (a term just adopted after a restart), or with
-// force, it renews at once.
-func (l *lease) acquireLocked(ctx context.Context, s lockStore, force bool) (int64, error) {
-	start := l.clock()
-	term, wrote, err := l.lock.acquire(ctx, s, force || l.validUntil.IsZero())
-	if err != nil {
-		return 0, err
-	}
-	if term != l.term {
-		l.validUntil = time.Time{}
-	}
-	l.term = term
-	if term != 0 && wrote {
-		l.validUntil = start.Add(l.lock.TTL / 2)
-	}
-	return term, nil
-}
-
-// Acquire takes or renews the lock, once a cycle; it returns the term
-// held, 0 when another agent holds it.
-func (l *lease) Acquire(ctx context.Context, s lockStore) (int64, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.acquireLocked(ctx, s, false)
-}
-
-// Release gives the lock up when its holder no longer needs it.
-func (l *lease) Release(ctx context.Context, s lockStore) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.term == 0 {
-		return nil
-	}
-	err := l.lock.Release(ctx, s, l.term)
-	l.term, l.validUntil = 0, time.Time{}
-	return err
-}
-
-// Hold checks that this agent still holds its term: within its own
-// deadline, and still the store's newest, unexpired term. It is the
-// fencing check before a step that must not be taken twice.
-func (l *lease) Hold(ctx context.Context) (int64, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.term == 0 {
-		return 0, fmt.Errorf("%w: %w: this agent holds no store lock", procedure.ErrFenced, ErrNotLeader)
-	}
-	if !l.clock().Before(l.validUntil) {
-		return 0, fmt.Errorf("%w: %w: the lease of store lock term %d ran out before it was renewed", procedure.ErrFenced, ErrNotLeader, l.term)
-	}
-	held, err := l.lock.Holds(ctx, l.store(), l.term)
-	if err != nil {
-		return 0, fmt.Errorf("controller: check the store lock: %w", err)
-	}
-	if !held {
-		return 0, fmt.Errorf("%w: %w: the store lock (term %d) has passed to another agent", procedure.ErrFenced, ErrNotLeader, l.term)
-	}
-	return l.term, nil
-}
-
-// Deadline is when the lease runs out unless renewed; zero with no term.
-func (l *lease) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.term == 0 {
-		return time.Time{}
-	}
-	return l.validUntil
-}
-
-// Renew renews the lock while a procedure step runs. The term never
-// changes on renewal: a different one means the lock was lost.
-func (l *lease) Renew(ctx context.Context) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	held := l.term
-	if held == 0 {
-		return fmt.Errorf("%w: this agent holds no store lock", procedure.ErrFenced)
-	}
-	if !l.clock().Before(l.validUntil) {
-		// Paused past the lease, or the store was too slow: whatever the
-		// store says now, another agent may have acted.
-		return fmt.Errorf("%w: %w: the lease of store lock term %d ran out before it was renewed", procedure.ErrFenced, ErrNotLeader, held)
-	}
-	// The record is due for renewal a third of a lease after its write,
-	// by the time the store read it then; the local deadline runs from
-	// before that read. A renewal that went by the record alone could
-	// find it not yet due on the tick before the deadline, and the
-	// deadline past on the next, whenever the store was slower to read
-	// at the write than after it. So it renews whenever less than a
-	// quarter of a lease is left locally: the ticks (a sixth of a lease
-	// apart) land there at least once.
-	force := !l.clock().Add(l.lock.TTL / 4).Before(l.validUntil)
-	term, err := l.acquireLocked(ctx, l.store(), force)
-	if err != nil {
-		return fmt.Errorf("controller: renew the store lock: %w", err)
-	}
-	if term != held {
-		l.term, l.validUntil = 0, time.Time{}
-		return fmt.Errorf("%w: %w: the store lock (term %d) has passed to another agent", procedure.ErrFenced, ErrNotLeader, held)
-	}
-	return nil
-}
-
 // statusTermSlack is how far above every term seen a status's term may
 // raise the floor: drivers whose statuses count took their terms one by
 // one above the nodes' obeyed ones.
 const statusTermSlack = 1 << 20
 
-// statusFloor is the term floor once a command status of term t is
+// StatusFloor is the term floor once a command status of term t is
 // seen. A status far above every term seen (the nodes' obeyed terms and
 // earlier statuses) was not written by a driver: one such object would
 // otherwise push the terms to their maximum and wedge the lock.
-func statusFloor(floor, t int64, log *slog.Logger) int64 {
+func StatusFloor(floor, t int64, log *slog.Logger) int64 {
 	if t > floor+statusTermSlack {
 		log.Warn("ignoring a command status whose term is far above every term seen", "term", t, "floor", floor)
 		return floor

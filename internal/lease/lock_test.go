@@ -1,4 +1,4 @@
-package controller
+package lease
 
 import (
 	"errors"
@@ -43,8 +43,8 @@ func TestLeaderLock(t *testing.T) {
 	s := openLockStore(t)
 	ctx := t.Context()
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	a := &LeaderLock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now}
-	b := &LeaderLock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
+	a := &Lock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now}
+	b := &Lock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
 
 	ta, err := a.Acquire(ctx, s)
 	if err != nil || ta != 1 {
@@ -96,7 +96,7 @@ func TestLeaderLockTTLIsTheReaders(t *testing.T) {
 	if err := s.Create(ctx, lockKey(5), []byte(rec)); err != nil {
 		t.Fatal(err)
 	}
-	b := &LeaderLock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
+	b := &Lock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
 	if tb, _ := b.Acquire(ctx, s); tb != 0 {
 		t.Fatalf("b took a fresh lock: term %d", tb)
 	}
@@ -113,7 +113,7 @@ func TestLeaderLockTermLimit(t *testing.T) {
 	if err := s.Create(t.Context(), lockKey(maxTerm), []byte(`{"nodeId":"x","released":true,"format":1}`)); err != nil {
 		t.Fatal(err)
 	}
-	l := &LeaderLock{NodeID: "a", TTL: time.Minute, Now: time.Now}
+	l := &Lock{NodeID: "a", TTL: time.Minute, Now: time.Now}
 	if term, err := l.Acquire(t.Context(), s); err == nil || term != 0 || !strings.Contains(err.Error(), "remove control/leader/") {
 		t.Fatalf("Acquire at the largest term: %d, %v", term, err)
 	}
@@ -136,7 +136,7 @@ func TestLeaderLockHostileRecords(t *testing.T) {
 	if err := s.Create(ctx, fmt.Sprintf("%s%d", lockPrefix, huge), []byte(`{"format":1,"nodeId":"squatter","term":9223372036854775806}`)); err != nil {
 		t.Fatal(err)
 	}
-	b := &LeaderLock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
+	b := &Lock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
 	if tb, err := b.Acquire(ctx, s); err != nil || tb != 4 {
 		t.Fatalf("b with a record from the future and one at term %d: term %d, %v; want 4", huge, tb, err)
 	}
@@ -161,7 +161,7 @@ func TestLeaderLockRace(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l := &LeaderLock{NodeID: string(rune('a' + i)), TTL: time.Minute, Now: clock.Now}
+			l := &Lock{NodeID: string(rune('a' + i)), TTL: time.Minute, Now: clock.Now}
 			terms[i], _ = l.Acquire(t.Context(), s)
 		}()
 	}
@@ -182,7 +182,7 @@ func TestLeaderLockJunkCountsAsExpired(t *testing.T) {
 	if err := s.Write(t.Context(), lockKey(7), []byte("{junk")); err != nil {
 		t.Fatal(err)
 	}
-	l := &LeaderLock{NodeID: "a", TTL: time.Minute, Now: time.Now}
+	l := &Lock{NodeID: "a", TTL: time.Minute, Now: time.Now}
 	if got, err := l.Acquire(t.Context(), s); err != nil || got != 8 {
 		t.Errorf("Acquire over junk: term %d, %v", got, err)
 	}
@@ -193,8 +193,8 @@ func TestLeaderLockRelease(t *testing.T) {
 	s := openLockStore(t)
 	ctx := t.Context()
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	a := &LeaderLock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now}
-	b := &LeaderLock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
+	a := &Lock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now}
+	b := &Lock{NodeID: "b", TTL: 30 * time.Second, Now: clock.Now}
 	ta, err := a.Acquire(ctx, s)
 	if err != nil || ta != 1 {
 		t.Fatalf("a: term %d, %v", ta, err)
@@ -226,7 +226,7 @@ func TestLeaderLockOldRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC)}
-	l := &LeaderLock{NodeID: "a", TTL: time.Minute, Now: clock.Now}
+	l := &Lock{NodeID: "a", TTL: time.Minute, Now: clock.Now}
 	if term, err := l.Acquire(t.Context(), s); err != nil || term != 4 {
 		t.Fatalf("Acquire after an old release: %d, %v; want 4", term, err)
 	}
@@ -240,7 +240,7 @@ func TestLeaderLockNewerFormat(t *testing.T) {
 	if err := s.Create(ctx, lockKey(4), []byte(`{"format":9,"nodeId":"new","acquired":"2020-01-01T00:00:00Z","ttl":1}`)); err != nil {
 		t.Fatal(err)
 	}
-	a := &LeaderLock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now}
+	a := &Lock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now}
 	term, err := a.Acquire(ctx, s)
 	if !errors.Is(err, spec.ErrNewerFormat) || term != 0 {
 		t.Fatalf("Acquire over a newer lock = %d, %v; want 0 and ErrNewerFormat", term, err)
@@ -258,7 +258,7 @@ func TestLeaseFencesAPausedHolder(t *testing.T) {
 	ctx := t.Context()
 	const ttl = 400 * time.Millisecond
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	l := &lease{lock: &LeaderLock{NodeID: "a", TTL: ttl, Now: clock.Now}, store: func() lockStore { return s }, now: clock.Now}
+	l := &Fence{Lock: &Lock{NodeID: "a", TTL: ttl, Now: clock.Now}, Store: func() Store { return s }, Now: clock.Now}
 	term, err := l.Acquire(ctx, s)
 	if err != nil || term != 1 {
 		t.Fatalf("Acquire: %d, %v", term, err)
@@ -287,7 +287,7 @@ func TestLeaseFencesAPausedHolder(t *testing.T) {
 	// Another agent takes the lock once it has expired; a's next cycle
 	// sees that and holds nothing.
 	clock.Add(ttl)
-	b := &LeaderLock{NodeID: "b", TTL: ttl, Now: clock.Now}
+	b := &Lock{NodeID: "b", TTL: ttl, Now: clock.Now}
 	if tb, err := b.Acquire(ctx, s); err != nil || tb != 2 {
 		t.Fatalf("b: %d, %v", tb, err)
 	}
@@ -312,8 +312,8 @@ func TestLeaseRenewalsOutlastASlowStoreRead(t *testing.T) {
 	// The lock reads its clock after it has read the store: latency is
 	// how long that read took on this call.
 	var latency time.Duration
-	l := &lease{lock: &LeaderLock{NodeID: "a", TTL: ttl, Now: func() time.Time { return clock.Now().Add(latency) }},
-		store: func() lockStore { return s }, now: clock.Now}
+	l := &Fence{Lock: &Lock{NodeID: "a", TTL: ttl, Now: func() time.Time { return clock.Now().Add(latency) }},
+		Store: func() Store { return s }, Now: clock.Now}
 	if term, err := l.Acquire(ctx, s); err != nil || term != 1 {
 		t.Fatalf("Acquire: %d, %v", term, err)
 	}
@@ -342,7 +342,7 @@ func TestLeaderLockFloor(t *testing.T) {
 	ctx := t.Context()
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	floor := int64(7)
-	a := &LeaderLock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now, Floor: func() int64 { return floor }}
+	a := &Lock{NodeID: "a", TTL: 30 * time.Second, Now: clock.Now, Floor: func() int64 { return floor }}
 	if term, err := a.Acquire(ctx, s); err != nil || term != 8 {
 		t.Fatalf("a fresh lock over nodes that obeyed term 7: term %d, %v; want 8", term, err)
 	}
@@ -373,8 +373,8 @@ func TestStatusFloor(t *testing.T) {
 		{0, maxTerm, 0},
 		{0, maxTerm - 1, 0},
 	} {
-		if got := statusFloor(tc.floor, tc.term, log); got != tc.want {
-			t.Errorf("statusFloor(%d, %d) = %d, want %d", tc.floor, tc.term, got, tc.want)
+		if got := StatusFloor(tc.floor, tc.term, log); got != tc.want {
+			t.Errorf("StatusFloor(%d, %d) = %d, want %d", tc.floor, tc.term, got, tc.want)
 		}
 	}
 }

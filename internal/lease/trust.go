@@ -1,4 +1,4 @@
-package controller
+package lease
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // cycle; it does not take the store lock while either fails.
 
 // ErrUntrustedStore means the store did not honour create-if-absent.
-var ErrUntrustedStore = errors.New("controller: the backup store does not honour create-if-absent; leader election by the store lock is unsafe on it, so this agent never takes the lock")
+var ErrUntrustedStore = errors.New("lease: the backup store does not honour create-if-absent; leader election by the store lock is unsafe on it, so this agent never takes the lock")
 
 // createOnceStore is the part of the store the check needs.
 type createOnceStore interface {
@@ -29,17 +29,17 @@ type createOnceStore interface {
 // probePrefix holds the objects of the create-if-absent check.
 const probePrefix = "control/probe/"
 
-// checkCreateOnce creates one object twice: the second create must fail
+// CheckCreateOnce creates one object twice: the second create must fail
 // with store.ErrExists. It returns ErrUntrustedStore when it does not,
 // and other errors (an unreachable store) to be retried.
-func checkCreateOnce(ctx context.Context, s createOnceStore, nodeID string) error {
+func CheckCreateOnce(ctx context.Context, s createOnceStore, nodeID string) error {
 	b := make([]byte, 8)
 	if _, err := rand.Read(b); err != nil {
-		return fmt.Errorf("controller: %w", err)
+		return fmt.Errorf("lease: %w", err)
 	}
 	key := probePrefix + nodeID + "-" + hex.EncodeToString(b)
 	if err := s.Create(ctx, key, []byte("create-if-absent check\n")); err != nil {
-		return fmt.Errorf("controller: check create-if-absent: %w", err)
+		return fmt.Errorf("lease: check create-if-absent: %w", err)
 	}
 	defer func() { _ = s.Delete(context.WithoutCancel(ctx), key) }()
 	err := s.Create(ctx, key, []byte("second create\n"))
@@ -49,22 +49,22 @@ func checkCreateOnce(ctx context.Context, s createOnceStore, nodeID string) erro
 	case err == nil:
 		return fmt.Errorf("%w (a second create of %s succeeded)", ErrUntrustedStore, key)
 	default:
-		return fmt.Errorf("controller: check create-if-absent: %w", err)
+		return fmt.Errorf("lease: check create-if-absent: %w", err)
 	}
 }
 
-// maxClockOffset is the largest clock offset between agents at which the
+// MaxClockOffset is the largest clock offset between agents at which the
 // store lock may still be taken: a fifth of the lease, well inside the
 // margin the lease keeps (see lease).
-func maxClockOffset(leaseTTL time.Duration) time.Duration { return leaseTTL / 5 }
+func MaxClockOffset(leaseTTL time.Duration) time.Duration { return leaseTTL / 5 }
 
-// clockOffset estimates a peer's clock offset from one call: its clock
+// ClockOffset estimates a peer's clock offset from one call: its clock
 // read in the middle of the round trip [sent, received], against ours,
 // which is off by at most half the round trip. A round trip longer than
 // maxRTT (a peer paused, then resumed; a slow link) bounds the offset too
 // loosely either way, so it is no sample: ok is false, and the caller
 // keeps its last good one. A peer that reports no clock has no offset.
-func clockOffset(peerNow, sent, received time.Time, maxRTT time.Duration) (off time.Duration, ok bool) {
+func ClockOffset(peerNow, sent, received time.Time, maxRTT time.Duration) (off time.Duration, ok bool) {
 	rtt := received.Sub(sent)
 	switch {
 	case peerNow.IsZero():
@@ -75,7 +75,7 @@ func clockOffset(peerNow, sent, received time.Time, maxRTT time.Duration) (off t
 	return peerNow.Sub(sent.Add(rtt / 2)), true
 }
 
-// noLeaderSettle is how long a member must have seen no raft leader for
+// NoLeaderSettle is how long a member must have seen no raft leader for
 // that to count as lost quorum, not an election (which takes etcd about a
 // second): a quarter of the lease, at least 3 s.
-func noLeaderSettle(lease time.Duration) time.Duration { return max(3*time.Second, lease/4) }
+func NoLeaderSettle(lease time.Duration) time.Duration { return max(3*time.Second, lease/4) }
