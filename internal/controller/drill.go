@@ -2,20 +2,13 @@ package controller
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/drill"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -27,38 +20,13 @@ import (
 // cluster is not touched. The outcome goes to the store (so that every
 // agent reports it), the metrics and the event history.
 
-// Bounds of a drill: as a whole, and for etcd's start on the restored
-// data (which reads the whole database), each a base plus a share per GiB
-// of the backup.
 const (
-	drillTimeoutBase   = 10 * time.Minute
-	drillTimeoutPerGiB = 2 * time.Minute
-	drillStartBase     = time.Minute
-	drillStartPerGiB   = time.Minute
-	drillStopTimeout   = 10 * time.Second
+	// drillRecordTimeout bounds the write of a drill's outcome.
 	drillRecordTimeout = 10 * time.Second
 	// drillRetry is the wait after a drill that could not run, when it
 	// is shorter than the interval.
 	drillRetry = 30 * time.Minute
 )
-
-// Errors that mean the backup did not restore as its meta says, as
-// opposed to a drill that could not run.
-var (
-	errDrillMismatch = errors.New("controller: the restored data differs from the backup's meta")
-	errDrillRestore  = errors.New("controller: the backup does not restore")
-)
-
-// drillFailed reports whether err says the backup is bad (or cannot be
-// read with the keys held), rather than that the drill could not run.
-func drillFailed(err error) bool {
-	for _, e := range []error{backup.ErrCorrupt, backup.ErrNoKey, backup.ErrTooLarge, errDrillMismatch, errDrillRestore} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
 
 // drillDue reports whether a drill is due: interval after the last one
 // recorded (drillRetry, when shorter, after one that could not run), or,
@@ -226,28 +194,28 @@ func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
 	// A store of its own: the loop's is not shared across goroutines.
 	s, err := store.Open(ctx, lp.cfg.BackupStore, store.Options{})
 	opened := err == nil
-	var got drillResult
+	var got drill.Result
 	if opened {
 		defer s.Close()
-		got, err = lp.restoreDrill(ctx, s, name, runningVersion)
+		got, err = drill.Run(ctx, s, lp.drillConfig(), name, runningVersion)
 	}
 	if ctx.Err() != nil {
 		lp.log.Info("restore drill stopped", "backup", name)
 		return // stopped, not failed: nothing to record
 	}
 	res.Seconds = lp.now().Sub(start).Seconds()
-	res.Revision, res.HashKV = got.revision, got.hashKV
-	res.Message = got.note
+	res.Revision, res.HashKV = got.Revision, got.HashKV
+	res.Message = got.Note
 	result, outcome := "ok", spec.EventOK
 	switch {
-	case err != nil && drillFailed(err):
+	case err != nil && drill.Failed(err):
 		res.Outcome, res.Message, result, outcome = spec.EventFailed, err.Error(), "failed", spec.EventFailed
 		lp.log.Error("restore drill failed: the newest backup did not restore as its meta says", "backup", name, "error", err)
 	case err != nil:
 		res.Outcome, res.Message, result, outcome = spec.DrillNotRun, err.Error(), "not_run", spec.EventFailed
 		lp.log.Warn("restore drill could not run; it says nothing of the backup, and is tried again later", "backup", name, "error", err)
 	default:
-		lp.log.Info("restore drill passed", "backup", name, "revision", got.revision, "hashkv-checked", got.hashKV != nil,
+		lp.log.Info("restore drill passed", "backup", name, "revision", got.Revision, "hashkv-checked", got.HashKV != nil,
 			"duration", time.Duration(res.Seconds*float64(time.Second)).Round(time.Millisecond))
 	}
 	lp.met.drills.WithLabelValues(result).Inc()
@@ -266,187 +234,16 @@ func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
 	}
 }
 
-// drillFits checks that a drill of a backup fits in dir: the snapshot
-// and the data restored from it are on that disk at once, and both must
-// leave free the reserve any fetch leaves, so that a drill never fills
-// the disk the live etcd runs on. (Fetch checks the maximum size.) It
-// returns the room there is.
-func drillFits(opts backup.FetchOptions, dir, name string, meta backup.Meta) (int64, error) {
-	if meta.Size <= 0 {
-		return 0, fmt.Errorf("controller: backup %s records no size (an older etcd-manager or kops wrote it): a drill could not bound what it unpacks", name)
+// drillConfig is where this agent's drills run, and how they reach their
+// scratch etcd: with the TLS its own etcd serves with.
+func (lp *loop) drillConfig() drill.Config {
+	cfg := drill.Config{
+		DataDir:    lp.cfg.DataDir,
+		EtcdBinDir: lp.cfg.EtcdBinDir,
+		Fetch:      lp.cfg.fetchOptions(lp.backups.status, lp.keys),
 	}
-	opts.MaxBytes = 0
-	room, err := opts.Room(dir)
-	if err != nil {
-		return 0, fmt.Errorf("controller: free space for a restore drill: %w", err)
+	if files := lp.etcdTLSFiles(); files != nil {
+		cfg.ServerTLS, cfg.ClientTLS = files, lp.etcdTLS
 	}
-	if need := 2 * meta.Size; need > room {
-		return room, fmt.Errorf("controller: a restore drill of %s needs %d bytes in %s (the snapshot and its restored copy), and %d may be used: %w",
-			name, need, dir, room, backup.ErrTempFull)
-	}
-	return room, nil
-}
-
-// drillResult is what a drill found.
-type drillResult struct {
-	revision int64
-	hashKV   *uint32
-	note     string
-}
-
-// restoreDrill fetches backup name into a folder of tmp/, restores it
-// with the etcd version that took it (or, lacking that, the running one),
-// starts a scratch etcd on it and compares it with the meta.
-func (lp *loop) restoreDrill(ctx context.Context, s *store.Store, name, runningVersion string) (drillResult, error) {
-	var out drillResult
-	meta, err := backup.ReadMeta(ctx, s, name)
-	if err != nil {
-		return out, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, drillTimeoutBase+time.Duration(meta.Size>>30)*drillTimeoutPerGiB)
-	defer cancel()
-	tmp := filepath.Join(lp.cfg.DataDir, "tmp")
-	if err := os.MkdirAll(tmp, 0o700); err != nil {
-		return out, fmt.Errorf("controller: %w", err)
-	}
-	dir, err := os.MkdirTemp(tmp, "drill-")
-	if err != nil {
-		return out, fmt.Errorf("controller: %w", err)
-	}
-	defer os.RemoveAll(dir)
-
-	opts := lp.cfg.fetchOptions(lp.backups.status, lp.keys)
-	room, err := drillFits(opts, dir, name, meta)
-	if err != nil {
-		return out, err
-	}
-	// Whatever the meta read again says, the snapshot takes at most half
-	// the room, and its restored copy the other half.
-	if opts.MaxBytes <= 0 || opts.MaxBytes > room/2 {
-		opts.MaxBytes = room / 2
-	}
-	snap, meta, err := backup.Fetch(ctx, s, name, filepath.Join(dir, "fetch"), opts)
-	if err != nil {
-		return out, err
-	}
-
-	bins, err := lp.drillBinaries(meta.EtcdVersion, runningVersion)
-	if err != nil {
-		return out, err
-	}
-	ports, err := etcdproc.FreeLoopbackPorts(2)
-	if err != nil {
-		return out, err
-	}
-	tlsFiles := lp.etcdTLSFiles()
-	peerURL := etcdproc.LoopbackURL(ports[0], tlsFiles == nil)
-	clientURL := etcdproc.LoopbackURL(ports[1], tlsFiles == nil)
-	token := make([]byte, 8)
-	_, _ = rand.Read(token)
-	es := etcdproc.Spec{
-		Binaries:       bins,
-		Name:           "restore-drill",
-		DataDir:        filepath.Join(dir, "data"),
-		ClientURLs:     []string{clientURL},
-		PeerURLs:       []string{peerURL},
-		InitialCluster: "restore-drill=" + peerURL,
-		ClusterToken:   "restore-drill-" + hex.EncodeToString(token),
-		TLS:            tlsFiles,
-	}
-	if err := bins.RestoreSnapshot(ctx, etcdproc.RestoreOptions{SnapshotPath: snap, DataDir: es.DataDir, Name: es.Name,
-		PeerURLs: es.PeerURLs, InitialCluster: es.InitialCluster, Token: es.ClusterToken}); err != nil {
-		return out, fmt.Errorf("%w: %s: %w", errDrillRestore, name, err)
-	}
-	_ = os.Remove(snap) // the restored copy is what etcd reads
-
-	logPath := filepath.Join(dir, "etcd.log")
-	proc, err := etcdproc.StartScratch(es, logPath)
-	if err != nil {
-		return out, err
-	}
-	defer proc.Stop(drillStopTimeout)
-	c, err := etcdproc.NewClient([]string{clientURL}, lp.etcdTLS)
-	if err != nil {
-		return out, err
-	}
-	defer c.Close()
-	startBy := drillStartBase + time.Duration(meta.Size>>30)*drillStartPerGiB
-	sctx, cancel := context.WithTimeout(ctx, startBy)
-	var st *clientv3.StatusResponse
-	err = proc.WaitReady(sctx, func(ctx context.Context) error {
-		st, err = c.Status(ctx, clientURL)
-		return err
-	})
-	cancel()
-	if errors.Is(err, etcdproc.ErrScratchExited) {
-		return out, fmt.Errorf("%w: etcd did not start on the restored data of %s: %w: %s", errDrillRestore, name, err, etcdproc.LogTail(logPath))
-	}
-	if err != nil {
-		return out, fmt.Errorf("controller: restore drill of %s: %w: %s", name, err, etcdproc.LogTail(logPath))
-	}
-	return checkDrill(ctx, c, clientURL, meta, st.Header.Revision)
-}
-
-// drillChecker is the part of an etcd client a drill's check needs.
-type drillChecker interface {
-	etcdproc.HashKVer
-	Compact(ctx context.Context, rev int64, opts ...clientv3.CompactOption) (*clientv3.CompactResponse, error)
-}
-
-// checkDrill compares the restored etcd with the backup's meta: its
-// revision reaches the meta's, and its HashKV at that revision is the one
-// the member had when the backup was taken. A compaction of the member
-// between the snapshot and its HashKV is replayed on the scratch etcd
-// first, as the hash covers the history after the compacted revision.
-func checkDrill(ctx context.Context, c drillChecker, endpoint string, meta backup.Meta, revision int64) (drillResult, error) {
-	out := drillResult{revision: revision}
-	if revision < meta.Revision {
-		return out, fmt.Errorf("%w: the restored etcd is at revision %d, behind the meta's %d", errDrillMismatch, revision, meta.Revision)
-	}
-	want := meta.HashKV
-	if want == nil || meta.Revision == 0 {
-		out.note = "revision checked; the backup records no HashKV"
-		return out, nil
-	}
-	h, err := etcdproc.HashKV(ctx, c, endpoint, meta.Revision)
-	if err != nil {
-		return out, fmt.Errorf("controller: HashKV of the restored etcd at revision %d: %w", meta.Revision, err)
-	}
-	if h.CompactRevision < want.CompactRevision {
-		if _, err := c.Compact(ctx, want.CompactRevision, clientv3.WithCompactPhysical()); err != nil {
-			return out, fmt.Errorf("controller: compact the restored etcd to revision %d: %w", want.CompactRevision, err)
-		}
-		if h, err = etcdproc.HashKV(ctx, c, endpoint, meta.Revision); err != nil {
-			return out, fmt.Errorf("controller: HashKV of the restored etcd at revision %d: %w", meta.Revision, err)
-		}
-	}
-	out.hashKV = &h.Hash
-	switch {
-	case h.CompactRevision != want.CompactRevision:
-		return out, fmt.Errorf("%w: the restored etcd is compacted to revision %d, the member was at %d when the backup was taken",
-			errDrillMismatch, h.CompactRevision, want.CompactRevision)
-	case h.Hash != want.Hash:
-		return out, fmt.Errorf("%w: the restored data's HashKV at revision %d is %d; the member's was %d when the backup was taken",
-			errDrillMismatch, meta.Revision, h.Hash, want.Hash)
-	}
-	return out, nil
-}
-
-// drillBinaries are the binaries of the version that took the backup,
-// or of the running one when that is not installed.
-func (lp *loop) drillBinaries(backupVersion, runningVersion string) (etcdproc.Binaries, error) {
-	var errs []error
-	for _, v := range []string{backupVersion, runningVersion} {
-		ver, err := spec.ParseVersion(v)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		bins, err := etcdproc.FindBinaries(lp.cfg.EtcdBinDir, ver)
-		if err == nil {
-			return bins, nil
-		}
-		errs = append(errs, err)
-	}
-	return etcdproc.Binaries{}, fmt.Errorf("controller: no etcd to run a restore drill with: %w", errors.Join(errs...))
+	return cfg
 }
