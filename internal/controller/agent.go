@@ -29,6 +29,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/status"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -79,7 +80,7 @@ type Agent struct {
 	// the store; set by Run.
 	events *eventLog
 	// page is the status page served on --metrics-address.
-	page *statusPage
+	page *status.Page
 }
 
 // NewAgent returns an agent for a validated, completed configuration.
@@ -128,7 +129,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.nodeID = st.NodeID
 	a.events = newEventLog(a.nodeID, a.now, a.log)
-	a.page = &statusPage{events: storeEvents(a.cfg.BackupStore), now: a.now}
+	a.page = &status.Page{Events: status.StoreEvents(a.cfg.BackupStore), Now: a.now}
 	defer a.events.start(ctx, a.cfg.BackupStore)()
 	if err := a.setupTLS(ctx); err != nil {
 		return err

@@ -23,6 +23,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/status"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
@@ -58,7 +59,8 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		if peersRead {
 			lp.announce(ctx, self, obs.Peers)
 		}
-		lp.setView(obs, procedure)
+		lp.page.Show(status.Build(obs, status.Facts{Cluster: lp.cfg.ClusterName, Node: lp.nodeID, Now: lp.now(), Procedure: procedure,
+			Warnings: lp.warnings, Newest: lp.newestStored, Restorable: lp.restorable, Drills: lp.drillRecord}))
 		boolGauge(lp.met.leader, leading)
 		boolGauge(lp.met.etcdHealthy, self.Healthy)
 		if self.Healthy && self.Revision > 0 {

@@ -1,4 +1,4 @@
-package controller
+package status
 
 import (
 	"context"
@@ -21,7 +21,7 @@ func TestStatusPage(t *testing.T) {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	reads := 0
 	var readErr error
-	p := &statusPage{now: func() time.Time { return now }, events: func(context.Context) ([]spec.Event, error) {
+	p := &Page{Now: func() time.Time { return now }, Events: func(context.Context) ([]spec.Event, error) {
 		reads++
 		return []spec.Event{
 			{Time: now.Add(-time.Hour), Node: "a", Action: "add-member b", Outcome: spec.EventOK},
@@ -36,8 +36,8 @@ func TestStatusPage(t *testing.T) {
 	if code, _ := get(); code != http.StatusServiceUnavailable {
 		t.Fatalf("before the first cycle: %d", code)
 	}
-	p.view.Store(&statusView{Cluster: "main", Node: "a", Updated: now, Leader: "a", Procedure: "restore-backup restoring",
-		Members: []statusMember{{ID: "a", Role: "leader", Version: "3.6.16", Health: "healthy", Healthy: true}, {ID: "b<i>", Role: "member", Health: "unhealthy"}},
+	p.view.Store(&View{Cluster: "main", Node: "a", Updated: now, Leader: "a", Procedure: "restore-backup restoring",
+		Members: []Member{{ID: "a", Role: "leader", Version: "3.6.16", Health: "healthy", Healthy: true}, {ID: "b<i>", Role: "member", Health: "unhealthy"}},
 		Backup:  "2026-11-24T11:45:00Z-000001", BackupAt: now.Add(-15 * time.Minute), Restorable: now.Add(-15 * time.Minute),
 		Warnings: []string{"a member is down"}})
 	code, body := get()
@@ -71,16 +71,13 @@ func TestStatusPage(t *testing.T) {
 // A member whose agent cannot be reached is on the page as such, from the
 // leader's view of the cluster, and so is a store this agent cannot read.
 func TestStatusViewShowsUnreachableMembers(t *testing.T) {
-	lp := &loop{Agent: &Agent{cfg: Config{ClusterName: "main"}, now: time.Now, page: &statusPage{}}}
-	lp.nodeID = "a"
 	obs := plan.Observed{
 		Self:     plan.Node{ID: "a"},
 		Peers:    []plan.Node{{ID: "a", Member: &plan.Membership{}, Healthy: true, MemberID: 1, RaftLeader: 1}},
 		Cluster:  &plan.ClusterView{Members: []plan.Member{{ID: 1, Name: "a"}, {ID: 2, Name: "b"}, {ID: 3}}},
 		StoreErr: errors.New("store away"),
 	}
-	lp.setView(obs, "")
-	v := lp.page.view.Load()
+	v := Build(obs, Facts{Cluster: "main", Node: "a", Now: time.Now()})
 	var rows []string
 	for _, m := range v.Members {
 		rows = append(rows, m.ID+" "+m.Role+" "+m.Health)

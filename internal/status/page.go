@@ -1,4 +1,4 @@
-package controller
+package status
 
 import (
 	"bytes"
@@ -12,23 +12,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
-// The status page: a read-only HTML page at /status on --metrics-address,
-// in one screen, of what this agent knows: the members and the leader,
-// the newest backup and the RPO, the procedure in progress, the leader's
-// warnings, and the newest events of the cluster's history. No script
-// and no external asset: it reloads itself every 10 seconds.
-
-// statusView is what the page shows, as the loop last saw it.
-type statusView struct {
+// View is what the page shows, as the loop last saw it.
+type View struct {
 	Cluster, Node string
 	Updated       time.Time
 	Leader        string
-	Members       []statusMember
+	Members       []Member
 	Backup        string
 	BackupAt      time.Time
 	Restorable    time.Time
@@ -38,17 +33,18 @@ type statusView struct {
 	Warnings  []string
 }
 
-type statusMember struct {
+type Member struct {
 	ID, Role, Version, Health string
 	Healthy                   bool
 }
 
-// statusPage serves the page from the loop's last view; the events are
+// Page serves the page from the loop's last view; the events are
 // read from the store at most every eventsFresh.
-type statusPage struct {
-	view   atomic.Pointer[statusView]
-	events func(ctx context.Context) ([]spec.Event, error)
-	now    func() time.Time
+type Page struct {
+	view atomic.Pointer[View]
+	// Events reads the newest events (see StoreEvents); Now is the clock.
+	Events func(ctx context.Context) ([]spec.Event, error)
+	Now    func() time.Time
 
 	mu       sync.Mutex
 	cached   []spec.Event
@@ -61,11 +57,27 @@ const (
 	eventsFresh  = 10 * time.Second
 )
 
-// setView records what the loop observed, for the page.
-func (lp *loop) setView(obs plan.Observed, procedure string) {
-	v := &statusView{Cluster: lp.cfg.ClusterName, Node: lp.nodeID, Updated: lp.now(), Procedure: procedure, Warnings: lp.warnings}
+// Facts are what the page shows beside the observation: what this
+// agent knows of the store and its own settings.
+type Facts struct {
+	Cluster, Node string
+	Now           time.Time
+	// Procedure is the exclusive procedure in progress, "" for none.
+	Procedure string
+	Warnings  []string
+	// Newest is the newest backup in the store, nil for none; Restorable
+	// the newest point a restore can reach.
+	Newest     *backup.Info
+	Restorable time.Time
+	// Drills is the restore drills' record, nil before any.
+	Drills *spec.DrillRecord
+}
+
+// Build makes the page's view of one observation.
+func Build(obs plan.Observed, f Facts) *View {
+	v := &View{Cluster: f.Cluster, Node: f.Node, Updated: f.Now, Procedure: f.Procedure, Warnings: f.Warnings}
 	for _, n := range obs.Peers {
-		m := statusMember{ID: n.ID, Version: n.Version, Healthy: n.Healthy}
+		m := Member{ID: n.ID, Version: n.Version, Healthy: n.Healthy}
 		switch {
 		case n.Member == nil:
 			m.Role = "standby"
@@ -95,23 +107,26 @@ func (lp *loop) setView(obs plan.Observed, procedure string) {
 		if name == "" {
 			name = fmt.Sprintf("%x (not started)", m.ID)
 		}
-		if !slices.ContainsFunc(v.Members, func(x statusMember) bool { return x.ID == m.Name }) {
-			v.Members = append(v.Members, statusMember{ID: name, Role: "member", Health: "agent unreachable"})
+		if !slices.ContainsFunc(v.Members, func(x Member) bool { return x.ID == m.Name }) {
+			v.Members = append(v.Members, Member{ID: name, Role: "member", Health: "agent unreachable"})
 		}
 	}
 	sort.Slice(v.Members, func(i, j int) bool { return v.Members[i].ID < v.Members[j].ID })
 	if obs.StoreErr != nil {
 		v.Warnings = append(slices.Clone(v.Warnings), "this agent cannot read the backup store: "+obs.StoreErr.Error())
 	}
-	if b := lp.newestStored; b != nil {
+	if b := f.Newest; b != nil {
 		v.Backup, v.BackupAt = b.Name, time.Unix(int64(b.Meta.Timestamp), 0)
 	}
-	v.Restorable = lp.restorable
-	if d := lp.drillRecord; d != nil {
+	v.Restorable = f.Restorable
+	if d := f.Drills; d != nil {
 		v.Drill = &d.Last
 	}
-	lp.page.view.Store(v)
+	return v
 }
+
+// Show makes v the view the page serves.
+func (p *Page) Show(v *View) { p.view.Store(v) }
 
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
 	"ago": func(now, t time.Time) string {
@@ -153,7 +168,7 @@ th{font-weight:600;border-bottom:1px solid #ccc}.ok{color:#1a7f37}.bad{color:#cf
 </body></html>
 `))
 
-func (p *statusPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	v := p.view.Load()
 	if v == nil {
 		http.Error(w, "starting", http.StatusServiceUnavailable)
@@ -161,11 +176,11 @@ func (p *statusPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	events, err := p.recentEvents()
 	data := struct {
-		V         *statusView
+		V         *View
 		Now       time.Time
 		Events    []spec.Event
 		EventsErr error
-	}{v, p.now(), events, err}
+	}{v, p.Now(), events, err}
 	var page bytes.Buffer
 	if err := statusTemplate.Execute(&page, data); err != nil {
 		http.Error(w, fmt.Sprintf("status page: %v", err), http.StatusInternalServerError)
@@ -180,22 +195,22 @@ func (p *statusPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // eventsFresh.
 // A read is not tied to the request that asked, whose end would fail it
 // for every other viewer.
-func (p *statusPage) recentEvents() ([]spec.Event, error) {
+func (p *Page) recentEvents() ([]spec.Event, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.cachedAt.IsZero() && p.now().Sub(p.cachedAt) < eventsFresh {
+	if !p.cachedAt.IsZero() && p.Now().Sub(p.cachedAt) < eventsFresh {
 		return p.cached, p.cacheErr
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	evs, err := p.events(ctx)
+	evs, err := p.Events(ctx)
 	sort.Slice(evs, func(i, j int) bool { return evs[i].Time.After(evs[j].Time) })
-	p.cached, p.cacheErr, p.cachedAt = evs, err, p.now()
+	p.cached, p.cacheErr, p.cachedAt = evs, err, p.Now()
 	return evs, err
 }
 
-// storeEvents reads the newest events from the store at url.
-func storeEvents(url string) func(ctx context.Context) ([]spec.Event, error) {
+// StoreEvents reads the newest events from the store at url.
+func StoreEvents(url string) func(ctx context.Context) ([]spec.Event, error) {
 	return func(ctx context.Context) ([]spec.Event, error) {
 		s, err := store.Open(ctx, url, store.Options{})
 		if err != nil {
