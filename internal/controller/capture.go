@@ -369,7 +369,7 @@ func (c *capturer) stop() {
 // durable is the last revision of the cluster token that capture made
 // durable in the store (0: none known yet); on is false when capture is
 // off, so that compaction need not wait for it.
-func (c *capturer) durable(token string) (rev int64, on bool) {
+func (c *capturer) Durable(token string) (rev int64, on bool) {
 	if !c.cfg.Enabled {
 		return 0, false
 	}
@@ -384,7 +384,7 @@ func (c *capturer) durable(token string) (rev int64, on bool) {
 
 // requestBase asks for a full backup for capture to start a run from:
 // compaction went past what capture had stored.
-func (c *capturer) requestBase() {
+func (c *capturer) RequestBase() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.wantBase()

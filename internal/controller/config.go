@@ -15,6 +15,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -87,7 +88,7 @@ type Config struct {
 	// Capture is continuous capture, for restores to any point.
 	Capture changelog.Config
 	// Compaction is how the spec's compaction policy is carried out.
-	Compaction CompactionConfig
+	Compaction maintenance.CompactionConfig
 	// MetricsAddress serves Prometheus metrics when set (host:port).
 	MetricsAddress string
 	// EnablePprof serves Go's runtime profiles beside the metrics.
@@ -184,7 +185,7 @@ func Default() Config {
 		LeaderLease:              DefaultLeaderLease,
 		Backup:                   DefaultBackupConfig(),
 		Capture:                  changelog.Default(),
-		Compaction:               DefaultCompactionConfig(),
+		Compaction:               maintenance.DefaultCompactionConfig(),
 		LoopInterval:             DefaultLoopInterval,
 		EtcdStopTimeout:          DefaultEtcdStopTimeout,
 		EtcdCorruptCheckInterval: DefaultEtcdCorruptCheckInterval,

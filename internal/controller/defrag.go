@@ -315,8 +315,8 @@ func (lp *loop) recoverSpace(ctx context.Context, act plan.RecoverSpace) error {
 		return fmt.Errorf("controller: NOSPACE: compact to %d: %w", head, err)
 	}
 	lp.spaceCompacted = true
-	lp.compaction.compacted = max(lp.compaction.compacted, head)
-	lp.capture.requestBase()
+	lp.compaction.Compacted(head)
+	lp.capture.RequestBase()
 	lp.log.Warn("etcd's NOSPACE alarm is raised: compacted to the head; the members with space to give back are defragmented next",
 		"revision", head, "reason", act.Reason)
 	return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
+	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -136,7 +137,7 @@ type loop struct {
 	procedures *procedure.Executor
 	members    *members
 	capture    *capturer
-	compaction *compactor
+	compaction *maintenance.Compactor
 }
 
 func newLoop(a *Agent, n *node.Node) (*loop, error) {
@@ -195,7 +196,7 @@ func newLoop(a *Agent, n *node.Node) (*loop, error) {
 	lp.members = newMembers(lp)
 	lp.capture = newCapturer(a.cfg.Capture, a.cfg.DataDir, a.cfg.BackupStore, a.log, a.now, a.met.reg)
 	lp.capture.keys = a.keys
-	lp.compaction = newCompactor(a.cfg.Compaction, a.log, a.now, a.met.reg)
+	lp.compaction = maintenance.NewCompactor(a.cfg.Compaction, a.log, a.now, a.met.reg)
 	return lp, nil
 }
 

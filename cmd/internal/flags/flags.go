@@ -9,6 +9,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
+	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/operator"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 )
@@ -83,7 +84,7 @@ func backup(fs *pflag.FlagSet, c *controller.BackupConfig) {
 }
 
 // compaction registers the compaction flags.
-func compaction(fs *pflag.FlagSet, c *controller.CompactionConfig) {
+func compaction(fs *pflag.FlagSet, c *maintenance.CompactionConfig) {
 	fs.DurationVar(&c.Interval, "compaction-interval", c.Interval, "how often the agent leading etcd checks the spec's compaction policy (configure-cluster --auto-compaction-mode/--auto-compaction-retention) and compacts")
 	fs.DurationVar(&c.CaptureWait, "compaction-capture-wait", c.CaptureWait, "how long continuous capture may make no progress while it holds compaction back (compaction never goes past what capture made durable in the store) before compaction goes ahead anyway and a full backup is taken")
 	fs.Float64Var(&c.QuotaShare, "compaction-quota-share", c.QuotaShare, "share of the backend quota (configure-cluster --quota-backend-bytes, else etcd's 2 GiB) the database's bytes in use may reach while a stalled capture holds compaction back; above it compaction goes ahead at once")

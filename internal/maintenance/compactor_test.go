@@ -1,4 +1,4 @@
-package controller
+package maintenance
 
 import (
 	"bytes"
@@ -16,78 +16,12 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
-func TestPlanCompaction(t *testing.T) {
-	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	hour := spec.CompactionPolicy{Period: time.Hour}
-	samples := []revisionSample{{at(0), 100}, {at(30 * time.Minute), 500}, {at(70 * time.Minute), 900}, {at(90 * time.Minute), 1000}}
-	keep100 := spec.CompactionPolicy{Revisions: 100}
-	tests := []struct {
-		name string
-		in   compactionInput
-		want compactionPlan
-	}{
-		{"periodic: the newest sample an hour old",
-			compactionInput{Policy: hour, Now: at(95 * time.Minute), Head: 1010, Samples: samples},
-			compactionPlan{Revision: 500, Wanted: 500}},
-		{"periodic: no sample old enough yet",
-			compactionInput{Policy: hour, Now: at(50 * time.Minute), Head: 1010, Samples: samples},
-			compactionPlan{}},
-		{"periodic: already compacted that far",
-			compactionInput{Policy: hour, Now: at(95 * time.Minute), Head: 1010, Samples: samples, Compacted: 500},
-			compactionPlan{}},
-		{"revision: the head less the count",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000},
-			compactionPlan{Revision: 900, Wanted: 900}},
-		{"revision: fewer revisions than the count",
-			compactionInput{Policy: keep100, Now: t0, Head: 80},
-			compactionPlan{}},
-		{"off",
-			compactionInput{Now: t0, Head: 1000, Samples: samples},
-			compactionPlan{}},
-		{"capture ahead: the policy's revision",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 999, CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Revision: 900, Wanted: 900}},
-		{"capture exactly at the floor",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 899, CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Revision: 900, Wanted: 900}},
-		{"capture behind: up to what it stored, no further",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 600, CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Revision: 601, Wanted: 900, Held: true}},
-		{"capture behind, already compacted to what it stored",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Compacted: 601, Capture: true, Captured: 600, HeldSince: t0.Add(-30 * time.Second), CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Wanted: 900, Held: true}},
-		{"capture has stored nothing yet",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Wanted: 900, Held: true}},
-		{"capture stalled too long: availability wins",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Compacted: 601, Capture: true, Captured: 600, Stalled: true, HeldSince: t0.Add(-time.Minute), CaptureWait: time.Minute, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Revision: 900, Wanted: 900, Held: true, Overtake: "capture has made no progress for 1m0s"}},
-		{"capture stalled, the database nears its quota: availability wins at once",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Capture: true, Captured: 600, Stalled: true, CaptureWait: time.Minute, DBInUse: 600 << 20, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Revision: 900, Wanted: 900, Held: true, Overtake: "capture is stalled and the database's 629145600 bytes in use reach 59% of its 1073741824-byte quota"}},
-		{"capture behind but moving, the database near its quota: it waits",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Compacted: 601, Capture: true, Captured: 700, CaptureWait: time.Minute, DBInUse: 600 << 20, Quota: 1 << 30, QuotaShare: 0.5},
-			compactionPlan{Revision: 701, Wanted: 900, Held: true}},
-		{"capture off: compaction never waits",
-			compactionInput{Policy: keep100, Now: t0, Head: 1000, Captured: 10},
-			compactionPlan{Revision: 900, Wanted: 900}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := planCompaction(tt.in); got != tt.want {
-				t.Errorf("planCompaction = %+v\nwant %+v", got, tt.want)
-			}
-		})
-	}
-}
-
 // The executor: samples, holds, overtakes once, and asks capture for a
 // base when it does.
 func TestCompactorCheck(t *testing.T) {
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	var logs bytes.Buffer
-	c := newCompactor(CompactionConfig{Interval: time.Second, CaptureWait: 10 * time.Second, QuotaShare: 0.5},
+	c := NewCompactor(CompactionConfig{Interval: time.Second, CaptureWait: 10 * time.Second, QuotaShare: 0.5},
 		slog.New(slog.NewTextHandler(&logs, nil)), func() time.Time { return now }, prometheus.NewRegistry())
 	c.reset("tok")
 	cl := &fakeCompaction{head: 1000}
@@ -159,9 +93,9 @@ type fakeCompaction struct {
 	compacted []int64
 }
 
-func (f *fakeCompaction) status(context.Context) (int64, int64, error) { return f.head, 1 << 20, nil }
+func (f *fakeCompaction) Status(context.Context) (int64, int64, error) { return f.head, 1 << 20, nil }
 
-func (f *fakeCompaction) compact(_ context.Context, rev int64) error {
+func (f *fakeCompaction) Compact(_ context.Context, rev int64) error {
 	if f.err != nil {
 		return f.err
 	}
@@ -175,8 +109,8 @@ type fakeFloor struct {
 	requested bool
 }
 
-func (f *fakeFloor) durable(string) (int64, bool) { return f.rev, f.on }
-func (f *fakeFloor) requestBase()                 { f.requested = true }
+func (f *fakeFloor) Durable(string) (int64, bool) { return f.rev, f.on }
+func (f *fakeFloor) RequestBase()                 { f.requested = true }
 
 func TestBackendQuota(t *testing.T) {
 	quota := func(q string) spec.Settings {
