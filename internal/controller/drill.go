@@ -23,50 +23,7 @@ import (
 const (
 	// drillRecordTimeout bounds the write of a drill's outcome.
 	drillRecordTimeout = 10 * time.Second
-	// drillRetry is the wait after a drill that could not run, when it
-	// is shorter than the interval.
-	drillRetry = 30 * time.Minute
 )
-
-// drillDue reports whether a drill is due: interval after the last one
-// recorded (drillRetry, when shorter, after one that could not run), or,
-// before any, interval after this agent began to lead; and as long after
-// this agent last started one, whatever the record it read says. A
-// recorded time in the future (another agent's clock, or junk) counts
-// from the lead instead.
-func drillDue(now time.Time, interval time.Duration, rec *spec.DrillRecord, leadSince, lastStarted time.Time) bool {
-	if interval <= 0 || leadSince.IsZero() {
-		return false
-	}
-	base, wait := leadSince, interval
-	if rec != nil && !rec.Last.Time.After(now) {
-		base = rec.Last.Time
-		if rec.Last.Outcome == spec.DrillNotRun {
-			wait = min(interval, drillRetry)
-		}
-	}
-	if lastStarted.After(base) {
-		base = lastStarted
-	}
-	return now.Sub(base) >= wait
-}
-
-// drillBusy says why no drill may run now ("" when one may): a drill
-// shares the leader's disk with what these need.
-func drillBusy(obs plan.Observed, actions []plan.Action, activity bool) string {
-	if plan.ActiveExclusive(obs.Commands) != nil {
-		return "a restore or recovery is queued"
-	}
-	if proc, _ := plan.Activity(actions); proc != "" || activity {
-		return "the members are being rolled or defragmented"
-	}
-	for _, act := range actions {
-		if _, ok := act.(plan.TakeBackup); ok {
-			return "a backup is due"
-		}
-	}
-	return ""
-}
 
 // driller runs one drill at a time, in the background.
 type driller struct {
@@ -154,7 +111,7 @@ func (lp *loop) tendDrill(ctx context.Context, obs plan.Observed, actions []plan
 	if d.leadSince.IsZero() {
 		d.leadSince = now
 	}
-	if why := drillBusy(obs, actions, !lp.activitySince.IsZero()); why != "" {
+	if why := plan.DrillBusy(obs, actions, !lp.activitySince.IsZero()); why != "" {
 		if d.running() {
 			lp.log.Info("stopping the restore drill; it will run again later", "reason", why)
 			d.interrupt()
@@ -168,7 +125,7 @@ func (lp *loop) tendDrill(ctx context.Context, obs plan.Observed, actions []plan
 	if err := lp.drillRecordErr; err != nil && !errors.Is(err, spec.ErrBadRecord) {
 		return // the store did not answer; the next read will tell
 	}
-	if !drillDue(now, lp.cfg.RestoreDrillInterval, lp.drillRecord, d.leadSince, d.started) {
+	if !plan.DrillDue(now, lp.cfg.RestoreDrillInterval, lp.drillRecord, d.leadSince, d.started) {
 		return
 	}
 	name := lp.newestStored.Name

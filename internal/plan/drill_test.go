@@ -1,10 +1,9 @@
-package controller
+package plan
 
 import (
 	"testing"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -37,8 +36,8 @@ func TestDrillDue(t *testing.T) {
 		{"but not at once", t0.Add(time.Minute), day, notRun(t0), t0, t0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := drillDue(c.now, c.interval, c.rec, c.leadSince, c.lastStarted); got != c.want {
-				t.Errorf("drillDue = %v, want %v", got, c.want)
+			if got := DrillDue(c.now, c.interval, c.rec, c.leadSince, c.lastStarted); got != c.want {
+				t.Errorf("DrillDue = %v, want %v", got, c.want)
 			}
 		})
 	}
@@ -46,21 +45,21 @@ func TestDrillDue(t *testing.T) {
 
 // A drill steps aside for whatever needs the leader's disk.
 func TestDrillBusy(t *testing.T) {
-	restore := plan.Command{ID: "c", Command: spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}}
+	restore := Command{ID: "c", Command: spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: "b"}}}
 	for _, c := range []struct {
 		name     string
-		obs      plan.Observed
-		actions  []plan.Action
+		obs      Observed
+		actions  []Action
 		activity bool
 		busy     bool
 	}{
-		{"idle", plan.Observed{}, []plan.Action{plan.Report{Msg: "x"}}, false, false},
-		{"a restore queued", plan.Observed{Commands: []plan.Command{restore}}, nil, false, true},
-		{"a backup due", plan.Observed{}, []plan.Action{plan.TakeBackup{Kind: spec.BackupPeriodic}}, false, true},
-		{"a defragmentation", plan.Observed{}, []plan.Action{plan.DefragMember{NodeID: "a"}}, false, true},
-		{"a roll between its steps", plan.Observed{}, nil, true, true},
+		{"idle", Observed{}, []Action{Report{Msg: "x"}}, false, false},
+		{"a restore queued", Observed{Commands: []Command{restore}}, nil, false, true},
+		{"a backup due", Observed{}, []Action{TakeBackup{Kind: spec.BackupPeriodic}}, false, true},
+		{"a defragmentation", Observed{}, []Action{DefragMember{NodeID: "a"}}, false, true},
+		{"a roll between its steps", Observed{}, nil, true, true},
 	} {
-		if got := drillBusy(c.obs, c.actions, c.activity) != ""; got != c.busy {
+		if got := DrillBusy(c.obs, c.actions, c.activity) != ""; got != c.busy {
 			t.Errorf("%s: busy = %v, want %v", c.name, got, c.busy)
 		}
 	}
