@@ -259,7 +259,7 @@ func (b *BackupAgent) cycle(ctx context.Context) {
 		b.capture.follow(false, "", nil, nil, false)
 		return // another backup agent holds the lock
 	}
-	due := b.backups.due(b.cfg.Backup.Interval) || (b.capture.needsBase() && !b.backups.failedRecently())
+	due := b.backups.due(b.cfg.Backup.Interval, b.capture.needsBase())
 	b.followEtcd(ctx, due)
 	cmds, err := readCommands(ctx, s, b.now())
 	if err != nil {

@@ -134,9 +134,10 @@ func (b *backups) stored(at time.Time) {
 	}
 }
 
-// due reports whether the periodic backup is due.
-func (b *backups) due(interval time.Duration) bool {
-	return b.now().Sub(b.lastOK) >= interval && !b.failedRecently()
+// due reports whether a full backup is due: the periodic one, or one
+// capture needs to start a run from (see plan.BackupDue).
+func (b *backups) due(interval time.Duration, needsBase bool) bool {
+	return plan.BackupDue(b.now(), b.lastOK, interval, b.failedRecently(), needsBase)
 }
 
 // take takes one backup. With a commandID, it runs that backup-now

@@ -32,12 +32,12 @@ func TestBackupBackoff(t *testing.T) {
 		if got := b.retryAt().Sub(t0); got != tt.want {
 			t.Errorf("%d failures: retry after %s, want %s", tt.failures, got, tt.want)
 		}
-		if !b.failedRecently() || b.due(time.Minute) {
+		if !b.failedRecently() || b.due(time.Minute, false) {
 			t.Errorf("%d failures: a backup is allowed during the backoff", tt.failures)
 		}
 	}
 	b := DefaultBackupConfig().newBackups("n1", nil, nil, func() time.Time { return t0 })
-	if b.failedRecently() || !b.due(time.Minute) {
+	if b.failedRecently() || !b.due(time.Minute, false) {
 		t.Error("a fresh taker is not due")
 	}
 }

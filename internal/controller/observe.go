@@ -98,15 +98,12 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 						obs.IsolatedDefragFailed[id] = true
 					}
 				}
-				if every := lp.cfg.HashCheckInterval; every > 0 {
-					if lp.hash.last.IsZero() {
-						// A new leader waits out one interval, as every
-						// agent would otherwise check at once on start.
-						lp.hash.last = lp.now()
-					}
-					obs.HashCheckDue = lp.now().Sub(lp.hash.last) >= every
+				if lp.cfg.HashCheckInterval > 0 && lp.hash.last.IsZero() {
+					// A new leader waits out one interval, as every
+					// agent would otherwise check at once on start.
+					lp.hash.last = lp.now()
 				}
-				obs.HashCheckDue = obs.HashCheckDue || lp.hash.recheck
+				obs.HashCheckDue = plan.HashCheckDue(lp.now(), lp.hash.last, lp.cfg.HashCheckInterval, lp.hash.recheck)
 				if !lp.hash.last.IsZero() && lp.hash.checked {
 					obs.HashCheckedAgo = max(lp.now().Sub(lp.hash.last), time.Nanosecond)
 				}
@@ -137,7 +134,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	if obs.Cluster != nil {
 		b := lp.backups
 		// Capture may wait on a full backup to start a run from.
-		due := func() bool { return b.due(lp.cfg.Backup.Interval) || (lp.capture.needsBase() && !b.failedRecently()) }
+		due := func() bool { return b.due(lp.cfg.Backup.Interval, lp.capture.needsBase()) }
 		obs.BackupDue = due()
 		if obs.BackupDue && lp.noteStoredBackup(ctx, s, obs.Cluster.Token) {
 			obs.BackupDue = due()
