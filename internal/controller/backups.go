@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
@@ -335,4 +338,46 @@ func (lp *loop) newestBackups(ctx context.Context, s *store.Store) (map[string]p
 	}
 	lp.newest, lp.newestAt = out, lp.now()
 	return out, nil
+}
+
+// takeBackup takes a full backup through the local etcd, the leader.
+func (lp *loop) takeBackup(ctx context.Context, obs plan.Observed, act plan.TakeBackup) error {
+	s, err := lp.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = lp.backups.take(ctx, s, backup.Request{
+		Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: lp.etcdTLS},
+		Endpoint:     lp.clientEndpoint,
+		TempDir:      filepath.Join(lp.cfg.DataDir, "tmp"),
+		EtcdVersion:  obs.Self.Version,
+		ClusterSpec:  obs.Spec,
+		ClusterToken: obs.Cluster.Token,
+		Kind:         act.Kind,
+	}, act.Reason, act.CommandIDs...)
+	if err == nil {
+		lp.capture.backedUp()
+	}
+	if err == nil && act.ForVersion != "" {
+		lp.versionBackup = act.ForVersion
+	}
+	return err
+}
+
+// queueDumpRestore queues the command that runs a dump-restore.
+func (lp *loop) queueDumpRestore(ctx context.Context, act plan.QueueDumpRestore) error {
+	s, err := lp.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	id, err := s.AddCommand(ctx, spec.Command{
+		Timestamp:   spec.Int64(lp.now().UnixNano()),
+		DumpRestore: &spec.DumpRestoreCommand{EtcdVersion: act.Version},
+	}, lp.now())
+	if err != nil {
+		return err
+	}
+	lp.log.Warn("changing the etcd version by dump and restore: clients are cut off until the new cluster serves",
+		"command", id, "version", act.Version)
+	return nil
 }

@@ -1,0 +1,72 @@
+package controller
+
+import (
+	"context"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+)
+
+// alarmRE finds an alarm among the errors of etcd's status
+// ("memberID:<id> alarm:NOSPACE").
+var alarmRE = regexp.MustCompile(`memberID:\s*(\d+)\s+alarm:\s*([A-Z]+)`)
+
+// raisedAlarms are the members with etcd's alarm raised, read from the
+// errors of the members' status, which list the cluster's alarms; known
+// is false when no member answered. (etcd's alarm list is a raft
+// request: not something to send every cycle.) Only when a status names
+// the alarm without a member does the alarm list answer.
+func raisedAlarms(ctx context.Context, c alarmLister, statusErrs [][]string, alarm etcdserverpb.AlarmType) (ids []uint64, known bool) {
+	name := alarm.String()
+	mentioned := false
+	for _, errs := range statusErrs {
+		if errs != nil {
+			known = true
+		}
+		for _, e := range errs {
+			if !strings.Contains(e, name) {
+				continue
+			}
+			mentioned = true
+			for _, m := range alarmRE.FindAllStringSubmatch(e, -1) {
+				if m[2] != name {
+					continue
+				}
+				if id, err := strconv.ParseUint(m[1], 10, 64); err == nil && !slices.Contains(ids, id) {
+					ids = append(ids, id)
+				}
+			}
+		}
+	}
+	if !mentioned || len(ids) > 0 {
+		return ids, known || len(ids) > 0
+	}
+	actx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
+	defer cancel()
+	alarms, err := c.AlarmList(actx)
+	if err != nil {
+		return nil, false
+	}
+	for _, a := range alarms.Alarms {
+		if a.Alarm == alarm {
+			ids = append(ids, a.MemberID)
+		}
+	}
+	return ids, true
+}
+
+// alarmLister lists etcd's alarms.
+type alarmLister interface {
+	AlarmList(ctx context.Context) (*clientv3.AlarmResponse, error)
+}
+
+// since remembers, per etcd member, when a condition was first seen to
+// hold, as long as it goes on holding.
+type since map[uint64]time.Time
