@@ -817,7 +817,7 @@ func runBackups(t *testing.T, sc scale, setup func(env *harness.Env), floor func
 // merges done.
 func awaitMerged(t *testing.T, agent *harness.Agent, filled time.Time, timeout time.Duration) (time.Duration, bool) {
 	t.Helper()
-	const quiet = 130 * time.Second // two of wal.Config's MergeIntervals, and some
+	const quiet = 130 * time.Second // two of changelog.Config's MergeIntervals, and some
 	for {
 		last := filled
 		for _, line := range strings.Split(agent.Log(), "\n") {

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -66,7 +65,3 @@ func raisedAlarms(ctx context.Context, c alarmLister, statusErrs [][]string, ala
 type alarmLister interface {
 	AlarmList(ctx context.Context) (*clientv3.AlarmResponse, error)
 }
-
-// since remembers, per etcd member, when a condition was first seen to
-// hold, as long as it goes on holding.
-type since map[uint64]time.Time

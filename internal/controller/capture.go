@@ -366,7 +366,7 @@ func (c *capturer) stop() {
 	}
 }
 
-// durable is the last revision of the cluster token that capture made
+// Durable is the last revision of the cluster token that capture made
 // durable in the store (0: none known yet); on is false when capture is
 // off, so that compaction need not wait for it.
 func (c *capturer) Durable(token string) (rev int64, on bool) {
@@ -382,7 +382,7 @@ func (c *capturer) Durable(token string) (rev int64, on bool) {
 	return w.DurableRevision(token), true
 }
 
-// requestBase asks for a full backup for capture to start a run from:
+// RequestBase asks for a full backup for capture to start a run from:
 // compaction went past what capture had stored.
 func (c *capturer) RequestBase() {
 	c.mu.Lock()

@@ -7,5 +7,5 @@
 //
 // Leadership is etcd's: the agent beside etcd's raft leader leads while
 // etcd has quorum. While it has none (first boot, a restore, a lost
-// quorum), a lock in the store (lock.go) picks the one agent that acts.
+// quorum), a lock in the store (package lease) picks the one agent that acts.
 package controller

@@ -347,6 +347,10 @@ func (lp *loop) memberClient(url string) (*clientv3.Client, error) {
 	return c, nil
 }
 
+// since remembers, per etcd member, when a condition was first seen to
+// hold, as long as it goes on holding.
+type since map[uint64]time.Time
+
 // track returns how long the condition has held for member id, 0 when it
 // does not hold now.
 func (s since) track(id uint64, holds bool, now time.Time) time.Duration {

@@ -55,7 +55,7 @@ func CheckCreateOnce(ctx context.Context, s createOnceStore, nodeID string) erro
 
 // MaxClockOffset is the largest clock offset between agents at which the
 // store lock may still be taken: a fifth of the lease, well inside the
-// margin the lease keeps (see lease).
+// margin the lease keeps (see Fence).
 func MaxClockOffset(leaseTTL time.Duration) time.Duration { return leaseTTL / 5 }
 
 // ClockOffset estimates a peer's clock offset from one call: its clock

@@ -67,7 +67,7 @@ func TestPlanCompaction(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := PlanCompaction(tt.in); got != tt.want {
-				t.Errorf("planCompaction = %+v\nwant %+v", got, tt.want)
+				t.Errorf("PlanCompaction = %+v\nwant %+v", got, tt.want)
 			}
 		})
 	}

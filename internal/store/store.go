@@ -338,7 +338,7 @@ func (s *Store) smallUploads(as func(any) bool) error {
 		// part more than its concurrency. With two in flight its three
 		// parts (15 MiB) left the agent's heap at its soft memory limit,
 		// and the collector ran about once per MiB of a backup
-		// (docs/architecture.md#memory).
+		// (docs/memory.md).
 		o.Concurrency = 1
 		o.MultipartUploadThreshold = uploadPartSize
 	})
