@@ -635,9 +635,16 @@ func (a *Agent) Leads() bool {
 // briefly down.
 func (a *Agent) Leading() (bool, error) {
 	a.env.t.Helper()
+	// A client of its own, closed after the call: a wait that asks many
+	// times does not pile connections up until the test ends.
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := a.Client().Status(ctx, a.ClientURL)
+	st, err := c.Status(ctx, a.ClientURL)
 	if err != nil {
 		return false, err
 	}
