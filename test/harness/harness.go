@@ -611,12 +611,17 @@ func (a *Agent) WaitLog(substr string, n int, timeout time.Duration) {
 // Client returns an etcd client for the agent's client URL.
 func (a *Agent) Client() *clientv3.Client {
 	a.env.t.Helper()
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	c, err := a.dial()
 	if err != nil {
 		a.env.t.Fatal(err)
 	}
 	a.env.t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// dial opens an etcd client for the agent's client URL; the caller closes it.
+func (a *Agent) dial() (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 }
 
 // Leads reports whether the agent's etcd member is the raft leader; the
@@ -637,7 +642,7 @@ func (a *Agent) Leading() (bool, error) {
 	a.env.t.Helper()
 	// A client of its own, closed after the call: a wait that asks many
 	// times does not pile connections up until the test ends.
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{a.ClientURL}, TLS: a.TLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	c, err := a.dial()
 	if err != nil {
 		return false, err
 	}
