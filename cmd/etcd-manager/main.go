@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/etcd-manager/etcd-manager/cmd/internal/flags"
+	"github.com/etcd-manager/etcd-manager/internal/agent"
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
@@ -51,7 +52,7 @@ func tuneCollector() {
 }
 
 func main() {
-	cfg := controller.Default()
+	cfg := agent.Default()
 	logCfg := cli.DefaultLogConfig()
 	cmd := &cobra.Command{
 		Use:   "etcd-manager",
@@ -83,7 +84,7 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return controller.NewAgent(cfg, log).Run(ctx)
+			return agent.NewAgent(cfg, log).Run(ctx)
 		},
 	}
 	flags.Agent(cmd.Flags(), &cfg)
@@ -91,7 +92,7 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 	backupAgent := newBackupAgentCommand()
 	var statusOnly, revisionOnly bool
 	verifyCmd := &cobra.Command{
-		Use:    controller.VerifySnapshotCommand + " PATH",
+		Use:    agent.VerifySnapshotCommand + " PATH",
 		Short:  "Verify an etcd snapshot file and print its status as JSON (used by the agent)",
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
@@ -102,11 +103,11 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 			os.Exit(backup.RunVerify(args[0], statusOnly, os.Stdout, os.Stderr))
 		},
 	}
-	verifyCmd.Flags().BoolVar(&statusOnly, controller.StatusOnlyFlag, false, "only read the status, for a snapshot whose sha256 trailer was already checked")
-	verifyCmd.Flags().BoolVar(&revisionOnly, controller.RevisionOnlyFlag, false, "only print the snapshot's revision, without checking it")
-	verifyCmd.MarkFlagsMutuallyExclusive(controller.StatusOnlyFlag, controller.RevisionOnlyFlag)
+	verifyCmd.Flags().BoolVar(&statusOnly, agent.StatusOnlyFlag, false, "only read the status, for a snapshot whose sha256 trailer was already checked")
+	verifyCmd.Flags().BoolVar(&revisionOnly, agent.RevisionOnlyFlag, false, "only print the snapshot's revision, without checking it")
+	verifyCmd.MarkFlagsMutuallyExclusive(agent.StatusOnlyFlag, agent.RevisionOnlyFlag)
 	cmd.AddCommand(backupAgent, verifyCmd, &cobra.Command{
-		Use:    controller.CheckDataCommand + " DATA_DIR",
+		Use:    agent.CheckDataCommand + " DATA_DIR",
 		Short:  "Check the bbolt database under an etcd data dir, which no etcd holds open, and print the result as JSON (used by the agent)",
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
@@ -114,7 +115,7 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 			os.Exit(etcdproc.RunCheckData(cmd.Context(), args[0], os.Stdout, os.Stderr))
 		},
 	}, &cobra.Command{
-		Use:    controller.CompactDBCommand + " DATA_DIR",
+		Use:    agent.CompactDBCommand + " DATA_DIR",
 		Short:  "Defragment the bbolt database under an etcd data dir, which no etcd holds open, into a compact copy renamed over it, and print the result as JSON (used by the agent)",
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
@@ -168,7 +169,7 @@ one that backs up.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return controller.NewBackupAgent(cfg, log).Run(ctx)
+			return agent.RunBackupAgent(ctx, cfg, log)
 		},
 	}
 	flags.BackupAgent(cmd.Flags(), &cfg)

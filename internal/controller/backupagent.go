@@ -18,8 +18,11 @@ import (
 	etcdclient "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -168,27 +171,30 @@ type BackupAgent struct {
 	tls     *tls.Config
 	// events records the backups taken and the actions that failed in the
 	// store's event history, as a managing agent does.
-	events *eventLog
+	events *EventLog
 	// storeChecked is set once the store honoured create-if-absent.
 	storeChecked bool
+	// opened is set once Open read the TLS and key files.
+	opened bool
 }
 
 // NewBackupAgent returns a backup agent for a validated, completed
-// configuration.
-func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger) *BackupAgent {
-	met := newMetrics()
+// configuration, whose metrics reg takes; readers read its snapshots.
+func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger, reg prometheus.Registerer, readers Readers) *BackupAgent {
+	met := newMetrics(reg)
 	b := &BackupAgent{cfg: cfg, log: log, met: met, now: time.Now}
-	b.backups = cfg.Backup.newBackups(cfg.NodeID, log, met, func() time.Time { return b.now() })
+	b.backups = cfg.Backup.newBackups(cfg.NodeID, log, met, func() time.Time { return b.now() }, readers)
 	b.lock = lease.Lock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
-	b.capture = newCapturer(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, met.reg)
-	b.events = newEventLog(cfg.NodeID, func() time.Time { return b.now() }, log)
+	b.capture = newCapturer(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, reg)
+	b.events = NewEventLog(cfg.NodeID, func() time.Time { return b.now() }, log)
 	return b
 }
 
-// Run backs up until ctx is cancelled. Problems with etcd or the store are
-// logged and retried; only bad TLS or key files or a busy metrics address
-// stop it.
-func (b *BackupAgent) Run(ctx context.Context) error {
+// Open reads the TLS and key files; Run calls it unless it was called.
+func (b *BackupAgent) Open() error {
+	if b.opened {
+		return nil
+	}
 	var err error
 	if b.tls, err = b.cfg.tlsConfig(); err != nil {
 		return err
@@ -198,15 +204,19 @@ func (b *BackupAgent) Run(ctx context.Context) error {
 		return fmt.Errorf("controller: %w", err)
 	}
 	b.backups.keys, b.capture.keys = keys, keys
-	logKeys(b.log, keys)
-	if b.cfg.MetricsAddress != "" {
-		stop, err := b.met.serve(b.cfg.MetricsAddress, func() (bool, string) { return true, "backup agent running" }, nil, false)
-		if err != nil {
-			return fmt.Errorf("controller: metrics: %w", err)
-		}
-		defer stop()
+	LogKeys(b.log, keys)
+	b.opened = true
+	return nil
+}
+
+// Run backs up until ctx is cancelled. Problems with etcd or the store are
+// logged and retried; only bad TLS or key files stop it. Package agent
+// serves its metrics.
+func (b *BackupAgent) Run(ctx context.Context) error {
+	if err := b.Open(); err != nil {
+		return err
 	}
-	defer b.events.start(ctx, b.cfg.BackupStore)()
+	defer b.events.Start(ctx, b.cfg.BackupStore)()
 	b.log.Info("backup agent starting", "node-id", b.cfg.NodeID, "endpoints", b.cfg.Endpoints, "backup-store", b.cfg.BackupStore,
 		"interval", b.cfg.Backup.Interval, "retention", b.cfg.Backup.Retention)
 	ticker := time.NewTicker(b.cfg.LoopInterval)
@@ -338,7 +348,7 @@ func (b *BackupAgent) request(ctx context.Context) (backup.Request, error) {
 	defer c.Close()
 	var errs []error
 	for _, ep := range b.cfg.Endpoints {
-		cctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+		cctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 		st, err := c.Status(cctx, ep)
 		if err == nil {
 			var members *etcdclient.MemberListResponse

@@ -27,7 +27,7 @@ func TestBackupBackoff(t *testing.T) {
 		{40, 15 * time.Minute},
 	}
 	for _, tt := range tests {
-		b := DefaultBackupConfig().newBackups("n1", nil, nil, func() time.Time { return t0 })
+		b := DefaultBackupConfig().newBackups("n1", nil, nil, func() time.Time { return t0 }, Readers{})
 		b.failures, b.lastFailure = tt.failures, t0
 		if got := b.retryAt().Sub(t0); got != tt.want {
 			t.Errorf("%d failures: retry after %s, want %s", tt.failures, got, tt.want)
@@ -36,7 +36,7 @@ func TestBackupBackoff(t *testing.T) {
 			t.Errorf("%d failures: a backup is allowed during the backoff", tt.failures)
 		}
 	}
-	b := DefaultBackupConfig().newBackups("n1", nil, nil, func() time.Time { return t0 })
+	b := DefaultBackupConfig().newBackups("n1", nil, nil, func() time.Time { return t0 }, Readers{})
 	if b.failedRecently() || !b.due(time.Minute, false) {
 		t.Error("a fresh taker is not due")
 	}
@@ -67,7 +67,7 @@ func TestPruneSparesQueuedRestore(t *testing.T) {
 	if _, err := s.AddCommand(ctx, spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: names[0]}}, now); err != nil {
 		t.Fatal(err)
 	}
-	b := BackupConfig{Retention: "count:1", RetryDelay: time.Second, Interval: time.Minute}.newBackups("n1", slog.New(slog.DiscardHandler), nil, func() time.Time { return now })
+	b := BackupConfig{Retention: "count:1", RetryDelay: time.Second, Interval: time.Minute}.newBackups("n1", slog.New(slog.DiscardHandler), nil, func() time.Time { return now }, Readers{})
 
 	b.prune(ctx, s)
 	got := listNames(t, s)

@@ -27,7 +27,7 @@ func TestCaptureClockErr(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lp := &loop{Agent: &Agent{cfg: Config{Capture: changelog.Config{MaxClockOffset: time.Second}}}, offsets: tt.offsets, storeOffset: tt.store}
+			lp := &loop{cfg: Config{Capture: changelog.Config{MaxClockOffset: time.Second}}, offsets: tt.offsets, storeOffset: tt.store}
 			err := lp.captureClockErr()
 			switch {
 			case tt.want == "" && err != nil:

@@ -100,3 +100,5 @@ func (lp *loop) advanceCARotation(ctx context.Context, act plan.AdvanceCARotatio
 	lp.log.Warn("CA rotation phase done", "from", act.From, "to", act.To)
 	return nil
 }
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }

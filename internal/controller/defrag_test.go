@@ -94,7 +94,7 @@ func TestIsolatedDefragStops(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			now := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
-			lp := &loop{Agent: &Agent{log: slog.New(slog.DiscardHandler), now: func() time.Time { return now }}}
+			lp := &loop{log: slog.New(slog.DiscardHandler), now: func() time.Time { return now }}
 			for _, e := range tt.events {
 				verb, node, _ := strings.Cut(e, " ")
 				if verb == "stop" {

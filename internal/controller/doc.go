@@ -1,9 +1,10 @@
-// Package controller is the agent: it wires the node (package node), the
-// peer API, the store and TLS together, and runs the control loop. Each
-// cycle the loop observes the store, its peers and etcd, asks the planner
-// (package plan) what to do, and carries the actions out one at a time:
-// membership and version steps itself, long operations on the procedure
-// runner (package procedure), and the node's own steps through the node.
+// Package controller is the control loop. Each cycle it observes the
+// store, its peers and etcd, asks the planner (package plan) what to do,
+// and carries the actions out one at a time: membership and version steps
+// itself, long operations on the procedure runner (package procedure), and
+// the node's own steps through the node (package node). Package agent
+// builds the node and hands the loop what the process holds (an Env:
+// credentials, keys, the journal, what wakes it); the loop holds no agent.
 //
 // Leadership is etcd's: the agent beside etcd's raft leader leads while
 // etcd has quorum. While it has none (first boot, a restore, a lost

@@ -147,7 +147,7 @@ func (lp *loop) tendDrill(ctx context.Context, obs plan.Observed, actions []plan
 // drill runs one drill of backup name and records its outcome.
 func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
 	start := lp.now()
-	res := spec.DrillResult{Time: start.UTC(), Node: lp.nodeID, Backup: name, Outcome: spec.EventOK}
+	res := spec.DrillResult{Time: start.UTC(), Node: lp.node.ID(), Backup: name, Outcome: spec.EventOK}
 	// A store of its own: the loop's is not shared across goroutines.
 	s, err := store.Open(ctx, lp.cfg.BackupStore, store.Options{})
 	opened := err == nil
@@ -180,7 +180,7 @@ func (lp *loop) drill(ctx context.Context, name, runningVersion string) {
 	if res.Outcome == spec.DrillNotRun {
 		msg = "could not run: " + msg
 	}
-	lp.events.add(spec.Event{Time: lp.now(), Action: "restore-drill " + name, Outcome: outcome, Message: spec.Clip(msg, spec.MaxEventMessage)})
+	lp.events.Add(spec.Event{Time: lp.now(), Action: "restore-drill " + name, Outcome: outcome, Message: spec.Clip(msg, spec.MaxEventMessage)})
 	if !opened {
 		return // no store to record the outcome in; the log and the event say it
 	}
@@ -199,7 +199,7 @@ func (lp *loop) drillConfig() drill.Config {
 		EtcdBinDir: lp.cfg.EtcdBinDir,
 		Fetch:      lp.cfg.fetchOptions(lp.backups.status, lp.keys),
 	}
-	if files := lp.etcdTLSFiles(); files != nil {
+	if files := lp.env.EtcdTLSFiles; files != nil {
 		cfg.ServerTLS, cfg.ClientTLS = files, lp.etcdTLS
 	}
 	return cfg

@@ -43,8 +43,8 @@ const (
 	failingLimit = 256
 )
 
-// eventLog records events for one agent.
-type eventLog struct {
+// EventLog records events for one agent.
+type EventLog struct {
 	node string
 	now  func() time.Time
 	log  *slog.Logger
@@ -60,15 +60,17 @@ type eventLog struct {
 	dropped           atomic.Int64
 }
 
-func newEventLog(node string, now func() time.Time, log *slog.Logger) *eventLog {
-	return &eventLog{node: node, now: now, log: log, failing: map[string]*failingAction{}, wake: make(chan struct{}, 1)}
+// NewEventLog returns the journal of a node's changes and failures;
+// Start writes it to the store.
+func NewEventLog(node string, now func() time.Time, log *slog.Logger) *EventLog {
+	return &EventLog{node: node, now: now, log: log, failing: map[string]*failingAction{}, wake: make(chan struct{}, 1)}
 }
 
 // outcome records what came of an action the loop took: a change that
 // succeeded, a failure (collapsed when it repeats), or a success after
 // failures. Waits, and steps refused for no longer leading, are no
 // events.
-func (e *eventLog) outcome(act plan.Action, err error) {
+func (e *EventLog) outcome(act plan.Action, err error) {
 	if e == nil {
 		return
 	}
@@ -81,7 +83,7 @@ func (e *eventLog) outcome(act plan.Action, err error) {
 	}
 	now := e.now()
 	if fc, ok := act.(plan.FailCommand); ok && err == nil {
-		e.add(spec.Event{Time: now, Action: "fail-command " + fc.ID, Outcome: spec.EventFailed, Message: fc.Reason})
+		e.Add(spec.Event{Time: now, Action: "fail-command " + fc.ID, Outcome: spec.EventFailed, Message: fc.Reason})
 		return
 	}
 	if stepFailed && err == nil {
@@ -102,19 +104,19 @@ func (e *eventLog) outcome(act plan.Action, err error) {
 	case err == nil && f != nil:
 		delete(e.failing, key)
 		e.mu.Unlock()
-		e.add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventOK,
+		e.Add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventOK,
 			Message: fmt.Sprintf("succeeded after failing %d times since %s", f.count, f.since.UTC().Format(time.RFC3339))})
 	case err == nil:
 		e.mu.Unlock()
 		if act.Mutates() {
-			e.add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventOK})
+			e.Add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventOK})
 		}
 	case f == nil:
 		if len(e.failing) < failingLimit {
 			e.failing[key] = &failingAction{since: now, window: now, seen: now, count: 1, last: err.Error()}
 		}
 		e.mu.Unlock()
-		e.add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventFailed, Message: err.Error()})
+		e.Add(spec.Event{Time: now, Action: act.String(), Outcome: spec.EventFailed, Message: err.Error()})
 	default:
 		f.count++
 		f.last = err.Error()
@@ -125,32 +127,33 @@ func (e *eventLog) outcome(act plan.Action, err error) {
 		ev := spec.Event{Time: now, Action: act.String(), Outcome: spec.EventFailed, Message: f.last, Count: f.count, Since: f.since}
 		f.window = now
 		e.mu.Unlock()
-		e.add(ev)
+		e.Add(ev)
 	}
 }
 
 // commandFailed records that a procedure step marked its command failed,
 // with the reason (procedure.Runner's OnFail).
-func (e *eventLog) commandFailed(id, reason string) {
+func (e *EventLog) commandFailed(id, reason string) {
 	if e == nil {
 		return
 	}
 	e.mu.Lock()
 	e.commandFailedStep = true
 	e.mu.Unlock()
-	e.add(spec.Event{Time: e.now(), Action: "fail-command " + id, Outcome: spec.EventFailed, Message: reason})
+	e.Add(spec.Event{Time: e.now(), Action: "fail-command " + id, Outcome: spec.EventFailed, Message: reason})
 }
 
-// note records an event of the agent's own, apart from the loop's
+// Note records an event of the agent's own, apart from the loop's
 // actions (a certificate issued).
-func (e *eventLog) note(action, message string) {
+func (e *EventLog) Note(action, message string) {
 	if e == nil {
 		return
 	}
-	e.add(spec.Event{Time: e.now(), Action: action, Outcome: spec.EventOK, Message: message})
+	e.Add(spec.Event{Time: e.now(), Action: action, Outcome: spec.EventOK, Message: message})
 }
 
-func (e *eventLog) add(ev spec.Event) {
+// Add queues an event for the store.
+func (e *EventLog) Add(ev spec.Event) {
 	if e == nil {
 		return
 	}
@@ -169,7 +172,7 @@ func (e *eventLog) add(ev spec.Event) {
 }
 
 // pending takes the queued events.
-func (e *eventLog) pending() []spec.Event {
+func (e *EventLog) pending() []spec.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	q := e.queue
@@ -179,7 +182,7 @@ func (e *eventLog) pending() []spec.Event {
 
 // requeue puts back events that could not be written, ahead of newer
 // ones, within the queue's bound.
-func (e *eventLog) requeue(evs []spec.Event) {
+func (e *EventLog) requeue(evs []spec.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	q := append(evs, e.queue...)
@@ -197,7 +200,7 @@ type eventWriter interface {
 
 // run writes queued events to the store opened by open until ctx ends,
 // retrying with backoff while the store is away.
-func (e *eventLog) run(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
+func (e *EventLog) run(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
 	delay := time.Second
 	for {
 		select {
@@ -238,9 +241,9 @@ func (e *eventLog) run(ctx context.Context, open func(context.Context) (eventWri
 	}
 }
 
-// start writes queued events to the store at url until ctx ends; the
+// Start writes queued events to the store at url until ctx ends; the
 // returned stop writes what is left, within 5 s, as the agent stops.
-func (e *eventLog) start(ctx context.Context, url string) (stop func()) {
+func (e *EventLog) Start(ctx context.Context, url string) (stop func()) {
 	open := openEventStore(url)
 	go e.run(ctx, open)
 	return func() {
@@ -251,7 +254,7 @@ func (e *eventLog) start(ctx context.Context, url string) (stop func()) {
 }
 
 // flush writes what is queued once, as the agent stops.
-func (e *eventLog) flush(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
+func (e *EventLog) flush(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
 	evs := e.pending()
 	if len(evs) == 0 {
 		return
@@ -277,7 +280,7 @@ func write(ctx context.Context, open func(context.Context) (eventWriter, func(),
 	return len(evs), nil
 }
 
-func (e *eventLog) poke() {
+func (e *EventLog) poke() {
 	select {
 	case e.wake <- struct{}{}:
 	default:

@@ -21,7 +21,7 @@ import (
 // and the success that ends them; no waits, and no read-only successes.
 func TestEventLogOutcomes(t *testing.T) {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
-	e := newEventLog("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler))
+	e := NewEventLog("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler))
 	add := plan.AddMember{NodeID: "b"}
 	boom := errors.New("boom")
 	steps := []struct {
@@ -107,9 +107,9 @@ func (f *fakeEvents) AddEvent(_ context.Context, e spec.Event) error {
 // The writer keeps the events while the store is away and writes them in
 // order once it is back; a full queue drops the oldest, counted.
 func TestEventLogWriter(t *testing.T) {
-	e := newEventLog("n1", time.Now, slog.New(slog.DiscardHandler))
+	e := NewEventLog("n1", time.Now, slog.New(slog.DiscardHandler))
 	for i := range eventQueueLimit + 5 {
-		e.note(fmt.Sprintf("a%d", i), "")
+		e.Note(fmt.Sprintf("a%d", i), "")
 	}
 	if n := e.dropped.Load(); n != 5 {
 		t.Fatalf("dropped %d, want 5", n)
@@ -141,7 +141,7 @@ func TestEventLogWriter(t *testing.T) {
 // record of an action's failures is dropped once it is not tried again.
 func TestEventLogCommandFailures(t *testing.T) {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
-	e := newEventLog("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler))
+	e := NewEventLog("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler))
 	e.outcome(plan.FailCommand{ID: "c1", Reason: "junk"}, nil)
 	step := plan.PrepareRestore{ID: "c2", Backup: "b"}
 	e.commandFailed("c2", "backup too large")

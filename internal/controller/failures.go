@@ -1,7 +1,13 @@
 package controller
 
 import (
+	"errors"
+	"strings"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/lease"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
 )
 
 // Backoff of the leader's failing actions: the first retry after
@@ -93,4 +99,36 @@ func (f *failures) report() []string {
 		out = append(out, key+": "+x.err)
 	}
 	return out
+}
+
+// waiting reports whether err means an action found its precondition not
+// yet met (a learner still catching up): it is retried on a later cycle
+// and is no failure. Actions and procedure steps both say so with
+// procedure.ErrWait.
+func waiting(err error) bool {
+	return errors.Is(err, procedure.ErrWait)
+}
+
+// lostLead reports whether err says only that this agent does not lead
+// (any more): by etcd's raft, or by the store lock. Neither is a failure
+// of the action.
+func lostLead(err error) bool {
+	return errors.Is(err, ErrNotLeader) || errors.Is(err, lease.ErrNotHeld)
+}
+
+// actionKind is the action's name without its arguments, for metrics.
+func actionKind(act plan.Action) string {
+	kind, _, _ := strings.Cut(act.String(), " ")
+	return kind
+}
+
+func result(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case waiting(err):
+		return "wait"
+	default:
+		return "error"
+	}
 }

@@ -22,7 +22,7 @@ import (
 // The leader exports the cluster as it sees it; another agent exports
 // nothing of it, and a raft leader change is counted.
 func TestClusterFigures(t *testing.T) {
-	lp := &loop{Agent: &Agent{met: newMetrics()}}
+	lp := &loop{met: newMetrics(prometheus.NewRegistry())}
 	obs := plan.Observed{Self: plan.Node{RaftLeader: 1}, Cluster: &plan.ClusterView{
 		Members: []plan.Member{
 			{ID: 1, Name: "a", Healthy: true, RaftIndex: 100, DBSize: 4096, DBSizeInUse: 1024},
@@ -87,7 +87,9 @@ func TestMetricsDocumented(t *testing.T) {
 	// The registry of a real set of metrics holds the same names.
 	ch := make(chan *prometheus.Desc, 256)
 	go func() {
-		newMetrics().reg.Describe(ch)
+		reg := prometheus.NewRegistry()
+		newMetrics(reg)
+		reg.Describe(ch)
 		close(ch)
 	}()
 	for d := range ch {
@@ -145,7 +147,7 @@ func TestNewestOfEachKind(t *testing.T) {
 		}
 	}
 	now := time.Date(2026, 11, 24, 12, 30, 0, 0, time.UTC)
-	lp := &loop{Agent: &Agent{met: newMetrics(), log: slog.New(slog.DiscardHandler), now: func() time.Time { return now }}}
+	lp := &loop{met: newMetrics(prometheus.NewRegistry()), log: slog.New(slog.DiscardHandler), now: func() time.Time { return now }}
 	lp.met.backupSize.WithLabelValues("restored").Set(1) // a kind no longer among the newest
 	check := func(when string) {
 		t.Helper()

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -67,9 +68,10 @@ func TestConfigValidateKeyFiles(t *testing.T) {
 			for _, kind := range []string{"agent", "backup-agent"} {
 				var err error
 				if kind == "agent" {
-					c := validConfig()
+					c := Default()
+					c.ClusterName, c.BackupStore, c.DataDir = "test", "file:///tmp/x", "/tmp/d"
 					c.Backup.EncryptionKeyFile, c.Backup.DecryptionKeyFiles = tt.enc, tt.dec
-					err = c.Validate()
+					err = errors.Join(c.Validate()...)
 				} else {
 					c := DefaultBackupAgent()
 					c.BackupStore, c.Endpoints = "file:///tmp/x", []string{"http://127.0.0.1:2379"}
@@ -111,7 +113,7 @@ func TestLogKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	logKeys(slog.New(slog.NewTextHandler(&buf, nil)), keys)
+	LogKeys(slog.New(slog.NewTextHandler(&buf, nil)), keys)
 	out := buf.String()
 	if !strings.Contains(out, "encrypted at rest") || !strings.Contains(out, curID) {
 		t.Errorf("log = %q, want the key ID", out)

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
@@ -20,6 +22,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/status"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -27,8 +30,17 @@ import (
 // goroutine, but for the lease, which the procedure runner renews while
 // a step runs.
 type loop struct {
-	*Agent
+	cfg  Config
+	env  Env
+	log  *slog.Logger
+	now  func() time.Time
+	met  *metrics
 	node *node.Node
+	// etcdTLS and keys are env's, events and page too.
+	etcdTLS *tls.Config
+	keys    *crypt.Keyring
+	events  *EventLog
+	page    *status.Page
 
 	store          *store.Store
 	discovery      peer.Discovery
@@ -69,10 +81,10 @@ type loop struct {
 	lastWait string
 	// soon is set by a cycle that waits on something due within moments
 	// (etcd settling after a change, a learner catching up): the next
-	// cycle runs after soonInterval rather than a whole loop interval.
+	// cycle runs after SoonInterval rather than a whole loop interval.
 	soon bool
 	// acted is set by a cycle that performed an action, and spell follows
-	// the busy spells they make up (see releaseCodePages).
+	// the busy spells they make up (see Env.ReleasePages).
 	acted bool
 	spell spell
 	// http reads etcd's /version, reused across cycles.
@@ -137,66 +149,6 @@ type loop struct {
 	compaction *maintenance.Compactor
 }
 
-func newLoop(a *Agent, n *node.Node) (*loop, error) {
-	lp := &loop{
-		Agent:          a,
-		node:           n,
-		peers:          map[string]*peer.Client{},
-		memberConns:    map[string]*clientv3.Client{},
-		unhealthySince: since{},
-		learnerSince:   since{},
-		failures:       newFailures(),
-		offsets:        map[string]time.Duration{},
-	}
-	lp.backups = a.cfg.Backup.newBackups(n.ID(), a.log, a.met, func() time.Time { return a.now() })
-	lp.backups.keys = a.keys
-	lp.lease = &lease.Fence{
-		Lock:  &lease.Lock{NodeID: n.ID(), TTL: a.cfg.LeaderLease, Now: a.now, Floor: func() int64 { return lp.termFloor }},
-		Store: func() lease.Store { return lp.store },
-	}
-	var err error
-	lp.discovery, err = peer.ParseDiscovery(a.cfg.Discovery, peer.DiscoveryOptions{
-		Store: func(ctx context.Context) (peer.BlobStore, error) {
-			s, err := lp.openStore(ctx)
-			if err != nil {
-				return nil, err
-			}
-			return s, nil
-		},
-		PeerPort:   a.cfg.PeerPort,
-		MaxAge:     10 * time.Minute,
-		Now:        a.now,
-		MaxRecords: a.cfg.DiscoveryMaxRecords,
-	})
-	if err != nil {
-		return nil, err
-	}
-	lp.procedures = &procedure.Executor{
-		Runner: &procedure.Runner{
-			Fence:      lp.lease,
-			Records:    storeRecords{lp},
-			Log:        a.log,
-			Now:        a.now,
-			RenewEvery: max(a.cfg.LeaderLease/6, 100*time.Millisecond),
-			Metrics:    procedure.NewMetrics(a.met.reg),
-			OnFail:     a.events.commandFailed,
-		},
-		Nodes:      lp,
-		Backups:    procedureBackups{lp},
-		SelfID:     n.ID(),
-		ClientTLS:  a.etcdTLS,
-		WriteKeyID: a.keys.WriteKeyID(),
-		Log:        a.log,
-		Now:        a.now,
-		Changed:    func() { lp.lastChange = a.now() },
-	}
-	lp.members = newMembers(lp)
-	lp.capture = newCapturer(a.cfg.Capture, a.cfg.DataDir, a.cfg.BackupStore, a.log, a.now, a.met.reg)
-	lp.capture.keys = a.keys
-	lp.compaction = maintenance.NewCompactor(a.cfg.Compaction, a.log, a.now, a.met.reg)
-	return lp, nil
-}
-
 // run runs cycles until ctx is cancelled.
 func (lp *loop) run(ctx context.Context) {
 	ticker := time.NewTicker(lp.cfg.LoopInterval)
@@ -217,11 +169,11 @@ func (lp *loop) run(ctx context.Context) {
 		}
 		quick = 0
 		// While a step waits on something due within moments, look again
-		// after soonInterval, for at most maxSoonCycles in a row.
+		// after SoonInterval, for at most maxSoonCycles in a row.
 		var after <-chan time.Time
-		if lp.soon && soon < maxSoonCycles && soonInterval < lp.cfg.LoopInterval {
+		if lp.soon && soon < maxSoonCycles && SoonInterval < lp.cfg.LoopInterval {
 			soon++
-			after = time.After(soonInterval)
+			after = time.After(SoonInterval)
 		} else if !lp.soon {
 			soon = 0
 		}
@@ -229,7 +181,7 @@ func (lp *loop) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-		case <-lp.wake:
+		case <-lp.env.Wake:
 		case <-after:
 		}
 	}
@@ -239,7 +191,10 @@ func (lp *loop) run(ctx context.Context) {
 // pageout.go). It is best effort: a kernel without MADV_PAGEOUT only costs
 // a debug line.
 func (lp *loop) releasePages() {
-	n, err := releaseCodePages()
+	if lp.env.ReleasePages == nil {
+		return
+	}
+	n, err := lp.env.ReleasePages()
 	if err != nil {
 		lp.log.Debug("cannot release the binary's pages", "error", err)
 		return
@@ -250,7 +205,9 @@ func (lp *loop) releasePages() {
 // Bounds of the cycles that look again soon: how soon, and how many in a
 // row (about 10 s of them) before the loop interval applies again.
 const (
-	soonInterval  = 250 * time.Millisecond
+	// SoonInterval is exported for the agent, which wakes the loop for a
+	// peer's news at most this often.
+	SoonInterval  = 250 * time.Millisecond
 	maxSoonCycles = 40
 )
 

@@ -22,10 +22,6 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
 
-// etcdCallTimeout bounds every etcd call the executors make: a call that
-// hangs (leadership moving mid-call) must never stall the loop.
-const etcdCallTimeout = 10 * time.Second
-
 // callTimeout bounds a node call that may stop or start etcd.
 const callTimeout = 30 * time.Second
 
@@ -225,7 +221,7 @@ func (m *members) addThroughOthers(ctx context.Context, members []*etcdserverpb.
 			m.log.Warn("cannot reach a voter to add a member through", "member", mm.Name, "error", derr)
 			continue
 		}
-		actx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+		actx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 		resp, aerr := c.MemberAddAsLearner(actx, peerURLs)
 		cancel()
 		closeFn()
@@ -273,7 +269,7 @@ func (m *members) add(ctx context.Context, obs plan.Observed, act plan.AddMember
 	if err != nil {
 		return err
 	}
-	lctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	lctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 	defer cancel()
 	list, err := c.MemberList(lctx)
 	if err != nil {
@@ -285,7 +281,7 @@ func (m *members) add(ctx context.Context, obs plan.Observed, act plan.AddMember
 		exists = exists || plan.SameURLs(mm.PeerURLs, n.PeerURLs)
 	}
 	if !exists {
-		actx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+		actx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 		defer cancel()
 		resp, err := c.MemberAddAsLearner(actx, n.PeerURLs)
 		if isUnhealthy(err) {
@@ -355,7 +351,7 @@ func (m *members) promote(ctx context.Context, act plan.PromoteMember) error {
 	if err != nil {
 		return err
 	}
-	pctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	pctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 	defer cancel()
 	_, err = c.MemberPromote(pctx, act.MemberID)
 	if errors.Is(err, rpctypes.ErrGRPCLearnerNotReady) || (err != nil && strings.Contains(err.Error(), rpctypes.ErrGRPCLearnerNotReady.Error())) {
@@ -374,7 +370,7 @@ func (m *members) remove(ctx context.Context, obs plan.Observed, act plan.Remove
 	if err != nil {
 		return err
 	}
-	rctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	rctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 	defer cancel()
 	_, err = c.MemberRemove(rctx, act.MemberID)
 	if err != nil && !strings.Contains(err.Error(), rpctypes.ErrGRPCMemberNotFound.Error()) {
@@ -477,7 +473,7 @@ func (m *members) moveLeader(ctx context.Context, act plan.MoveLeader) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 	defer cancel()
 	if _, err := c.MoveLeader(ctx, act.To); err != nil {
 		return fmt.Errorf("controller: move leadership to %x: %w", act.To, err)
@@ -492,7 +488,7 @@ func (m *members) enableDowngrade(ctx context.Context, act plan.EnableDowngrade)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 	defer cancel()
 	if _, err := c.Downgrade(ctx, clientv3.DowngradeValidate, act.Version); err != nil {
 		return fmt.Errorf("controller: etcd refuses a downgrade to %s: %w", act.Version, err)
@@ -516,7 +512,7 @@ func (m *members) setPeerURLs(ctx context.Context, obs plan.Observed, act plan.S
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	cctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 	_, err = c.MemberUpdate(cctx, act.MemberID, act.URLs)
 	cancel()
 	if err != nil {

@@ -1,26 +1,17 @@
 package controller
 
 import (
-	"context"
-	"fmt"
-	"net"
-	"net/http"
-	httppprof "net/http/pprof"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
-// metrics are the agent's Prometheus metrics, served on --metrics-address.
+// metrics are the loop's Prometheus metrics; the agent serves them, with
+// its own, on --metrics-address.
 type metrics struct {
-	reg            *prometheus.Registry
 	backupLastOK   prometheus.Gauge
 	backupDuration *prometheus.GaugeVec
 	backupSize     *prometheus.GaugeVec
@@ -38,8 +29,6 @@ type metrics struct {
 	actionsPerformed  *prometheus.CounterVec
 	backingOff        prometheus.Gauge
 	panics            prometheus.Counter
-	certExpiry        prometheus.Gauge
-	certRenewals      prometheus.Counter
 	// Defragmentation by this agent as leader.
 	defrags             *prometheus.CounterVec
 	defragLastOK        prometheus.Gauge
@@ -51,11 +40,8 @@ type metrics struct {
 	hashCheckLast    prometheus.Gauge
 	dataDisagreement prometheus.Gauge
 	corruptDiscarded prometheus.Counter
-	dataDiscarded    *prometheus.CounterVec
 	// Read from the store, alike on every agent.
 	restorablePoint prometheus.Gauge
-	// Certificates, by certificate (node, ca).
-	certificateExpiry *prometheus.GaugeVec
 	// The cluster, as the leader sees it; reset on the others.
 	clusterMembers *prometheus.GaugeVec
 	memberLag      *prometheus.GaugeVec
@@ -66,9 +52,8 @@ type metrics struct {
 	loopCycles    prometheus.Counter
 }
 
-func newMetrics() *metrics {
+func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
 		backupLastOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_success_timestamp_seconds",
 			Help: "Unix time of the newest backup in the store (its meta's timestamp), read every lease by every agent, or of a backup this agent just took."}),
 		backupDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_backup_last_duration_seconds",
@@ -99,10 +84,6 @@ func newMetrics() *metrics {
 			Help: "Cluster changes of the leader that failed and have not succeeded since; each backs off (up to 5 minutes) while the rest of its work goes on, and is forgotten once not tried for 10 minutes."}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_panics_total",
 			Help: "Control-loop cycles that panicked and were recovered; each is a bug to report."}),
-		certExpiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_node_certificate_expiry_timestamp_seconds",
-			Help: "Unix time the node certificate in use expires; it is renewed two thirds into its life."}),
-		certRenewals: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_node_certificate_issued_total",
-			Help: "Node certificates this agent issued itself (at start and on renewal)."}),
 		defrags: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_defrags_total",
 			Help: "Members this agent defragmented as leader, by result."}, []string{"result"}),
 		defragLastOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_success_timestamp_seconds",
@@ -121,12 +102,8 @@ func newMetrics() *metrics {
 			Help: "1 when this agent's last comparison as leader found the voting members' data disagree with no copy held by a majority: the cluster is CORRUPT, and nothing is rebuilt on its own; 0 otherwise."}),
 		corruptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_corrupt_members_discarded_total",
 			Help: "Members whose data disagreed with the majority's, set aside by this agent as leader to be rebuilt from their peers."}),
-		dataDiscarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_member_data_discarded_total",
-			Help: "Times this node set its own member's data aside to be rebuilt from its peers, by why: initial-check (etcd's initial corruption check), damaged-db (the database failed its check after an unclean exit), hash-mismatch (the leader found its HashKV disagrees)."}, []string{"reason"}),
 		restorablePoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restorable_point_timestamp_seconds",
 			Help: "Unix time of the newest point a restore can reach, read from the store every lease: the newest backup's, or, with continuous capture, when the cluster's last durable revision was observed. The RPO now is time() minus it."}),
-		certificateExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_certificate_expiry_timestamp_seconds",
-			Help: "Unix time each certificate the agent uses expires: certificate=node (its own, renewed two thirds into its life) or ca (the CA that issued it)."}, []string{"certificate"}),
 		clusterMembers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_cluster_members",
 			Help: "The cluster's members by state (voter, learner, unhealthy), as the leader sees them; other agents export no series."}, []string{"state"}),
 		memberLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_member_raft_index_lag",
@@ -145,13 +122,10 @@ func newMetrics() *metrics {
 	for _, r := range []string{"success", "failure"} {
 		m.defrags.WithLabelValues(r)
 	}
-	for _, r := range []string{node.DiscardInitialCheck, node.DiscardDamagedDB, node.DiscardHashMismatch} {
-		m.dataDiscarded.WithLabelValues(r)
-	}
-	m.reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
-	m.reg.MustRegister(m.restorablePoint, m.certificateExpiry, m.clusterMembers, m.memberLag, m.memberDBSize, m.alarms, m.leaderChanges, m.loopCycles)
-	m.reg.MustRegister(m.hashChecks, m.hashCheckLast, m.dataDisagreement, m.corruptDiscarded, m.dataDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
-		m.actionsPerformed, m.backingOff, m.panics, m.certExpiry, m.certRenewals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
+	reg.MustRegister(m.restorablePoint, m.clusterMembers, m.memberLag, m.memberDBSize, m.alarms, m.leaderChanges, m.loopCycles)
+	reg.MustRegister(m.hashChecks, m.hashCheckLast, m.dataDisagreement, m.corruptDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
+		m.actionsPerformed, m.backingOff, m.panics)
 	return m
 }
 
@@ -196,65 +170,5 @@ func boolGauge(g prometheus.Gauge, v bool) {
 		g.Set(1)
 	} else {
 		g.Set(0)
-	}
-}
-
-// serve serves /metrics on addr until the returned stop is called, with
-// /healthz (the agent runs) and /readyz (ready reports ok) beside it, and
-// Go's runtime profiles under /debug/pprof/ when pprof is set.
-func (m *metrics) serve(addr string, ready func() (bool, string), status http.Handler, pprof bool) (stop func(), err error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	if status != nil {
-		mux.Handle("/status", status)
-	}
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		ok, why := false, "starting"
-		if ready != nil {
-			ok, why = ready()
-		}
-		if !ok {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
-		fmt.Fprintln(w, why)
-	})
-	if pprof {
-		mux.HandleFunc("/debug/pprof/", httppprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", capSeconds(httppprof.Profile))
-		mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", capSeconds(httppprof.Trace))
-	}
-	// A profile or trace runs for its seconds, within the write timeout.
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: maxProfileSeconds*time.Second + 30*time.Second, IdleTimeout: 2 * time.Minute}
-	go func() { _ = srv.Serve(l) }() // returns when stop shuts it down
-	return func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}, nil
-}
-
-// maxProfileSeconds caps pprof's seconds: a profile or trace asked for
-// longer runs this long.
-const maxProfileSeconds = 60
-
-// capSeconds caps the seconds query of a pprof handler.
-func capSeconds(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if v := r.URL.Query().Get("seconds"); v != "" {
-			if n, err := strconv.Atoi(v); err != nil || n > maxProfileSeconds || n < 1 {
-				q := r.URL.Query()
-				q.Set("seconds", strconv.Itoa(maxProfileSeconds))
-				r.URL.RawQuery = q.Encode()
-			}
-		}
-		h(w, r)
 	}
 }

@@ -50,7 +50,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		if peersRead {
 			lp.announce(ctx, self, obs.Peers)
 		}
-		lp.page.Show(status.Build(obs, status.Facts{Cluster: lp.cfg.ClusterName, Node: lp.nodeID, Now: lp.now(), Procedure: procedure,
+		lp.page.Show(status.Build(obs, status.Facts{Cluster: lp.cfg.ClusterName, Node: lp.node.ID(), Now: lp.now(), Procedure: procedure,
 			Warnings: lp.warnings, Newest: lp.newestStored, Restorable: lp.restorable, Drills: lp.drillRecord}))
 		boolGauge(lp.met.leader, leading)
 		boolGauge(lp.met.etcdHealthy, self.Healthy)
@@ -184,7 +184,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 	st, pendingSince := lp.node.State()
 	self := plan.Node{
 		ID:             st.NodeID,
-		Address:        lp.peerAddress(),
+		Address:        lp.env.PeerAddress,
 		PeerURLs:       lp.cfg.PeerURLs,
 		ClientURLs:     lp.cfg.ClientURLs,
 		QuarantineURLs: lp.cfg.QuarantineClientURLs,
@@ -192,17 +192,17 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		Installed:      etcdproc.InstalledVersions(lp.cfg.EtcdBinDir),
 		// The node certificate is renewed apart from the loop; the
 		// marker never leaves it once there.
-		CertMarker:       lp.certMarker(),
+		CertMarker:       lp.env.Certs.Marker(),
 		PeerCertCheckOff: !lp.cfg.EtcdPeerCertCheck,
 		BackupKeys:       lp.keys.IDs(),
-		Trust:            lp.trustReport(),
+		Trust:            lp.env.Certs.Trust(),
 		EtcdTrust:        lp.node.EtcdTrust(),
-		CAFromDir:        lp.cfg.PKIDir != "" && lp.tlsEnabled(),
+		CAFromDir:        lp.env.CAFromDir,
 	}
 	if room, err := lp.cfg.fetchOptions(nil, nil).Room(lp.cfg.DataDir); err == nil {
 		self.RestoreRoom = max(room, 1) // 0 would mean unknown
 	}
-	if ci := lp.certInfo.Load(); ci != nil {
+	if ci := lp.env.Certs.Info(); ci != nil {
 		self.CertCA = ci.CAFingerprint
 	}
 	if m := st.Member; m != nil {
@@ -406,7 +406,7 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 		LocalMembers:         toRefs(self.LocalMembers),
 		Procedure:            procedure,
 		NoLeaderFor:          self.NoLeaderFor,
-		Cert:                 lp.certInfo.Load(),
+		Cert:                 lp.env.Certs.Info(),
 		CertMarker:           self.CertMarker,
 		PeerCertCheckOff:     self.PeerCertCheckOff,
 		Trust:                self.Trust,

@@ -43,7 +43,7 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			delete(lp.peers, addr)
 		}
 	}
-	announcedFrom := lp.takeAnnouncedFrom()
+	announcedFrom := lp.env.Announced()
 	for addr := range addrs {
 		c, err := lp.peerClient(addr)
 		if err != nil {
@@ -104,7 +104,7 @@ func (lp *loop) peerClient(addr string) (*peer.Client, error) {
 	if c, ok := lp.peers[addr]; ok {
 		return c, nil
 	}
-	c, err := peer.Dial(addr, lp.cfg.ClusterName, lp.creds)
+	c, err := peer.Dial(addr, lp.cfg.ClusterName, lp.env.PeerCreds)
 	if err != nil {
 		return nil, err
 	}

@@ -136,7 +136,7 @@ func (lp *loop) publish(ctx context.Context, s *store.Store, self plan.Node) {
 	// The installed versions let configure-cluster check a version on a
 	// machine with no etcd; a change of them waits for the periodic
 	// publish.
-	rec := peer.Record{NodeID: self.ID, ClusterName: lp.cfg.ClusterName, Address: lp.peerAddress(), EtcdVersions: self.Installed,
+	rec := peer.Record{NodeID: self.ID, ClusterName: lp.cfg.ClusterName, Address: lp.env.PeerAddress, EtcdVersions: self.Installed,
 		Etcd: &peer.EtcdReport{HasData: self.HasData, Healthy: self.Healthy, RaftLeader: self.RaftLeader, NoLeaderFor: self.NoLeaderFor}}
 	if m := self.Member; m != nil {
 		rec.Etcd.ClusterToken = m.ClusterToken

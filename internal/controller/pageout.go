@@ -7,7 +7,7 @@ package controller
 // runs it again. A busy spell of the loop (start-up, a backup, a restore)
 // does the same on a smaller scale. After such a spell, once the loop has
 // been quiet for quietCyclesBeforeRelease cycles, the agent asks the kernel
-// to page out its binary's read-only mappings (releaseCodePages): the pages
+// to page out its binary's read-only mappings (Env.ReleasePages, which package agent implements): the pages
 // are clean copies of the file, so nothing is lost, and those the idle loop
 // still uses come back on their next use. Writable mappings (the binary's
 // data, the heap) are never touched.

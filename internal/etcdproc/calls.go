@@ -17,6 +17,10 @@ const (
 	// HashKVTimeout bounds one member's HashKV: etcd reads and hashes its
 	// whole keyspace, about a second per GiB.
 	HashKVTimeout = 2 * time.Minute
+	// CallTimeout bounds any other call the agents make on etcd (member
+	// changes, leadership moves, alarms): a call that hangs (leadership
+	// moving mid-call) must never stall the loop.
+	CallTimeout = 10 * time.Second
 )
 
 // Statuser is the part of an etcd client AskStatus needs.

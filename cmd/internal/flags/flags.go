@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/etcd-manager/etcd-manager/internal/agent"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
@@ -15,7 +16,7 @@ import (
 )
 
 // Agent registers the agent's flags on fs, bound to c; c's values are their defaults.
-func Agent(fs *pflag.FlagSet, c *controller.Config) {
+func Agent(fs *pflag.FlagSet, c *agent.Config) {
 	fs.StringVar(&c.ClusterName, "cluster-name", c.ClusterName, "name of the etcd cluster (for example main or events); agents of other clusters are ignored")
 	fs.StringVar(&c.BackupStore, controller.FlagBackupStore, c.BackupStore, "URL of the backup store, the source of truth when etcd is down: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix")
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's ID and etcd member name when its data dir is new, such as a StatefulSet pod's name (default: a random ID); a data dir keeps the ID it was created with")
@@ -24,13 +25,13 @@ func Agent(fs *pflag.FlagSet, c *controller.Config) {
 	fs.IntVar(&c.PeerPort, "peer-port", c.PeerPort, "port of the agent's peer API")
 	fs.StringVar(&c.PeerAPIListenAddress, "peer-api-listen-address", c.PeerAPIListenAddress, "host:port the agent's peer API binds when it differs from the --address and --peer-port it advertises, as behind NAT or a proxy (default: those)")
 	fs.StringVar(&c.EtcdAddress, "etcd-address", c.EtcdAddress, "IP address etcd listens on; used to fill in --client-urls, --quarantine-client-urls and --peer-urls when they are not given")
-	fs.StringSliceVar(&c.ClientURLs, controller.FlagClientURLs, c.ClientURLs, fmt.Sprintf("URLs etcd serves clients on (default http://<etcd-address>:%d)", controller.DefaultClientPort))
-	fs.StringSliceVar(&c.ListenClientURLs, controller.FlagListenClientURLs, c.ListenClientURLs, "URLs etcd binds for clients when they differ from the --client-urls it advertises, such as https://0.0.0.0:4001 to serve a pod's loopback too (default: the --client-urls); while quarantined etcd binds only the --quarantine-client-urls")
-	fs.StringSliceVar(&c.QuarantineClientURLs, controller.FlagQuarantineClientURLs, c.QuarantineClientURLs, fmt.Sprintf("URLs etcd serves on while quarantined, so that ordinary clients cannot reach it (default http://<etcd-address>:%d)", controller.DefaultQuarantinePort))
-	fs.StringSliceVar(&c.PeerURLs, controller.FlagPeerURLs, c.PeerURLs, fmt.Sprintf("URLs etcd uses for raft traffic with its peers (default http://<etcd-address>:%d)", controller.DefaultEtcdPeerPort))
-	fs.StringSliceVar(&c.ListenPeerURLs, controller.FlagListenPeerURLs, c.ListenPeerURLs, "URLs etcd binds for raft traffic when they differ from the --peer-urls it advertises, as behind NAT or a proxy (default: the --peer-urls)")
-	fs.BoolVar(&c.Insecure, controller.FlagInsecure, c.Insecure, "run the agents' peer API without TLS; by default it uses mutual TLS with certificates from the cluster's CA")
-	fs.BoolVar(&c.EtcdInsecure, controller.FlagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http; by default they are https and require client certificates from the cluster's CA")
+	fs.StringSliceVar(&c.ClientURLs, agent.FlagClientURLs, c.ClientURLs, fmt.Sprintf("URLs etcd serves clients on (default http://<etcd-address>:%d)", agent.DefaultClientPort))
+	fs.StringSliceVar(&c.ListenClientURLs, agent.FlagListenClientURLs, c.ListenClientURLs, "URLs etcd binds for clients when they differ from the --client-urls it advertises, such as https://0.0.0.0:4001 to serve a pod's loopback too (default: the --client-urls); while quarantined etcd binds only the --quarantine-client-urls")
+	fs.StringSliceVar(&c.QuarantineClientURLs, agent.FlagQuarantineClientURLs, c.QuarantineClientURLs, fmt.Sprintf("URLs etcd serves on while quarantined, so that ordinary clients cannot reach it (default http://<etcd-address>:%d)", agent.DefaultQuarantinePort))
+	fs.StringSliceVar(&c.PeerURLs, agent.FlagPeerURLs, c.PeerURLs, fmt.Sprintf("URLs etcd uses for raft traffic with its peers (default http://<etcd-address>:%d)", agent.DefaultEtcdPeerPort))
+	fs.StringSliceVar(&c.ListenPeerURLs, agent.FlagListenPeerURLs, c.ListenPeerURLs, "URLs etcd binds for raft traffic when they differ from the --peer-urls it advertises, as behind NAT or a proxy (default: the --peer-urls)")
+	fs.BoolVar(&c.Insecure, agent.FlagInsecure, c.Insecure, "run the agents' peer API without TLS; by default it uses mutual TLS with certificates from the cluster's CA")
+	fs.BoolVar(&c.EtcdInsecure, agent.FlagEtcdInsecure, c.EtcdInsecure, "run etcd's client and peer URLs over plain http; by default they are https and require client certificates from the cluster's CA")
 	fs.BoolVar(&c.EtcdPeerCertCheck, "etcd-peer-cert-check", c.EtcdPeerCertCheck, "let the leader make etcd's peer port accept only node certificates (the name "+pki.NodeMarker("<cluster-name>")+", which no operator's certificate carries), once every member's agent has one; false on any agent turns the check off for the whole cluster, one member at a time, as before a downgrade to an etcd-manager without it")
 	fs.StringVar(&c.PKIDir, "pki-dir", c.PKIDir, "directory holding the cluster's CA as ca.crt and ca.key; when empty, the CA is generated once and kept in the backup store under pki/ (guard that prefix as you would the key)")
 	fs.StringSliceVar(&c.CertNames, "cert-names", c.CertNames, "more DNS names and IP addresses for the node certificate, comma separated, such as the names clients dial (the operator passes its Services' names)")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/etcd-manager/etcd-manager/internal/agent"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
 	"github.com/etcd-manager/etcd-manager/internal/crypt/crypttest"
@@ -46,13 +47,13 @@ func TestNormalize(t *testing.T) {
 // Every flag of every command has real help, and the flags that error
 // messages name exist.
 func TestFlagsHaveHelp(t *testing.T) {
-	agent := controller.Default()
+	agentCfg := agent.Default()
 	backupAgent := controller.DefaultBackupAgent()
 	op := operator.Default()
 	logCfg := cli.DefaultLogConfig()
 	sets := map[string]*pflag.FlagSet{}
 	for name, add := range map[string]func(*pflag.FlagSet){
-		"agent":        func(fs *pflag.FlagSet) { Agent(fs, &agent); Log(fs, &logCfg) },
+		"agent":        func(fs *pflag.FlagSet) { Agent(fs, &agentCfg); Log(fs, &logCfg) },
 		"backup-agent": func(fs *pflag.FlagSet) { BackupAgent(fs, &backupAgent); Log(fs, &logCfg) },
 		"operator":     func(fs *pflag.FlagSet) { Operator(fs, &op); Log(fs, &logCfg) },
 	} {
@@ -71,8 +72,8 @@ func TestFlagsHaveHelp(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"insecure", "etcd-insecure", "address", "etcd-address", "cluster-name", "data-dir", "etcd-bin-dir", "peer-port",
-		controller.FlagBackupStore, controller.FlagEtcdInsecure, controller.FlagInsecure, controller.FlagClientURLs,
-		controller.FlagQuarantineClientURLs, controller.FlagPeerURLs, controller.FlagListenPeerURLs, controller.FlagListenClientURLs,
+		controller.FlagBackupStore, agent.FlagEtcdInsecure, agent.FlagInsecure, agent.FlagClientURLs,
+		agent.FlagQuarantineClientURLs, agent.FlagPeerURLs, agent.FlagListenPeerURLs, agent.FlagListenClientURLs,
 		controller.FlagEncryptionKeyFile, controller.FlagDecryptionKeyFiles, "capture", "compaction-interval", "log-level"} {
 		if sets["agent"].Lookup(name) == nil {
 			t.Errorf("agent: flag --%s is missing", name)
@@ -92,16 +93,16 @@ func TestKeyFlags(t *testing.T) {
 	old2, old2ID := crypttest.KeyFile(t, dir, "old2.key")
 	args := []string{"--backup-encryption-key-file=" + cur, "--backup-decryption-key-file=" + old1, "--backup-decryption-key-file", old2}
 
-	agent := controller.Default()
+	agentCfg := agent.Default()
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
-	Agent(fs, &agent)
+	Agent(fs, &agentCfg)
 	backupAgent := controller.DefaultBackupAgent()
 	bfs := pflag.NewFlagSet("backup-agent", pflag.ContinueOnError)
 	BackupAgent(bfs, &backupAgent)
 	for name, set := range map[string]struct {
 		fs  *pflag.FlagSet
 		cfg *controller.BackupConfig
-	}{"agent": {fs, &agent.Backup}, "backup-agent": {bfs, &backupAgent.Backup}} {
+	}{"agent": {fs, &agentCfg.Backup}, "backup-agent": {bfs, &backupAgent.Backup}} {
 		for _, f := range []string{controller.FlagEncryptionKeyFile, controller.FlagDecryptionKeyFiles} {
 			if fl := set.fs.Lookup(f); fl == nil || len(fl.Usage) < 20 {
 				t.Fatalf("%s: --%s is missing or has no help", name, f)
@@ -147,7 +148,7 @@ func TestSystemdEnvFileFlags(t *testing.T) {
 		t.Fatal("ExecStart does not end with $ETCD_MANAGER_FLAGS")
 	}
 	args := append(strings.Fields(strings.ReplaceAll(m[1], "%i", "main")), flags...)
-	cfg := controller.Default()
+	cfg := agent.Default()
 	logCfg := cli.DefaultLogConfig()
 	fs := pflag.NewFlagSet("etcd-manager", pflag.ContinueOnError)
 	Agent(fs, &cfg)

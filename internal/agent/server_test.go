@@ -1,4 +1,4 @@
-package controller
+package agent
 
 import (
 	"fmt"
@@ -19,7 +19,7 @@ func TestMetricsServePprof(t *testing.T) {
 			}
 			addr := l.Addr().String()
 			l.Close()
-			stop, err := newMetrics().serve(addr, nil, nil, pprof)
+			stop, err := serve(addr, newMetrics().reg, nil, nil, pprof)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -63,7 +63,7 @@ func TestMetricsServeHealth(t *testing.T) {
 			}
 			addr := l.Addr().String()
 			l.Close()
-			stop, err := newMetrics().serve(addr, tt.ready, nil, false)
+			stop, err := serve(addr, newMetrics().reg, tt.ready, nil, false)
 			if err != nil {
 				t.Fatal(err)
 			}

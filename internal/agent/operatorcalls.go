@@ -1,4 +1,4 @@
-package controller
+package agent
 
 import (
 	"context"
@@ -180,13 +180,13 @@ func (o *operatorCalls) MoveLeader(ctx context.Context, to uint64) error {
 		return err
 	}
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
 	defer cancel()
 	if _, err := c.MoveLeader(ctx, to); err != nil {
 		if errors.Is(err, rpctypes.ErrNotLeader) || errors.Is(err, rpctypes.ErrGRPCNotLeader) {
 			return fmt.Errorf("%w: this agent's etcd does not lead", operatorapi.ErrNotNow)
 		}
-		return fmt.Errorf("controller: move leadership to %x: %w", to, err)
+		return fmt.Errorf("agent: move leadership to %x: %w", to, err)
 	}
 	o.a.log.Info("raft leadership handed on for the operator", "to", fmt.Sprintf("%x", to))
 	return nil

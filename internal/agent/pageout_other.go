@@ -1,6 +1,6 @@
 //go:build !linux
 
-package controller
+package agent
 
 // releaseCodePages does nothing off Linux.
 func releaseCodePages() (int64, error) { return 0, nil }

@@ -1,4 +1,4 @@
-package controller
+package agent
 
 import (
 	"bufio"
@@ -21,12 +21,12 @@ import (
 func releaseCodePages() (int64, error) {
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
-		return 0, fmt.Errorf("controller: release code pages: %w", err)
+		return 0, fmt.Errorf("agent: release code pages: %w", err)
 	}
 	exe = strings.TrimSuffix(exe, " (deleted)")
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
-		return 0, fmt.Errorf("controller: release code pages: %w", err)
+		return 0, fmt.Errorf("agent: release code pages: %w", err)
 	}
 	defer f.Close()
 	var advised int64
@@ -37,12 +37,12 @@ func releaseCodePages() (int64, error) {
 			continue
 		}
 		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, start, end-start, unix.MADV_PAGEOUT); errno != 0 {
-			return advised, fmt.Errorf("controller: release code pages: madvise: %w", errno)
+			return advised, fmt.Errorf("agent: release code pages: madvise: %w", errno)
 		}
 		advised += int64(end - start)
 	}
 	if err := sc.Err(); err != nil {
-		return advised, fmt.Errorf("controller: release code pages: %w", err)
+		return advised, fmt.Errorf("agent: release code pages: %w", err)
 	}
 	return advised, nil
 }

@@ -1,4 +1,4 @@
-package controller
+package agent
 
 import (
 	"context"
@@ -153,7 +153,7 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 		if a.cfg.PKIDir != "" && caOutOfDate(err) {
 			// Files stay out of date until someone replaces them:
 			// refuse to start, with the dates, rather than retry.
-			return fmt.Errorf("controller: %w", err)
+			return fmt.Errorf("agent: %w", err)
 		}
 		if c, ok := a.certOnDisk(); ok {
 			a.log.Warn("cannot renew the node certificate now; using the one on disk", "error", err, "expires", c.NotAfter)
@@ -171,7 +171,7 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 	// Read at each handshake, so that a CA rotation needs no restart.
 	trust := pki.TrustFile(files.CA())
 	if _, err := trust.Pool(); err != nil {
-		return fmt.Errorf("controller: %w", err)
+		return fmt.Errorf("agent: %w", err)
 	}
 	if a.cfg.Insecure {
 		a.serverCreds, a.creds = insecure.NewCredentials(), insecure.NewCredentials()
@@ -252,7 +252,7 @@ func (a *Agent) ensureCertLocked() error {
 	if fresh {
 		a.met.certRenewals.Inc()
 		a.log.Info("issued the node certificate", "expires", c.NotAfter, "renew-at", pki.RenewAt(c), "ca", pki.ShortName(a.ca.Cert))
-		a.events.note("issue-node-certificate", fmt.Sprintf("expires %s, from CA %s", c.NotAfter.UTC().Format(time.RFC3339), pki.ShortName(a.ca.Cert)))
+		a.events.Note("issue-node-certificate", fmt.Sprintf("expires %s, from CA %s", c.NotAfter.UTC().Format(time.RFC3339), pki.ShortName(a.ca.Cert)))
 	}
 	a.certExpiry.Store(c.NotAfter.Unix())
 	a.certMarked.Store(pki.CarriesName(c, a.nodeMarker()))
@@ -267,11 +267,11 @@ func (a *Agent) ensureCertLocked() error {
 
 // ErrCAMismatch means this node read another CA or trust from the store
 // than the leader that asked it to take them up; the leader asks again.
-var ErrCAMismatch = errors.New("controller: the store's CA is not the one the leader read")
+var ErrCAMismatch = errors.New("agent: the store's CA is not the one the leader read")
 
 // ErrBadCARequest means a request to take up the store's CA was
 // malformed.
-var ErrBadCARequest = errors.New("controller: malformed CA request")
+var ErrBadCARequest = errors.New("agent: malformed CA request")
 
 // caKeeper takes up the store's CA and trust for the node (see
 // node.CAKeeper).
@@ -286,7 +286,7 @@ func (k caKeeper) Sync(ctx context.Context, trust []string, issuer string) error
 		return fmt.Errorf("%w: the request names %d CAs to trust, or a fingerprint of the wrong form", ErrBadCARequest, len(trust))
 	}
 	if a.cfg.PKIDir != "" {
-		return errors.New("controller: this agent takes its CA from --pki-dir, so a CA rotation through the store cannot reach it; " +
+		return errors.New("agent: this agent takes its CA from --pki-dir, so a CA rotation through the store cannot reach it; " +
 			"rotate a --pki-dir CA by replacing its files on every node")
 	}
 	a.certMu.Lock()

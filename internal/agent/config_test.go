@@ -1,10 +1,12 @@
-package controller
+package agent
 
 import (
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/controller"
 )
 
 func validConfig() Config {
@@ -109,7 +111,7 @@ func TestBackupAgentConfigChecksTheStoreURL(t *testing.T) {
 		{url: "s3://bucket/backups"},
 		{url: "ftp://host/backups", wantErr: `--backup-store: store: invalid backup store URL "ftp://host/backups": unsupported scheme "ftp"`},
 	} {
-		c := DefaultBackupAgent()
+		c := controller.DefaultBackupAgent()
 		c.BackupStore, c.Endpoints = tt.url, []string{"http://127.0.0.1:2379"}
 		c.Complete()
 		err := c.Validate()

@@ -1,0 +1,166 @@
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/etcd-manager/etcd-manager/internal/crypt"
+	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/lease"
+	"github.com/etcd-manager/etcd-manager/internal/maintenance"
+	"github.com/etcd-manager/etcd-manager/internal/node"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
+	"github.com/etcd-manager/etcd-manager/internal/status"
+)
+
+// Env is what the loop takes from the process that runs it (package
+// agent): its identity and credentials, the journal and the page it
+// writes, and what wakes it.
+type Env struct {
+	Log *slog.Logger
+	Now func() time.Time
+	// Registry takes the loop's metrics.
+	Registry prometheus.Registerer
+	// PeerAddress is the peer API address this node advertises, host:port;
+	// PeerPort is the port of its peers' API, for discovered hosts.
+	PeerAddress string
+	PeerPort    int
+	// PeerCreds dial the peers' API. EtcdTLS is the TLS of etcd clients,
+	// and EtcdTLSFiles its files; both nil with --etcd-insecure.
+	PeerCreds    credentials.TransportCredentials
+	EtcdTLS      *tls.Config
+	EtcdTLSFiles *etcdproc.TLSFiles
+	// CAFromDir is set when TLS is on and the CA comes from --pki-dir.
+	CAFromDir bool
+	// Certs reports the node certificate, which is renewed apart from the
+	// loop.
+	Certs Certs
+	// Keys encrypt the backups and segments the loop writes, and decrypt
+	// those it reads.
+	Keys *crypt.Keyring
+	// Wake asks for a cycle now. Announced returns the hosts of the peers
+	// that announced a change since it was last called.
+	Wake      <-chan struct{}
+	Announced func() map[string]bool
+	// Events is the node's journal; Page the status page, shown from each
+	// cycle's observation.
+	Events *EventLog
+	Page   *status.Page
+	// Readers read snapshots in child processes.
+	Readers Readers
+	// ReleasePages gives back the binary's read-only pages after a busy
+	// spell (nil: never).
+	ReleasePages func() (int64, error)
+}
+
+// Certs reports the node certificate as the agent last renewed it.
+type Certs interface {
+	// Marker is the node marker the certificate on disk carries, "" for
+	// none.
+	Marker() string
+	// Trust is the sorted fingerprints of the CAs the node trusts.
+	Trust() []string
+	// Info is the certificate's facts for peers, nil before the first.
+	Info() *peer.CertInfo
+}
+
+// Loop is the control loop of one node. Create it with New; Start its
+// capture, Run it, and Stop and Close it once Run returned.
+type Loop struct{ lp *loop }
+
+// New returns the loop of node n.
+func New(cfg Config, env Env, n *node.Node) (*Loop, error) {
+	lp, err := newLoop(cfg, env, n)
+	if err != nil {
+		return nil, err
+	}
+	return &Loop{lp: lp}, nil
+}
+
+// Start starts uploading what continuous capture spools, until ctx ends.
+func (l *Loop) Start(ctx context.Context) { go l.lp.capture.upload(ctx) }
+
+// Run runs cycles until ctx is cancelled.
+func (l *Loop) Run(ctx context.Context) { l.lp.run(ctx) }
+
+// StopCapture stops continuous capture: its watch is a stream etcd's
+// graceful stop would wait for.
+func (l *Loop) StopCapture() { l.lp.capture.stop() }
+
+// Close closes the loop's clients.
+func (l *Loop) Close() { l.lp.close() }
+
+func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
+	lp := &loop{
+		cfg:            cfg,
+		env:            env,
+		log:            env.Log,
+		now:            env.Now,
+		met:            newMetrics(env.Registry),
+		etcdTLS:        env.EtcdTLS,
+		keys:           env.Keys,
+		events:         env.Events,
+		page:           env.Page,
+		node:           n,
+		peers:          map[string]*peer.Client{},
+		memberConns:    map[string]*clientv3.Client{},
+		unhealthySince: since{},
+		learnerSince:   since{},
+		failures:       newFailures(),
+		offsets:        map[string]time.Duration{},
+	}
+	lp.backups = cfg.Backup.newBackups(n.ID(), lp.log, lp.met, func() time.Time { return lp.now() }, env.Readers)
+	lp.backups.keys = lp.keys
+	lp.lease = &lease.Fence{
+		Lock:  &lease.Lock{NodeID: n.ID(), TTL: cfg.LeaderLease, Now: lp.now, Floor: func() int64 { return lp.termFloor }},
+		Store: func() lease.Store { return lp.store },
+	}
+	var err error
+	lp.discovery, err = peer.ParseDiscovery(cfg.Discovery, peer.DiscoveryOptions{
+		Store: func(ctx context.Context) (peer.BlobStore, error) {
+			s, err := lp.openStore(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return s, nil
+		},
+		PeerPort:   env.PeerPort,
+		MaxAge:     10 * time.Minute,
+		Now:        lp.now,
+		MaxRecords: cfg.DiscoveryMaxRecords,
+	})
+	if err != nil {
+		return nil, err
+	}
+	lp.procedures = &procedure.Executor{
+		Runner: &procedure.Runner{
+			Fence:      lp.lease,
+			Records:    storeRecords{lp},
+			Log:        lp.log,
+			Now:        lp.now,
+			RenewEvery: max(cfg.LeaderLease/6, 100*time.Millisecond),
+			Metrics:    procedure.NewMetrics(env.Registry),
+			OnFail:     lp.events.commandFailed,
+		},
+		Nodes:      lp,
+		Backups:    procedureBackups{lp},
+		SelfID:     n.ID(),
+		ClientTLS:  lp.etcdTLS,
+		WriteKeyID: lp.keys.WriteKeyID(),
+		Log:        lp.log,
+		Now:        lp.now,
+		Changed:    func() { lp.lastChange = lp.now() },
+	}
+	lp.members = newMembers(lp)
+	lp.capture = newCapturer(cfg.Capture, cfg.DataDir, cfg.BackupStore, lp.log, lp.now, env.Registry)
+	lp.capture.keys = lp.keys
+	lp.compaction = maintenance.NewCompactor(cfg.Compaction, lp.log, lp.now, env.Registry)
+	return lp, nil
+}
