@@ -294,9 +294,19 @@ func (a *Agent) loopEnv() controller.Env {
 		Wake:         a.wake,
 		Announced:    a.takeAnnouncedFrom,
 		Events:       a.events,
-		Page:         a.page,
+		Observers:    a.observers(),
 		Readers:      readers(),
 		ReleasePages: releaseCodePages,
+	}
+}
+
+// observers are what each cycle of the loop is shown to: the status page
+// and the cluster gauges.
+func (a *Agent) observers() []controller.Observer {
+	gauges := status.NewGauges(a.met.reg)
+	return []controller.Observer{
+		func(c controller.Cycle) { a.page.Show(status.Build(c.Observed, c.Facts)) },
+		func(c controller.Cycle) { gauges.Set(c.Observed) },
 	}
 }
 

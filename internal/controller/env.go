@@ -17,7 +17,6 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
-	"github.com/etcd-manager/etcd-manager/internal/status"
 )
 
 // Env is what the loop takes from the process that runs it (package
@@ -49,10 +48,10 @@ type Env struct {
 	// that announced a change since it was last called.
 	Wake      <-chan struct{}
 	Announced func() map[string]bool
-	// Events is the node's journal; Page the status page, shown from each
-	// cycle's observation.
+	// Events is the node's journal.
 	Events *EventLog
-	Page   *status.Page
+	// Observers receive each cycle: the status page, the cluster gauges.
+	Observers []Observer
 	// Readers read snapshots in child processes.
 	Readers Readers
 	// ReleasePages gives back the binary's read-only pages after a busy
@@ -107,7 +106,6 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		etcdTLS:        env.EtcdTLS,
 		keys:           env.Keys,
 		events:         env.Events,
-		page:           env.Page,
 		node:           n,
 		peers:          map[string]*peer.Client{},
 		memberConns:    map[string]*clientv3.Client{},

@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -25,57 +24,6 @@ const storeFiguresEvery = time.Minute
 
 // storeFiguresTimeout bounds those reads, which the loop waits for.
 const storeFiguresTimeout = 10 * time.Second
-
-// clusterFigures sets the cluster's metrics from what the loop observed:
-// the leader's view, or nothing on other agents.
-func (lp *loop) clusterFigures(obs plan.Observed) {
-	m := lp.met
-	if l := obs.Self.RaftLeader; l != 0 {
-		if lp.lastRaftLeader != 0 && l != lp.lastRaftLeader {
-			m.leaderChanges.Inc()
-		}
-		lp.lastRaftLeader = l
-	}
-	m.clusterMembers.Reset()
-	m.memberLag.Reset()
-	m.memberDBSize.Reset()
-	m.alarms.Reset()
-	c := obs.Cluster
-	if c == nil {
-		return
-	}
-	var furthest uint64
-	for _, mem := range c.Members {
-		furthest = max(furthest, mem.RaftIndex)
-	}
-	states := map[string]int{"voter": 0, "learner": 0, "unhealthy": 0}
-	for _, mem := range c.Members {
-		switch {
-		case !mem.Healthy:
-			states["unhealthy"]++
-		case mem.IsLearner:
-			states["learner"]++
-		default:
-			states["voter"]++
-		}
-		name := mem.Name
-		if name == "" {
-			name = fmt.Sprintf("%x", mem.ID)
-		}
-		if mem.Healthy {
-			m.memberLag.WithLabelValues(name).Set(float64(furthest - mem.RaftIndex))
-			m.memberDBSize.WithLabelValues(name, "total").Set(float64(mem.DBSize))
-			m.memberDBSize.WithLabelValues(name, "in_use").Set(float64(mem.DBSizeInUse))
-		}
-	}
-	for state, n := range states {
-		m.clusterMembers.WithLabelValues(state).Set(float64(n))
-	}
-	if c.AlarmsKnown {
-		m.alarms.WithLabelValues("NOSPACE").Set(float64(len(c.NoSpace)))
-		m.alarms.WithLabelValues("CORRUPT").Set(float64(len(c.Corrupt)))
-	}
-}
 
 // storeFigures reads, every storeFiguresEvery, the newest backup and the
 // newest captured revision of this node's cluster from the store.

@@ -22,7 +22,6 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
-	"github.com/etcd-manager/etcd-manager/internal/status"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -36,11 +35,10 @@ type loop struct {
 	now  func() time.Time
 	met  *metrics
 	node *node.Node
-	// etcdTLS and keys are env's, events and page too.
+	// etcdTLS, keys and events are env's.
 	etcdTLS *tls.Config
 	keys    *crypt.Keyring
 	events  *EventLog
-	page    *status.Page
 
 	store          *store.Store
 	discovery      peer.Discovery
@@ -96,9 +94,8 @@ type loop struct {
 	lastHousekeeping time.Time
 	lastPublish      time.Time
 	// lastStoreFigures is when the backup figures were last read from
-	// the store, and lastRaftLeader the raft leader last seen (metrics).
+	// the store.
 	lastStoreFigures time.Time
-	lastRaftLeader   uint64
 	// newestStored and restorable are the store's newest backup and
 	// restorable point, as last read (the status page).
 	newestStored *backup.Info
@@ -286,13 +283,16 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	}
 	lp.met.backingOff.Set(float64(lp.failures.prune(lp.now())))
 	obs := lp.observe(ctx)
+	observed := lp.now()
 	lp.met.loopCycles.Inc()
-	lp.clusterFigures(obs)
+	var actions []plan.Action
+	var results []Result
+	defer func() { lp.publishCycle(obs, observed, actions, results) }()
 	lp.storeFigures(ctx, lp.store, obs)
 	lp.housekeeping(ctx, lp.store, obs)
 	lp.capture.sync(lp, obs)
 	lp.compact(ctx, obs)
-	actions := plan.Plan(obs)
+	actions = plan.Plan(obs)
 	lp.soon = lp.soon || learnerWaiting(obs) || leaderInDoubt(obs)
 	lp.warnings = plan.StatusLines(actions)
 	lp.showActivity(obs, actions)
@@ -311,6 +311,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		lp.log.Info("performing action", "action", act.String())
 		lp.acted = true
 		err := lp.execute(ctx, obs, act)
+		results = append(results, Result{Action: act, Err: err})
 		lp.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
 		lp.noteOutcome(act, err)
 		lp.events.outcome(act, err)

@@ -42,14 +42,8 @@ type metrics struct {
 	corruptDiscarded prometheus.Counter
 	// Read from the store, alike on every agent.
 	restorablePoint prometheus.Gauge
-	// The cluster, as the leader sees it; reset on the others.
-	clusterMembers *prometheus.GaugeVec
-	memberLag      *prometheus.GaugeVec
-	memberDBSize   *prometheus.GaugeVec
-	alarms         *prometheus.GaugeVec
 	// The agent's own view.
-	leaderChanges prometheus.Counter
-	loopCycles    prometheus.Counter
+	loopCycles prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -104,16 +98,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Members whose data disagreed with the majority's, set aside by this agent as leader to be rebuilt from their peers."}),
 		restorablePoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restorable_point_timestamp_seconds",
 			Help: "Unix time of the newest point a restore can reach, read from the store every lease: the newest backup's, or, with continuous capture, when the cluster's last durable revision was observed. The RPO now is time() minus it."}),
-		clusterMembers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_cluster_members",
-			Help: "The cluster's members by state (voter, learner, unhealthy), as the leader sees them; other agents export no series."}, []string{"state"}),
-		memberLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_member_raft_index_lag",
-			Help: "How far each member's raft log is behind the furthest member's, as the leader reads them in one pass."}, []string{"member"}),
-		memberDBSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_member_db_size_bytes",
-			Help: "Each member's database file size (kind=total) and how much of it holds data (kind=in_use), as the leader reads them."}, []string{"member", "kind"}),
-		alarms: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_alarms",
-			Help: "etcd's raised alarms by kind (NOSPACE, CORRUPT): how many members have each, as the leader reads them."}, []string{"alarm"}),
-		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_leader_changes_total",
-			Help: "Changes of the raft leader that this agent's etcd member saw."}),
 		loopCycles: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_cycles_total",
 			Help: "Cycles of the agent's control loop (observe, plan, act)."}),
 	}
@@ -123,7 +107,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.defrags.WithLabelValues(r)
 	}
 	reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
-	reg.MustRegister(m.restorablePoint, m.clusterMembers, m.memberLag, m.memberDBSize, m.alarms, m.leaderChanges, m.loopCycles)
+	reg.MustRegister(m.restorablePoint, m.loopCycles)
 	reg.MustRegister(m.hashChecks, m.hashCheckLast, m.dataDisagreement, m.corruptDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
 		m.actionsPerformed, m.backingOff, m.panics)
 	return m

@@ -16,7 +16,6 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
-	"github.com/etcd-manager/etcd-manager/internal/status"
 )
 
 const (
@@ -39,19 +38,10 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	peersRead := false
 	defer func() {
 		leading := obs.Cluster != nil || obs.LockHeld
-		procedure := ""
-		if c := plan.ActiveExclusive(obs.Commands); c != nil && obs.LockHeld {
-			procedure = c.Command.Kind()
-			if p := c.Status.Restore; p != nil {
-				procedure += " " + p.Phase
-			}
-		}
-		lp.setInfo(self, member, local, leading, procedure)
+		lp.setInfo(self, member, local, leading, activeProcedure(obs))
 		if peersRead {
 			lp.announce(ctx, self, obs.Peers)
 		}
-		lp.page.Show(status.Build(obs, status.Facts{Cluster: lp.cfg.ClusterName, Node: lp.node.ID(), Now: lp.now(), Procedure: procedure,
-			Warnings: lp.warnings, Newest: lp.newestStored, Restorable: lp.restorable, Drills: lp.drillRecord}))
 		boolGauge(lp.met.leader, leading)
 		boolGauge(lp.met.etcdHealthy, self.Healthy)
 		if self.Healthy && self.Revision > 0 {
@@ -176,6 +166,20 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		lp.procedures.Runner.Idle()
 	}
 	return obs
+}
+
+// activeProcedure names the exclusive procedure this agent runs, with its
+// restore phase, "" for none.
+func activeProcedure(obs plan.Observed) string {
+	c := plan.ActiveExclusive(obs.Commands)
+	if c == nil || !obs.LockHeld {
+		return ""
+	}
+	procedure := c.Command.Kind()
+	if p := c.Status.Restore; p != nil {
+		procedure += " " + p.Phase
+	}
+	return procedure
 }
 
 // observeSelf reports this node as the planner sees it, with its
