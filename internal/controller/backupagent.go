@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/capture"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
@@ -166,7 +167,7 @@ type BackupAgent struct {
 	now     func() time.Time
 	backups *backups
 	lock    lease.Lock
-	capture *capturer
+	capture *capture.Capturer
 	store   *store.Store
 	tls     *tls.Config
 	// events records the backups taken and the actions that failed in the
@@ -185,7 +186,7 @@ func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger, reg prometheus.Regi
 	b := &BackupAgent{cfg: cfg, log: log, met: met, now: time.Now}
 	b.backups = cfg.Backup.newBackups(cfg.NodeID, log, met, func() time.Time { return b.now() }, readers)
 	b.lock = lease.Lock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
-	b.capture = newCapturer(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, reg)
+	b.capture = capture.New(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, reg)
 	b.events = NewEventLog(cfg.NodeID, func() time.Time { return b.now() }, log)
 	return b
 }
@@ -203,7 +204,7 @@ func (b *BackupAgent) Open() error {
 	if err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
-	b.backups.keys, b.capture.keys = keys, keys
+	b.backups.keys, b.capture.Keys = keys, keys
 	LogKeys(b.log, keys)
 	b.opened = true
 	return nil
@@ -221,8 +222,8 @@ func (b *BackupAgent) Run(ctx context.Context) error {
 		"interval", b.cfg.Backup.Interval, "retention", b.cfg.Backup.Retention)
 	ticker := time.NewTicker(b.cfg.LoopInterval)
 	defer ticker.Stop()
-	go b.capture.upload(ctx)
-	defer b.capture.stop()
+	go b.capture.Upload(ctx)
+	defer b.capture.Stop()
 	for {
 		b.cycle(ctx)
 		select {
@@ -266,10 +267,10 @@ func (b *BackupAgent) cycle(ctx context.Context) {
 	}
 	boolGauge(b.met.leader, term != 0)
 	if term == 0 {
-		b.capture.follow(false, "", nil, nil, false)
+		b.capture.Follow(false, "", nil, nil, false)
 		return // another backup agent holds the lock
 	}
-	due := b.backups.due(b.cfg.Backup.Interval, b.capture.needsBase())
+	due := b.backups.due(b.cfg.Backup.Interval, b.capture.NeedsBase())
 	b.followEtcd(ctx, due)
 	cmds, err := readCommands(ctx, s, b.now())
 	if err != nil {
@@ -315,7 +316,7 @@ func (b *BackupAgent) execute(ctx context.Context, s *store.Store, term int64, a
 		req.Kind = act.Kind
 		_, err = b.backups.take(ctx, s, req, act.Reason, act.CommandIDs...)
 		if err == nil {
-			b.capture.backedUp()
+			b.capture.BackedUp()
 		}
 		return err
 	}
@@ -331,10 +332,10 @@ func (b *BackupAgent) followEtcd(ctx context.Context, backupDue bool) {
 	req, err := b.request(ctx)
 	if err != nil {
 		b.log.Warn("capture waits for a healthy etcd endpoint", "error", err)
-		b.capture.follow(false, "", nil, nil, false)
+		b.capture.Follow(false, "", nil, nil, false)
 		return
 	}
-	b.capture.follow(true, req.ClusterToken, b.cfg.Endpoints, b.tls, backupDue)
+	b.capture.Follow(true, req.ClusterToken, b.cfg.Endpoints, b.tls, backupDue)
 }
 
 // request finds a healthy member to snapshot and describes the cluster

@@ -289,7 +289,7 @@ func (lp *loop) takeBackup(ctx context.Context, obs plan.Observed, act plan.Take
 		Kind:         act.Kind,
 	}, act.Reason, act.CommandIDs...)
 	if err == nil {
-		lp.capture.backedUp()
+		lp.capture.BackedUp()
 	}
 	if err == nil && act.ForVersion != "" {
 		lp.versionBackup = act.ForVersion

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/etcd-manager/etcd-manager/internal/capture"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
@@ -84,14 +85,14 @@ func New(cfg Config, env Env, n *node.Node) (*Loop, error) {
 }
 
 // Start starts uploading what continuous capture spools, until ctx ends.
-func (l *Loop) Start(ctx context.Context) { go l.lp.capture.upload(ctx) }
+func (l *Loop) Start(ctx context.Context) { go l.lp.capture.Upload(ctx) }
 
 // Run runs cycles until ctx is cancelled.
 func (l *Loop) Run(ctx context.Context) { l.lp.run(ctx) }
 
 // StopCapture stops continuous capture: its watch is a stream etcd's
 // graceful stop would wait for.
-func (l *Loop) StopCapture() { l.lp.capture.stop() }
+func (l *Loop) StopCapture() { l.lp.capture.Stop() }
 
 // Close closes the loop's clients.
 func (l *Loop) Close() { l.lp.close() }
@@ -157,8 +158,8 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		Changed:    func() { lp.lastChange = lp.now() },
 	}
 	lp.members = newMembers(lp)
-	lp.capture = newCapturer(cfg.Capture, cfg.DataDir, cfg.BackupStore, lp.log, lp.now, env.Registry)
-	lp.capture.keys = lp.keys
+	lp.capture = capture.New(cfg.Capture, cfg.DataDir, cfg.BackupStore, lp.log, lp.now, env.Registry)
+	lp.capture.Keys = lp.keys
 	lp.compaction = maintenance.NewCompactor(cfg.Compaction, lp.log, lp.now, env.Registry)
 	return lp, nil
 }

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/capture"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
@@ -142,8 +143,11 @@ type loop struct {
 
 	procedures *procedure.Executor
 	members    *members
-	capture    *capturer
-	compaction *maintenance.Compactor
+	capture    *capture.Capturer
+	// clockRefused is why capture was last refused for the clocks, said
+	// once; "" while it is not.
+	clockRefused string
+	compaction   *maintenance.Compactor
 }
 
 // run runs cycles until ctx is cancelled.
@@ -219,7 +223,7 @@ func (lp *loop) httpClient() *http.Client {
 // close releases what the loop holds open.
 func (lp *loop) close() {
 	lp.drills.stop()
-	lp.capture.stop()
+	lp.capture.Stop()
 	for _, c := range lp.peers {
 		_ = c.Close()
 	}
@@ -290,7 +294,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	defer func() { lp.publishCycle(obs, observed, actions, results) }()
 	lp.storeFigures(ctx, lp.store, obs)
 	lp.housekeeping(ctx, lp.store, obs)
-	lp.capture.sync(lp, obs)
+	lp.syncCapture(obs)
 	lp.compact(ctx, obs)
 	actions = plan.Plan(obs)
 	lp.soon = lp.soon || learnerWaiting(obs) || leaderInDoubt(obs)

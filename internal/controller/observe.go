@@ -115,7 +115,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	if obs.Cluster != nil {
 		b := lp.backups
 		// Capture may wait on a full backup to start a run from.
-		due := func() bool { return b.due(lp.cfg.Backup.Interval, lp.capture.needsBase()) }
+		due := func() bool { return b.due(lp.cfg.Backup.Interval, lp.capture.NeedsBase()) }
 		obs.BackupDue = due()
 		if obs.BackupDue && lp.noteStoredBackup(ctx, s, obs.Cluster.Token) {
 			obs.BackupDue = due()

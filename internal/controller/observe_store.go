@@ -216,6 +216,6 @@ func (lp *loop) noteStoredBackup(ctx context.Context, s *store.Store, token stri
 	}
 	at := time.Unix(int64(in.Meta.Timestamp), 0)
 	lp.backups.stored(at)
-	lp.capture.baseStored(at)
+	lp.capture.BaseStored(at)
 	return true
 }
