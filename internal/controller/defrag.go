@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -14,29 +13,17 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
-// defragTimeout bounds one member's defragmentation: etcd rewrites its
-// whole database, about a second per few hundred MiB on a slow disk.
-const defragTimeout = 10 * time.Minute
-
-// isolatedDefragRetry is how long a node whose isolated defragmentation
-// failed is defragmented in place instead.
-const isolatedDefragRetry = time.Hour
-
-// defragger is what an isolated defragmentation asks of a member's node,
-// this agent's own or a peer.
-type defragger interface {
-	Defrag(ctx context.Context, req peer.DefragRequest) (peer.DefragResult, error)
-}
-
 // defrag defragments one member, which is not the raft leader: the
 // leader hands leadership on before its own turn. In place, the leader
 // asks the member's etcd; isolated, the member's agent stops its etcd
-// and defragments the database offline (see node.Defrag).
+// and defragments the database offline (see node.Defrag). Then the defrag
+// commands it serves record the member as done.
 func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMember) error {
 	c, err := lp.members.leader(ctx)
 	if err != nil {
@@ -51,39 +38,23 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 	if err != nil && len(act.CommandIDs) > 0 {
 		return err
 	}
-	mode := "in place"
+	job := maintenance.Job{Act: act, Etcd: c}
 	if act.Isolate {
-		mode = "isolated"
-	}
-	lp.log.Info("defragmenting a member", "node", act.NodeID, "mode", mode, "reason", act.Reason)
-	start := lp.now()
-	var before, after int64
-	if act.Isolate {
-		var res peer.DefragResult
-		res, err = lp.defragIsolated(ctx, obs, act)
-		before, after = res.SizeBefore, res.SizeAfter
-	} else {
-		before = memberDBSize(ctx, c, act.ClientURL)
-		dctx, cancel := context.WithTimeout(ctx, defragTimeout)
-		_, err = c.Defragment(dctx, act.ClientURL)
-		cancel()
-		if err == nil {
-			after = memberDBSize(ctx, c, act.ClientURL)
+		n, err := plan.FindNode(obs.Peers, act.NodeID)
+		if err != nil {
+			return err
 		}
+		if job.Member, err = lp.callee(n); err != nil {
+			return err
+		}
+		job.Request = peer.DefragRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, InUseBytes: act.InUseBytes}
+		job.Others = lp.othersStatus(obs, act.MemberID) // the loop's connections
 	}
-	took := lp.now().Sub(start)
+	rec, err := lp.defragger.Defrag(ctx, job)
 	if err != nil {
-		lp.met.defrags.WithLabelValues("failure").Inc()
-		return fmt.Errorf("controller: defrag %s %s: %w", act.NodeID, mode, err)
+		return err
 	}
-	lp.met.defrags.WithLabelValues("success").Inc()
-	lp.met.defragLastOK.Set(float64(lp.now().Unix()))
-	lp.met.defragLastDuration.Set(took.Seconds())
-	if before > 0 && after > 0 {
-		lp.met.defragLastReclaimed.Set(float64(max(before-after, 0)))
-	}
-	lp.maint.LastDefrag = &peer.DefragRecord{Node: act.NodeID, At: start.UTC(), Duration: took, SizeBefore: before, SizeAfter: after, Isolated: act.Isolate}
-	lp.log.Info("member defragmented", "node", act.NodeID, "mode", mode, "duration", took.Round(time.Millisecond), "db-size-before", before, "db-size-after", after)
+	lp.maint.LastDefrag = &rec
 	for _, c := range obs.Commands {
 		if !slices.Contains(act.CommandIDs, c.ID) {
 			continue
@@ -100,110 +71,10 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 	return nil
 }
 
-// defragIsolated has the member's agent defragment its database offline,
-// its etcd stopped meanwhile. The cluster has one voter fewer for that
-// long, so the leader watches the others throughout (see watchOthers):
-// should one stop answering, the member's agent is told to stop, and its
-// etcd starts again on the database as it was. Another failure turns the
-// member to defragmentation in place for isolatedDefragRetry.
-func (lp *loop) defragIsolated(ctx context.Context, obs plan.Observed, act plan.DefragMember) (peer.DefragResult, error) {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
-	if err != nil {
-		return peer.DefragResult{}, err
-	}
-	api, err := lp.callee(n)
-	if err != nil {
-		return peer.DefragResult{}, err
-	}
-	dctx, cancel := context.WithTimeout(ctx, defragTimeout)
-	defer cancel()
-	wctx, stop := context.WithCancelCause(dctx)
-	defer stop(nil)
-	probes := lp.othersStatus(obs, act.MemberID) // the loop's connections: made here, not in the goroutine
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		watchOthers(wctx, probes, defragWatchInterval, stop)
-	}()
-	res, err := api.Defrag(wctx, peer.DefragRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, InUseBytes: act.InUseBytes})
-	stop(nil)
-	<-watched
-	if err == nil {
-		lp.isolatedDefragDone(act.NodeID)
-		return res, nil
-	}
-	if cause := context.Cause(wctx); errors.Is(cause, errClusterDegraded) {
-		lp.isolatedDefragStopped(act.NodeID, cause)
-		return res, fmt.Errorf("controller: defrag %s stopped: %w", act.NodeID, cause)
-	}
-	lp.isolatedDefragInPlace(act.NodeID, err)
-	return res, err
-}
-
-// isolatedDefragDone ends node's run of stopped isolated
-// defragmentations.
-func (lp *loop) isolatedDefragDone(node string) {
-	delete(lp.defragStops, node)
-}
-
-// isolatedDefragStopped counts a stop of node's isolated defragmentation
-// for a degraded cluster. A member that keeps stopping the copy (one that
-// flaps, or answers too slowly) would have this one restarted for
-// nothing, round after round: after maxDefragStops in a row, the node is
-// defragmented in place for isolatedDefragRetry.
-func (lp *loop) isolatedDefragStopped(node string, cause error) {
-	if lp.defragStops == nil {
-		lp.defragStops = map[string]int{}
-	}
-	lp.defragStops[node]++
-	lp.log.Warn("isolated defragmentation stopped: another member stopped answering; the member serves again on its database as it was",
-		"node", node, "stops-in-a-row", lp.defragStops[node], "error", cause)
-	if lp.defragStops[node] >= maxDefragStops {
-		delete(lp.defragStops, node)
-		lp.isolatedDefragInPlace(node, fmt.Errorf("stopped %d times in a row: %w", maxDefragStops, cause))
-	}
-}
-
-// maxDefragStops is how many isolated defragmentations of a node in a
-// row may be stopped for a degraded cluster before it is defragmented in
-// place for isolatedDefragRetry instead.
-const maxDefragStops = 3
-
-// isolatedDefragInPlace has node be defragmented in place, not
-// isolated, for isolatedDefragRetry.
-func (lp *loop) isolatedDefragInPlace(node string, why error) {
-	if lp.isolatedDefragFailed == nil {
-		lp.isolatedDefragFailed = map[string]time.Time{}
-	}
-	lp.isolatedDefragFailed[node] = lp.now()
-	lp.log.Warn("isolated defragmentation failed: the member is defragmented in place for a while instead",
-		"node", node, "for", isolatedDefragRetry, "error", why)
-}
-
-// defragWatchInterval is how often the leader reads the other voters'
-// status while a member is defragmented offline; defragWatchTimeout
-// bounds each read, and defragWatchMisses reads in a row that one voter
-// fails stop the defragmentation.
-const (
-	defragWatchInterval = 500 * time.Millisecond
-	defragWatchTimeout  = time.Second
-	defragWatchMisses   = 2
-)
-
-// errClusterDegraded is the cause of an isolated defragmentation stopped
-// because another voter stopped answering.
-var errClusterDegraded = errors.New("controller: the cluster degraded during an isolated defragmentation")
-
-// errNoLeader is a probe's answer from a member that sees no raft leader.
-var errNoLeader = errors.New("controller: the member sees no raft leader")
-
-// memberProbe reads one member's status.
-type memberProbe func(ctx context.Context) error
-
 // othersStatus are probes of every voter but member id: the members an
 // isolated defragmentation of id leaves to keep quorum.
-func (lp *loop) othersStatus(obs plan.Observed, id uint64) map[string]memberProbe {
-	probes := map[string]memberProbe{}
+func (lp *loop) othersStatus(obs plan.Observed, id uint64) map[string]maintenance.Probe {
+	probes := map[string]maintenance.Probe{}
 	if obs.Cluster == nil {
 		return probes
 	}
@@ -218,53 +89,9 @@ func (lp *loop) othersStatus(obs plan.Observed, id uint64) map[string]memberProb
 			probes[name] = func(context.Context) error { return err }
 			continue
 		}
-		probes[name] = func(ctx context.Context) error {
-			sctx, cancel := context.WithTimeout(ctx, defragWatchTimeout)
-			defer cancel()
-			st, err := etcdproc.MemberStatusOf(sctx, mc, url)
-			if err != nil {
-				return err
-			}
-			// A member cut off from the others answers on its client
-			// port, but sees no leader once its election timeout passes.
-			if st.Leader == 0 {
-				return errNoLeader
-			}
-			return nil
-		}
+		probes[name] = maintenance.StatusProbe(mc, url)
 	}
 	return probes
-}
-
-// watchOthers probes every member each interval until ctx ends. When one
-// fails defragWatchMisses probes in a row, it calls stop with an error
-// wrapping errClusterDegraded that names the member, and returns.
-func watchOthers(ctx context.Context, probes map[string]memberProbe, interval time.Duration, stop context.CancelCauseFunc) {
-	misses := map[string]int{}
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		for _, name := range slices.Sorted(maps.Keys(probes)) {
-			err := probes[name](ctx)
-			if ctx.Err() != nil {
-				return
-			}
-			if err == nil {
-				misses[name] = 0
-				continue
-			}
-			misses[name]++
-			if misses[name] >= defragWatchMisses {
-				stop(fmt.Errorf("%w: member %s failed %d status reads in a row: %w", errClusterDegraded, name, misses[name], err))
-				return
-			}
-		}
-	}
 }
 
 // finishDefrag records defrag commands as done.
@@ -284,16 +111,6 @@ func (lp *loop) finishDefrag(ctx context.Context, obs plan.Observed, act plan.Fi
 		lp.log.Info("defrag command done", "command", c.ID, "members", c.Status.Defragmented)
 	}
 	return nil
-}
-
-// memberDBSize is the database size a member reports, 0 when it does not
-// answer.
-func memberDBSize(ctx context.Context, c leaderEtcd, endpoint string) int64 {
-	st, err := etcdproc.AskStatus(ctx, c, endpoint)
-	if err != nil {
-		return 0
-	}
-	return st.DbSize
 }
 
 // recoverSpace compacts etcd to its head revision for a NOSPACE alarm.

@@ -119,12 +119,9 @@ type loop struct {
 	// spaceCompacted is set once this agent compacted etcd to its head
 	// for the NOSPACE alarm it sees; cleared when no alarm is raised.
 	spaceCompacted bool
-	// isolatedDefragFailed is when each node's isolated defragmentation
-	// last failed.
-	isolatedDefragFailed map[string]time.Time
-	// defragStops counts each node's isolated defragmentations stopped
-	// in a row because the cluster degraded meanwhile.
-	defragStops map[string]int
+	// defragger defragments members, and remembers the nodes whose
+	// isolated defragmentation failed.
+	defragger *maintenance.Defragger
 	// hash schedules the leader's HashKV comparisons.
 	hash hashCheck
 	// maint records the leader's maintenance work, for status; alarms

@@ -29,12 +29,8 @@ type metrics struct {
 	actionsPerformed  *prometheus.CounterVec
 	backingOff        prometheus.Gauge
 	panics            prometheus.Counter
-	// Defragmentation by this agent as leader.
-	defrags             *prometheus.CounterVec
-	defragLastOK        prometheus.Gauge
-	defragLastDuration  prometheus.Gauge
-	defragLastReclaimed prometheus.Gauge
-	noSpaceRecoveries   prometheus.Counter
+	// NOSPACE recoveries by this agent as leader.
+	noSpaceRecoveries prometheus.Counter
 	// Corruption: the leader's HashKV comparisons and the members rebuilt.
 	hashChecks       *prometheus.CounterVec
 	hashCheckLast    prometheus.Gauge
@@ -78,14 +74,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Cluster changes of the leader that failed and have not succeeded since; each backs off (up to 5 minutes) while the rest of its work goes on, and is forgotten once not tried for 10 minutes."}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_panics_total",
 			Help: "Control-loop cycles that panicked and were recovered; each is a bug to report."}),
-		defrags: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_defrags_total",
-			Help: "Members this agent defragmented as leader, by result."}, []string{"result"}),
-		defragLastOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_success_timestamp_seconds",
-			Help: "Unix time this agent last defragmented a member."}),
-		defragLastDuration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_duration_seconds",
-			Help: "How long the last defragmentation took (the member's clients stall, or fail over, meanwhile)."}),
-		defragLastReclaimed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_reclaimed_bytes",
-			Help: "How much the last defragmentation shrank the member's database."}),
 		noSpaceRecoveries: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_nospace_recoveries_total",
 			Help: "NOSPACE alarms this agent disarmed as leader, once compaction and defragmentation left every database well under the quota."}),
 		hashChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_hash_checks_total",
@@ -101,14 +89,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		loopCycles: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_cycles_total",
 			Help: "Cycles of the agent's control loop (observe, plan, act)."}),
 	}
-	// Counters start at 0 for each result, so that the first defrag
-	// shows as an increase.
-	for _, r := range []string{"success", "failure"} {
-		m.defrags.WithLabelValues(r)
-	}
 	reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
 	reg.MustRegister(m.restorablePoint, m.loopCycles)
-	reg.MustRegister(m.hashChecks, m.hashCheckLast, m.dataDisagreement, m.corruptDiscarded, m.noSpaceRecoveries, m.defrags, m.defragLastOK, m.defragLastDuration, m.defragLastReclaimed, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
+	reg.MustRegister(m.hashChecks, m.hashCheckLast, m.dataDisagreement, m.corruptDiscarded, m.noSpaceRecoveries, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
 		m.actionsPerformed, m.backingOff, m.panics)
 	return m
 }

@@ -71,14 +71,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 					lp.spaceCompacted = false
 				}
 				obs.SpaceCompacted = lp.spaceCompacted
-				for id, at := range lp.isolatedDefragFailed {
-					if lp.now().Sub(at) < isolatedDefragRetry {
-						if obs.IsolatedDefragFailed == nil {
-							obs.IsolatedDefragFailed = map[string]bool{}
-						}
-						obs.IsolatedDefragFailed[id] = true
-					}
-				}
+				obs.IsolatedDefragFailed = lp.defragger.InPlace()
 				if lp.cfg.HashCheckInterval > 0 && lp.hash.last.IsZero() {
 					// A new leader waits out one interval, as every
 					// agent would otherwise check at once on start.

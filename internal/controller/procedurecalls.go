@@ -10,6 +10,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
+	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
@@ -33,7 +34,7 @@ func (lp *loop) Call(ctx context.Context, n plan.Node, timeout time.Duration, ca
 type nodeAPI interface {
 	procedure.NodeAPI
 	memberAPI
-	defragger
+	maintenance.Member
 }
 
 // callee is node n's calls: this agent's own node, or a client of the

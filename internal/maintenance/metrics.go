@@ -33,3 +33,31 @@ func setBool(g prometheus.Gauge, v bool) {
 		g.Set(0)
 	}
 }
+
+// defragMetrics are the leader's defragmentations.
+type defragMetrics struct {
+	defrags       *prometheus.CounterVec
+	lastOK        prometheus.Gauge
+	lastDuration  prometheus.Gauge
+	lastReclaimed prometheus.Gauge
+}
+
+func newDefragMetrics(reg prometheus.Registerer) defragMetrics {
+	m := defragMetrics{
+		defrags: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_defrags_total",
+			Help: "Members this agent defragmented as leader, by result."}, []string{"result"}),
+		lastOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_success_timestamp_seconds",
+			Help: "Unix time this agent last defragmented a member."}),
+		lastDuration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_duration_seconds",
+			Help: "How long the last defragmentation took (the member's clients stall, or fail over, meanwhile)."}),
+		lastReclaimed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_defrag_last_reclaimed_bytes",
+			Help: "How much the last defragmentation shrank the member's database."}),
+	}
+	// Counters start at 0 for each result, so that the first defrag
+	// shows as an increase.
+	for _, r := range []string{"success", "failure"} {
+		m.defrags.WithLabelValues(r)
+	}
+	reg.MustRegister(m.defrags, m.lastOK, m.lastDuration, m.lastReclaimed)
+	return m
+}

@@ -1,4 +1,4 @@
-package controller
+package maintenance
 
 import (
 	"context"
@@ -33,7 +33,7 @@ func TestWatchOthers(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var mu sync.Mutex
 			reads := map[string]int{}
-			probes := map[string]memberProbe{}
+			probes := map[string]Probe{}
 			for name, script := range tt.scripts {
 				probes[name] = func(context.Context) error {
 					mu.Lock()
@@ -94,17 +94,17 @@ func TestIsolatedDefragStops(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			now := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
-			lp := &loop{log: slog.New(slog.DiscardHandler), now: func() time.Time { return now }}
+			d := &Defragger{log: slog.New(slog.DiscardHandler), now: func() time.Time { return now }}
 			for _, e := range tt.events {
 				verb, node, _ := strings.Cut(e, " ")
 				if verb == "stop" {
-					lp.isolatedDefragStopped(node, degraded)
+					d.isolatedStopped(node, degraded)
 				} else {
-					lp.isolatedDefragDone(node)
+					d.isolatedDone(node)
 				}
 			}
 			var inPlace []string
-			for node, at := range lp.isolatedDefragFailed {
+			for node, at := range d.failed {
 				if !at.Equal(now) {
 					t.Errorf("node %s in place since %v, want %v", node, at, now)
 				}
@@ -114,7 +114,7 @@ func TestIsolatedDefragStops(t *testing.T) {
 			if !slices.Equal(inPlace, tt.inPlace) {
 				t.Errorf("in place: %v, want %v", inPlace, tt.inPlace)
 			}
-			counts := lp.defragStops
+			counts := d.stops
 			if counts == nil {
 				counts = map[string]int{}
 			}
