@@ -160,6 +160,7 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 	lp.members = newMembers(lp)
 	lp.capture = capture.New(cfg.Capture, cfg.DataDir, cfg.BackupStore, lp.log, lp.now, env.Registry)
 	lp.capture.Keys = lp.keys
+	lp.hasher = maintenance.NewHashChecker(lp.log, lp.now, env.Registry)
 	lp.defragger = maintenance.NewDefragger(lp.log, lp.now, env.Registry)
 	lp.compaction = maintenance.NewCompactor(cfg.Compaction, lp.log, lp.now, env.Registry)
 	return lp, nil

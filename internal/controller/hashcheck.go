@@ -2,14 +2,12 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
-	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 )
@@ -32,9 +30,9 @@ type hashCheck struct {
 	checked bool
 }
 
-// checkHashes asks every voting member for its HashKV at the leader's
-// current revision. A member still behind that revision is asked again
-// for a few seconds. The result is observed next cycle.
+// checkHashes has the members' HashKV compared at the leader's current
+// revision (see maintenance.HashChecker). The result is observed next
+// cycle.
 func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.CheckHashes) error {
 	c, err := lp.members.leader(ctx)
 	if err != nil {
@@ -42,74 +40,15 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 	}
 	lp.hash.last, lp.hash.checked = lp.now(), true
 	lp.hash.recheck = false
-	st, err := etcdproc.AskStatus(ctx, c, lp.clientEndpoint)
+	r, rec, err := lp.hasher.Check(ctx, maintenance.HashJob{Act: act, Obs: obs, Etcd: c, Endpoint: lp.clientEndpoint,
+		Data: func(ctx context.Context, n plan.Node, rev int64) (peer.DataHash, error) {
+			return lp.dataHash(ctx, obs, n, rev)
+		}})
 	if err != nil {
-		return fmt.Errorf("controller: hash check: etcd status: %w", err)
-	}
-	r := &plan.HashCheck{Revision: st.Header.Revision, Hashes: map[uint64]plan.MemberHash{}}
-	// Members whose etcd is kept stopped (a failed initial check) are
-	// hashed from their data, at a revision their data holds: the
-	// comparison goes no further than the one that is furthest behind.
-	offline := map[uint64]plan.Node{}
-	for _, m := range obs.Cluster.Members {
-		if m.IsLearner || m.Healthy {
-			continue
-		}
-		n, ok := plan.NodeOfMember(obs, m)
-		if !ok || !n.InitialCheckFailed {
-			continue
-		}
-		offline[m.ID] = n
-		h, err := lp.dataHash(ctx, obs, n, 0)
-		if err != nil {
-			lp.met.hashChecks.WithLabelValues("inconclusive").Inc()
-			return fmt.Errorf("controller: hash check: the data of %s: %w", m.Name, err)
-		}
-		r.Revision = min(r.Revision, h.CurrentRevision)
-	}
-	for _, m := range obs.Cluster.Members {
-		if m.IsLearner {
-			continue
-		}
-		var h plan.MemberHash
-		var err error
-		switch n, ok := offline[m.ID]; {
-		case ok:
-			var dh peer.DataHash
-			dh, err = lp.dataHash(ctx, obs, n, r.Revision)
-			h = plan.MemberHash{Hash: dh.Hash, CompactRevision: dh.CompactRevision}
-		case len(m.ClientURLs) == 0:
-			continue
-		default:
-			h, err = memberHash(ctx, lp.client, m.ClientURLs[0], r.Revision)
-		}
-		if err != nil {
-			lp.met.hashChecks.WithLabelValues("inconclusive").Inc()
-			return fmt.Errorf("controller: hash check: HashKV of %s at revision %d: %w", m.Name, r.Revision, err)
-		}
-		r.Hashes[m.ID] = h
+		return err
 	}
 	lp.hash.result = r
-	lp.met.dataDisagreement.Set(0)
-	if v := plan.JudgeHashes(r, obs.Cluster.Members); v.NoMajority() {
-		lp.met.dataDisagreement.Set(1)
-	}
-	outcome := "agree"
-	seen := map[plan.MemberHash]bool{}
-	for _, h := range r.Hashes {
-		seen[h] = true
-	}
-	if len(seen) > 1 {
-		outcome = "mismatch"
-	}
-	lp.met.hashChecks.WithLabelValues(outcome).Inc()
-	lp.maint.LastHashCheck = &peer.HashCheckRecord{At: lp.hash.last.UTC(), Revision: r.Revision, Outcome: outcome}
-	if outcome == "agree" {
-		lp.met.hashCheckLast.Set(float64(lp.now().Unix()))
-		lp.log.Info("the voting members' HashKV agree", "revision", r.Revision, "members", len(r.Hashes), "reason", act.Reason)
-		return nil
-	}
-	lp.log.Warn("the voting members' HashKV differ", "revision", r.Revision, "hashes", fmt.Sprint(r.Hashes), "reason", act.Reason)
+	lp.maint.LastHashCheck = &rec
 	return nil
 }
 
@@ -146,26 +85,6 @@ func (lp *loop) resumeMember(ctx context.Context, obs plan.Observed, act plan.Re
 	}
 	lp.hash.recheck = true
 	return nil
-}
-
-// memberHash is a member's HashKV at rev, asked again while the member
-// has not applied rev yet.
-func memberHash(ctx context.Context, c etcdproc.HashKVer, endpoint string, rev int64) (plan.MemberHash, error) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := etcdproc.HashKV(ctx, c, endpoint, rev)
-		if err == nil {
-			return plan.MemberHash{Hash: resp.Hash, CompactRevision: resp.CompactRevision}, nil
-		}
-		if !errors.Is(err, rpctypes.ErrFutureRev) || time.Now().After(deadline) {
-			return plan.MemberHash{}, err
-		}
-		select {
-		case <-ctx.Done():
-			return plan.MemberHash{}, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // discardMemberData has a member's node set its data aside: its HashKV

@@ -122,8 +122,10 @@ type loop struct {
 	// defragger defragments members, and remembers the nodes whose
 	// isolated defragmentation failed.
 	defragger *maintenance.Defragger
-	// hash schedules the leader's HashKV comparisons.
-	hash hashCheck
+	// hash schedules the leader's HashKV comparisons, which hasher
+	// carries out.
+	hash   hashCheck
+	hasher *maintenance.HashChecker
 	// maint records the leader's maintenance work, for status; alarms
 	// are those it last saw.
 	maint peer.Maintenance

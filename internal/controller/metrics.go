@@ -31,10 +31,7 @@ type metrics struct {
 	panics            prometheus.Counter
 	// NOSPACE recoveries by this agent as leader.
 	noSpaceRecoveries prometheus.Counter
-	// Corruption: the leader's HashKV comparisons and the members rebuilt.
-	hashChecks       *prometheus.CounterVec
-	hashCheckLast    prometheus.Gauge
-	dataDisagreement prometheus.Gauge
+	// Corruption: the members rebuilt.
 	corruptDiscarded prometheus.Counter
 	// Read from the store, alike on every agent.
 	restorablePoint prometheus.Gauge
@@ -76,12 +73,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Control-loop cycles that panicked and were recovered; each is a bug to report."}),
 		noSpaceRecoveries: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_nospace_recoveries_total",
 			Help: "NOSPACE alarms this agent disarmed as leader, once compaction and defragmentation left every database well under the quota."}),
-		hashChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_hash_checks_total",
-			Help: "Comparisons of the voting members' HashKV at one revision by this agent as leader, by outcome: agree, mismatch (a member's data differs), inconclusive (a member did not answer, or a compaction came between)."}, []string{"outcome"}),
-		hashCheckLast: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_hash_check_last_agree_timestamp_seconds",
-			Help: "Unix time of the last comparison in which every voting member's HashKV agreed."}),
-		dataDisagreement: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_data_corrupt",
-			Help: "1 when this agent's last comparison as leader found the voting members' data disagree with no copy held by a majority: the cluster is CORRUPT, and nothing is rebuilt on its own; 0 otherwise."}),
 		corruptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_corrupt_members_discarded_total",
 			Help: "Members whose data disagreed with the majority's, set aside by this agent as leader to be rebuilt from their peers."}),
 		restorablePoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restorable_point_timestamp_seconds",
@@ -91,7 +82,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
 	reg.MustRegister(m.restorablePoint, m.loopCycles)
-	reg.MustRegister(m.hashChecks, m.hashCheckLast, m.dataDisagreement, m.corruptDiscarded, m.noSpaceRecoveries, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
+	reg.MustRegister(m.corruptDiscarded, m.noSpaceRecoveries, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
 		m.actionsPerformed, m.backingOff, m.panics)
 	return m
 }

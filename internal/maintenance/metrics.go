@@ -61,3 +61,23 @@ func newDefragMetrics(reg prometheus.Registerer) defragMetrics {
 	reg.MustRegister(m.defrags, m.lastOK, m.lastDuration, m.lastReclaimed)
 	return m
 }
+
+// hashMetrics are the leader's HashKV comparisons.
+type hashMetrics struct {
+	checks       *prometheus.CounterVec
+	lastAgree    prometheus.Gauge
+	disagreement prometheus.Gauge
+}
+
+func newHashMetrics(reg prometheus.Registerer) hashMetrics {
+	m := hashMetrics{
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_hash_checks_total",
+			Help: "Comparisons of the voting members' HashKV at one revision by this agent as leader, by outcome: agree, mismatch (a member's data differs), inconclusive (a member did not answer, or a compaction came between)."}, []string{"outcome"}),
+		lastAgree: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_hash_check_last_agree_timestamp_seconds",
+			Help: "Unix time of the last comparison in which every voting member's HashKV agreed."}),
+		disagreement: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_data_corrupt",
+			Help: "1 when this agent's last comparison as leader found the voting members' data disagree with no copy held by a majority: the cluster is CORRUPT, and nothing is rebuilt on its own; 0 otherwise."}),
+	}
+	reg.MustRegister(m.checks, m.lastAgree, m.disagreement)
+	return m
+}
