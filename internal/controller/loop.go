@@ -15,6 +15,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/capture"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
+	"github.com/etcd-manager/etcd-manager/internal/drill"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
@@ -104,7 +105,9 @@ type loop struct {
 	// metaCache holds the newest backups' metas, as storeFigures read
 	// them; drillRecord is the restore drills' record as last read.
 	metaCache map[string]*backup.Meta // nil: no valid meta, for good
-	drills    driller
+	drills    *drill.Driller
+	// drillClock follows the lead for the drills' schedule.
+	drillClock drillClock
 	// activitySince is when a roll or defragmentation last stepped.
 	activitySince  time.Time
 	drillRecord    *spec.DrillRecord
@@ -221,7 +224,7 @@ func (lp *loop) httpClient() *http.Client {
 
 // close releases what the loop holds open.
 func (lp *loop) close() {
-	lp.drills.stop()
+	lp.drills.Stop()
 	lp.capture.Stop()
 	for _, c := range lp.peers {
 		_ = c.Close()

@@ -22,7 +22,6 @@ type metrics struct {
 	drillLastOK       prometheus.Gauge
 	drillLastFailure  prometheus.Gauge
 	drillDuration     prometheus.Gauge
-	drills            *prometheus.CounterVec
 	leader            prometheus.Gauge
 	etcdHealthy       prometheus.Gauge
 	etcdRevision      prometheus.Gauge
@@ -57,8 +56,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Unix time of the last restore drill that failed, read from the store (0: none since the last that passed)."}),
 		drillDuration: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restore_drill_last_duration_seconds",
 			Help: "How long the newest restore drill took, fetch included, read from the store."}),
-		drills: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "etcd_manager_restore_drills_total",
-			Help: "Restore drills this agent ran as leader, by result: ok, failed (the backup did not restore as its meta says), not_run (the drill could not run: no room, the store away)."}, []string{"result"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_leader",
 			Help: "1 while this agent acts as the manager leader."}),
 		etcdRevision: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_etcd_revision",
@@ -80,7 +77,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		loopCycles: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_cycles_total",
 			Help: "Cycles of the agent's control loop (observe, plan, act)."}),
 	}
-	reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration, m.drills)
+	reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration)
 	reg.MustRegister(m.restorablePoint, m.loopCycles)
 	reg.MustRegister(m.corruptDiscarded, m.noSpaceRecoveries, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
 		m.actionsPerformed, m.backingOff, m.panics)
