@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/capture"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
@@ -165,7 +166,7 @@ type BackupAgent struct {
 	log     *slog.Logger
 	met     *metrics
 	now     func() time.Time
-	backups *backups
+	backups *backupjob.Taker
 	lock    lease.Lock
 	capture *capture.Capturer
 	store   *store.Store
@@ -204,7 +205,7 @@ func (b *BackupAgent) Open() error {
 	if err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
-	b.backups.keys, b.capture.Keys = keys, keys
+	b.backups.Keys, b.capture.Keys = keys, keys
 	LogKeys(b.log, keys)
 	b.opened = true
 	return nil
@@ -270,14 +271,14 @@ func (b *BackupAgent) cycle(ctx context.Context) {
 		b.capture.Follow(false, "", nil, nil, false)
 		return // another backup agent holds the lock
 	}
-	due := b.backups.due(b.cfg.Backup.Interval, b.capture.NeedsBase())
+	due := backupDue(b.backups, b.cfg.Backup.Interval, b.capture.NeedsBase())
 	b.followEtcd(ctx, due)
 	cmds, err := readCommands(ctx, s, b.now())
 	if err != nil {
 		b.log.Error("cannot read the command queue; will retry", "error", err)
 		return
 	}
-	actions := plan.PlanBackupAgent(cmds, b.backups.failedRecently(), due)
+	actions := plan.PlanBackupAgent(cmds, b.backups.FailedRecently(), due)
 	for _, act := range actions {
 		err := b.execute(ctx, s, term, act)
 		if _, ok := act.(plan.Report); !ok {
@@ -310,11 +311,11 @@ func (b *BackupAgent) execute(ctx context.Context, s *store.Store, term int64, a
 		}
 		req, err := b.request(ctx)
 		if err != nil {
-			b.backups.failed(ctx, s, act.Kind, err)
+			b.backups.Failed(ctx, s, act.Kind, err)
 			return err
 		}
 		req.Kind = act.Kind
-		_, err = b.backups.take(ctx, s, req, act.Reason, act.CommandIDs...)
+		_, err = b.backups.Take(ctx, s, req, act.Reason, act.CommandIDs...)
 		if err == nil {
 			b.capture.BackedUp()
 		}

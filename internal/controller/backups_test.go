@@ -1,14 +1,11 @@
 package controller
 
 import (
-	"fmt"
+	"errors"
 	"log/slog"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -26,65 +23,25 @@ func TestBackupBackoff(t *testing.T) {
 		{6, 15 * time.Minute}, // capped at the interval
 		{40, 15 * time.Minute},
 	}
-	for _, tt := range tests {
-		b := DefaultBackupConfig().newBackups("n1", nil, nil, func() time.Time { return t0 }, Readers{})
-		b.failures, b.lastFailure = tt.failures, t0
-		if got := b.retryAt().Sub(t0); got != tt.want {
-			t.Errorf("%d failures: retry after %s, want %s", tt.failures, got, tt.want)
-		}
-		if !b.failedRecently() || b.due(time.Minute, false) {
-			t.Errorf("%d failures: a backup is allowed during the backoff", tt.failures)
-		}
-	}
-	b := DefaultBackupConfig().newBackups("n1", nil, nil, func() time.Time { return t0 }, Readers{})
-	if b.failedRecently() || !b.due(time.Minute, false) {
-		t.Error("a fresh taker is not due")
-	}
-}
-
-// prune spares the newest backup and any a pending restore names.
-func TestPruneSparesQueuedRestore(t *testing.T) {
-	ctx := t.Context()
-	dir := filepath.Join(t.TempDir(), "store")
-	s, err := store.Open(ctx, "file://"+dir, store.Options{Create: true})
+	s, err := store.Open(t.Context(), "file://"+t.TempDir(), store.Options{Create: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
-	names := []string{"2026-11-20T12:00:00Z-000001", "2026-11-21T12:00:00Z-000001", "2026-11-22T11:00:00Z-000001"}
-	for i, n := range names {
-		ts := now.Add(-time.Duration(len(names)-i) * 24 * time.Hour).Unix()
-		for key, data := range map[string]string{
-			n + "/" + backup.DataObject: "data",
-			n + "/" + backup.MetaObject: fmt.Sprintf(`{"etcdVersion":"3.6.16","timestamp":"%d"}`, ts),
-		} {
-			if err := s.Write(ctx, key, []byte(data)); err != nil {
-				t.Fatal(err)
-			}
+	for _, tt := range tests {
+		b := DefaultBackupConfig().newBackups("n1", slog.New(slog.DiscardHandler), nil, func() time.Time { return t0 }, Readers{})
+		for range tt.failures {
+			b.Failed(t.Context(), s, spec.BackupPeriodic, errors.New("the store is away"))
+		}
+		if got := b.RetryAt().Sub(t0); got != tt.want {
+			t.Errorf("%d failures: retry after %s, want %s", tt.failures, got, tt.want)
+		}
+		if !b.FailedRecently() || backupDue(b, time.Minute, false) {
+			t.Errorf("%d failures: a backup is allowed during the backoff", tt.failures)
 		}
 	}
-	if _, err := s.AddCommand(ctx, spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: names[0]}}, now); err != nil {
-		t.Fatal(err)
+	b := DefaultBackupConfig().newBackups("n1", nil, nil, func() time.Time { return t0 }, Readers{})
+	if b.FailedRecently() || !backupDue(b, time.Minute, false) {
+		t.Error("a fresh taker is not due")
 	}
-	b := BackupConfig{Retention: "count:1", RetryDelay: time.Second, Interval: time.Minute}.newBackups("n1", slog.New(slog.DiscardHandler), nil, func() time.Time { return now }, Readers{})
-
-	b.prune(ctx, s)
-	got := listNames(t, s)
-	if want := []string{names[0], names[2]}; strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Fatalf("after prune: %v, want %v (the restore's backup and the newest)", got, want)
-	}
-}
-
-func listNames(t *testing.T, s *store.Store) []string {
-	t.Helper()
-	infos, err := backup.List(t.Context(), s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, i := range infos {
-		out = append(out, i.Name)
-	}
-	return out
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
@@ -291,8 +292,20 @@ type Readers struct {
 	Revision backup.RevisionFunc
 }
 
-// newBackups returns the backup taker for these settings.
-func (c BackupConfig) newBackups(node string, log *slog.Logger, met *metrics, now func() time.Time, readers Readers) *backups {
-	return &backups{node: node, log: log, met: met, now: now, retention: c.Retention, retryDelay: c.RetryDelay, maxRetry: max(c.Interval, c.RetryDelay),
-		status: readers.Status, revision: readers.Revision}
+// newBackups returns the backup taker for these settings, whose outcome
+// met shows.
+func (c BackupConfig) newBackups(node string, log *slog.Logger, met *metrics, now func() time.Time, readers Readers) *backupjob.Taker {
+	t := &backupjob.Taker{Node: node, Log: log, Now: now, Retention: c.Retention, RetryDelay: c.RetryDelay, MaxRetry: max(c.Interval, c.RetryDelay),
+		Status: readers.Status, Revision: readers.Revision}
+	if met != nil {
+		t.Taken = func(meta backup.Meta, at time.Time) {
+			met.backupLastOK.Set(float64(at.Unix()))
+			met.backupFigures(meta)
+		}
+		t.FailedAt = func(at time.Time) {
+			met.backupFailures.Inc()
+			met.backupLastFailure.Set(float64(at.Unix()))
+		}
+	}
+	return t
 }

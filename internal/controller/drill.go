@@ -76,7 +76,7 @@ func (lp *loop) drillConfig() drill.Config {
 	cfg := drill.Config{
 		DataDir:    lp.cfg.DataDir,
 		EtcdBinDir: lp.cfg.EtcdBinDir,
-		Fetch:      lp.cfg.fetchOptions(lp.backups.status, lp.keys),
+		Fetch:      lp.cfg.fetchOptions(lp.backups.Status, lp.keys),
 	}
 	if files := lp.env.EtcdTLSFiles; files != nil {
 		cfg.ServerTLS, cfg.ClientTLS = files, lp.etcdTLS

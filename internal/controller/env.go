@@ -117,7 +117,7 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		offsets:        map[string]time.Duration{},
 	}
 	lp.backups = cfg.Backup.newBackups(n.ID(), lp.log, lp.met, func() time.Time { return lp.now() }, env.Readers)
-	lp.backups.keys = lp.keys
+	lp.backups.Keys = lp.keys
 	lp.lease = &lease.Fence{
 		Lock:  &lease.Lock{NodeID: n.ID(), TTL: cfg.LeaderLease, Now: lp.now, Floor: func() int64 { return lp.termFloor }},
 		Store: func() lease.Store { return lp.store },

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/capture"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/drill"
@@ -114,7 +115,7 @@ type loop struct {
 	drillRecordErr error
 	// backups are those this agent took while leading; lastChange is its
 	// last membership change.
-	backups    *backups
+	backups    *backupjob.Taker
 	lastChange time.Time
 	// versionBackup is the version a backup was last taken for, before a
 	// version change moved members to it.

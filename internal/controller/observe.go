@@ -108,13 +108,13 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	if obs.Cluster != nil {
 		b := lp.backups
 		// Capture may wait on a full backup to start a run from.
-		due := func() bool { return b.due(lp.cfg.Backup.Interval, lp.capture.NeedsBase()) }
+		due := func() bool { return backupDue(b, lp.cfg.Backup.Interval, lp.capture.NeedsBase()) }
 		obs.BackupDue = due()
 		if obs.BackupDue && lp.noteStoredBackup(ctx, s, obs.Cluster.Token) {
 			obs.BackupDue = due()
 		}
-		obs.BackedUpSinceChange = !b.lastOK.IsZero() && !b.lastOK.Before(lp.lastChange)
-		obs.BackupFailedRecently = b.failedRecently()
+		obs.BackedUpSinceChange = !b.LastOK().IsZero() && !b.LastOK().Before(lp.lastChange)
+		obs.BackupFailedRecently = b.FailedRecently()
 		obs.VersionBackup = lp.versionBackup
 		obs.Backoff = lp.failures.backingOff(lp.now())
 		obs.CARotation, obs.CARotationErr = lp.observeCARotation(ctx, s)

@@ -215,7 +215,7 @@ func (lp *loop) noteStoredBackup(ctx context.Context, s *store.Store, token stri
 		return false
 	}
 	at := time.Unix(int64(in.Meta.Timestamp), 0)
-	lp.backups.stored(at)
+	lp.backups.Stored(at)
 	lp.capture.BaseStored(at)
 	return true
 }
