@@ -14,6 +14,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/drill"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/history"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/node"
@@ -161,6 +162,7 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 	lp.members = newMembers(lp)
 	lp.capture = capture.New(cfg.Capture, cfg.DataDir, cfg.BackupStore, lp.log, lp.now, env.Registry)
 	lp.capture.Keys = lp.keys
+	lp.historyMet = history.NewMetrics(env.Registry)
 	lp.drills = drill.NewDriller(env.Registry)
 	lp.drills.Store, lp.drills.Node, lp.drills.Log, lp.drills.Now = cfg.BackupStore, n.ID(), lp.log, lp.now
 	lp.drills.Event, lp.drills.Panicked = lp.events.Add, lp.met.panics.Inc

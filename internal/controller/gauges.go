@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/changelog"
+	"github.com/etcd-manager/etcd-manager/internal/history"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -41,23 +41,18 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 	}
 	lp.newestStored = newest
 	lp.recordFigures(ctx, s)
-	var point time.Time
 	if newest != nil {
-		point = time.Unix(int64(newest.Meta.Timestamp), 0)
-		lp.met.backupLastOK.Set(float64(point.Unix()))
+		lp.met.backupLastOK.Set(float64(int64(newest.Meta.Timestamp)))
 	}
-	if m := obs.Self.Member; m != nil && lp.cfg.Capture.Enabled {
-		runs, err := changelog.Runs(ctx, s, m.ClusterToken)
-		switch {
-		case err != nil:
-			lp.log.Warn("cannot read the captured revisions for the metrics", "error", err)
-		case len(runs) > 0 && runs[len(runs)-1].LastTime.After(point):
-			point = runs[len(runs)-1].LastTime
-		}
+	timeline := ""
+	if m := obs.Self.Member; m != nil {
+		timeline = m.ClusterToken
 	}
-	if !point.IsZero() {
-		lp.met.restorablePoint.Set(float64(point.Unix()))
+	point, err := history.NewestPoint(ctx, s, timeline, newest, lp.cfg.Capture.Enabled)
+	if err != nil {
+		lp.log.Warn("cannot read the captured revisions for the metrics", "error", err)
 	}
+	lp.historyMet.Show(point)
 	lp.restorable = point
 }
 

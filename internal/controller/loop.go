@@ -18,6 +18,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/drill"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/history"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/node"
@@ -102,7 +103,9 @@ type loop struct {
 	// newestStored and restorable are the store's newest backup and
 	// restorable point, as last read (the status page).
 	newestStored *backup.Info
-	restorable   time.Time
+	// historyMet shows the newest restorable point.
+	historyMet *history.Metrics
+	restorable time.Time
 	// metaCache holds the newest backups' metas, as storeFigures read
 	// them; drillRecord is the restore drills' record as last read.
 	metaCache map[string]*backup.Meta // nil: no valid meta, for good

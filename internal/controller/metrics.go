@@ -32,8 +32,6 @@ type metrics struct {
 	noSpaceRecoveries prometheus.Counter
 	// Corruption: the members rebuilt.
 	corruptDiscarded prometheus.Counter
-	// Read from the store, alike on every agent.
-	restorablePoint prometheus.Gauge
 	// The agent's own view.
 	loopCycles prometheus.Counter
 }
@@ -72,13 +70,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "NOSPACE alarms this agent disarmed as leader, once compaction and defragmentation left every database well under the quota."}),
 		corruptDiscarded: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_corrupt_members_discarded_total",
 			Help: "Members whose data disagreed with the majority's, set aside by this agent as leader to be rebuilt from their peers."}),
-		restorablePoint: prometheus.NewGauge(prometheus.GaugeOpts{Name: "etcd_manager_restorable_point_timestamp_seconds",
-			Help: "Unix time of the newest point a restore can reach, read from the store every lease: the newest backup's, or, with continuous capture, when the cluster's last durable revision was observed. The RPO now is time() minus it."}),
 		loopCycles: prometheus.NewCounter(prometheus.CounterOpts{Name: "etcd_manager_loop_cycles_total",
 			Help: "Cycles of the agent's control loop (observe, plan, act)."}),
 	}
 	reg.MustRegister(m.backupLastFailure, m.drillLastOK, m.drillLastFailure, m.drillDuration)
-	reg.MustRegister(m.restorablePoint, m.loopCycles)
+	reg.MustRegister(m.loopCycles)
 	reg.MustRegister(m.corruptDiscarded, m.noSpaceRecoveries, m.backupLastOK, m.backupDuration, m.backupSize, m.backupFailures, m.leader, m.etcdHealthy, m.etcdRevision,
 		m.actionsPerformed, m.backingOff, m.panics)
 	return m
