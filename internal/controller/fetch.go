@@ -2,15 +2,11 @@ package controller
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
-	"slices"
-	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
+	"github.com/etcd-manager/etcd-manager/internal/history"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -43,7 +39,7 @@ func (f storeFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoin
 		// says.
 		opts.Hashed = false
 	}
-	got, err := fetchPoint(ctx, s, name, p, dir, opts, f.log)
+	got, err := history.Fetch(ctx, s, name, p, dir, opts, f.log)
 	return got.Path, err
 }
 
@@ -64,61 +60,4 @@ func (c Config) restoreFetchOptions(status backup.VerifyFunc, keys *crypt.Keyrin
 	o := c.fetchOptions(status, keys)
 	o.Hashed = true
 	return o
-}
-
-// fetched is a backup fetched, verified and brought forward to a point.
-type fetched struct {
-	Path string
-	Meta backup.Meta
-	// Keys are the IDs of the encryption keys the backup and the segments
-	// needed.
-	Keys []string
-	// Forward is set when captured changes were applied, and Digest is
-	// the revision of the digest that checked them (0: none in range).
-	Forward bool
-	Digest  int64
-}
-
-// fetchPoint fetches and verifies a backup, and brings it forward to the
-// point's revision with the captured segments.
-func fetchPoint(ctx context.Context, s *store.Store, name string, p spec.RestorePoint, dir string, opts backup.FetchOptions, log *slog.Logger) (fetched, error) {
-	path, meta, err := backup.Fetch(ctx, s, name, dir, opts)
-	f := fetched{Path: path, Meta: meta}
-	if meta.Encryption != nil {
-		f.Keys = append(f.Keys, meta.Encryption.KeyID)
-	}
-	if err != nil || p.ToRevision == 0 {
-		return f, err
-	}
-	start := time.Now()
-	// The snapshot may grow to what it takes now plus the room left, and
-	// never past the maximum.
-	bound := opts.MaxBytes
-	st, err := os.Stat(path)
-	if err != nil {
-		return f, fmt.Errorf("controller: %w", err)
-	}
-	if room, err := opts.Room(dir); err == nil {
-		bound = st.Size() + room
-		if opts.MaxBytes > 0 {
-			bound = min(bound, opts.MaxBytes)
-		}
-	} else {
-		log.Warn("cannot read the free space before bringing a backup forward; bounding it by --max-snapshot-bytes alone", "error", err)
-	}
-	applied, err := changelog.Apply(ctx, s, path, p.Timeline, p.ToRevision, changelog.ApplyOptions{Keys: opts.Keys, MaxBytes: bound})
-	if err != nil {
-		f.Path = ""
-		return f, fmt.Errorf("controller: bring backup %s forward to revision %d: %w", name, p.ToRevision, err)
-	}
-	for _, k := range applied.Keys {
-		if !slices.Contains(f.Keys, k) {
-			f.Keys = append(f.Keys, k)
-		}
-	}
-	f.Forward, f.Digest = applied.Revisions > 0, applied.Digest
-	log.Info("backup brought forward with captured changes", "backup", name, "timeline", p.Timeline, "from-revision", applied.From,
-		"to-revision", applied.To, "revisions", applied.Revisions, "segments", applied.Segments, "leases", applied.Leases,
-		"digest-checked-at", applied.Digest, "duration", time.Since(start).Round(time.Millisecond))
-	return f, nil
 }

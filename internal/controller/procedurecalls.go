@@ -10,6 +10,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
+	"github.com/etcd-manager/etcd-manager/internal/history"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -88,7 +89,7 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 		return procedure.Validated{}, err
 	}
 	defer os.RemoveAll(dir)
-	got, err := fetchPoint(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.Status, b.lp.keys), b.lp.log)
+	got, err := history.Fetch(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.Status, b.lp.keys), b.lp.log)
 	v := procedure.Validated{Meta: got.Meta, Keys: got.Keys, Forward: got.Forward, Digest: got.Digest}
 	if st, serr := os.Stat(got.Path); err == nil && serr == nil {
 		v.Size = st.Size()
