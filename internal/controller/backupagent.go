@@ -28,6 +28,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/status"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -185,7 +186,7 @@ type BackupAgent struct {
 func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger, reg prometheus.Registerer, readers Readers) *BackupAgent {
 	met := newMetrics(reg)
 	b := &BackupAgent{cfg: cfg, log: log, met: met, now: time.Now}
-	b.backups = cfg.Backup.newBackups(cfg.NodeID, log, met, func() time.Time { return b.now() }, readers)
+	b.backups = cfg.Backup.newBackups(cfg.NodeID, log, status.NewFigures(reg, func() time.Time { return b.now() }), func() time.Time { return b.now() }, readers)
 	b.lock = lease.Lock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
 	b.capture = capture.New(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, reg)
 	b.events = NewEventLog(cfg.NodeID, func() time.Time { return b.now() }, log)

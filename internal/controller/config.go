@@ -15,6 +15,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/status"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -293,19 +294,12 @@ type Readers struct {
 }
 
 // newBackups returns the backup taker for these settings, whose outcome
-// met shows.
-func (c BackupConfig) newBackups(node string, log *slog.Logger, met *metrics, now func() time.Time, readers Readers) *backupjob.Taker {
+// figures shows (nil: nothing does).
+func (c BackupConfig) newBackups(node string, log *slog.Logger, figures *status.Figures, now func() time.Time, readers Readers) *backupjob.Taker {
 	t := &backupjob.Taker{Node: node, Log: log, Now: now, Retention: c.Retention, RetryDelay: c.RetryDelay, MaxRetry: max(c.Interval, c.RetryDelay),
 		Status: readers.Status, Revision: readers.Revision}
-	if met != nil {
-		t.Taken = func(meta backup.Meta, at time.Time) {
-			met.backupLastOK.Set(float64(at.Unix()))
-			met.backupFigures(meta)
-		}
-		t.FailedAt = func(at time.Time) {
-			met.backupFailures.Inc()
-			met.backupLastFailure.Set(float64(at.Unix()))
-		}
+	if figures != nil {
+		t.Taken, t.FailedAt = figures.Taken, figures.Failed
 	}
 	return t
 }

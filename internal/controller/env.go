@@ -20,6 +20,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
+	"github.com/etcd-manager/etcd-manager/internal/status"
 )
 
 // Env is what the loop takes from the process that runs it (package
@@ -117,7 +118,8 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		failures:       newFailures(),
 		offsets:        map[string]time.Duration{},
 	}
-	lp.backups = cfg.Backup.newBackups(n.ID(), lp.log, lp.met, func() time.Time { return lp.now() }, env.Readers)
+	lp.figures = status.NewFigures(env.Registry, lp.now)
+	lp.backups = cfg.Backup.newBackups(n.ID(), lp.log, lp.figures, func() time.Time { return lp.now() }, env.Readers)
 	lp.backups.Keys = lp.keys
 	lp.lease = &lease.Fence{
 		Lock:  &lease.Lock{NodeID: n.ID(), TTL: cfg.LeaderLease, Now: lp.now, Floor: func() int64 { return lp.termFloor }},

@@ -26,6 +26,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/status"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -106,10 +107,10 @@ type loop struct {
 	// historyMet shows the newest restorable point.
 	historyMet *history.Metrics
 	restorable time.Time
-	// metaCache holds the newest backups' metas, as storeFigures read
-	// them; drillRecord is the restore drills' record as last read.
-	metaCache map[string]*backup.Meta // nil: no valid meta, for good
-	drills    *drill.Driller
+	// figures reads and shows the store's backup figures; drillRecord is
+	// the restore drills' record as last read.
+	figures *status.Figures
+	drills  *drill.Driller
 	// drillClock follows the lead for the drills' schedule.
 	drillClock drillClock
 	// activitySince is when a roll or defragmentation last stepped.
