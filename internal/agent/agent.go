@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
@@ -100,7 +101,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	a.keys = keys
-	controller.LogKeys(a.log, keys)
+	backupjob.LogKeys(a.log, keys)
 	layout := etcdproc.Layout{Root: a.cfg.DataDir}
 	unlock, err := layout.Lock()
 	if err != nil {

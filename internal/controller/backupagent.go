@@ -40,7 +40,7 @@ type BackupAgentConfig struct {
 	Endpoints []string
 	// CACert, Cert and Key are PEM files for etcd's client TLS.
 	CACert, Cert, Key string
-	Backup            BackupConfig
+	Backup            backupjob.Config
 	// TempDir holds a snapshot while it is verified and compressed.
 	TempDir string
 	// MetricsAddress serves Prometheus metrics when set (host:port).
@@ -60,7 +60,7 @@ type BackupAgentConfig struct {
 // DefaultBackupAgent returns the defaults.
 func DefaultBackupAgent() BackupAgentConfig {
 	return BackupAgentConfig{
-		Backup:       DefaultBackupConfig(),
+		Backup:       backupjob.Default(),
 		TempDir:      filepath.Join(os.TempDir(), "etcd-manager-backup"),
 		LockLease:    30 * time.Second,
 		LoopInterval: 5 * time.Second,
@@ -186,7 +186,7 @@ type BackupAgent struct {
 func NewBackupAgent(cfg BackupAgentConfig, log *slog.Logger, reg prometheus.Registerer, readers Readers) *BackupAgent {
 	met := newMetrics(reg)
 	b := &BackupAgent{cfg: cfg, log: log, met: met, now: time.Now}
-	b.backups = cfg.Backup.newBackups(cfg.NodeID, log, status.NewFigures(reg, func() time.Time { return b.now() }), func() time.Time { return b.now() }, readers)
+	b.backups = newBackups(cfg.Backup, cfg.NodeID, log, status.NewFigures(reg, func() time.Time { return b.now() }), func() time.Time { return b.now() }, readers)
 	b.lock = lease.Lock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
 	b.capture = capture.New(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, reg)
 	b.events = NewEventLog(cfg.NodeID, func() time.Time { return b.now() }, log)
@@ -207,7 +207,7 @@ func (b *BackupAgent) Open() error {
 		return fmt.Errorf("controller: %w", err)
 	}
 	b.backups.Keys, b.capture.Keys = keys, keys
-	LogKeys(b.log, keys)
+	backupjob.LogKeys(b.log, keys)
 	b.opened = true
 	return nil
 }

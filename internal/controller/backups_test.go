@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -29,7 +30,7 @@ func TestBackupBackoff(t *testing.T) {
 	}
 	defer s.Close()
 	for _, tt := range tests {
-		b := DefaultBackupConfig().newBackups("n1", slog.New(slog.DiscardHandler), nil, func() time.Time { return t0 }, Readers{})
+		b := newBackups(backupjob.Default(), "n1", slog.New(slog.DiscardHandler), nil, func() time.Time { return t0 }, Readers{})
 		for range tt.failures {
 			b.Failed(t.Context(), s, spec.BackupPeriodic, errors.New("the store is away"))
 		}
@@ -40,7 +41,7 @@ func TestBackupBackoff(t *testing.T) {
 			t.Errorf("%d failures: a backup is allowed during the backoff", tt.failures)
 		}
 	}
-	b := DefaultBackupConfig().newBackups("n1", nil, nil, func() time.Time { return t0 }, Readers{})
+	b := newBackups(backupjob.Default(), "n1", nil, nil, func() time.Time { return t0 }, Readers{})
 	if b.FailedRecently() || !backupDue(b, time.Minute, false) {
 		t.Error("a fresh taker is not due")
 	}

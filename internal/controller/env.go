@@ -119,7 +119,7 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		offsets:        map[string]time.Duration{},
 	}
 	lp.figures = status.NewFigures(env.Registry, lp.now)
-	lp.backups = cfg.Backup.newBackups(n.ID(), lp.log, lp.figures, func() time.Time { return lp.now() }, env.Readers)
+	lp.backups = newBackups(cfg.Backup, n.ID(), lp.log, lp.figures, func() time.Time { return lp.now() }, env.Readers)
 	lp.backups.Keys = lp.keys
 	lp.lease = &lease.Fence{
 		Lock:  &lease.Lock{NodeID: n.ID(), TTL: cfg.LeaderLease, Now: lp.now, Floor: func() int64 { return lp.termFloor }},

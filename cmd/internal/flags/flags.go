@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/internal/agent"
+	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
@@ -76,12 +77,12 @@ func BackupAgent(fs *pflag.FlagSet, c *controller.BackupAgentConfig) {
 }
 
 // backup registers the full-backup flags, which both agents take.
-func backup(fs *pflag.FlagSet, c *controller.BackupConfig) {
+func backup(fs *pflag.FlagSet, c *backupjob.Config) {
 	fs.DurationVar(&c.Interval, "backup-interval", c.Interval, "time between periodic full backups to the backup store; the managing agent also backs up before every membership change")
 	fs.StringVar(&c.Retention, "backup-retention", c.Retention, "which backups to keep: default (everything under 1h, hourly for 7d, daily for 90d), exponential (hourly for 24h, daily for 7d, weekly for 4w) or count:N; the newest, and any a queued restore names, are always kept")
 	fs.DurationVar(&c.RetryDelay, "backup-retry-delay", c.RetryDelay, "wait after a failed backup before the next attempt; it doubles with each further failure, up to --backup-interval")
-	fs.StringVar(&c.EncryptionKeyFile, controller.FlagEncryptionKeyFile, c.EncryptionKeyFile, "file holding an age key (as age-keygen writes it, mode 0600) to encrypt backups and captured segments with, and to read them; read at start (default: no encryption; see docs/security.md)")
-	fs.StringSliceVar(&c.DecryptionKeyFiles, controller.FlagDecryptionKeyFiles, c.DecryptionKeyFiles, "file holding an older age key, only to read the backups and captured segments it encrypted, as during a key rotation; repeat the flag for several")
+	fs.StringVar(&c.EncryptionKeyFile, backupjob.FlagEncryptionKeyFile, c.EncryptionKeyFile, "file holding an age key (as age-keygen writes it, mode 0600) to encrypt backups and captured segments with, and to read them; read at start (default: no encryption; see docs/security.md)")
+	fs.StringSliceVar(&c.DecryptionKeyFiles, backupjob.FlagDecryptionKeyFiles, c.DecryptionKeyFiles, "file holding an older age key, only to read the backups and captured segments it encrypted, as during a key rotation; repeat the flag for several")
 }
 
 // compaction registers the compaction flags.

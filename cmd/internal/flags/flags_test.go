@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/internal/agent"
+	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
 	"github.com/etcd-manager/etcd-manager/internal/crypt/crypttest"
@@ -74,7 +75,7 @@ func TestFlagsHaveHelp(t *testing.T) {
 	for _, name := range []string{"insecure", "etcd-insecure", "address", "etcd-address", "cluster-name", "data-dir", "etcd-bin-dir", "peer-port",
 		controller.FlagBackupStore, agent.FlagEtcdInsecure, agent.FlagInsecure, agent.FlagClientURLs,
 		agent.FlagQuarantineClientURLs, agent.FlagPeerURLs, agent.FlagListenPeerURLs, agent.FlagListenClientURLs,
-		controller.FlagEncryptionKeyFile, controller.FlagDecryptionKeyFiles, "capture", "compaction-interval", "log-level"} {
+		backupjob.FlagEncryptionKeyFile, backupjob.FlagDecryptionKeyFiles, "capture", "compaction-interval", "log-level"} {
 		if sets["agent"].Lookup(name) == nil {
 			t.Errorf("agent: flag --%s is missing", name)
 		}
@@ -101,9 +102,9 @@ func TestKeyFlags(t *testing.T) {
 	BackupAgent(bfs, &backupAgent)
 	for name, set := range map[string]struct {
 		fs  *pflag.FlagSet
-		cfg *controller.BackupConfig
+		cfg *backupjob.Config
 	}{"agent": {fs, &agentCfg.Backup}, "backup-agent": {bfs, &backupAgent.Backup}} {
-		for _, f := range []string{controller.FlagEncryptionKeyFile, controller.FlagDecryptionKeyFiles} {
+		for _, f := range []string{backupjob.FlagEncryptionKeyFile, backupjob.FlagDecryptionKeyFiles} {
 			if fl := set.fs.Lookup(f); fl == nil || len(fl.Usage) < 20 {
 				t.Fatalf("%s: --%s is missing or has no help", name, f)
 			}
