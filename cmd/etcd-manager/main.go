@@ -16,8 +16,8 @@ import (
 	"github.com/etcd-manager/etcd-manager/cmd/internal/flags"
 	"github.com/etcd-manager/etcd-manager/internal/agent"
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/backupagent"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
-	"github.com/etcd-manager/etcd-manager/internal/controller"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 )
 
@@ -138,7 +138,7 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 // newBackupAgentCommand is etcd-manager backup-agent: backups only, for an
 // etcd that etcd-manager does not manage.
 func newBackupAgentCommand() *cobra.Command {
-	cfg := controller.DefaultBackupAgent()
+	cfg := backupagent.Default()
 	logCfg := cli.DefaultLogConfig()
 	cmd := &cobra.Command{
 		Use:   "backup-agent",

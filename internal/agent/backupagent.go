@@ -5,15 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/etcd-manager/etcd-manager/internal/controller"
+	"github.com/etcd-manager/etcd-manager/internal/backupagent"
 )
 
 // RunBackupAgent runs the backup-only agent, for an etcd that etcd-manager
 // does not manage, until ctx is cancelled; it serves the agent's metrics
 // on cfg.MetricsAddress when set. cfg is validated and completed.
-func RunBackupAgent(ctx context.Context, cfg controller.BackupAgentConfig, log *slog.Logger) error {
+func RunBackupAgent(ctx context.Context, cfg backupagent.Config, log *slog.Logger) error {
 	met := newProcessMetrics()
-	b := controller.NewBackupAgent(cfg, log, met, readers())
+	b := backupagent.New(cfg, log, met, readers())
 	if err := b.Open(); err != nil {
 		return err
 	}

@@ -4,7 +4,7 @@ import (
 	"os"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/controller"
+	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 )
 
@@ -75,6 +75,6 @@ func childCompactor() etcdproc.Compactor {
 
 // readers are the child processes that read snapshots for the loop and
 // the backup-only agent.
-func readers() controller.Readers {
-	return controller.Readers{Status: childStatusReader(), Revision: childRevisionReader()}
+func readers() backupjob.Readers {
+	return backupjob.Readers{Status: childStatusReader(), Revision: childRevisionReader()}
 }

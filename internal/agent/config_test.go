@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/controller"
+	"github.com/etcd-manager/etcd-manager/internal/backupagent"
 )
 
 func validConfig() Config {
@@ -111,7 +111,7 @@ func TestBackupAgentConfigChecksTheStoreURL(t *testing.T) {
 		{url: "s3://bucket/backups"},
 		{url: "ftp://host/backups", wantErr: `--backup-store: store: invalid backup store URL "ftp://host/backups": unsupported scheme "ftp"`},
 	} {
-		c := controller.DefaultBackupAgent()
+		c := backupagent.Default()
 		c.BackupStore, c.Endpoints = tt.url, []string{"http://127.0.0.1:2379"}
 		c.Complete()
 		err := c.Validate()

@@ -110,3 +110,21 @@ func LogKeys(log *slog.Logger, keys *crypt.Keyring) {
 			"readable-key-ids", keys.IDs())
 	}
 }
+
+// NewTaker returns the taker of these settings for node; readers read
+// its snapshots.
+func (c Config) NewTaker(node string, log *slog.Logger, now func() time.Time, readers Readers) *Taker {
+	return &Taker{Node: node, Log: log, Now: now, Retention: c.Retention, RetryDelay: c.RetryDelay, MaxRetry: max(c.Interval, c.RetryDelay),
+		Status: readers.Status, Revision: readers.Revision}
+}
+
+// Readers read snapshots in child processes (package agent), so that
+// neither the memory a database maps nor a crash on a damaged file is the
+// agent's. A nil func reads in process.
+type Readers struct {
+	// Status reads a snapshot's status, its sha256 trailer checked as it
+	// streamed.
+	Status backup.VerifyFunc
+	// Revision reads a snapshot's revision.
+	Revision backup.RevisionFunc
+}

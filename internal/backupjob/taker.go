@@ -9,6 +9,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -215,3 +216,9 @@ func (b *Taker) Prune(ctx context.Context, s *store.Store) {
 // LastOK is when the newest full backup of the cluster began, as this
 // taker knows: its own, or one the store holds (see Stored).
 func (b *Taker) LastOK() time.Time { return b.lastOK }
+
+// Due reports whether a full backup is due: the periodic one, or one
+// capture needs to start a run from (see plan.BackupDue).
+func (b *Taker) Due(interval time.Duration, needsBase bool) bool {
+	return plan.BackupDue(b.Now(), b.lastOK, interval, b.FailedRecently(), needsBase)
+}

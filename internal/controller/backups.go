@@ -2,62 +2,16 @@ package controller
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"log/slog"
 	"path/filepath"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
-	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
-
-// backupDue reports whether a full backup is due: the periodic one, or
-// one capture needs to start a run from (see plan.BackupDue).
-func backupDue(b *backupjob.Taker, interval time.Duration, needsBase bool) bool {
-	return plan.BackupDue(b.Now(), b.LastOK(), interval, b.FailedRecently(), needsBase)
-}
-
-// readCommands reads the queue for the planner.
-func readCommands(ctx context.Context, s *store.Store, now time.Time) ([]plan.Command, error) {
-	qs, err := s.ListCommands(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]plan.Command, 0, len(qs))
-	for _, q := range qs {
-		at := int64(q.Status.Updated)
-		if at == 0 {
-			at = int64(q.Command.Timestamp)
-		}
-		out = append(out, plan.Command{ID: q.ID, Command: q.Command, Err: q.Err, Newer: q.Newer, Status: q.Status, StatusTerm: q.StatusTerm,
-			Age: now.Sub(time.Unix(0, at))})
-	}
-	return out, nil
-}
-
-// runCommandAction performs the queue's bookkeeping actions.
-func runCommandAction(ctx context.Context, s *store.Store, now time.Time, log *slog.Logger, act plan.Action) error {
-	switch act := act.(type) {
-	case plan.FailCommand:
-		log.Error("queued command failed", "command", act.ID, "reason", act.Reason)
-		// Under the term of the status it replaces: a failure below it
-		// would go unseen, and be planned again every cycle.
-		return s.SetCommandStatusAt(ctx, act.ID, act.Term, spec.CommandStatus{State: spec.CommandFailed, Message: act.Reason}, now)
-	case plan.ForgetCommand:
-		err := s.DeleteCommand(ctx, act.ID)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil
-		}
-		return err
-	}
-	return fmt.Errorf("controller: not a command action: %T", act)
-}
 
 // newestRead is how long the newest backups read for a recover-quorum
 // are reused: listing them reads every backup's meta.

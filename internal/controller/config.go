@@ -4,17 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"regexp"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
-	"github.com/etcd-manager/etcd-manager/internal/status"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -179,26 +176,4 @@ func (c *Config) Validate() []error {
 		errs = append(errs, errors.New("--loop-interval must be positive"))
 	}
 	return errs
-}
-
-// Readers read snapshots in child processes (package agent), so that
-// neither the memory a database maps nor a crash on a damaged file is the
-// agent's. A nil func reads in process.
-type Readers struct {
-	// Status reads a snapshot's status, its sha256 trailer checked as it
-	// streamed.
-	Status backup.VerifyFunc
-	// Revision reads a snapshot's revision.
-	Revision backup.RevisionFunc
-}
-
-// newBackups returns the backup taker for these settings, whose outcome
-// figures shows (nil: nothing does).
-func newBackups(c backupjob.Config, node string, log *slog.Logger, figures *status.Figures, now func() time.Time, readers Readers) *backupjob.Taker {
-	t := &backupjob.Taker{Node: node, Log: log, Now: now, Retention: c.Retention, RetryDelay: c.RetryDelay, MaxRetry: max(c.Interval, c.RetryDelay),
-		Status: readers.Status, Revision: readers.Revision}
-	if figures != nil {
-		t.Taken, t.FailedAt = figures.Taken, figures.Failed
-	}
-	return t
 }

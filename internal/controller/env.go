@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/capture"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/drill"
@@ -57,7 +58,7 @@ type Env struct {
 	// Observers receive each cycle: the status page, the cluster gauges.
 	Observers []Observer
 	// Readers read snapshots in child processes.
-	Readers Readers
+	Readers backupjob.Readers
 	// ReleasePages gives back the binary's read-only pages after a busy
 	// spell (nil: never).
 	ReleasePages func() (int64, error)
@@ -119,7 +120,8 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		offsets:        map[string]time.Duration{},
 	}
 	lp.figures = status.NewFigures(env.Registry, lp.now)
-	lp.backups = newBackups(cfg.Backup, n.ID(), lp.log, lp.figures, func() time.Time { return lp.now() }, env.Readers)
+	lp.backups = cfg.Backup.NewTaker(n.ID(), lp.log, func() time.Time { return lp.now() }, env.Readers)
+	lp.backups.Taken, lp.backups.FailedAt = lp.figures.Taken, lp.figures.Failed
 	lp.backups.Keys = lp.keys
 	lp.lease = &lease.Fence{
 		Lock:  &lease.Lock{NodeID: n.ID(), TTL: cfg.LeaderLease, Now: lp.now, Floor: func() int64 { return lp.termFloor }},

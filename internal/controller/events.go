@@ -66,11 +66,11 @@ func NewEventLog(node string, now func() time.Time, log *slog.Logger) *EventLog 
 	return &EventLog{node: node, now: now, log: log, failing: map[string]*failingAction{}, wake: make(chan struct{}, 1)}
 }
 
-// outcome records what came of an action the loop took: a change that
+// Outcome records what came of an action the loop took: a change that
 // succeeded, a failure (collapsed when it repeats), or a success after
 // failures. Waits, and steps refused for no longer leading, are no
 // events.
-func (e *EventLog) outcome(act plan.Action, err error) {
+func (e *EventLog) Outcome(act plan.Action, err error) {
 	if e == nil {
 		return
 	}

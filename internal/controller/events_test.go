@@ -43,7 +43,7 @@ func TestEventLogOutcomes(t *testing.T) {
 	start := now
 	for _, s := range steps {
 		now = start.Add(s.after)
-		e.outcome(s.act, s.err)
+		e.Outcome(s.act, s.err)
 	}
 	var got []string
 	for _, ev := range e.pending() {
@@ -142,14 +142,14 @@ func TestEventLogWriter(t *testing.T) {
 func TestEventLogCommandFailures(t *testing.T) {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	e := NewEventLog("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler))
-	e.outcome(plan.FailCommand{ID: "c1", Reason: "junk"}, nil)
+	e.Outcome(plan.FailCommand{ID: "c1", Reason: "junk"}, nil)
 	step := plan.PrepareRestore{ID: "c2", Backup: "b"}
 	e.commandFailed("c2", "backup too large")
-	e.outcome(step, nil)
-	e.outcome(plan.TakeBackup{Reason: "before x"}, errors.New("boom"))
+	e.Outcome(step, nil)
+	e.Outcome(plan.TakeBackup{Reason: "before x"}, errors.New("boom"))
 	now = now.Add(failingIdle + time.Second)
-	e.outcome(plan.AddMember{NodeID: "b"}, nil)
-	e.outcome(plan.TakeBackup{Reason: "before x"}, errors.New("boom"))
+	e.Outcome(plan.AddMember{NodeID: "b"}, nil)
+	e.Outcome(plan.TakeBackup{Reason: "before x"}, errors.New("boom"))
 	var got []string
 	for _, ev := range e.pending() {
 		got = append(got, fmt.Sprintf("%s %s %s %d", ev.Action, ev.Outcome, ev.Message, ev.Count))

@@ -116,10 +116,11 @@ func lostLead(err error) bool {
 	return errors.Is(err, ErrNotLeader) || errors.Is(err, lease.ErrNotHeld)
 }
 
-// actionKind is the action's name without its arguments, for metrics.
-func actionKind(act plan.Action) string {
-	kind, _, _ := strings.Cut(act.String(), " ")
-	return kind
+// ActionLabels are the action's labels in the actions metric: its kind
+// (its name without arguments) and its result (ok, wait or error).
+func ActionLabels(act plan.Action, err error) (kind, res string) {
+	kind, _, _ = strings.Cut(act.String(), " ")
+	return kind, result(err)
 }
 
 func result(err error) string {

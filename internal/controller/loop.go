@@ -28,6 +28,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/status"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/storeops"
 )
 
 // loop is the control loop. Everything in it belongs to the loop's
@@ -323,9 +324,9 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		lp.acted = true
 		err := lp.execute(ctx, obs, act)
 		results = append(results, Result{Action: act, Err: err})
-		lp.met.actionsPerformed.WithLabelValues(actionKind(act), result(err)).Inc()
+		lp.met.actionsPerformed.WithLabelValues(ActionLabels(act, err)).Inc()
 		lp.noteOutcome(act, err)
-		lp.events.outcome(act, err)
+		lp.events.Outcome(act, err)
 		switch {
 		case waiting(err):
 			// Tried again soon, and said once while it keeps waiting.
@@ -485,7 +486,7 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 		if err != nil {
 			return err
 		}
-		return runCommandAction(ctx, s, lp.now(), lp.log, act)
+		return storeops.RunCommandAction(ctx, s, lp.now(), lp.log, act)
 	default:
 		return fmt.Errorf("controller: unknown action %T", act)
 	}

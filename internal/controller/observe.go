@@ -16,6 +16,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
+	"github.com/etcd-manager/etcd-manager/internal/storeops"
 )
 
 const (
@@ -108,7 +109,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	if obs.Cluster != nil {
 		b := lp.backups
 		// Capture may wait on a full backup to start a run from.
-		due := func() bool { return backupDue(b, lp.cfg.Backup.Interval, lp.capture.NeedsBase()) }
+		due := func() bool { return b.Due(lp.cfg.Backup.Interval, lp.capture.NeedsBase()) }
 		obs.BackupDue = due()
 		if obs.BackupDue && lp.noteStoredBackup(ctx, s, obs.Cluster.Token) {
 			obs.BackupDue = due()
@@ -128,7 +129,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	noCluster := plan.NoCluster(obs)
 	if obs.Cluster != nil || noCluster || lp.lease.Term() != 0 || (self.Member != nil && self.RaftLeader == 0) ||
 		lp.now().Sub(lp.lastQueueRead) >= lp.cfg.LeaderLease/2 {
-		cmds, err := readCommands(ctx, s, lp.now())
+		cmds, err := storeops.ReadCommands(ctx, s, lp.now())
 		if err != nil {
 			obs.StoreErr = err
 			return obs

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/internal/agent"
+	"github.com/etcd-manager/etcd-manager/internal/backupagent"
 	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
@@ -61,7 +62,7 @@ func Agent(fs *pflag.FlagSet, c *agent.Config) {
 }
 
 // BackupAgent registers the backup agent's flags on fs, bound to c.
-func BackupAgent(fs *pflag.FlagSet, c *controller.BackupAgentConfig) {
+func BackupAgent(fs *pflag.FlagSet, c *backupagent.Config) {
 	fs.StringVar(&c.BackupStore, controller.FlagBackupStore, c.BackupStore, "URL of the backup store: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix (required)")
 	fs.StringSliceVar(&c.Endpoints, "endpoints", c.Endpoints, "etcd client URLs, comma-separated (required)")
 	fs.StringVar(&c.CACert, "cacert", c.CACert, "CA bundle that signed etcd's server certificates (https endpoints)")

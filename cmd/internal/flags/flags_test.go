@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/internal/agent"
+	"github.com/etcd-manager/etcd-manager/internal/backupagent"
 	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
@@ -49,7 +50,7 @@ func TestNormalize(t *testing.T) {
 // messages name exist.
 func TestFlagsHaveHelp(t *testing.T) {
 	agentCfg := agent.Default()
-	backupAgent := controller.DefaultBackupAgent()
+	backupAgent := backupagent.Default()
 	op := operator.Default()
 	logCfg := cli.DefaultLogConfig()
 	sets := map[string]*pflag.FlagSet{}
@@ -97,7 +98,7 @@ func TestKeyFlags(t *testing.T) {
 	agentCfg := agent.Default()
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	Agent(fs, &agentCfg)
-	backupAgent := controller.DefaultBackupAgent()
+	backupAgent := backupagent.Default()
 	bfs := pflag.NewFlagSet("backup-agent", pflag.ContinueOnError)
 	BackupAgent(bfs, &backupAgent)
 	for name, set := range map[string]struct {

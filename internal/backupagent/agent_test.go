@@ -1,4 +1,4 @@
-package controller
+package backupagent
 
 import (
 	"os"
@@ -39,7 +39,7 @@ func TestBackupAgentConfigRefusesADowngrade(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := DefaultBackupAgent()
+			c := Default()
 			c.BackupStore = "file:///tmp/x"
 			c.Endpoints = tt.endpoints
 			c.CACert, c.Cert, c.Key = tt.cacert, tt.crt, tt.k

@@ -1,13 +1,13 @@
-package controller
+package agent
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/etcd-manager/etcd-manager/internal/backupagent"
 	"github.com/etcd-manager/etcd-manager/internal/crypt/crypttest"
 )
 
@@ -52,12 +52,11 @@ func TestConfigValidateKeyFiles(t *testing.T) {
 			for _, kind := range []string{"agent", "backup-agent"} {
 				var err error
 				if kind == "agent" {
-					c := Default()
-					c.ClusterName, c.BackupStore, c.DataDir = "test", "file:///tmp/x", "/tmp/d"
+					c := validConfig()
 					c.Backup.EncryptionKeyFile, c.Backup.DecryptionKeyFiles = tt.enc, tt.dec
-					err = errors.Join(c.Validate()...)
+					err = c.Validate()
 				} else {
-					c := DefaultBackupAgent()
+					c := backupagent.Default()
 					c.BackupStore, c.Endpoints = "file:///tmp/x", []string{"http://127.0.0.1:2379"}
 					c.Backup.EncryptionKeyFile, c.Backup.DecryptionKeyFiles = tt.enc, tt.dec
 					c.Complete()
