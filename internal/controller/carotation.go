@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
 
 // The leader's side of a CA rotation (see plan.planCARotation): it reads
@@ -36,33 +34,11 @@ func (lp *loop) observeCARotation(ctx context.Context, s *store.Store) (*plan.CA
 		RollEtcd: roll, Next: next, Gate: gate}, nil
 }
 
-// syncCA has a node take up the store's CA and trust, restarting its
-// etcd when asked.
-func (m *members) syncCA(ctx context.Context, obs plan.Observed, act plan.SyncCA) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
-	if err != nil {
-		return err
-	}
-	if _, err := m.leader(ctx); err != nil {
-		return err
-	}
-	if act.Restart {
-		m.log.Info("restarting a member's etcd to trust the CAs of a CA rotation", "node", n.ID, "trust", act.Trust)
-	}
-	err = m.call(ctx, n, func(ctx context.Context, api memberAPI) error {
-		return api.SyncCA(ctx, peer.CARequest{LeaderID: m.selfID, Token: obs.Cluster.Token, Trust: act.Trust, Issuer: act.Issuer, RestartEtcd: act.Restart})
-	})
-	if err == nil {
-		testhook.Here(m.log, "ca-rotation-synced-"+act.Phase)
-	}
-	return err
-}
-
 // advanceCARotation records the rotation's next phase, or ends it: the
 // record and the new CA's spare copy are removed (pki/ca.key holds it).
 // The record must still be at the phase the plan saw.
 func (lp *loop) advanceCARotation(ctx context.Context, act plan.AdvanceCARotation) error {
-	if _, err := lp.members.leader(ctx); err != nil {
+	if _, err := lp.members.Leader(ctx); err != nil {
 		return err
 	}
 	s, err := lp.openStore(ctx)

@@ -25,7 +25,7 @@ import (
 // and defragments the database offline (see node.Defrag). Then the defrag
 // commands it serves record the member as done.
 func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMember) error {
-	c, err := lp.members.leader(ctx)
+	c, err := lp.members.Leader(ctx)
 	if err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 		if job.Member, err = lp.callee(n); err != nil {
 			return err
 		}
-		job.Request = peer.DefragRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, InUseBytes: act.InUseBytes}
+		job.Request = peer.DefragRequest{LeaderID: lp.members.SelfID, Token: obs.Cluster.Token, MemberID: act.MemberID, InUseBytes: act.InUseBytes}
 		job.Others = lp.othersStatus(obs, act.MemberID) // the loop's connections
 	}
 	rec, err := lp.defragger.Defrag(ctx, job)
@@ -117,7 +117,7 @@ func (lp *loop) finishDefrag(ctx context.Context, obs plan.Observed, act plan.Fi
 // Availability wins over continuous capture: what it had not stored is
 // lost to restores, and a full backup follows.
 func (lp *loop) recoverSpace(ctx context.Context, act plan.RecoverSpace) error {
-	c, err := lp.members.leader(ctx)
+	c, err := lp.members.Leader(ctx)
 	if err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func (lp *loop) disarmNoSpace(ctx context.Context, obs plan.Observed, act plan.D
 
 // disarmAlarms disarms etcd's alarm of these members, as the leader.
 func (lp *loop) disarmAlarms(ctx context.Context, ids []uint64, alarm etcdserverpb.AlarmType) error {
-	if _, err := lp.members.leader(ctx); err != nil {
+	if _, err := lp.members.Leader(ctx); err != nil {
 		return err
 	}
 	dctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/lease"
+	"github.com/etcd-manager/etcd-manager/internal/membership"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -37,7 +38,7 @@ func TestEventLogOutcomes(t *testing.T) {
 		{9 * time.Minute, plan.TakeBackup{Reason: "periodic"}, boom},
 		{11 * time.Minute, plan.TakeBackup{Reason: "periodic"}, errors.New("boom again")},
 		{12 * time.Minute, plan.TakeBackup{Reason: "periodic"}, nil},
-		{13 * time.Minute, plan.MoveLeader{To: 1}, fmt.Errorf("x: %w", ErrNotLeader)},
+		{13 * time.Minute, plan.MoveLeader{To: 1}, fmt.Errorf("x: %w", membership.ErrNotLeader)},
 		{14 * time.Minute, plan.VerifyRestore{ID: "r2"}, fmt.Errorf("%w: %w: the lease ran out", procedure.ErrFenced, lease.ErrNotHeld)},
 	}
 	start := now

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/lease"
+	"github.com/etcd-manager/etcd-manager/internal/membership"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 )
@@ -113,7 +114,7 @@ func waiting(err error) bool {
 // (any more): by etcd's raft, or by the store lock. Neither is a failure
 // of the action.
 func lostLead(err error) bool {
-	return errors.Is(err, ErrNotLeader) || errors.Is(err, lease.ErrNotHeld)
+	return errors.Is(err, membership.ErrNotLeader) || errors.Is(err, lease.ErrNotHeld)
 }
 
 // ActionLabels are the action's labels in the actions metric: its kind

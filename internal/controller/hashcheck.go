@@ -8,6 +8,7 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
+	"github.com/etcd-manager/etcd-manager/internal/membership"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 )
@@ -34,7 +35,7 @@ type hashCheck struct {
 // revision (see maintenance.HashChecker). The result is observed next
 // cycle.
 func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.CheckHashes) error {
-	c, err := lp.members.leader(ctx)
+	c, err := lp.members.Leader(ctx)
 	if err != nil {
 		return err
 	}
@@ -56,9 +57,9 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 // of its data at rev (0: its newest).
 func (lp *loop) dataHash(ctx context.Context, obs plan.Observed, n plan.Node, rev int64) (peer.DataHash, error) {
 	var h peer.DataHash
-	err := lp.members.call(ctx, n, func(ctx context.Context, api memberAPI) error {
+	err := lp.members.Call(ctx, n, func(ctx context.Context, api membership.NodeAPI) error {
 		var err error
-		h, err = api.HashData(ctx, peer.HashDataRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, Revision: rev})
+		h, err = api.HashData(ctx, peer.HashDataRequest{LeaderID: lp.members.SelfID, Token: obs.Cluster.Token, Revision: rev})
 		return err
 	})
 	return h, err
@@ -68,7 +69,7 @@ func (lp *loop) dataHash(ctx context.Context, obs plan.Observed, n plan.Node, re
 // the majority's agrees with, start etcd without that check; the minority
 // is compared again once it serves.
 func (lp *loop) resumeMember(ctx context.Context, obs plan.Observed, act plan.ResumeMember) error {
-	if _, err := lp.members.leader(ctx); err != nil {
+	if _, err := lp.members.Leader(ctx); err != nil {
 		return err
 	}
 	n, err := plan.FindNode(obs.Peers, act.NodeID)
@@ -77,8 +78,8 @@ func (lp *loop) resumeMember(ctx context.Context, obs plan.Observed, act plan.Re
 	}
 	lp.log.Warn("a member whose initial corruption check failed holds the majority's data: it starts again without the check",
 		"node", act.NodeID, "member", fmt.Sprintf("%x", act.MemberID), "reason", act.Reason)
-	err = lp.members.call(ctx, n, func(ctx context.Context, api memberAPI) error {
-		return api.Resume(ctx, peer.ResumeRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, Reason: act.Reason})
+	err = lp.members.Call(ctx, n, func(ctx context.Context, api membership.NodeAPI) error {
+		return api.Resume(ctx, peer.ResumeRequest{LeaderID: lp.members.SelfID, Token: obs.Cluster.Token, MemberID: act.MemberID, Reason: act.Reason})
 	})
 	if err != nil {
 		return err
@@ -90,7 +91,7 @@ func (lp *loop) resumeMember(ctx context.Context, obs plan.Observed, act plan.Re
 // discardMemberData has a member's node set its data aside: its HashKV
 // disagreed with the majority's. The lost-data rule then rebuilds it.
 func (lp *loop) discardMemberData(ctx context.Context, obs plan.Observed, act plan.DiscardMemberData) error {
-	if _, err := lp.members.leader(ctx); err != nil {
+	if _, err := lp.members.Leader(ctx); err != nil {
 		return err
 	}
 	n, err := plan.FindNode(obs.Peers, act.NodeID)
@@ -99,8 +100,8 @@ func (lp *loop) discardMemberData(ctx context.Context, obs plan.Observed, act pl
 	}
 	lp.log.Error("a member's data disagrees with the majority's: setting it aside to rebuild the member from its peers",
 		"node", act.NodeID, "member", fmt.Sprintf("%x", act.MemberID), "reason", act.Reason)
-	err = lp.members.call(ctx, n, func(ctx context.Context, api memberAPI) error {
-		return api.DiscardData(ctx, peer.DiscardRequest{LeaderID: lp.members.selfID, Token: obs.Cluster.Token, MemberID: act.MemberID, Reason: act.Reason})
+	err = lp.members.Call(ctx, n, func(ctx context.Context, api membership.NodeAPI) error {
+		return api.DiscardData(ctx, peer.DiscardRequest{LeaderID: lp.members.SelfID, Token: obs.Cluster.Token, MemberID: act.MemberID, Reason: act.Reason})
 	})
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/history"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
+	"github.com/etcd-manager/etcd-manager/internal/membership"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -150,7 +151,7 @@ type loop struct {
 	warnings []string
 
 	procedures *procedure.Executor
-	members    *members
+	members    *membership.Executor
 	capture    *capture.Capturer
 	// clockRefused is why capture was last refused for the clocks, said
 	// once; "" while it is not.
@@ -431,30 +432,30 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 	case plan.AbandonPending:
 		return lp.node.AbandonPending(ctx, act.Token, act.Reason)
 	case plan.CreateCluster:
-		return lp.members.create(ctx, obs, act)
+		return lp.members.Create(ctx, obs, act)
 	case plan.AddMember:
-		return lp.changed(lp.members.add(ctx, obs, act))
+		return lp.changed(lp.members.Add(ctx, obs, act))
 	case plan.PromoteMember:
-		return lp.members.promote(ctx, act)
+		return lp.members.Promote(ctx, act)
 	case plan.RemoveMember:
-		return lp.changed(lp.members.remove(ctx, obs, act))
+		return lp.changed(lp.members.Remove(ctx, obs, act))
 	case plan.EvictNode:
-		return lp.members.evict(ctx, obs, act)
+		return lp.members.Evict(ctx, obs, act)
 	case plan.SetQuarantine:
 		// A stray quarantine is lifted by etcd's leader, which re-checks
 		// that it still leads first.
-		if _, err := lp.members.leader(ctx); err != nil {
+		if _, err := lp.members.Leader(ctx); err != nil {
 			return err
 		}
 		return lp.procedures.LiftStrayQuarantine(ctx, obs, act)
 	case plan.SetMemberVersion:
-		return lp.changed(lp.members.setVersion(ctx, obs, act))
+		return lp.changed(lp.members.SetVersion(ctx, obs, act))
 	case plan.SetMemberSettings:
-		return lp.changed(lp.members.setSettings(ctx, obs, act))
+		return lp.changed(lp.members.SetSettings(ctx, obs, act))
 	case plan.SetPeerCertCheck:
-		return lp.changed(lp.members.setPeerCertCheck(ctx, obs, act))
+		return lp.changed(lp.members.SetPeerCertCheck(ctx, obs, act))
 	case plan.SyncCA:
-		return lp.members.syncCA(ctx, obs, act)
+		return lp.members.SyncCA(ctx, obs, act)
 	case plan.AdvanceCARotation:
 		return lp.advanceCARotation(ctx, act)
 	case plan.DefragMember:
@@ -472,11 +473,11 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 	case plan.DisarmCorrupt:
 		return lp.disarmCorrupt(ctx, act)
 	case plan.SetPeerURLs:
-		return lp.changed(lp.members.setPeerURLs(ctx, obs, act))
+		return lp.changed(lp.members.SetPeerURLs(ctx, obs, act))
 	case plan.MoveLeader:
-		return lp.members.moveLeader(ctx, act)
+		return lp.members.MoveLeader(ctx, act)
 	case plan.EnableDowngrade:
-		return lp.members.enableDowngrade(ctx, act)
+		return lp.members.EnableDowngrade(ctx, act)
 	case plan.TakeBackup:
 		return lp.takeBackup(ctx, obs, act)
 	case plan.QueueDumpRestore:

@@ -2,110 +2,39 @@ package controller
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"log/slog"
-	"maps"
-	"strings"
-	"time"
 
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
-	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/membership"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
-	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
-	"github.com/etcd-manager/etcd-manager/internal/store"
-	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
 
-// callTimeout bounds a node call that may stop or start etcd.
-const callTimeout = 30 * time.Second
-
-// ErrNotLeader means a leadership re-check failed before a mutating step.
-var ErrNotLeader = errors.New("controller: no longer the leader")
-
-// leaderEtcd is the local etcd, the raft leader, as the membership steps
-// use it: etcd's own cluster and maintenance APIs, and one read.
-type leaderEtcd interface {
-	clientv3.Cluster
-	clientv3.Maintenance
-	Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error)
-}
-
-// memberAPI is what the membership steps ask of a node, this agent's own
-// or a peer.
-type memberAPI interface {
-	Join(ctx context.Context, req peer.JoinRequest) error
-	Leave(ctx context.Context, req peer.LeaveRequest) error
-	SetVersion(ctx context.Context, req peer.VersionRequest) error
-	SetSettings(ctx context.Context, req peer.SettingsRequest) error
-	DiscardData(ctx context.Context, req peer.DiscardRequest) error
-	HashData(ctx context.Context, req peer.HashDataRequest) (peer.DataHash, error)
-	Resume(ctx context.Context, req peer.ResumeRequest) error
-	SetPeerURLs(ctx context.Context, req peer.PeerURLsRequest) error
-	SetPeerCertCheck(ctx context.Context, req peer.PeerCertCheckRequest) error
-	SyncCA(ctx context.Context, req peer.CARequest) error
-}
-
-// creationMarker is the store's once-only creation marker, written
-// under the store lock.
-type creationMarker interface {
-	// Term is the store lock's term held, for the log.
-	Term() int64
-	// Hold checks that this agent still holds the store lock.
-	Hold(ctx context.Context) (int64, error)
-	// CreateCreated writes the marker unless it exists (store.ErrExists).
-	CreateCreated(ctx context.Context, c spec.ClusterCreated) error
-	// ReadCreated reads the marker.
-	ReadCreated(ctx context.Context) (spec.ClusterCreated, error)
-}
-
-// members carries out the leader's membership and version steps. Each
-// mutating step re-checks, right before it acts, that the local etcd
-// still leads with quorum.
-type members struct {
-	log    *slog.Logger
-	now    func() time.Time
-	selfID string
-	// etcd is the local etcd's client and endpoint; nil when there is none.
-	etcd func() (leaderEtcd, string)
-	// self is this node's membership now.
-	self func() *etcdproc.MemberState
-	// call makes one bounded call on a node.
-	call     func(ctx context.Context, n plan.Node, call func(context.Context, memberAPI) error) error
-	creation creationMarker
-	// dial returns a client of another member's etcd, and its closer.
-	dial func(endpoints []string) (clientv3.Cluster, func(), error)
-}
-
 // newMembers returns the membership executor of loop lp.
-func newMembers(lp *loop) *members {
-	return &members{
-		log:    lp.log,
-		now:    lp.now,
-		selfID: lp.node.ID(),
-		etcd: func() (leaderEtcd, string) {
+func newMembers(lp *loop) *membership.Executor {
+	return &membership.Executor{
+		Log:    lp.log,
+		Now:    lp.now,
+		SelfID: lp.node.ID(),
+		Etcd: func() (membership.LeaderEtcd, string) {
 			if lp.client == nil {
 				return nil, ""
 			}
 			return lp.client, lp.clientEndpoint
 		},
-		self: lp.node.Member,
-		call: func(ctx context.Context, n plan.Node, call func(context.Context, memberAPI) error) error {
+		Self: lp.node.Member,
+		Call: func(ctx context.Context, n plan.Node, call func(context.Context, membership.NodeAPI) error) error {
 			api, err := lp.callee(n)
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			ctx, cancel := context.WithTimeout(ctx, membership.CallTimeout)
 			defer cancel()
 			return call(ctx, api)
 		},
-		creation: loopCreation{lp},
-		dial: func(endpoints []string) (clientv3.Cluster, func(), error) {
+		Creation: loopCreation{lp},
+		Dial: func(endpoints []string) (clientv3.Cluster, func(), error) {
 			c, err := etcdproc.NewClient(endpoints, lp.etcdTLS)
 			if err != nil {
 				return nil, nil, err
@@ -118,7 +47,8 @@ func newMembers(lp *loop) *members {
 // loopCreation writes the creation marker in the loop's store.
 type loopCreation struct{ lp *loop }
 
-func (c loopCreation) Term() int64                             { return c.lp.lease.Term() }
+func (c loopCreation) Term() int64 { return c.lp.lease.Term() }
+
 func (c loopCreation) Hold(ctx context.Context) (int64, error) { return c.lp.lease.Hold(ctx) }
 
 func (c loopCreation) CreateCreated(ctx context.Context, m spec.ClusterCreated) error {
@@ -135,391 +65,4 @@ func (c loopCreation) ReadCreated(ctx context.Context) (spec.ClusterCreated, err
 		return spec.ClusterCreated{}, err
 	}
 	return s.ReadCreated(ctx)
-}
-
-// create creates a new cluster. Crash safety comes from the order: every
-// chosen node first records the membership as pending, then the once-only
-// creation marker names the token, and only then do the nodes start etcd
-// (each confirms against the marker itself). A creation that loses the
-// marker, or never writes it, is abandoned by its nodes.
-func (m *members) create(ctx context.Context, obs plan.Observed, act plan.CreateCluster) error {
-	v, err := spec.ParseSupportedVersion(act.Version)
-	if err != nil {
-		return err
-	}
-	nodes, err := plan.FindNodes(obs.Peers, act.Members)
-	if err != nil {
-		return err
-	}
-	token, err := spec.NewClusterToken()
-	if err != nil {
-		return err
-	}
-	member := etcdproc.MemberState{
-		ClusterToken:   token,
-		EtcdVersion:    v.String(),
-		InitialCluster: plan.InitialCluster(nodes),
-		NewCluster:     true,
-		Pending:        true,
-		Settings:       specSettings(obs, v),
-		// Every chosen node's certificate carries it (see plan).
-		PeerCertHostname: act.PeerCertHostname,
-	}
-	m.log.Info("creating cluster", "cluster-token", token, "version", v.String(), "members", act.Members, "lock-term", m.creation.Term())
-	var prepared []plan.Node
-	rollback := func(cause error) error {
-		for _, n := range prepared {
-			if err := m.leave(ctx, n, peer.LeaveRequest{Token: token, Reason: "creation rolled back"}); err != nil {
-				m.log.Warn("cannot roll back a prepared member; it gives up on its own", "node", n.ID, "error", err)
-			}
-		}
-		return cause
-	}
-	for _, n := range nodes {
-		if err := m.join(ctx, n, peer.JoinRequest{Member: member}); err != nil {
-			return rollback(fmt.Errorf("controller: prepare %s: %w", n.ID, err))
-		}
-		prepared = append(prepared, n)
-	}
-	if _, err := m.creation.Hold(ctx); err != nil {
-		return rollback(fmt.Errorf("controller: before creating the cluster: %w", err))
-	}
-	err = m.creation.CreateCreated(ctx, spec.ClusterCreated{Timestamp: spec.Int64(m.now().UnixNano()), ClusterToken: token})
-	if errors.Is(err, store.ErrExists) {
-		// A retry of a write that did succeed finds our own marker: that
-		// is success, not another creator's win.
-		if got, rerr := m.creation.ReadCreated(ctx); rerr != nil || got.ClusterToken != token {
-			return rollback(fmt.Errorf("controller: another agent created the cluster first"))
-		}
-		err = nil
-	}
-	if err != nil {
-		// The marker may or may not be written; the prepared nodes settle it
-		// against the store themselves.
-		return err
-	}
-	m.log.Info("cluster created", "cluster-token", token, "members", act.Members)
-	return nil
-}
-
-// isUnhealthy reports etcd's refusal of a membership change while the
-// member asked is not connected to a quorum ("unhealthy cluster").
-func isUnhealthy(err error) bool {
-	return err != nil && (errors.Is(err, rpctypes.ErrUnhealthy) || strings.Contains(err.Error(), rpctypes.ErrUnhealthy.Error()))
-}
-
-// addThroughOthers asks each other started voter, in turn, to add a
-// learner at peerURLs; it returns the last refusal when all refuse.
-func (m *members) addThroughOthers(ctx context.Context, members []*etcdserverpb.Member, peerURLs []string) (*clientv3.MemberAddResponse, error) {
-	err := rpctypes.ErrUnhealthy
-	for _, mm := range members {
-		if mm.IsLearner || len(mm.ClientURLs) == 0 || mm.Name == m.selfID || m.dial == nil {
-			continue
-		}
-		c, closeFn, derr := m.dial(mm.ClientURLs)
-		if derr != nil {
-			m.log.Warn("cannot reach a voter to add a member through", "member", mm.Name, "error", derr)
-			continue
-		}
-		actx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
-		resp, aerr := c.MemberAddAsLearner(actx, peerURLs)
-		cancel()
-		closeFn()
-		if aerr == nil {
-			m.log.Info("a member was added through another voter: the leader's etcd refused it as unhealthy", "through", mm.Name)
-			return resp, nil
-		}
-		err = aerr
-	}
-	return nil, err
-}
-
-// leader re-checks, right before a membership change, that the local etcd
-// is still the raft leader and still has quorum, and returns it.
-func (m *members) leader(ctx context.Context) (leaderEtcd, error) {
-	c, endpoint := m.etcd()
-	if c == nil {
-		return nil, ErrNotLeader
-	}
-	// One bound for both calls: a leader that is slow to say so is as
-	// good as none.
-	cctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
-	defer cancel()
-	st, err := c.Status(cctx, endpoint)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNotLeader, err)
-	}
-	if st.Leader != st.Header.MemberId {
-		return nil, fmt.Errorf("%w: etcd leader is now %x", ErrNotLeader, st.Leader)
-	}
-	// A linearizable read needs quorum.
-	if _, err := c.Get(cctx, "/etcd-manager/leader-check"); err != nil {
-		return nil, fmt.Errorf("%w: no quorum: %v", ErrNotLeader, err)
-	}
-	return c, nil
-}
-
-// add adds a standby node as a learner, then tells it to join.
-func (m *members) add(ctx context.Context, obs plan.Observed, act plan.AddMember) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
-	if err != nil {
-		return err
-	}
-	c, err := m.leader(ctx)
-	if err != nil {
-		return err
-	}
-	lctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
-	defer cancel()
-	list, err := c.MemberList(lctx)
-	if err != nil {
-		return fmt.Errorf("controller: member list: %w", err)
-	}
-	members := list.Members
-	exists := false
-	for _, mm := range members {
-		exists = exists || plan.SameURLs(mm.PeerURLs, n.PeerURLs)
-	}
-	if !exists {
-		actx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
-		defer cancel()
-		resp, err := c.MemberAddAsLearner(actx, n.PeerURLs)
-		if isUnhealthy(err) {
-			// etcd refuses a change unless the member asked has been
-			// connected to a quorum of voters for a few seconds, by its
-			// own view. A leader's view can go stale for good: a send that
-			// fails while a peer's streams stay up marks that peer
-			// inactive until a stream reconnects. Another voter, connected
-			// to a quorum by its own view, may take the change.
-			resp, err = m.addThroughOthers(ctx, members, n.PeerURLs)
-		}
-		if isUnhealthy(err) {
-			return fmt.Errorf("controller: etcd reports the cluster not yet settled for adding %s: %w", n.ID, procedure.ErrWait)
-		}
-		if err != nil {
-			return fmt.Errorf("controller: add %s as learner: %w", n.ID, err)
-		}
-		members = resp.Members
-		m.log.Info("member added as learner", "node", n.ID, "member-id", fmt.Sprintf("%x", resp.Member.ID))
-	}
-	var initial []string
-	for _, mm := range members {
-		name := mm.Name
-		if plan.SameURLs(mm.PeerURLs, n.PeerURLs) {
-			name = n.ID
-		}
-		if name == "" {
-			continue
-		}
-		for _, u := range mm.PeerURLs {
-			initial = append(initial, name+"="+u)
-		}
-	}
-	cur := m.self()
-	if cur == nil {
-		return fmt.Errorf("%w: this node left the cluster", ErrNotLeader)
-	}
-	// A new member starts as the leader runs (version, settings and the
-	// peer certificate check, if its certificate allows); a change under
-	// way reaches it like any other member.
-	check := cur.PeerCertHostname
-	if n.CertMarker != check {
-		check = ""
-	}
-	return m.join(ctx, n, peer.JoinRequest{Member: etcdproc.MemberState{
-		ClusterToken:     cur.ClusterToken,
-		EtcdVersion:      cur.EtcdVersion,
-		InitialCluster:   strings.Join(initial, ","),
-		Settings:         maps.Clone(cur.Settings),
-		PeerCertHostname: check,
-	}})
-}
-
-// specSettings are the spec's etcd settings that etcd v accepts, for a
-// new member.
-func specSettings(obs plan.Observed, v spec.Version) map[string]string {
-	if obs.Spec == nil {
-		return nil
-	}
-	s, _ := obs.Spec.EtcdSettings.Usable(v)
-	return s
-}
-
-// promote promotes a caught-up learner.
-func (m *members) promote(ctx context.Context, act plan.PromoteMember) error {
-	c, err := m.leader(ctx)
-	if err != nil {
-		return err
-	}
-	pctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
-	defer cancel()
-	_, err = c.MemberPromote(pctx, act.MemberID)
-	if errors.Is(err, rpctypes.ErrGRPCLearnerNotReady) || (err != nil && strings.Contains(err.Error(), rpctypes.ErrGRPCLearnerNotReady.Error())) {
-		return fmt.Errorf("controller: learner %x is still catching up: %w", act.MemberID, procedure.ErrWait)
-	}
-	if err != nil {
-		return fmt.Errorf("controller: promote %x: %w", act.MemberID, err)
-	}
-	m.log.Info("learner promoted to voting member", "member-id", fmt.Sprintf("%x", act.MemberID))
-	return nil
-}
-
-// remove removes an etcd member, then tells its node (if known) to leave.
-func (m *members) remove(ctx context.Context, obs plan.Observed, act plan.RemoveMember) error {
-	c, err := m.leader(ctx)
-	if err != nil {
-		return err
-	}
-	rctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
-	defer cancel()
-	_, err = c.MemberRemove(rctx, act.MemberID)
-	if err != nil && !strings.Contains(err.Error(), rpctypes.ErrGRPCMemberNotFound.Error()) {
-		return fmt.Errorf("controller: remove member %x: %w", act.MemberID, err)
-	}
-	m.log.Warn("member removed", "member-id", fmt.Sprintf("%x", act.MemberID), "node", act.NodeID, "reason", act.Reason)
-	if act.NodeID == "" || obs.Cluster == nil {
-		return nil
-	}
-	if err := m.tellLeave(ctx, obs, act.NodeID, obs.Cluster.Token, "removed: "+act.Reason); err != nil {
-		// It is out of the cluster either way; it is told again when seen.
-		m.log.Warn("cannot tell the removed node to leave; will retry when it is seen", "node", act.NodeID, "error", err)
-	}
-	return nil
-}
-
-// evict tells a node that is not a member to drop its stale membership,
-// after re-checking leadership like every other membership change.
-func (m *members) evict(ctx context.Context, obs plan.Observed, act plan.EvictNode) error {
-	if _, err := m.leader(ctx); err != nil {
-		return err
-	}
-	return m.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
-}
-
-// tellLeave tells a node to drop its membership of the cluster token.
-func (m *members) tellLeave(ctx context.Context, obs plan.Observed, nodeID, token, reason string) error {
-	n, err := plan.FindNode(obs.Peers, nodeID)
-	if err != nil {
-		return err
-	}
-	return m.leave(ctx, n, peer.LeaveRequest{Token: token, Reason: reason})
-}
-
-func (m *members) join(ctx context.Context, n plan.Node, req peer.JoinRequest) error {
-	req.LeaderID = m.selfID
-	return m.call(ctx, n, func(ctx context.Context, api memberAPI) error { return api.Join(ctx, req) })
-}
-
-func (m *members) leave(ctx context.Context, n plan.Node, req peer.LeaveRequest) error {
-	req.LeaderID = m.selfID
-	return m.call(ctx, n, func(ctx context.Context, api memberAPI) error { return api.Leave(ctx, req) })
-}
-
-// setVersion has a member's node restart etcd on another version.
-func (m *members) setVersion(ctx context.Context, obs plan.Observed, act plan.SetMemberVersion) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
-	if err != nil {
-		return err
-	}
-	if _, err := m.leader(ctx); err != nil {
-		return err
-	}
-	m.log.Info("restarting a member on another etcd version", "node", n.ID, "version", act.Version)
-	err = m.call(ctx, n, func(ctx context.Context, api memberAPI) error {
-		return api.SetVersion(ctx, peer.VersionRequest{LeaderID: m.selfID, Token: obs.Cluster.Token, Version: act.Version})
-	})
-	testhook.Here(m.log, "version-member-restarted")
-	return err
-}
-
-// setSettings has a member's node restart etcd with the spec's settings.
-func (m *members) setSettings(ctx context.Context, obs plan.Observed, act plan.SetMemberSettings) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
-	if err != nil {
-		return err
-	}
-	if _, err := m.leader(ctx); err != nil {
-		return err
-	}
-	m.log.Info("restarting a member with new etcd settings", "node", n.ID, "settings", act.Settings.String())
-	return m.call(ctx, n, func(ctx context.Context, api memberAPI) error {
-		return api.SetSettings(ctx, peer.SettingsRequest{LeaderID: m.selfID, Token: obs.Cluster.Token, Settings: act.Settings})
-	})
-}
-
-// setPeerCertCheck has a member's node restart etcd with another peer
-// certificate check.
-func (m *members) setPeerCertCheck(ctx context.Context, obs plan.Observed, act plan.SetPeerCertCheck) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
-	if err != nil {
-		return err
-	}
-	if _, err := m.leader(ctx); err != nil {
-		return err
-	}
-	if act.Hostname != "" {
-		m.log.Info("restarting a member to accept only node certificates on its etcd peer port", "node", n.ID, "peer-cert-allowed-hostname", act.Hostname)
-	} else {
-		m.log.Warn("restarting a member to accept any certificate from the CA on its etcd peer port: a member's agent lacks the node marker or asked for the check off", "node", n.ID)
-	}
-	return m.call(ctx, n, func(ctx context.Context, api memberAPI) error {
-		return api.SetPeerCertCheck(ctx, peer.PeerCertCheckRequest{LeaderID: m.selfID, Token: obs.Cluster.Token, Hostname: act.Hostname})
-	})
-}
-
-// moveLeader hands raft leadership from the local etcd to another member.
-func (m *members) moveLeader(ctx context.Context, act plan.MoveLeader) error {
-	c, err := m.leader(ctx)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
-	defer cancel()
-	if _, err := c.MoveLeader(ctx, act.To); err != nil {
-		return fmt.Errorf("controller: move leadership to %x: %w", act.To, err)
-	}
-	m.log.Info("raft leadership handed on", "to", fmt.Sprintf("%x", act.To), "reason", act.Reason)
-	return nil
-}
-
-// enableDowngrade validates, then enables, etcd's cluster downgrade.
-func (m *members) enableDowngrade(ctx context.Context, act plan.EnableDowngrade) error {
-	c, err := m.leader(ctx)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
-	defer cancel()
-	if _, err := c.Downgrade(ctx, clientv3.DowngradeValidate, act.Version); err != nil {
-		return fmt.Errorf("controller: etcd refuses a downgrade to %s: %w", act.Version, err)
-	}
-	if _, err := c.Downgrade(ctx, clientv3.DowngradeEnable, act.Version); err != nil {
-		return fmt.Errorf("controller: enable the downgrade to %s: %w", act.Version, err)
-	}
-	m.log.Warn("etcd downgrade enabled; members move to the older version once their data is rewritten", "version", act.Version)
-	return nil
-}
-
-// setPeerURLs registers the member's new peer URLs, then has its node
-// restart etcd serving them. (Switching peer URLs is planned in package
-// plan; the node's side is node.SetPeerURLs.)
-func (m *members) setPeerURLs(ctx context.Context, obs plan.Observed, act plan.SetPeerURLs) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
-	if err != nil {
-		return err
-	}
-	c, err := m.leader(ctx)
-	if err != nil {
-		return err
-	}
-	cctx, cancel := context.WithTimeout(ctx, etcdproc.CallTimeout)
-	_, err = c.MemberUpdate(cctx, act.MemberID, act.URLs)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("controller: register peer URLs %v for member %x: %w", act.URLs, act.MemberID, err)
-	}
-	m.log.Warn("registered a member's new peer URLs; its node restarts etcd to serve them", "node", n.ID, "urls", act.URLs)
-	return m.call(ctx, n, func(ctx context.Context, api memberAPI) error {
-		return api.SetPeerURLs(ctx, peer.PeerURLsRequest{LeaderID: m.selfID, Token: obs.Cluster.Token, URLs: act.URLs})
-	})
 }

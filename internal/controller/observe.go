@@ -177,7 +177,7 @@ func activeProcedure(obs plan.Observed) string {
 }
 
 // observeSelf reports this node as the planner sees it, with its
-// membership as recorded in its state and its etcd's status.
+// membershipOf as recorded in its state and its etcd's status.
 func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberState, etcdproc.MemberStatus) {
 	st, pendingSince := lp.node.State()
 	self := plan.Node{
@@ -186,7 +186,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		PeerURLs:       lp.cfg.PeerURLs,
 		ClientURLs:     lp.cfg.ClientURLs,
 		QuarantineURLs: lp.cfg.QuarantineClientURLs,
-		Member:         membership(st.Member),
+		Member:         membershipOf(st.Member),
 		Installed:      etcdproc.InstalledVersions(lp.cfg.EtcdBinDir),
 		// The node certificate is renewed apart from the loop; the
 		// marker never leaves it once there.
@@ -432,8 +432,8 @@ func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcd
 	lp.node.SetInfo(info, member)
 }
 
-// membership is a node's recorded membership as the planner sees it.
-func membership(m *etcdproc.MemberState) *plan.Membership {
+// membershipOf is a node's recorded membership as the planner sees it.
+func membershipOf(m *etcdproc.MemberState) *plan.Membership {
 	if m == nil {
 		return nil
 	}
@@ -487,7 +487,7 @@ func (lp *loop) noLeaderFor() time.Duration {
 }
 
 // localMembers are the started members that etcd's own copy of the
-// membership lists (a serializable read, which needs no quorum).
+// membershipOf lists (a serializable read, which needs no quorum).
 func localMembers(ctx context.Context, c *clientv3.Client) []plan.Member {
 	ctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
 	defer cancel()

@@ -86,7 +86,7 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 func nodeFromInfo(addr string, info peer.NodeInfo) plan.Node {
 	n := plan.Node{
 		ID: info.NodeID, Address: addr, PeerURLs: info.PeerURLs, ClientURLs: info.ClientURLs, QuarantineURLs: info.QuarantineClientURLs,
-		Member: membership(info.Member), HasData: info.HasData, DataLost: info.DataLost, PendingFor: info.PendingFor,
+		Member: membershipOf(info.Member), HasData: info.HasData, DataLost: info.DataLost, PendingFor: info.PendingFor,
 		EtcdWanted: info.EtcdWanted, Healthy: info.EtcdHealthy, Version: info.EtcdVersion,
 		MemberID: info.MemberID, RaftLeader: info.RaftLeader, RaftIndex: info.RaftIndex, SnapIndex: info.SnapIndex, Revision: info.Revision, Installed: info.Installed, BackupKeys: info.BackupKeys,
 		StorageVersion: info.StorageVersion, DowngradeTarget: info.DowngradeTarget, LocalMembers: fromRefs(info.LocalMembers),

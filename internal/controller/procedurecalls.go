@@ -12,6 +12,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/history"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
+	"github.com/etcd-manager/etcd-manager/internal/membership"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
@@ -34,7 +35,7 @@ func (lp *loop) Call(ctx context.Context, n plan.Node, timeout time.Duration, ca
 // (*node.Node) and a peer's (*peer.Client) serve the same calls.
 type nodeAPI interface {
 	procedure.NodeAPI
-	memberAPI
+	membership.NodeAPI
 	maintenance.Member
 }
 

@@ -1,4 +1,4 @@
-package controller
+package membership
 
 import (
 	"context"
@@ -89,15 +89,15 @@ func TestCreateChecksTheMarkersToken(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var calls []string
-			m := &members{
-				log: slog.New(slog.NewTextHandler(io.Discard, nil)), now: time.Now, selfID: "a",
-				call: func(ctx context.Context, n plan.Node, call func(context.Context, memberAPI) error) error {
+			m := &Executor{
+				Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: time.Now, SelfID: "a",
+				Call: func(ctx context.Context, n plan.Node, call func(context.Context, NodeAPI) error) error {
 					return call(ctx, recordingNode{id: n.ID, calls: &calls})
 				},
-				creation: &fakeMarker{theirs: tt.theirs},
+				Creation: &fakeMarker{theirs: tt.theirs},
 			}
 			obs := plan.Observed{Peers: []plan.Node{{ID: "a", PeerURLs: []string{"http://a:2380"}}, {ID: "b", PeerURLs: []string{"http://b:2380"}}}}
-			err := m.create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16"})
+			err := m.Create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16"})
 			if (err != nil) != tt.wantErr || (err != nil && !strings.Contains(err.Error(), "created the cluster first")) {
 				t.Fatalf("create: %v, want error %v", err, tt.wantErr)
 			}
@@ -113,16 +113,16 @@ func TestCreateChecksTheMarkersToken(t *testing.T) {
 func TestCreateCarriesThePeerCertCheck(t *testing.T) {
 	var calls []string
 	var joins []peer.JoinRequest
-	m := &members{
-		log: slog.New(slog.NewTextHandler(io.Discard, nil)), now: time.Now, selfID: "a",
-		call: func(ctx context.Context, n plan.Node, call func(context.Context, memberAPI) error) error {
+	m := &Executor{
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: time.Now, SelfID: "a",
+		Call: func(ctx context.Context, n plan.Node, call func(context.Context, NodeAPI) error) error {
 			return call(ctx, recordingNode{id: n.ID, calls: &calls, joins: &joins})
 		},
-		creation: &fakeMarker{},
+		Creation: &fakeMarker{},
 	}
 	obs := plan.Observed{Peers: []plan.Node{{ID: "a", PeerURLs: []string{"http://a:2380"}}, {ID: "b", PeerURLs: []string{"http://b:2380"}}}}
 	const marker = "node.main.etcd-manager.internal"
-	if err := m.create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16", PeerCertHostname: marker}); err != nil {
+	if err := m.Create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16", PeerCertHostname: marker}); err != nil {
 		t.Fatal(err)
 	}
 	if len(joins) != 2 {
@@ -177,9 +177,9 @@ func TestAddThroughOthers(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var calls []string
-			m := &members{
-				log: slog.New(slog.NewTextHandler(io.Discard, nil)), selfID: "a",
-				dial: func(endpoints []string) (clientv3.Cluster, func(), error) {
+			m := &Executor{
+				Log: slog.New(slog.NewTextHandler(io.Discard, nil)), SelfID: "a",
+				Dial: func(endpoints []string) (clientv3.Cluster, func(), error) {
 					name := strings.TrimSuffix(strings.TrimPrefix(endpoints[0], "https://"), ":4001")
 					if tt.unreach[name] {
 						return nil, nil, errors.New("connection refused")
