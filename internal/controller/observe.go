@@ -324,8 +324,8 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	lp.unhealthySince.keep(members)
 	lp.learnerSince.keep(members)
 	view.Members = members
-	view.NoSpace, view.AlarmsKnown = raisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_NOSPACE)
-	view.Corrupt, _ = raisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_CORRUPT)
+	view.NoSpace, view.AlarmsKnown = etcdproc.RaisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_NOSPACE)
+	view.Corrupt, _ = etcdproc.RaisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_CORRUPT)
 	return view, nil
 }
 

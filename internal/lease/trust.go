@@ -6,6 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -79,3 +82,31 @@ func ClockOffset(peerNow, sent, received time.Time, maxRTT time.Duration) (off t
 // that to count as lost quorum, not an election (which takes etcd about a
 // second): a quarter of the lease, at least 3 s.
 func NoLeaderSettle(lease time.Duration) time.Duration { return max(3*time.Second, lease/4) }
+
+// CheckClocks says why this agent's clock is too far off its peers' or
+// the store's for it to stamp revisions with (continuous capture), or
+// nil: peers holds the offset measured to each peer by node ID, store the
+// one to the store's clock, and limit the most either may be off (0: no
+// check).
+func CheckClocks(peers map[string]time.Duration, store, limit time.Duration) error {
+	if limit <= 0 {
+		return nil
+	}
+	// Stores keep modification times to the second.
+	if off, storeLimit := store, limit+time.Second; off > storeLimit || off < -storeLimit {
+		return fmt.Errorf("lease: the backup store's clock is %s off this agent's, more than %s (--capture-max-clock-offset and a second)", off.Round(time.Millisecond), storeLimit)
+	}
+	// Off most peers: this agent's clock is the one that is wrong. One
+	// peer off among agreeing ones is that peer's problem, not ours.
+	var off []string
+	for _, id := range slices.Sorted(maps.Keys(peers)) {
+		if d := peers[id]; d > limit || d < -limit {
+			off = append(off, fmt.Sprintf("%s by %s", id, d.Round(time.Millisecond)))
+		}
+	}
+	if 2*len(off) > len(peers) {
+		return fmt.Errorf("lease: this agent's clock is off the clocks of %s (of %d peers), more than --capture-max-clock-offset=%s",
+			strings.Join(off, ", "), len(peers), limit)
+	}
+	return nil
+}

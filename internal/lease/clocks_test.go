@@ -1,16 +1,14 @@
-package controller
+package lease
 
 import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/etcd-manager/etcd-manager/internal/changelog"
 )
 
 // Capture stamps each revision with this agent's clock, so it refuses to
 // capture while that clock is too far off a peer's or the store's.
-func TestCaptureClockErr(t *testing.T) {
+func TestCheckClocks(t *testing.T) {
 	tests := []struct {
 		name    string
 		offsets map[string]time.Duration
@@ -27,13 +25,12 @@ func TestCaptureClockErr(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lp := &loop{cfg: Config{Capture: changelog.Config{MaxClockOffset: time.Second}}, offsets: tt.offsets, storeOffset: tt.store}
-			err := lp.captureClockErr()
+			err := CheckClocks(tt.offsets, tt.store, time.Second)
 			switch {
 			case tt.want == "" && err != nil:
 				t.Errorf("refused: %v", err)
 			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-				t.Errorf("captureClockErr() = %v, want %q", err, tt.want)
+				t.Errorf("CheckClocks = %v, want %q", err, tt.want)
 			}
 		})
 	}

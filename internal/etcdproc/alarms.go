@@ -1,4 +1,4 @@
-package controller
+package etcdproc
 
 import (
 	"context"
@@ -9,20 +9,18 @@ import (
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 )
 
 // alarmRE finds an alarm among the errors of etcd's status
 // ("memberID:<id> alarm:NOSPACE").
 var alarmRE = regexp.MustCompile(`memberID:\s*(\d+)\s+alarm:\s*([A-Z]+)`)
 
-// raisedAlarms are the members with etcd's alarm raised, read from the
+// RaisedAlarms are the members with etcd's alarm raised, read from the
 // errors of the members' status, which list the cluster's alarms; known
 // is false when no member answered. (etcd's alarm list is a raft
 // request: not something to send every cycle.) Only when a status names
 // the alarm without a member does the alarm list answer.
-func raisedAlarms(ctx context.Context, c alarmLister, statusErrs [][]string, alarm etcdserverpb.AlarmType) (ids []uint64, known bool) {
+func RaisedAlarms(ctx context.Context, c AlarmLister, statusErrs [][]string, alarm etcdserverpb.AlarmType) (ids []uint64, known bool) {
 	name := alarm.String()
 	mentioned := false
 	for _, errs := range statusErrs {
@@ -47,7 +45,7 @@ func raisedAlarms(ctx context.Context, c alarmLister, statusErrs [][]string, ala
 	if !mentioned || len(ids) > 0 {
 		return ids, known || len(ids) > 0
 	}
-	actx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
+	actx, cancel := context.WithTimeout(ctx, StatusTimeout)
 	defer cancel()
 	alarms, err := c.AlarmList(actx)
 	if err != nil {
@@ -61,7 +59,7 @@ func raisedAlarms(ctx context.Context, c alarmLister, statusErrs [][]string, ala
 	return ids, true
 }
 
-// alarmLister lists etcd's alarms.
-type alarmLister interface {
+// AlarmLister lists etcd's alarms.
+type AlarmLister interface {
 	AlarmList(ctx context.Context) (*clientv3.AlarmResponse, error)
 }

@@ -1,4 +1,4 @@
-package controller
+package etcdproc
 
 import (
 	"context"
@@ -48,7 +48,7 @@ func TestRaisedAlarms(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := &listedAlarms{ids: []uint64{77}, alarm: tt.alarm}
-			ids, known := raisedAlarms(context.Background(), l, tt.errs, tt.alarm)
+			ids, known := RaisedAlarms(context.Background(), l, tt.errs, tt.alarm)
 			if !reflect.DeepEqual(ids, tt.wantIDs) || known != tt.wantKnown || l.asked != tt.wantAsked {
 				t.Fatalf("ids %v known %v asked %v; want %v %v %v", ids, known, l.asked, tt.wantIDs, tt.wantKnown, tt.wantAsked)
 			}
