@@ -17,6 +17,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/controller"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/journal"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/operatorapi"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
@@ -70,7 +71,7 @@ type Agent struct {
 	announcedFrom map[string]bool
 	// events records the history of the agent's changes and failures in
 	// the store; set by Run.
-	events *controller.EventLog
+	events *journal.Journal
 	// page is the status page served on --metrics-address.
 	page *status.Page
 }
@@ -120,7 +121,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("removed scratch space a crash left in tmp", "entries", removed)
 	}
 	a.nodeID = st.NodeID
-	a.events = controller.NewEventLog(a.nodeID, a.now, a.log)
+	a.events = journal.New(a.nodeID, a.now, a.log, controller.QuietError)
 	a.page = &status.Page{Events: status.StoreEvents(a.cfg.BackupStore), Now: a.now}
 	defer a.events.Start(ctx, a.cfg.BackupStore)()
 	if err := a.setupTLS(ctx); err != nil {

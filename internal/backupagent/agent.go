@@ -18,6 +18,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/capture"
 	"github.com/etcd-manager/etcd-manager/internal/controller"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/journal"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -42,7 +43,7 @@ type Agent struct {
 	tls     *tls.Config
 	// events records the backups taken and the actions that failed in the
 	// store's event history, as a managing agent does.
-	events *controller.EventLog
+	events *journal.Journal
 	// storeChecked is set once the store honoured create-if-absent.
 	storeChecked bool
 	// opened is set once Open read the TLS and key files.
@@ -59,7 +60,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer, readers backup
 	b.backups.Taken, b.backups.FailedAt = figures.Taken, figures.Failed
 	b.lock = lease.Lock{NodeID: cfg.NodeID, TTL: cfg.LockLease, Now: func() time.Time { return b.now() }}
 	b.capture = capture.New(cfg.Capture, cfg.TempDir, cfg.BackupStore, log, func() time.Time { return b.now() }, reg)
-	b.events = controller.NewEventLog(cfg.NodeID, func() time.Time { return b.now() }, log)
+	b.events = journal.New(cfg.NodeID, func() time.Time { return b.now() }, log, controller.QuietError)
 	return b
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/drill"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/history"
+	"github.com/etcd-manager/etcd-manager/internal/journal"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/node"
@@ -54,7 +55,7 @@ type Env struct {
 	Wake      <-chan struct{}
 	Announced func() map[string]bool
 	// Events is the node's journal.
-	Events *EventLog
+	Events *journal.Journal
 	// Observers receive each cycle: the status page, the cluster gauges.
 	Observers []Observer
 	// Readers read snapshots in child processes.
@@ -152,7 +153,7 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 			Now:        lp.now,
 			RenewEvery: max(cfg.LeaderLease/6, 100*time.Millisecond),
 			Metrics:    procedure.NewMetrics(env.Registry),
-			OnFail:     lp.events.commandFailed,
+			OnFail:     lp.events.CommandFailed,
 		},
 		Nodes:      lp,
 		Backups:    procedureBackups{lp},

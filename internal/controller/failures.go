@@ -110,6 +110,10 @@ func waiting(err error) bool {
 	return errors.Is(err, procedure.ErrWait)
 }
 
+// QuietError reports whether err is no failure of an action, for the
+// journal: the action must wait, or found this agent no longer leading.
+func QuietError(err error) bool { return waiting(err) || lostLead(err) }
+
 // lostLead reports whether err says only that this agent does not lead
 // (any more): by etcd's raft, or by the store lock. Neither is a failure
 // of the action.

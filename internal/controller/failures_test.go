@@ -2,8 +2,13 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/lease"
+	"github.com/etcd-manager/etcd-manager/internal/membership"
+	"github.com/etcd-manager/etcd-manager/internal/procedure"
 )
 
 func TestFailures(t *testing.T) {
@@ -62,5 +67,43 @@ func TestFailures(t *testing.T) {
 				t.Errorf("prune left %d (report %v), want %d", left, f.report(), tt.left)
 			}
 		})
+	}
+}
+
+// An action that must wait, in the loop or in a procedure step, is
+// counted as a wait, not an error.
+func TestResult(t *testing.T) {
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{nil, "ok"},
+		{errors.New("boom"), "error"},
+		{fmt.Errorf("%w: learner catching up", procedure.ErrWait), "wait"},
+		{fmt.Errorf("restore r1: %w: members starting", procedure.ErrWait), "wait"},
+	}
+	for _, tt := range tests {
+		if got := result(tt.err); got != tt.want {
+			t.Errorf("result(%v) = %q, want %q", tt.err, got, tt.want)
+		}
+	}
+}
+
+// The journal records no event for an action that must wait, nor for one
+// refused because this agent no longer leads, by raft or the store lock.
+func TestQuietError(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{errors.New("boom"), false},
+		{fmt.Errorf("%w: learner catching up", procedure.ErrWait), true},
+		{fmt.Errorf("x: %w", membership.ErrNotLeader), true},
+		{fmt.Errorf("%w: %w: the lease ran out", procedure.ErrFenced, lease.ErrNotHeld), true},
+	}
+	for _, tt := range tests {
+		if got := QuietError(tt.err); got != tt.want {
+			t.Errorf("QuietError(%v) = %v, want %v", tt.err, got, tt.want)
+		}
 	}
 }

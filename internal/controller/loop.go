@@ -19,6 +19,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/drill"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/history"
+	"github.com/etcd-manager/etcd-manager/internal/journal"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/membership"
@@ -45,7 +46,7 @@ type loop struct {
 	// etcdTLS, keys and events are env's.
 	etcdTLS *tls.Config
 	keys    *crypt.Keyring
-	events  *EventLog
+	events  *journal.Journal
 
 	store          *store.Store
 	discovery      peer.Discovery

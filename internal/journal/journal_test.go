@@ -1,4 +1,4 @@
-package controller
+package journal
 
 import (
 	"context"
@@ -10,10 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/etcd-manager/etcd-manager/internal/lease"
-	"github.com/etcd-manager/etcd-manager/internal/membership"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
-	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
@@ -22,7 +19,7 @@ import (
 // and the success that ends them; no waits, and no read-only successes.
 func TestEventLogOutcomes(t *testing.T) {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
-	e := NewEventLog("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler))
+	e := New("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler), quiet)
 	add := plan.AddMember{NodeID: "b"}
 	boom := errors.New("boom")
 	steps := []struct {
@@ -33,13 +30,13 @@ func TestEventLogOutcomes(t *testing.T) {
 		{0, add, nil},
 		{time.Second, plan.TakeBackup{Reason: "periodic"}, boom},
 		{time.Minute, plan.TakeBackup{Reason: "periodic"}, boom},
-		{2 * time.Minute, plan.TakeBackup{Reason: "periodic"}, fmt.Errorf("%w: not yet", procedure.ErrWait)},
-		{3 * time.Minute, plan.BackupRestored{ID: "r1"}, fmt.Errorf("%w: members starting", procedure.ErrWait)},
+		{2 * time.Minute, plan.TakeBackup{Reason: "periodic"}, fmt.Errorf("%w: not yet", errWait)},
+		{3 * time.Minute, plan.BackupRestored{ID: "r1"}, fmt.Errorf("%w: members starting", errWait)},
 		{9 * time.Minute, plan.TakeBackup{Reason: "periodic"}, boom},
 		{11 * time.Minute, plan.TakeBackup{Reason: "periodic"}, errors.New("boom again")},
 		{12 * time.Minute, plan.TakeBackup{Reason: "periodic"}, nil},
-		{13 * time.Minute, plan.MoveLeader{To: 1}, fmt.Errorf("x: %w", membership.ErrNotLeader)},
-		{14 * time.Minute, plan.VerifyRestore{ID: "r2"}, fmt.Errorf("%w: %w: the lease ran out", procedure.ErrFenced, lease.ErrNotHeld)},
+		{13 * time.Minute, plan.MoveLeader{To: 1}, fmt.Errorf("x: %w", errNotLeading)},
+		{14 * time.Minute, plan.VerifyRestore{ID: "r2"}, fmt.Errorf("procedure: no longer the driver: %w: the lease ran out", errNotLeading)},
 	}
 	start := now
 	for _, s := range steps {
@@ -68,25 +65,6 @@ func TestEventLogOutcomes(t *testing.T) {
 	}
 }
 
-// An action that must wait, in the loop or in a procedure step, is
-// counted as a wait, not an error.
-func TestResult(t *testing.T) {
-	tests := []struct {
-		err  error
-		want string
-	}{
-		{nil, "ok"},
-		{errors.New("boom"), "error"},
-		{fmt.Errorf("%w: learner catching up", procedure.ErrWait), "wait"},
-		{fmt.Errorf("restore r1: %w: members starting", procedure.ErrWait), "wait"},
-	}
-	for _, tt := range tests {
-		if got := result(tt.err); got != tt.want {
-			t.Errorf("result(%v) = %q, want %q", tt.err, got, tt.want)
-		}
-	}
-}
-
 // fakeEvents is a store that fails its first writes.
 type fakeEvents struct {
 	mu      sync.Mutex
@@ -108,7 +86,7 @@ func (f *fakeEvents) AddEvent(_ context.Context, e spec.Event) error {
 // The writer keeps the events while the store is away and writes them in
 // order once it is back; a full queue drops the oldest, counted.
 func TestEventLogWriter(t *testing.T) {
-	e := NewEventLog("n1", time.Now, slog.New(slog.DiscardHandler))
+	e := New("n1", time.Now, slog.New(slog.DiscardHandler), quiet)
 	for i := range eventQueueLimit + 5 {
 		e.Note(fmt.Sprintf("a%d", i), "")
 	}
@@ -142,10 +120,10 @@ func TestEventLogWriter(t *testing.T) {
 // record of an action's failures is dropped once it is not tried again.
 func TestEventLogCommandFailures(t *testing.T) {
 	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
-	e := NewEventLog("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler))
+	e := New("n1", func() time.Time { return now }, slog.New(slog.DiscardHandler), quiet)
 	e.Outcome(plan.FailCommand{ID: "c1", Reason: "junk"}, nil)
 	step := plan.PrepareRestore{ID: "c2", Backup: "b"}
-	e.commandFailed("c2", "backup too large")
+	e.CommandFailed("c2", "backup too large")
 	e.Outcome(step, nil)
 	e.Outcome(plan.TakeBackup{Reason: "before x"}, errors.New("boom"))
 	now = now.Add(failingIdle + time.Second)
@@ -166,3 +144,12 @@ func TestEventLogCommandFailures(t *testing.T) {
 		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// errWait and errNotLeading stand for the loop's errors that are no
+// event: an action that must wait, and one refused for no longer leading.
+var (
+	errWait       = errors.New("must wait")
+	errNotLeading = errors.New("no longer leading")
+)
+
+func quiet(err error) bool { return errors.Is(err, errWait) || errors.Is(err, errNotLeading) }

@@ -1,4 +1,4 @@
-package controller
+package journal
 
 import (
 	"context"
@@ -43,11 +43,13 @@ const (
 	failingLimit = 256
 )
 
-// EventLog records events for one agent.
-type EventLog struct {
+// Journal records the events of one agent.
+type Journal struct {
 	node string
 	now  func() time.Time
 	log  *slog.Logger
+	// quiet says which errors of an action are no event (see New).
+	quiet func(error) bool
 
 	mu      sync.Mutex
 	queue   []spec.Event
@@ -60,17 +62,19 @@ type EventLog struct {
 	dropped           atomic.Int64
 }
 
-// NewEventLog returns the journal of a node's changes and failures;
-// Start writes it to the store.
-func NewEventLog(node string, now func() time.Time, log *slog.Logger) *EventLog {
-	return &EventLog{node: node, now: now, log: log, failing: map[string]*failingAction{}, wake: make(chan struct{}, 1)}
+// New returns the journal of a node's changes and failures; Start writes
+// it to the store. quiet says which errors of an action are no event (an
+// action that must wait, or that found this agent no longer leading);
+// nil: every error is one.
+func New(node string, now func() time.Time, log *slog.Logger, quiet func(error) bool) *Journal {
+	return &Journal{node: node, now: now, log: log, quiet: quiet, failing: map[string]*failingAction{}, wake: make(chan struct{}, 1)}
 }
 
 // Outcome records what came of an action the loop took: a change that
 // succeeded, a failure (collapsed when it repeats), or a success after
 // failures. Waits, and steps refused for no longer leading, are no
 // events.
-func (e *EventLog) Outcome(act plan.Action, err error) {
+func (e *Journal) Outcome(act plan.Action, err error) {
 	if e == nil {
 		return
 	}
@@ -78,7 +82,7 @@ func (e *EventLog) Outcome(act plan.Action, err error) {
 	stepFailed := e.commandFailedStep
 	e.commandFailedStep = false
 	e.mu.Unlock()
-	if waiting(err) || lostLead(err) {
+	if err != nil && e.quiet != nil && e.quiet(err) {
 		return
 	}
 	now := e.now()
@@ -131,9 +135,9 @@ func (e *EventLog) Outcome(act plan.Action, err error) {
 	}
 }
 
-// commandFailed records that a procedure step marked its command failed,
+// CommandFailed records that a procedure step marked its command failed,
 // with the reason (procedure.Runner's OnFail).
-func (e *EventLog) commandFailed(id, reason string) {
+func (e *Journal) CommandFailed(id, reason string) {
 	if e == nil {
 		return
 	}
@@ -145,7 +149,7 @@ func (e *EventLog) commandFailed(id, reason string) {
 
 // Note records an event of the agent's own, apart from the loop's
 // actions (a certificate issued).
-func (e *EventLog) Note(action, message string) {
+func (e *Journal) Note(action, message string) {
 	if e == nil {
 		return
 	}
@@ -153,7 +157,7 @@ func (e *EventLog) Note(action, message string) {
 }
 
 // Add queues an event for the store.
-func (e *EventLog) Add(ev spec.Event) {
+func (e *Journal) Add(ev spec.Event) {
 	if e == nil {
 		return
 	}
@@ -172,7 +176,7 @@ func (e *EventLog) Add(ev spec.Event) {
 }
 
 // pending takes the queued events.
-func (e *EventLog) pending() []spec.Event {
+func (e *Journal) pending() []spec.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	q := e.queue
@@ -182,7 +186,7 @@ func (e *EventLog) pending() []spec.Event {
 
 // requeue puts back events that could not be written, ahead of newer
 // ones, within the queue's bound.
-func (e *EventLog) requeue(evs []spec.Event) {
+func (e *Journal) requeue(evs []spec.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	q := append(evs, e.queue...)
@@ -200,7 +204,7 @@ type eventWriter interface {
 
 // run writes queued events to the store opened by open until ctx ends,
 // retrying with backoff while the store is away.
-func (e *EventLog) run(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
+func (e *Journal) run(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
 	delay := time.Second
 	for {
 		select {
@@ -243,7 +247,7 @@ func (e *EventLog) run(ctx context.Context, open func(context.Context) (eventWri
 
 // Start writes queued events to the store at url until ctx ends; the
 // returned stop writes what is left, within 5 s, as the agent stops.
-func (e *EventLog) Start(ctx context.Context, url string) (stop func()) {
+func (e *Journal) Start(ctx context.Context, url string) (stop func()) {
 	open := openEventStore(url)
 	go e.run(ctx, open)
 	return func() {
@@ -254,7 +258,7 @@ func (e *EventLog) Start(ctx context.Context, url string) (stop func()) {
 }
 
 // flush writes what is queued once, as the agent stops.
-func (e *EventLog) flush(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
+func (e *Journal) flush(ctx context.Context, open func(context.Context) (eventWriter, func(), error)) {
 	evs := e.pending()
 	if len(evs) == 0 {
 		return
@@ -280,7 +284,7 @@ func write(ctx context.Context, open func(context.Context) (eventWriter, func(),
 	return len(evs), nil
 }
 
-func (e *EventLog) poke() {
+func (e *Journal) poke() {
 	select {
 	case e.wake <- struct{}{}:
 	default:
