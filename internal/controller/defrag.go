@@ -3,14 +3,10 @@ package controller
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
@@ -121,15 +117,9 @@ func (lp *loop) recoverSpace(ctx context.Context, act plan.RecoverSpace) error {
 	if err != nil {
 		return err
 	}
-	st, err := etcdproc.AskStatus(ctx, c, lp.clientEndpoint)
+	head, err := etcdproc.CompactToHead(ctx, c, lp.client, lp.clientEndpoint)
 	if err != nil {
-		return fmt.Errorf("controller: NOSPACE: etcd status: %w", err)
-	}
-	head := st.Header.Revision
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	if _, err := lp.client.Compact(cctx, head, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
-		return fmt.Errorf("controller: NOSPACE: compact to %d: %w", head, err)
+		return fmt.Errorf("controller: NOSPACE: %w", err)
 	}
 	lp.spaceCompacted = true
 	lp.compaction.Compacted(head)
@@ -156,14 +146,7 @@ func (lp *loop) disarmAlarms(ctx context.Context, ids []uint64, alarm etcdserver
 	if _, err := lp.members.Leader(ctx); err != nil {
 		return err
 	}
-	dctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
-	defer cancel()
-	for _, id := range ids {
-		if _, err := lp.client.AlarmDisarm(dctx, &clientv3.AlarmMember{MemberID: id, Alarm: alarm}); err != nil {
-			return fmt.Errorf("controller: disarm %s of member %x: %w", alarm, id, err)
-		}
-	}
-	return nil
+	return etcdproc.DisarmAlarms(ctx, lp.client, ids, alarm)
 }
 
 // voters counts the cluster's voting members.

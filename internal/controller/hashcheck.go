@@ -8,7 +8,6 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
-	"github.com/etcd-manager/etcd-manager/internal/membership"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 )
@@ -43,7 +42,7 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 	lp.hash.recheck = false
 	r, rec, err := lp.hasher.Check(ctx, maintenance.HashJob{Act: act, Obs: obs, Etcd: c, Endpoint: lp.clientEndpoint,
 		Data: func(ctx context.Context, n plan.Node, rev int64) (peer.DataHash, error) {
-			return lp.dataHash(ctx, obs, n, rev)
+			return lp.members.HashData(ctx, obs, n, rev)
 		}})
 	if err != nil {
 		return err
@@ -53,35 +52,11 @@ func (lp *loop) checkHashes(ctx context.Context, obs plan.Observed, act plan.Che
 	return nil
 }
 
-// dataHash asks the agent of n, whose etcd is kept stopped, for the HashKV
-// of its data at rev (0: its newest).
-func (lp *loop) dataHash(ctx context.Context, obs plan.Observed, n plan.Node, rev int64) (peer.DataHash, error) {
-	var h peer.DataHash
-	err := lp.members.Call(ctx, n, func(ctx context.Context, api membership.NodeAPI) error {
-		var err error
-		h, err = api.HashData(ctx, peer.HashDataRequest{LeaderID: lp.members.SelfID, Token: obs.Cluster.Token, Revision: rev})
-		return err
-	})
-	return h, err
-}
-
 // resumeMember has a member whose initial check failed, and whose data
 // the majority's agrees with, start etcd without that check; the minority
 // is compared again once it serves.
 func (lp *loop) resumeMember(ctx context.Context, obs plan.Observed, act plan.ResumeMember) error {
-	if _, err := lp.members.Leader(ctx); err != nil {
-		return err
-	}
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
-	if err != nil {
-		return err
-	}
-	lp.log.Warn("a member whose initial corruption check failed holds the majority's data: it starts again without the check",
-		"node", act.NodeID, "member", fmt.Sprintf("%x", act.MemberID), "reason", act.Reason)
-	err = lp.members.Call(ctx, n, func(ctx context.Context, api membership.NodeAPI) error {
-		return api.Resume(ctx, peer.ResumeRequest{LeaderID: lp.members.SelfID, Token: obs.Cluster.Token, MemberID: act.MemberID, Reason: act.Reason})
-	})
-	if err != nil {
+	if err := lp.members.Resume(ctx, obs, act); err != nil {
 		return err
 	}
 	lp.hash.recheck = true
@@ -91,19 +66,7 @@ func (lp *loop) resumeMember(ctx context.Context, obs plan.Observed, act plan.Re
 // discardMemberData has a member's node set its data aside: its HashKV
 // disagreed with the majority's. The lost-data rule then rebuilds it.
 func (lp *loop) discardMemberData(ctx context.Context, obs plan.Observed, act plan.DiscardMemberData) error {
-	if _, err := lp.members.Leader(ctx); err != nil {
-		return err
-	}
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
-	if err != nil {
-		return err
-	}
-	lp.log.Error("a member's data disagrees with the majority's: setting it aside to rebuild the member from its peers",
-		"node", act.NodeID, "member", fmt.Sprintf("%x", act.MemberID), "reason", act.Reason)
-	err = lp.members.Call(ctx, n, func(ctx context.Context, api membership.NodeAPI) error {
-		return api.DiscardData(ctx, peer.DiscardRequest{LeaderID: lp.members.SelfID, Token: obs.Cluster.Token, MemberID: act.MemberID, Reason: act.Reason})
-	})
-	if err != nil {
+	if err := lp.members.DiscardData(ctx, obs, act); err != nil {
 		return err
 	}
 	lp.hash.result = nil // judged; the next comparison is a new one

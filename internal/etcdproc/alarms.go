@@ -2,6 +2,7 @@ package etcdproc
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
@@ -62,4 +63,22 @@ func RaisedAlarms(ctx context.Context, c AlarmLister, statusErrs [][]string, ala
 // AlarmLister lists etcd's alarms.
 type AlarmLister interface {
 	AlarmList(ctx context.Context) (*clientv3.AlarmResponse, error)
+}
+
+// AlarmDisarmer disarms etcd's alarms.
+type AlarmDisarmer interface {
+	AlarmDisarm(ctx context.Context, m *clientv3.AlarmMember) (*clientv3.AlarmResponse, error)
+}
+
+// DisarmAlarms disarms the alarm of each member, within StatusTimeout in
+// all.
+func DisarmAlarms(ctx context.Context, c AlarmDisarmer, ids []uint64, alarm etcdserverpb.AlarmType) error {
+	ctx, cancel := context.WithTimeout(ctx, StatusTimeout)
+	defer cancel()
+	for _, id := range ids {
+		if _, err := c.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: id, Alarm: alarm}); err != nil {
+			return fmt.Errorf("etcdproc: disarm %s of member %x: %w", alarm, id, err)
+		}
+	}
+	return nil
 }

@@ -2,9 +2,11 @@ package etcdproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -21,6 +23,9 @@ const (
 	// changes, leadership moves, alarms): a call that hangs (leadership
 	// moving mid-call) must never stall the loop.
 	CallTimeout = 10 * time.Second
+	// CompactTimeout bounds a compaction to the head, which waits for
+	// each member to free the history physically.
+	CompactTimeout = 2 * time.Minute
 )
 
 // Statuser is the part of an etcd client AskStatus needs.
@@ -51,4 +56,26 @@ func HashKV(ctx context.Context, c HashKVer, endpoint string, rev int64) (*clien
 	ctx, cancel := context.WithTimeout(ctx, HashKVTimeout)
 	defer cancel()
 	return c.HashKV(ctx, endpoint, rev)
+}
+
+// Compacter compacts etcd's history.
+type Compacter interface {
+	Compact(ctx context.Context, rev int64, opts ...clientv3.CompactOption) (*clientv3.CompactResponse, error)
+}
+
+// CompactToHead compacts etcd's history to the revision endpoint's member
+// is at, physically, and returns it; a history already compacted that far
+// is no error.
+func CompactToHead(ctx context.Context, st Statuser, c Compacter, endpoint string) (int64, error) {
+	s, err := AskStatus(ctx, st, endpoint)
+	if err != nil {
+		return 0, fmt.Errorf("etcdproc: etcd status: %w", err)
+	}
+	head := s.Header.Revision
+	ctx, cancel := context.WithTimeout(ctx, CompactTimeout)
+	defer cancel()
+	if _, err := c.Compact(ctx, head, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		return head, fmt.Errorf("etcdproc: compact to %d: %w", head, err)
+	}
+	return head, nil
 }

@@ -490,3 +490,50 @@ func (m *Executor) SyncCA(ctx context.Context, obs plan.Observed, act plan.SyncC
 	}
 	return err
 }
+
+// HashData asks the agent of n, whose etcd is kept stopped, for the HashKV
+// of its data at rev (0: its newest).
+func (m *Executor) HashData(ctx context.Context, obs plan.Observed, n plan.Node, rev int64) (peer.DataHash, error) {
+	var h peer.DataHash
+	err := m.Call(ctx, n, func(ctx context.Context, api NodeAPI) error {
+		var err error
+		h, err = api.HashData(ctx, peer.HashDataRequest{LeaderID: m.SelfID, Token: obs.Cluster.Token, Revision: rev})
+		return err
+	})
+	return h, err
+}
+
+// Resume has a member whose initial check failed, and whose data
+// the majority's agrees with, start etcd without that check; the minority
+// is compared again once it serves.
+func (m *Executor) Resume(ctx context.Context, obs plan.Observed, act plan.ResumeMember) error {
+	if _, err := m.Leader(ctx); err != nil {
+		return err
+	}
+	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	if err != nil {
+		return err
+	}
+	m.Log.Warn("a member whose initial corruption check failed holds the majority's data: it starts again without the check",
+		"node", act.NodeID, "member", fmt.Sprintf("%x", act.MemberID), "reason", act.Reason)
+	return m.Call(ctx, n, func(ctx context.Context, api NodeAPI) error {
+		return api.Resume(ctx, peer.ResumeRequest{LeaderID: m.SelfID, Token: obs.Cluster.Token, MemberID: act.MemberID, Reason: act.Reason})
+	})
+}
+
+// DiscardData has a member's node set its data aside: its HashKV
+// disagreed with the majority's. The lost-data rule then rebuilds it.
+func (m *Executor) DiscardData(ctx context.Context, obs plan.Observed, act plan.DiscardMemberData) error {
+	if _, err := m.Leader(ctx); err != nil {
+		return err
+	}
+	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	if err != nil {
+		return err
+	}
+	m.Log.Error("a member's data disagrees with the majority's: setting it aside to rebuild the member from its peers",
+		"node", act.NodeID, "member", fmt.Sprintf("%x", act.MemberID), "reason", act.Reason)
+	return m.Call(ctx, n, func(ctx context.Context, api NodeAPI) error {
+		return api.DiscardData(ctx, peer.DiscardRequest{LeaderID: m.SelfID, Token: obs.Cluster.Token, MemberID: act.MemberID, Reason: act.Reason})
+	})
+}
