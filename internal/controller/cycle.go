@@ -44,7 +44,7 @@ func (lp *loop) publishCycle(obs plan.Observed, at time.Time, actions []plan.Act
 		return
 	}
 	c := Cycle{Observed: obs, Actions: actions, Results: results, Facts: status.Facts{
-		Cluster: lp.cfg.ClusterName, Node: lp.node.ID(), Now: at, Procedure: activeProcedure(obs),
+		Cluster: lp.cfg.ClusterName, Node: lp.node.ID(), Now: at, Procedure: plan.ActiveProcedure(obs),
 		Warnings: plan.StatusLines(actions), Newest: lp.newestStored, Restorable: lp.restorable, Drills: lp.drillRecord,
 	}}
 	for _, o := range lp.env.Observers {

@@ -27,7 +27,7 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 	}
 	// This agent's etcd leads (checked just now), so another member's
 	// does not; its own is defragmented only when it is the only voter.
-	if act.MemberID == obs.Self.MemberID && voters(obs) > 1 {
+	if act.MemberID == obs.Self.MemberID && plan.Voters(obs) > 1 {
 		return fmt.Errorf("controller: defrag %s: its member leads raft; leadership is handed on first", act.NodeID)
 	}
 	s, err := lp.openStore(ctx)
@@ -147,17 +147,4 @@ func (lp *loop) disarmAlarms(ctx context.Context, ids []uint64, alarm etcdserver
 		return err
 	}
 	return etcdproc.DisarmAlarms(ctx, lp.client, ids, alarm)
-}
-
-// voters counts the cluster's voting members.
-func voters(obs plan.Observed) int {
-	n := 0
-	if obs.Cluster != nil {
-		for _, m := range obs.Cluster.Members {
-			if !m.IsLearner {
-				n++
-			}
-		}
-	}
-	return n
 }

@@ -307,7 +307,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	lp.syncCapture(obs)
 	lp.compact(ctx, obs)
 	actions = plan.Plan(obs)
-	lp.soon = lp.soon || learnerWaiting(obs) || leaderInDoubt(obs)
+	lp.soon = lp.soon || plan.LookAgainSoon(obs)
 	lp.warnings = plan.StatusLines(actions)
 	lp.showActivity(obs, actions)
 	lp.tendDrill(ctx, obs, actions)
@@ -347,43 +347,6 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		if b, ok := act.(plan.TakeBackup); act.Mutates() || (ok && b.Kind == spec.BackupPreChange) {
 			// Re-observe before acting again; a backup before a change
 			// is followed by the change.
-			return true
-		}
-	}
-	return false
-}
-
-// leaderInDoubt reports whether this node's etcd, a member, sees no raft
-// leader, or one whose agent cannot be reached: an election is under way,
-// or about to be, and whichever agent ends up beside the new leader has
-// work to do.
-func leaderInDoubt(obs plan.Observed) bool {
-	self := obs.Self
-	if self.Member == nil || !self.HasData || self.MemberID == 0 {
-		return false
-	}
-	if self.RaftLeader == 0 {
-		return true
-	}
-	if self.RaftLeader == self.MemberID {
-		return false
-	}
-	for _, n := range obs.Peers {
-		if n.MemberID == self.RaftLeader {
-			return !n.Healthy
-		}
-	}
-	return true
-}
-
-// learnerWaiting reports whether this agent leads a cluster with a
-// learner: it starts, catches up and is promoted within moments.
-func learnerWaiting(obs plan.Observed) bool {
-	if obs.Cluster == nil {
-		return false
-	}
-	for _, m := range obs.Cluster.Members {
-		if m.IsLearner {
 			return true
 		}
 	}

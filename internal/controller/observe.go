@@ -39,7 +39,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	peersRead := false
 	defer func() {
 		leading := obs.Cluster != nil || obs.LockHeld
-		lp.setInfo(self, member, local, leading, activeProcedure(obs))
+		lp.setInfo(self, member, local, leading, plan.ActiveProcedure(obs))
 		if peersRead {
 			lp.announce(ctx, self, obs.Peers)
 		}
@@ -162,22 +162,8 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 	return obs
 }
 
-// activeProcedure names the exclusive procedure this agent runs, with its
-// restore phase, "" for none.
-func activeProcedure(obs plan.Observed) string {
-	c := plan.ActiveExclusive(obs.Commands)
-	if c == nil || !obs.LockHeld {
-		return ""
-	}
-	procedure := c.Command.Kind()
-	if p := c.Status.Restore; p != nil {
-		procedure += " " + p.Phase
-	}
-	return procedure
-}
-
 // observeSelf reports this node as the planner sees it, with its
-// membershipOf as recorded in its state and its etcd's status.
+// membership as recorded in its state and its etcd's status.
 func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberState, etcdproc.MemberStatus) {
 	st, pendingSince := lp.node.State()
 	self := plan.Node{
@@ -487,7 +473,7 @@ func (lp *loop) noLeaderFor() time.Duration {
 }
 
 // localMembers are the started members that etcd's own copy of the
-// membershipOf lists (a serializable read, which needs no quorum).
+// membership lists (a serializable read, which needs no quorum).
 func localMembers(ctx context.Context, c *clientv3.Client) []plan.Member {
 	ctx, cancel := context.WithTimeout(ctx, etcdproc.StatusTimeout)
 	defer cancel()

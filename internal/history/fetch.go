@@ -11,6 +11,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
 // Fetched is a backup fetched, verified and brought forward to a point.
@@ -69,4 +70,32 @@ func Fetch(ctx context.Context, s Store, name string, p spec.RestorePoint, dir s
 		"to-revision", applied.To, "revisions", applied.Revisions, "segments", applied.Segments, "leases", applied.Leases,
 		"digest-checked-at", applied.Digest, "duration", time.Since(start).Round(time.Millisecond))
 	return f, nil
+}
+
+// StoreFetcher fetches and verifies backups for a node's restores (see
+// Fetch), from a store of its own that each fetch opens at URL: a node's
+// calls must not share its loop's store.
+type StoreFetcher struct {
+	URL  string
+	Opts backup.FetchOptions
+	Log  *slog.Logger
+}
+
+// Fetch fetches backup name into dir and brings it forward to the point,
+// and returns the snapshot's path.
+func (f StoreFetcher) Fetch(ctx context.Context, name string, p spec.RestorePoint, dir string) (string, error) {
+	s, err := store.Open(ctx, f.URL, store.Options{Create: true})
+	if err != nil {
+		return "", err
+	}
+	defer s.Close()
+	opts := f.Opts
+	if p.ToRevision > 0 {
+		// Captured segments are applied to the snapshot in this process:
+		// its database is read whole in a child first, whatever the meta
+		// says.
+		opts.Hashed = false
+	}
+	got, err := Fetch(ctx, s, name, p, dir, opts, f.Log)
+	return got.Path, err
 }
