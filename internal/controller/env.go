@@ -128,6 +128,7 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		Lock:  &lease.Lock{NodeID: n.ID(), TTL: cfg.LeaderLease, Now: lp.now, Floor: func() int64 { return lp.termFloor }},
 		Store: func() lease.Store { return lp.store },
 	}
+	lp.lease.RegisterMetrics(env.Registry)
 	var err error
 	lp.discovery, err = peer.ParseDiscovery(cfg.Discovery, peer.DiscoveryOptions{
 		Store: func(ctx context.Context) (peer.BlobStore, error) {

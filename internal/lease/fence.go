@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
@@ -36,6 +37,9 @@ type Fence struct {
 	mu         sync.Mutex
 	term       int64
 	validUntil time.Time
+	// held mirrors term for the metrics, which must not wait on mu while
+	// a store call holds it.
+	held atomic.Int64
 }
 
 func (l *Fence) clock() time.Time {
@@ -66,6 +70,7 @@ func (l *Fence) acquireLocked(ctx context.Context, s Store, force bool) (int64, 
 		l.validUntil = time.Time{}
 	}
 	l.term = term
+	l.held.Store(term)
 	if term != 0 && wrote {
 		l.validUntil = start.Add(l.Lock.TTL / 2)
 	}
@@ -89,6 +94,7 @@ func (l *Fence) Release(ctx context.Context, s Store) error {
 	}
 	err := l.Lock.Release(ctx, s, l.term)
 	l.term, l.validUntil = 0, time.Time{}
+	l.held.Store(0)
 	return err
 }
 
@@ -153,6 +159,7 @@ func (l *Fence) Renew(ctx context.Context) error {
 	}
 	if term != held {
 		l.term, l.validUntil = 0, time.Time{}
+		l.held.Store(0)
 		return fmt.Errorf("%w: %w: the store lock (term %d) has passed to another agent", procedure.ErrFenced, ErrNotHeld, held)
 	}
 	return nil
