@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/plan"
@@ -9,7 +10,10 @@ import (
 
 // Cycle is one round of the loop as its observers see it: what it
 // observed, what the planner decided, and what came of each action it
-// carried out. The loop publishes it when the round ends, early or not.
+// carried out. The loop publishes each round twice: once planned, before
+// any action runs (Done false, no Results), so that what a long action
+// does shows while it runs; and once the round ended, early or not (Done
+// true).
 type Cycle struct {
 	Observed plan.Observed
 	// Actions are the planner's, reports included.
@@ -18,6 +22,8 @@ type Cycle struct {
 	// the first action that fails, waits or changes something, so the
 	// actions after it have none.
 	Results []Result
+	// Done is set on the publication at the round's end.
+	Done bool
 	// Facts are what the status page shows beside the observation: the
 	// store's newest backup, restorable point and drills as last read,
 	// and the warnings of this round's plan.
@@ -36,14 +42,21 @@ type Result struct {
 // promptly and must not keep the cycle's slices.
 type Observer func(Cycle)
 
-// publishCycle hands the round to the observers. An observer that panics is
-// logged and the others still run: they show the cycle, they never steer
-// it.
-func (lp *loop) publishCycle(obs plan.Observed, at time.Time, actions []plan.Action, results []Result) {
+// publishCycle hands the round to the observers. An observer that
+// panics is logged and the others still run: they show the cycle, they
+// never steer it.
+func (lp *loop) publishCycle(obs plan.Observed, at time.Time, actions []plan.Action, results []Result, done bool) {
 	if len(lp.env.Observers) == 0 {
 		return
 	}
-	c := Cycle{Observed: obs, Actions: actions, Results: results, Facts: status.Facts{
+	defer func() {
+		// The round's end is published after the loop's own recover.
+		if r := recover(); r != nil {
+			lp.met.panics.Inc()
+			lp.log.Error("publishing a cycle panicked; recovered", "panic", fmt.Sprint(r))
+		}
+	}()
+	c := Cycle{Observed: obs, Actions: actions, Results: results, Done: done, Facts: status.Facts{
 		Cluster: lp.cfg.ClusterName, Node: lp.node.ID(), Now: at, Procedure: plan.ActiveProcedure(obs),
 		Warnings: plan.StatusLines(actions), Newest: lp.newestStored, Restorable: lp.restorable, Drills: lp.drillRecord,
 	}}
@@ -52,7 +65,7 @@ func (lp *loop) publishCycle(obs plan.Observed, at time.Time, actions []plan.Act
 			defer func() {
 				if r := recover(); r != nil {
 					lp.met.panics.Inc()
-					lp.log.Error("a cycle observer panicked; recovered", "panic", r)
+					lp.log.Error("a cycle observer panicked; recovered", "panic", fmt.Sprint(r))
 				}
 			}()
 			o(c)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/node"
+	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 )
 
@@ -32,13 +34,13 @@ func TestCyclePublished(t *testing.T) {
 	warn := plan.Report{Level: slog.LevelWarn, Msg: "a warning", Status: "the cluster is short of a member"}
 	start := plan.StartEtcd{}
 	failed := errors.New("etcd did not start")
-	lp.publishCycle(obs, now, []plan.Action{warn, start}, []Result{{Action: start, Err: failed}})
+	lp.publishCycle(obs, now, []plan.Action{warn, start}, []Result{{Action: start, Err: failed}}, true)
 
 	if len(seen) != 1 {
 		t.Fatalf("the second observer saw %d cycles, want 1", len(seen))
 	}
 	c := seen[0]
-	if c.Observed.Self.ID != "n1" || len(c.Actions) != 2 || len(c.Results) != 1 || !errors.Is(c.Results[0].Err, failed) {
+	if !c.Done || c.Observed.Self.ID != "n1" || len(c.Actions) != 2 || len(c.Results) != 1 || !errors.Is(c.Results[0].Err, failed) {
 		t.Errorf("cycle = %+v", c)
 	}
 	if c.Facts.Cluster != "main" || c.Facts.Node != "n1" || len(c.Facts.Warnings) != 1 || !c.Facts.Now.Equal(now) || !slices.Equal(c.Facts.Warnings, plan.StatusLines([]plan.Action{warn})) {
@@ -48,3 +50,24 @@ func TestCyclePublished(t *testing.T) {
 		t.Errorf("panics counted = %v, want 1", got)
 	}
 }
+
+// An Env that lacks what the loop cannot run without is refused, naming
+// what is missing, rather than a nil dereference in some later cycle.
+func TestEnvCheck(t *testing.T) {
+	err := Env{Log: slog.New(slog.DiscardHandler), Now: time.Now}.check()
+	if err == nil || !strings.Contains(err.Error(), "Announced, Certs, Registry, Wake") {
+		t.Errorf("check = %v", err)
+	}
+	wake := make(chan struct{})
+	full := Env{Log: slog.New(slog.DiscardHandler), Now: time.Now, Registry: prometheus.NewRegistry(), Certs: noCerts{},
+		Wake: wake, Announced: func() map[string]bool { return nil }}
+	if err := full.check(); err != nil {
+		t.Errorf("check of a whole Env = %v", err)
+	}
+}
+
+type noCerts struct{}
+
+func (noCerts) Marker() string       { return "" }
+func (noCerts) Trust() []string      { return nil }
+func (noCerts) Info() *peer.CertInfo { return nil }

@@ -36,12 +36,12 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 	}
 	job := maintenance.Job{Act: act, Etcd: c}
 	if act.Isolate {
-		n, err := plan.FindNode(obs.Peers, act.NodeID)
-		if err != nil {
-			return err
-		}
-		if job.Member, err = lp.callee(n); err != nil {
-			return err
+		job.Member = func() (maintenance.Member, error) {
+			n, err := plan.FindNode(obs.Peers, act.NodeID)
+			if err != nil {
+				return nil, err
+			}
+			return lp.callee(n)
 		}
 		job.Request = peer.DefragRequest{LeaderID: lp.members.SelfID, Token: obs.Cluster.Token, MemberID: act.MemberID, InUseBytes: act.InUseBytes}
 		job.Others = lp.othersStatus(obs, act.MemberID) // the loop's connections

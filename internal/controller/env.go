@@ -3,7 +3,10 @@ package controller
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,8 +29,9 @@ import (
 )
 
 // Env is what the loop takes from the process that runs it (package
-// agent): its identity and credentials, the journal and the page it
-// writes, and what wakes it.
+// agent): its identity and credentials, the journal it writes, the
+// observers of each round, and what wakes it. Log, Now, Registry, Certs,
+// Wake and Announced are required.
 type Env struct {
 	Log *slog.Logger
 	Now func() time.Time
@@ -77,16 +81,35 @@ type Certs interface {
 }
 
 // Loop is the control loop of one node. Create it with New; Start its
-// capture, Run it, and Stop and Close it once Run returned.
+// capture and Run it; once Run returned, StopCapture and Close it.
 type Loop struct{ lp *loop }
 
 // New returns the loop of node n.
 func New(cfg Config, env Env, n *node.Node) (*Loop, error) {
+	if err := env.check(); err != nil {
+		return nil, err
+	}
 	lp, err := newLoop(cfg, env, n)
 	if err != nil {
 		return nil, err
 	}
 	return &Loop{lp: lp}, nil
+}
+
+// check refuses an Env that lacks what the loop cannot run without.
+func (e Env) check() error {
+	var missing []string
+	for name, ok := range map[string]bool{"Log": e.Log != nil, "Now": e.Now != nil, "Registry": e.Registry != nil,
+		"Certs": e.Certs != nil, "Wake": e.Wake != nil, "Announced": e.Announced != nil} {
+		if !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("controller: the loop's Env lacks %s", strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // Start starts uploading what continuous capture spools, until ctx ends.

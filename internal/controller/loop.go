@@ -279,6 +279,17 @@ const maxQuickCycles = 5
 // changed something. It never panics on bad data and never returns an
 // error: problems are logged and retried next cycle.
 func (lp *loop) cycle(ctx context.Context) (changed bool) {
+	// The round as its observers see it (see Cycle): published once it
+	// is planned, and again when it ends. The last publication is
+	// deferred first, so that it runs after the recover below: no
+	// observer runs while a panic unwinds.
+	var round Cycle
+	var observed time.Time
+	defer func() {
+		if !observed.IsZero() {
+			lp.publishCycle(round.Observed, observed, round.Actions, round.Results, true)
+		}
+	}()
 	defer func() {
 		// A bug met on bad data must not crash-loop the agent: its etcd
 		// keeps running, and the next cycle tries again.
@@ -297,21 +308,20 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	}
 	lp.met.backingOff.Set(float64(lp.failures.prune(lp.now())))
 	obs := lp.observe(ctx)
-	observed := lp.now()
+	round.Observed, observed = obs, lp.now()
 	lp.met.loopCycles.Inc()
-	var actions []plan.Action
-	var results []Result
-	defer func() { lp.publishCycle(obs, observed, actions, results) }()
 	lp.storeFigures(ctx, lp.store, obs)
 	lp.housekeeping(ctx, lp.store, obs)
 	lp.syncCapture(obs)
 	lp.compact(ctx, obs)
-	actions = plan.Plan(obs)
+	actions := plan.Plan(obs)
+	round.Actions = actions
 	lp.soon = lp.soon || plan.LookAgainSoon(obs)
 	lp.warnings = plan.StatusLines(actions)
 	lp.showActivity(obs, actions)
 	lp.tendDrill(ctx, obs, actions)
 	lp.infos.cycle()
+	lp.publishCycle(obs, observed, actions, nil, false)
 	for _, act := range actions {
 		if ctx.Err() != nil {
 			return false
@@ -325,7 +335,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		lp.log.Info("performing action", "action", act.String())
 		lp.acted = true
 		err := lp.execute(ctx, obs, act)
-		results = append(results, Result{Action: act, Err: err})
+		round.Results = append(round.Results, Result{Action: act, Err: err})
 		lp.met.actionsPerformed.WithLabelValues(ActionLabels(act, err)).Inc()
 		lp.noteOutcome(act, err)
 		lp.events.Outcome(act, err)

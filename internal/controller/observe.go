@@ -289,7 +289,7 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 				members[i].RaftIndex = st.RaftIndex
 				members[i].DBSize, members[i].DBSizeInUse = st.DbSize, st.DbSizeInUse
 				// An answer without alarms decodes to nil errors; nil
-				// means no answer to raisedAlarms.
+				// means no answer to etcdproc.RaisedAlarms.
 				statusErrs[i] = append([]string{}, st.Errors...)
 			}
 		}()

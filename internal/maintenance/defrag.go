@@ -69,9 +69,10 @@ type Job struct {
 	// place, defragments it.
 	Etcd Etcd
 	// Member, Request and Others are an isolated defragmentation's: the
-	// member's agent, what it is asked, and a probe of each voter left
-	// to keep quorum meanwhile (see StatusProbe).
-	Member  Member
+	// member's agent (found when the defragmentation begins), what it is
+	// asked, and a probe of each voter left to keep quorum meanwhile (see
+	// StatusProbe).
+	Member  func() (Member, error)
 	Request peer.DefragRequest
 	Others  map[string]Probe
 }
@@ -124,6 +125,10 @@ func (d *Defragger) Defrag(ctx context.Context, job Job) (peer.DefragRecord, err
 // member to defragmentation in place for isolatedDefragRetry.
 func (d *Defragger) isolated(ctx context.Context, job Job) (peer.DefragResult, error) {
 	node := job.Act.NodeID
+	member, err := job.Member()
+	if err != nil {
+		return peer.DefragResult{}, err
+	}
 	dctx, cancel := context.WithTimeout(ctx, defragTimeout)
 	defer cancel()
 	wctx, stop := context.WithCancelCause(dctx)
@@ -133,7 +138,7 @@ func (d *Defragger) isolated(ctx context.Context, job Job) (peer.DefragResult, e
 		defer close(watched)
 		watchOthers(wctx, job.Others, defragWatchInterval, stop)
 	}()
-	res, err := job.Member.Defrag(wctx, job.Request)
+	res, err := member.Defrag(wctx, job.Request)
 	stop(nil)
 	<-watched
 	if err == nil {

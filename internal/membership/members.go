@@ -28,8 +28,8 @@ const CallTimeout = 30 * time.Second
 // ErrNotLeader means a leadership re-check failed before a mutating step.
 var ErrNotLeader = errors.New("membership: no longer the leader")
 
-// Etcd is the local etcd, the raft leader, as the membership steps
-// use it: etcd's own cluster and maintenance APIs, and one read.
+// LeaderEtcd is the local etcd, the raft leader, as the membership
+// steps use it: etcd's own cluster and maintenance APIs, and one read.
 type LeaderEtcd interface {
 	clientv3.Cluster
 	clientv3.Maintenance
