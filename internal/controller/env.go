@@ -24,6 +24,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/status"
 )
@@ -138,8 +139,8 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		node:           n,
 		peers:          map[string]*peer.Client{},
 		memberConns:    map[string]*clientv3.Client{},
-		unhealthySince: since{},
-		learnerSince:   since{},
+		unhealthySince: plan.Since{},
+		learnerSince:   plan.Since{},
 		failures:       newFailures(),
 		offsets:        map[string]time.Duration{},
 	}

@@ -59,7 +59,7 @@ type loop struct {
 	lease       *lease.Fence
 	// unhealthySince and learnerSince track, per etcd member, since when
 	// it has been unhealthy, or a learner.
-	unhealthySince, learnerSince since
+	unhealthySince, learnerSince plan.Since
 	// lastRecord is what the agent last published about its etcd, and
 	// lastQueueRead when it last read the command queue.
 	lastRecord    *peer.EtcdReport
@@ -146,7 +146,7 @@ type loop struct {
 	newestAt time.Time
 	// infos logs an info-level report in the first of a run of cycles
 	// that report it; warnings and errors are logged every cycle.
-	infos infoOnce
+	infos plan.ReportsOnce
 	// warnings are the status lines of the last plan's reports, shown by
 	// etcd-manager-ctl status while this agent leads.
 	warnings []string
@@ -320,14 +320,14 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 	lp.warnings = plan.StatusLines(actions)
 	lp.showActivity(obs, actions)
 	lp.tendDrill(ctx, obs, actions)
-	lp.infos.cycle()
+	lp.infos.Cycle()
 	lp.publishCycle(obs, observed, actions, nil, false)
 	for _, act := range actions {
 		if ctx.Err() != nil {
 			return false
 		}
 		if r, ok := act.(plan.Report); ok {
-			if lp.infos.first(r) {
+			if lp.infos.First(r) {
 				lp.log.Log(ctx, r.Level, r.Msg, r.Attrs...)
 			}
 			continue
@@ -361,28 +361,6 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		}
 	}
 	return false
-}
-
-// infoOnce says which reports to log: every warning and error, and an
-// info-level report only when the cycle before did not reach it, so that
-// a state that lasts (a shut maintenance window, a gate) is said once
-// however many other reports come and go beside it.
-type infoOnce struct{ last, cur map[string]bool }
-
-// cycle starts a cycle.
-func (o *infoOnce) cycle() { o.last, o.cur = o.cur, map[string]bool{} }
-
-// first reports whether r is to be logged, and notes it as reached.
-func (o *infoOnce) first(r plan.Report) bool {
-	if r.Level > slog.LevelInfo {
-		return true
-	}
-	if o.cur == nil {
-		o.cur = map[string]bool{}
-	}
-	log := !o.last[r.Msg] && !o.cur[r.Msg]
-	o.cur[r.Msg] = true
-	return log
 }
 
 // execute performs one action: the node's own steps on the node,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -304,11 +303,11 @@ func (lp *loop) observeCluster(ctx context.Context) (*plan.ClusterView, error) {
 	now := lp.now()
 	for i := range members {
 		m := &members[i]
-		m.UnhealthyFor = lp.unhealthySince.track(m.ID, !m.Healthy, now)
-		m.LearnerFor = lp.learnerSince.track(m.ID, m.IsLearner || m.Name == "", now)
+		m.UnhealthyFor = lp.unhealthySince.Track(m.ID, !m.Healthy, now)
+		m.LearnerFor = lp.learnerSince.Track(m.ID, m.IsLearner || m.Name == "", now)
 	}
-	lp.unhealthySince.keep(members)
-	lp.learnerSince.keep(members)
+	lp.unhealthySince.Keep(members)
+	lp.learnerSince.Keep(members)
 	view.Members = members
 	view.NoSpace, view.AlarmsKnown = etcdproc.RaisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_NOSPACE)
 	view.Corrupt, _ = etcdproc.RaisedAlarms(ctx, lp.client, statusErrs, etcdserverpb.AlarmType_CORRUPT)
@@ -329,34 +328,6 @@ func (lp *loop) memberClient(url string) (*clientv3.Client, error) {
 	}
 	lp.memberConns[url] = c
 	return c, nil
-}
-
-// since remembers, per etcd member, when a condition was first seen to
-// hold, as long as it goes on holding.
-type since map[uint64]time.Time
-
-// track returns how long the condition has held for member id, 0 when it
-// does not hold now.
-func (s since) track(id uint64, holds bool, now time.Time) time.Duration {
-	if !holds {
-		delete(s, id)
-		return 0
-	}
-	t, ok := s[id]
-	if !ok {
-		t = now
-		s[id] = now
-	}
-	return now.Sub(t)
-}
-
-// keep forgets members that are gone.
-func (s since) keep(members []plan.Member) {
-	for id := range s {
-		if !slices.ContainsFunc(members, func(m plan.Member) bool { return m.ID == id }) {
-			delete(s, id)
-		}
-	}
 }
 
 func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcdproc.MemberStatus, leader bool, procedure string) {
