@@ -43,7 +43,7 @@ func (lp *loop) takeBackup(ctx context.Context, obs plan.Observed, act plan.Take
 		return err
 	}
 	_, err = lp.backups.Take(ctx, s, backup.Request{
-		Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: lp.etcdTLS},
+		Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: lp.env.EtcdTLS},
 		Endpoint:     lp.clientEndpoint,
 		TempDir:      filepath.Join(lp.cfg.DataDir, "tmp"),
 		EtcdVersion:  obs.Self.Version,

@@ -25,5 +25,5 @@ func (lp *loop) syncCapture(obs plan.Observed) {
 	if want {
 		token = obs.Cluster.Token
 	}
-	lp.capture.Follow(want, token, []string{lp.clientEndpoint}, lp.etcdTLS, obs.BackupDue)
+	lp.capture.Follow(want, token, []string{lp.clientEndpoint}, lp.env.EtcdTLS, obs.BackupDue)
 }

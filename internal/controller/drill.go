@@ -76,10 +76,10 @@ func (lp *loop) drillConfig() drill.Config {
 	cfg := drill.Config{
 		DataDir:    lp.cfg.DataDir,
 		EtcdBinDir: lp.cfg.EtcdBinDir,
-		Fetch:      lp.cfg.fetchOptions(lp.backups.Status, lp.keys),
+		Fetch:      lp.cfg.fetchOptions(lp.backups.Status, lp.env.Keys),
 	}
 	if files := lp.env.EtcdTLSFiles; files != nil {
-		cfg.ServerTLS, cfg.ClientTLS = files, lp.etcdTLS
+		cfg.ServerTLS, cfg.ClientTLS = files, lp.env.EtcdTLS
 	}
 	return cfg
 }

@@ -133,9 +133,6 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		log:            env.Log,
 		now:            env.Now,
 		met:            newMetrics(env.Registry),
-		etcdTLS:        env.EtcdTLS,
-		keys:           env.Keys,
-		events:         env.Events,
 		node:           n,
 		peers:          map[string]*peer.Client{},
 		memberConns:    map[string]*clientv3.Client{},
@@ -147,7 +144,7 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 	lp.figures = status.NewFigures(env.Registry, lp.now)
 	lp.backups = cfg.Backup.NewTaker(n.ID(), lp.log, func() time.Time { return lp.now() }, env.Readers)
 	lp.backups.Taken, lp.backups.FailedAt = lp.figures.Taken, lp.figures.Failed
-	lp.backups.Keys = lp.keys
+	lp.backups.Keys = lp.env.Keys
 	lp.lease = &lease.Fence{
 		Lock:  &lease.Lock{NodeID: n.ID(), TTL: cfg.LeaderLease, Now: lp.now, Floor: func() int64 { return lp.termFloor }},
 		Store: func() lease.Store { return lp.store },
@@ -178,24 +175,24 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 			Now:        lp.now,
 			RenewEvery: max(cfg.LeaderLease/6, 100*time.Millisecond),
 			Metrics:    procedure.NewMetrics(env.Registry),
-			OnFail:     lp.events.CommandFailed,
+			OnFail:     lp.env.Events.CommandFailed,
 		},
 		Nodes:      lp,
 		Backups:    procedureBackups{lp},
 		SelfID:     n.ID(),
-		ClientTLS:  lp.etcdTLS,
-		WriteKeyID: lp.keys.WriteKeyID(),
+		ClientTLS:  lp.env.EtcdTLS,
+		WriteKeyID: lp.env.Keys.WriteKeyID(),
 		Log:        lp.log,
 		Now:        lp.now,
 		Changed:    func() { lp.lastChange = lp.now() },
 	}
 	lp.members = newMembers(lp)
 	lp.capture = capture.New(cfg.Capture, cfg.DataDir, cfg.BackupStore, lp.log, lp.now, env.Registry)
-	lp.capture.Keys = lp.keys
+	lp.capture.Keys = lp.env.Keys
 	lp.historyMet = history.NewMetrics(env.Registry)
 	lp.drills = drill.NewDriller(env.Registry)
 	lp.drills.Store, lp.drills.Node, lp.drills.Log, lp.drills.Now = cfg.BackupStore, n.ID(), lp.log, lp.now
-	lp.drills.Event, lp.drills.Panicked = lp.events.Add, lp.met.panics.Inc
+	lp.drills.Event, lp.drills.Panicked = lp.env.Events.Add, lp.met.panics.Inc
 	lp.hasher = maintenance.NewHashChecker(lp.log, lp.now, env.Registry)
 	lp.defragger = maintenance.NewDefragger(lp.log, lp.now, env.Registry)
 	lp.compaction = maintenance.NewCompactor(cfg.Compaction, lp.log, lp.now, env.Registry)

@@ -9,9 +9,8 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
-// The figures the agent exports beside its own counters: the cluster as
-// the leader sees it, and the backup figures every agent reads from the
-// store alike, so that a change of leader resets nothing.
+// When the store's figures are read: every agent reads them alike (see
+// status.Figures), so that a change of leader resets nothing.
 
 // storeFiguresEvery is how often each agent reads the backup figures at
 // most: every lease (20 s by default), a listing of the store's top level

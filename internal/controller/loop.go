@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,11 +14,9 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/capture"
-	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/drill"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/history"
-	"github.com/etcd-manager/etcd-manager/internal/journal"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/membership"
@@ -43,10 +40,6 @@ type loop struct {
 	now  func() time.Time
 	met  *metrics
 	node *node.Node
-	// etcdTLS, keys and events are env's.
-	etcdTLS *tls.Config
-	keys    *crypt.Keyring
-	events  *journal.Journal
 
 	store          *store.Store
 	discovery      peer.Discovery
@@ -225,7 +218,7 @@ const (
 // httpClient is the loop's client for etcd's HTTP endpoints.
 func (lp *loop) httpClient() *http.Client {
 	if lp.http == nil {
-		lp.http = etcdproc.NewHTTPClient(lp.etcdTLS)
+		lp.http = etcdproc.NewHTTPClient(lp.env.EtcdTLS)
 	}
 	return lp.http
 }
@@ -338,7 +331,7 @@ func (lp *loop) cycle(ctx context.Context) (changed bool) {
 		round.Results = append(round.Results, Result{Action: act, Err: err})
 		lp.met.actionsPerformed.WithLabelValues(ActionLabels(act, err)).Inc()
 		lp.noteOutcome(act, err)
-		lp.events.Outcome(act, err)
+		lp.env.Events.Outcome(act, err)
 		switch {
 		case waiting(err):
 			// Tried again soon, and said once while it keeps waiting.
@@ -508,7 +501,7 @@ func (lp *loop) localClient(endpoint string) (*clientv3.Client, error) {
 		_ = lp.client.Close()
 		lp.client = nil
 	}
-	c, err := etcdproc.NewClient([]string{endpoint}, lp.etcdTLS)
+	c, err := etcdproc.NewClient([]string{endpoint}, lp.env.EtcdTLS)
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,7 @@ func newMembers(lp *loop) *membership.Executor {
 		},
 		Creation: loopCreation{lp},
 		Dial: func(endpoints []string) (clientv3.Cluster, func(), error) {
-			c, err := etcdproc.NewClient(endpoints, lp.etcdTLS)
+			c, err := etcdproc.NewClient(endpoints, lp.env.EtcdTLS)
 			if err != nil {
 				return nil, nil, err
 			}

@@ -177,7 +177,7 @@ func (lp *loop) observeSelf(ctx context.Context) (plan.Node, *etcdproc.MemberSta
 		// marker never leaves it once there.
 		CertMarker:       lp.env.Certs.Marker(),
 		PeerCertCheckOff: !lp.cfg.EtcdPeerCertCheck,
-		BackupKeys:       lp.keys.IDs(),
+		BackupKeys:       lp.env.Keys.IDs(),
 		Trust:            lp.env.Certs.Trust(),
 		EtcdTrust:        lp.node.EtcdTrust(),
 		CAFromDir:        lp.env.CAFromDir,
@@ -322,7 +322,7 @@ func (lp *loop) memberClient(url string) (*clientv3.Client, error) {
 	if c, ok := lp.memberConns[url]; ok {
 		return c, nil
 	}
-	c, err := etcdproc.NewClient([]string{url}, lp.etcdTLS)
+	c, err := etcdproc.NewClient([]string{url}, lp.env.EtcdTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -420,7 +420,7 @@ func membershipOf(m *etcdproc.MemberState) *plan.Membership {
 // from every other member, which a cluster with quorum never gives.)
 func (lp *loop) observeNotServing(ctx context.Context, self *plan.Node, peerURL string) {
 	if lp.peerHTTP == nil {
-		lp.peerHTTP = etcdproc.NewPeerHTTPClient(lp.etcdTLS)
+		lp.peerHTTP = etcdproc.NewPeerHTTPClient(lp.env.EtcdTLS)
 	}
 	pms, err := etcdproc.PeerMembers(ctx, lp.peerHTTP, peerURL)
 	if err != nil {

@@ -90,7 +90,7 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 		return procedure.Validated{}, err
 	}
 	defer os.RemoveAll(dir)
-	got, err := history.Fetch(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.Status, b.lp.keys), b.lp.log)
+	got, err := history.Fetch(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.Status, b.lp.env.Keys), b.lp.log)
 	v := procedure.Validated{Meta: got.Meta, Keys: got.Keys, Forward: got.Forward, Digest: got.Digest}
 	if st, serr := os.Stat(got.Path); err == nil && serr == nil {
 		v.Size = st.Size()
@@ -99,7 +99,7 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 }
 
 func (b procedureBackups) Fits(meta backup.Meta, name string) error {
-	return b.lp.cfg.fetchOptions(b.lp.backups.Status, b.lp.keys).Fits(b.lp.cfg.DataDir, meta, name)
+	return b.lp.cfg.fetchOptions(b.lp.backups.Status, b.lp.env.Keys).Fits(b.lp.cfg.DataDir, meta, name)
 }
 
 func (b procedureBackups) RecordBranch(ctx context.Context, br changelog.Branch) error {
@@ -116,7 +116,7 @@ func (b procedureBackups) Take(ctx context.Context, from procedure.Source, kind,
 		return backup.Info{}, err
 	}
 	return b.lp.backups.Take(ctx, s, backup.Request{
-		Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: b.lp.etcdTLS},
+		Client:       clientv3.Config{DialTimeout: 5 * time.Second, TLS: b.lp.env.EtcdTLS},
 		Endpoint:     from.Endpoint,
 		TempDir:      filepath.Join(b.lp.cfg.DataDir, "tmp"),
 		EtcdVersion:  from.EtcdVersion,
