@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(verifyChildEnv) == "1" && slices.Contains(os.Args, "--revision-only") {
 		os.Exit(RunRevision(os.Args[len(os.Args)-1], os.Stdout, os.Stderr))
 	}
+	if os.Getenv(verifyChildEnv) == "walk" {
+		os.Exit(walkInBbolt(os.Args[len(os.Args)-1]))
+	}
 	if os.Getenv(verifyChildEnv) == "1" {
 		os.Exit(RunVerify(os.Args[len(os.Args)-1], slices.Contains(os.Args, "--status-only"), os.Stdout, os.Stderr))
 	}
@@ -66,10 +69,40 @@ func TestVerifyRefusesBadSnapshots(t *testing.T) {
 }
 
 // A snapshot whose trailer matches but whose pages are damaged, as a
-// damaged member's would be, can crash bbolt where no recover reaches:
-// the child's crash is the snapshot's corruption, not a check that could
-// not run (which a restore would retry and a drill would not count).
+// damaged member's would be, is corrupt whichever way the child finds
+// out: bbolt's check recovers a panic in its own walk and reports it, but
+// bbolt can also panic where no recover reaches (in a goroutine of its
+// own as it opens the file, and which comes first is a race), and the
+// Go runtime ends the child. Neither is a check that could not run
+// (which a restore would retry and a drill would not count).
+func TestVerifyCommandDamagedPagesAreCorrupt(t *testing.T) {
+	p := damagedSnapshot(t)
+	t.Setenv(verifyChildEnv, "1")
+	for _, args := range [][]string{nil, {"--status-only"}} {
+		_, err := VerifyCommand(os.Args[0], args...)(t.Context(), p)
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), p) {
+			t.Errorf("VerifyCommand %v of a snapshot with damaged pages: %v, want ErrCorrupt naming it", args, err)
+		}
+	}
+}
+
+// A child that crashes inside bbolt on the snapshot's pages found it
+// corrupt: the child here walks the damaged file's keys with no recover
+// on the way, so it crashes every time.
 func TestVerifyCommandCrashIsCorrupt(t *testing.T) {
+	p := damagedSnapshot(t)
+	t.Setenv(verifyChildEnv, "walk")
+	_, err := VerifyCommand(os.Args[0])(t.Context(), p)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "crashed bbolt") {
+		t.Errorf("VerifyCommand of a child that crashed in bbolt: %v, want ErrCorrupt for bbolt's crash", err)
+	}
+}
+
+// damagedSnapshot writes a snapshot whose sha256 trailer matches but whose
+// pages from the fifth on are garbage; the two meta pages and the two
+// after them are whole.
+func damagedSnapshot(t *testing.T) string {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "snapshot.db")
 	writeSnapshotDB(t, p, 3000)
 	f, err := os.OpenFile(p, os.O_RDWR, 0)
@@ -80,8 +113,6 @@ func TestVerifyCommandCrashIsCorrupt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every page from the fifth on is garbage; the two meta pages and the
-	// two after them are whole.
 	page := int64(os.Getpagesize()) // bbolt's page size by default
 	junk := make([]byte, st.Size()-4*page)
 	for i := range junk {
@@ -101,13 +132,29 @@ func TestVerifyCommandCrashIsCorrupt(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(verifyChildEnv, "1")
-	for _, args := range [][]string{nil, {"--status-only"}} {
-		_, err := VerifyCommand(os.Args[0], args...)(t.Context(), p)
-		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "crashed bbolt") {
-			t.Errorf("VerifyCommand %v of a snapshot with damaged pages: %v, want ErrCorrupt for bbolt's crash", args, err)
-		}
+	return p
+}
+
+// walkInBbolt is the crashing child of TestVerifyCommandCrashIsCorrupt:
+// it reads every key of the database at path with no recover, and
+// returns only if that succeeds, which on a damaged file it does not.
+func walkInBbolt(path string) int {
+	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(_ []byte, b *bolt.Bucket) error {
+			return b.ForEach(func(_, _ []byte) error { return nil })
+		})
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
 }
 
 // writeSnapshotDB writes a bbolt database at path as etcd's snapshot
