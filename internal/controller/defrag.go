@@ -37,7 +37,7 @@ func (lp *loop) defrag(ctx context.Context, obs plan.Observed, act plan.DefragMe
 	job := maintenance.Job{Act: act, Etcd: c}
 	if act.Isolate {
 		job.Member = func() (maintenance.Member, error) {
-			n, err := plan.FindNode(obs.Peers, act.NodeID)
+			n, err := plan.Reached(act.NodeID, act.On.Node)
 			if err != nil {
 				return nil, err
 			}

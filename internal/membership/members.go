@@ -92,7 +92,7 @@ func (m *Executor) Create(ctx context.Context, obs plan.Observed, act plan.Creat
 	if err != nil {
 		return err
 	}
-	nodes, err := plan.FindNodes(obs.Peers, act.Members)
+	nodes, err := plan.ReachedAll(act.Members, act.On.Nodes)
 	if err != nil {
 		return err
 	}
@@ -206,7 +206,7 @@ func (m *Executor) Leader(ctx context.Context) (LeaderEtcd, error) {
 
 // Add adds a standby node as a learner, then tells it to join.
 func (m *Executor) Add(ctx context.Context, obs plan.Observed, act plan.AddMember) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	n, err := plan.Reached(act.NodeID, act.On.Node)
 	if err != nil {
 		return err
 	}
@@ -325,7 +325,7 @@ func (m *Executor) Remove(ctx context.Context, obs plan.Observed, act plan.Remov
 	if act.NodeID == "" || obs.Cluster == nil {
 		return nil
 	}
-	if err := m.tellLeave(ctx, obs, act.NodeID, obs.Cluster.Token, "removed: "+act.Reason); err != nil {
+	if err := m.tellLeave(ctx, act.NodeID, act.On.Node, obs.Cluster.Token, "removed: "+act.Reason); err != nil {
 		// It is out of the cluster either way; it is told again when seen.
 		m.Log.Warn("cannot tell the removed node to leave; will retry when it is seen", "node", act.NodeID, "error", err)
 	}
@@ -338,12 +338,12 @@ func (m *Executor) Evict(ctx context.Context, obs plan.Observed, act plan.EvictN
 	if _, err := m.Leader(ctx); err != nil {
 		return err
 	}
-	return m.tellLeave(ctx, obs, act.NodeID, act.Token, act.Reason)
+	return m.tellLeave(ctx, act.NodeID, act.On.Node, act.Token, act.Reason)
 }
 
 // tellLeave tells a node to drop its membership of the cluster token.
-func (m *Executor) tellLeave(ctx context.Context, obs plan.Observed, nodeID, token, reason string) error {
-	n, err := plan.FindNode(obs.Peers, nodeID)
+func (m *Executor) tellLeave(ctx context.Context, nodeID string, node *plan.Node, token, reason string) error {
+	n, err := plan.Reached(nodeID, node)
 	if err != nil {
 		return err
 	}
@@ -362,7 +362,7 @@ func (m *Executor) leave(ctx context.Context, n plan.Node, req peer.LeaveRequest
 
 // SetVersion has a member's node restart etcd on another version.
 func (m *Executor) SetVersion(ctx context.Context, obs plan.Observed, act plan.SetMemberVersion) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	n, err := plan.Reached(act.NodeID, act.On.Node)
 	if err != nil {
 		return err
 	}
@@ -379,7 +379,7 @@ func (m *Executor) SetVersion(ctx context.Context, obs plan.Observed, act plan.S
 
 // SetSettings has a member's node restart etcd with the spec's settings.
 func (m *Executor) SetSettings(ctx context.Context, obs plan.Observed, act plan.SetMemberSettings) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	n, err := plan.Reached(act.NodeID, act.On.Node)
 	if err != nil {
 		return err
 	}
@@ -395,7 +395,7 @@ func (m *Executor) SetSettings(ctx context.Context, obs plan.Observed, act plan.
 // SetPeerCertCheck has a member's node restart etcd with another peer
 // certificate check.
 func (m *Executor) SetPeerCertCheck(ctx context.Context, obs plan.Observed, act plan.SetPeerCertCheck) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	n, err := plan.Reached(act.NodeID, act.On.Node)
 	if err != nil {
 		return err
 	}
@@ -449,7 +449,7 @@ func (m *Executor) EnableDowngrade(ctx context.Context, act plan.EnableDowngrade
 // restart etcd serving them. (Switching peer URLs is planned in package
 // plan; the node's side is node.SetPeerURLs.)
 func (m *Executor) SetPeerURLs(ctx context.Context, obs plan.Observed, act plan.SetPeerURLs) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	n, err := plan.Reached(act.NodeID, act.On.Node)
 	if err != nil {
 		return err
 	}
@@ -472,7 +472,7 @@ func (m *Executor) SetPeerURLs(ctx context.Context, obs plan.Observed, act plan.
 // SyncCA has a node take up the store's CA and trust, restarting its
 // etcd when asked.
 func (m *Executor) SyncCA(ctx context.Context, obs plan.Observed, act plan.SyncCA) error {
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	n, err := plan.Reached(act.NodeID, act.On.Node)
 	if err != nil {
 		return err
 	}
@@ -510,7 +510,7 @@ func (m *Executor) Resume(ctx context.Context, obs plan.Observed, act plan.Resum
 	if _, err := m.Leader(ctx); err != nil {
 		return err
 	}
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	n, err := plan.Reached(act.NodeID, act.On.Node)
 	if err != nil {
 		return err
 	}
@@ -527,7 +527,7 @@ func (m *Executor) DiscardData(ctx context.Context, obs plan.Observed, act plan.
 	if _, err := m.Leader(ctx); err != nil {
 		return err
 	}
-	n, err := plan.FindNode(obs.Peers, act.NodeID)
+	n, err := plan.Reached(act.NodeID, act.On.Node)
 	if err != nil {
 		return err
 	}

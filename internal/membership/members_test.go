@@ -97,7 +97,7 @@ func TestCreateChecksTheMarkersToken(t *testing.T) {
 				Creation: &fakeMarker{theirs: tt.theirs},
 			}
 			obs := plan.Observed{Peers: []plan.Node{{ID: "a", PeerURLs: []string{"http://a:2380"}}, {ID: "b", PeerURLs: []string{"http://b:2380"}}}}
-			err := m.Create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16"})
+			err := m.Create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16", On: plan.Targets{Nodes: obs.Peers}})
 			if (err != nil) != tt.wantErr || (err != nil && !strings.Contains(err.Error(), "created the cluster first")) {
 				t.Fatalf("create: %v, want error %v", err, tt.wantErr)
 			}
@@ -122,7 +122,7 @@ func TestCreateCarriesThePeerCertCheck(t *testing.T) {
 	}
 	obs := plan.Observed{Peers: []plan.Node{{ID: "a", PeerURLs: []string{"http://a:2380"}}, {ID: "b", PeerURLs: []string{"http://b:2380"}}}}
 	const marker = "node.main.etcd-manager.internal"
-	if err := m.Create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16", PeerCertHostname: marker}); err != nil {
+	if err := m.Create(t.Context(), obs, plan.CreateCluster{Members: []string{"a", "b"}, Version: "3.6.16", PeerCertHostname: marker, On: plan.Targets{Nodes: obs.Peers}}); err != nil {
 		t.Fatal(err)
 	}
 	if len(joins) != 2 {

@@ -58,6 +58,8 @@ type SyncCA struct {
 	Issuer  string
 	// Phase is the rotation's, for the log.
 	Phase string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 func (a SyncCA) String() string {

@@ -44,6 +44,8 @@ type DiscardMemberData struct {
 	NodeID   string
 	MemberID uint64
 	Reason   string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // RecheckFailedAfter spaces the comparisons a failed initial check asks
@@ -61,6 +63,8 @@ type ResumeMember struct {
 	NodeID   string
 	MemberID uint64
 	Reason   string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 func (a ResumeMember) String() string {

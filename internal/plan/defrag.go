@@ -48,6 +48,8 @@ type DefragMember struct {
 	InUseBytes int64
 	// CommandIDs are the defrag commands this step serves.
 	CommandIDs []string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 func (a DefragMember) String() string {

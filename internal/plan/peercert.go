@@ -39,6 +39,8 @@ const MsgPeerCertCheckStalled = "a member's certificate lacks the node marker th
 type SetPeerCertCheck struct {
 	NodeID   string
 	Hostname string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 func (a SetPeerCertCheck) String() string {

@@ -33,6 +33,8 @@ type SetPeerURLs struct {
 	NodeID   string
 	MemberID uint64
 	URLs     []string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 func (a SetPeerURLs) String() string {

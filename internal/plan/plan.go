@@ -331,10 +331,16 @@ type CreateCluster struct {
 	Members          []string
 	Version          string
 	PeerCertHostname string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // AddMember adds a standby node to the cluster as a learner.
-type AddMember struct{ NodeID string }
+type AddMember struct {
+	NodeID string
+	// On is what Plan attached (see Targets).
+	On Targets
+}
 
 // PromoteMember promotes a caught-up learner to a voting member.
 type PromoteMember struct{ MemberID uint64 }
@@ -348,6 +354,8 @@ type RemoveMember struct {
 	// StuckLearner marks the removal of a learner that did not start or
 	// catch up in time: its node is not added again at once.
 	StuckLearner bool
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // EvictNode tells a node that is not a member to drop its stale
@@ -356,6 +364,8 @@ type EvictNode struct {
 	NodeID string
 	Token  string
 	Reason string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // TakeBackup takes a full backup through the local etcd. With
@@ -378,6 +388,8 @@ type FailCommand struct {
 	ID     string
 	Reason string
 	Term   int64
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // ForgetCommand removes a command that finished long ago.
@@ -385,7 +397,11 @@ type ForgetCommand struct{ ID string }
 
 // NoteCommand writes why a procedure's command waits into its status,
 // for the operator's ctl to show; it stays pending.
-type NoteCommand struct{ ID, Message string }
+type NoteCommand struct {
+	ID, Message string
+	// On is what Plan attached (see Targets).
+	On Targets
+}
 
 // Report logs a state that needs no action from this node, or one that a
 // person must act on (at error level).
@@ -447,8 +463,14 @@ func (a Report) String() string   { return "report " + a.Msg }
 func (Report) Mutates() bool      { return false }
 
 // Plan decides what to do next from the desired spec and what was
-// observed. It is pure: no I/O, no clock, no randomness.
+// observed. It is pure: no I/O, no clock, no randomness. Each action
+// carries the observed nodes and command it acts on (see Targets).
 func Plan(o Observed) []Action {
+	return attach(o, decide(o))
+}
+
+// decide is Plan without the targets attached.
+func decide(o Observed) []Action {
 	actions := planLocal(o)
 
 	switch {
@@ -666,7 +688,7 @@ func planNoCluster(o Observed) []Action {
 		return []Action{Report{Level: slog.LevelInfo, Msg: "waiting for enough agents to create the cluster", Attrs: []any{"have", len(ids), "want", want}}}
 	}
 	sort.Strings(ids)
-	chosen, err := FindNodes(o.Peers, ids[:want])
+	chosen, err := findNodes(o.Peers, ids[:want])
 	if err != nil {
 		return nil // the IDs come from o.Peers
 	}

@@ -16,7 +16,11 @@ import (
 // members, once the command is done.
 
 // RecoverMember has the survivor restart etcd with --force-new-cluster.
-type RecoverMember struct{ ID, NodeID, Token string }
+type RecoverMember struct {
+	ID, NodeID, Token string
+	// On is what Plan attached (see Targets).
+	On Targets
+}
 
 // FinishRecover removes the completed recover-quorum command.
 type FinishRecover struct{ ID string }
@@ -35,6 +39,8 @@ func (FinishRecover) Mutates() bool    { return true }
 type HoldNodes struct {
 	ID    string
 	Nodes []Node
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // ReleaseHolds ends the holds of nodes no procedure needs held any more.
@@ -287,7 +293,7 @@ func replacedAt(peers []Node, r Record) bool {
 
 // planRecovering goes on with a recovery whose survivor id was chosen.
 func planRecovering(o Observed, c Command, id string) []Action {
-	n, err := FindNode(o.Peers, id)
+	n, err := findNode(o.Peers, id)
 	forced := err == nil && n.Healthy && n.RaftLeader != 0 && n.RaftLeader == n.MemberID
 	if !forced {
 		// The majority came back before the survivor was forced: the
@@ -437,7 +443,7 @@ func noQuorumEvidence(o Observed, c Command, members []Member, holders []Node) [
 		}
 		// Its agent, by name or, if its node came back wiped under a new
 		// ID, on the member's own peer URLs.
-		n, err := FindNode(o.Peers, name)
+		n, err := findNode(o.Peers, name)
 		if err != nil {
 			for _, p := range o.Peers {
 				if SameURLs(p.PeerURLs, m.PeerURLs) {

@@ -34,6 +34,8 @@ import (
 type PrepareRestore struct {
 	ID, Backup string
 	Members    []string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // StopForRestore tells nodes to stop their old etcd and trash its data,
@@ -42,23 +44,39 @@ type StopForRestore struct {
 	ID string
 	// Tokens maps each node to stop to the cluster token it runs.
 	Tokens map[string]string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // SetRestorePhase moves a restore to its next phase.
-type SetRestorePhase struct{ ID, Phase string }
+type SetRestorePhase struct {
+	ID, Phase string
+	// On is what Plan attached (see Targets).
+	On Targets
+}
 
 // RestoreNodes tells the chosen nodes to restore the backup and start.
 type RestoreNodes struct {
 	ID      string
 	NodeIDs []string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // VerifyRestore checks the restored cluster: all members, equal HashKV.
-type VerifyRestore struct{ ID string }
+type VerifyRestore struct {
+	ID string
+	// On is what Plan attached (see Targets).
+	On Targets
+}
 
 // BackupRestored takes the fresh backup of the restored cluster and
 // records its name in the restore's progress.
-type BackupRestored struct{ ID string }
+type BackupRestored struct {
+	ID string
+	// On is what Plan attached (see Targets).
+	On Targets
+}
 
 // SetQuarantine restarts the members of the cluster Token on the nodes,
 // all at once, serving clients on their quarantine URLs only (On) or on
@@ -69,7 +87,10 @@ type SetQuarantine struct {
 	ID      string
 	Token   string
 	NodeIDs []string
-	On      bool
+	// Quarantine is true to quarantine the members, false to lift it.
+	Quarantine bool
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // PrepareDumpRestore records a dump-restore's plan: the old cluster's
@@ -78,26 +99,42 @@ type PrepareDumpRestore struct {
 	ID       string
 	OldToken string
 	Members  []string
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 // DumpBackup takes the backup of the quarantined cluster that a
 // dump-restore restores.
-type DumpBackup struct{ ID string }
+type DumpBackup struct {
+	ID string
+	// On is what Plan attached (see Targets).
+	On Targets
+}
 
 // FinishRestore removes the completed restore command.
-type FinishRestore struct{ ID string }
+type FinishRestore struct {
+	ID string
+	// On is what Plan attached (see Targets).
+	On Targets
+}
 
 func (a PrepareRestore) String() string {
 	return fmt.Sprintf("prepare-restore %s backup=%s members=%v", a.ID, a.Backup, a.Members)
 }
 func (PrepareRestore) Mutates() bool { return true }
-func (a StopForRestore) String() string {
+
+// NodeIDs are the nodes told to stop, in order.
+func (a StopForRestore) NodeIDs() []string {
 	ids := make([]string, 0, len(a.Tokens))
 	for id := range a.Tokens {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	return fmt.Sprintf("stop-for-restore %s nodes=%v", a.ID, ids)
+	return ids
+}
+
+func (a StopForRestore) String() string {
+	return fmt.Sprintf("stop-for-restore %s nodes=%v", a.ID, a.NodeIDs())
 }
 func (StopForRestore) Mutates() bool     { return true }
 func (a SetRestorePhase) String() string { return "set-restore-phase " + a.ID + " " + a.Phase }
@@ -112,7 +149,7 @@ func (a BackupRestored) String() string { return "backup-restored " + a.ID }
 func (BackupRestored) Mutates() bool    { return true }
 func (a SetQuarantine) String() string {
 	verb := "lift-quarantine"
-	if a.On {
+	if a.Quarantine {
 		verb = "quarantine"
 	}
 	if a.ID != "" {
@@ -246,7 +283,7 @@ func planQuarantining(c Command, p *spec.RestoreProgress, peers []Node) []Action
 		}
 	}
 	if len(todo) > 0 {
-		return []Action{SetQuarantine{ID: c.ID, Token: p.OldToken, NodeIDs: todo, On: true}}
+		return []Action{SetQuarantine{ID: c.ID, Token: p.OldToken, NodeIDs: todo, Quarantine: true}}
 	}
 	if len(starting) > 0 {
 		return []Action{Report{Level: slog.LevelInfo, Msg: "dump-restore waits for the quarantined members to start",
@@ -272,7 +309,7 @@ const ChosenGonePatience = 2 * time.Minute
 // restored members hold data no client has seen yet.
 func planChosenPresent(o Observed, c Command, p *spec.RestoreProgress, peers []Node) []Action {
 	for _, id := range p.Members {
-		n, err := FindNode(peers, id)
+		n, err := findNode(peers, id)
 		if err == nil {
 			if n.DataLost && n.Member != nil && n.Member.ClusterToken == p.Token {
 				// Restoring it again would bring back a member ID whose
@@ -320,7 +357,7 @@ func chosenSilence(o Observed, c Command, id string) (time.Duration, bool) {
 func planRestoring(c Command, p *spec.RestoreProgress, peers []Node) []Action {
 	var todo, starting []string
 	for _, id := range p.Members {
-		n, err := FindNode(peers, id)
+		n, err := findNode(peers, id)
 		switch {
 		case err != nil:
 			return []Action{Report{Level: slog.LevelWarn, Msg: "restore waits for a chosen member's agent to be reachable",
@@ -352,7 +389,7 @@ func planLifting(c Command, p *spec.RestoreProgress, peers []Node) ([]Action, bo
 	var lift, missing []string
 	serving := 0
 	for _, id := range p.Members {
-		n, err := FindNode(peers, id)
+		n, err := findNode(peers, id)
 		switch {
 		case err != nil || n.DataLost || n.Member == nil || n.Member.ClusterToken != p.Token:
 			missing = append(missing, id)
@@ -526,7 +563,7 @@ func servingElsewhere(o Observed, token string) []string {
 		if r.Age > o.RecordFresh || r.ClusterToken == "" || r.ClusterToken == token || !r.Healthy || r.RaftLeader == 0 {
 			continue
 		}
-		if _, err := FindNode(o.Peers, r.NodeID); err != nil {
+		if _, err := findNode(o.Peers, r.NodeID); err != nil {
 			out = append(out, r.NodeID)
 		}
 	}

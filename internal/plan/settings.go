@@ -25,6 +25,8 @@ const settingsCallOffAfter = 30 * time.Second
 type SetMemberSettings struct {
 	NodeID   string
 	Settings spec.Settings
+	// On is what Plan attached (see Targets).
+	On Targets
 }
 
 func (a SetMemberSettings) String() string {

@@ -28,7 +28,11 @@ import (
 // (say, after the old one's agent was killed mid-roll) carries on.
 
 // SetMemberVersion restarts a member's etcd on another version's binary.
-type SetMemberVersion struct{ NodeID, Version string }
+type SetMemberVersion struct {
+	NodeID, Version string
+	// On is what Plan attached (see Targets).
+	On Targets
+}
 
 // EnableDowngrade turns on etcd's cluster downgrade to Version (etcd 3.6
 // and later): the cluster version drops, and each member rewrites its data

@@ -123,7 +123,7 @@ func (e *Executor) Execute(ctx context.Context, obs plan.Observed, act plan.Acti
 	case plan.StopForRestore:
 		return true, e.stopForRestore(ctx, obs, act)
 	case plan.SetRestorePhase:
-		return true, e.setRestorePhase(ctx, obs, act.ID, act.Phase)
+		return true, e.setRestorePhase(ctx, act.ID, act.On.Command, act.Phase)
 	case plan.RestoreNodes:
 		return true, e.restoreNodes(ctx, obs, act)
 	case plan.VerifyRestore:
@@ -145,7 +145,7 @@ func (e *Executor) Execute(ctx context.Context, obs plan.Observed, act plan.Acti
 		return true, e.finishRecover(ctx, act)
 	case plan.NoteCommand:
 		cur := spec.CommandStatus{}
-		if c := plan.FindCommand(obs.Commands, act.ID); c != nil {
+		if c := act.On.Command; c != nil {
 			cur = c.Status
 		}
 		return true, e.Runner.Note(ctx, act.ID, cur, act.Message)
@@ -156,7 +156,7 @@ func (e *Executor) Execute(ctx context.Context, obs plan.Observed, act plan.Acti
 	case plan.FailCommand:
 		// A procedure's command is failed by its driver, under its term,
 		// so that the failure outranks the statuses it wrote before.
-		c := plan.FindCommand(obs.Commands, act.ID)
+		c := act.On.Command
 		if c == nil || !obs.LockHeld || !isProcedure(c) {
 			return false, nil
 		}
@@ -171,10 +171,9 @@ func isProcedure(c *plan.Command) bool {
 	return k.RestoreBackup != nil || k.DumpRestore != nil || k.RecoverQuorum != nil
 }
 
-// command returns the command of a procedure action and its
-// definition.
-func command(obs plan.Observed, id string) (*plan.Command, Definition, error) {
-	c := plan.FindCommand(obs.Commands, id)
+// command returns the command id of a procedure action, as the plan
+// attached it (c), and its definition.
+func command(id string, c *plan.Command) (*plan.Command, Definition, error) {
 	if c == nil {
 		return nil, Definition{}, fmt.Errorf("procedure: command %s is gone", id)
 	}
@@ -207,11 +206,7 @@ func (e *Executor) call(ctx context.Context, n plan.Node, timeout time.Duration,
 
 // onNodes calls fn for each of the nodes, in parallel, and joins the
 // errors.
-func onNodes(ctx context.Context, obs plan.Observed, ids []string, fn func(context.Context, plan.Node) error) error {
-	nodes, err := plan.FindNodes(obs.Peers, ids)
-	if err != nil {
-		return err
-	}
+func onNodes(ctx context.Context, nodes []plan.Node, fn func(context.Context, plan.Node) error) error {
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
@@ -230,20 +225,19 @@ func onNodes(ctx context.Context, obs plan.Observed, ids []string, fn func(conte
 // while its followers stop too spends etcd's whole request timeout (7 s
 // by default) trying to hand leadership to one of them; after them, it
 // either hands it to one already back or stops at once.
-func onNodesLeaderLast(ctx context.Context, obs plan.Observed, ids []string, fn func(context.Context, plan.Node) error) error {
-	var first, last []string
-	for _, id := range ids {
-		n, err := plan.FindNode(obs.Peers, id)
-		if err == nil && n.MemberID != 0 && n.RaftLeader == n.MemberID {
-			last = append(last, id)
+func onNodesLeaderLast(ctx context.Context, nodes []plan.Node, fn func(context.Context, plan.Node) error) error {
+	var first, last []plan.Node
+	for _, n := range nodes {
+		if n.MemberID != 0 && n.RaftLeader == n.MemberID {
+			last = append(last, n)
 		} else {
-			first = append(first, id)
+			first = append(first, n)
 		}
 	}
-	if err := onNodes(ctx, obs, first, fn); err != nil || len(last) == 0 {
+	if err := onNodes(ctx, first, fn); err != nil || len(last) == 0 {
 		return err
 	}
-	return onNodes(ctx, obs, last, fn)
+	return onNodes(ctx, last, fn)
 }
 
 // LiftStrayQuarantine lifts a quarantine that no command explains, such
@@ -257,9 +251,13 @@ func (e *Executor) LiftStrayQuarantine(ctx context.Context, obs plan.Observed, a
 // quarantine has the nodes restart their members of act.Token in or out
 // of quarantine, in parallel, the raft leader last.
 func (e *Executor) quarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine, term int64) error {
-	return onNodesLeaderLast(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error {
+	nodes, err := plan.ReachedAll(act.NodeIDs, act.On.Nodes)
+	if err != nil {
+		return err
+	}
+	return onNodesLeaderLast(ctx, nodes, func(ctx context.Context, n plan.Node) error {
 		return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
-			req := peer.QuarantineRequest{LeaderID: e.SelfID, Term: term, Token: act.Token, Quarantined: act.On}
+			req := peer.QuarantineRequest{LeaderID: e.SelfID, Term: term, Token: act.Token, Quarantined: act.Quarantine}
 			if term != 0 {
 				req.NotAfter = e.Runner.NotAfter()
 			}
@@ -280,7 +278,7 @@ func (e *Executor) FenceAll(ctx context.Context, obs plan.Observed, term int64) 
 // driver's term, and read where its data stands (recover-quorum's step
 // before it forces a survivor).
 func (e *Executor) holdNodes(ctx context.Context, obs plan.Observed, act plan.HoldNodes) error {
-	c, d, err := command(obs, act.ID)
+	c, d, err := command(act.ID, act.On.Command)
 	if err != nil {
 		return err
 	}
@@ -328,11 +326,7 @@ func (e *Executor) releaseHolds(ctx context.Context, act plan.ReleaseHolds) erro
 // by all of them, not only by those the new driver has called since.
 // Nodes not reached learn of it from the new driver's first call.
 func (e *Executor) fenceNodes(ctx context.Context, obs plan.Observed, term int64) {
-	var ids []string
-	for _, n := range obs.Peers {
-		ids = append(ids, n.ID)
-	}
-	err := onNodes(ctx, obs, ids, func(ctx context.Context, n plan.Node) error {
+	err := onNodes(ctx, obs.Peers, func(ctx context.Context, n plan.Node) error {
 		return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
 			return api.Fence(ctx, peer.FenceRequest{LeaderID: e.SelfID, Term: term})
 		})

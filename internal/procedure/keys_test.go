@@ -31,7 +31,7 @@ func TestLackingKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := lackingKeys(obs, tt.members, tt.keys)
+			got := lackingKeys(obs.Peers, tt.members, tt.keys)
 			if len(tt.want) == 0 {
 				if got != "" {
 					t.Fatalf("lackingKeys = %q, want none", got)
@@ -74,7 +74,7 @@ func TestLackingRoom(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := lackingRoom(obs, tt.members, tt.size)
+			got := lackingRoom(obs.Peers, tt.members, tt.size)
 			if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
 				t.Fatalf("lackingRoom = %q, want %q", got, tt.want)
 			}

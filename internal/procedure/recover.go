@@ -19,7 +19,7 @@ import (
 // wins), records it, then has it restart etcd with --force-new-cluster
 // and waits until it leads.
 func (e *Executor) recoverMember(ctx context.Context, obs plan.Observed, act plan.RecoverMember) error {
-	c, d, err := command(obs, act.ID)
+	c, d, err := command(act.ID, act.On.Command)
 	if err != nil {
 		return err
 	}
@@ -41,7 +41,7 @@ func (e *Executor) recoverMember(ctx context.Context, obs plan.Observed, act pla
 				return err
 			}
 		}
-		n, err := plan.FindNode(obs.Peers, act.NodeID)
+		n, err := plan.Reached(act.NodeID, act.On.Node)
 		if err != nil {
 			return err
 		}

@@ -29,7 +29,7 @@ import (
 // restore's new cluster (token and members, created once), and records
 // the first phase. Until then, nothing of the cluster has been touched.
 func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act plan.PrepareRestore) error {
-	c, _, err := command(obs, act.ID)
+	c, _, err := command(act.ID, act.On.Command)
 	if err != nil {
 		return err
 	}
@@ -50,10 +50,10 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		}
 		// Every node restores the backup itself: each needs its keys,
 		// and room for it.
-		if lacking := lackingKeys(obs, act.Members, checked.Keys); lacking != "" {
+		if lacking := lackingKeys(act.On.Nodes, act.Members, checked.Keys); lacking != "" {
 			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore backup %s: %s; %s; the cluster was not touched", act.Backup, lacking, keyHint))
 		}
-		if lacking := lackingRoom(obs, act.Members, max(meta.Size, checked.Size)); lacking != "" {
+		if lacking := lackingRoom(act.On.Nodes, act.Members, max(meta.Size, checked.Size)); lacking != "" {
 			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore backup %s: %s; the cluster was not touched", act.Backup, lacking))
 		}
 		check, how := restoreCheck(point, checked)
@@ -65,7 +65,7 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		if err != nil {
 			return err
 		}
-		progress, err := e.choose(ctx, obs, act.ID, spec.RestoreStopping, act.Members, v, "")
+		progress, err := e.choose(ctx, act.ID, spec.RestoreStopping, act.Members, act.On.Nodes, v, "")
 		if err != nil {
 			return err
 		}
@@ -106,15 +106,16 @@ func restoreCheck(p spec.RestorePoint, v Validated) (check, how string) {
 const keyHint = "start the agents with --backup-encryption-key-file or --backup-decryption-key-file holding that key (see docs/security.md)"
 
 // lackingKeys says which of the nodes members lack which of the keys, as
-// they report them: "" when none does.
-func lackingKeys(obs plan.Observed, members, keys []string) string {
+// they report them: "" when none does. nodes are the members' observed
+// nodes.
+func lackingKeys(nodes []plan.Node, members, keys []string) string {
 	var out []string
 	for _, k := range keys {
-		var nodes []string
+		var lack []string
 		held := ""
-		for _, n := range obs.Peers {
+		for _, n := range nodes {
 			if slices.Contains(members, n.ID) && !slices.Contains(n.BackupKeys, k) {
-				nodes = append(nodes, n.ID)
+				lack = append(lack, n.ID)
 				if len(n.BackupKeys) == 0 {
 					held += fmt.Sprintf("; %s holds no key", n.ID)
 				} else {
@@ -122,8 +123,8 @@ func lackingKeys(obs plan.Observed, members, keys []string) string {
 				}
 			}
 		}
-		if len(nodes) > 0 {
-			out = append(out, fmt.Sprintf("it is encrypted with key %s, which the agents of %s do not hold%s", k, strings.Join(nodes, ", "), held))
+		if len(lack) > 0 {
+			out = append(out, fmt.Sprintf("it is encrypted with key %s, which the agents of %s do not hold%s", k, strings.Join(lack, ", "), held))
 		}
 	}
 	return strings.Join(out, "; ")
@@ -133,13 +134,14 @@ func lackingKeys(obs plan.Observed, members, keys []string) string {
 // snapshot of size bytes needs (their free space less the reserve, or
 // their --max-snapshot-bytes): "" when none does, or the size is not
 // known (a kops meta). A node that reports no room (an older agent) is
-// not judged; it refuses the snapshot itself.
-func lackingRoom(obs plan.Observed, members []string, size int64) string {
+// not judged; it refuses the snapshot itself. nodes are the members'
+// observed nodes.
+func lackingRoom(nodes []plan.Node, members []string, size int64) string {
 	if size <= 0 {
 		return ""
 	}
 	var out []string
-	for _, n := range obs.Peers {
+	for _, n := range nodes {
 		if slices.Contains(members, n.ID) && n.RestoreRoom > 0 && n.RestoreRoom < size {
 			out = append(out, fmt.Sprintf("%s has room for %d", n.ID, n.RestoreRoom))
 		}
@@ -153,8 +155,8 @@ func lackingRoom(obs plan.Observed, members []string, size int64) string {
 // choose makes the choice of a restore or dump-restore: a new cluster of
 // the members' nodes and version v, under a new token, starting at
 // phase. It is created once; a choice an earlier driver made wins.
-func (e *Executor) choose(ctx context.Context, obs plan.Observed, id, phase string, members []string, v spec.Version, oldToken string) (*spec.RestoreProgress, error) {
-	progress, err := newRestoreProgress(obs, phase, members, v)
+func (e *Executor) choose(ctx context.Context, id, phase string, members []string, nodes []plan.Node, v spec.Version, oldToken string) (*spec.RestoreProgress, error) {
+	progress, err := newRestoreProgress(phase, members, nodes, v)
 	if err != nil {
 		return nil, err
 	}
@@ -174,9 +176,10 @@ func (e *Executor) choose(ctx context.Context, obs plan.Observed, id, phase stri
 }
 
 // newRestoreProgress is the plan of a new cluster of the members' nodes
-// and version v, under a new token, starting at phase.
-func newRestoreProgress(obs plan.Observed, phase string, members []string, v spec.Version) (*spec.RestoreProgress, error) {
-	nodes, err := plan.FindNodes(obs.Peers, members)
+// (as the plan attached them) and version v, under a new token, starting
+// at phase.
+func newRestoreProgress(phase string, members []string, attached []plan.Node, v spec.Version) (*spec.RestoreProgress, error) {
+	nodes, err := plan.ReachedAll(members, attached)
 	if err != nil {
 		return nil, err
 	}
@@ -190,8 +193,8 @@ func newRestoreProgress(obs plan.Observed, phase string, members []string, v spe
 
 // step runs one step of the current phase of the restore or dump-restore
 // id; fn gets the fencing term to put on its calls.
-func (e *Executor) step(ctx context.Context, obs plan.Observed, id string, fn func(context.Context, *plan.Command, *spec.RestoreProgress, int64) error) error {
-	c, d, err := command(obs, id)
+func (e *Executor) step(ctx context.Context, id string, on plan.Targets, fn func(context.Context, *plan.Command, *spec.RestoreProgress, int64) error) error {
+	c, d, err := command(id, on.Command)
 	if err != nil {
 		return err
 	}
@@ -203,8 +206,8 @@ func (e *Executor) step(ctx context.Context, obs plan.Observed, id string, fn fu
 }
 
 // setRestorePhase moves a restore to its next phase.
-func (e *Executor) setRestorePhase(ctx context.Context, obs plan.Observed, id, phase string) error {
-	c, d, err := command(obs, id)
+func (e *Executor) setRestorePhase(ctx context.Context, id string, cmd *plan.Command, phase string) error {
+	c, d, err := command(id, cmd)
 	if err != nil {
 		return err
 	}
@@ -225,12 +228,12 @@ func (e *Executor) setRestorePhase(ctx context.Context, obs plan.Observed, id, p
 // stopForRestore tells nodes to stop their old etcd and trash its data,
 // the raft leader last.
 func (e *Executor) stopForRestore(ctx context.Context, obs plan.Observed, act plan.StopForRestore) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, _ *spec.RestoreProgress, term int64) error {
-		var ids []string
-		for id := range act.Tokens {
-			ids = append(ids, id)
+	return e.step(ctx, act.ID, act.On, func(ctx context.Context, _ *plan.Command, _ *spec.RestoreProgress, term int64) error {
+		nodes, err := plan.ReachedAll(act.NodeIDs(), act.On.Nodes)
+		if err != nil {
+			return err
 		}
-		return onNodesLeaderLast(ctx, obs, ids, func(ctx context.Context, n plan.Node) error {
+		return onNodesLeaderLast(ctx, nodes, func(ctx context.Context, n plan.Node) error {
 			return e.call(ctx, n, callTimeout, func(ctx context.Context, api NodeAPI) error {
 				return api.Leave(ctx, peer.LeaveRequest{LeaderID: e.SelfID, Term: term, Token: act.Tokens[n.ID], Reason: "restore " + act.ID + " replaces this cluster", Replaced: true,
 					NotAfter: e.Runner.NotAfter()})
@@ -241,7 +244,7 @@ func (e *Executor) stopForRestore(ctx context.Context, obs plan.Observed, act pl
 
 // restoreNodes has the chosen nodes restore the backup, in parallel.
 func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan.RestoreNodes) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, term int64) error {
+	return e.step(ctx, act.ID, act.On, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, term int64) error {
 		name := p.Backup // a dump-restore's own backup
 		var point spec.RestorePoint
 		if c.Command.RestoreBackup != nil {
@@ -249,7 +252,10 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 		}
 		// The new cluster requires the node marker of peer certificates
 		// from the start when every one of its nodes carries it.
-		nodes, _ := plan.FindNodes(obs.Peers, act.NodeIDs)
+		nodes, err := plan.ReachedAll(act.NodeIDs, act.On.Nodes)
+		if err != nil {
+			return err
+		}
 		req := peer.RestoreRequest{
 			LeaderID: e.SelfID,
 			Term:     term,
@@ -260,7 +266,7 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 				Settings: restoreSettings(obs, p.EtcdVersion), PeerCertHostname: plan.PeerCertHostname(nodes),
 			},
 		}
-		return onNodes(ctx, obs, act.NodeIDs, func(ctx context.Context, n plan.Node) error {
+		return onNodes(ctx, nodes, func(ctx context.Context, n plan.Node) error {
 			err := e.call(ctx, n, restoreCallTimeout, func(ctx context.Context, api NodeAPI) error {
 				r := req
 				r.NotAfter = e.Runner.NotAfter()
@@ -277,16 +283,16 @@ func (e *Executor) restoreNodes(ctx context.Context, obs plan.Observed, act plan
 // verifyRestore checks the restored cluster, then moves on to lifting its
 // quarantine.
 func (e *Executor) verifyRestore(ctx context.Context, obs plan.Observed, act plan.VerifyRestore) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, _ int64) error {
+	return e.step(ctx, act.ID, act.On, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, _ int64) error {
 		want := int64(0)
 		if r := c.Command.RestoreBackup; r != nil && r.ToRevision > 0 {
 			want = r.ToRevision + r.BumpRevision
 		}
-		if err := verifyRestored(ctx, obs, p, e.ClientTLS, want); err != nil {
+		if err := verifyRestored(ctx, act.On.Members, p, e.ClientTLS, want); err != nil {
 			return err
 		}
 		e.Log.Info("restored cluster verified: every member is up and HashKV agrees", "command", act.ID, "members", p.Members)
-		return e.setRestorePhase(ctx, obs, act.ID, spec.RestoreLifting)
+		return e.setRestorePhase(ctx, act.ID, c, spec.RestoreLifting)
 	})
 }
 
@@ -294,8 +300,8 @@ func (e *Executor) verifyRestore(ctx context.Context, obs plan.Observed, act pla
 // serves clients by now, and records its name: the restore is then
 // complete.
 func (e *Executor) backupRestored(ctx context.Context, obs plan.Observed, act plan.BackupRestored) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, _ int64) error {
-		endpoint, err := restoredEndpoint(obs, p)
+	return e.step(ctx, act.ID, act.On, func(ctx context.Context, c *plan.Command, p *spec.RestoreProgress, _ int64) error {
+		endpoint, err := restoredEndpoint(act.On.Members, p)
 		if err != nil {
 			return err
 		}
@@ -306,7 +312,7 @@ func (e *Executor) backupRestored(ctx context.Context, obs plan.Observed, act pl
 		if err != nil {
 			return err
 		}
-		_, d, err := command(obs, act.ID)
+		_, d, err := command(act.ID, c)
 		if err != nil {
 			return err
 		}
@@ -320,11 +326,10 @@ func (e *Executor) backupRestored(ctx context.Context, obs plan.Observed, act pl
 
 // restoredEndpoint is where the fresh backup of a restored cluster is
 // taken: a healthy member's client URL, or its quarantine URL while its
-// quarantine is on.
-func restoredEndpoint(obs plan.Observed, p *spec.RestoreProgress) (string, error) {
-	for _, id := range p.Members {
-		n, err := plan.FindNode(obs.Peers, id)
-		if err != nil || !n.Healthy || n.Member == nil || n.Member.ClusterToken != p.Token {
+// quarantine is on. members are the observed nodes of p's members.
+func restoredEndpoint(members []plan.Node, p *spec.RestoreProgress) (string, error) {
+	for _, n := range members {
+		if !slices.Contains(p.Members, n.ID) || !n.Healthy || n.Member == nil || n.Member.ClusterToken != p.Token {
 			continue
 		}
 		if n.Member.Quarantined {
@@ -366,14 +371,14 @@ func (e *Executor) recordBranch(ctx context.Context, c *plan.Command, p *spec.Re
 // setQuarantine quarantines the old cluster (dump-restore) or lifts the
 // new one's quarantine (the end of a restore).
 func (e *Executor) setQuarantine(ctx context.Context, obs plan.Observed, act plan.SetQuarantine) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, _ *plan.Command, _ *spec.RestoreProgress, term int64) error {
+	return e.step(ctx, act.ID, act.On, func(ctx context.Context, _ *plan.Command, _ *spec.RestoreProgress, term int64) error {
 		return e.quarantine(ctx, obs, act, term)
 	})
 }
 
 // finishRestore removes the completed restore command.
 func (e *Executor) finishRestore(ctx context.Context, obs plan.Observed, act plan.FinishRestore) error {
-	c, d, err := command(obs, act.ID)
+	c, d, err := command(act.ID, act.On.Command)
 	if err != nil {
 		return err
 	}
@@ -392,7 +397,7 @@ func (e *Executor) finishRestore(ctx context.Context, obs plan.Observed, act pla
 // prepareDumpRestore chooses the new cluster of a dump-restore (created
 // once) and records its first phase. Nothing has been touched yet.
 func (e *Executor) prepareDumpRestore(ctx context.Context, obs plan.Observed, act plan.PrepareDumpRestore) error {
-	c := plan.FindCommand(obs.Commands, act.ID)
+	c := act.On.Command
 	if c == nil || c.Command.DumpRestore == nil {
 		return fmt.Errorf("procedure: no dump-restore %s", act.ID)
 	}
@@ -404,11 +409,11 @@ func (e *Executor) prepareDumpRestore(ctx context.Context, obs plan.Observed, ac
 		// Every node restores the dump, encrypted with this agent's key:
 		// wait, untouched, until each holds it.
 		if e.WriteKeyID != "" {
-			if lacking := lackingKeys(obs, act.Members, []string{e.WriteKeyID}); lacking != "" {
+			if lacking := lackingKeys(act.On.Nodes, act.Members, []string{e.WriteKeyID}); lacking != "" {
 				return fmt.Errorf("procedure: dump-restore %s waits: its backup would be encrypted, and %s; %s", act.ID, lacking, keyHint)
 			}
 		}
-		progress, err := e.choose(ctx, obs, act.ID, spec.RestoreQuarantining, act.Members, v, act.OldToken)
+		progress, err := e.choose(ctx, act.ID, spec.RestoreQuarantining, act.Members, act.On.Nodes, v, act.OldToken)
 		if err != nil {
 			return err
 		}
@@ -423,7 +428,7 @@ func (e *Executor) prepareDumpRestore(ctx context.Context, obs plan.Observed, ac
 // dumpBackup backs up the quarantined cluster and records the backup as
 // the one to restore.
 func (e *Executor) dumpBackup(ctx context.Context, obs plan.Observed, act plan.DumpBackup) error {
-	return e.step(ctx, obs, act.ID, func(ctx context.Context, c *plan.Command, cur *spec.RestoreProgress, _ int64) error {
+	return e.step(ctx, act.ID, act.On, func(ctx context.Context, c *plan.Command, cur *spec.RestoreProgress, _ int64) error {
 		p := *cur
 		from, endpoint, err := e.dumpSource(ctx, obs, p.OldToken)
 		if err != nil {
@@ -442,7 +447,7 @@ func (e *Executor) dumpBackup(ctx context.Context, obs plan.Observed, act plan.D
 		} else if err != nil {
 			return err
 		}
-		if lacking := lackingRoom(obs, p.Members, info.Meta.Size); lacking != "" {
+		if lacking := lackingRoom(act.On.Members, p.Members, info.Meta.Size); lacking != "" {
 			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore the dump %s: %s; %s", info.Name, lacking, untouched))
 		}
 		p.Backup, p.Phase = info.Name, spec.RestoreStopping
@@ -504,8 +509,8 @@ func (e *Executor) dumpSource(ctx context.Context, obs plan.Observed, token stri
 // verifyRestored checks that the restored cluster has exactly its members,
 // all voters and up, that HashKV agrees across them at one revision, and
 // that this is the revision wanted, when one is (a restore to a point).
-func verifyRestored(ctx context.Context, obs plan.Observed, p *spec.RestoreProgress, tlsCfg *tls.Config, wantRev int64) error {
-	nodes, err := plan.FindNodes(obs.Peers, p.Members)
+func verifyRestored(ctx context.Context, attached []plan.Node, p *spec.RestoreProgress, tlsCfg *tls.Config, wantRev int64) error {
+	nodes, err := plan.ReachedAll(p.Members, attached)
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ func TestRestoredEndpoint(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := restoredEndpoint(plan.Observed{Peers: tt.peers}, &spec.RestoreProgress{Token: "new", Members: []string{"a", "b"}})
+			got, err := restoredEndpoint(tt.peers, &spec.RestoreProgress{Token: "new", Members: []string{"a", "b"}})
 			switch {
 			case tt.wait:
 				if !errors.Is(err, ErrWait) {
