@@ -91,6 +91,7 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 	flags.Log(cmd.Flags(), &logCfg)
 	backupAgent := newBackupAgentCommand()
 	var statusOnly, revisionOnly bool
+	var memoryCeiling int64
 	verifyCmd := &cobra.Command{
 		Use:    agent.VerifySnapshotCommand + " PATH",
 		Short:  "Verify an etcd snapshot file and print its status as JSON (used by the agent)",
@@ -98,13 +99,14 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 		Args:   cobra.ExactArgs(1),
 		Run: func(cmd *cobra.Command, args []string) {
 			if revisionOnly {
-				os.Exit(backup.RunRevision(args[0], os.Stdout, os.Stderr))
+				os.Exit(backup.RunRevision(args[0], memoryCeiling, os.Stdout, os.Stderr))
 			}
-			os.Exit(backup.RunVerify(args[0], statusOnly, os.Stdout, os.Stderr))
+			os.Exit(backup.RunVerify(args[0], statusOnly, memoryCeiling, os.Stdout, os.Stderr))
 		},
 	}
 	verifyCmd.Flags().BoolVar(&statusOnly, agent.StatusOnlyFlag, false, "only read the status, for a snapshot whose sha256 trailer was already checked")
 	verifyCmd.Flags().BoolVar(&revisionOnly, agent.RevisionOnlyFlag, false, "only print the snapshot's revision, without checking it")
+	verifyCmd.Flags().Int64Var(&memoryCeiling, backup.MemoryCeilingFlag, 0, "stop the check, as failing, once it holds more than this many bytes of memory (0: no ceiling); the agent sets it from the snapshot's size")
 	verifyCmd.MarkFlagsMutuallyExclusive(agent.StatusOnlyFlag, agent.RevisionOnlyFlag)
 	cmd.AddCommand(backupAgent, verifyCmd, &cobra.Command{
 		Use:    agent.CheckDataCommand + " DATA_DIR",

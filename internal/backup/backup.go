@@ -174,21 +174,36 @@ type VerifyFunc func(ctx context.Context, path string) (snapshot.Status, error)
 const exitCorrupt = 3
 
 // VerifyCommand returns a VerifyFunc that runs name with args and the
-// snapshot's path, and reads the status it prints (see RunVerify).
+// snapshot's path, and reads the status it prints (see RunVerify). The
+// child runs under the snapshot's Ceiling: one that reaches it has found
+// the snapshot failing its check.
 func VerifyCommand(name string, args ...string) VerifyFunc {
+	return verifyCommand(name, CeilingFor, args...)
+}
+
+func verifyCommand(name string, ceilingFor func(size int64) Ceiling, args ...string) VerifyFunc {
 	return func(ctx context.Context, path string) (snapshot.Status, error) {
+		ceiling := ceilingFor(fileSize(path))
+		cctx, cancel := context.WithTimeout(ctx, ceiling.Timeout)
+		defer cancel()
 		var stdout bytes.Buffer
 		// The child's messages name every bad page of a damaged database:
 		// the first 64 KiB say enough.
 		stderr := &capped{max: 64 << 10}
-		cmd := exec.CommandContext(ctx, name, append(args, path)...)
+		cmd := exec.CommandContext(cctx, name, append(slices.Clone(args), fmt.Sprintf("--%s=%d", MemoryCeilingFlag, ceiling.Memory), path)...)
 		cmd.Stdout, cmd.Stderr = &stdout, stderr
 		err := cmd.Run()
 		msg := strings.TrimSpace(stderr.String())
 		var exit *exec.ExitError
 		switch {
-		case errors.As(err, &exit) && exit.ExitCode() == exitCorrupt:
+		case err != nil && ctx.Err() == nil && cctx.Err() != nil:
+			return snapshot.Status{}, fmt.Errorf("%w: %s: its check ran past its limit of %s (a sound snapshot's takes a small part of it), and was stopped", ErrCorrupt, path, ceiling.Timeout)
+		case errors.As(err, &exit) && (exit.ExitCode() == exitCorrupt || exit.ExitCode() == exitCeiling):
 			return snapshot.Status{}, fmt.Errorf("%w: %s", ErrCorrupt, strings.TrimPrefix(msg, ErrCorrupt.Error()+": "))
+		case errors.As(err, &exit) && exit.ExitCode() == 2 && strings.Contains(msg, "out of memory"):
+			// The address space bound, which a sound check stays far
+			// below, stopped an allocation faster than the watch.
+			return snapshot.Status{}, fmt.Errorf("%w: %s: its check ran out of the address space it may use (its memory ceiling is %d bytes), and was stopped", ErrCorrupt, path, ceiling.Memory)
 		case etcdproc.CrashedOnData(err, msg):
 			// bbolt panics on some damage where no recover reaches, and
 			// the Go runtime ends the child: that is a damaged snapshot
@@ -207,9 +222,14 @@ func VerifyCommand(name string, args ...string) VerifyFunc {
 }
 
 // RunVerify is the child side of VerifyCommand: it verifies path (only
-// reads its status, with statusOnly), prints the status as JSON to
-// stdout, and returns the process's exit code.
-func RunVerify(path string, statusOnly bool, stdout, stderr io.Writer) int {
+// reads its status, with statusOnly) under memoryCeiling bytes of memory
+// (none when 0), prints the status as JSON to stdout, and returns the
+// process's exit code.
+func RunVerify(path string, statusOnly bool, memoryCeiling int64, stdout, stderr io.Writer) int {
+	if err := enforceCeiling(path, memoryCeiling, stderr); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
 	check := Verify
 	if statusOnly {
 		check = ReadStatus

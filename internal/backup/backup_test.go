@@ -2,16 +2,20 @@ package backup
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,15 +32,34 @@ const verifyChildEnv = "BACKUP_TEST_VERIFY_CHILD"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(verifyChildEnv) == "1" && slices.Contains(os.Args, "--revision-only") {
-		os.Exit(RunRevision(os.Args[len(os.Args)-1], os.Stdout, os.Stderr))
+		os.Exit(RunRevision(os.Args[len(os.Args)-1], childCeiling(), os.Stdout, os.Stderr))
+	}
+	if os.Getenv(verifyChildEnv) == "sleep" {
+		time.Sleep(time.Minute)
+		os.Exit(0)
 	}
 	if os.Getenv(verifyChildEnv) == "walk" {
 		os.Exit(walkInBbolt(os.Args[len(os.Args)-1]))
 	}
 	if os.Getenv(verifyChildEnv) == "1" {
-		os.Exit(RunVerify(os.Args[len(os.Args)-1], slices.Contains(os.Args, "--status-only"), os.Stdout, os.Stderr))
+		os.Exit(RunVerify(os.Args[len(os.Args)-1], slices.Contains(os.Args, "--status-only"), childCeiling(), os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
+}
+
+// childCeiling is the memory ceiling VerifyCommand passed the test
+// binary, as a child.
+func childCeiling() int64 {
+	for _, a := range os.Args {
+		if v, ok := strings.CutPrefix(a, "--"+MemoryCeilingFlag+"="); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				panic(err)
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 func TestVerifyRefusesBadSnapshots(t *testing.T) {
@@ -95,6 +118,100 @@ func TestVerifyCommandCrashIsCorrupt(t *testing.T) {
 	_, err := VerifyCommand(os.Args[0])(t.Context(), p)
 	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "crashed bbolt") {
 		t.Errorf("VerifyCommand of a child that crashed in bbolt: %v, want ErrCorrupt for bbolt's crash", err)
+	}
+}
+
+// A snapshot with one page header changed (a leaf claiming 2^28
+// overflow pages) sends bbolt's check into a walk that takes memory
+// without end: 800 MB in 5 s with no ceiling. The child is stopped at
+// its ceiling, well within 30 s, and the snapshot fails its check.
+func TestVerifyCeilingStopsARunawayCheck(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "snapshot.db")
+	writeSnapshotDB(t, p, 3000)
+	body, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := os.Getpagesize()
+	leaf := 0
+	for off := 2 * page; off+page <= len(body); off += page {
+		if binary.LittleEndian.Uint64(body[off:]) == uint64(off/page) && binary.LittleEndian.Uint16(body[off+8:]) == 0x02 && binary.LittleEndian.Uint16(body[off+10:]) > 1 {
+			leaf = off // the last one
+		}
+	}
+	if leaf == 0 {
+		t.Fatal("the snapshot has no leaf page to damage")
+	}
+	binary.LittleEndian.PutUint32(body[leaf+12:], 1<<28) // the page's overflow count
+	sum := sha256.Sum256(body)
+	if err := os.WriteFile(p, append(body, sum[:]...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ceiling := CeilingFor(int64(len(body) + sha256.Size))
+	t.Setenv(verifyChildEnv, "1")
+
+	// The child as VerifyCommand runs it, to read its peak memory.
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "--status-only", fmt.Sprintf("--%s=%d", MemoryCeilingFlag, ceiling.Memory), p)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	err = cmd.Run()
+	took := time.Since(start)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != exitCeiling {
+		t.Fatalf("child: %v after %s, %q; want exit %d at its ceiling", err, took, stderr.String(), exitCeiling)
+	}
+	peak := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10 // KiB
+	// The watch looks every 10 ms; what the check takes meanwhile, and
+	// the binary's own pages, are the slack.
+	if limit := ceiling.Memory + 64<<20; peak > limit || took > 30*time.Second {
+		t.Errorf("child peaked at %d bytes in %s; want at most %d within 30 s", peak, took, limit)
+	}
+	t.Logf("stopped at its ceiling of %d bytes after %s, peak %d bytes", ceiling.Memory, took, peak)
+
+	for _, args := range [][]string{nil, {"--status-only"}} {
+		_, err := VerifyCommand(os.Args[0], args...)(t.Context(), p)
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), p) {
+			t.Errorf("VerifyCommand %v: %v, want ErrCorrupt naming %s", args, err, p)
+		}
+	}
+}
+
+// A check that runs past its time limit fails, and the child is stopped.
+func TestVerifyTimeLimit(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "snapshot.db")
+	writeSnapshotDB(t, p, 10)
+	t.Setenv(verifyChildEnv, "sleep")
+	limit := func(int64) Ceiling { return Ceiling{Memory: 256 << 20, Timeout: 200 * time.Millisecond} }
+	start := time.Now()
+	_, err := verifyCommand(os.Args[0], limit)(t.Context(), p)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "ran past its limit of 200ms") || time.Since(start) > 10*time.Second {
+		t.Errorf("verify of a child that sleeps: %v after %s, want ErrCorrupt at its time limit", err, time.Since(start))
+	}
+	// A caller's own cancellation is not the snapshot's failing.
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := VerifyCommand(os.Args[0])(ctx, p); err == nil || errors.Is(err, ErrCorrupt) {
+		t.Errorf("verify cancelled by its caller: %v, want an error that is not ErrCorrupt", err)
+	}
+}
+
+// CeilingFor grows with the snapshot, from a floor.
+func TestCeilingFor(t *testing.T) {
+	tests := []struct {
+		size    int64
+		memory  int64
+		timeout time.Duration
+	}{
+		{0, 256 << 20, 2 * time.Minute},
+		{-1, 256 << 20, 2 * time.Minute},
+		{512 << 10, 256<<20 + 64<<10, 2 * time.Minute},
+		{8 << 30, 256<<20 + 1<<30, 2*time.Minute + 512*time.Second},
+	}
+	for _, tt := range tests {
+		if got := CeilingFor(tt.size); got.Memory != tt.memory || got.Timeout != tt.timeout {
+			t.Errorf("CeilingFor(%d) = %+v, want %d bytes, %s", tt.size, got, tt.memory, tt.timeout)
+		}
 	}
 }
 

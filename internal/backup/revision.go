@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,7 +39,7 @@ func RevisionCommand(name string, args ...string) RevisionFunc {
 		defer cancel()
 		stdout := &capped{max: maxRevisionOutput}
 		stderr := &capped{max: 4 << 10}
-		cmd := exec.CommandContext(ctx, name, append(args, path)...)
+		cmd := exec.CommandContext(ctx, name, append(slices.Clone(args), fmt.Sprintf("--%s=%d", MemoryCeilingFlag, CeilingFor(fileSize(path)).Memory), path)...)
 		cmd.Stdout, cmd.Stderr = stdout, stderr
 		if err := cmd.Run(); err != nil {
 			return 0, fmt.Errorf("backup: read the revision of %s: %v: %s", path, err, strings.TrimSpace(stderr.String()))
@@ -55,8 +56,13 @@ func RevisionCommand(name string, args ...string) RevisionFunc {
 const revisionTimeout = 30 * time.Second
 
 // RunRevision is the child side of RevisionCommand: it prints path's
-// revision (see ReadRevision) and returns the process's exit code.
-func RunRevision(path string, stdout, stderr io.Writer) int {
+// revision (see ReadRevision) under memoryCeiling bytes of memory (none
+// when 0) and returns the process's exit code.
+func RunRevision(path string, memoryCeiling int64, stdout, stderr io.Writer) int {
+	if err := enforceCeiling(path, memoryCeiling, stderr); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
 	rev, err := ReadRevision(path)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
