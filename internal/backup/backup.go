@@ -832,7 +832,7 @@ func (c *countWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); retur
 // leader that has just lost its leadership and its successor) can never
 // write into the same backup, even within one second.
 func claimName(ctx context.Context, s Store, now time.Time) (string, error) {
-	stamp := now.UTC().Format("2006-01-02T15:04:05Z")
+	stamp := now.UTC().Format(nameTimeLayout)
 	names, err := s.List(ctx, stamp, "/")
 	if err != nil {
 		return "", fmt.Errorf("backup: list: %w", err)
@@ -886,19 +886,31 @@ func Names(ctx context.Context, s Store) ([]string, error) {
 	return out, nil
 }
 
-// Newest is the newest complete backup whose meta match accepts (any,
-// when nil), or nil: it reads metas newest first, at most maxReads of
-// them when maxReads > 0, passing over backups without a meta (being
-// written) or with a corrupt one.
-func Newest(ctx context.Context, s Store, match func(Meta) bool, maxReads int) (*Info, error) {
+// Want says which backup Newest looks for.
+type Want struct {
+	// Token is the cluster token its meta must record; "" takes any.
+	Token string
+	// NotAfter, when set, leaves out a backup whose name or meta is dated
+	// after it: the reader's clock and spec.FutureSkew. A backup planted
+	// with a date in the future would be the newest forever.
+	NotAfter time.Time
+	// MaxReads, when > 0, bounds the metas read.
+	MaxReads int
+}
+
+// Newest is the newest complete backup w wants, or nil: it reads metas
+// newest first, passing over backups without a meta (being written) or
+// with a corrupt one.
+func Newest(ctx context.Context, s Store, w Want) (*Info, error) {
 	dirs, err := s.List(ctx, "", "/")
 	if err != nil {
 		return nil, fmt.Errorf("backup: list: %w", err)
 	}
 	reads := 0
-	for i := len(dirs) - 1; i >= 0 && (maxReads <= 0 || reads < maxReads); i-- {
+	for i := len(dirs) - 1; i >= 0 && (w.MaxReads <= 0 || reads < w.MaxReads); i-- {
 		name := strings.TrimSuffix(dirs[i], "/")
-		if !nameRE.MatchString(name) {
+		at, ok := NameTime(name)
+		if !ok || (!w.NotAfter.IsZero() && at.After(w.NotAfter)) {
 			continue
 		}
 		reads++
@@ -910,11 +922,35 @@ func Newest(ctx context.Context, s Store, match func(Meta) bool, maxReads int) (
 			return nil, fmt.Errorf("backup: read %s/%s: %w", name, MetaObject, err)
 		}
 		meta, err := decodeMeta(name, data)
-		if err == nil && (match == nil || match(meta)) {
-			return &Info{Name: name, Meta: meta}, nil
+		if err != nil || (w.Token != "" && meta.ClusterToken != w.Token) {
+			continue
+		}
+		if in := (Info{Name: name, Meta: meta}); w.NotAfter.IsZero() || !in.DatedAfter(w.NotAfter) {
+			return &in, nil
 		}
 	}
 	return nil, nil
+}
+
+// NameTime is the time a backup's name records, and whether name is a
+// backup's name.
+func NameTime(name string) (time.Time, bool) {
+	m := nameRE.FindStringSubmatch(name)
+	if m == nil {
+		return time.Time{}, false
+	}
+	at, err := time.Parse(nameTimeLayout, m[1])
+	return at, err == nil
+}
+
+// nameTimeLayout is the time in a backup's name.
+const nameTimeLayout = "2006-01-02T15:04:05Z"
+
+// DatedAfter reports whether the backup's name, or the time its meta
+// records, is after t.
+func (i Info) DatedAfter(t time.Time) bool {
+	at, ok := NameTime(i.Name)
+	return (ok && at.After(t)) || time.Unix(int64(i.Meta.Timestamp), 0).After(t) || i.Meta.PointTime().After(t)
 }
 
 func list(ctx context.Context, s Store, strict bool) ([]Info, error) {

@@ -24,6 +24,7 @@ import (
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
 
@@ -397,7 +398,7 @@ func TestNamesAndListing(t *testing.T) {
 		t.Fatalf("first name %q, %v", first, err)
 	}
 	for _, k := range []string{first + "/" + DataObject, first + "/" + MetaObject} {
-		if err := s.Write(ctx, k, []byte(`{"etcdVersion":"3.6.16","timestamp":"1795320245"}`)); err != nil {
+		if err := s.Write(ctx, k, []byte(`{"etcdVersion":"3.6.16","timestamp":"1795316645"}`)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -419,26 +420,43 @@ func TestNamesAndListing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(infos) != 1 || infos[0].Name != first || infos[0].Meta.EtcdVersion != "3.6.16" || infos[0].Meta.Timestamp != 1795320245 {
+	if len(infos) != 1 || infos[0].Name != first || infos[0].Meta.EtcdVersion != "3.6.16" || infos[0].Meta.Timestamp != 1795316645 {
 		t.Errorf("List = %+v", infos)
 	}
 	// Newest reads newest first and passes over the same; it stops at
 	// maxReads, and takes only what match accepts.
 	for _, tt := range []struct {
-		name     string
-		match    func(Meta) bool
-		maxReads int
-		want     string
+		name string
+		want Want
+		got  string
 	}{
-		{"any", nil, 0, first},
-		{"past the junk and the unfinished one", nil, 3, first},
-		{"only those two read", nil, 2, ""},
-		{"none matches", func(m Meta) bool { return m.ClusterToken == "other" }, 0, ""},
+		{"any", Want{}, first},
+		{"past the junk and the unfinished one", Want{MaxReads: 3}, first},
+		{"only those two read", Want{MaxReads: 2}, ""},
+		{"none matches", Want{Token: "other"}, ""},
+		{"dated before the backup", Want{NotAfter: now.Add(-time.Second)}, ""},
+		{"dated at it", Want{NotAfter: now}, first},
 	} {
-		in, err := Newest(ctx, s, tt.match, tt.maxReads)
-		if err != nil || (in == nil) != (tt.want == "") || (in != nil && in.Name != tt.want) {
-			t.Errorf("Newest, %s: %+v, %v; want %q", tt.name, in, err, tt.want)
+		in, err := Newest(ctx, s, tt.want)
+		if err != nil || (in == nil) != (tt.got == "") || (in != nil && in.Name != tt.got) {
+			t.Errorf("Newest, %s: %+v, %v; want %q", tt.name, in, err, tt.got)
 		}
+	}
+	// Backups dated in the future, by name or by meta, are the newest
+	// only to a reader that takes any date.
+	for k, v := range map[string]string{
+		"2099-01-01T00:00:00Z-000001/" + MetaObject: `{"etcdVersion":"3.6.16","timestamp":"1795316645"}`,
+		"2026-11-22T03:04:07Z-000001/" + MetaObject: `{"etcdVersion":"3.6.16","timestamp":"4070908800"}`,
+	} {
+		if err := s.Write(ctx, k, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if in, err := Newest(ctx, s, Want{}); err != nil || in == nil || in.Name != "2099-01-01T00:00:00Z-000001" {
+		t.Errorf("Newest of any date: %+v, %v", in, err)
+	}
+	if in, err := Newest(ctx, s, Want{NotAfter: now.Add(spec.FutureSkew)}); err != nil || in == nil || in.Name != first {
+		t.Errorf("Newest up to now: %+v, %v; want %s", in, err, first)
 	}
 }
 

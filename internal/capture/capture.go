@@ -16,6 +16,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/testhook"
 )
@@ -210,7 +211,7 @@ func (c *Capturer) capture(ctx context.Context, r *captureRun, w *changelog.Capt
 }
 
 func (c *Capturer) captureOnce(ctx context.Context, r *captureRun, w *changelog.Capture, s *store.Store, tlsCfg *tls.Config) error {
-	base, err := newestBackup(ctx, s, r.token)
+	base, err := newestBackup(ctx, s, r.token, c.now())
 	if err != nil {
 		return err
 	}
@@ -269,9 +270,10 @@ func (c *Capturer) merge(ctx context.Context, s *store.Store, token string) {
 	}
 }
 
-// newestBackup is the newest full backup of the cluster token, or nil.
-func newestBackup(ctx context.Context, s *store.Store, token string) (*changelog.Base, error) {
-	in, err := backup.Newest(ctx, s, func(m backup.Meta) bool { return m.ClusterToken == token }, 0)
+// newestBackup is the newest full backup of the cluster token, or nil;
+// one dated after now (and the skew allowed) is no base.
+func newestBackup(ctx context.Context, s *store.Store, token string, now time.Time) (*changelog.Base, error) {
+	in, err := backup.Newest(ctx, s, backup.Want{Token: token, NotAfter: now.Add(spec.FutureSkew)})
 	if err != nil || in == nil {
 		return nil, err
 	}

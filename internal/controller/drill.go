@@ -57,7 +57,7 @@ func (lp *loop) tendDrill(ctx context.Context, obs plan.Observed, actions []plan
 		}
 		return
 	}
-	if lp.cfg.RestoreDrillInterval <= 0 || drills.Running() || lp.newestStored == nil || obs.StoreErr != nil {
+	if lp.cfg.RestoreDrillInterval <= 0 || drills.Running() || lp.drillable == nil || obs.StoreErr != nil {
 		return
 	}
 	if err := lp.drillRecordErr; err != nil && !errors.Is(err, spec.ErrBadRecord) {
@@ -67,7 +67,7 @@ func (lp *loop) tendDrill(ctx context.Context, obs plan.Observed, actions []plan
 		return
 	}
 	d.started = now
-	drills.Start(ctx, lp.drillConfig(), lp.newestStored.Name, obs.Self.Version)
+	drills.Start(ctx, lp.drillConfig(), lp.drillable.Name, obs.Self.Version)
 }
 
 // drillConfig is where this agent's drills run, and how they reach their

@@ -29,18 +29,18 @@ func (lp *loop) storeFigures(ctx context.Context, s *store.Store, obs plan.Obser
 	lp.lastStoreFigures = lp.now()
 	ctx, cancel := context.WithTimeout(ctx, storeFiguresTimeout)
 	defer cancel()
-	got, err := lp.figures.Read(ctx, s, lp.log)
+	timeline := ""
+	if m := obs.Self.Member; m != nil {
+		timeline = m.ClusterToken
+	}
+	got, err := lp.figures.Read(ctx, s, lp.log, timeline)
 	if err != nil {
 		lp.log.Warn("cannot read the newest backups for the metrics", "error", err)
 		return
 	}
 	newest := got.Newest
-	lp.newestStored = newest
+	lp.newestStored, lp.drillable = newest, got.Drillable
 	lp.drillRecord, lp.drillRecordErr = got.Drills, got.DrillsErr
-	timeline := ""
-	if m := obs.Self.Member; m != nil {
-		timeline = m.ClusterToken
-	}
 	point, err := history.NewestPoint(ctx, s, timeline, newest, lp.cfg.Capture.Enabled)
 	if err != nil {
 		lp.log.Warn("cannot read the captured revisions for the metrics", "error", err)

@@ -98,8 +98,10 @@ type loop struct {
 	// the store.
 	lastStoreFigures time.Time
 	// newestStored and restorable are the store's newest backup and
-	// restorable point, as last read (the status page).
+	// restorable point, as last read (the status page); drillable is the
+	// newest backup of this cluster's timeline, what a drill restores.
 	newestStored *backup.Info
+	drillable    *backup.Info
 	// historyMet shows the newest restorable point.
 	historyMet *history.Metrics
 	restorable time.Time

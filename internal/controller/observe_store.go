@@ -206,7 +206,7 @@ const storedBackupReads = 10
 // does not start a second full backup at once. It reports whether it
 // found one.
 func (lp *loop) noteStoredBackup(ctx context.Context, s *store.Store, token string) bool {
-	in, err := backup.Newest(ctx, s, func(m backup.Meta) bool { return m.ClusterToken == token }, storedBackupReads)
+	in, err := backup.Newest(ctx, s, backup.Want{Token: token, NotAfter: lp.now().Add(spec.FutureSkew), MaxReads: storedBackupReads})
 	if err != nil {
 		lp.log.Warn("cannot read the newest backup from the store; taking the backup that seems due", "error", err)
 		return false

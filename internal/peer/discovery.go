@@ -116,18 +116,16 @@ const maxRecordSize = 16 << 10
 
 // Bounds on what is read of the discovery records: anyone who can write
 // the store or the shared folder could plant records without end, or
-// date one in the future, where it would stay fresh forever.
-const (
-	DefaultMaxRecords = 1000
-	DefaultFutureSkew = time.Minute
-)
+// date one in the future, where it would stay fresh forever (see
+// spec.FutureSkew).
+const DefaultMaxRecords = 1000
 
 // ReadLimits bound a read of the discovery records.
 type ReadLimits struct {
 	// Max is the most records read (0: DefaultMaxRecords); past it the
 	// rest are left out, with an error that says so.
 	Max int
-	// A record dated more than DefaultFutureSkew after Now is left out,
+	// A record dated more than spec.FutureSkew after Now is left out,
 	// with an error that says so; a zero Now checks nothing.
 	Now time.Time
 }
@@ -141,10 +139,10 @@ func (l ReadLimits) max() int {
 
 // future says why a record dated updated is refused, or "".
 func (l ReadLimits) future(updated time.Time) string {
-	if l.Now.IsZero() || updated.IsZero() || !updated.After(l.Now.Add(DefaultFutureSkew)) {
+	if l.Now.IsZero() || updated.IsZero() || !updated.After(l.Now.Add(spec.FutureSkew)) {
 		return ""
 	}
-	return fmt.Sprintf("dated %s, more than %s after this agent's clock: left out", updated.UTC().Format(time.RFC3339), DefaultFutureSkew)
+	return fmt.Sprintf("dated %s, more than %s after this agent's clock: left out", updated.UTC().Format(time.RFC3339), spec.FutureSkew)
 }
 
 // Resolver is the part of net.Resolver the DNS provider needs.

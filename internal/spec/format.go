@@ -3,6 +3,7 @@ package spec
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // FormatVersion is the format of the records this etcd-manager writes to
@@ -44,3 +45,9 @@ func CheckFormat(what string, format int) error {
 	}
 	return nil
 }
+
+// FutureSkew is how far after the reader's clock a record in the store
+// (a discovery record, a backup) may be dated. Anyone who can write the
+// store could date one in the future, where it would stay the newest, or
+// fresh, forever; past the skew it is left out, and the reader says so.
+const FutureSkew = time.Minute

@@ -37,10 +37,27 @@ func NewFigures(reg prometheus.Registerer, now func() time.Time) *Figures {
 type StoreFigures struct {
 	// Newest is the newest backup with a valid meta, nil for none.
 	Newest *backup.Info
+	// Drillable is the newest of them that the timeline Read was given
+	// took: what a restore drill restores. nil for none.
+	Drillable *backup.Info
+	// Future names the backups left out for being dated after this
+	// agent's clock and spec.FutureSkew, the first maxFutureNames of
+	// them.
+	Future []string
 	// Drills is the restore drills' record, nil before any; DrillsErr
 	// why it could not be read.
 	Drills    *spec.DrillRecord
 	DrillsErr error
+}
+
+// maxFutureNames bounds StoreFigures.Future: names can be planted
+// without end.
+const maxFutureNames = 5
+
+func (f *StoreFigures) future(name string) {
+	if len(f.Future) < maxFutureNames {
+		f.Future = append(f.Future, name)
+	}
 }
 
 // FiguresStore is the part of the store the figures read.
@@ -51,16 +68,19 @@ type FiguresStore interface {
 	ReadDrills(ctx context.Context) (*spec.DrillRecord, error)
 }
 
-// Read reads the figures from the store and shows them. It fails only
-// when the newest backups cannot be listed; the records that cannot be
-// read are logged.
-func (f *Figures) Read(ctx context.Context, s FiguresStore, log *slog.Logger) (StoreFigures, error) {
-	var out StoreFigures
-	newest, err := f.newestOfEachKind(ctx, s)
+// Read reads the figures from the store and shows them; timeline is the
+// cluster token whose newest backup is Drillable. It fails only when the
+// newest backups cannot be listed; the records that cannot be read are
+// logged. Backups dated in the future are left out, and logged.
+func (f *Figures) Read(ctx context.Context, s FiguresStore, log *slog.Logger, timeline string) (StoreFigures, error) {
+	out, err := f.newestOfEachKind(ctx, s, timeline)
 	if err != nil {
 		return out, fmt.Errorf("status: the newest backups: %w", err)
 	}
-	out.Newest = newest
+	newest := out.Newest
+	if len(out.Future) > 0 {
+		log.Warn("backups dated after this agent's clock are left out of the newest backups and the restore drills", "backups", out.Future, "allowed-skew", spec.FutureSkew)
+	}
 	fl, err := s.ReadBackupFailure(ctx)
 	switch {
 	case err != nil:
@@ -105,16 +125,26 @@ const (
 )
 
 // newestOfEachKind sets the figures of the newest backup of each kind from
-// the newest figuresNames backups, and returns the newest of all.
-func (f *Figures) newestOfEachKind(ctx context.Context, s FiguresStore) (*backup.Info, error) {
+// the newest figuresNames backups not dated in the future, and returns
+// the newest of all, and of the timeline.
+func (f *Figures) newestOfEachKind(ctx context.Context, s FiguresStore, timeline string) (StoreFigures, error) {
+	var out StoreFigures
 	names, err := backup.Names(ctx, s)
 	if err != nil {
-		return nil, err
+		return out, err
+	}
+	notAfter := f.now().Add(spec.FutureSkew)
+	for len(names) > 0 {
+		at, _ := backup.NameTime(names[len(names)-1])
+		if !at.After(notAfter) {
+			break
+		}
+		out.future(names[len(names)-1])
+		names = names[:len(names)-1]
 	}
 	names = names[max(0, len(names)-figuresNames):]
 	kept := make(map[string]*backup.Meta, len(names))
 	seen := map[string]bool{}
-	var newest *backup.Info
 	reads := 0
 	for i := len(names) - 1; i >= 0; i-- {
 		name := names[i]
@@ -129,12 +159,12 @@ func (f *Figures) newestOfEachKind(ctx context.Context, s FiguresStore) (*backup
 			case errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt):
 				// Being written, or no backup: once its name is old
 				// enough for any upload to have ended, never read again.
-				if at, perr := time.Parse("2006-01-02T15:04:05Z", name[:min(len(name), 20)]); perr == nil && f.now().Sub(at) > figuresUnfinished {
+				if at, ok := backup.NameTime(name); ok && f.now().Sub(at) > figuresUnfinished {
 					kept[name] = nil
 				}
 				continue
 			case err != nil:
-				return nil, err
+				return out, err
 			}
 			cached = &meta
 		}
@@ -143,8 +173,15 @@ func (f *Figures) newestOfEachKind(ctx context.Context, s FiguresStore) (*backup
 			continue
 		}
 		meta := *cached
-		if newest == nil {
-			newest = &backup.Info{Name: name, Meta: meta}
+		if in := (backup.Info{Name: name, Meta: meta}); in.DatedAfter(notAfter) {
+			out.future(name)
+			continue
+		}
+		if out.Newest == nil {
+			out.Newest = &backup.Info{Name: name, Meta: meta}
+		}
+		if out.Drillable == nil && timeline != "" && meta.ClusterToken == timeline {
+			out.Drillable = &backup.Info{Name: name, Meta: meta}
 		}
 		kind := meta.Kind
 		if !spec.ValidBackupKind(kind) {
@@ -163,5 +200,5 @@ func (f *Figures) newestOfEachKind(ctx context.Context, s FiguresStore) (*backup
 			f.met.backupSize.DeleteLabelValues(kind)
 		}
 	}
-	return newest, nil
+	return out, nil
 }

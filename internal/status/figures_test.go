@@ -1,7 +1,9 @@
 package status
 
 import (
+	"fmt"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -44,12 +46,12 @@ func TestNewestOfEachKind(t *testing.T) {
 	f.met.backupSize.WithLabelValues("restored").Set(1) // a kind no longer among the newest
 	check := func(when string) {
 		t.Helper()
-		newest, err := f.newestOfEachKind(ctx, s)
+		got, err := f.newestOfEachKind(ctx, s, "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if newest == nil || newest.Name != metas[3].name {
-			t.Errorf("%s: newest %v, want %s", when, newest, metas[3].name)
+		if newest := got.Newest; newest == nil || newest.Name != metas[3].name {
+			t.Errorf("%s: newest %v, want %s", when, got.Newest, metas[3].name)
 		}
 		m := f.met
 		for _, c := range []struct {
@@ -88,6 +90,58 @@ func TestNewestOfEachKind(t *testing.T) {
 	check("second read")
 }
 
+// Backups dated after the reader's clock and the skew allowed, by name
+// or by meta, are neither the newest nor drilled: one planted as
+// 2099-… would be both forever. A restore drill takes only this
+// cluster's backups.
+func TestFiguresLeaveOutTheFuture(t *testing.T) {
+	ctx := t.Context()
+	s, err := store.Open(ctx, "file://"+t.TempDir(), store.Options{Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) string { return fmt.Sprint(now.Add(d).Unix()) }
+	for name, meta := range map[string]string{
+		"2026-12-04T09:00:00Z-000001": `{"etcdVersion":"3.6.16","clusterToken":"tok","timestamp":` + at(-time.Hour) + `}`,
+		"2026-12-04T09:30:00Z-000001": `{"etcdVersion":"3.6.16","clusterToken":"other","timestamp":` + at(-30*time.Minute) + `}`,
+		"2026-12-04T10:00:30Z-000001": `{"etcdVersion":"3.6.16","clusterToken":"tok","timestamp":` + at(30*time.Second) + `}`, // within the skew
+		"2026-12-04T10:00:40Z-000001": `{"etcdVersion":"3.6.16","clusterToken":"tok","timestamp":` + at(100*365*24*time.Hour) + `}`,
+		"2099-01-01T00:00:00Z-000001": `{"etcdVersion":"3.6.16","clusterToken":"tok","timestamp":` + at(-time.Hour) + `}`,
+	} {
+		if err := s.Write(ctx, name+"/"+backup.MetaObject, []byte(meta)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := NewFigures(prometheus.NewRegistry(), func() time.Time { return now })
+	for _, tt := range []struct{ timeline, newest, drillable string }{
+		{"tok", "2026-12-04T10:00:30Z-000001", "2026-12-04T10:00:30Z-000001"},
+		{"other", "2026-12-04T10:00:30Z-000001", "2026-12-04T09:30:00Z-000001"},
+		{"", "2026-12-04T10:00:30Z-000001", ""},
+	} {
+		got, err := f.Read(ctx, s, slog.New(slog.DiscardHandler), tt.timeline)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := func(in *backup.Info) string {
+			if in == nil {
+				return ""
+			}
+			return in.Name
+		}
+		if name(got.Newest) != tt.newest || name(got.Drillable) != tt.drillable {
+			t.Errorf("timeline %q: newest %q, drillable %q; want %q, %q", tt.timeline, name(got.Newest), name(got.Drillable), tt.newest, tt.drillable)
+		}
+		if want := []string{"2099-01-01T00:00:00Z-000001", "2026-12-04T10:00:40Z-000001"}; !slices.Equal(got.Future, want) {
+			t.Errorf("timeline %q: left out %v, want %v", tt.timeline, got.Future, want)
+		}
+	}
+	if v := testutil.ToFloat64(f.met.backupLastOK); v != float64(now.Add(30*time.Second).Unix()) {
+		t.Errorf("newest backup figure %v, want the one within the skew", v)
+	}
+}
+
 // Read shows the last failed backup and the drills' record beside the
 // newest backup, and hands them back.
 func TestReadFigures(t *testing.T) {
@@ -105,7 +159,7 @@ func TestReadFigures(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := NewFigures(prometheus.NewRegistry(), func() time.Time { return at.Add(time.Hour) })
-	got, err := f.Read(ctx, s, slog.New(slog.DiscardHandler))
+	got, err := f.Read(ctx, s, slog.New(slog.DiscardHandler), "tok")
 	if err != nil {
 		t.Fatal(err)
 	}
