@@ -3,12 +3,13 @@ package store
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -17,6 +18,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/fileblob"
 	"gocloud.dev/gcerrors"
@@ -69,8 +72,10 @@ type Store struct {
 	url    string
 	bucket *blob.Bucket
 	// dir is the root directory of a file:// store, for the operations
-	// that fileblob cannot do atomically across processes.
-	dir string
+	// that fileblob cannot do atomically across processes; root opens
+	// every object beneath it, following no link out of it.
+	dir  string
+	root *os.Root
 }
 
 // Open opens the store at rawURL: file:///path, s3://bucket/prefix,
@@ -165,8 +170,17 @@ func fileDir(u *url.URL, rawURL string) (string, error) {
 	if (u.Host != "" && u.Host != "localhost") || !filepath.IsAbs(u.Path) {
 		return "", fmt.Errorf("%w %q: a file URL needs an absolute path, as in file:///var/lib/etcd-backups", ErrBadURL, rawURL)
 	}
+	for k, v := range u.Query() {
+		if k != rootSymlinkParam || len(v) != 1 || v[0] != "allow" {
+			return "", fmt.Errorf("%w %q: a file URL takes no query but %s=allow", ErrBadURL, rawURL, rootSymlinkParam)
+		}
+	}
 	return filepath.Clean(u.Path), nil
 }
+
+// rootSymlinkParam=allow in a file URL lets the store's directory be
+// reached through a symbolic link.
+const rootSymlinkParam = "root-symlink"
 
 func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
 	dir, err := fileDir(u, rawURL)
@@ -189,26 +203,45 @@ func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
 	case !st.IsDir():
 		return nil, fmt.Errorf("%w: %s: %s is not a directory", ErrUnreachable, rawURL, dir)
 	}
+	// Whoever could plant a link in place of the store's directory, or of
+	// one on the way to it, would have the agents write every key of etcd
+	// elsewhere: a link is followed only when the URL says so.
+	if real, err := filepath.EvalSymlinks(dir); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
+	} else if real != dir && u.Query().Get(rootSymlinkParam) != "allow" {
+		return nil, fmt.Errorf("%w %q: the directory is reached through a symbolic link, to %s: give that path, or add ?%s=allow to the URL if the link is meant", ErrBadURL, rawURL, real, rootSymlinkParam)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
+	}
 	// metadata=skip keeps the tree free of fileblob's ".attrs" sidecars, so
 	// it holds exactly the objects of the store format.
 	// NoTempDir writes temporary files beside their objects, so the store
 	// may live on another file system than /tmp.
 	b, err := fileblob.OpenBucket(dir, &fileblob.Options{Metadata: fileblob.MetadataDontWrite, NoTempDir: true, DirFileMode: fileDirMode})
 	if err != nil {
+		root.Close()
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
 	}
-	return &Store{url: rawURL, bucket: b, dir: dir}, nil
+	return &Store{url: rawURL, bucket: b, dir: dir, root: root}, nil
 }
 
 // URL is the URL the store was opened from.
 func (s *Store) URL() string { return s.url }
 
 // Close releases the store.
-func (s *Store) Close() error { return s.bucket.Close() }
+func (s *Store) Close() error {
+	err := s.bucket.Close()
+	if s.root != nil {
+		err = errors.Join(err, s.root.Close())
+	}
+	return err
+}
 
 // Read returns the object at key, or an error wrapping ErrNotFound.
 func (s *Store) Read(ctx context.Context, key string) ([]byte, error) {
-	r, err := s.bucket.NewReader(ctx, key, readerOptions)
+	r, _, err := s.newReader(ctx, key)
 	if err != nil {
 		return nil, s.wrap("read", key, err)
 	}
@@ -224,12 +257,12 @@ func (s *Store) Read(ctx context.Context, key string) ([]byte, error) {
 // with an error wrapping ErrTooLarge that names it; a missing object wraps
 // ErrNotFound.
 func (s *Store) ReadMax(ctx context.Context, key string, max int64) ([]byte, error) {
-	r, err := s.bucket.NewReader(ctx, key, readerOptions)
+	r, size, err := s.newReader(ctx, key)
 	if err != nil {
 		return nil, s.wrap("read", key, err)
 	}
 	defer r.Close()
-	if size := r.Size(); size > max {
+	if size > max {
 		return nil, fmt.Errorf("%w: %s in %s is %d bytes; no valid one is over %d", ErrTooLarge, key, s.url, size, max)
 	}
 	data, err := io.ReadAll(io.LimitReader(r, max+1))
@@ -245,6 +278,18 @@ func (s *Store) ReadMax(ctx context.Context, key string, max int64) ([]byte, err
 // ModTime is when the object at key was last written, by the store's
 // clock: HTTP stores keep it to the second.
 func (s *Store) ModTime(ctx context.Context, key string) (time.Time, error) {
+	if s.root != nil {
+		f, _, err := s.openFile(key)
+		if err != nil {
+			return time.Time{}, s.wrap("stat", key, err)
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return time.Time{}, s.wrap("stat", key, err)
+		}
+		return st.ModTime(), nil
+	}
 	a, err := s.bucket.Attributes(ctx, key)
 	if err != nil {
 		return time.Time{}, s.wrap("stat", key, err)
@@ -255,11 +300,48 @@ func (s *Store) ModTime(ctx context.Context, key string) (time.Time, error) {
 // Reader streams the object at key; a missing object wraps ErrNotFound.
 // The caller closes it.
 func (s *Store) Reader(ctx context.Context, key string) (io.ReadCloser, error) {
-	r, err := s.bucket.NewReader(ctx, key, readerOptions)
+	r, _, err := s.newReader(ctx, key)
 	if err != nil {
 		return nil, s.wrap("read", key, err)
 	}
 	return r, nil
+}
+
+// newReader opens the object at key, and says its size: a file:// store's
+// beneath its root (see openFile), the others' through their driver.
+func (s *Store) newReader(ctx context.Context, key string) (io.ReadCloser, int64, error) {
+	if s.root != nil {
+		return s.openFile(key)
+	}
+	r, err := s.bucket.NewReader(ctx, key, readerOptions)
+	if err != nil {
+		return nil, 0, err
+	}
+	return r, r.Size(), nil
+}
+
+// openFile opens the object at key of a file:// store beneath its root:
+// a symbolic link on the way that leads out of the store fails the read,
+// as does a key that is no file of its own (a directory, or one fileblob
+// would have escaped into another name).
+func (s *Store) openFile(key string) (*os.File, int64, error) {
+	if !validKey(key) {
+		return nil, 0, fmt.Errorf("%w: %s is no object's key", fs.ErrNotExist, key)
+	}
+	f, err := s.root.Open(filepath.FromSlash(key))
+	if err != nil {
+		return nil, 0, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, fmt.Errorf("%w: %s is not a file", fs.ErrNotExist, key)
+	}
+	return f, st.Size(), nil
 }
 
 // Write replaces the object at key. Readers see the old or the new object,
@@ -409,14 +491,14 @@ func (s *Store) createFileFrom(key string, r io.Reader) error {
 	if err != nil {
 		return s.wrap("create", key, err)
 	}
-	defer os.Remove(tmp)
-	if err := os.Link(tmp, path); err != nil {
+	defer s.root.Remove(tmp)
+	if err := s.root.Link(tmp, path); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("%w: %s", ErrExists, key)
 		}
 		return s.wrap("create", key, err)
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := s.syncDir(filepath.Dir(path)); err != nil {
 		return s.wrap("create", key, err)
 	}
 	return nil
@@ -430,16 +512,17 @@ func (s *Store) putFile(ctx context.Context, key string, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp)
-	if err := os.Rename(tmp, path); err != nil {
+	defer s.root.Remove(tmp)
+	if err := s.root.Rename(tmp, path); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return s.syncDir(filepath.Dir(path))
 }
 
-// syncDir makes a rename or link in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
+// syncDir makes a rename or link in dir, beneath the store's root,
+// durable.
+func (s *Store) syncDir(dir string) error {
+	d, err := s.root.Open(dir)
 	if err != nil {
 		return err
 	}
@@ -448,17 +531,19 @@ func syncDir(dir string) error {
 }
 
 // writeTemp writes r, whole and synced, to a temporary file of mode 0600
-// beside key's path, and returns both paths. The directories it makes
-// are 0700.
+// beside key's path, and returns both paths, relative to the store's
+// root. The directories it makes are 0700. Every path is opened beneath
+// the root: a symbolic link on the way that leads out of the store fails
+// the write, and nothing is written outside it.
 func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, tmp string, err error) {
 	if !validKey(key) {
 		return "", "", fmt.Errorf("%w %q: it would leave the store, or be written under another file name than it is read from", ErrBadKey, key)
 	}
-	path = filepath.Join(s.dir, filepath.FromSlash(key))
-	if err := os.MkdirAll(filepath.Dir(path), fileDirMode); err != nil {
+	path = filepath.FromSlash(key)
+	if err := s.root.MkdirAll(filepath.Dir(path), fileDirMode); err != nil {
 		return "", "", err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".create-*")
+	f, tmp, err := s.createTemp(filepath.Dir(path))
 	if err != nil {
 		return "", "", err
 	}
@@ -467,20 +552,38 @@ func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, t
 	w := writeback(f)
 	if _, err := io.CopyBuffer(w, &abortOnError{ctx: ctx, r: r, abort: func() {}}, make([]byte, fileCopyBuffer)); err != nil {
 		f.Close()
-		os.Remove(f.Name())
+		s.root.Remove(tmp)
 		return "", "", err
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
-		os.Remove(f.Name())
+		s.root.Remove(tmp)
 		return "", "", err
 	}
 	w.release()
 	if err := f.Close(); err != nil {
-		os.Remove(f.Name())
+		s.root.Remove(tmp)
 		return "", "", err
 	}
-	return path, f.Name(), nil
+	return path, tmp, nil
+}
+
+// createTemp creates a temporary file of mode 0600 in dir, beneath the
+// store's root, named as isTempName knows it.
+func (s *Store) createTemp(dir string) (*os.File, string, error) {
+	for range 100 {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, "", err
+		}
+		name := filepath.Join(dir, ".create-"+hex.EncodeToString(b[:]))
+		f, err := s.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		return f, name, err
+	}
+	return nil, "", fmt.Errorf("store: no free temporary name in %s", dir)
 }
 
 // fileblobEscapeRE matches what fileblob could read as one of its
@@ -515,6 +618,15 @@ func validKey(key string) bool {
 
 // Delete removes the object at key; a missing object is not an error.
 func (s *Store) Delete(ctx context.Context, key string) error {
+	if s.root != nil {
+		if !validKey(key) {
+			return s.wrap("delete", key, fmt.Errorf("%w %q: it would leave the store", ErrBadKey, key))
+		}
+		if err := s.root.Remove(filepath.FromSlash(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return s.wrap("delete", key, err)
+		}
+		return nil
+	}
 	err := s.bucket.Delete(ctx, key)
 	if err != nil && gcerrors.Code(err) != gcerrors.NotFound {
 		return s.wrap("delete", key, err)
@@ -657,7 +769,7 @@ func (s *Store) wrap(op, key string, err error) error {
 	if errors.Is(err, ErrBadKey) {
 		return fmt.Errorf("%w (%s in %s)", err, op, s.url)
 	}
-	if gcerrors.Code(err) == gcerrors.NotFound {
+	if gcerrors.Code(err) == gcerrors.NotFound || errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %s in %s", ErrNotFound, key, s.url)
 	}
 	return fmt.Errorf("%w: %s %s in %s: %v", ErrUnreachable, op, key, s.url, err)
