@@ -62,8 +62,12 @@ etcd_manager_restorable_point_timestamp_seconds{job="main",instance="b"} 0x200`,
 etcd_manager_restorable_point_timestamp_seconds{job="main",instance="b"} 0x200`,
 	},
 	"EtcdManagerCertificateExpiring": {
-		fire:  `etcd_manager_certificate_expiry_timestamp_seconds{job="main",instance="a",certificate="ca"} 1000000x200`,
-		quiet: `etcd_manager_certificate_expiry_timestamp_seconds{job="main",instance="a",certificate="ca"} 1000000000x200`,
+		// 17 days left: a CA's warning, not a node certificate's (which
+		// renews at 30 days left, and warns at 14).
+		fire: `etcd_manager_certificate_expiry_timestamp_seconds{job="main",instance="a",certificate="ca"} 1500000x200
+etcd_manager_certificate_expiry_timestamp_seconds{job="main",instance="a",certificate="node"} 1000000000x200`,
+		quiet: `etcd_manager_certificate_expiry_timestamp_seconds{job="main",instance="a",certificate="ca"} 1000000000x200
+etcd_manager_certificate_expiry_timestamp_seconds{job="main",instance="a",certificate="node"} 1500000x200`,
 	},
 	"EtcdManagerMemberDown": {
 		fire: `etcd_manager_cluster_members{job="main",instance="a",state="unhealthy"} 1x200`,

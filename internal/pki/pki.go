@@ -35,7 +35,9 @@ const (
 // Defaults.
 const (
 	DefaultCAValidity   = 10 * 365 * 24 * time.Hour
-	DefaultCertValidity = 365 * 24 * time.Hour
+	// DefaultCertValidity is a node certificate's life: a stolen one is
+	// good for at most 90 days, and it renews 30 days before it expires.
+	DefaultCertValidity = 90 * 24 * time.Hour
 	// RenewFraction is how far into its life a certificate is renewed.
 	RenewFraction = 2.0 / 3.0
 )

@@ -2,10 +2,13 @@ package store
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"gocloud.dev/blob/fileblob"
 )
 
 // A file:// store opens every path beneath its directory: a symbolic
@@ -125,5 +128,42 @@ func TestFileStoreRootSymlink(t *testing.T) {
 	}
 	if _, err := Open(t.Context(), "file://"+real+"?prefix=x", Options{}); !errors.Is(err, ErrBadURL) {
 		t.Errorf("a file URL with another query: %v, want ErrBadURL", err)
+	}
+}
+
+// A key this store never writes (a control character in it), which
+// another tool wrote through fileblob under an escaped file name, is read
+// as before; one whose file is a link out of the store is refused.
+func TestFileStoreEscapedKeys(t *testing.T) {
+	ctx := t.Context()
+	s, dir := openTemp(t)
+	defer s.Close()
+	other, err := fileblob.OpenBucket(dir, &fileblob.Options{Metadata: fileblob.MetadataDontWrite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	inside, linked := "control/a\x01b/_command.json", "control/a\x02b/_command.json"
+	for _, key := range []string{inside, linked} {
+		if err := other.WriteAll(ctx, key, []byte("another tool's"), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := s.Read(ctx, inside); err != nil || string(got) != "another tool's" {
+		t.Errorf("read %q: %q, %v", inside, got, err)
+	}
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("not the store's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "control", fmt.Sprintf("a__%#x__b", 2), "_command.json")
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, file); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Read(ctx, linked); err == nil || strings.Contains(string(got), "not the store's") {
+		t.Errorf("read %q through a link out of the store: %q, %v", linked, got, err)
 	}
 }

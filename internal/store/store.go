@@ -76,6 +76,8 @@ type Store struct {
 	// every object beneath it, following no link out of it.
 	dir  string
 	root *os.Root
+	// realDir is dir with any link that the URL allows resolved.
+	realDir string
 }
 
 // Open opens the store at rawURL: file:///path, s3://bucket/prefix,
@@ -206,9 +208,11 @@ func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
 	// Whoever could plant a link in place of the store's directory, or of
 	// one on the way to it, would have the agents write every key of etcd
 	// elsewhere: a link is followed only when the URL says so.
-	if real, err := filepath.EvalSymlinks(dir); err != nil {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
-	} else if real != dir && u.Query().Get(rootSymlinkParam) != "allow" {
+	}
+	if real != dir && u.Query().Get(rootSymlinkParam) != "allow" {
 		return nil, fmt.Errorf("%w %q: the directory is reached through a symbolic link, to %s: give that path, or add ?%s=allow to the URL if the link is meant", ErrBadURL, rawURL, real, rootSymlinkParam)
 	}
 	root, err := os.OpenRoot(dir)
@@ -224,7 +228,7 @@ func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
 		root.Close()
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
 	}
-	return &Store{url: rawURL, bucket: b, dir: dir, root: root}, nil
+	return &Store{url: rawURL, bucket: b, dir: dir, root: root, realDir: real}, nil
 }
 
 // URL is the URL the store was opened from.
@@ -310,14 +314,40 @@ func (s *Store) Reader(ctx context.Context, key string) (io.ReadCloser, error) {
 // newReader opens the object at key, and says its size: a file:// store's
 // beneath its root (see openFile), the others' through their driver.
 func (s *Store) newReader(ctx context.Context, key string) (io.ReadCloser, int64, error) {
+	opts := readerOptions
 	if s.root != nil {
-		return s.openFile(key)
+		if validKey(key) {
+			return s.openFile(key)
+		}
+		// A key this store never writes, which another tool wrote
+		// through fileblob under an escaped file name: fileblob opens
+		// it, and the file it opened must be beneath the store.
+		opts = &blob.ReaderOptions{BeforeRead: func(as func(any) bool) error {
+			var f *os.File
+			if !as(&f) {
+				return fmt.Errorf("store: %s: cannot tell where fileblob opened it", key)
+			}
+			return s.beneath(key, f)
+		}}
 	}
-	r, err := s.bucket.NewReader(ctx, key, readerOptions)
+	r, err := s.bucket.NewReader(ctx, key, opts)
 	if err != nil {
 		return nil, 0, err
 	}
 	return r, r.Size(), nil
+}
+
+// beneath checks that f, opened for key, is a file beneath the store's
+// folder, as its file descriptor's path says.
+func (s *Store) beneath(key string, f *os.File) error {
+	p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		return fmt.Errorf("store: %s: %w", key, err)
+	}
+	if !strings.HasPrefix(p, s.realDir+string(filepath.Separator)) {
+		return fmt.Errorf("store: %s leads out of the store through a symbolic link, to %s: refused", key, p)
+	}
+	return nil
 }
 
 // openFile opens the object at key of a file:// store beneath its root:
