@@ -112,6 +112,33 @@ func TestLoadCADirRefusesAnOutOfDateCA(t *testing.T) {
 	}
 }
 
+// A --pki-dir ca.key that group or others may read is refused, saying
+// how to fix it; a private one is taken.
+func TestLoadCADirRefusesAWideKey(t *testing.T) {
+	ca := caAt(t, t0, 24*time.Hour)
+	key, _ := ca.KeyPEM()
+	for _, tt := range []struct {
+		mode os.FileMode
+		ok   bool
+	}{{0o600, true}, {0o400, true}, {0o640, false}, {0o644, false}, {0o606, false}} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "ca.crt"), ca.CertPEM, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, "ca.key")
+		if err := os.WriteFile(p, key, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, tt.mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := LoadCADir(dir, t0.Add(time.Hour))
+		if tt.ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "chmod 600 "+p)) {
+			t.Errorf("ca.key of mode %04o: %v, want ok %v (or the fix named)", tt.mode, err, tt.ok)
+		}
+	}
+}
+
 // The store's CA object is read with a bound, and an out-of-date one is
 // refused, not replaced: replacing the CA is the operator's decision.
 func TestLoadStoreCA(t *testing.T) {

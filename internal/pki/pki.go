@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -20,6 +21,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/secretfile"
 )
 
 // Roles, carried as the certificate's organization. The peer API lets a
@@ -34,7 +37,7 @@ const (
 
 // Defaults.
 const (
-	DefaultCAValidity   = 10 * 365 * 24 * time.Hour
+	DefaultCAValidity = 10 * 365 * 24 * time.Hour
 	// DefaultCertValidity is a node certificate's life: a stolen one is
 	// good for at most 90 days, and it renews 30 days before it expires.
 	DefaultCertValidity = 90 * 24 * time.Hour
@@ -187,7 +190,7 @@ func LoadCADir(dir string, now time.Time) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pki: --pki-dir: %w", err)
 	}
-	key, err := os.ReadFile(filepath.Join(dir, "ca.key"))
+	key, err := readPrivate(filepath.Join(dir, "ca.key"))
 	if err != nil {
 		return nil, fmt.Errorf("pki: --pki-dir: %w", err)
 	}
@@ -200,6 +203,23 @@ func LoadCADir(dir string, now time.Time) (*CA, error) {
 	}
 	return ca, nil
 }
+
+// readPrivate reads the file at path, which holds a key: one that others
+// could read, or write, is refused (see secretfile.Check).
+func readPrivate(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if err := secretfile.Check(f, path); err != nil {
+		return nil, err
+	}
+	return io.ReadAll(io.LimitReader(f, maxKeyFile))
+}
+
+// maxKeyFile bounds a key file read: a PEM key is a few KiB.
+const maxKeyFile = 1 << 20
 
 // validityAdvice says what to do about a CA that is not valid now.
 func validityAdvice(err error, replace string) string {
