@@ -183,6 +183,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer stop()
 	}
 	srv := peer.NewServer(a.serverCreds, a.cfg.ClusterName, n)
+	if until, err := a.cfg.unmarkedUntil(a.now()); err == nil && !until.IsZero() {
+		srv.AcceptUnmarkedUntil(until)
+		a.log.Warn("node certificates without a cluster marker may call the peer API until the time given", "until", until)
+	}
 	srv.OnPeerChange(a.pokeFromPeer)
 	ops := &operatorCalls{a: a, n: n}
 	defer ops.close()

@@ -53,6 +53,11 @@ type Config struct {
 	// CertNames are more DNS names and IP addresses for the node
 	// certificate, such as the Kubernetes Service names clients dial.
 	CertNames []string
+	// PeerAcceptUnmarkedUntil, when set (RFC 3339), lets node
+	// certificates without a cluster marker, issued before markers
+	// existed, make a node's calls on the peer API until then: at most
+	// MaxUnmarkedWindow ahead.
+	PeerAcceptUnmarkedUntil string
 
 	// MetricsAddress serves Prometheus metrics when set (host:port).
 	MetricsAddress string
@@ -139,6 +144,9 @@ var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
 // Validate checks the configuration and returns every problem found.
 func (c *Config) Validate() error {
 	errs := c.Config.Validate()
+	if _, err := c.unmarkedUntil(time.Now()); err != nil {
+		errs = append(errs, err)
+	}
 	if net.ParseIP(c.Address) == nil {
 		errs = append(errs, fmt.Errorf("--address %q is not an IP address", c.Address))
 	}
@@ -263,3 +271,24 @@ const (
 	ReadinessRunning = "running"
 	ReadinessVoter   = "voter"
 )
+
+// MaxUnmarkedWindow bounds --peer-accept-unmarked-until: long enough to
+// upgrade every agent of a cluster, which reissues its certificate with
+// the marker at start.
+const MaxUnmarkedWindow = 30 * 24 * time.Hour
+
+// unmarkedUntil is --peer-accept-unmarked-until as a time (zero when
+// unset), refused when more than MaxUnmarkedWindow after now.
+func (c *Config) unmarkedUntil(now time.Time) (time.Time, error) {
+	if c.PeerAcceptUnmarkedUntil == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339, c.PeerAcceptUnmarkedUntil)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("--peer-accept-unmarked-until %q: want an RFC 3339 time, such as %s", c.PeerAcceptUnmarkedUntil, now.Add(7*24*time.Hour).UTC().Format(time.RFC3339))
+	}
+	if t.After(now.Add(MaxUnmarkedWindow)) {
+		return time.Time{}, fmt.Errorf("--peer-accept-unmarked-until %s is more than %s away: upgrade the agents within that, and they carry the marker", c.PeerAcceptUnmarkedUntil, MaxUnmarkedWindow)
+	}
+	return t, nil
+}

@@ -67,6 +67,13 @@ func TestConfigValidate(t *testing.T) {
 		{name: "a reserved certificate name", mutate: func(c *Config) { c.CertNames = []string{"node.main.etcd-manager.internal"} }, wantErr: "--cert-names"},
 		{name: "voter readiness", mutate: func(c *Config) { c.Readiness = ReadinessVoter }},
 		{name: "unknown readiness", mutate: func(c *Config) { c.Readiness = "healthy" }, wantErr: "--readiness"},
+		{name: "unmarked certificates for a week", mutate: func(c *Config) {
+			c.PeerAcceptUnmarkedUntil = time.Now().Add(7 * 24 * time.Hour).UTC().Format(time.RFC3339)
+		}},
+		{name: "unmarked certificates for a year", mutate: func(c *Config) {
+			c.PeerAcceptUnmarkedUntil = time.Now().Add(365 * 24 * time.Hour).UTC().Format(time.RFC3339)
+		}, wantErr: "--peer-accept-unmarked-until"},
+		{name: "unmarked certificates until a junk time", mutate: func(c *Config) { c.PeerAcceptUnmarkedUntil = "next week" }, wantErr: "RFC 3339"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

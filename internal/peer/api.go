@@ -2,10 +2,12 @@ package peer
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -511,9 +513,18 @@ type Server struct {
 	grpc        *grpc.Server
 	clusterName string
 	h           Handler
+	// unmarkedUntil is when node certificates without a node marker
+	// stop passing (see AcceptUnmarkedUntil); now reads the clock.
+	unmarkedUntil time.Time
+	now           func() time.Time
 	// onChange, when set, is told of a caller whose state changed.
 	onChange func(host string)
 }
+
+// AcceptUnmarkedUntil lets node certificates that carry no node marker
+// at all, issued before markers existed, make a node's calls until t
+// (see authorize). Set it before Serve.
+func (s *Server) AcceptUnmarkedUntil(t time.Time) { s.unmarkedUntil = t }
 
 // OnPeerChange sets f to be called, on a gRPC goroutine, when a peer
 // says its state changed (see InfoRequest.Changed), with the host (IP)
@@ -536,12 +547,12 @@ func callerHost(ctx context.Context) string {
 // NewServer returns a server for h, which checks that requests name
 // clusterName.
 func NewServer(creds credentials.TransportCredentials, clusterName string, h Handler) *Server {
-	s := &Server{grpc: grpc.NewServer(append(serverLimits(), grpc.Creds(creds))...), clusterName: clusterName, h: h}
+	s := &Server{grpc: grpc.NewServer(append(serverLimits(), grpc.Creds(creds))...), clusterName: clusterName, h: h, now: time.Now}
 	s.grpc.RegisterService(&grpc.ServiceDesc{
 		ServiceName: serviceName,
 		HandlerType: (*any)(nil),
 		Methods: []grpc.MethodDesc{
-			{MethodName: "Info", Handler: unary(func(ctx context.Context, r *InfoRequest) (any, error) {
+			{MethodName: "Info", Handler: unary(s, func(ctx context.Context, r *InfoRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
@@ -551,93 +562,93 @@ func NewServer(creds credentials.TransportCredentials, clusterName string, h Han
 				info, err := s.h.Info(ctx)
 				return &info, err
 			})},
-			{MethodName: "Join", Handler: unary(func(ctx context.Context, r *JoinRequest) (any, error) {
+			{MethodName: "Join", Handler: unary(s, func(ctx context.Context, r *JoinRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.Join(ctx, *r)
 			})},
-			{MethodName: "Leave", Handler: unary(func(ctx context.Context, r *LeaveRequest) (any, error) {
+			{MethodName: "Leave", Handler: unary(s, func(ctx context.Context, r *LeaveRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.Leave(ctx, *r)
 			})},
-			{MethodName: "Restore", Handler: unary(func(ctx context.Context, r *RestoreRequest) (any, error) {
+			{MethodName: "Restore", Handler: unary(s, func(ctx context.Context, r *RestoreRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.Restore(ctx, *r)
 			})},
-			{MethodName: "Quarantine", Handler: unary(func(ctx context.Context, r *QuarantineRequest) (any, error) {
+			{MethodName: "Quarantine", Handler: unary(s, func(ctx context.Context, r *QuarantineRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.Quarantine(ctx, *r)
 			})},
-			{MethodName: "Recover", Handler: unary(func(ctx context.Context, r *RecoverRequest) (any, error) {
+			{MethodName: "Recover", Handler: unary(s, func(ctx context.Context, r *RecoverRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.Recover(ctx, *r)
 			})},
-			{MethodName: "SetVersion", Handler: unary(func(ctx context.Context, r *VersionRequest) (any, error) {
+			{MethodName: "SetVersion", Handler: unary(s, func(ctx context.Context, r *VersionRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.SetVersion(ctx, *r)
 			})},
-			{MethodName: "SetSettings", Handler: unary(func(ctx context.Context, r *SettingsRequest) (any, error) {
+			{MethodName: "SetSettings", Handler: unary(s, func(ctx context.Context, r *SettingsRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.SetSettings(ctx, *r)
 			})},
-			{MethodName: "DiscardData", Handler: unary(func(ctx context.Context, r *DiscardRequest) (any, error) {
+			{MethodName: "DiscardData", Handler: unary(s, func(ctx context.Context, r *DiscardRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.DiscardData(ctx, *r)
 			})},
-			{MethodName: "HashData", Handler: unary(func(ctx context.Context, r *HashDataRequest) (any, error) {
+			{MethodName: "HashData", Handler: unary(s, func(ctx context.Context, r *HashDataRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				res, err := s.h.HashData(ctx, *r)
 				return &res, err
 			})},
-			{MethodName: "Resume", Handler: unary(func(ctx context.Context, r *ResumeRequest) (any, error) {
+			{MethodName: "Resume", Handler: unary(s, func(ctx context.Context, r *ResumeRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.Resume(ctx, *r)
 			})},
-			{MethodName: "Defrag", Handler: unary(func(ctx context.Context, r *DefragRequest) (any, error) {
+			{MethodName: "Defrag", Handler: unary(s, func(ctx context.Context, r *DefragRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				res, err := s.h.Defrag(ctx, *r)
 				return &res, err
 			})},
-			{MethodName: "SetPeerURLs", Handler: unary(func(ctx context.Context, r *PeerURLsRequest) (any, error) {
+			{MethodName: "SetPeerURLs", Handler: unary(s, func(ctx context.Context, r *PeerURLsRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.SetPeerURLs(ctx, *r)
 			})},
-			{MethodName: "SetPeerCertCheck", Handler: unary(func(ctx context.Context, r *PeerCertCheckRequest) (any, error) {
+			{MethodName: "SetPeerCertCheck", Handler: unary(s, func(ctx context.Context, r *PeerCertCheckRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.SetPeerCertCheck(ctx, *r)
 			})},
-			{MethodName: "SyncCA", Handler: unary(func(ctx context.Context, r *CARequest) (any, error) {
+			{MethodName: "SyncCA", Handler: unary(s, func(ctx context.Context, r *CARequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
 				return &Empty{}, s.h.SyncCA(ctx, *r)
 			})},
-			{MethodName: "Fence", Handler: unary(func(ctx context.Context, r *FenceRequest) (any, error) {
+			{MethodName: "Fence", Handler: unary(s, func(ctx context.Context, r *FenceRequest) (any, error) {
 				if err := s.checkCluster(r.ClusterName); err != nil {
 					return nil, err
 				}
@@ -673,14 +684,13 @@ func (s *Server) checkCluster(name string) error {
 	return nil
 }
 
-func unary[Req any](fn func(context.Context, *Req) (any, error)) grpc.MethodHandler {
+func unary[Req any](s *Server, fn func(context.Context, *Req) (any, error)) grpc.MethodHandler {
 	return func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
 		req := new(Req)
 		if err := dec(req); err != nil {
 			return nil, err
 		}
-		_, readOnly := any(req).(*InfoRequest)
-		if err := authorize(ctx, readOnly); err != nil {
+		if err := s.authorize(ctx, req); err != nil {
 			return nil, err
 		}
 		if r, ok := any(req).(tokenRequest); ok {
@@ -693,27 +703,92 @@ func unary[Req any](fn func(context.Context, *Req) (any, error)) grpc.MethodHand
 	}
 }
 
+// A leaderRequest names the node that makes it.
+type leaderRequest interface{ leader() string }
+
+func (r *JoinRequest) leader() string          { return r.LeaderID }
+func (r *LeaveRequest) leader() string         { return r.LeaderID }
+func (r *RestoreRequest) leader() string       { return r.LeaderID }
+func (r *QuarantineRequest) leader() string    { return r.LeaderID }
+func (r *RecoverRequest) leader() string       { return r.LeaderID }
+func (r *VersionRequest) leader() string       { return r.LeaderID }
+func (r *SettingsRequest) leader() string      { return r.LeaderID }
+func (r *DiscardRequest) leader() string       { return r.LeaderID }
+func (r *HashDataRequest) leader() string      { return r.LeaderID }
+func (r *ResumeRequest) leader() string        { return r.LeaderID }
+func (r *DefragRequest) leader() string        { return r.LeaderID }
+func (r *PeerURLsRequest) leader() string      { return r.LeaderID }
+func (r *PeerCertCheckRequest) leader() string { return r.LeaderID }
+func (r *CARequest) leader() string            { return r.LeaderID }
+func (r *FenceRequest) leader() string         { return r.LeaderID }
+
 // authorize lets a caller over TLS act on a node only with a node
-// certificate; an operator's client certificate may read Info. The
-// certificate itself was verified in the handshake.
-func authorize(ctx context.Context, readOnly bool) error {
+// certificate of this cluster: one that carries this cluster's node
+// marker (pki.NodeMarker), under the name of the node the request says
+// makes it. Until AcceptUnmarkedUntil's time, a node certificate with no
+// node marker at all (issued before markers) passes too, under the same
+// name check. Info may be read with any certificate the handshake
+// verified (a person's, or the ctl's), but another cluster's node or
+// operator certificate, from a shared CA. The certificate itself was
+// verified in the handshake.
+func (s *Server) authorize(ctx context.Context, req any) error {
 	p, ok := grpcpeer.FromContext(ctx)
 	if !ok {
 		return nil
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || readOnly {
+	if !ok {
 		return nil // plaintext: --insecure
 	}
-	certs := info.State.PeerCertificates
-	if len(certs) == 0 || pki.PeerRole(certs[0]) != pki.RoleNode {
+	var c *x509.Certificate
+	if certs := info.State.PeerCertificates; len(certs) > 0 {
+		c = certs[0]
+	}
+	if _, readOnly := req.(*InfoRequest); readOnly {
+		if c != nil {
+			if other := s.otherCluster(c); other != "" {
+				return status.Errorf(codes.PermissionDenied, "peer: %q is a certificate of another cluster (%s); this agent serves cluster %q", c.Subject.CommonName, other, s.clusterName)
+			}
+		}
+		return nil
+	}
+	if c == nil || pki.PeerRole(c) != pki.RoleNode {
 		name := ""
-		if len(certs) > 0 {
-			name = certs[0].Subject.CommonName
+		if c != nil {
+			name = c.Subject.CommonName
 		}
 		return status.Errorf(codes.PermissionDenied, "peer: %q is not a node certificate; only agents may change a node, other certificates may read its status", name)
 	}
+	switch other := s.otherCluster(c); {
+	case pki.CarriesName(c, pki.NodeMarker(s.clusterName)):
+	case other != "":
+		return status.Errorf(codes.PermissionDenied, "peer: %q is a node certificate of another cluster (%s); this agent serves cluster %q", c.Subject.CommonName, other, s.clusterName)
+	case s.now().Before(s.unmarkedUntil):
+		// Issued before markers, and still accepted for a while.
+	default:
+		return status.Errorf(codes.PermissionDenied, "peer: node certificate %q carries no cluster marker (%s): it was issued before markers existed; its agent reissues it when it runs this version, or --peer-accept-unmarked-until lets it pass for a while", c.Subject.CommonName, pki.NodeMarker(s.clusterName))
+	}
+	if r, ok := req.(leaderRequest); ok && r.leader() != c.Subject.CommonName {
+		return status.Errorf(codes.PermissionDenied, "peer: the request says node %q makes it, but comes with the certificate of node %q", r.leader(), c.Subject.CommonName)
+	}
 	return nil
+}
+
+// otherCluster returns the first name reserved for etcd-manager's own
+// certificates that c carries and that is not this cluster's: another
+// cluster's node or operator marker. "" when there is none.
+func (s *Server) otherCluster(c *x509.Certificate) string {
+	ours := []string{pki.NodeMarker(s.clusterName), pki.OperatorMarker(s.clusterName)}
+	for _, name := range c.DNSNames {
+		if !pki.IsReservedName(name) {
+			continue
+		}
+		n := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
+		if n != ours[0] && n != ours[1] {
+			return name
+		}
+	}
+	return ""
 }
 
 // RegisterService adds another service to the server, such as the

@@ -83,7 +83,7 @@ func TestPeerAPIAuthorizesByRoleNotName(t *testing.T) {
 	}
 	t.Run("a node certificate", func(t *testing.T) {
 		c := dial(t, pki.CertRequest{CommonName: "n2", Role: pki.RoleNode, DNSNames: []string{pki.NodeMarker("main")}, Validity: time.Hour})
-		if err := c.SetPeerCertCheck(ctx, PeerCertCheckRequest{Token: "tok", Hostname: pki.NodeMarker("main")}); err != nil {
+		if err := c.SetPeerCertCheck(ctx, PeerCertCheckRequest{LeaderID: "n2", Token: "tok", Hostname: pki.NodeMarker("main")}); err != nil {
 			t.Fatalf("SetPeerCertCheck: %v", err)
 		}
 	})
@@ -91,4 +91,111 @@ func TestPeerAPIAuthorizesByRoleNotName(t *testing.T) {
 		strings.Contains(got, "Join") || strings.Contains(got, "Leave") {
 		t.Errorf("the handler saw %q; only the operators' Info and the node's call should reach it", got)
 	}
+}
+
+// A node certificate of another cluster that shares the CA, one issued
+// before markers existed, or one whose name is not the node the request
+// says makes it, changes nothing: PermissionDenied, and the handler never
+// runs. Another cluster's node certificate does not read Info either.
+func TestPeerAPIBindsCallsToTheCluster(t *testing.T) {
+	now := time.Now()
+	ca, err := pki.GenerateCA(now.Add(-time.Hour), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvFiles := pki.NodeFiles{Dir: t.TempDir()}
+	nodeReq := pki.CertRequest{CommonName: "n1", Role: pki.RoleNode, DNSNames: []string{"localhost", pki.NodeMarker("main")},
+		IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: time.Hour}
+	if _, _, err := pki.EnsureNodeCert(ca, nil, srvFiles, nodeReq, now); err != nil {
+		t.Fatal(err)
+	}
+	serve := func(t *testing.T, unmarkedUntil time.Time) (string, *recorder) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &recorder{}
+		srv := NewServer(credentials.NewTLS(pki.ServerConfig(srvFiles, pki.TrustPool(ca.Pool()), nil)), "main", rec)
+		srv.AcceptUnmarkedUntil(unmarkedUntil)
+		go srv.Serve(l)
+		t.Cleanup(srv.Stop)
+		return l.Addr().String(), rec
+	}
+	dial := func(t *testing.T, addr string, req pki.CertRequest) *Client {
+		t.Helper()
+		// The server's marker is not checked here: this is the caller's
+		// side, which is not under test.
+		certPEM, keyPEM, err := ca.Issue(req, nil, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := pki.StaticClientConfig(pair, ca.Pool())
+		cfg.ServerName = "localhost"
+		c, err := Dial(addr, "main", credentials.NewTLS(cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	calls := func(c *Client, leader string) map[string]error {
+		return map[string]error{
+			"Leave":            c.Leave(ctx, LeaveRequest{LeaderID: leader, Token: "tok"}),
+			"Restore":          c.Restore(ctx, RestoreRequest{LeaderID: leader, Member: etcdproc.MemberState{ClusterToken: "tok"}}),
+			"Recover":          c.Recover(ctx, RecoverRequest{LeaderID: leader, Token: "tok"}),
+			"Fence":            c.Fence(ctx, FenceRequest{LeaderID: leader, Term: 1}),
+			"SetPeerCertCheck": c.SetPeerCertCheck(ctx, PeerCertCheckRequest{LeaderID: leader, Token: "tok"}),
+		}
+	}
+	unmarked := pki.CertRequest{CommonName: "n2", Role: pki.RoleNode, DNSNames: []string{"localhost"}, Validity: time.Hour}
+	for _, tt := range []struct {
+		name, want string
+		req        pki.CertRequest
+		leader     string
+		until      time.Time
+		info       bool // Info is read
+	}{
+		{name: "another cluster's node", want: "another cluster (node.other.etcd-manager.internal)",
+			req: pki.CertRequest{CommonName: "n2", Role: pki.RoleNode, DNSNames: []string{pki.NodeMarker("other")}, Validity: time.Hour}, leader: "n2"},
+		{name: "a node certificate from before markers", want: "carries no cluster marker", req: unmarked, leader: "n2", info: true},
+		{name: "one from before markers, past the time allowed", want: "carries no cluster marker", req: unmarked, leader: "n2", until: now.Add(-time.Minute), info: true},
+		{name: "a node of this cluster calling as another", want: `says node "n3" makes it, but comes with the certificate of node "n2"`,
+			req: pki.CertRequest{CommonName: "n2", Role: pki.RoleNode, DNSNames: []string{pki.NodeMarker("main")}, Validity: time.Hour}, leader: "n3", info: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			addr, rec := serve(t, tt.until)
+			c := dial(t, addr, tt.req)
+			for name, err := range calls(c, tt.leader) {
+				if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), tt.want) {
+					t.Errorf("%s: %v, want PermissionDenied saying %q", name, err, tt.want)
+				}
+			}
+			_, err := c.Info(ctx)
+			if tt.info != (err == nil) {
+				t.Errorf("Info: %v, want it read: %v", err, tt.info)
+			}
+			if want := map[bool]string{true: "Info()", false: ""}[tt.info]; strings.Join(rec.calls, " ") != want {
+				t.Errorf("the handler saw %q, want %q", strings.Join(rec.calls, " "), want)
+			}
+		})
+	}
+	t.Run("one from before markers, within the time allowed", func(t *testing.T) {
+		addr, rec := serve(t, now.Add(time.Hour))
+		c := dial(t, addr, unmarked)
+		if err := c.SetPeerCertCheck(ctx, PeerCertCheckRequest{LeaderID: "n2", Token: "tok"}); err != nil {
+			t.Errorf("SetPeerCertCheck: %v", err)
+		}
+		if err := c.SetPeerCertCheck(ctx, PeerCertCheckRequest{LeaderID: "n1", Token: "tok"}); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("SetPeerCertCheck as another node: %v, want PermissionDenied", err)
+		}
+		if got := strings.Join(rec.calls, " "); got != "SetPeerCertCheck(tok,)" {
+			t.Errorf("the handler saw %q", got)
+		}
+	})
 }
