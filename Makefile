@@ -1,6 +1,8 @@
 # etcd-manager: the Makefile tells the story.
-#   make demo   run a real local cluster (Ctrl-C stops it)
-#   make test   run every test (builds the real etcd binaries first)
+#   make demo   run a real local cluster (Ctrl-C stops it); builds only
+#               what it runs: one etcd and the three binaries
+#   make test   run every test; installs the Debian packages and builds
+#               the tools they need first
 
 ETCD_VERSIONS ?= 3.6.16 3.5.35 3.7.3
 # etcd 3.4 comes from Debian's package (for migrations from 3.4).
@@ -19,7 +21,7 @@ export GOFLAGS += -tags=$(GO_TAGS)
 # (internal/testhook) that release builds (build, image, bench) leave out.
 TEST_TAGS := -tags=$(GO_TAGS),testhooks
 
-.PHONY: all tools etcd kube build image generate demo test unit integration e2e-kube bench bench-large chaos lint clean
+.PHONY: all packages tools etcd demo-etcd kube build image generate demo test unit integration e2e-kube bench bench-large chaos lint clean
 
 all: build
 
@@ -36,6 +38,11 @@ tools: etcd kube
 	@hack/build-go-tool.sh minio github.com/minio/minio
 	@hack/build-go-tool.sh fake-gcs-server github.com/fsouza/fake-gcs-server
 	@hack/build-npm-tool.sh azurite azurite-blob
+
+## packages: the Debian packages the tests need (containerd, runc, CNI plugins, openssl, curl, systemd, chromium,
+## npm), through apt, when they are missing; it starts and stops no service.
+packages:
+	@hack/packages.sh
 
 ## kube: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl v1.37.0, built from the Go
 ## module proxy into the cache (cold: about 21 CPU-minutes) and linked as bin/kubernetes/.
@@ -70,12 +77,18 @@ image: etcd
 etcd:
 	@for v in $(ETCD_VERSIONS); do hack/build-etcd.sh $$v || exit 1; done
 
-## demo: a real local cluster on loopback with a file:// store under .demo/.
-demo: tools build
-	hack/demo.sh
+## demo: a real local cluster on loopback with a file:// store under .demo/. It builds only what it runs: etcd
+## $(DEMO_ETCD_VERSION) and the three binaries.
+DEMO_ETCD_VERSION ?= 3.6.16
+demo-etcd:
+	@hack/build-etcd.sh $(DEMO_ETCD_VERSION)
 
-## test: every test, unit and integration, against real etcd; benchmarks at small scale.
-test: tools
+demo: demo-etcd build
+	DEMO_ETCD_VERSION=$(DEMO_ETCD_VERSION) hack/demo.sh
+
+## test: every test, unit and integration, against real etcd; benchmarks at small scale. Installs the packages and
+## builds the tools first.
+test: packages tools
 	BENCH_SCALE=small $(GO) test $(TEST_TAGS) -count=1 -timeout 45m ./...
 	cd deploy/monitoring && $(GO) test -count=1 ./...
 
@@ -88,7 +101,7 @@ integration: tools
 ## e2e-kube: the operator end to end on a real single-node Kubernetes v1.37.0 (hack/kube.sh) with the shipped CRDs,
 ## RBAC and image: create, scale, pod loss, a wiped member, a version roll under a writer, backup and restore,
 ## deletion. Prints its figures last. Needs root, and Debian's containerd, runc and containernetworking-plugins.
-e2e-kube: tools build image
+e2e-kube: packages tools build image
 	$(GO) test -count=1 -tags e2ekube -timeout 60m -v ./test/kube/
 
 ## bench: figures against baselines measured in the same run; writes bench/results/latest.json.

@@ -92,14 +92,7 @@ func residentPages(t *testing.T, path string) (resident, total int) {
 // store leaves the page cache once it is synced, and a small one (a
 // capture segment, which merges read back) stays.
 func TestWritebackLeavesTheCache(t *testing.T) {
-	dir := t.TempDir()
-	var fs unix.Statfs_t
-	if err := unix.Statfs(dir, &fs); err != nil {
-		t.Fatal(err)
-	}
-	if fs.Type == unix.TMPFS_MAGIC {
-		t.Fatalf("%s is on tmpfs, whose pages are its storage and never leave the cache: set TMPDIR to a directory on a disk", dir)
-	}
+	dir := diskTempDir(t)
 	s, err := Open(context.Background(), "file://"+dir, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -139,4 +132,33 @@ func TestWritebackLeavesTheCache(t *testing.T) {
 			}
 		})
 	}
+}
+
+// diskTempDir is a temporary directory on a disk: tmpfs's pages are its
+// storage and never leave the cache. t.TempDir's when TMPDIR is on a
+// disk, else one under /var/tmp or the test's own folder, removed at the
+// end.
+func diskTempDir(t *testing.T) string {
+	t.Helper()
+	onDisk := func(dir string) bool {
+		var fs unix.Statfs_t
+		return unix.Statfs(dir, &fs) == nil && fs.Type != unix.TMPFS_MAGIC
+	}
+	if dir := t.TempDir(); onDisk(dir) {
+		return dir
+	}
+	wd, _ := os.Getwd()
+	for _, parent := range []string{"/var/tmp", wd} {
+		if parent == "" || !onDisk(parent) {
+			continue
+		}
+		dir, err := os.MkdirTemp(parent, "etcd-manager-writeback-*")
+		if err != nil {
+			continue
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		return dir
+	}
+	t.Fatalf("no temporary directory on a disk: TMPDIR, /var/tmp and %s are all on tmpfs; set TMPDIR to a directory on a disk", wd)
+	return ""
 }
