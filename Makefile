@@ -50,8 +50,9 @@ kube:
 	@hack/build-kube.sh
 
 ## build: bin/etcd-manager, bin/etcd-manager-ctl and bin/etcd-manager-operator.
+## The binaries carry the commit they were built from (--version), whatever GOFLAGS says.
 build:
-	$(GO) build -o bin/ ./cmd/etcd-manager ./cmd/etcd-manager-ctl ./cmd/etcd-manager-operator
+	$(GO) build -buildvcs=auto -o bin/ ./cmd/etcd-manager ./cmd/etcd-manager-ctl ./cmd/etcd-manager-operator
 
 ## generate: the API's deep copies, the CRDs (deploy/crds/) and the operator's RBAC (deploy/operator/rbac/), with
 ## controller-gen, and their copies in the Helm chart; make lint fails when they are stale.
@@ -70,7 +71,7 @@ generate:
 ## Docker engine, reproducibly; docker load, podman load and ctr images import accept it.
 IMAGE_TAG ?= etcd-manager:dev
 image: etcd
-	CGO_ENABLED=0 $(GO) build -trimpath -o bin/image/ ./cmd/etcd-manager ./cmd/etcd-manager-ctl ./cmd/etcd-manager-operator
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=auto -o bin/image/ ./cmd/etcd-manager ./cmd/etcd-manager-ctl ./cmd/etcd-manager-operator
 	IMAGE_TAG='$(IMAGE_TAG)' $(GO) run ./hack/image -bin-dir=bin/image -etcd-dir=bin -etcd-versions='$(ETCD_VERSIONS)' -output=bin/etcd-manager-image.tar
 
 ## etcd: the etcd builds only ($(ETCD_VERSIONS)), cached like the other tools.

@@ -17,6 +17,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/storeops"
+	"github.com/etcd-manager/etcd-manager/internal/version"
 )
 
 // options are the flags every command shares. They are persistent flags
@@ -53,8 +54,9 @@ type options struct {
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	o := &options{output: "text", storeAttempts: 3, stderr: stderr}
 	root := &cobra.Command{
-		Use:   "etcd-manager-ctl",
-		Short: "Operate an etcd-manager cluster through its backup store",
+		Use:     "etcd-manager-ctl",
+		Version: version.Get().String(),
+		Short:   "Operate an etcd-manager cluster through its backup store",
 		Long: `etcd-manager-ctl reads and writes the backup store that etcd-manager agents
 watch. The store is the source of truth whenever etcd is down, so these
 commands work even then.
@@ -193,6 +195,14 @@ most, as every write waits for a majority of them.`,
 	)
 	root.AddCommand(queueCommands(o, stdout)...)
 	root.AddCommand(issueClientCertCommand(o, stdout))
+	root.AddCommand(&cobra.Command{
+		Use:   "version",
+		Short: "Print this etcd-manager-ctl's version (status shows each agent's)",
+		Args:  cobra.NoArgs,
+		Run: func(*cobra.Command, []string) {
+			fprintf(stdout, "etcd-manager-ctl %s\n", version.Get())
+		},
+	})
 	root.AddCommand(rotateCACommand(o, stdout))
 	root.AddCommand(eventsCommand(o, stdout))
 	asUsage(root)

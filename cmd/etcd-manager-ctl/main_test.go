@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -717,5 +718,18 @@ func TestForcedMemberCountIsKept(t *testing.T) {
 	}
 	if _, _, err := e.run(t, "--member-count=13", "configure-cluster"); err == nil || !strings.Contains(err.Error(), "--force") {
 		t.Errorf("a larger count without --force: %v", err)
+	}
+}
+
+// version and --version print the ctl's build, and need no store.
+func TestVersion(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		var out, errOut bytes.Buffer
+		if err := run(t.Context(), args, &out, &errOut); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, errOut.String())
+		}
+		if got := out.String(); !strings.HasPrefix(got, "etcd-manager-ctl ") || !strings.Contains(got, runtime.Version()) {
+			t.Errorf("%v printed %q, want the ctl's version and its Go", args, got)
+		}
 	}
 }

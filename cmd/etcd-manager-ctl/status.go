@@ -99,7 +99,7 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 	fprintf(w, "leader: %s (etcd leader: %s)\n", leader, dash(st.EtcdLeader))
 	fprintf(w, "cluster version: %s\n\n", dash(st.ClusterVersion))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tADDRESS\tROLE\tETCD\tHEALTH\tDB SIZE\tCLOCK OFFSET\tCLIENT URL")
+	fmt.Fprintln(tw, "ID\tADDRESS\tROLE\tETCD\tHEALTH\tDB SIZE\tCLOCK OFFSET\tCLIENT URL\tAGENT")
 	for _, a := range st.Agents {
 		health := "-"
 		if a.Role != "standby" {
@@ -108,8 +108,8 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 				health = "healthy"
 			}
 		}
-		fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Address, a.Role, dash(a.EtcdVersion), health, size(a.DBSize),
-			a.ClockOffset.Round(time.Millisecond), dash(a.ClientURL))
+		fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Address, a.Role, dash(a.EtcdVersion), health, size(a.DBSize),
+			a.ClockOffset.Round(time.Millisecond), dash(a.ClientURL), dash(a.AgentVersion))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

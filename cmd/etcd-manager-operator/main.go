@@ -15,14 +15,16 @@ import (
 	"github.com/etcd-manager/etcd-manager/cmd/internal/flags"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/operator"
+	"github.com/etcd-manager/etcd-manager/internal/version"
 )
 
 func main() {
 	cfg := operator.Default()
 	logCfg := cli.DefaultLogConfig()
 	cmd := &cobra.Command{
-		Use:   "etcd-manager-operator",
-		Short: "Run etcd clusters on Kubernetes from EtcdCluster objects",
+		Use:     "etcd-manager-operator",
+		Version: version.Get().String(),
+		Short:   "Run etcd clusters on Kubernetes from EtcdCluster objects",
 		Long: `etcd-manager-operator turns each EtcdCluster into a StatefulSet of etcd-manager
 agents, Services and a PodDisruptionBudget, and writes the cluster spec to the
 backup store, where the agents pick it up: they form, scale, heal, back up and

@@ -19,6 +19,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/backupagent"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/version"
 )
 
 // defaultMemoryLimit is the Go runtime's soft memory limit unless
@@ -55,8 +56,9 @@ func main() {
 	cfg := agent.Default()
 	logCfg := cli.DefaultLogConfig()
 	cmd := &cobra.Command{
-		Use:   "etcd-manager",
-		Short: "Run and heal an etcd cluster from the spec in a backup store",
+		Use:     "etcd-manager",
+		Version: version.Get().String(),
+		Short:   "Run and heal an etcd cluster from the spec in a backup store",
 		Long: `etcd-manager runs on every node of an etcd cluster. It starts the local etcd
 of the version the cluster spec asks for, restarts it when it dies, and keeps
 its state under --data-dir so that a restart picks up where it left off.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -129,4 +130,26 @@ func TestBackupAgentConfigChecksTheStoreURL(t *testing.T) {
 			t.Errorf("%s: err = %v, want it to mention %q", tt.url, err, tt.wantErr)
 		}
 	}
+}
+
+// Every agent serves etcd_manager_build_info, labelled with its build.
+func TestBuildInfoMetric(t *testing.T) {
+	mfs, err := newProcessMetrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "etcd_manager_build_info" {
+			continue
+		}
+		labels := map[string]string{}
+		for _, l := range mf.GetMetric()[0].GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if mf.GetMetric()[0].GetGauge().GetValue() != 1 || labels["goversion"] != runtime.Version() || labels["version"] == "" {
+			t.Errorf("etcd_manager_build_info = %v %v", mf.GetMetric()[0].GetGauge().GetValue(), labels)
+		}
+		return
+	}
+	t.Error("no etcd_manager_build_info")
 }

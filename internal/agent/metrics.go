@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/etcd-manager/etcd-manager/internal/node"
+	"github.com/etcd-manager/etcd-manager/internal/version"
 )
 
 // metrics are the agent's own Prometheus metrics: its certificates and the
@@ -24,7 +25,7 @@ type metrics struct {
 // process's collectors, which every agent serves.
 func newProcessMetrics() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	return reg
 }
 
@@ -45,4 +46,15 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.certExpiry, m.certRenewals, m.certificateExpiry, m.dataDiscarded)
 	return m
+}
+
+// buildInfo is etcd_manager_build_info: 1, labelled with the agent's
+// build, so that a fleet's versions show on one query.
+func buildInfo() prometheus.Collector {
+	v := version.Get()
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "etcd_manager_build_info",
+		Help: "Always 1; its labels are the agent's build: version (the module's, or (devel)), revision (the VCS commit) and goversion."},
+		[]string{"version", "revision", "goversion"})
+	g.WithLabelValues(v.Version, v.Revision, v.GoVersion).Set(1)
+	return g
 }

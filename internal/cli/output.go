@@ -16,11 +16,13 @@ type AgentStatus struct {
 	Address     string `json:"address"`
 	Role        string `json:"role"`
 	EtcdVersion string `json:"etcdVersion,omitempty"`
-	Healthy     bool   `json:"healthy"`
-	DBSize      int64  `json:"dbSize,omitempty"`
-	ClientURL   string `json:"clientURL,omitempty"`
-	MemberID    string `json:"memberId,omitempty"`
-	ClusterID   string `json:"clusterId,omitempty"`
+	// AgentVersion is the agent's build.
+	AgentVersion string `json:"agentVersion,omitempty"`
+	Healthy      bool   `json:"healthy"`
+	DBSize       int64  `json:"dbSize,omitempty"`
+	ClientURL    string `json:"clientURL,omitempty"`
+	MemberID     string `json:"memberId,omitempty"`
+	ClusterID    string `json:"clusterId,omitempty"`
 	// ClockOffset is the largest offset the agent measured between its
 	// clock and a peer's.
 	ClockOffset time.Duration `json:"clockOffsetNanos"`

@@ -25,7 +25,7 @@ func Role(info peer.NodeInfo) string {
 // AgentFromInfo is one agent's line of the status: what the agent at addr
 // reported of itself.
 func AgentFromInfo(addr string, info peer.NodeInfo) AgentStatus {
-	a := AgentStatus{ID: info.NodeID, Address: addr, Role: Role(info), EtcdVersion: info.EtcdVersion,
+	a := AgentStatus{ID: info.NodeID, Address: addr, Role: Role(info), EtcdVersion: info.EtcdVersion, AgentVersion: info.AgentVersion,
 		Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
 		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID,
 		Cert: info.Cert, BackupKeys: info.BackupKeys, Trust: info.Trust, EtcdTrust: info.EtcdTrust}

@@ -16,6 +16,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/storeops"
+	"github.com/etcd-manager/etcd-manager/internal/version"
 )
 
 const (
@@ -333,6 +334,7 @@ func (lp *loop) memberClient(url string) (*clientv3.Client, error) {
 func (lp *loop) setInfo(self plan.Node, member *etcdproc.MemberState, local etcdproc.MemberStatus, leader bool, procedure string) {
 	info := peer.NodeInfo{
 		NodeID:               self.ID,
+		AgentVersion:         version.Get().Short(),
 		ClusterName:          lp.cfg.ClusterName,
 		PeerAddress:          self.Address,
 		ClientURLs:           lp.cfg.ClientURLs,

@@ -57,6 +57,8 @@ type NodeInfo struct {
 	PendingFor time.Duration `json:"pendingFor,omitempty"`
 	// EtcdWanted is true while the agent keeps etcd running.
 	EtcdWanted bool `json:"etcdWanted"`
+	// AgentVersion is the agent's own build (version.Info.Short).
+	AgentVersion string `json:"agentVersion,omitempty"`
 	// EtcdHealthy is true when the local etcd answered a status call.
 	EtcdHealthy bool   `json:"etcdHealthy"`
 	EtcdVersion string `json:"etcdVersion,omitempty"`
