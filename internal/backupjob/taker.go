@@ -39,7 +39,7 @@ type Taker struct {
 	Keys *crypt.Keyring
 	// Taken is told of each backup taken, when it finished; FailedAt of
 	// each failure (the agent's metrics). Either may be nil.
-	Taken    func(meta backup.Meta, at time.Time)
+	Taken    func(info backup.Info, at time.Time)
 	FailedAt func(at time.Time)
 
 	lastOK, lastFailure time.Time
@@ -108,7 +108,7 @@ func (b *Taker) Take(ctx context.Context, s *store.Store, req backup.Request, re
 	b.lastOK, b.failures = b.Now(), 0
 	took := b.lastOK.Sub(start)
 	if b.Taken != nil {
-		b.Taken(info.Meta, b.lastOK)
+		b.Taken(info, b.lastOK)
 	}
 	if info.HashKVErr != nil {
 		b.Log.Warn("backup records no HashKV; a restore drill of it checks the revision alone", "name", info.Name, "error", info.HashKVErr)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/status"
 )
@@ -58,7 +59,7 @@ func (lp *loop) publishCycle(obs plan.Observed, at time.Time, actions []plan.Act
 	}()
 	c := Cycle{Observed: obs, Actions: actions, Results: results, Done: done, Facts: status.Facts{
 		Cluster: lp.cfg.ClusterName, Node: lp.node.ID(), Now: at, Procedure: plan.ActiveProcedure(obs),
-		Warnings: plan.StatusLines(actions), Newest: lp.newestStored, Restorable: lp.restorable, Drills: lp.drillRecord,
+		Warnings: plan.StatusLines(actions), Newest: lp.newestBackup(), Restorable: lp.restorable, Drills: lp.drillRecord,
 	}}
 	for _, o := range lp.env.Observers {
 		func() {
@@ -71,4 +72,14 @@ func (lp *loop) publishCycle(obs plan.Observed, at time.Time, actions []plan.Act
 			o(c)
 		}()
 	}
+}
+
+// newestBackup is the newest backup the store's figures read, or the one
+// this agent took since, if that is newer.
+func (lp *loop) newestBackup() *backup.Info {
+	taken := lp.lastTaken.Load()
+	if taken == nil || (lp.newestStored != nil && lp.newestStored.Name >= taken.Name) {
+		return lp.newestStored
+	}
+	return taken
 }

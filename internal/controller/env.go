@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/backupjob"
 	"github.com/etcd-manager/etcd-manager/internal/capture"
 	"github.com/etcd-manager/etcd-manager/internal/crypt"
@@ -143,7 +144,13 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 	}
 	lp.figures = status.NewFigures(env.Registry, lp.now)
 	lp.backups = cfg.Backup.NewTaker(n.ID(), lp.log, func() time.Time { return lp.now() }, env.Readers)
-	lp.backups.Taken, lp.backups.FailedAt = lp.figures.Taken, lp.figures.Failed
+	lp.backups.FailedAt = lp.figures.Failed
+	lp.backups.Taken = func(info backup.Info, at time.Time) {
+		lp.figures.Taken(info, at)
+		// The status page shows it at once, not after the next read of
+		// the store's figures.
+		lp.lastTaken.Store(&info)
+	}
 	lp.backups.Keys = lp.env.Keys
 	lp.lease = &lease.Fence{
 		Lock:  &lease.Lock{NodeID: n.ID(), TTL: cfg.LeaderLease, Now: lp.now, Floor: func() int64 { return lp.termFloor }},

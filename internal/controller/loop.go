@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -102,6 +103,9 @@ type loop struct {
 	// newest backup of this cluster's timeline, what a drill restores.
 	newestStored *backup.Info
 	drillable    *backup.Info
+	// lastTaken is the newest backup this agent took, set as it is
+	// recorded (from whichever goroutine took it).
+	lastTaken atomic.Pointer[backup.Info]
 	// historyMet shows the newest restorable point.
 	historyMet *history.Metrics
 	restorable time.Time

@@ -102,9 +102,9 @@ func (f *Figures) Read(ctx context.Context, s FiguresStore, log *slog.Logger, ti
 }
 
 // Taken shows a backup this agent took, which finished at.
-func (f *Figures) Taken(meta backup.Meta, at time.Time) {
+func (f *Figures) Taken(info backup.Info, at time.Time) {
 	f.met.backupLastOK.Set(float64(at.Unix()))
-	f.met.backupFigures(meta)
+	f.met.backupFigures(info.Meta)
 }
 
 // Failed shows a backup this agent failed at.
