@@ -64,7 +64,7 @@ func init() {
 // writes, gets etcd's messages faster than it spools them: while it
 // caught up after an 8 GiB fill (MinIO store), gRPC's pooled buffers held
 // 8.9 and 10.2 MiB of the agent's heap at its largest in two runs, and
-// 4.2 MiB with this window (README, "At 8 GiB"). The rest waits in etcd
+// 4.2 MiB with this window (an 8 GiB run, docs/benchmarks.md). The rest waits in etcd
 // until the agent asks for it. 1 MiB still moves 100 MiB/s at a 10 ms
 // round trip; etcd took the fill at about 75 MiB/s on loopback.
 const clientWindow = 1 << 20
