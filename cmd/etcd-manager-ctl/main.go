@@ -39,7 +39,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// starts, so add them first.
 	cmd.InitDefaultHelpCmd()
 	cmd.InitDefaultCompletionCmd(args...)
-	if _, _, err := cmd.Find(args); err != nil {
+	if _, _, err := cmd.Find(args); err != nil && !isCompletion(args) {
 		return usageError{fmt.Errorf("%w; see etcd-manager-ctl --help", err)}
 	}
 	cmd.SetArgs(args)

@@ -147,6 +147,8 @@ command's ID at once, and list-commands shows its progress.`,
 			return o.defrag(cmd.Context(), stdout, defragWait, defragTimeout)
 		},
 	}
+	restore.ValidArgsFunction = o.completeFrom(backupNames)
+	_ = recoverQuorum.RegisterFlagCompletionFunc("lost", o.completeFrom(nodeIDs))
 	defrag.Flags().BoolVar(&defragWait, "wait", true, "wait until every member is defragmented")
 	defrag.Flags().DurationVar(&defragTimeout, "timeout", 30*time.Minute, "how long --wait waits; the command stays queued after it")
 
@@ -167,8 +169,9 @@ delete-command removes it; a done one is removed by the leader after an hour.`,
 			},
 		},
 		{
-			Use:   "delete-command ID",
-			Short: "Remove a command from the queue",
+			Use:               "delete-command ID",
+			ValidArgsFunction: o.completeFrom(commandIDs),
+			Short:             "Remove a command from the queue",
 			Long: `delete-command removes the command with the given ID (as list-commands prints it)
 from the queue. A command that is running may still finish its current step.`,
 			Args: cobra.ExactArgs(1),
