@@ -94,14 +94,19 @@ a refusal, a failed command).`,
 		d.add(fs)
 		_ = fs.MarkHidden(d.name)
 	}
-	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) {
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		for _, d := range deprecatedFlags {
 			if cmd.Flags().Changed(d.name) {
 				fprintf(stderr, "warning: --%s is deprecated and does nothing: %s; drop it\n", d.name, d.why)
 			}
 		}
+		if o.output != "text" && o.output != "json" {
+			return usagef("--output %q: use text or json", o.output)
+		}
+		return nil
 	}
 	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
+	fs.StringVarP(&o.output, "write-out", "w", o.output, "the same as --output, as etcdctl spells it")
 	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
 	fs.StringVar(&o.discovery, "discovery", "store", "how to find the agents (status, and to tell them at once of a queued command or a new spec): store, file:///DIR, static:HOST:PORT,... or dns:NAME, as the agents' --discovery")
 	fs.StringVar(&o.clusterName, "cluster-name", "", "cluster name the agents serve (status, and telling them of a change); taken from the discovery records when they carry it")
@@ -199,8 +204,12 @@ most, as every write waits for a majority of them.`,
 		Use:   "version",
 		Short: "Print this etcd-manager-ctl's version (status shows each agent's)",
 		Args:  cobra.NoArgs,
-		Run: func(*cobra.Command, []string) {
+		RunE: func(*cobra.Command, []string) error {
+			if o.output == "json" {
+				return writeJSON(stdout, version.Get())
+			}
 			fprintf(stdout, "etcd-manager-ctl %s\n", version.Get())
+			return nil
 		},
 	})
 	root.AddCommand(rotateCACommand(o, stdout))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -731,5 +732,21 @@ func TestVersion(t *testing.T) {
 		if got := out.String(); !strings.HasPrefix(got, "etcd-manager-ctl ") || !strings.Contains(got, runtime.Version()) {
 			t.Errorf("%v printed %q, want the ctl's version and its Go", args, got)
 		}
+	}
+}
+
+// An output format the ctl does not know is a usage error, whatever the
+// command; -w is etcdctl's spelling of -o.
+func TestOutputFormat(t *testing.T) {
+	e := newCtlEnv(t)
+	for _, args := range [][]string{{"-o", "yaml", "list-commands"}, {"--output=xml", "get"}, {"-w", "table", "status"}, {"-o", "yaml", "version"}} {
+		_, _, err := e.run(t, args...)
+		if exitCode(err) != exitUsage || !strings.Contains(fmt.Sprint(err), "use text or json") {
+			t.Errorf("%v: %v (exit %d), want a usage error", args, err, exitCode(err))
+		}
+	}
+	out, _, err := e.run(t, "-w", "json", "version")
+	if err != nil || !strings.Contains(out, `"goVersion"`) {
+		t.Errorf("-w json version: %q, %v", out, err)
 	}
 }

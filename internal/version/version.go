@@ -12,14 +12,14 @@ import (
 type Info struct {
 	// Version is the module's version: a release tag, or "(devel)" for
 	// a build from a checkout.
-	Version string
+	Version string `json:"version"`
 	// Revision and Time are the VCS commit built from and its time;
 	// Modified says the checkout had changes not committed.
-	Revision string
-	Time     string
-	Modified bool
+	Revision string `json:"revision,omitempty"`
+	Time     string `json:"time,omitempty"`
+	Modified bool   `json:"modified,omitempty"`
 	// GoVersion is the Go toolchain that built it.
-	GoVersion string
+	GoVersion string `json:"goVersion"`
 }
 
 // release, when set at link time (-ldflags "-X
