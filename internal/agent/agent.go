@@ -183,7 +183,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer stop()
 	}
 	srv := peer.NewServer(a.serverCreds, a.cfg.ClusterName, n)
-	if until, err := a.cfg.unmarkedUntil(a.now()); err == nil && !until.IsZero() {
+	if until, err := a.cfg.unmarkedUntil(a.now()); err == nil && until.After(a.now()) {
 		srv.AcceptUnmarkedUntil(until)
 		a.log.Warn("node certificates without a cluster marker may call the peer API until the time given", "until", until)
 	}

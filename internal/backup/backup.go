@@ -45,9 +45,14 @@ const (
 
 // Errors. Check them with errors.Is.
 var (
-	ErrCorrupt  = errors.New("backup: snapshot is corrupt")
-	ErrNotFound = errors.New("backup: backup not found")
-	ErrTempFull = errors.New("backup: temp disk full")
+	ErrCorrupt = errors.New("backup: snapshot is corrupt")
+	// ErrCheckLimit means the snapshot's check ran past its time limit,
+	// or out of the address space it may use: it failed its check, and
+	// is not taken as sound, though a host overloaded enough could do the
+	// same to a sound one (see Ceiling).
+	ErrCheckLimit = errors.New("backup: the snapshot's check reached its limit")
+	ErrNotFound   = errors.New("backup: backup not found")
+	ErrTempFull   = errors.New("backup: temp disk full")
 	// ErrTooLarge means a backup unpacks to more than the agent allows.
 	ErrTooLarge = errors.New("backup: backup too large")
 	// ErrNoKey means a backup is encrypted with a key the agent does not
@@ -197,13 +202,13 @@ func verifyCommand(name string, ceilingFor func(size int64) Ceiling, args ...str
 		var exit *exec.ExitError
 		switch {
 		case err != nil && ctx.Err() == nil && cctx.Err() != nil:
-			return snapshot.Status{}, fmt.Errorf("%w: %s: its check ran past its limit of %s (a sound snapshot's takes a small part of it), and was stopped", ErrCorrupt, path, ceiling.Timeout)
+			return snapshot.Status{}, fmt.Errorf("%w: %s: its check ran past its limit of %s (a sound snapshot's takes a small part of it, unless the host is overloaded), and was stopped", ErrCheckLimit, path, ceiling.Timeout)
 		case errors.As(err, &exit) && (exit.ExitCode() == exitCorrupt || exit.ExitCode() == exitCeiling):
 			return snapshot.Status{}, fmt.Errorf("%w: %s", ErrCorrupt, strings.TrimPrefix(msg, ErrCorrupt.Error()+": "))
 		case errors.As(err, &exit) && exit.ExitCode() == 2 && strings.Contains(msg, "out of memory"):
 			// The address space bound, which a sound check stays far
 			// below, stopped an allocation faster than the watch.
-			return snapshot.Status{}, fmt.Errorf("%w: %s: its check ran out of the address space it may use (its memory ceiling is %d bytes), and was stopped", ErrCorrupt, path, ceiling.Memory)
+			return snapshot.Status{}, fmt.Errorf("%w: %s: its check ran out of the address space it may use (its memory ceiling is %d bytes), and was stopped", ErrCheckLimit, path, ceiling.Memory)
 		case etcdproc.CrashedOnData(err, msg):
 			// bbolt panics on some damage where no recover reaches, and
 			// the Go runtime ends the child: that is a damaged snapshot

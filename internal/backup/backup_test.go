@@ -186,14 +186,14 @@ func TestVerifyTimeLimit(t *testing.T) {
 	limit := func(int64) Ceiling { return Ceiling{Memory: 256 << 20, Timeout: 200 * time.Millisecond} }
 	start := time.Now()
 	_, err := verifyCommand(os.Args[0], limit)(t.Context(), p)
-	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "ran past its limit of 200ms") || time.Since(start) > 10*time.Second {
-		t.Errorf("verify of a child that sleeps: %v after %s, want ErrCorrupt at its time limit", err, time.Since(start))
+	if !errors.Is(err, ErrCheckLimit) || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "ran past its limit of 200ms") || time.Since(start) > 10*time.Second {
+		t.Errorf("verify of a child that sleeps: %v after %s, want ErrCheckLimit at its time limit", err, time.Since(start))
 	}
 	// A caller's own cancellation is not the snapshot's failing.
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	if _, err := VerifyCommand(os.Args[0])(ctx, p); err == nil || errors.Is(err, ErrCorrupt) {
-		t.Errorf("verify cancelled by its caller: %v, want an error that is not ErrCorrupt", err)
+	if _, err := VerifyCommand(os.Args[0])(ctx, p); err == nil || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrCheckLimit) {
+		t.Errorf("verify cancelled by its caller: %v, want an error that is neither ErrCorrupt nor ErrCheckLimit", err)
 	}
 }
 

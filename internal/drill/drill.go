@@ -67,7 +67,7 @@ func (c Config) Validate() error {
 // Failed reports whether err says the backup is bad (or cannot be
 // read with the keys held), rather than that the drill could not run.
 func Failed(err error) bool {
-	for _, e := range []error{backup.ErrCorrupt, backup.ErrNoKey, backup.ErrTooLarge, ErrMismatch, ErrRestore} {
+	for _, e := range []error{backup.ErrCorrupt, backup.ErrCheckLimit, backup.ErrNoKey, backup.ErrTooLarge, ErrMismatch, ErrRestore} {
 		if errors.Is(err, e) {
 			return true
 		}

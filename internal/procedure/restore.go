@@ -40,7 +40,7 @@ func (e *Executor) prepareRestore(ctx context.Context, obs plan.Observed, act pl
 		if errors.Is(err, backup.ErrNoKey) {
 			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore: %v; %s; the cluster was not touched", err, keyHint))
 		}
-		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) ||
+		if errors.Is(err, backup.ErrNotFound) || errors.Is(err, backup.ErrCorrupt) || errors.Is(err, backup.ErrCheckLimit) ||
 			errors.Is(err, backup.ErrTooLarge) || errors.Is(err, backup.ErrTempFull) ||
 			errors.Is(err, changelog.ErrCorrupt) || errors.Is(err, changelog.ErrGap) || errors.Is(err, changelog.ErrRange) || errors.Is(err, changelog.ErrTooLarge) {
 			return e.Runner.Fail(ctx, act.ID, c.Status, fmt.Sprintf("cannot restore: %v; the cluster was not touched", err))

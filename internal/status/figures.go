@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,8 @@ type Figures struct {
 	// metaCache holds the newest backups' metas as last read (nil: no
 	// valid meta, for good).
 	metaCache map[string]*backup.Meta
+	// futureSaid names the backups dated in the future last logged.
+	futureSaid string
 }
 
 // NewFigures returns the figures, their gauges registered with reg.
@@ -78,8 +81,12 @@ func (f *Figures) Read(ctx context.Context, s FiguresStore, log *slog.Logger, ti
 		return out, fmt.Errorf("status: the newest backups: %w", err)
 	}
 	newest := out.Newest
-	if len(out.Future) > 0 {
-		log.Warn("backups dated after this agent's clock are left out of the newest backups and the restore drills", "backups", out.Future, "allowed-skew", spec.FutureSkew)
+	// Said once while the same backups are left out.
+	if said := strings.Join(out.Future, " "); said != f.futureSaid {
+		f.futureSaid = said
+		if said != "" {
+			log.Warn("backups dated after this agent's clock are left out of the newest backups and the restore drills", "backups", out.Future, "allowed-skew", spec.FutureSkew)
+		}
 	}
 	fl, err := s.ReadBackupFailure(ctx)
 	switch {

@@ -167,3 +167,33 @@ func TestFileStoreEscapedKeys(t *testing.T) {
 		t.Errorf("read %q through a link out of the store: %q, %v", linked, got, err)
 	}
 }
+
+// A file:// store's folder is looked up again for each operation: one
+// removed reads as the store unreachable (never as an empty store), and
+// one made anew, as a remount would, is used at once.
+func TestFileStoreFolderLookedUpEachTime(t *testing.T) {
+	ctx := t.Context()
+	s, dir := openTemp(t)
+	defer s.Close()
+	if err := s.Write(ctx, KeySpec, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Read(ctx, KeySpec); !errors.Is(err, ErrUnreachable) || errors.Is(err, ErrNotFound) {
+		t.Errorf("read with the folder gone: %v, want ErrUnreachable", err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "control"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, filepath.FromSlash(KeySpec)), []byte("new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Read(ctx, KeySpec); err != nil || string(got) != "new" {
+		t.Errorf("read from the folder made anew: %q, %v", got, err)
+	}
+	if err := s.Write(ctx, KeyCreated, []byte("x")); err != nil {
+		t.Errorf("write to the folder made anew: %v", err)
+	}
+}

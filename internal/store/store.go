@@ -72,10 +72,11 @@ type Store struct {
 	url    string
 	bucket *blob.Bucket
 	// dir is the root directory of a file:// store, for the operations
-	// that fileblob cannot do atomically across processes; root opens
-	// every object beneath it, following no link out of it.
-	dir  string
-	root *os.Root
+	// that fileblob cannot do atomically across processes; confined says
+	// every object is opened beneath it, following no link out of it
+	// (see openRoot).
+	dir      string
+	confined bool
 	// realDir is dir with any link that the URL allows resolved.
 	realDir string
 }
@@ -215,32 +216,34 @@ func openFile(u *url.URL, rawURL string, opts Options) (*Store, error) {
 	if real != dir && u.Query().Get(rootSymlinkParam) != "allow" {
 		return nil, fmt.Errorf("%w %q: the directory is reached through a symbolic link, to %s: give that path, or add ?%s=allow to the URL if the link is meant", ErrBadURL, rawURL, real, rootSymlinkParam)
 	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
-	}
 	// metadata=skip keeps the tree free of fileblob's ".attrs" sidecars, so
 	// it holds exactly the objects of the store format.
 	// NoTempDir writes temporary files beside their objects, so the store
 	// may live on another file system than /tmp.
 	b, err := fileblob.OpenBucket(dir, &fileblob.Options{Metadata: fileblob.MetadataDontWrite, NoTempDir: true, DirFileMode: fileDirMode})
 	if err != nil {
-		root.Close()
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, rawURL, err)
 	}
-	return &Store{url: rawURL, bucket: b, dir: dir, root: root, realDir: real}, nil
+	return &Store{url: rawURL, bucket: b, dir: dir, confined: true, realDir: real}, nil
 }
 
 // URL is the URL the store was opened from.
 func (s *Store) URL() string { return s.url }
 
 // Close releases the store.
-func (s *Store) Close() error {
-	err := s.bucket.Close()
-	if s.root != nil {
-		err = errors.Join(err, s.root.Close())
+func (s *Store) Close() error { return s.bucket.Close() }
+
+// openRoot opens a file:// store's folder, for one operation: the
+// paths of its objects are opened beneath it. It is opened again each
+// time, as fileblob looks each path up again, so that a folder remounted
+// or made anew is the one used. A folder that cannot be opened is the
+// store unreachable, never an object not found.
+func (s *Store) openRoot() (*os.Root, error) {
+	root, err := os.OpenRoot(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: the store's folder: %v", ErrUnreachable, s.url, err)
 	}
-	return err
+	return root, nil
 }
 
 // Read returns the object at key, or an error wrapping ErrNotFound.
@@ -282,7 +285,11 @@ func (s *Store) ReadMax(ctx context.Context, key string, max int64) ([]byte, err
 // ModTime is when the object at key was last written, by the store's
 // clock: HTTP stores keep it to the second.
 func (s *Store) ModTime(ctx context.Context, key string) (time.Time, error) {
-	if s.root != nil {
+	if s.confined && !validKey(key) {
+		if err := s.checkEscaped(ctx, key); err != nil {
+			return time.Time{}, s.wrap("stat", key, err)
+		}
+	} else if s.confined {
 		f, _, err := s.openFile(key)
 		if err != nil {
 			return time.Time{}, s.wrap("stat", key, err)
@@ -315,7 +322,7 @@ func (s *Store) Reader(ctx context.Context, key string) (io.ReadCloser, error) {
 // beneath its root (see openFile), the others' through their driver.
 func (s *Store) newReader(ctx context.Context, key string) (io.ReadCloser, int64, error) {
 	opts := readerOptions
-	if s.root != nil {
+	if s.confined {
 		if validKey(key) {
 			return s.openFile(key)
 		}
@@ -335,6 +342,16 @@ func (s *Store) newReader(ctx context.Context, key string) (io.ReadCloser, int64
 		return nil, 0, err
 	}
 	return r, r.Size(), nil
+}
+
+// checkEscaped checks that the file of a key this store never writes,
+// which fileblob names with its escapes, is beneath the store.
+func (s *Store) checkEscaped(ctx context.Context, key string) error {
+	r, _, err := s.newReader(ctx, key)
+	if err != nil {
+		return err
+	}
+	return r.Close()
 }
 
 // beneath checks that f, opened for key, is a file beneath the store's
@@ -358,7 +375,12 @@ func (s *Store) openFile(key string) (*os.File, int64, error) {
 	if !validKey(key) {
 		return nil, 0, fmt.Errorf("%w: %s is no object's key", fs.ErrNotExist, key)
 	}
-	f, err := s.root.Open(filepath.FromSlash(key))
+	root, err := s.openRoot()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer root.Close()
+	f, err := root.Open(filepath.FromSlash(key))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -517,18 +539,23 @@ func (s *Store) createFile(key string, data []byte) error {
 }
 
 func (s *Store) createFileFrom(key string, r io.Reader) error {
-	path, tmp, err := s.writeTemp(context.Background(), key, r)
+	root, err := s.openRoot()
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	path, tmp, err := s.writeTemp(context.Background(), root, key, r)
 	if err != nil {
 		return s.wrap("create", key, err)
 	}
-	defer s.root.Remove(tmp)
-	if err := s.root.Link(tmp, path); err != nil {
+	defer root.Remove(tmp)
+	if err := root.Link(tmp, path); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("%w: %s", ErrExists, key)
 		}
 		return s.wrap("create", key, err)
 	}
-	if err := s.syncDir(filepath.Dir(path)); err != nil {
+	if err := syncDir(root, filepath.Dir(path)); err != nil {
 		return s.wrap("create", key, err)
 	}
 	return nil
@@ -538,21 +565,25 @@ func (s *Store) createFileFrom(key string, r io.Reader) error {
 // temporary file of mode 0600 beside it, synced, and renamed over it
 // only once r reaches EOF.
 func (s *Store) putFile(ctx context.Context, key string, r io.Reader) error {
-	path, tmp, err := s.writeTemp(ctx, key, r)
+	root, err := s.openRoot()
 	if err != nil {
 		return err
 	}
-	defer s.root.Remove(tmp)
-	if err := s.root.Rename(tmp, path); err != nil {
+	defer root.Close()
+	path, tmp, err := s.writeTemp(ctx, root, key, r)
+	if err != nil {
 		return err
 	}
-	return s.syncDir(filepath.Dir(path))
+	defer root.Remove(tmp)
+	if err := root.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(root, filepath.Dir(path))
 }
 
-// syncDir makes a rename or link in dir, beneath the store's root,
-// durable.
-func (s *Store) syncDir(dir string) error {
-	d, err := s.root.Open(dir)
+// syncDir makes a rename or link in dir, beneath root, durable.
+func syncDir(root *os.Root, dir string) error {
+	d, err := root.Open(dir)
 	if err != nil {
 		return err
 	}
@@ -565,15 +596,15 @@ func (s *Store) syncDir(dir string) error {
 // root. The directories it makes are 0700. Every path is opened beneath
 // the root: a symbolic link on the way that leads out of the store fails
 // the write, and nothing is written outside it.
-func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, tmp string, err error) {
+func (s *Store) writeTemp(ctx context.Context, root *os.Root, key string, r io.Reader) (path, tmp string, err error) {
 	if !validKey(key) {
 		return "", "", fmt.Errorf("%w %q: it would leave the store, or be written under another file name than it is read from", ErrBadKey, key)
 	}
 	path = filepath.FromSlash(key)
-	if err := s.root.MkdirAll(filepath.Dir(path), fileDirMode); err != nil {
+	if err := root.MkdirAll(filepath.Dir(path), fileDirMode); err != nil {
 		return "", "", err
 	}
-	f, tmp, err := s.createTemp(filepath.Dir(path))
+	f, tmp, err := createTemp(root, filepath.Dir(path))
 	if err != nil {
 		return "", "", err
 	}
@@ -582,32 +613,32 @@ func (s *Store) writeTemp(ctx context.Context, key string, r io.Reader) (path, t
 	w := writeback(f)
 	if _, err := io.CopyBuffer(w, &abortOnError{ctx: ctx, r: r, abort: func() {}}, make([]byte, fileCopyBuffer)); err != nil {
 		f.Close()
-		s.root.Remove(tmp)
+		root.Remove(tmp)
 		return "", "", err
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
-		s.root.Remove(tmp)
+		root.Remove(tmp)
 		return "", "", err
 	}
 	w.release()
 	if err := f.Close(); err != nil {
-		s.root.Remove(tmp)
+		root.Remove(tmp)
 		return "", "", err
 	}
 	return path, tmp, nil
 }
 
-// createTemp creates a temporary file of mode 0600 in dir, beneath the
-// store's root, named as isTempName knows it.
-func (s *Store) createTemp(dir string) (*os.File, string, error) {
+// createTemp creates a temporary file of mode 0600 in dir, beneath root,
+// named as isTempName knows it.
+func createTemp(root *os.Root, dir string) (*os.File, string, error) {
 	for range 100 {
 		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {
 			return nil, "", err
 		}
 		name := filepath.Join(dir, ".create-"+hex.EncodeToString(b[:]))
-		f, err := s.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if errors.Is(err, fs.ErrExist) {
 			continue
 		}
@@ -648,14 +679,25 @@ func validKey(key string) bool {
 
 // Delete removes the object at key; a missing object is not an error.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if s.root != nil {
-		if !validKey(key) {
-			return s.wrap("delete", key, fmt.Errorf("%w %q: it would leave the store", ErrBadKey, key))
+	if s.confined && validKey(key) {
+		root, err := s.openRoot()
+		if err != nil {
+			return err
 		}
-		if err := s.root.Remove(filepath.FromSlash(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		defer root.Close()
+		if err := root.Remove(filepath.FromSlash(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return s.wrap("delete", key, err)
 		}
 		return nil
+	}
+	if s.confined {
+		// A key another tool wrote under fileblob's escapes: deleted
+		// through fileblob once its file is found beneath the store.
+		if err := s.checkEscaped(ctx, key); errors.Is(err, fs.ErrNotExist) || gcerrors.Code(err) == gcerrors.NotFound {
+			return nil
+		} else if err != nil {
+			return s.wrap("delete", key, err)
+		}
 	}
 	err := s.bucket.Delete(ctx, key)
 	if err != nil && gcerrors.Code(err) != gcerrors.NotFound {
@@ -796,6 +838,9 @@ func (s *Store) WriteOwner(ctx context.Context, o spec.ClusterOwner) error {
 }
 
 func (s *Store) wrap(op, key string, err error) error {
+	if errors.Is(err, ErrUnreachable) {
+		return err
+	}
 	if errors.Is(err, ErrBadKey) {
 		return fmt.Errorf("%w (%s in %s)", err, op, s.url)
 	}

@@ -104,7 +104,7 @@ func CheckBackup(ctx context.Context, s *store.Store, name string) error {
 			}
 		}
 		return fmt.Errorf("%w: no backup %q in %s; list-backups prints the backups a restore can use", ErrRefused, name, s.URL())
-	case errors.Is(err, backup.ErrCorrupt):
+	case errors.Is(err, backup.ErrCorrupt) || errors.Is(err, backup.ErrCheckLimit):
 		return fmt.Errorf("%w: backup %s cannot be restored: %w", ErrRefused, name, err)
 	case err != nil:
 		return err
