@@ -245,7 +245,7 @@ func (o *options) openStore(ctx context.Context, create bool) (*store.Store, err
 		if err == nil {
 			return s, nil
 		}
-		if !errors.Is(err, store.ErrUnreachable) {
+		if !errors.Is(err, store.ErrUnreachable) || store.Permanent(err) {
 			return nil, err
 		}
 		lastErr = err

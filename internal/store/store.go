@@ -48,7 +48,44 @@ var (
 	// ErrBadKey means a key a file:// store cannot hold as its own file
 	// name; retrying does not help.
 	ErrBadKey = errors.New("store: invalid object key")
+	// ErrDenied and ErrNoBucket are the store refusing the credentials
+	// it was given, and its bucket or container missing. Both wrap
+	// ErrUnreachable as well (the agents wait for the store either way),
+	// but trying again as it is cannot help: see Permanent.
+	ErrDenied   = errors.New("store: access denied")
+	ErrNoBucket = errors.New("store: no such bucket or container")
 )
+
+// Permanent reports whether err, from opening a store, is one that
+// trying again as it is cannot fix: a bad URL, credentials refused, a
+// bucket or container missing.
+func Permanent(err error) bool {
+	return errors.Is(err, ErrBadURL) || errors.Is(err, ErrDenied) || errors.Is(err, ErrNoBucket)
+}
+
+// httpStatus is the HTTP status of a driver's error that carries one
+// (S3's: gocloud maps only some of them to codes, not a signature or a
+// key refused), or 0.
+func httpStatus(err error) int {
+	var re interface{ HTTPStatusCode() int }
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
+}
+
+// credentialsHint says where a scheme's driver finds its credentials.
+func credentialsHint(scheme string) string {
+	switch scheme {
+	case "s3":
+		return "the S3 driver reads AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or the instance's role), and the region from ?region= or AWS_REGION"
+	case "gs":
+		return "the GCS driver reads GOOGLE_APPLICATION_CREDENTIALS, or the machine's service account"
+	case "azblob":
+		return "the Azure driver reads AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN (or a managed identity)"
+	}
+	return ""
+}
 
 // Size limits of the small objects the agents and the ctl read, far above
 // any valid one: whatever is read from the store is bounded.
@@ -105,7 +142,12 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	}
 	b, err := blob.OpenBucket(ctx, bucketURL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: open %s: %v", ErrUnreachable, rawURL, err)
+		if strings.Contains(err.Error(), "query parameter") {
+			return nil, fmt.Errorf("%w %q: %v", ErrBadURL, rawURL, err)
+		}
+		// Nothing has gone over the network yet: the driver's set-up
+		// (its credentials, its account) is what failed.
+		return nil, fmt.Errorf("%w: %w: open %s: %v; %s", ErrUnreachable, ErrDenied, rawURL, err, credentialsHint(u.Scheme))
 	}
 	// A missing bucket reads as "not found" object by object, which would
 	// look like an empty store; find out now instead.
@@ -114,8 +156,13 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	ok, err := b.IsAccessible(checkCtx)
 	if err != nil || !ok {
 		b.Close()
-		if err == nil {
-			return nil, fmt.Errorf("%w: %s: bucket or container %q does not exist; create it first", ErrUnreachable, rawURL, u.Host)
+		switch code := gcerrors.Code(err); {
+		case err == nil || code == gcerrors.NotFound || httpStatus(err) == 404:
+			return nil, fmt.Errorf("%w: %w: %s: bucket or container %q does not exist; create it first", ErrUnreachable, ErrNoBucket, rawURL, u.Host)
+		case code == gcerrors.PermissionDenied || httpStatus(err) == 401 || httpStatus(err) == 403:
+			return nil, fmt.Errorf("%w: %w: open %s: %v; %s", ErrUnreachable, ErrDenied, rawURL, err, credentialsHint(u.Scheme))
+		case code == gcerrors.InvalidArgument:
+			return nil, fmt.Errorf("%w %q: %v; %s", ErrBadURL, rawURL, err, credentialsHint(u.Scheme))
 		}
 		return nil, fmt.Errorf("%w: open %s: %v", ErrUnreachable, rawURL, err)
 	}

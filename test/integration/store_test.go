@@ -334,8 +334,11 @@ func TestStoreOpenErrors(t *testing.T) {
 	defer cancel()
 
 	_, err := store.Open(ctx, minio.StoreURL("no-such-bucket", "x"), store.Options{})
-	if !errors.Is(err, store.ErrUnreachable) || !bytes.Contains([]byte(err.Error()), []byte(`"no-such-bucket" does not exist`)) {
+	if !errors.Is(err, store.ErrUnreachable) || !errors.Is(err, store.ErrNoBucket) || !bytes.Contains([]byte(err.Error()), []byte(`"no-such-bucket" does not exist`)) {
 		t.Fatalf("missing bucket: %v", err)
+	}
+	if _, err := store.Open(ctx, minio.StoreURL("bkt", "x")+"&no_such_parameter=1", store.Options{}); !errors.Is(err, store.ErrBadURL) {
+		t.Errorf("an unknown query parameter: %v, want ErrBadURL", err)
 	}
 	_, err = store.Open(ctx, minio.StoreURL("bkt", "x")+"&prefix=y/", store.Options{})
 	if !errors.Is(err, store.ErrBadURL) {
@@ -343,6 +346,14 @@ func TestStoreOpenErrors(t *testing.T) {
 	}
 
 	minio.CreateBucket(t, "bkt")
+	// Credentials the store refuses are said to be so, with where the
+	// driver reads them, and are not worth trying again.
+	setEnv(t, []string{"AWS_SECRET_ACCESS_KEY=wrong"})
+	_, err = store.Open(ctx, minio.StoreURL("bkt", "x"), store.Options{})
+	if !errors.Is(err, store.ErrDenied) || !store.Permanent(err) || !strings.Contains(err.Error(), "AWS_SECRET_ACCESS_KEY") {
+		t.Errorf("wrong credentials: %v, want ErrDenied naming AWS_SECRET_ACCESS_KEY", err)
+	}
+	setEnv(t, minio.Env())
 	s := openStore(t, minio.StoreURL("bkt", "x"))
 	minio.Stop()
 	_, err = s.Read(ctx, store.KeySpec)
