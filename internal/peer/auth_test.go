@@ -22,45 +22,9 @@ import (
 // (issue-client-cert sets the common name only; the organization is
 // always the client role.)
 func TestPeerAPIAuthorizesByRoleNotName(t *testing.T) {
-	now := time.Now()
-	ca, err := pki.GenerateCA(now.Add(-time.Hour), 24*time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srvFiles := pki.NodeFiles{Dir: t.TempDir()}
-	nodeReq := pki.CertRequest{CommonName: "n1", Role: pki.RoleNode, DNSNames: []string{"localhost", pki.NodeMarker("main")},
-		IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: time.Hour}
-	if _, _, err := pki.EnsureNodeCert(ca, nil, srvFiles, nodeReq, now); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &recorder{}
-	srv := NewServer(credentials.NewTLS(pki.ServerConfig(srvFiles, pki.TrustPool(ca.Pool()), nil)), "main", rec)
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
-
-	dial := func(t *testing.T, req pki.CertRequest) *Client {
-		t.Helper()
-		certPEM, keyPEM, err := ca.Issue(req, nil, now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pair, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := pki.StaticClientConfig(pair, ca.Pool())
-		cfg.ServerName = "localhost"
-		c, err := Dial(l.Addr().String(), "main", credentials.NewTLS(cfg))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	a := newAuthServer(t)
+	addr, rec := a.serve(t, time.Time{})
+	dial := func(t *testing.T, req pki.CertRequest) *Client { return a.dial(t, addr, req) }
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	for _, cn := range []string{"n1", "etcd-manager-node", "harness"} {
@@ -98,50 +62,8 @@ func TestPeerAPIAuthorizesByRoleNotName(t *testing.T) {
 // says makes it, changes nothing: PermissionDenied, and the handler never
 // runs. Another cluster's node certificate does not read Info either.
 func TestPeerAPIBindsCallsToTheCluster(t *testing.T) {
-	now := time.Now()
-	ca, err := pki.GenerateCA(now.Add(-time.Hour), 24*time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srvFiles := pki.NodeFiles{Dir: t.TempDir()}
-	nodeReq := pki.CertRequest{CommonName: "n1", Role: pki.RoleNode, DNSNames: []string{"localhost", pki.NodeMarker("main")},
-		IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: time.Hour}
-	if _, _, err := pki.EnsureNodeCert(ca, nil, srvFiles, nodeReq, now); err != nil {
-		t.Fatal(err)
-	}
-	serve := func(t *testing.T, unmarkedUntil time.Time) (string, *recorder) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		rec := &recorder{}
-		srv := NewServer(credentials.NewTLS(pki.ServerConfig(srvFiles, pki.TrustPool(ca.Pool()), nil)), "main", rec)
-		srv.AcceptUnmarkedUntil(unmarkedUntil)
-		go srv.Serve(l)
-		t.Cleanup(srv.Stop)
-		return l.Addr().String(), rec
-	}
-	dial := func(t *testing.T, addr string, req pki.CertRequest) *Client {
-		t.Helper()
-		// The server's marker is not checked here: this is the caller's
-		// side, which is not under test.
-		certPEM, keyPEM, err := ca.Issue(req, nil, now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pair, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := pki.StaticClientConfig(pair, ca.Pool())
-		cfg.ServerName = "localhost"
-		c, err := Dial(addr, "main", credentials.NewTLS(cfg))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	a := newAuthServer(t)
+	now := a.now
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	calls := func(c *Client, leader string) map[string]error {
@@ -169,8 +91,8 @@ func TestPeerAPIBindsCallsToTheCluster(t *testing.T) {
 			req: pki.CertRequest{CommonName: "n2", Role: pki.RoleNode, DNSNames: []string{pki.NodeMarker("main")}, Validity: time.Hour}, leader: "n3", info: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			addr, rec := serve(t, tt.until)
-			c := dial(t, addr, tt.req)
+			addr, rec := a.serve(t, tt.until)
+			c := a.dial(t, addr, tt.req)
 			for name, err := range calls(c, tt.leader) {
 				if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), tt.want) {
 					t.Errorf("%s: %v, want PermissionDenied saying %q", name, err, tt.want)
@@ -186,8 +108,8 @@ func TestPeerAPIBindsCallsToTheCluster(t *testing.T) {
 		})
 	}
 	t.Run("one from before markers, within the time allowed", func(t *testing.T) {
-		addr, rec := serve(t, now.Add(time.Hour))
-		c := dial(t, addr, unmarked)
+		addr, rec := a.serve(t, now.Add(time.Hour))
+		c := a.dial(t, addr, unmarked)
 		if err := c.SetPeerCertCheck(ctx, PeerCertCheckRequest{LeaderID: "n2", Token: "tok"}); err != nil {
 			t.Errorf("SetPeerCertCheck: %v", err)
 		}
@@ -198,4 +120,68 @@ func TestPeerAPIBindsCallsToTheCluster(t *testing.T) {
 			t.Errorf("the handler saw %q", got)
 		}
 	})
+}
+
+// authServer is a peer API server of cluster "main" over TLS, with a node
+// certificate "n1" from a CA of its own, for the authorization tests.
+type authServer struct {
+	ca    *pki.CA
+	files pki.NodeFiles
+	now   time.Time
+}
+
+func newAuthServer(t *testing.T) authServer {
+	t.Helper()
+	now := time.Now()
+	ca, err := pki.GenerateCA(now.Add(-time.Hour), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := pki.NodeFiles{Dir: t.TempDir()}
+	req := pki.CertRequest{CommonName: "n1", Role: pki.RoleNode, DNSNames: []string{"localhost", pki.NodeMarker("main")},
+		IPs: []net.IP{net.ParseIP("127.0.0.1")}, Validity: time.Hour}
+	if _, _, err := pki.EnsureNodeCert(ca, nil, files, req, now); err != nil {
+		t.Fatal(err)
+	}
+	return authServer{ca: ca, files: files, now: now}
+}
+
+// serve starts a server on loopback, node certificates without a marker
+// passing until unmarkedUntil, and returns its address and what its
+// handler saw.
+func (a authServer) serve(t *testing.T, unmarkedUntil time.Time) (string, *recorder) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	srv := NewServer(credentials.NewTLS(pki.ServerConfig(a.files, pki.TrustPool(a.ca.Pool()), nil)), "main", rec)
+	srv.AcceptUnmarkedUntil(unmarkedUntil)
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+	return l.Addr().String(), rec
+}
+
+// dial calls addr with a certificate of req from the server's CA. The
+// server's own certificate is checked as any TLS client does (the
+// agents' own check of its marker is not under test here).
+func (a authServer) dial(t *testing.T, addr string, req pki.CertRequest) *Client {
+	t.Helper()
+	certPEM, keyPEM, err := a.ca.Issue(req, nil, a.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := pki.StaticClientConfig(pair, a.ca.Pool())
+	cfg.ServerName = "localhost"
+	c, err := Dial(addr, "main", credentials.NewTLS(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
