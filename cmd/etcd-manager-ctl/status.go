@@ -14,12 +14,15 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
+	"github.com/etcd-manager/etcd-manager/internal/history"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
+	"github.com/etcd-manager/etcd-manager/internal/storeops"
 )
 
 func (o *options) status(ctx context.Context, w io.Writer) error {
@@ -62,8 +65,22 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 				return fmt.Errorf("no agent accepted the connection: %w; the agents require a client certificate from the cluster's CA (see issue-client-cert), or --insecure if they run with --insecure", err)
 			}
 		}
-		return fmt.Errorf("no agent answered: discovery %q found %d address(es) %v; are the agents running, and is --discovery the one they use?",
+		noAgent := fmt.Errorf("no agent answered: discovery %q found %d address(es) %v; are the agents running, and is --discovery the one they use?",
 			o.discovery, len(recs), st.Unreachable)
+		if s == nil {
+			return noAgent
+		}
+		// What the store says is worth as much while the agents are
+		// down: it is printed, and the status still fails.
+		o.storeStatus(ctx, s, &st)
+		if o.output == "json" {
+			if err := writeJSON(w, st); err != nil {
+				return err
+			}
+			return noAgent
+		}
+		printStoreStatus(w, st)
+		return noAgent
 	}
 	sort.Slice(st.Agents, func(i, j int) bool { return st.Agents[i].ID < st.Agents[j].ID })
 	sort.Strings(st.Unreachable)
@@ -354,5 +371,54 @@ func size(b int64) string {
 		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
 	default:
 		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	}
+}
+
+// storeStatus fills in st what the store says of the cluster while no
+// agent answers: the newest backup and restorable point, and the queued
+// commands (the spec, the drills and the last failed backup are read
+// already).
+func (o *options) storeStatus(ctx context.Context, s *store.Store, st *cli.ClusterStatus) {
+	st.StoreOnly = true
+	newest, err := backup.Newest(ctx, s, backup.Want{NotAfter: time.Now().Add(spec.FutureSkew), MaxReads: 10})
+	switch {
+	case err != nil:
+		fprintf(o.stderr, "warning: the newest backup is unreadable: %v\n", err)
+	case newest != nil:
+		st.NewestBackup = newest.Name
+		if at, err := history.NewestPoint(ctx, s, newest.Meta.ClusterToken, newest, true); !at.IsZero() {
+			st.Restorable = &at
+		} else if err != nil {
+			fprintf(o.stderr, "warning: the captured revisions are unreadable: %v\n", err)
+		}
+	}
+	if rows, err := storeops.CommandRows(ctx, s); err == nil {
+		st.Commands = rows
+	} else {
+		fprintf(o.stderr, "warning: the command queue is unreadable: %v\n", err)
+	}
+}
+
+// printStoreStatus renders what the store says while no agent answers.
+func printStoreStatus(w io.Writer, st cli.ClusterStatus) {
+	fprintf(w, "no agent answered; the store says:\n")
+	if st.Spec != nil {
+		fprintf(w, "spec:   %s\n", st.Spec)
+	} else {
+		fprintf(w, "spec:   none (set one with configure-cluster)\n")
+	}
+	fprintf(w, "newest backup: %s\n", dash(st.NewestBackup))
+	if st.Restorable != nil {
+		fprintf(w, "newest restorable point: %s\n", st.Restorable.UTC().Format(time.RFC3339))
+	}
+	if st.CARotation != "" {
+		fprintf(w, "CA rotation at phase %s\n", st.CARotation)
+	}
+	printBackupRecords(w, st.RestoreDrills, st.BackupFailure)
+	if len(st.Commands) > 0 {
+		fprintf(w, "\nqueued commands:\n")
+		for _, c := range st.Commands {
+			fprintf(w, "  %s  %s  %s\n", c.ID, c.Kind, c.State)
+		}
 	}
 }

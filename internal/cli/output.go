@@ -85,6 +85,12 @@ type ClusterStatus struct {
 	// restore drills and of the last failed backup.
 	RestoreDrills *spec.DrillRecord   `json:"restoreDrills,omitempty"`
 	BackupFailure *spec.BackupFailure `json:"lastBackupFailure,omitempty"`
+	// StoreOnly is set when no agent answered: NewestBackup,
+	// Restorable and Commands are then what the store says.
+	StoreOnly    bool         `json:"storeOnly,omitempty"`
+	NewestBackup string       `json:"newestBackup,omitempty"`
+	Restorable   *time.Time   `json:"restorablePoint,omitempty"`
+	Commands     []CommandRow `json:"commands,omitempty"`
 }
 
 // CommandRow is one queued command in `list-commands`.

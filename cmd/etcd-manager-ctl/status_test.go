@@ -1,0 +1,46 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/spec"
+	"github.com/etcd-manager/etcd-manager/internal/store"
+)
+
+// status with no agent answering shows what the store says, and fails.
+func TestStatusWithNoAgent(t *testing.T) {
+	e := newCtlEnv(t)
+	if _, _, err := e.run(t, "--member-count=3", "--etcd-version=3.6.16", "configure-cluster"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	s, err := store.Open(ctx, e.store, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	name := "2026-12-04T01:00:00Z-000001"
+	if err := s.Write(ctx, name+"/"+backup.MetaObject, []byte(`{"etcdVersion":"3.6.16","clusterToken":"tok","timestamp":"1796346000"}`)); err != nil {
+		t.Fatal(err)
+	}
+	id, err := s.AddCommand(ctx, spec.Command{BackupNow: &spec.BackupNowCommand{}}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := e.run(t, "--insecure", "--discovery=static:127.0.0.1:1", "status")
+	if err == nil || exitCode(err) != exitFailed || !strings.Contains(err.Error(), "no agent answered") {
+		t.Errorf("status with no agent: %v (exit %d), want it to fail saying so", err, exitCode(err))
+	}
+	for _, want := range []string{"no agent answered; the store says", "memberCount=3", "newest backup: " + name, "newest restorable point: 2026-12-04T01:00:00Z", id + "  backup-now"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status printed no %q:\n%s", want, out)
+		}
+	}
+	out, _, _ = e.run(t, "--insecure", "--discovery=static:127.0.0.1:1", "-o", "json", "status")
+	if !strings.Contains(out, `"storeOnly": true`) || !strings.Contains(out, `"newestBackup": "`+name+`"`) {
+		t.Errorf("status -o json printed %s", out)
+	}
+}
