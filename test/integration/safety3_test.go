@@ -347,7 +347,11 @@ func TestRestoreFinishesWithoutAMemberLostAfterTheLift(t *testing.T) {
 	claim := filepath.Join(env.Root, "paused")
 	env.ExtraEnv = append(env.ExtraEnv, testhook.PauseEnv+"=procedure-restore-recorded-"+spec.RestoreBackingUp+"@"+claim)
 	env.MustCtl("--member-count=3", "--etcd-version="+harness.DefaultEtcdVersion, "configure-cluster")
-	agents := env.StartAgents(3, harness.AgentOptions{})
+	// A lease longer than the write after the kill can take (etcd's
+	// request timeout, if the victim led): with the tests' 2 s, another
+	// agent took the paused driver's procedure over and backed up
+	// before the write was made.
+	agents := env.StartAgents(3, harness.AgentOptions{ExtraArgs: []string{"--leader-lease=30s"}})
 	harness.WaitSettled(t, agents, 3, settleTimeout)
 	c := clusterClient(t, agents)
 	put(t, c, "/lost/in-backup", "v")
