@@ -337,15 +337,11 @@ func (s *Store) ModTime(ctx context.Context, key string) (time.Time, error) {
 			return time.Time{}, s.wrap("stat", key, err)
 		}
 	} else if s.confined {
-		f, _, err := s.openFile(key)
+		f, st, err := s.openFile(key)
 		if err != nil {
 			return time.Time{}, s.wrap("stat", key, err)
 		}
-		defer f.Close()
-		st, err := f.Stat()
-		if err != nil {
-			return time.Time{}, s.wrap("stat", key, err)
-		}
+		f.Close()
 		return st.ModTime(), nil
 	}
 	a, err := s.bucket.Attributes(ctx, key)
@@ -371,7 +367,11 @@ func (s *Store) newReader(ctx context.Context, key string) (io.ReadCloser, int64
 	opts := readerOptions
 	if s.confined {
 		if validKey(key) {
-			return s.openFile(key)
+			f, st, err := s.openFile(key)
+			if err != nil {
+				return nil, 0, err
+			}
+			return f, st.Size(), nil
 		}
 		// A key this store never writes, which another tool wrote
 		// through fileblob under an escaped file name: fileblob opens
@@ -414,33 +414,30 @@ func (s *Store) beneath(key string, f *os.File) error {
 	return nil
 }
 
-// openFile opens the object at key of a file:// store beneath its root:
-// a symbolic link on the way that leads out of the store fails the read,
-// as does a key that is no file of its own (a directory, or one fileblob
-// would have escaped into another name).
-func (s *Store) openFile(key string) (*os.File, int64, error) {
-	if !validKey(key) {
-		return nil, 0, fmt.Errorf("%w: %s is no object's key", fs.ErrNotExist, key)
-	}
+// openFile opens the object at a valid key of a file:// store beneath
+// its root, and says what it is: a symbolic link on the way that leads
+// out of the store fails the read, as does a key that is no file (a
+// directory).
+func (s *Store) openFile(key string) (*os.File, os.FileInfo, error) {
 	root, err := s.openRoot()
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	defer root.Close()
 	f, err := root.Open(filepath.FromSlash(key))
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, 0, err
+		return nil, nil, err
 	}
 	if !st.Mode().IsRegular() {
 		f.Close()
-		return nil, 0, fmt.Errorf("%w: %s is not a file", fs.ErrNotExist, key)
+		return nil, nil, fmt.Errorf("%w: %s is not a file", fs.ErrNotExist, key)
 	}
-	return f, st.Size(), nil
+	return f, st, nil
 }
 
 // Write replaces the object at key. Readers see the old or the new object,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
+	"sync"
 )
 
 // Info is a build's version.
@@ -28,8 +29,11 @@ type Info struct {
 // the module's version as "(devel)".
 var release string
 
-// Get is this binary's version.
-func Get() Info {
+// Get is this binary's version, read once: the agent puts it in every
+// cycle's Info.
+var Get = sync.OnceValue(read)
+
+func read() Info {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return Info{Version: "unknown"}
