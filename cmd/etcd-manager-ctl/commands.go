@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,9 +18,10 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/version"
 )
 
-// options are the flags every command shares. They are persistent flags
-// on the root, so they may come before or after the command name, as in
-// the walkthrough: etcd-manager-ctl -member-count=1 --backup-store=... configure-cluster
+// options hold the ctl's flags. Those every command shares are persistent
+// flags on the root; those of one command (configure-cluster's) are that
+// command's. Either may come before or after the command name, as in the
+// walkthrough: etcd-manager-ctl -member-count=1 --backup-store=... configure-cluster
 type options struct {
 	// stderr takes warnings, never stdout, which scripts may read.
 	stderr           io.Writer
@@ -61,11 +60,18 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 watch. The store is the source of truth whenever etcd is down, so these
 commands work even then.
 
-Exit status: 0 on success; 2 when the command line is wrong (an unknown
-command or flag, a missing or malformed value, a --backup-store URL of a
-scheme other than file, s3, gs and azblob), which trying again cannot
-help; 1 when the command could not do its work (the store unreachable,
-a refusal, a failed command).`,
+Exit status:
+  0  done;
+  1  the command could not do its work (the store unreachable or refusing
+     access, a refusal, a failed command);
+  2  the command line is wrong (an unknown command or flag, a flag of
+     another command, a missing or malformed value, a --backup-store URL
+     that cannot be used as it is), which trying again cannot help;
+  3  --wait timed out while the command it waited for stays queued, or
+     goes on (see list-commands).
+
+--output json or yaml prints the command's result alone on stdout, and
+its progress and warnings on stderr.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -73,23 +79,6 @@ a refusal, a failed command).`,
 	root.SetErr(stderr)
 	fs := root.PersistentFlags()
 	fs.StringVar(&o.backupStore, "backup-store", "", "URL of the backup store: file:///path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix (required)")
-	fs.Int32Var(&o.memberCount, "member-count", 0, fmt.Sprintf("number of etcd members, at most %d without --force; etcd advises 3 or 5, 7 at most (configure-cluster)", spec.MaxMemberCount))
-	fs.BoolVar(&o.force, "force", false, fmt.Sprintf("let --member-count go above %d (configure-cluster)", spec.MaxMemberCount))
-	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16 (configure-cluster)")
-	fs.BoolVar(&o.ordinalMembers, "ordinal-members", false, "the agents are a StatefulSet's pods, named <set>-<ordinal> with --node-name: only ordinals below --member-count are members, and shrinking removes the highest ordinal first (configure-cluster; set by the Kubernetes operator)")
-	fs.BoolVar(&o.allowDumpRestore, "allow-dump-restore", false, "with --etcd-version: allow a version change no rolling change can make (such as 3.5 to 3.4) by dump and restore, which cuts clients off until the new cluster serves (configure-cluster)")
-	fs.StringVar(&o.compactionMode, "auto-compaction-mode", "", "compaction policy's mode, as etcd's flag: periodic (keep a span of time) or revision (keep a count of revisions); the agent compacts, keeping behind continuous capture (configure-cluster; default periodic)")
-	fs.StringVar(&o.compactionKeep, "auto-compaction-retention", "", "compaction policy's retention, as etcd's flag: for periodic a duration such as 30m or a number of hours, for revision a number of revisions; 0 turns compaction off (configure-cluster; default "+spec.DefaultCompactionRetention+")")
-	fs.BoolVar(&o.defragAuto, "auto-defrag", true, "let the leader defragment members on its own by the defrag policy (configure-cluster)")
-	fs.Int64Var(&o.defragPolicy.MinReclaimableBytes, "defrag-min-reclaimable-bytes", spec.DefaultDefragMinReclaimableBytes, "a member is due for defragmentation only when at least this many bytes of its database are free (configure-cluster)")
-	fs.Float64Var(&o.defragPolicy.MinReclaimableFraction, "defrag-min-reclaimable-fraction", spec.DefaultDefragMinReclaimableFraction, "... and at least this fraction of its database is free (configure-cluster)")
-	fs.IntVar(&o.defragPolicy.QuotaPercent, "defrag-quota-percent", spec.DefaultDefragQuotaPercent, "... or its database is at this percentage of the backend quota or more (configure-cluster)")
-	fs.StringVar(&o.defragPolicy.Window, "defrag-window", "", "a maintenance window for defragmentation in cron syntax, in UTC, such as '0 3 * * *' (configure-cluster; empty: any time)")
-	fs.StringVar(&o.defragPolicy.WindowDuration, "defrag-window-duration", spec.DefaultDefragWindowDuration.String(), "how long each window stays open (configure-cluster)")
-	o.settings = map[string]*string{}
-	for _, name := range spec.SettingNames() {
-		o.settings[name] = fs.String(name, "", spec.SettingHelp(name)+" (configure-cluster)")
-	}
 	for _, d := range deprecatedFlags {
 		d.add(fs)
 		_ = fs.MarkHidden(d.name)
@@ -100,12 +89,9 @@ a refusal, a failed command).`,
 				fprintf(stderr, "warning: --%s is deprecated and does nothing: %s; drop it\n", d.name, d.why)
 			}
 		}
-		if o.output != "text" && o.output != "json" {
-			return usagef("--output %q: use text or json", o.output)
-		}
-		return nil
+		return checkFormat(o.output)
 	}
-	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text or json")
+	fs.StringVarP(&o.output, "output", "o", o.output, "output format: text, json or yaml; json and yaml print the result alone on stdout, with progress and warnings on stderr")
 	fs.StringVarP(&o.output, "write-out", "w", o.output, "the same as --output, as etcdctl spells it")
 	fs.IntVar(&o.storeAttempts, "store-attempts", o.storeAttempts, "how many times to try an unreachable backup store before giving up")
 	fs.StringVar(&o.discovery, "discovery", "store", "how to find the agents (status, and to tell them at once of a queued command or a new spec): store, file:///DIR, static:HOST:PORT,... or dns:NAME, as the agents' --discovery")
@@ -161,10 +147,11 @@ whenever any agent is reachable.`,
 				return o.status(cmd.Context(), stdout)
 			},
 		},
-		&cobra.Command{
-			Use:   "configure-cluster",
-			Short: "Set the cluster spec: --member-count, --etcd-version, the compaction policy and etcd settings",
-			Long: `configure-cluster writes the desired spec to the backup store. The agents
+	)
+	configure := &cobra.Command{
+		Use:   "configure-cluster",
+		Short: "Set the cluster spec: --member-count, --etcd-version, the compaction policy and etcd settings",
+		Long: `configure-cluster writes the desired spec to the backup store. The agents
 pick it up on their next cycle. On a store that has a spec already, a flag
 left out keeps its current value.
 
@@ -190,14 +177,32 @@ agents refuse it, before they stop anything, if a member lacks it.
 
 --member-count above 9 needs --force: etcd advises 3 or 5 members, 7 at
 most, as every write waits for a majority of them.`,
-			Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --member-count=1 --etcd-version=3.6.16 configure-cluster
+		Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --member-count=1 --etcd-version=3.6.16 configure-cluster
   etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --quota-backend-bytes=8589934592 --snapshot-count=50000 configure-cluster`,
-			Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				return o.configureCluster(cmd.Context(), cmd, stdout, stderr)
-			},
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.configureCluster(cmd.Context(), cmd, stdout, stderr)
 		},
-	)
+	}
+	cf := configure.Flags()
+	cf.Int32Var(&o.memberCount, "member-count", 0, fmt.Sprintf("number of etcd members, at most %d without --force; etcd advises 3 or 5, 7 at most", spec.MaxMemberCount))
+	cf.BoolVar(&o.force, "force", false, fmt.Sprintf("let --member-count go above %d", spec.MaxMemberCount))
+	cf.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16")
+	cf.BoolVar(&o.ordinalMembers, "ordinal-members", false, "the agents are a StatefulSet's pods, named <set>-<ordinal> with --node-name: only ordinals below --member-count are members, and shrinking removes the highest ordinal first (set by the Kubernetes operator)")
+	cf.BoolVar(&o.allowDumpRestore, "allow-dump-restore", false, "with --etcd-version: allow a version change no rolling change can make (such as 3.5 to 3.4) by dump and restore, which cuts clients off until the new cluster serves")
+	cf.StringVar(&o.compactionMode, "auto-compaction-mode", "", "compaction policy's mode, as etcd's flag: periodic (keep a span of time) or revision (keep a count of revisions); the agent compacts, keeping behind continuous capture (default periodic)")
+	cf.StringVar(&o.compactionKeep, "auto-compaction-retention", "", "compaction policy's retention, as etcd's flag: for periodic a duration such as 30m or a number of hours, for revision a number of revisions; 0 turns compaction off (default "+spec.DefaultCompactionRetention+")")
+	cf.BoolVar(&o.defragAuto, "auto-defrag", true, "let the leader defragment members on its own by the defrag policy")
+	cf.Int64Var(&o.defragPolicy.MinReclaimableBytes, "defrag-min-reclaimable-bytes", spec.DefaultDefragMinReclaimableBytes, "a member is due for defragmentation only when at least this many bytes of its database are free")
+	cf.Float64Var(&o.defragPolicy.MinReclaimableFraction, "defrag-min-reclaimable-fraction", spec.DefaultDefragMinReclaimableFraction, "... and at least this fraction of its database is free")
+	cf.IntVar(&o.defragPolicy.QuotaPercent, "defrag-quota-percent", spec.DefaultDefragQuotaPercent, "... or its database is at this percentage of the backend quota or more")
+	cf.StringVar(&o.defragPolicy.Window, "defrag-window", "", "a maintenance window for defragmentation in cron syntax, in UTC, such as '0 3 * * *' (empty: any time)")
+	cf.StringVar(&o.defragPolicy.WindowDuration, "defrag-window-duration", spec.DefaultDefragWindowDuration.String(), "how long each window stays open")
+	o.settings = map[string]*string{}
+	for _, name := range spec.SettingNames() {
+		o.settings[name] = cf.String(name, "", spec.SettingHelp(name))
+	}
+	root.AddCommand(configure)
 	root.AddCommand(queueCommands(o, stdout)...)
 	root.AddCommand(issueClientCertCommand(o, stdout))
 	root.AddCommand(&cobra.Command{
@@ -205,11 +210,9 @@ most, as every write waits for a majority of them.`,
 		Short: "Print this etcd-manager-ctl's version (status shows each agent's)",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if o.output == "json" {
-				return writeJSON(stdout, version.Get())
-			}
-			fprintf(stdout, "etcd-manager-ctl %s\n", version.Get())
-			return nil
+			return o.emit(stdout, version.Get(), func() error {
+				return fprintf(stdout, "etcd-manager-ctl %s\n", version.Get())
+			})
 		},
 	})
 	root.AddCommand(rotateCACommand(o, stdout))
@@ -274,7 +277,7 @@ func (o *options) get(ctx context.Context, w, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := printSpec(w, cs, o.output); err != nil {
+	if err := o.emit(w, cs, func() error { return printSpec(w, cs) }); err != nil {
 		return err
 	}
 	// A spec that decodes may still be one the agents refuse: say so,
@@ -291,31 +294,24 @@ func (o *options) get(ctx context.Context, w, stderr io.Writer) error {
 }
 
 // printSpec prints the spec as get shows it.
-func printSpec(w io.Writer, cs spec.ClusterSpec, output string) error {
-	switch output {
-	case "json":
-		return writeJSON(w, cs)
-	case "text":
-		err := fprintf(w, "memberCount: %d\netcdVersion: %s\n", cs.MemberCount, cs.EtcdVersion)
-		if err == nil && cs.AllowDumpRestore {
-			_, err = fmt.Fprintln(w, "allowDumpRestore: true")
-		}
-		if err == nil && cs.OrdinalMembers {
-			_, err = fmt.Fprintln(w, "ordinalMembers: true")
-		}
-		if err == nil {
-			err = fprintf(w, "compaction: %s\n", describeCompaction(cs))
-		}
-		if err == nil && len(cs.EtcdSettings) > 0 {
-			err = fprintf(w, "etcdSettings: %s\n", cs.EtcdSettings)
-		}
-		if err == nil && cs.Defrag != nil {
-			err = fprintf(w, "defrag: %s\n", cs.Defrag)
-		}
-		return err
-	default:
-		return usagef("--output %q: use text or json", output)
+func printSpec(w io.Writer, cs spec.ClusterSpec) error {
+	err := fprintf(w, "memberCount: %d\netcdVersion: %s\n", cs.MemberCount, cs.EtcdVersion)
+	if err == nil && cs.AllowDumpRestore {
+		_, err = fmt.Fprintln(w, "allowDumpRestore: true")
 	}
+	if err == nil && cs.OrdinalMembers {
+		_, err = fmt.Fprintln(w, "ordinalMembers: true")
+	}
+	if err == nil {
+		err = fprintf(w, "compaction: %s\n", describeCompaction(cs))
+	}
+	if err == nil && len(cs.EtcdSettings) > 0 {
+		err = fprintf(w, "etcdSettings: %s\n", cs.EtcdSettings)
+	}
+	if err == nil && cs.Defrag != nil {
+		err = fprintf(w, "defrag: %s\n", cs.Defrag)
+	}
+	return err
 }
 
 // describeCompaction says what the spec's compaction policy does, and
@@ -478,20 +474,9 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 		return err
 	}
 	o.nudge(ctx, s) // the agents read the spec at once
-	return fprintf(stdout, "cluster spec set in %s: %s\n", o.backupStore, cs)
-}
-
-// writeJSON prints v as indented JSON, with the characters a terminal
-// could act on escaped (see jsonSafe).
-func writeJSON(w io.Writer, v any) error {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return err
-	}
-	_, err := w.Write(jsonSafe(b.Bytes()))
-	return err
+	return o.emit(stdout, specResult{BackupStore: o.backupStore, Spec: cs}, func() error {
+		return fprintf(stdout, "cluster spec set in %s: %s\n", o.backupStore, cs)
+	})
 }
 
 func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges bool) error {
@@ -501,10 +486,10 @@ func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges boo
 	}
 	defer s.Close()
 	if ranges {
-		return listRanges(ctx, s, w, o.output == "json")
+		return o.listRanges(ctx, s, w)
 	}
 	defer func() {
-		if o.output == "text" {
+		if !o.structured() {
 			summarizeRanges(ctx, s, info)
 		}
 	}()
@@ -512,17 +497,18 @@ func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges boo
 	if err != nil {
 		return err
 	}
-	switch o.output {
-	case "json":
-		return writeJSON(w, rows)
-	case "text":
+	return o.emit(w, rows, func() error {
 		for _, r := range rows {
 			if _, err := fmt.Fprintln(w, r.Name); err != nil {
 				return err
 			}
 		}
 		return nil
-	default:
-		return usagef("--output %q: use text or json", o.output)
-	}
+	})
+}
+
+// specResult is what configure-cluster reports: the spec it wrote.
+type specResult struct {
+	BackupStore string           `json:"backupStore"`
+	Spec        spec.ClusterSpec `json:"spec"`
 }

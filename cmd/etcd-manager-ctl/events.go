@@ -40,9 +40,6 @@ newest 1000 events, for 30 days at most. Text from the store is escaped.`,
 }
 
 func (o *options) events(ctx context.Context, w io.Writer, since time.Duration) error {
-	if o.output != "text" && o.output != "json" {
-		return usagef("--output %q: use text or json", o.output)
-	}
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
@@ -59,11 +56,11 @@ func (o *options) events(ctx context.Context, w io.Writer, since time.Duration) 
 	for _, p := range problems {
 		fprintf(o.stderr, "warning: %s cannot be read: %v\n", p.Key, p.Err)
 	}
-	if o.output == "json" {
+	if o.structured() {
 		if events == nil {
 			events = []spec.Event{}
 		}
-		return writeJSON(w, events)
+		return o.emit(w, events, nil)
 	}
 	if len(events) == 0 {
 		fprintf(w, "no events since %s (the store keeps %d, for %s at most)\n", from.UTC().Format(time.RFC3339), store.MaxEvents, store.EventMaxAge)

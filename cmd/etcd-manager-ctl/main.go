@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/cmd/internal/flags"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -22,6 +24,9 @@ const (
 	// exitUsage: the command line is wrong, and trying again as it is
 	// cannot help.
 	exitUsage = 2
+	// exitQueued: --wait timed out, and what was asked stays queued or
+	// goes on.
+	exitQueued = 3
 )
 
 func main() {
@@ -33,7 +38,8 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := newRootCommand(stdout, stderr)
-	args = flags.Normalize(cmd.PersistentFlags(), args)
+	all := allFlags(cmd)
+	args = boolsWithValues(all, flags.Normalize(all, args))
 	// An unknown command is a usage error; ExecuteContext would report
 	// it as any other. Cobra adds its help and completion commands as it
 	// starts, so add them first.
@@ -44,6 +50,62 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cmd.SetArgs(args)
 	return cmd.ExecuteContext(ctx)
+}
+
+// allFlags are the flags of cmd and of every command under it.
+func allFlags(cmd *cobra.Command) *pflag.FlagSet {
+	all := pflag.NewFlagSet(cmd.Name(), pflag.ContinueOnError)
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		add := func(f *pflag.Flag) {
+			if all.Lookup(f.Name) == nil {
+				all.AddFlag(f)
+			}
+		}
+		c.PersistentFlags().VisitAll(add)
+		c.LocalNonPersistentFlags().VisitAll(add)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(cmd)
+	return all
+}
+
+// flagOwner is the path of the first command under root whose own flag
+// name is, "" when none has it.
+func flagOwner(root *cobra.Command, name string) string {
+	if root.LocalNonPersistentFlags().Lookup(name) != nil {
+		return root.CommandPath()
+	}
+	for _, sub := range root.Commands() {
+		if owner := flagOwner(sub, name); owner != "" {
+			return owner
+		}
+	}
+	return ""
+}
+
+// boolsWithValues spells each boolean flag of fs given without a value
+// (--force) with one (--force=true), which means the same. A command's
+// own flags may come before its name, and cobra, finding the command
+// before it parses them, would take the word after a boolean flag it
+// does not know for the flag's value: etcd-manager-ctl --force
+// configure-cluster.
+func boolsWithValues(fs *pflag.FlagSet, args []string) []string {
+	out := make([]string, 0, len(args))
+	for i, arg := range args {
+		if arg == "--" {
+			return append(out, args[i:]...)
+		}
+		if name, ok := strings.CutPrefix(arg, "--"); ok && !strings.Contains(name, "=") {
+			if f := fs.Lookup(name); f != nil && f.Value.Type() == "bool" {
+				arg += "=true"
+			}
+		}
+		out = append(out, arg)
+	}
+	return out
 }
 
 // printError prints the error that ends the ctl. Errors may quote the
@@ -63,19 +125,35 @@ func (e usageError) Unwrap() error { return e.err }
 // usagef is a usageError made as fmt.Errorf makes an error.
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
+// stillQueued is the error of a --wait that timed out while the command
+// it waited for stays queued, or goes on.
+type stillQueued struct{ err error }
+
+func (e stillQueued) Error() string { return e.err.Error() }
+func (e stillQueued) Unwrap() error { return e.err }
+
 // exitCode is the exit status for the error that ends the ctl.
 func exitCode(err error) int {
 	var u usageError
-	if errors.As(err, &u) || errors.Is(err, store.ErrBadURL) {
+	var q stillQueued
+	switch {
+	case errors.As(err, &u) || errors.Is(err, store.ErrBadURL):
 		return exitUsage
+	case errors.As(err, &q):
+		return exitQueued
 	}
 	return exitFailed
 }
 
 // asUsage makes the errors of cobra's checks of a command's arguments and
-// flags usage errors, on cmd and every command under it.
+// flags usage errors, on cmd and every command under it. A flag that
+// belongs to another command says which.
 func asUsage(cmd *cobra.Command) {
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		name, unknown := strings.CutPrefix(err.Error(), "unknown flag: --")
+		if owner := flagOwner(c.Root(), name); unknown && owner != "" {
+			return usagef("%s takes no --%s: it is a flag of %s; see %s --help", c.CommandPath(), name, owner, c.CommandPath())
+		}
 		return usageError{fmt.Errorf("%w; see %s --help", err, c.CommandPath())}
 	})
 	if check := cmd.Args; check != nil {

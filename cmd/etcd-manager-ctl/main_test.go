@@ -269,8 +269,8 @@ func TestGetErrors(t *testing.T) {
 	if _, _, err := e.run(t, "--member-count=1", "--etcd-version=3.6.16", "configure-cluster"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := e.run(t, "get", "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "--output") {
-		t.Errorf("get -o yaml: %v", err)
+	if _, _, err := e.run(t, "get", "-o", "table"); err == nil || !strings.Contains(err.Error(), "--output") {
+		t.Errorf("get -o table: %v", err)
 	}
 	var out, errOut bytes.Buffer
 	if err := run(t.Context(), []string{"get"}, &out, &errOut); err == nil || !strings.Contains(err.Error(), "--backup-store is required") {
@@ -520,6 +520,10 @@ func TestExitStatus(t *testing.T) {
 		{name: "unknown flag", args: []string{"--backup-store=file:///x", "get", "--colour"}, wantCode: exitUsage, wantMsg: []string{"unknown flag: --colour", "etcd-manager-ctl get --help"}},
 		{name: "an argument too many", args: []string{"--backup-store=file:///x", "get", "spec"}, wantCode: exitUsage, wantMsg: []string{"etcd-manager-ctl get: unknown command \"spec\""}},
 		{name: "member count zero", args: []string{"--backup-store=file:///x", "--member-count=0", "configure-cluster"}, wantCode: exitUsage, wantMsg: []string{"member count must be at least 1"}},
+		{name: "another command's flag", args: []string{"--backup-store=file:///x", "--quota-backend-bytes=1", "list-backups"}, wantCode: exitUsage,
+			wantMsg: []string{"etcd-manager-ctl list-backups takes no --quota-backend-bytes: it is a flag of etcd-manager-ctl configure-cluster"}},
+		{name: "another command's flag, after the name", args: []string{"--backup-store=file:///x", "get", "--member-count=3"}, wantCode: exitUsage,
+			wantMsg: []string{"get takes no --member-count: it is a flag of etcd-manager-ctl configure-cluster"}},
 		{name: "unreachable store", args: []string{"--backup-store=file://" + blocker + "/store", "--store-attempts=1", "get"}, wantCode: exitFailed, wantMsg: []string{"unreachable"}},
 	}
 	for _, tt := range tests {
@@ -549,7 +553,8 @@ func TestExitStatus(t *testing.T) {
 		if err := run(t.Context(), args, &out, &errOut); err != nil {
 			t.Errorf("%v: %v", args, err)
 		}
-		if args[0] == "--help" && !strings.Contains(out.String(), "Exit status: 0 on success; 2 when the command line is wrong") {
+		if args[0] == "--help" && (!strings.Contains(out.String(), "Exit status:\n  0  done;\n  1  the command could not do its work") ||
+			!strings.Contains(out.String(), "3  --wait timed out while the command it waited for stays queued")) {
 			t.Errorf("--help does not document the exit status:\n%s", out.String())
 		}
 	}
@@ -739,9 +744,9 @@ func TestVersion(t *testing.T) {
 // command; -w is etcdctl's spelling of -o.
 func TestOutputFormat(t *testing.T) {
 	e := newCtlEnv(t)
-	for _, args := range [][]string{{"-o", "yaml", "list-commands"}, {"--output=xml", "get"}, {"-w", "table", "status"}, {"-o", "yaml", "version"}} {
+	for _, args := range [][]string{{"-o", "xml", "list-commands"}, {"--output=xml", "get"}, {"-w", "table", "status"}, {"-o", "toml", "version"}, {"-o", "JSON", "backup-now"}} {
 		_, _, err := e.run(t, args...)
-		if exitCode(err) != exitUsage || !strings.Contains(fmt.Sprint(err), "use text or json") {
+		if exitCode(err) != exitUsage || !strings.Contains(fmt.Sprint(err), "use text, json or yaml") {
 			t.Errorf("%v: %v (exit %d), want a usage error", args, err, exitCode(err))
 		}
 	}

@@ -87,7 +87,7 @@ func resolvePoint(ctx context.Context, s *store.Store, name string, pf pointFlag
 }
 
 // listRanges prints every timeline's restorable range.
-func listRanges(ctx context.Context, s *store.Store, w io.Writer, asJSON bool) error {
+func (o *options) listRanges(ctx context.Context, s *store.Store, w io.Writer) error {
 	rs, err := history.Ranges(ctx, s)
 	if err != nil {
 		return err
@@ -95,8 +95,8 @@ func listRanges(ctx context.Context, s *store.Store, w io.Writer, asJSON bool) e
 	if rs == nil {
 		rs = []history.Range{}
 	}
-	if asJSON {
-		return writeJSON(w, rs)
+	if o.structured() {
+		return o.emit(w, rs, nil)
 	}
 	for _, r := range rs {
 		fprintf(w, "timeline %s: %d full backups; restorable from revision %d (%s) to revision %d (%s)\n", r.Timeline, r.Backups,

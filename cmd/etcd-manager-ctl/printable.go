@@ -96,7 +96,9 @@ func fprintf(w io.Writer, format string, args ...any) error {
 // characters; it escapes C0 itself) as \uXXXX escapes. In a JSON document
 // such characters can only stand inside strings, where the escape means
 // the same character, so the document decodes to the same values.
-// encoding/json writes only valid UTF-8.
+// encoding/json writes only valid UTF-8. writeYAML's documents hold such
+// characters only inside double-quoted strings, where the escape means
+// the same too.
 func jsonSafe(doc []byte) []byte {
 	if !bytes.ContainsFunc(doc, func(r rune) bool { return r >= 0x7f && unsafeRune(r, false) }) {
 		return doc

@@ -193,8 +193,7 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 		return fmt.Errorf("backup-now: queue the command: %w", err)
 	}
 	if !wait {
-		fmt.Fprintln(w, id)
-		return nil
+		return o.emitQueued(w, id)
 	}
 	var last spec.CommandStatus
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
@@ -205,8 +204,9 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 			last = q.Status
 			switch q.Status.State {
 			case spec.CommandDone:
-				fprintf(w, "%s\n", q.Status.Backup)
-				return true, nil
+				return true, o.emit(w, commandResult{Command: id, State: spec.CommandDone, Backup: q.Status.Backup}, func() error {
+					return fprintf(w, "%s\n", q.Status.Backup)
+				})
 			case spec.CommandFailed:
 				return true, fmt.Errorf("backup-now: command %s failed: %s", id, printable(q.Status.Message))
 			}
@@ -229,8 +229,8 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 				}
 			}
 		}
-		return fmt.Errorf("backup-now: no backup after %s: %s; command %s stays queued (see list-commands, or delete-command %s)",
-			timeout, why, id, id)
+		return stillQueued{fmt.Errorf("backup-now: no backup after %s: %s; command %s stays queued (see list-commands, or delete-command %s)",
+			timeout, why, id, id)}
 	}
 	return err
 }
@@ -246,9 +246,9 @@ func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout ti
 		return fmt.Errorf("defrag: queue the command: %w", err)
 	}
 	if !wait {
-		fmt.Fprintln(w, id)
-		return nil
+		return o.emitQueued(w, id)
 	}
+	progress := o.progressTo(w)
 	var last spec.CommandStatus
 	shown := 0
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
@@ -258,12 +258,12 @@ func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout ti
 		case err == nil:
 			last = q.Status
 			for _, n := range q.Status.Defragmented[min(shown, len(q.Status.Defragmented)):] {
-				fprintf(w, "defragmented %s\n", n)
+				fprintf(progress, "defragmented %s\n", n)
 			}
 			shown = max(shown, len(q.Status.Defragmented))
 			switch q.Status.State {
 			case spec.CommandDone:
-				return true, nil
+				return true, o.emit(w, commandResult{Command: id, State: spec.CommandDone, Defragmented: nonNil(q.Status.Defragmented)}, nil)
 			case spec.CommandFailed:
 				return true, fmt.Errorf("defrag: command %s failed: %s", id, printable(q.Status.Message))
 			}
@@ -275,7 +275,7 @@ func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout ti
 		if last.State == spec.CommandRunning {
 			why = "it is still running: " + last.Message
 		}
-		return fmt.Errorf("defrag: not done after %s: %s; command %s stays queued (see list-commands, or delete-command %s)", timeout, why, id, id)
+		return stillQueued{fmt.Errorf("defrag: not done after %s: %s; command %s stays queued (see list-commands, or delete-command %s)", timeout, why, id, id)}
 	}
 	return err
 }
@@ -372,8 +372,8 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if o.output == "json" {
-		return writeJSON(w, rows)
+	if o.structured() {
+		return o.emit(w, rows, nil)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, r := range rows {
@@ -398,8 +398,9 @@ func (o *options) deleteCommand(ctx context.Context, w io.Writer, id string) err
 	if err := s.DeleteCommand(ctx, id); err != nil {
 		return fmt.Errorf("delete-command: %w", err)
 	}
-	fprintf(w, "deleted command %s\n", id)
-	return nil
+	return o.emit(w, commandResult{Command: id, State: "deleted"}, func() error {
+		return fprintf(w, "deleted command %s\n", id)
+	})
 }
 
 func prefixed(p, s string) string {
@@ -444,8 +445,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 	}
 	fprintf(progress, "queued restore of %s as command %s\n", name, id)
 	if !wait {
-		fmt.Fprintln(w, id)
-		return nil
+		return o.emitQueued(w, id)
 	}
 	lastPhase, fresh, check := "", "", ""
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
@@ -456,8 +456,9 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// The leader removes a restore command once it is complete.
-			fprintf(w, "restored backup %s%s\n", name, prefixed(" ", check))
-			return true, nil
+			return true, o.emit(w, commandResult{Command: id, State: spec.CommandDone, Backup: name, Point: pointOf(point), Check: check, FreshBackup: fresh}, func() error {
+				return fprintf(w, "restored backup %s%s\n", name, prefixed(" ", check))
+			})
 		case err == nil && q.Status.State == spec.CommandFailed:
 			return true, fmt.Errorf("restore-backup: command %s failed: %s", id, printable(q.Status.Message))
 		case err == nil && q.Status.Restore != nil && q.Status.Restore.Phase != lastPhase:
@@ -470,7 +471,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		return false, nil
 	})
 	if errors.Is(err, errWaitTimeout) {
-		return fmt.Errorf("restore-backup: not finished after %s (last phase %q); command %s goes on (see list-commands)", timeout, lastPhase, id)
+		return stillQueued{fmt.Errorf("restore-backup: not finished after %s (last phase %q); command %s goes on (see list-commands)", timeout, lastPhase, id)}
 	}
 	return err
 }
@@ -497,13 +498,14 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 	if err != nil {
 		return fmt.Errorf("recover-quorum: queue the command: %w", err)
 	}
-	fmt.Fprintf(progress, "queued recover-quorum as command %s\n", id)
+	fprintf(progress, "queued recover-quorum as command %s\n", id)
 	node, note := "", ""
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			fprintf(w, "quorum recovered from %s\n", dash(node))
-			return true, nil
+			return true, o.emit(w, commandResult{Command: id, State: spec.CommandDone, Node: node}, func() error {
+				return fprintf(w, "quorum recovered from %s\n", dash(node))
+			})
 		case err == nil && q.Status.State == spec.CommandFailed:
 			return true, fmt.Errorf("recover-quorum: command %s failed: %s", id, printable(q.Status.Message))
 		case err == nil && q.Status.Node != "" && q.Status.Node != node:
@@ -520,7 +522,7 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 		if note != "" {
 			why = " (" + note + ")"
 		}
-		return fmt.Errorf("recover-quorum: not finished after %s%s; command %s stays queued (see list-commands, or delete-command %s)", timeout, why, id, id)
+		return stillQueued{fmt.Errorf("recover-quorum: not finished after %s%s; command %s stays queued (see list-commands, or delete-command %s)", timeout, why, id, id)}
 	}
 	return err
 }
@@ -528,4 +530,59 @@ func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost
 // checkBackup is storeops.CheckBackup.
 func checkBackup(ctx context.Context, s *store.Store, name string) error {
 	return storeops.CheckBackup(ctx, s, name)
+}
+
+// commandResult is what a command of the queue reports when it is done,
+// or queued with --wait=false.
+type commandResult struct {
+	Command string `json:"command"`
+	// State is the command's: pending when queued without waiting,
+	// done, or deleted.
+	State string `json:"state"`
+	// Backup is the backup taken (backup-now) or restored.
+	Backup string `json:"backup,omitempty"`
+	// Point is where a restore brought the backup forward to.
+	Point *spec.RestorePoint `json:"point,omitempty"`
+	// Check is what the restore checked before it lifted the quarantine.
+	Check string `json:"check,omitempty"`
+	// FreshBackup is the full backup taken of the restored cluster.
+	FreshBackup string `json:"freshBackup,omitempty"`
+	// Node is the member a quorum was recovered from.
+	Node string `json:"node,omitempty"`
+	// Defragmented are the members defragmented, in order.
+	Defragmented []string `json:"defragmented,omitempty"`
+}
+
+// emitQueued reports a command queued without waiting: its ID alone, as
+// text, for scripts to pass to list-commands or delete-command.
+func (o *options) emitQueued(w io.Writer, id string) error {
+	return o.emit(w, commandResult{Command: id, State: spec.CommandPending}, func() error {
+		_, err := fmt.Fprintln(w, id)
+		return err
+	})
+}
+
+// progressTo is where a command's progress goes: stdout (w) for text,
+// stderr when stdout takes a JSON or YAML result alone.
+func (o *options) progressTo(w io.Writer) io.Writer {
+	if o.structured() {
+		return o.stderr
+	}
+	return w
+}
+
+// pointOf is the point a restore was asked to reach, nil for a backup
+// restored as it is.
+func pointOf(p spec.RestorePoint) *spec.RestorePoint {
+	if p == (spec.RestorePoint{}) {
+		return nil
+	}
+	return &p
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }

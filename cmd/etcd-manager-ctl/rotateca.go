@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -104,8 +105,7 @@ this way: replace the files on every node instead.`,
 			if err != nil {
 				return err
 			}
-			printRotation(stdout, r)
-			return nil
+			return o.emitRotation(stdout, r)
 		},
 	}
 	root.AddCommand(start, cont, finish, status)
@@ -134,6 +134,8 @@ func (o *options) rotateCA(ctx context.Context, w io.Writer, step string, validi
 		return err
 	}
 	defer s.Close()
+	out := w
+	w = o.progressTo(out)
 	now := time.Now()
 	r, err := pki.LoadRotation(ctx, s, isNotFound)
 	if err != nil {
@@ -174,10 +176,13 @@ func (o *options) rotateCA(ctx context.Context, w io.Writer, step string, validi
 		}
 	}
 	if !wait {
-		printRotation(w, r)
-		return nil
+		return o.emitRotation(out, r)
 	}
-	return waitRotation(ctx, w, s, until, timeout)
+	r, err = waitRotation(ctx, w, s, until, timeout)
+	if err != nil {
+		return err
+	}
+	return o.emitRotation(out, r)
 }
 
 // gate checks that a rotation stands at phase want, or past it (the
@@ -294,8 +299,9 @@ func continueRotation(ctx context.Context, s *store.Store, r *pki.Rotation, now 
 }
 
 // waitRotation prints each phase the rotation reaches until it reaches
-// until, or ends when until is empty.
-func waitRotation(ctx context.Context, w io.Writer, s *store.Store, until string, timeout time.Duration) error {
+// until, or ends when until is empty, and returns the rotation then (nil
+// once it ended).
+func waitRotation(ctx context.Context, w io.Writer, s *store.Store, until string, timeout time.Duration) (*pki.Rotation, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	last := ""
@@ -306,26 +312,60 @@ func waitRotation(ctx context.Context, w io.Writer, s *store.Store, until string
 			fprintf(w, "cannot read the rotation record (retrying): %v\n", err)
 		case err == nil && r == nil:
 			if until != "" {
-				return errors.New("the CA rotation record is gone: someone ended the rotation meanwhile")
+				return nil, errors.New("the CA rotation record is gone: someone ended the rotation meanwhile")
 			}
 			fprintf(w, "CA rotation done: every node trusts the new CA alone\n")
-			return nil
+			return nil, nil
 		case err == nil:
 			if r.Phase != last {
 				fprintf(w, "%s phase %s\n", time.Now().UTC().Format(time.TimeOnly), r.Phase)
 				last = r.Phase
 			}
 			if until != "" && pki.PhaseIndex(r.Phase) >= pki.PhaseIndex(until) {
-				printRotation(w, r)
-				return nil
+				return r, nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the CA rotation is still at phase %s after %s; the agents go on (see rotate-ca status, and status for each node's CA and the leader's warnings)", last, timeout)
+			return nil, stillQueued{fmt.Errorf("the CA rotation is still at phase %s after %s; the agents go on (see rotate-ca status, and status for each node's CA and the leader's warnings)", last, timeout)}
 		case <-time.After(caRotationPoll):
 		}
 	}
+}
+
+// rotationResult is where a rotation stands, as rotate-ca reports it.
+type rotationResult struct {
+	// InProgress is false when no rotation is in progress (or the one
+	// waited for ended).
+	InProgress bool       `json:"inProgress"`
+	Phase      string     `json:"phase,omitempty"`
+	Started    *time.Time `json:"started,omitempty"`
+	Updated    *time.Time `json:"updated,omitempty"`
+	OldCA      *caResult  `json:"oldCA,omitempty"`
+	NewCA      *caResult  `json:"newCA,omitempty"`
+	Next       string     `json:"next,omitempty"`
+}
+
+// caResult names a CA certificate.
+type caResult struct {
+	Subject string    `json:"subject"`
+	Serial  string    `json:"serial"`
+	SHA256  string    `json:"sha256"`
+	Expires time.Time `json:"expires"`
+}
+
+func caOf(c *x509.Certificate) *caResult {
+	return &caResult{Subject: c.Subject.CommonName, Serial: pki.Serial(c), SHA256: pki.Fingerprint(c), Expires: c.NotAfter.UTC()}
+}
+
+// emitRotation reports where rotation r stands (nil: none in progress).
+func (o *options) emitRotation(w io.Writer, r *pki.Rotation) error {
+	res := rotationResult{}
+	if r != nil {
+		res = rotationResult{InProgress: true, Phase: r.Phase, Started: &r.Started, Updated: &r.Updated,
+			OldCA: caOf(r.Old()), NewCA: caOf(r.New()), Next: rotationNext(r.Phase)}
+	}
+	return o.emit(w, res, func() error { printRotation(w, r); return nil })
 }
 
 // printRotation says where a rotation stands and what to do next.

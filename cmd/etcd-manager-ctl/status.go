@@ -73,13 +73,9 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 		// What the store says is worth as much while the agents are
 		// down: it is printed, and the status still fails.
 		o.storeStatus(ctx, s, &st)
-		if o.output == "json" {
-			if err := writeJSON(w, st); err != nil {
-				return err
-			}
-			return noAgent
+		if err := o.emit(w, st, func() error { printStoreStatus(w, st); return nil }); err != nil {
+			return err
 		}
-		printStoreStatus(w, st)
 		return noAgent
 	}
 	sort.Slice(st.Agents, func(i, j int) bool { return st.Agents[i].ID < st.Agents[j].ID })
@@ -94,14 +90,7 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 		}
 	}
 
-	switch o.output {
-	case "json":
-		return writeJSON(w, st)
-	case "text":
-		return printStatus(w, st)
-	default:
-		return usagef("--output %q: use text or json", o.output)
-	}
+	return o.emit(w, st, func() error { return printStatus(w, st) })
 }
 
 // printStatus renders the status as text.

@@ -183,6 +183,14 @@ serial, SHA-256 fingerprint and expiry), to compare with the agents' CA.`,
 			if err != nil {
 				return err
 			}
+			if o.structured() {
+				res := clientCertResult{CACert: files[2].path, Cert: files[1].path, Key: files[0].path, CommonName: name,
+					Expires: c.NotAfter.UTC(), CA: *caOf(ca.Cert)}
+				if r := st.Rotation; r != nil && r.Phase != pki.PhaseDropOld {
+					res.RotationPhase, res.FromOldCA = r.Phase, ca.Cert.Equal(r.Old())
+				}
+				return o.emit(stdout, res, nil)
+			}
 			_, err = fmt.Fprintf(stdout, "wrote %s, %s and %s (client %q, expires %s)\n"+
 				"issued by CA %q, serial %s, SHA-256 fingerprint %s, expires %s\n",
 				files[2].path, files[1].path, files[0].path, name, c.NotAfter.UTC().Format(time.RFC3339),
@@ -202,6 +210,22 @@ serial, SHA-256 fingerprint and expiry), to compare with the agents' CA.`,
 	cmd.Flags().DurationVar(&validity, "validity", defaultClientCertValidity,
 		fmt.Sprintf("how long the certificate is valid, at most %s (90 days): it cannot be revoked, so keep it short", maxClientCertValidity))
 	return cmd
+}
+
+// clientCertResult is what issue-client-cert reports.
+type clientCertResult struct {
+	CACert     string    `json:"caCert"`
+	Cert       string    `json:"cert"`
+	Key        string    `json:"key"`
+	CommonName string    `json:"commonName"`
+	Expires    time.Time `json:"expires"`
+	CA         caResult  `json:"ca"`
+	// RotationPhase is the CA rotation's phase while one is in progress:
+	// ca.crt holds both CAs then.
+	RotationPhase string `json:"rotationPhase,omitempty"`
+	// FromOldCA is set when the old CA of a rotation issued the
+	// certificate, which the cluster stops trusting at rotate-ca finish.
+	FromOldCA bool `json:"fromOldCA,omitempty"`
 }
 
 // clientFile is one file issue-client-cert writes.
