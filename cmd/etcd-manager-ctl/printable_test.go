@@ -126,10 +126,11 @@ func TestHostileStoreTextIsEscaped(t *testing.T) {
 	if err := s.SetCommandStatus(ctx, id, spec.CommandStatus{State: spec.CommandFailed, Message: hostile}, now); err != nil {
 		t.Fatal(err)
 	}
-	id, err = s.AddCommand(ctx, spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: hostile}}, now)
+	restoreID, err := s.AddCommand(ctx, spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: hostile}}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
+	id = restoreID
 	if err := s.SetCommandStatus(ctx, id, spec.CommandStatus{State: spec.CommandRunning, Restore: &spec.RestoreProgress{Phase: hostile}}, now); err != nil {
 		t.Fatal(err)
 	}
@@ -218,6 +219,10 @@ func TestHostileStoreTextIsEscaped(t *testing.T) {
 	printError(&report, err)
 	checkTerminalSafe(t, "defrag's error", report.String())
 
+	// The restore in the store would refuse another: it failed.
+	if err := s.SetCommandStatus(ctx, restoreID, spec.CommandStatus{State: spec.CommandFailed, Message: hostile}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	const name = "2026-11-22T05:00:00Z-000001"
 	e.plantBackup(t, name, []byte(`{"etcdVersion":"3.6.16","timestamp":"1795410000"}`), []byte("gz"))
 	answer(spec.Command{RestoreBackup: &spec.RestoreBackupCommand{Backup: name}}.Kind(),

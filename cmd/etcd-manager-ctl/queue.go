@@ -21,7 +21,10 @@ import (
 // queue, which the leading agent reads each cycle.
 func queueCommands(o *options, stdout io.Writer) []*cobra.Command {
 	var wait bool
-	var timeout time.Duration
+	var timeout, backupExpiry, restoreExpiry, recoverExpiry, defragExpiry time.Duration
+	expireFlag := func(c *cobra.Command, d *time.Duration, def time.Duration) {
+		c.Flags().DurationVar(d, "expire-after", def, "fail the command instead of starting it if the leader has not started it this long after it was queued (0: never); once started it never expires")
+	}
 	backupNow := &cobra.Command{
 		Use:   "backup-now",
 		Short: "Ask the leading agent for a full backup now, and print its name",
@@ -33,11 +36,12 @@ list-commands shows its progress.`,
 		Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test backup-now",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return o.backupNow(cmd.Context(), stdout, wait, timeout)
+			return o.backupNow(cmd.Context(), stdout, wait, timeout, backupExpiry)
 		},
 	}
 	backupNow.Flags().BoolVar(&wait, "wait", true, "wait for the backup and print its name")
 	backupNow.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long --wait waits; the command stays queued after it")
+	expireFlag(backupNow, &backupExpiry, 0)
 
 	var restoreWait bool
 	var restoreTimeout time.Duration
@@ -57,7 +61,13 @@ list-backups --ranges shows the timelines, where each branched, their captured
 ranges and any gaps. A target before the oldest
 backup, after the last captured revision or inside a gap is refused before
 anything is queued, as is a NAME that is not in the store or not whole
-(without its meta or its data: list-backups lists only whole backups).
+(without its meta or its data: list-backups lists only whole backups),
+and so is any restore while another restore, or a recover-quorum, is not
+finished: delete-command removes one that is not wanted. A restore the
+leader has not started within --expire-after (1h) of being queued, such as
+one queued while every agent was down, fails as expired instead of
+replacing the cluster long after it was asked for; one that has started
+never expires.
 The agent holding the store lock then:
   1. fetches the backup and verifies it (sha256, gzip, snapshot); a bad backup
      fails the command and leaves the cluster untouched;
@@ -83,7 +93,7 @@ included, or has failed.`,
 			if name == "" && !pf.target() {
 				return usagef("restore-backup: name a backup, or give --latest, --to-revision or --to-time")
 			}
-			return o.restoreBackup(cmd.Context(), stdout, cmd.ErrOrStderr(), name, pf, restoreWait, restoreTimeout)
+			return o.restoreBackup(cmd.Context(), stdout, cmd.ErrOrStderr(), name, pf, restoreWait, restoreTimeout, restoreExpiry)
 		},
 	}
 	restore.Flags().BoolVar(&pf.latest, "latest", false, "restore the newest point captured: the newest full backup and every captured change after it")
@@ -96,6 +106,7 @@ included, or has failed.`,
 	restore.Flags().BoolVar(&pf.requireDigest, "require-digest", false, "refuse a point that no digest checks: one brought forward with captured changes when capture recorded no digest between the backup and the target (see list-backups --ranges)")
 	restore.Flags().BoolVar(&restoreWait, "wait", true, "wait until the restore is complete or has failed")
 	restore.Flags().DurationVar(&restoreTimeout, "timeout", 30*time.Minute, "how long --wait waits; the restore goes on after it")
+	expireFlag(restore, &restoreExpiry, time.Hour)
 
 	var recoverTimeout time.Duration
 	var lost []string
@@ -119,14 +130,18 @@ new cluster only with evidence for each other member: its agent answers and
 its etcd has no leader, or its agent's record in the store is fresh and shows
 no leader, or you name it with --lost and its agent has been silent for a
 lease. While evidence is missing, the command waits and says which members
-are silent; name them with --lost only if their nodes are gone for good.`,
+are silent; name them with --lost only if their nodes are gone for good.
+It is refused while a restore or another recover-quorum is not finished,
+and fails as expired if the leader has not started it within
+--expire-after (1h).`,
 		Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test recover-quorum",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return o.recoverQuorum(cmd.Context(), stdout, cmd.ErrOrStderr(), lost, recoverTimeout)
+			return o.recoverQuorum(cmd.Context(), stdout, cmd.ErrOrStderr(), lost, recoverTimeout, recoverExpiry)
 		},
 	}
 	recoverQuorum.Flags().DurationVar(&recoverTimeout, "timeout", 5*time.Minute, "how long to wait for the recovery; the command stays queued after it")
+	expireFlag(recoverQuorum, &recoverExpiry, time.Hour)
 	recoverQuorum.Flags().StringSliceVar(&lost, "lost", nil, "node IDs of members whose nodes are gone for good (as status lists them); with their agents silent for a lease, they count as having no quorum")
 
 	var defragWait bool
@@ -144,13 +159,14 @@ command's ID at once, and list-commands shows its progress.`,
 		Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test defrag",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return o.defrag(cmd.Context(), stdout, defragWait, defragTimeout)
+			return o.defrag(cmd.Context(), stdout, defragWait, defragTimeout, defragExpiry)
 		},
 	}
 	restore.ValidArgsFunction = o.completeFrom(backupNames)
 	_ = recoverQuorum.RegisterFlagCompletionFunc("lost", o.completeFrom(nodeIDs))
 	defrag.Flags().BoolVar(&defragWait, "wait", true, "wait until every member is defragmented")
 	defrag.Flags().DurationVar(&defragTimeout, "timeout", 30*time.Minute, "how long --wait waits; the command stays queued after it")
+	expireFlag(defrag, &defragExpiry, 0)
 
 	return []*cobra.Command{
 		backupNow,
@@ -182,13 +198,13 @@ from the queue. A command that is running may still finish its current step.`,
 	}
 }
 
-func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout time.Duration) error {
+func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout, expireAfter time.Duration) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	id, err := o.queue(ctx, s, spec.Command{BackupNow: &spec.BackupNowCommand{}})
+	id, err := o.queue(ctx, s, spec.Command{BackupNow: &spec.BackupNowCommand{}}, expireAfter)
 	if err != nil {
 		return fmt.Errorf("backup-now: queue the command: %w", err)
 	}
@@ -235,13 +251,13 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 	return err
 }
 
-func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout time.Duration) error {
+func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout, expireAfter time.Duration) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	id, err := o.queue(ctx, s, spec.Command{Defrag: &spec.DefragCommand{}})
+	id, err := o.queue(ctx, s, spec.Command{Defrag: &spec.DefragCommand{}}, expireAfter)
 	if err != nil {
 		return fmt.Errorf("defrag: queue the command: %w", err)
 	}
@@ -283,10 +299,18 @@ func (o *options) defrag(ctx context.Context, w io.Writer, wait bool, timeout ti
 // errWaitTimeout is watchCommand's error when its timeout passes.
 var errWaitTimeout = errors.New("timed out")
 
-// queue adds cmd to the queue and nudges the agents, so that the leading
+// queue adds cmd to the queue, to expire expireAfter from now unless it
+// has started (never when 0), and nudges the agents, so that the leading
 // agent takes it up at once rather than on its next loop tick.
-func (o *options) queue(ctx context.Context, s *store.Store, cmd spec.Command) (string, error) {
-	id, err := s.AddCommand(ctx, cmd, time.Now())
+func (o *options) queue(ctx context.Context, s *store.Store, cmd spec.Command, expireAfter time.Duration) (string, error) {
+	now := time.Now()
+	if expireAfter < 0 {
+		return "", usagef("--expire-after %s cannot be negative; 0 means never", expireAfter)
+	}
+	if expireAfter > 0 {
+		cmd.Expires = spec.Int64(now.Add(expireAfter).UnixNano())
+	}
+	id, err := s.AddCommand(ctx, cmd, now)
 	if err != nil {
 		return "", err
 	}
@@ -384,6 +408,9 @@ func (o *options) listCommands(ctx context.Context, w io.Writer) error {
 		if r.Backup != "" {
 			detail = "backup " + r.Backup + prefixed("; ", detail)
 		}
+		if r.Expires != "" && r.State == spec.CommandPending {
+			detail = prefixed("", detail+"; ") + "expires " + r.Expires
+		}
 		fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, r.Kind, r.State, dash(detail))
 	}
 	return tw.Flush()
@@ -410,7 +437,7 @@ func prefixed(p, s string) string {
 	return p + s
 }
 
-func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name string, pf pointFlags, wait bool, timeout time.Duration) error {
+func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name string, pf pointFlags, wait bool, timeout, expireAfter time.Duration) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
@@ -431,6 +458,9 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 			return fmt.Errorf("restore-backup: %w; nothing was queued", err)
 		}
 	}
+	if err := storeops.CheckNoneExclusive(ctx, s, time.Now()); err != nil {
+		return fmt.Errorf("restore-backup: %w; nothing was queued", err)
+	}
 	if point.ToRevision > 0 {
 		fprintf(progress, "restoring timeline %s at revision %d: backup %s brought forward with captured changes\n", point.Timeline, point.ToRevision, name)
 	}
@@ -439,7 +469,7 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 	if cs, err := s.ReadSpec(ctx); err == nil {
 		cmd.RestoreBackup.ClusterSpec = &cs
 	}
-	id, err := o.queue(ctx, s, cmd)
+	id, err := o.queue(ctx, s, cmd, expireAfter)
 	if err != nil {
 		return fmt.Errorf("restore-backup: queue the command: %w", err)
 	}
@@ -488,13 +518,16 @@ func phaseNote(phase string) string {
 	return ""
 }
 
-func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost []string, timeout time.Duration) error {
+func (o *options) recoverQuorum(ctx context.Context, w, progress io.Writer, lost []string, timeout, expireAfter time.Duration) error {
 	s, err := o.openStore(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	id, err := o.queue(ctx, s, spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{Lost: lost}})
+	if err := storeops.CheckNoneExclusive(ctx, s, time.Now()); err != nil {
+		return fmt.Errorf("recover-quorum: %w; nothing was queued", err)
+	}
+	id, err := o.queue(ctx, s, spec.Command{RecoverQuorum: &spec.RecoverQuorumCommand{Lost: lost}}, expireAfter)
 	if err != nil {
 		return fmt.Errorf("recover-quorum: queue the command: %w", err)
 	}

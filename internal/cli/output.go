@@ -105,6 +105,9 @@ type CommandRow struct {
 	Check   string `json:"check,omitempty"`
 	Queued  string `json:"queued,omitempty"`
 	Updated string `json:"updated,omitempty"`
+	// Expires is when the command fails instead of starting, if it has
+	// not started by then.
+	Expires string `json:"expires,omitempty"`
 }
 
 // BackupRow is one backup in `list-backups`, oldest first.

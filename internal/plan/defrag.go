@@ -76,7 +76,7 @@ func (FinishDefrag) Mutates() bool    { return true }
 func planDefrag(o Observed) []Action {
 	var cmds []Command
 	for _, c := range o.Commands {
-		if c.Command.Defrag != nil && c.Err == nil && c.Newer == nil && !c.Status.Finished() {
+		if c.Command.Defrag != nil && c.Err == nil && c.Newer == nil && !c.Status.Finished() && !c.lapsed() {
 			cmds = append(cmds, c)
 		}
 	}

@@ -152,6 +152,23 @@ type Command struct {
 	// Age is how long ago its status was last written, or, without a
 	// status, how long ago it was queued.
 	Age time.Duration
+	// Expired is set when the command's expiry (spec.Command.Expires)
+	// has passed. One that has not started by then is failed, not
+	// started.
+	Expired bool
+}
+
+// Started reports whether the leader has taken the command up: it runs,
+// or has recorded progress. A started command never expires.
+func (c Command) Started() bool {
+	st := c.Status
+	return st.State == spec.CommandRunning || st.Restore != nil || st.Node != "" || len(st.Defragmented) > 0
+}
+
+// lapsed reports whether c expired before it started: the leader fails
+// it rather than start it, and nothing else plans it.
+func (c Command) lapsed() bool {
+	return c.Expired && c.Err == nil && c.Newer == nil && !c.Status.Finished() && !c.Started()
 }
 
 // Membership is a node's etcd membership, from its local state.
@@ -765,6 +782,9 @@ func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 		case c.Status.State == spec.CommandFailed:
 		case c.Err != nil:
 			actions = append(actions, FailCommand{ID: c.ID, Reason: c.Err.Error(), Term: c.StatusTerm})
+		case c.lapsed():
+			actions = append(actions, FailCommand{ID: c.ID, Term: c.StatusTerm,
+				Reason: "expired before it started: it was queued " + queuedAt(c.Command) + " with an expiry of " + time.Unix(0, int64(c.Command.Expires)).UTC().Format(time.RFC3339) + "; queue it again if it is still wanted"})
 		case c.Status.State == spec.CommandDone:
 			if c.Age >= CommandKeep {
 				actions = append(actions, ForgetCommand{ID: c.ID})
@@ -781,6 +801,11 @@ func planCommands(cmds []Command, backupFailedRecently bool) []Action {
 		actions = append(actions, TakeBackup{Reason: "backup-now " + strings.Join(backupNow, " "), Kind: spec.BackupOnDemand, CommandIDs: backupNow})
 	}
 	return actions
+}
+
+// queuedAt is when a command was queued, as RFC 3339.
+func queuedAt(c spec.Command) string {
+	return time.Unix(0, int64(c.Timestamp)).UTC().Format(time.RFC3339)
 }
 
 // PlanBackupAgent is the plan of the backup-only agent that holds the

@@ -168,12 +168,13 @@ func (a FinishRestore) String() string   { return "finish-restore " + a.ID }
 func (FinishRestore) Mutates() bool      { return true }
 
 // ActiveExclusive returns the oldest restore, dump-restore or
-// recover-quorum command that is neither done nor failed. Such a command
-// replaces the cluster, so the store lock's holder runs it alone.
+// recover-quorum command that is neither done nor failed, nor expired
+// before it started. Such a command replaces the cluster, so the store
+// lock's holder runs it alone.
 func ActiveExclusive(cmds []Command) *Command {
 	for i, c := range cmds {
 		k := c.Command
-		if c.Err == nil && c.Newer == nil && (k.RestoreBackup != nil || k.RecoverQuorum != nil || k.DumpRestore != nil) && !c.Status.Finished() {
+		if c.Err == nil && c.Newer == nil && (k.RestoreBackup != nil || k.RecoverQuorum != nil || k.DumpRestore != nil) && !c.Status.Finished() && !c.lapsed() {
 			return &cmds[i]
 		}
 	}

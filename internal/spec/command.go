@@ -15,7 +15,14 @@ type Command struct {
 	// carry none.
 	Format int `json:"format,omitempty"`
 	// Timestamp is when the command was queued, in unix nanoseconds.
-	Timestamp     Int64                 `json:"timestamp"`
+	Timestamp Int64 `json:"timestamp"`
+	// Expires, when set, is when a command that has not started yet is
+	// failed instead of started, in unix nanoseconds: a restore queued
+	// for a cluster that was down must not replace the cluster hours
+	// after it came back. A command that has started never expires.
+	// Agents from before it ignore it, and start the command whenever
+	// they can, as they always did.
+	Expires       Int64                 `json:"expires,omitempty"`
 	RestoreBackup *RestoreBackupCommand `json:"restoreBackup,omitempty"`
 	BackupNow     *BackupNowCommand     `json:"backupNow,omitempty"`
 	RecoverQuorum *RecoverQuorumCommand `json:"recoverQuorum,omitempty"`

@@ -38,7 +38,7 @@ func CommandRows(ctx context.Context, s *store.Store) ([]cli.CommandRow, error) 
 
 // CommandRow is one queued command as list-commands shows it.
 func CommandRow(q store.QueuedCommand) cli.CommandRow {
-	r := cli.CommandRow{ID: q.ID, Kind: q.Command.Kind(), State: q.Status.State, Detail: q.Status.Message, Queued: stamp(q.Command.Timestamp), Updated: stamp(q.Status.Updated)}
+	r := cli.CommandRow{ID: q.ID, Kind: q.Command.Kind(), State: q.Status.State, Detail: q.Status.Message, Queued: stamp(q.Command.Timestamp), Updated: stamp(q.Status.Updated), Expires: stamp(q.Command.Expires)}
 	switch {
 	case q.Newer != nil:
 		// Written by a newer etcd-manager: say so, and trust nothing else.

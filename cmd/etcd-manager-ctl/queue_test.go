@@ -1,0 +1,104 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/internal/storeops"
+)
+
+// A restore or recover-quorum while another is not finished is refused,
+// naming it, and queues nothing; once it is deleted, or has expired
+// before it started, the next is queued.
+func TestSecondRestoreIsRefused(t *testing.T) {
+	e := outputEnv(t)
+	const name = "2026-11-22T05:00:00Z-000001"
+	first, _, err := e.run(t, "restore-backup", name, "--wait=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first = strings.TrimSpace(first)
+	for _, args := range [][]string{{"restore-backup", name, "--wait=false"}, {"restore-backup", "--latest", "--wait=false"}, {"recover-quorum", "--timeout=1s"}} {
+		_, _, err := e.run(t, args...)
+		if err == nil || exitCode(err) != exitFailed || !strings.Contains(err.Error(), "command "+first+", a restore-backup queued") ||
+			!strings.Contains(err.Error(), "delete-command "+first) || !strings.Contains(err.Error(), "nothing was queued") {
+			t.Errorf("%v with restore %s pending: %v (exit %d)", args, first, err, exitCode(err))
+		}
+	}
+	if rows := listCommands(t, e); len(rows) != 1 {
+		t.Fatalf("refused commands were queued: %+v", rows)
+	}
+	if _, _, err := e.run(t, "delete-command", first); err != nil {
+		t.Fatal(err)
+	}
+	// One that expired before it started does not stand in the way.
+	if _, _, err := e.run(t, "restore-backup", name, "--wait=false", "--expire-after=1ns"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Millisecond)
+	if _, _, err := e.run(t, "restore-backup", name, "--wait=false"); err != nil {
+		t.Errorf("a restore behind one that expired: %v", err)
+	}
+}
+
+// --expire-after is recorded as the command's expiry (1h by default for
+// a restore, none for a backup), shown by list-commands, and read back
+// as expired once it passes.
+func TestExpireAfter(t *testing.T) {
+	e := outputEnv(t)
+	start := time.Now()
+	if _, _, err := e.run(t, "restore-backup", "2026-11-22T05:00:00Z-000001", "--wait=false"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.run(t, "backup-now", "--wait=false"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.run(t, "defrag", "--wait=false", "--expire-after=-1s"); err == nil || exitCode(err) != exitUsage {
+		t.Errorf("a negative --expire-after: %v (exit %d), want a usage error", err, exitCode(err))
+	}
+	rows := listCommands(t, e)
+	if len(rows) != 2 {
+		t.Fatalf("list-commands = %+v", rows)
+	}
+	exp, err := time.Parse(time.RFC3339Nano, rows[0].Expires)
+	if err != nil || exp.Before(start.Add(time.Hour-time.Second)) || exp.After(time.Now().Add(time.Hour)) {
+		t.Errorf("restore expires %q (%v), want an hour from its queueing", rows[0].Expires, err)
+	}
+	if rows[1].Expires != "" {
+		t.Errorf("backup-now expires %q, want never", rows[1].Expires)
+	}
+	text, _, _ := e.run(t, "list-commands")
+	if !strings.Contains(text, "expires "+rows[0].Expires) {
+		t.Errorf("list-commands shows no expiry:\n%s", text)
+	}
+	s := e.open(t)
+	defer s.Close()
+	for at, want := range map[time.Time]bool{time.Now(): false, time.Now().Add(2 * time.Hour): true} {
+		cmds, err := storeops.ReadCommands(t.Context(), s, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cmds[0].Expired != want || cmds[1].Expired {
+			t.Errorf("at %s: expired %v and %v, want %v and false", at, cmds[0].Expired, cmds[1].Expired, want)
+		}
+	}
+}
+
+type commandRow struct {
+	ID, Kind, State, Expires string
+}
+
+func listCommands(t *testing.T, e ctlEnv) []commandRow {
+	t.Helper()
+	out, _, err := e.run(t, "list-commands", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []commandRow
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return rows
+}
