@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/etcd-manager/etcd-manager/cmd/internal/children"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/storeops"
@@ -216,6 +217,8 @@ most, as every write waits for a majority of them.`,
 		},
 	})
 	root.AddCommand(rotateCACommand(o, stdout))
+	root.AddCommand(fetchBackupCommand(o, stdout))
+	root.AddCommand(children.VerifySnapshot())
 	root.AddCommand(eventsCommand(o, stdout))
 	asUsage(root)
 	return root

@@ -29,20 +29,7 @@ type pointFlags struct {
 }
 
 // keyring reads the key files given, nil when there are none.
-func (p pointFlags) keyring() (*crypt.Keyring, error) {
-	var keys []*crypt.Key
-	for _, f := range p.keyFiles {
-		k, err := crypt.LoadKeyFile(f)
-		if err != nil {
-			return nil, fmt.Errorf("--backup-decryption-key-file: %w", err)
-		}
-		keys = append(keys, k)
-	}
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	return crypt.NewKeyring(nil, keys...), nil
-}
+func (p pointFlags) keyring() (*crypt.Keyring, error) { return loadKeyring(p.keyFiles) }
 
 // target reports whether a point to restore to is given.
 func (p pointFlags) target() bool { return p.latest || p.toRevision != 0 || p.toTime != "" }

@@ -13,12 +13,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/etcd-manager/etcd-manager/cmd/internal/children"
 	"github.com/etcd-manager/etcd-manager/cmd/internal/flags"
 	"github.com/etcd-manager/etcd-manager/internal/agent"
-	"github.com/etcd-manager/etcd-manager/internal/backup"
 	"github.com/etcd-manager/etcd-manager/internal/backupagent"
 	"github.com/etcd-manager/etcd-manager/internal/cli"
-	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/version"
 )
 
@@ -92,41 +91,8 @@ The spec lives in the backup store; set it with etcd-manager-ctl:
 	flags.Agent(cmd.Flags(), &cfg)
 	flags.Log(cmd.Flags(), &logCfg)
 	backupAgent := newBackupAgentCommand()
-	var statusOnly, revisionOnly bool
-	var memoryCeiling int64
-	verifyCmd := &cobra.Command{
-		Use:    agent.VerifySnapshotCommand + " PATH",
-		Short:  "Verify an etcd snapshot file and print its status as JSON (used by the agent)",
-		Hidden: true,
-		Args:   cobra.ExactArgs(1),
-		Run: func(cmd *cobra.Command, args []string) {
-			if revisionOnly {
-				os.Exit(backup.RunRevision(args[0], memoryCeiling, os.Stdout, os.Stderr))
-			}
-			os.Exit(backup.RunVerify(args[0], statusOnly, memoryCeiling, os.Stdout, os.Stderr))
-		},
-	}
-	verifyCmd.Flags().BoolVar(&statusOnly, agent.StatusOnlyFlag, false, "only read the status, for a snapshot whose sha256 trailer was already checked")
-	verifyCmd.Flags().BoolVar(&revisionOnly, agent.RevisionOnlyFlag, false, "only print the snapshot's revision, without checking it")
-	verifyCmd.Flags().Int64Var(&memoryCeiling, backup.MemoryCeilingFlag, 0, "stop the check, as failing, once it holds more than this many bytes of memory (0: no ceiling); the agent sets it from the snapshot's size")
-	verifyCmd.MarkFlagsMutuallyExclusive(agent.StatusOnlyFlag, agent.RevisionOnlyFlag)
-	cmd.AddCommand(backupAgent, verifyCmd, &cobra.Command{
-		Use:    agent.CheckDataCommand + " DATA_DIR",
-		Short:  "Check the bbolt database under an etcd data dir, which no etcd holds open, and print the result as JSON (used by the agent)",
-		Hidden: true,
-		Args:   cobra.ExactArgs(1),
-		Run: func(cmd *cobra.Command, args []string) {
-			os.Exit(etcdproc.RunCheckData(cmd.Context(), args[0], os.Stdout, os.Stderr))
-		},
-	}, &cobra.Command{
-		Use:    agent.CompactDBCommand + " DATA_DIR",
-		Short:  "Defragment the bbolt database under an etcd data dir, which no etcd holds open, into a compact copy renamed over it, and print the result as JSON (used by the agent)",
-		Hidden: true,
-		Args:   cobra.ExactArgs(1),
-		Run: func(cmd *cobra.Command, args []string) {
-			os.Exit(etcdproc.RunCompactDB(cmd.Context(), args[0], os.Stdout, os.Stderr))
-		},
-	})
+	cmd.AddCommand(backupAgent)
+	cmd.AddCommand(children.Agent()...)
 	args := os.Args[1:]
 	if len(args) > 0 && args[0] == backupAgent.Name() {
 		cmd.SetArgs(append(args[:1:1], flags.Normalize(backupAgent.Flags(), args[1:])...))
