@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/etcd-manager/etcd-manager/cmd/internal/children"
+	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 	"github.com/etcd-manager/etcd-manager/internal/storeops"
@@ -149,6 +150,7 @@ whenever any agent is reachable.`,
 			},
 		},
 	)
+	var dryRun bool
 	configure := &cobra.Command{
 		Use:   "configure-cluster",
 		Short: "Set the cluster spec: --member-count, --etcd-version, the compaction policy and etcd settings",
@@ -177,15 +179,21 @@ the agents are older than this ctl) it is accepted with a warning; the
 agents refuse it, before they stop anything, if a member lacks it.
 
 --member-count above 9 needs --force: etcd advises 3 or 5 members, 7 at
-most, as every write waits for a majority of them.`,
+most, as every write waits for a majority of them.
+
+--dry-run checks the change as above and prints, field by field, what the
+leader would do to carry it out (which members restart, in what order, which
+version steps, what is backed up first), then writes nothing. It exits 1 when
+the agents would refuse the change.`,
 		Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --member-count=1 --etcd-version=3.6.16 configure-cluster
   etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --quota-backend-bytes=8589934592 --snapshot-count=50000 configure-cluster`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return o.configureCluster(cmd.Context(), cmd, stdout, stderr)
+			return o.configureCluster(cmd.Context(), cmd, stdout, stderr, dryRun)
 		},
 	}
 	cf := configure.Flags()
+	cf.BoolVar(&dryRun, "dry-run", false, "check the change and print what the leader would do to carry it out (a roll, a resize, a version step), and write nothing")
 	cf.Int32Var(&o.memberCount, "member-count", 0, fmt.Sprintf("number of etcd members, at most %d without --force; etcd advises 3 or 5, 7 at most", spec.MaxMemberCount))
 	cf.BoolVar(&o.force, "force", false, fmt.Sprintf("let --member-count go above %d", spec.MaxMemberCount))
 	cf.StringVar(&o.etcdVersion, "etcd-version", "", "etcd version to run, such as 3.6.16")
@@ -330,7 +338,7 @@ func describeCompaction(cs spec.ClusterSpec) string {
 	return p.String()
 }
 
-func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdout, stderr io.Writer) error {
+func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdout, stderr io.Writer, dryRun bool) error {
 	fs := cmd.Flags()
 	countSet, versionSet := fs.Changed("member-count"), fs.Changed("etcd-version")
 	modeSet, keepSet := fs.Changed("auto-compaction-mode"), fs.Changed("auto-compaction-retention")
@@ -373,6 +381,8 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	}
 	defer s.Close()
 	cs, err := s.ReadSpec(ctx)
+	old, readErr := cs, err
+	old.EtcdSettings = cs.EtcdSettings.Clone()
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		if !countSet || !versionSet {
@@ -473,6 +483,13 @@ func (o *options) configureCluster(ctx context.Context, cmd *cobra.Command, stdo
 	for _, w := range warnings {
 		fprintf(stderr, "warning: %s\n", w)
 	}
+	if dryRun {
+		var current *spec.ClusterSpec
+		if readErr == nil {
+			current = &old
+		}
+		return o.emitSpecPlan(stdout, current, cs, installedOnAll(ctx, s, time.Now()))
+	}
 	if err := s.WriteSpec(ctx, cs); err != nil {
 		return err
 	}
@@ -514,4 +531,42 @@ func (o *options) listBackups(ctx context.Context, w, info io.Writer, ranges boo
 type specResult struct {
 	BackupStore string           `json:"backupStore"`
 	Spec        spec.ClusterSpec `json:"spec"`
+}
+
+// specPlan is what configure-cluster --dry-run reports.
+type specPlan struct {
+	DryRun      bool              `json:"dryRun"`
+	BackupStore string            `json:"backupStore"`
+	Current     *spec.ClusterSpec `json:"current"`
+	Spec        spec.ClusterSpec  `json:"spec"`
+	Changes     []plan.SpecChange `json:"changes"`
+}
+
+// emitSpecPlan reports what writing next over cur would make the leader
+// do, and fails when the agents would refuse it.
+func (o *options) emitSpecPlan(w io.Writer, cur *spec.ClusterSpec, next spec.ClusterSpec, installed []spec.Version) error {
+	changes := plan.SpecChanges(cur, next, installed)
+	err := o.emit(w, specPlan{DryRun: true, BackupStore: o.backupStore, Current: cur, Spec: next, Changes: nonNil(changes)}, func() error {
+		fprintf(w, "dry run: configure-cluster would set the cluster spec in %s to %s; nothing was written\n", o.backupStore, next)
+		if len(changes) == 0 {
+			fprintf(w, "no change: the store holds this spec already\n")
+		}
+		for _, c := range changes {
+			verdict := ""
+			if c.Refused {
+				verdict = "REFUSED by the agents: "
+			}
+			fprintf(w, "  %s %s -> %s: %s%s\n", c.Field, dash(c.From), c.To, verdict, c.How)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, c := range changes {
+		if c.Refused {
+			return fmt.Errorf("configure-cluster --dry-run: the agents would refuse the %s change: %s", c.Field, c.How)
+		}
+	}
+	return nil
 }

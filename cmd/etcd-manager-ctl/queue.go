@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/changelog"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -43,7 +45,7 @@ list-commands shows its progress.`,
 	backupNow.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long --wait waits; the command stays queued after it")
 	expireFlag(backupNow, &backupExpiry, 0)
 
-	var restoreWait bool
+	var restoreWait, restoreDry bool
 	var restoreTimeout time.Duration
 	var pf pointFlags
 	restore := &cobra.Command{
@@ -80,7 +82,9 @@ The agent holding the store lock then:
      and removes the command once that backup is recorded.
 Writes made after the restored point are lost. With --wait (the default) it
 prints each phase and returns when the restore is complete, its fresh backup
-included, or has failed.`,
+included, or has failed. --dry-run makes every check above, prints the
+backup, the point and the captured segments the restore would use, from the
+segments' headers, and queues nothing.`,
 		Example: `  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup 2026-11-22T05:00:00Z-000001
   etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup --latest
   etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test restore-backup --to-time=2026-11-22T05:07:30Z --bump-revision=1000000 --mark-compacted`,
@@ -92,6 +96,9 @@ included, or has failed.`,
 			}
 			if name == "" && !pf.target() {
 				return usagef("restore-backup: name a backup, or give --latest, --to-revision or --to-time")
+			}
+			if restoreDry {
+				return o.restorePlan(cmd.Context(), stdout, name, pf)
 			}
 			return o.restoreBackup(cmd.Context(), stdout, cmd.ErrOrStderr(), name, pf, restoreWait, restoreTimeout, restoreExpiry)
 		},
@@ -107,6 +114,7 @@ included, or has failed.`,
 	restore.Flags().BoolVar(&restoreWait, "wait", true, "wait until the restore is complete or has failed")
 	restore.Flags().DurationVar(&restoreTimeout, "timeout", 30*time.Minute, "how long --wait waits; the restore goes on after it")
 	expireFlag(restore, &restoreExpiry, time.Hour)
+	restore.Flags().BoolVar(&restoreDry, "dry-run", false, "check the restore and print what it would use (the backup, the revision and timeline, the captured segments) and what it would lose, and queue nothing")
 
 	var recoverTimeout time.Duration
 	var lost []string
@@ -443,23 +451,9 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		return err
 	}
 	defer s.Close()
-	if name != "" {
-		if err := checkBackup(ctx, s, name); err != nil {
-			return fmt.Errorf("restore-backup: %w; nothing was queued", err)
-		}
-	}
-	named := name
-	name, point, err := resolvePoint(ctx, s, name, pf)
+	name, point, err := checkRestore(ctx, s, name, pf)
 	if err != nil {
-		return fmt.Errorf("restore-backup: %w", err)
-	}
-	if name != named {
-		if err := checkBackup(ctx, s, name); err != nil {
-			return fmt.Errorf("restore-backup: %w; nothing was queued", err)
-		}
-	}
-	if err := storeops.CheckNoneExclusive(ctx, s, time.Now()); err != nil {
-		return fmt.Errorf("restore-backup: %w; nothing was queued", err)
+		return err
 	}
 	if point.ToRevision > 0 {
 		fprintf(progress, "restoring timeline %s at revision %d: backup %s brought forward with captured changes\n", point.Timeline, point.ToRevision, name)
@@ -618,4 +612,123 @@ func nonNil[T any](s []T) []T {
 		return []T{}
 	}
 	return s
+}
+
+// checkRestore makes the checks a restore passes before it is queued:
+// the named backup whole, the target reachable, no other restore or
+// recover-quorum unfinished. It returns the backup to restore and the
+// point to bring it to.
+func checkRestore(ctx context.Context, s *store.Store, name string, pf pointFlags) (string, spec.RestorePoint, error) {
+	if name != "" {
+		if err := checkBackup(ctx, s, name); err != nil {
+			return "", spec.RestorePoint{}, fmt.Errorf("restore-backup: %w; nothing was queued", err)
+		}
+	}
+	named := name
+	name, point, err := resolvePoint(ctx, s, name, pf)
+	if err != nil {
+		return "", point, fmt.Errorf("restore-backup: %w", err)
+	}
+	if name != named {
+		if err := checkBackup(ctx, s, name); err != nil {
+			return "", point, fmt.Errorf("restore-backup: %w; nothing was queued", err)
+		}
+	}
+	if err := storeops.CheckNoneExclusive(ctx, s, time.Now()); err != nil {
+		return "", point, fmt.Errorf("restore-backup: %w; nothing was queued", err)
+	}
+	return name, point, nil
+}
+
+// restorePlanResult is what restore-backup --dry-run reports.
+type restorePlanResult struct {
+	DryRun          bool   `json:"dryRun"`
+	Backup          string `json:"backup"`
+	BackupRevision  int64  `json:"backupRevision"`
+	BackupTime      string `json:"backupTime,omitempty"`
+	EtcdVersion     string `json:"etcdVersion,omitempty"`
+	EncryptionKeyID string `json:"encryptionKeyId,omitempty"`
+	// Point is where captured changes bring the backup to; nil when the
+	// backup is restored as it is.
+	Point *spec.RestorePoint `json:"point,omitempty"`
+	// Revision is the revision the restored cluster starts from (before
+	// any bump): writes after it are lost.
+	Revision      int64            `json:"revision"`
+	Segments      []plannedSegment `json:"segments"`
+	MemberCount   int32            `json:"memberCount,omitempty"`
+	RequireDigest bool             `json:"requireDigest,omitempty"`
+}
+
+// plannedSegment is a captured segment a restore would read.
+type plannedSegment struct {
+	Key             string `json:"key"`
+	First           int64  `json:"first"`
+	Last            int64  `json:"last"`
+	Level           int    `json:"level"`
+	EncryptionKeyID string `json:"encryptionKeyId,omitempty"`
+}
+
+// restorePlan is restore-backup --dry-run: every check a restore makes
+// before it is queued, then what it would use; nothing is queued.
+func (o *options) restorePlan(ctx context.Context, w io.Writer, name string, pf pointFlags) error {
+	s, err := o.openStore(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	name, point, err := checkRestore(ctx, s, name, pf)
+	if err != nil {
+		return err
+	}
+	meta, err := backup.ReadMeta(ctx, s, name)
+	if err != nil {
+		return fmt.Errorf("restore-backup: %w", err)
+	}
+	res := restorePlanResult{DryRun: true, Backup: name, BackupRevision: meta.Revision, EtcdVersion: meta.EtcdVersion,
+		Point: pointOf(point), Revision: meta.Revision, Segments: []plannedSegment{}, RequireDigest: pf.requireDigest}
+	if at, ok := backup.NameTime(name); ok {
+		res.BackupTime = rfcTime(at)
+	}
+	if meta.Encryption != nil {
+		res.EncryptionKeyID = meta.Encryption.KeyID
+	}
+	if cs, err := s.ReadSpec(ctx); err == nil {
+		res.MemberCount = cs.MemberCount
+	}
+	if point.ToRevision > 0 {
+		res.Revision = point.ToRevision
+		hs, err := changelog.Covering(ctx, s, point.Timeline, changelog.SnapshotRevision(meta.Revision), point.ToRevision)
+		if err != nil {
+			return fmt.Errorf("restore-backup: %w; nothing was queued", err)
+		}
+		for _, h := range hs {
+			seg := plannedSegment{Key: changelog.KeyOf(h), First: h.First, Last: h.Last, Level: h.Level}
+			if h.Encryption != nil {
+				seg.EncryptionKeyID = h.Encryption.KeyID
+			}
+			res.Segments = append(res.Segments, seg)
+		}
+	}
+	return o.emit(w, res, func() error {
+		fprintf(w, "dry run: restore-backup would restore backup %s (revision %d, taken %s, etcd %s) as a new cluster of %d member(s)",
+			name, meta.Revision, dash(res.BackupTime), dash(meta.EtcdVersion), res.MemberCount)
+		if point.ToRevision > 0 {
+			fprintf(w, ", brought forward to revision %d of timeline %s with %d captured segment(s)", point.ToRevision, point.Timeline, len(res.Segments))
+		}
+		fprintf(w, "; every write after revision %d would be lost; nothing was queued\n", res.Revision)
+		if point.BumpRevision > 0 {
+			fprintf(w, "  revisions bumped by %d and marked compacted: watches from before the restore fail and start again\n", point.BumpRevision)
+		}
+		if res.EncryptionKeyID != "" {
+			fprintf(w, "  the backup is encrypted with %s: every node that restores needs that key\n", res.EncryptionKeyID)
+		}
+		for _, seg := range res.Segments {
+			enc := ""
+			if seg.EncryptionKeyID != "" {
+				enc = ", encrypted with " + seg.EncryptionKeyID
+			}
+			fprintf(w, "  segment %s: revisions %d to %d (level %d%s)\n", seg.Key, seg.First, seg.Last, seg.Level, enc)
+		}
+		return nil
+	})
 }

@@ -102,3 +102,60 @@ func listCommands(t *testing.T, e ctlEnv) []commandRow {
 	}
 	return rows
 }
+
+// The dry runs check as the real commands do, say what would happen,
+// and write nothing: the spec stays, no command is queued.
+func TestDryRuns(t *testing.T) {
+	e := outputEnv(t)
+	out, _, err := e.run(t, "configure-cluster", "--member-count=5", "--quota-backend-bytes=8589934592", "--dry-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"dry run: configure-cluster would set the cluster spec", "nothing was written",
+		"memberCount 1 -> 5: the leader adds 4 member(s) one at a time", "etcdSettings.quota-backend-bytes (etcd's default) -> 8589934592: each member's etcd restarts"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("configure-cluster --dry-run printed no %q:\n%s", want, out)
+		}
+	}
+	if got, _, _ := e.run(t, "get", "-o", "json"); !strings.Contains(got, `"memberCount": 1`) || strings.Contains(got, "quota") {
+		t.Errorf("a dry run changed the spec: %s", got)
+	}
+	// What the agents would refuse fails the dry run, after saying so.
+	out, _, err = e.run(t, "configure-cluster", "--etcd-version=3.4.23", "--dry-run")
+	if err == nil || exitCode(err) != exitFailed || !strings.Contains(out, "REFUSED by the agents: going from 3.6.16 down to 3.4.23 needs dump and restore") {
+		t.Errorf("a refused change's dry run: %v (exit %d):\n%s", err, exitCode(err), out)
+	}
+	out, _, err = e.run(t, "configure-cluster", "--etcd-version=3.4.23", "--allow-dump-restore", "--dry-run", "-o", "json")
+	var sp struct {
+		DryRun  bool
+		Changes []struct{ Field, How string }
+	}
+	if err != nil || json.Unmarshal([]byte(out), &sp) != nil || !sp.DryRun || len(sp.Changes) != 1 || !strings.Contains(sp.Changes[0].How, "clients are cut off") {
+		t.Errorf("dump-restore's dry run: %v\n%s", err, out)
+	}
+
+	const name = "2026-11-22T05:00:00Z-000001"
+	out, _, err = e.run(t, "restore-backup", name, "--dry-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"dry run: restore-backup would restore backup " + name + " (revision 5, taken 2026-11-22T05:00:00Z, etcd 3.6.16) as a new cluster of 1 member(s)",
+		"every write after revision 5 would be lost; nothing was queued"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("restore-backup --dry-run printed no %q:\n%s", want, out)
+		}
+	}
+	if rows := listCommands(t, e); len(rows) != 0 {
+		t.Errorf("a dry run queued %+v", rows)
+	}
+	// The refusals a restore makes, a dry run makes too.
+	if _, _, err := e.run(t, "restore-backup", "2026-11-22T06:00:00Z-000001", "--dry-run"); err == nil || !strings.Contains(err.Error(), "nothing was queued") {
+		t.Errorf("a dry run of a missing backup: %v", err)
+	}
+	if _, _, err := e.run(t, "restore-backup", name, "--wait=false"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.run(t, "restore-backup", name, "--dry-run"); err == nil || !strings.Contains(err.Error(), "is pending") {
+		t.Errorf("a dry run behind a pending restore: %v", err)
+	}
+}

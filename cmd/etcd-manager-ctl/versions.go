@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -78,4 +79,30 @@ func checkInstalled(ctx context.Context, s peer.BlobStore, version string, now t
 		fprintf(warn, "warning: no node has reported its installed etcd versions in the last %s (no agent runs, or they are older than this ctl), so etcd %s is not checked against the nodes; the agents refuse it, before they stop anything, if a member lacks it\n", reportMaxAge, v)
 	}
 	return nil
+}
+
+// installedOnAll are the etcd versions every member's node reported
+// installed in a fresh record: what a version change may step through.
+// It is nil when no member's node has reported.
+func installedOnAll(ctx context.Context, s peer.BlobStore, now time.Time) []spec.Version {
+	recs, _ := peer.StoreRecords(ctx, s, peer.ReadLimits{Now: now})
+	var common []string
+	seen := false
+	for _, r := range recs {
+		if r.Etcd == nil || r.Etcd.ClusterToken == "" || r.Updated.IsZero() || now.Sub(r.Updated) > reportMaxAge {
+			continue
+		}
+		if !seen {
+			common, seen = slices.Clone(r.EtcdVersions), true
+			continue
+		}
+		common = slices.DeleteFunc(common, func(v string) bool { return !slices.Contains(r.EtcdVersions, v) })
+	}
+	var out []spec.Version
+	for _, c := range common {
+		if v, err := spec.ParseVersion(c); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out
 }

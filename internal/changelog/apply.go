@@ -518,3 +518,43 @@ func appendTrailer(path string) error {
 	}
 	return f.Close()
 }
+
+// Covering returns the headers of the segments Apply would read to bring
+// a snapshot at revision from forward to revision to, in order, reading
+// only their headers: what a restore's dry run shows. It fails as Apply
+// does on a gap or a revision not captured yet, without the checks that
+// need the bodies (sha256, chain, order).
+func Covering(ctx context.Context, s Store, timeline string, from, to int64) ([]Header, error) {
+	return relisting(func() ([]Header, error) { return covering(ctx, s, timeline, from, to) })
+}
+
+func covering(ctx context.Context, s Store, timeline string, from, to int64) ([]Header, error) {
+	refs, err := List(ctx, s, timeline)
+	if err != nil {
+		return nil, err
+	}
+	var out []Header
+	covered := from
+	for i := 0; i < len(refs) && covered < to; i++ {
+		ref := refs[i]
+		if ref.First > covered+1 {
+			return out, fmt.Errorf("%w: timeline %s has no segment with revisions %d to %d (the next starts at %d)", ErrGap, timeline, covered+1, ref.First-1, ref.First)
+		}
+		h, err := ReadHeaderAt(ctx, s, ref.Key)
+		if isNotFound(err) && ref.First <= covered {
+			continue // merged into one listed before it, then deleted
+		}
+		if err != nil {
+			return out, err
+		}
+		if h.Last <= covered {
+			continue // held by a segment listed before it
+		}
+		out = append(out, h)
+		covered = h.Last
+	}
+	if covered < to {
+		return out, fmt.Errorf("%w: timeline %s reaches revision %d; revision %d is not captured yet", ErrRange, timeline, covered, to)
+	}
+	return out, nil
+}

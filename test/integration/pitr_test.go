@@ -281,6 +281,11 @@ func restoreOffline(t *testing.T, env *harness.Env, s *store.Store, name, timeli
 	if applied.To != target {
 		t.Fatalf("apply to %d reached %d", target, applied.To)
 	}
+	// A restore's dry run names, from the headers alone, the segments
+	// this apply read.
+	if hs, err := changelog.Covering(ctx, s, timeline, changelog.SnapshotRevision(applied.From), target); err != nil || len(hs) != applied.Segments {
+		t.Errorf("Covering(%d, %d) = %d segments, %v; the apply read %d", applied.From, target, len(hs), err, applied.Segments)
+	}
 	ip := harness.AllocIP(t)
 	data := filepath.Join(work, "data")
 	if err := bins.RestoreSnapshot(ctx, etcdproc.RestoreOptions{SnapshotPath: path, DataDir: data, Name: "restored",
@@ -431,7 +436,24 @@ func TestPointInTimeRestore(t *testing.T) {
 		return strings.Contains(allLogs(agents), "must issue restore-backup command to proceed")
 	})
 
-	out, errOut, err := env.Ctl("restore-backup", "--latest", "--timeout=3m")
+	// The dry run names the point and the segments, and queues nothing.
+	out, errOut, err := env.Ctl("restore-backup", "--latest", "--dry-run", "-o", "json")
+	if err != nil {
+		t.Fatalf("restore-backup --latest --dry-run: %v\n%s", err, errOut)
+	}
+	var dry struct {
+		Revision int64
+		Segments []struct{ First, Last int64 }
+	}
+	if err := json.Unmarshal([]byte(out), &dry); err != nil || dry.Revision != head.rev || len(dry.Segments) == 0 ||
+		dry.Segments[0].First > changelog.SnapshotRevision(first.Revision)+1 || dry.Segments[len(dry.Segments)-1].Last < head.rev {
+		t.Errorf("restore-backup --latest --dry-run = %s (%v): want revision %d, reached by segments from revision %d", out, err, head.rev, changelog.SnapshotRevision(first.Revision)+1)
+	}
+	if cmds := env.MustCtl("list-commands"); strings.Contains(cmds, "restore-backup") {
+		t.Errorf("a dry run queued a restore:\n%s", cmds)
+	}
+
+	out, errOut, err = env.Ctl("restore-backup", "--latest", "--timeout=3m")
 	if err != nil {
 		t.Fatalf("restore-backup --latest: %v\nstdout: %s\nstderr: %s", err, out, errOut)
 	}
