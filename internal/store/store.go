@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -54,13 +55,56 @@ var (
 	// but trying again as it is cannot help: see Permanent.
 	ErrDenied   = errors.New("store: access denied")
 	ErrNoBucket = errors.New("store: no such bucket or container")
+	// ErrNoCredentials is the driver finding no credentials at all; it
+	// wraps ErrUnreachable as well, and is Permanent.
+	ErrNoCredentials = errors.New("store: no credentials found")
 )
 
 // Permanent reports whether err, from opening a store, is one that
-// trying again as it is cannot fix: a bad URL, credentials refused, a
-// bucket or container missing.
+// trying again as it is cannot fix: a bad URL, credentials refused or
+// missing, a bucket or container missing.
 func Permanent(err error) bool {
-	return errors.Is(err, ErrBadURL) || errors.Is(err, ErrDenied) || errors.Is(err, ErrNoBucket)
+	return errors.Is(err, ErrBadURL) || errors.Is(err, ErrDenied) || errors.Is(err, ErrNoBucket) || errors.Is(err, ErrNoCredentials)
+}
+
+// refusal is an error of opening a store that names what to fix: it is
+// its kind (ErrDenied, ErrNoBucket, ErrNoCredentials) and ErrUnreachable,
+// for the agents, which wait for the store either way, while its message
+// names only its kind: a store that refuses the credentials answered.
+type refusal struct {
+	kind error
+	msg  string
+}
+
+func (e *refusal) Error() string        { return e.kind.Error() + ": " + e.msg }
+func (e *refusal) Is(target error) bool { return target == e.kind || target == ErrUnreachable }
+
+func refused(kind error, format string, args ...any) error {
+	return &refusal{kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
+// What the SDKs say when they find no credentials, or no region: they
+// give these no error code of their own.
+var (
+	noCredentialsTexts = []string{"get credentials", "failed to refresh cached credentials", "no EC2 IMDS role",
+		"could not find default credentials", "Options.AccountName is required", "DefaultAzureCredential"}
+	noRegionTexts = []string{"Invalid region", "Missing Region", "region was not a valid DNS name"}
+)
+
+// setupFault classifies a driver's error that is its own set-up failing
+// (credentials, region) rather than the store: nil when it is not.
+func setupFault(scheme, rawURL string, err error) error {
+	msg := err.Error()
+	has := func(texts []string) bool {
+		return slices.ContainsFunc(texts, func(t string) bool { return strings.Contains(msg, t) })
+	}
+	switch {
+	case scheme == "s3" && has(noRegionTexts):
+		return fmt.Errorf("%w %q: %v; set the bucket's region with ?region= in the URL or AWS_REGION", ErrBadURL, rawURL, err)
+	case has(noCredentialsTexts):
+		return refused(ErrNoCredentials, "open %s: %v; %s", rawURL, err, credentialsHint(scheme))
+	}
+	return nil
 }
 
 // httpStatus is the HTTP status of a driver's error that carries one
@@ -147,7 +191,10 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		}
 		// Nothing has gone over the network yet: the driver's set-up
 		// (its credentials, its account) is what failed.
-		return nil, fmt.Errorf("%w: %w: open %s: %v; %s", ErrUnreachable, ErrDenied, rawURL, err, credentialsHint(u.Scheme))
+		if f := setupFault(u.Scheme, rawURL, err); f != nil {
+			return nil, f
+		}
+		return nil, refused(ErrDenied, "open %s: %v; %s", rawURL, err, credentialsHint(u.Scheme))
 	}
 	// A missing bucket reads as "not found" object by object, which would
 	// look like an empty store; find out now instead.
@@ -158,9 +205,11 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		b.Close()
 		switch code := gcerrors.Code(err); {
 		case err == nil || code == gcerrors.NotFound || httpStatus(err) == 404:
-			return nil, fmt.Errorf("%w: %w: %s: bucket or container %q does not exist; create it first", ErrUnreachable, ErrNoBucket, rawURL, u.Host)
+			return nil, refused(ErrNoBucket, "%s: bucket or container %q does not exist; create it first", rawURL, u.Host)
 		case code == gcerrors.PermissionDenied || httpStatus(err) == 401 || httpStatus(err) == 403:
-			return nil, fmt.Errorf("%w: %w: open %s: %v; %s", ErrUnreachable, ErrDenied, rawURL, err, credentialsHint(u.Scheme))
+			return nil, refused(ErrDenied, "open %s: %v; %s", rawURL, err, credentialsHint(u.Scheme))
+		case setupFault(u.Scheme, rawURL, err) != nil:
+			return nil, setupFault(u.Scheme, rawURL, err)
 		case code == gcerrors.InvalidArgument:
 			return nil, fmt.Errorf("%w %q: %v; %s", ErrBadURL, rawURL, err, credentialsHint(u.Scheme))
 		}

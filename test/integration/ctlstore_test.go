@@ -1,0 +1,111 @@
+package integration
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/etcd-manager/etcd-manager/test/harness"
+)
+
+// The ctl against a real MinIO, one store error of each class: each is
+// reported at once, on one line of stderr naming what to set, with
+// nothing on stdout and no word from the SDK; only a store that does not
+// answer is tried again. The environment is the test's own: no variable
+// of this machine's reaches the ctl.
+func TestCtlStoreErrors(t *testing.T) {
+	env := harness.NewEnv(t)
+	minio := harness.StartMinIO(t)
+	minio.CreateBucket(t, "bkt")
+	home := t.TempDir()
+	creds := []string{"AWS_ACCESS_KEY_ID=" + minio.User, "AWS_SECRET_ACCESS_KEY=" + minio.Password}
+	base := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "AWS_EC2_METADATA_DISABLED=true"}
+	tests := []struct {
+		name     string
+		url      string
+		env      []string
+		wantCode int
+		want     []string
+		unwanted []string
+		// slowest is how long the ctl may take: a refusal is not retried.
+		slowest time.Duration
+	}{
+		{name: "fine", url: minio.StoreURL("bkt", "x"), env: creds, slowest: 10 * time.Second},
+		{name: "no bucket", url: minio.StoreURL("nobucket", "x"), env: creds, wantCode: 1,
+			want: []string{"store: no such bucket or container", `bucket or container "nobucket" does not exist; create it first`}, unwanted: []string{"unreachable", "tried"}, slowest: 5 * time.Second},
+		{name: "wrong secret", url: minio.StoreURL("bkt", "x"), env: []string{"AWS_ACCESS_KEY_ID=" + minio.User, "AWS_SECRET_ACCESS_KEY=wrong"}, wantCode: 1,
+			want: []string{"store: access denied", "AWS_SECRET_ACCESS_KEY"}, unwanted: []string{"unreachable", "tried"}, slowest: 5 * time.Second},
+		{name: "no credentials", url: minio.StoreURL("bkt", "x"), wantCode: 1,
+			want: []string{"store: no credentials found", "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"}, unwanted: []string{"unreachable", "tried"}, slowest: 5 * time.Second},
+		{name: "unknown query parameter", url: minio.StoreURL("bkt", "x") + "&regoin=us-east-1", env: creds, wantCode: 2,
+			want: []string{"invalid backup store URL", `unknown query parameter "regoin"`}, slowest: 5 * time.Second},
+		// With no endpoint and no region the SDK cannot resolve an
+		// endpoint, so nothing leaves this machine.
+		{name: "no region", url: "s3://bkt/x", env: creds, wantCode: 2,
+			want: []string{"invalid backup store URL", "set the bucket's region with ?region= in the URL or AWS_REGION"}, slowest: 5 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			stdout, stderr, code := runCtl(t, env.CtlBin, append(base, tt.env...), "--backup-store="+tt.url, "--store-attempts=3", "list-backups", "-o", "json")
+			took := time.Since(start)
+			if code != tt.wantCode {
+				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tt.wantCode, stderr)
+			}
+			if took > tt.slowest {
+				t.Errorf("took %s, over %s: a refusal must not be retried", took, tt.slowest)
+			}
+			if code == 0 {
+				if strings.TrimSpace(stdout) != "[]" || stderr != "" {
+					t.Errorf("stdout %q, stderr %q; want [] alone", stdout, stderr)
+				}
+				return
+			}
+			if stdout != "" {
+				t.Errorf("stdout %q: a failure prints nothing there", stdout)
+			}
+			if lines := strings.Count(strings.TrimSpace(stderr), "\n") + 1; lines != 1 || !strings.HasPrefix(stderr, "etcd-manager-ctl: ") {
+				t.Errorf("stderr has %d lines, want the ctl's one error:\n%s", lines, stderr)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr does not say %q:\n%s", w, stderr)
+				}
+			}
+			for _, u := range tt.unwanted {
+				if strings.Contains(stderr, u) {
+					t.Errorf("stderr says %q:\n%s", u, stderr)
+				}
+			}
+		})
+	}
+
+	// A store that does not answer is tried again, and says so.
+	minio.Stop()
+	_, stderr, code := runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("bkt", "x"), "--store-attempts=2", "list-backups")
+	if code != 1 || !strings.Contains(stderr, "backup store unreachable") || !strings.Contains(stderr, "tried 2 times") {
+		t.Errorf("MinIO down: exit %d:\n%s", code, stderr)
+	}
+}
+
+// runCtl runs the ctl binary with exactly env and args.
+func runCtl(t *testing.T, bin string, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return out.String(), errOut.String(), code
+}
