@@ -105,7 +105,8 @@ its progress and warnings on stderr.`,
 	fs.StringVar(&o.cert, "cert", "", "client certificate to present to the agents and etcd, with --cacert and --key")
 	fs.StringVar(&o.key, "key", "", "key of --cert")
 
-	var ranges bool
+	var ranges, watchStatus bool
+	var statusInterval time.Duration
 	listBackups := &cobra.Command{
 		Use:   "list-backups",
 		Short: "List the complete backups in the store, oldest first, one name per line",
@@ -142,14 +143,27 @@ as it is until configure-cluster corrects it.`,
 			Short: "Show every agent: role, etcd version, health and DB size, with the spec and the leader",
 			Long: `status finds the agents through discovery (by default the records they keep in
 the backup store) and asks each for its state over the peer API. It works
-whenever any agent is reachable.`,
+whenever any agent is reachable; when none answers, it shows what the store
+says (the spec, the newest backup and restorable point, the last drill, the
+queued commands) and fails. --watch (-W) shows it again every --interval
+while it changes, until interrupted: redrawn in place on a terminal,
+otherwise each new status after a line with its time.`,
 			Example: "  etcd-manager-ctl --backup-store=file:///tmp/etcd-manager/backups/test --insecure status",
 			Args:    cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
+				if watchStatus {
+					if statusInterval <= 0 {
+						return usagef("--interval %s must be positive", statusInterval)
+					}
+					return o.watchStatus(cmd.Context(), stdout, statusInterval)
+				}
 				return o.status(cmd.Context(), stdout)
 			},
 		},
 	)
+	statusCmd, _, _ := root.Find([]string{"status"})
+	statusCmd.Flags().BoolVarP(&watchStatus, "watch", "W", false, "show the status again every --interval while it changes, until interrupted")
+	statusCmd.Flags().DurationVar(&statusInterval, "interval", 2*time.Second, "with --watch, how often to ask")
 	var dryRun bool
 	configure := &cobra.Command{
 		Use:   "configure-cluster",
