@@ -87,7 +87,8 @@ its progress and warnings on stderr.`,
 	}
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		for _, d := range deprecatedFlags {
-			if cmd.Flags().Changed(d.name) {
+			// doctor has an --etcd-bin-dir of its own.
+			if cmd.LocalNonPersistentFlags().Lookup(d.name) == nil && cmd.Flags().Changed(d.name) {
 				fprintf(stderr, "warning: --%s is deprecated and does nothing: %s; drop it\n", d.name, d.why)
 			}
 		}
@@ -240,6 +241,7 @@ the agents would refuse the change.`,
 	})
 	root.AddCommand(rotateCACommand(o, stdout))
 	root.AddCommand(fetchBackupCommand(o, stdout))
+	root.AddCommand(doctorCommand(o, stdout))
 	root.AddCommand(children.VerifySnapshot())
 	root.AddCommand(eventsCommand(o, stdout))
 	asUsage(root)

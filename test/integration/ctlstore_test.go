@@ -84,9 +84,21 @@ func TestCtlStoreErrors(t *testing.T) {
 		})
 	}
 
+	// doctor against the real MinIO: its clock is the server's.
+	stdout, stderr, code := runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("bkt", "x"), "doctor", "-o", "json", "--etcd-bin-dir="+env.BinDir)
+	for _, want := range []string{`"check": "store",` + "\n" + `    "status": "ok"`, `"check": "store-write",` + "\n" + `    "status": "ok"`, `"check": "store-clock",` + "\n" + `    "status": "ok"`} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("doctor on MinIO (exit %d) lacks %s:\n%s\n%s", code, want, stdout, stderr)
+		}
+	}
+	stdout, _, code = runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("nobucket", "x"), "doctor", "-o", "json", "--etcd-bin-dir="+env.BinDir)
+	if code != 1 || !strings.Contains(stdout, "create the bucket or container") {
+		t.Errorf("doctor on a missing bucket: exit %d:\n%s", code, stdout)
+	}
+
 	// A store that does not answer is tried again, and says so.
 	minio.Stop()
-	_, stderr, code := runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("bkt", "x"), "--store-attempts=2", "list-backups")
+	_, stderr, code = runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("bkt", "x"), "--store-attempts=2", "list-backups")
 	if code != 1 || !strings.Contains(stderr, "backup store unreachable") || !strings.Contains(stderr, "tried 2 times") {
 		t.Errorf("MinIO down: exit %d:\n%s", code, stderr)
 	}
