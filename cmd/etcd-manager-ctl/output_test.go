@@ -24,21 +24,25 @@ func outputEnv(t *testing.T) ctlEnv {
 	return e
 }
 
+// outputCase is one command whose result TestEveryCommandPrintsJSONAndYAML
+// checks.
+type outputCase struct {
+	name     string
+	args     func(t *testing.T, e ctlEnv) []string
+	wantCode int
+	// wantField is a field the result has at its top level (or in
+	// its first element).
+	wantField string
+	// noResult: the command fails before it has one.
+	noResult bool
+}
+
 // Every command prints its result as JSON and as YAML of the same
 // values, alone on stdout, and keeps its exit status: 1 for a status
 // with no agent, 3 for a --wait that timed out with the command queued.
 func TestEveryCommandPrintsJSONAndYAML(t *testing.T) {
 	noAgent := []string{"--insecure", "--discovery=static:127.0.0.1:1"}
-	tests := []struct {
-		name     string
-		args     func(t *testing.T, e ctlEnv) []string
-		wantCode int
-		// wantField is a field the result has at its top level (or in
-		// its first element).
-		wantField string
-		// noResult: the command fails before it has one.
-		noResult bool
-	}{
+	tests := []outputCase{
 		{name: "get", args: fixed("get"), wantField: "memberCount"},
 		{name: "list-backups", args: fixed("list-backups"), wantField: "name"},
 		{name: "list-backups --ranges", args: fixed("list-backups", "--ranges"), wantField: "timeline"},
@@ -69,8 +73,21 @@ func TestEveryCommandPrintsJSONAndYAML(t *testing.T) {
 		{name: "issue-client-cert", args: func(t *testing.T, _ ctlEnv) []string {
 			return []string{"issue-client-cert", "--out", filepath.Join(t.TempDir(), "certs")}
 		}, wantField: "commonName"},
+		{name: "doctor", args: fixed("doctor", "--listen-address=127.0.0.1", "--ports=1"), wantCode: exitFailed, wantField: "check"},
+		{name: "configure-cluster --dry-run", args: fixed("configure-cluster", "--member-count=3", "--dry-run"), wantField: "changes"},
+		{name: "restore-backup --dry-run", args: fixed("restore-backup", "2026-11-22T05:00:00Z-000001", "--dry-run"), wantField: "segments"},
 	}
 	for _, tt := range tests {
+		// An output format the ctl does not write is a usage error,
+		// before the command does anything.
+		t.Run(tt.name+"/unknown format", func(t *testing.T) {
+			e := outputEnv(t)
+			args := append(tt.args(t, e), "-o", "xml")
+			out, _, err := e.run(t, args...)
+			if exitCode(err) != exitUsage || out != "" {
+				t.Errorf("%v: exit %d (%v), stdout %q; want a usage error and nothing printed", args, exitCode(err), err, out)
+			}
+		})
 		for _, format := range []string{formatJSON, formatYAML} {
 			t.Run(tt.name+"/"+format, func(t *testing.T) {
 				e := outputEnv(t)
