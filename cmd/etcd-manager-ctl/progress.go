@@ -26,7 +26,7 @@ type meter struct {
 	w     io.Writer
 	tty   bool
 	what  string
-	total int64
+	total atomic.Int64
 	done  atomic.Int64
 	start time.Time
 	stop  chan struct{}
@@ -36,7 +36,14 @@ type meter struct {
 // startMeter starts showing the progress of what, of total bytes (0:
 // unknown), on w, until Finish.
 func startMeter(w io.Writer, what string, total int64) *meter {
-	m := &meter{w: w, what: what, total: total, start: time.Now(), stop: make(chan struct{})}
+	return startMeterAt(w, what, total, time.Now())
+}
+
+// startMeterAt is startMeter for a transfer that began at start, as
+// another process reports it (see Set).
+func startMeterAt(w io.Writer, what string, total int64, start time.Time) *meter {
+	m := &meter{w: w, what: what, start: start, stop: make(chan struct{})}
+	m.total.Store(total)
 	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		m.tty = true
 	}
@@ -62,6 +69,12 @@ func startMeter(w io.Writer, what string, total int64) *meter {
 // Add counts n more bytes done.
 func (m *meter) Add(n int64) { m.done.Add(n) }
 
+// Set says how far a transfer another process reports has gone.
+func (m *meter) Set(done, total int64) {
+	m.done.Store(done)
+	m.total.Store(total)
+}
+
 // Finish stops the meter and shows where it ended.
 func (m *meter) Finish() {
 	close(m.stop)
@@ -74,10 +87,10 @@ func (m *meter) Finish() {
 
 // show prints the progress once.
 func (m *meter) show() {
-	done := m.done.Load()
+	done, total := m.done.Load(), m.total.Load()
 	line := m.what + ": " + size(done)
-	if m.total > 0 {
-		line += fmt.Sprintf(" of %s (%d%%)", size(m.total), min(done*100/m.total, 100))
+	if total > 0 {
+		line += fmt.Sprintf(" of %s (%d%%)", size(total), min(done*100/total, 100))
 	}
 	if secs := time.Since(m.start).Seconds(); secs > 0 {
 		line += fmt.Sprintf(", %s/s", size(int64(float64(done)/secs)))
@@ -88,8 +101,8 @@ func (m *meter) show() {
 	}
 	const width = 30
 	bar := ""
-	if m.total > 0 {
-		n := int(min(done*width/m.total, width))
+	if total > 0 {
+		n := int(min(done*width/total, width))
 		bar = "[" + strings.Repeat("=", n) + strings.Repeat(" ", width-n) + "] "
 	}
 	// \r and a clear to the end of the line redraw it in place.

@@ -220,14 +220,31 @@ func (o *options) backupNow(ctx context.Context, w io.Writer, wait bool, timeout
 		return o.emitQueued(w, id)
 	}
 	var last spec.CommandStatus
+	// How far the snapshot's stream has gone, as the leader says, on
+	// stderr: stdout takes the backup's name alone.
+	var m *meter
+	defer func() {
+		if m != nil {
+			m.Finish()
+		}
+	}()
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return true, fmt.Errorf("backup-now: command %s was deleted before it finished", id)
 		case err == nil:
 			last = q.Status
+			if tr := q.Status.Transfer; tr != nil && q.Status.State == spec.CommandRunning {
+				if m == nil {
+					m = startMeterAt(o.stderr, "backup-now "+id+": streamed", tr.Total, time.Unix(0, int64(tr.Started)))
+				}
+				m.Set(tr.Done, tr.Total)
+			}
 			switch q.Status.State {
 			case spec.CommandDone:
+				if m != nil && m.total.Load() > 0 {
+					m.Set(m.total.Load(), m.total.Load()) // streamed whole
+				}
 				return true, o.emit(w, commandResult{Command: id, State: spec.CommandDone, Backup: q.Status.Backup}, func() error {
 					return fprintf(w, "%s\n", q.Status.Backup)
 				})

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/storeops"
 )
 
@@ -157,5 +158,47 @@ func TestDryRuns(t *testing.T) {
 	}
 	if _, _, err := e.run(t, "restore-backup", name, "--dry-run"); err == nil || !strings.Contains(err.Error(), "is pending") {
 		t.Errorf("a dry run behind a pending restore: %v", err)
+	}
+}
+
+// backup-now shows how far the leader's snapshot stream has gone, on
+// stderr, while stdout takes the backup's name alone.
+func TestBackupNowShowsProgress(t *testing.T) {
+	defer func(d time.Duration) { lineInterval = d }(lineInterval)
+	lineInterval = 50 * time.Millisecond
+	e := outputEnv(t)
+	s := e.open(t)
+	defer s.Close()
+	started := spec.Int64(time.Now().UnixNano())
+	go func() {
+		for t.Context().Err() == nil {
+			cmds, _ := s.ListCommands(t.Context())
+			for _, q := range cmds {
+				if q.Command.BackupNow == nil {
+					continue
+				}
+				for _, st := range []spec.CommandStatus{
+					{State: spec.CommandRunning, Transfer: &spec.Transfer{Done: 12 << 20, Total: 24 << 20, Started: started}},
+					{State: spec.CommandDone, Backup: "2026-12-04T05:00:00Z-000001"},
+				} {
+					_ = s.SetCommandStatus(t.Context(), q.ID, st, time.Now())
+					time.Sleep(600 * time.Millisecond)
+				}
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	out, stderr, err := e.run(t, "backup-now", "--timeout=20s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "2026-12-04T05:00:00Z-000001\n" {
+		t.Errorf("stdout %q, want the backup's name alone", out)
+	}
+	for _, want := range []string{": streamed: 12.0 MiB of 24.0 MiB (50%)", ": streamed: 24.0 MiB of 24.0 MiB (100%)"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr has no %q:\n%s", want, stderr)
+		}
 	}
 }

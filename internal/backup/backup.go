@@ -167,6 +167,9 @@ type Request struct {
 	Revision RevisionFunc
 	// Keys encrypt the backup when they hold a writing key.
 	Keys *crypt.Keyring
+	// Progress, when set, is told each run of bytes of the snapshot as
+	// it streams in, from the stream's goroutine: it must not block.
+	Progress func(n int64)
 	// Kind is why the backup is taken, recorded in its meta.
 	Kind string
 }
@@ -447,6 +450,9 @@ func stream(ctx context.Context, s Store, name, db string, cfg clientv3.Config, 
 			return 0, copyErr.set(tempErr(req.TempDir, err))
 		}
 		_, _ = trailer.Write(p)
+		if req.Progress != nil {
+			req.Progress(int64(len(p)))
+		}
 		return len(p), nil
 	}))
 	src := newReadAhead(tee)

@@ -187,7 +187,7 @@ func (b *Agent) execute(ctx context.Context, s *store.Store, term int64, act pla
 			return err
 		}
 		req.Kind = act.Kind
-		_, err = b.backups.Take(ctx, s, req, act.Reason, act.CommandIDs...)
+		_, err = b.backups.Take(ctx, s, req, 0, act.Reason, act.CommandIDs...)
 		if err == nil {
 			b.capture.BackedUp()
 		}

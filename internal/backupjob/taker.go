@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
@@ -73,11 +75,16 @@ func (b *Taker) Stored(at time.Time) {
 	}
 }
 
-// Take takes one backup. With a commandID, it runs that backup-now
-// command: the command's status says running, then done with the
-// backup's name; a failed attempt stays running with the error, and is
-// retried after the backoff.
-func (b *Taker) Take(ctx context.Context, s *store.Store, req backup.Request, reason string, commandIDs ...string) (backup.Info, error) {
+// ProgressEvery is how often a backup-now's status tells how far the
+// snapshot's stream has gone.
+var ProgressEvery = 2 * time.Second
+
+// Take takes one backup of about size bytes (0: not known). With a
+// commandID, it runs that backup-now command: the command's status says
+// running, with how far the stream has gone every ProgressEvery, then
+// done with the backup's name; a failed attempt stays running with the
+// error, and is retried after the backoff.
+func (b *Taker) Take(ctx context.Context, s *store.Store, req backup.Request, size int64, reason string, commandIDs ...string) (backup.Info, error) {
 	setStatus := func(st spec.CommandStatus) {
 		for _, id := range commandIDs {
 			if err := s.SetCommandStatus(ctx, id, st, b.Now()); err != nil {
@@ -97,7 +104,18 @@ func (b *Taker) Take(ctx context.Context, s *store.Store, req backup.Request, re
 	if req.Keys == nil {
 		req.Keys = b.Keys
 	}
+	stopProgress := func() {}
+	if len(commandIDs) > 0 {
+		var streamed atomic.Int64
+		req.Progress = func(n int64) { streamed.Add(n) }
+		stopProgress = reportProgress(func(done int64) {
+			setStatus(spec.CommandStatus{State: spec.CommandRunning, Message: "taking a backup: streaming the snapshot",
+				Transfer: &spec.Transfer{Done: done, Total: max(size, done), Started: spec.Int64(start.UnixNano())}})
+		}, &streamed)
+	}
 	info, err := backup.Take(ctx, s, req)
+	// No progress is written once the outcome is.
+	stopProgress()
 	if err != nil {
 		err = fmt.Errorf("backupjob: backup (%s): %w", reason, err)
 		b.Failed(ctx, s, req.Kind, err)
@@ -221,4 +239,31 @@ func (b *Taker) LastOK() time.Time { return b.lastOK }
 // capture needs to start a run from (see plan.BackupDue).
 func (b *Taker) Due(interval time.Duration, needsBase bool) bool {
 	return plan.BackupDue(b.Now(), b.lastOK, interval, b.FailedRecently(), needsBase)
+}
+
+// reportProgress calls report with the bytes done every ProgressEvery
+// until the func it returns is called, which waits for the last report.
+func reportProgress(report func(done int64), done *atomic.Int64) (stop func()) {
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(ProgressEvery)
+		defer tick.Stop()
+		last := int64(-1)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+				if n := done.Load(); n != last {
+					last = n
+					report(n)
+				}
+			}
+		}
+	})
+	return func() {
+		close(quit)
+		wg.Wait()
+	}
 }

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,5 +97,43 @@ func TestBackupBackoff(t *testing.T) {
 	b := Default().NewTaker("n1", nil, func() time.Time { return t0 }, Readers{})
 	if b.FailedRecently() || !b.Due(time.Minute, false) {
 		t.Error("a fresh taker is not due")
+	}
+}
+
+// reportProgress reports what changed every ProgressEvery, and nothing
+// once stopped: a late report must not overwrite the outcome.
+func TestReportProgress(t *testing.T) {
+	defer func(d time.Duration) { ProgressEvery = d }(ProgressEvery)
+	ProgressEvery = 10 * time.Millisecond
+	var done atomic.Int64
+	var mu sync.Mutex
+	var reports []int64
+	stop := reportProgress(func(n int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		reports = append(reports, n)
+	}, &done)
+	for i := range 5 {
+		done.Store(int64(i+1) << 20)
+		time.Sleep(30 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // no change: no report
+	stop()
+	mu.Lock()
+	got := slices.Clone(reports)
+	mu.Unlock()
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reports) != len(got) {
+		t.Errorf("%d reports after stop", len(reports)-len(got))
+	}
+	if len(got) < 3 || len(got) > 5 || got[len(got)-1] != 5<<20 {
+		t.Errorf("reports %v: want one per change, the last at 5 MiB", got)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] == got[i-1] {
+			t.Errorf("reports %v repeat a figure", got)
+		}
 	}
 }

@@ -50,7 +50,7 @@ func (lp *loop) takeBackup(ctx context.Context, obs plan.Observed, act plan.Take
 		ClusterSpec:  obs.Spec,
 		ClusterToken: obs.Cluster.Token,
 		Kind:         act.Kind,
-	}, act.Reason, act.CommandIDs...)
+	}, ownDBSize(obs), act.Reason, act.CommandIDs...)
 	if err == nil {
 		lp.capture.BackedUp()
 	}
@@ -76,4 +76,18 @@ func (lp *loop) queueDumpRestore(ctx context.Context, act plan.QueueDumpRestore)
 	lp.log.Warn("changing the etcd version by dump and restore: clients are cut off until the new cluster serves",
 		"command", id, "version", act.Version)
 	return nil
+}
+
+// ownDBSize is the size of this node's member's database, which its
+// snapshot streams whole: 0 when the leader's view does not show it.
+func ownDBSize(obs plan.Observed) int64 {
+	if obs.Cluster == nil {
+		return 0
+	}
+	for _, m := range obs.Cluster.Members {
+		if m.Name == obs.Self.ID {
+			return m.DBSize
+		}
+	}
+	return 0
 }

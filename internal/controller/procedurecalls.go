@@ -123,5 +123,5 @@ func (b procedureBackups) Take(ctx context.Context, from procedure.Source, kind,
 		ClusterSpec:  from.Spec,
 		ClusterToken: from.ClusterToken,
 		Kind:         kind,
-	}, reason)
+	}, 0, reason)
 }

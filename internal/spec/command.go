@@ -216,8 +216,19 @@ type CommandStatus struct {
 	// NodeToken the cluster it was chosen from.
 	Node      string `json:"node,omitempty"`
 	NodeToken string `json:"nodeToken,omitempty"`
+	// Transfer is how far the running command's long transfer has gone
+	// (a backup-now's snapshot stream), while it runs.
+	Transfer *Transfer `json:"transfer,omitempty"`
 	// Updated is when the status was written, in unix nanoseconds.
 	Updated Int64 `json:"updated"`
+}
+
+// Transfer is how far a long transfer has gone: Done bytes of Total
+// (0: not known ahead), since Started (unix nanoseconds).
+type Transfer struct {
+	Done    int64 `json:"done"`
+	Total   int64 `json:"total,omitempty"`
+	Started Int64 `json:"started"`
 }
 
 // Finished reports whether the command is done or failed.
@@ -237,6 +248,9 @@ func DecodeCommandStatus(data []byte) (CommandStatus, error) {
 	}
 	if err := checkTokens(map[string]string{"the status's node token": s.NodeToken}); err != nil {
 		return s, err
+	}
+	if t := s.Transfer; t != nil && (t.Done < 0 || t.Total < 0 || t.Started < 0) {
+		return s, errors.New("spec: the status's transfer has a negative figure")
 	}
 	return s, s.Restore.checkTokens("the status's restore")
 }

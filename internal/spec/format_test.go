@@ -63,3 +63,19 @@ func TestNeededFormat(t *testing.T) {
 		})
 	}
 }
+
+// A status's transfer and a command's expiry are read back; a negative
+// transfer figure is junk.
+func TestStatusTransferAndExpiry(t *testing.T) {
+	st, err := DecodeCommandStatus([]byte(`{"state":"running","transfer":{"done":5,"total":10,"started":"7"}}`))
+	if err != nil || st.Transfer == nil || st.Transfer.Done != 5 || st.Transfer.Total != 10 || st.Transfer.Started != 7 {
+		t.Errorf("transfer read back as %+v, %v", st.Transfer, err)
+	}
+	if _, err := DecodeCommandStatus([]byte(`{"state":"running","transfer":{"done":-5}}`)); err == nil {
+		t.Error("a negative transfer was read")
+	}
+	c, err := DecodeCommand([]byte(`{"timestamp":"1","expires":"3600000000001","restoreBackup":{"backup":"b"}}`))
+	if err != nil || c.Expires != 3600000000001 {
+		t.Errorf("expires read back as %d, %v", c.Expires, err)
+	}
+}

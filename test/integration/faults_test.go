@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -304,9 +305,15 @@ func TestStreamedBackupCommitsOnlyChecked(t *testing.T) {
 	if keys, err := s.List(t.Context(), "", ""); err != nil || len(keys) != 0 {
 		t.Fatalf("after a refused backup the store holds %q (%v), want nothing", keys, err)
 	}
+	// The progress hook is told of every byte of the snapshot.
+	var streamed atomic.Int64
+	req.Progress = func(n int64) { streamed.Add(n) }
 	info, err := backup.Take(t.Context(), s, req)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if streamed.Load() != info.Meta.Size {
+		t.Errorf("the progress hook was told of %d bytes of a %d-byte snapshot", streamed.Load(), info.Meta.Size)
 	}
 	if info.Meta.Kind != spec.BackupOnDemand || info.Meta.HashKV == nil || info.Meta.Revision == 0 || info.Meta.Size == 0 ||
 		info.Meta.CompressedSize == 0 || info.Meta.SHA256 == "" || info.Meta.Seconds <= 0 {
