@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/term"
+
+	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
 
 // Progress intervals: a terminal's bar is redrawn often, in place; lines
@@ -88,13 +90,7 @@ func (m *meter) Finish() {
 // show prints the progress once.
 func (m *meter) show() {
 	done, total := m.done.Load(), m.total.Load()
-	line := m.what + ": " + size(done)
-	if total > 0 {
-		line += fmt.Sprintf(" of %s (%d%%)", size(total), min(done*100/total, 100))
-	}
-	if secs := time.Since(m.start).Seconds(); secs > 0 {
-		line += fmt.Sprintf(", %s/s", size(int64(float64(done)/secs)))
-	}
+	line := describeTransfer(spec.Transfer{What: m.what, Done: done, Total: total, Started: spec.Int64(m.start.UnixNano())}, time.Now())
 	if !m.tty {
 		fmt.Fprintln(m.w, line)
 		return

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -489,7 +491,11 @@ func (o *options) restoreBackup(ctx context.Context, w, progress io.Writer, name
 		return o.emitQueued(w, id)
 	}
 	lastPhase, fresh, check := "", "", ""
+	downloads := &nodeTransfers{o: o, s: s, w: progress, prefix: "restore " + id + ": "}
 	err = watchCommand(ctx, s, id, timeout, func(q store.QueuedCommand, err error) (bool, error) {
+		if err == nil && q.Status.State != spec.CommandFailed {
+			downloads.poll(ctx)
+		}
 		if err == nil && q.Status.Restore != nil && q.Status.Restore.Check != "" && check == "" {
 			check = q.Status.Restore.Check
 			fprintf(progress, "restore %s: %s\n", id, printable(q.Status.Message))
@@ -748,4 +754,83 @@ func (o *options) restorePlan(ctx context.Context, w io.Writer, name string, pf 
 		}
 		return nil
 	})
+}
+
+// nodeTransfers shows, while a restore runs, each node's download of the
+// backup as its agent reports it over the peer API: a line when it has
+// moved, at most every lineInterval a node. It is best effort: agents it
+// cannot reach, or a CA it cannot read, show nothing.
+type nodeTransfers struct {
+	o      *options
+	s      *store.Store
+	w      io.Writer
+	prefix string
+	next   time.Time
+	// creds are read once, on the first poll.
+	creds     peer.TransportCredentials
+	credsRead bool
+	shown     map[string]time.Time
+	done      map[string]int64
+}
+
+// transferPoll is how often nodeTransfers asks the agents.
+const transferPoll = 2 * time.Second
+
+func (t *nodeTransfers) poll(ctx context.Context) {
+	now := time.Now()
+	if now.Before(t.next) {
+		return
+	}
+	t.next = now.Add(transferPoll)
+	if !t.credsRead {
+		quiet := *t.o
+		quiet.stderr = io.Discard
+		t.creds, _, _ = quiet.peerCreds(ctx)
+		t.credsRead = true
+	}
+	if t.creds == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, nudgeTimeout)
+	defer cancel()
+	recs, err := t.o.discoverAgents(ctx, t.s)
+	if err != nil {
+		return
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	infos := map[string]peer.NodeInfo{}
+	seen := map[string]bool{}
+	for _, r := range recs {
+		if seen[r.Address] {
+			continue
+		}
+		seen[r.Address] = true
+		name := t.o.clusterName
+		if name == "" {
+			name = r.ClusterName
+		}
+		wg.Go(func() {
+			if info, err := askInfo(ctx, r.Address, name, t.creds); err == nil && info.Transfer != nil {
+				mu.Lock()
+				infos[info.NodeID] = info
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if t.shown == nil {
+		t.shown, t.done = map[string]time.Time{}, map[string]int64{}
+	}
+	ids := slices.Sorted(maps.Keys(infos))
+	for _, id := range ids {
+		tr := *infos[id].Transfer
+		last, ok := t.done[id]
+		whole := tr.Total > 0 && tr.Done >= tr.Total
+		if ok && (tr.Done == last || (!whole && now.Sub(t.shown[id]) < lineInterval)) {
+			continue
+		}
+		t.done[id], t.shown[id] = tr.Done, now
+		fprintf(t.w, "%snode %s: %s\n", t.prefix, id, describeTransfer(tr, now))
+	}
 }

@@ -133,6 +133,9 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 		if a.LockRefused != "" {
 			fprintf(w, "\nagent %s will not take the store lock: %s\n", a.ID, a.LockRefused)
 		}
+		if tr := a.Transfer; tr != nil {
+			fprintf(w, "\nagent %s: %s\n", a.ID, describeTransfer(*tr, time.Now()))
+		}
 	}
 	printCerts(w, st.Agents, time.Now())
 	if st.CARotation != "" {
@@ -410,4 +413,19 @@ func printStoreStatus(w io.Writer, st cli.ClusterStatus) {
 			fprintf(w, "  %s  %s  %s\n", c.ID, c.Kind, c.State)
 		}
 	}
+}
+
+// describeTransfer says how far a transfer an agent reports has gone,
+// with its rate since it began.
+func describeTransfer(tr spec.Transfer, now time.Time) string {
+	line := dash(tr.What) + ": " + size(tr.Done)
+	if tr.Total > 0 {
+		line += fmt.Sprintf(" of %s (%d%%)", size(tr.Total), min(tr.Done*100/tr.Total, 100))
+	}
+	// A rate over less than a second says more of buffers than of the
+	// transfer.
+	if secs := now.Sub(time.Unix(0, int64(tr.Started))).Seconds(); tr.Started > 0 && secs >= 1 {
+		line += fmt.Sprintf(", %s/s", size(int64(float64(tr.Done)/secs)))
+	}
+	return line
 }

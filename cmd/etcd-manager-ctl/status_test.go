@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/etcd-manager/etcd-manager/internal/backup"
+	"github.com/etcd-manager/etcd-manager/internal/cli"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
 )
@@ -42,5 +44,22 @@ func TestStatusWithNoAgent(t *testing.T) {
 	out, _, _ = e.run(t, "--insecure", "--discovery=static:127.0.0.1:1", "-o", "json", "status")
 	if !strings.Contains(out, `"storeOnly": true`) || !strings.Contains(out, `"newestBackup": "`+name+`"`) {
 		t.Errorf("status -o json printed %s", out)
+	}
+}
+
+// status shows an agent's download in progress, with its rate.
+func TestStatusShowsTransfers(t *testing.T) {
+	now := time.Now()
+	tr := spec.Transfer{What: "fetch 2026-12-04T01:00:00Z-000001", Done: 12 << 20, Total: 24 << 20, Started: spec.Int64(now.Add(-4 * time.Second).UnixNano())}
+	if got, want := describeTransfer(tr, now), "fetch 2026-12-04T01:00:00Z-000001: 12.0 MiB of 24.0 MiB (50%), 3.0 MiB/s"; got != want {
+		t.Errorf("describeTransfer = %q, want %q", got, want)
+	}
+	var b bytes.Buffer
+	st := cli.ClusterStatus{Agents: []cli.AgentStatus{{ID: "a", Role: cli.RoleStandby, Transfer: &tr}, {ID: "b", Role: cli.RoleStandby}}}
+	if err := printStatus(&b, st); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "agent a: fetch 2026-12-04T01:00:00Z-000001: 12.0 MiB of 24.0 MiB (50%)") || strings.Contains(b.String(), "agent b: ") {
+		t.Errorf("status printed:\n%s", b.String())
 	}
 }

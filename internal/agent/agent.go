@@ -35,6 +35,8 @@ type Agent struct {
 	met *metrics
 	// nodeID names this node; set by Run from the node's state.
 	nodeID string
+	// transfers follows this node's downloads of backups.
+	transfers *transfers
 
 	// creds dial peers and serverCreds serve the peer API; etcdTLS is the
 	// TLS of etcd clients (nil with --etcd-insecure). See tls.go.
@@ -79,11 +81,12 @@ type Agent struct {
 // NewAgent returns an agent for a validated, completed configuration.
 func NewAgent(cfg Config, log *slog.Logger) *Agent {
 	return &Agent{
-		cfg:  cfg,
-		log:  log,
-		now:  time.Now,
-		met:  newMetrics(),
-		wake: make(chan struct{}, 1),
+		cfg:       cfg,
+		log:       log,
+		now:       time.Now,
+		met:       newMetrics(),
+		wake:      make(chan struct{}, 1),
+		transfers: &transfers{now: time.Now},
 	}
 }
 
@@ -148,6 +151,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		EtcdTLS:                  a.etcdTLSFiles(),
 		PeerCertCheckOff:         !a.cfg.EtcdPeerCertCheck,
 		ClientTLS:                a.etcdTLS,
+		Transfer:                 a.transfers.Current,
 		CheckData:                childDataChecker(),
 		CompactDB:                childCompactor(),
 		CA:                       keeper,
@@ -156,7 +160,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.events.Add(spec.Event{Time: a.now(), Action: "discard-member-data (" + reason + ")", Outcome: spec.EventFailed,
 				Message: "data moved to " + movedTo + "; the leader rebuilds this member from its peers: " + detail})
 		},
-	}, layout, st, a.cfg.RestoreFetcher(childStatusReader(), a.keys, a.log), a.log, a.now, a.poke)
+	}, layout, st, a.cfg.RestoreFetcher(childStatusReader(), a.keys, a.transfers, a.log), a.log, a.now, a.poke)
 	lp, err := controller.New(a.cfg.Config, a.loopEnv(), n)
 	if err != nil {
 		return err
@@ -288,6 +292,7 @@ func (a *Agent) loopEnv() controller.Env {
 	return controller.Env{
 		Log:          a.log,
 		Now:          a.now,
+		Transfers:    a.transfers,
 		Registry:     a.met.reg,
 		PeerAddress:  a.peerAddress(),
 		PeerPort:     a.cfg.PeerPort,

@@ -110,6 +110,26 @@ type FetchOptions struct {
 	DiskSpace func(dir string) (free, total int64, err error)
 	// Keys decrypt an encrypted backup (nil: plaintext backups only).
 	Keys *crypt.Keyring
+	// Meter, when set, follows the object's download.
+	Meter Meter
+}
+
+// Meter follows a long transfer: Begin starts one of total bytes (0: not
+// known), named what; add counts bytes done, and end ends it.
+type Meter interface {
+	Begin(what string, total int64) (add func(n int64), end func())
+}
+
+// meteredReader counts the bytes read through it.
+type meteredReader struct {
+	io.ReadCloser
+	add func(int64)
+}
+
+func (r meteredReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	r.add(int64(n))
+	return n, err
 }
 
 // Fetch downloads a backup into dir as a verified snapshot db and returns
@@ -150,6 +170,11 @@ func Fetch(ctx context.Context, s Reader, name, dir string, opts FetchOptions) (
 		return "", meta, fmt.Errorf("backup: read %s: %w", key, err)
 	}
 	defer r.Close()
+	if opts.Meter != nil {
+		add, end := opts.Meter.Begin("fetch "+name, meta.CompressedSize)
+		defer end()
+		r = meteredReader{ReadCloser: r, add: add}
+	}
 	path := filepath.Join(dir, "snapshot.db")
 	if err := gunzipTo(path, r, meta, key, lim, opts.Keys); err != nil {
 		os.Remove(path)

@@ -143,7 +143,12 @@ func TestFetch(t *testing.T) {
 			dir := t.TempDir()
 			opts := tt.opts
 			opts.Status = verify
+			meter := &recordingMeter{}
+			opts.Meter = meter
 			path, _, err := Fetch(ctx, s, name, dir, opts)
+			if meter.begun > 0 && (meter.ended != meter.begun || meter.what != "fetch "+name || meter.done > int64(len(tt.objects[DataObject]))) {
+				t.Errorf("meter: %+v, want each transfer of fetch %s ended, within the object's %d bytes", meter, name, len(tt.objects[DataObject]))
+			}
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.errSubstr) {
 					t.Fatalf("err %v, want %v containing %q", err, tt.wantErr, tt.errSubstr)
@@ -163,6 +168,9 @@ func TestFetch(t *testing.T) {
 			}
 			if !bytes.Equal(got, db) || verified != want {
 				t.Fatalf("fetched %d bytes, read the status of %q, want %q", len(got), verified, want)
+			}
+			if obj := int64(len(tt.objects[DataObject])); meter.begun != 1 || meter.done != obj {
+				t.Errorf("meter: %+v, want one transfer of the object's %d bytes", meter, obj)
 			}
 		})
 	}
@@ -226,3 +234,16 @@ func TestReadAheadPassesErrors(t *testing.T) {
 type failingReader struct{ err error }
 
 func (f *failingReader) Read([]byte) (int, error) { return 0, f.err }
+
+// recordingMeter records what Fetch tells its meter.
+type recordingMeter struct {
+	what         string
+	total, done  int64
+	begun, ended int
+}
+
+func (m *recordingMeter) Begin(what string, total int64) (func(int64), func()) {
+	m.what, m.total = what, total
+	m.begun++
+	return func(n int64) { m.done += n }, func() { m.ended++ }
+}

@@ -46,6 +46,8 @@ type AgentStatus struct {
 	// and EtcdTrust those its etcd was started with.
 	Trust     []string `json:"trust,omitempty"`
 	EtcdTrust []string `json:"etcdTrust,omitempty"`
+	// Transfer is the agent's download in progress (a restore's backup).
+	Transfer *spec.Transfer `json:"transfer,omitempty"`
 }
 
 // Agent roles in AgentStatus.Role.

@@ -28,7 +28,7 @@ func AgentFromInfo(addr string, info peer.NodeInfo) AgentStatus {
 	a := AgentStatus{ID: info.NodeID, Address: addr, Role: Role(info), EtcdVersion: info.EtcdVersion, AgentVersion: info.AgentVersion,
 		Healthy: info.EtcdHealthy, DBSize: info.DBSize, ClockOffset: info.MaxClockOffset, LockRefused: info.LockRefused,
 		Procedure: info.Procedure, EtcdLeader: info.EtcdHealthy && info.MemberID != 0 && info.RaftLeader == info.MemberID,
-		Cert: info.Cert, BackupKeys: info.BackupKeys, Trust: info.Trust, EtcdTrust: info.EtcdTrust}
+		Cert: info.Cert, BackupKeys: info.BackupKeys, Trust: info.Trust, EtcdTrust: info.EtcdTrust, Transfer: info.Transfer}
 	if len(info.ClientURLs) > 0 && info.Member != nil {
 		a.ClientURL = info.ClientURLs[0]
 	}

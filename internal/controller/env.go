@@ -37,6 +37,9 @@ import (
 type Env struct {
 	Log *slog.Logger
 	Now func() time.Time
+	// Transfers follows the backups this node downloads, for its peer
+	// API's Info (nil: none).
+	Transfers backup.Meter
 	// Registry takes the loop's metrics.
 	Registry prometheus.Registerer
 	// PeerAddress is the peer API address this node advertises, host:port;

@@ -10,9 +10,12 @@ import (
 )
 
 // RestoreFetcher returns the fetcher of the node's restores: it reads a
-// snapshot's status with status and decrypts with keys.
-func (c Config) RestoreFetcher(status backup.VerifyFunc, keys *crypt.Keyring, log *slog.Logger) node.BackupFetcher {
-	return history.StoreFetcher{URL: c.BackupStore, Opts: c.restoreFetchOptions(status, keys), Log: log}
+// snapshot's status with status, decrypts with keys, and follows each
+// download on meter (none when nil).
+func (c Config) RestoreFetcher(status backup.VerifyFunc, keys *crypt.Keyring, meter backup.Meter, log *slog.Logger) node.BackupFetcher {
+	o := c.restoreFetchOptions(status, keys)
+	o.Meter = meter
+	return history.StoreFetcher{URL: c.BackupStore, Opts: o, Log: log}
 }
 
 // fetchOptions bound what a backup fetched for a restore may unpack on

@@ -90,7 +90,9 @@ func (b procedureBackups) Validate(ctx context.Context, name string, p spec.Rest
 		return procedure.Validated{}, err
 	}
 	defer os.RemoveAll(dir)
-	got, err := history.Fetch(ctx, s, name, p, dir, b.lp.cfg.fetchOptions(b.lp.backups.Status, b.lp.env.Keys), b.lp.log)
+	opts := b.lp.cfg.fetchOptions(b.lp.backups.Status, b.lp.env.Keys)
+	opts.Meter = b.lp.env.Transfers
+	got, err := history.Fetch(ctx, s, name, p, dir, opts, b.lp.log)
 	v := procedure.Validated{Meta: got.Meta, Keys: got.Keys, Forward: got.Forward, Digest: got.Digest}
 	if st, serr := os.Stat(got.Path); err == nil && serr == nil {
 		v.Size = st.Size()

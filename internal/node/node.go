@@ -24,6 +24,9 @@ import (
 
 // Config is what the node needs of the agent's configuration.
 type Config struct {
+	// Transfer is this node's long transfer in progress (nil: none), which
+	// Info reports live; nil reports none.
+	Transfer             func() *spec.Transfer
 	DataDir              string
 	EtcdBinDir           string
 	ClientURLs           []string
@@ -352,6 +355,9 @@ func (n *Node) Info(context.Context) (peer.NodeInfo, error) {
 	info := n.info
 	info.Now = n.now().Add(testhook.Offset()).UTC() // a test may move it
 	info.ObeyedTerm = n.obeyedTerm.Load()
+	if n.cfg.Transfer != nil {
+		info.Transfer = n.cfg.Transfer()
+	}
 	return info, nil
 }
 

@@ -38,8 +38,11 @@ var (
 
 // NodeInfo is what an agent reports about itself.
 type NodeInfo struct {
-	NodeID      string `json:"nodeId"`
-	ClusterName string `json:"clusterName"`
+	// Transfer is the node's long transfer in progress, such as a
+	// restore's download of its backup; nil when none.
+	Transfer    *spec.Transfer `json:"transfer,omitempty"`
+	NodeID      string         `json:"nodeId"`
+	ClusterName string         `json:"clusterName"`
 	// PeerAddress is the agent's own peer API address (host:port).
 	PeerAddress          string   `json:"peerAddress"`
 	ClientURLs           []string `json:"clientURLs"`

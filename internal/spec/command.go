@@ -224,11 +224,13 @@ type CommandStatus struct {
 }
 
 // Transfer is how far a long transfer has gone: Done bytes of Total
-// (0: not known ahead), since Started (unix nanoseconds).
+// (0: not known ahead), since Started (unix nanoseconds). What names it
+// where a node reports its own ("fetch <backup>").
 type Transfer struct {
-	Done    int64 `json:"done"`
-	Total   int64 `json:"total,omitempty"`
-	Started Int64 `json:"started"`
+	What    string `json:"what,omitempty"`
+	Done    int64  `json:"done"`
+	Total   int64  `json:"total,omitempty"`
+	Started Int64  `json:"started"`
 }
 
 // Finished reports whether the command is done or failed.
