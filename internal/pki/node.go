@@ -26,6 +26,9 @@ func (f NodeFiles) CA() string   { return filepath.Join(f.Dir, "ca.crt") }
 func (f NodeFiles) Cert() string { return filepath.Join(f.Dir, "node.crt") }
 func (f NodeFiles) Key() string  { return filepath.Join(f.Dir, "node.key") }
 
+// CRL is the revocation list etcd reads at each new connection, in DER.
+func (f NodeFiles) CRL() string { return filepath.Join(f.Dir, "crl.der") }
+
 // EnsureNodeCert makes sure the files hold a certificate from ca for req,
 // valid at now and not yet due for renewal, issuing one if not, and that
 // ca.crt holds trust: the PEM of the CAs the node trusts, which must
@@ -81,6 +84,16 @@ func EnsureNodeCert(ca *CA, trust []byte, f NodeFiles, req CertRequest, now time
 			return nil, false, err
 		}
 		files = append(files, FileData{f.Key(), kp, 0o600})
+	}
+	if req.Record != nil {
+		serial, err := newSerial()
+		if err != nil {
+			return nil, false, err
+		}
+		if err := req.Record(serial); err != nil {
+			return nil, false, fmt.Errorf("pki: record the serial of the node certificate to issue: %w", err)
+		}
+		req.Serial = serial
 	}
 	certPEM, _, err := ca.Issue(req, key, now)
 	if err != nil {

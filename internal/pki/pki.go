@@ -246,6 +246,14 @@ type CertRequest struct {
 	DNSNames   []string
 	IPs        []net.IP
 	Validity   time.Duration
+	// Serial, when set, is the certificate's serial number; else Issue
+	// picks a random one.
+	Serial *big.Int
+	// Record, when set, is told the serial of a certificate that
+	// EnsureNodeCert is about to issue, before it signs it; an error
+	// stops the issue. Agents record their serials in the store, so
+	// that revoke-node can list every certificate a node holds.
+	Record func(serial *big.Int) error
 }
 
 // Issue signs a certificate for key (a new P-256 key when nil) and
@@ -273,9 +281,11 @@ func (ca *CA) Issue(req CertRequest, key crypto.Signer, now time.Time) (certPEM,
 			return nil, nil, fmt.Errorf("pki: key: %w", err)
 		}
 	}
-	serial, err := newSerial()
-	if err != nil {
-		return nil, nil, err
+	serial := req.Serial
+	if serial == nil {
+		if serial, err = newSerial(); err != nil {
+			return nil, nil, err
+		}
 	}
 	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	if req.Role == RoleNode {
