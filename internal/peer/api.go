@@ -524,7 +524,15 @@ type Server struct {
 	now           func() time.Time
 	// onChange, when set, is told of a caller whose state changed.
 	onChange func(host string)
+	// revoked refuses the certificates of revoked nodes, every call
+	// theirs (see RefuseRevoked).
+	revoked *pki.RevocationSet
 }
+
+// RefuseRevoked makes the server refuse every call, Info included, that
+// comes with a certificate set refuses: a revoked node's. Set it before
+// Serve; the set's list may change at any time.
+func (s *Server) RefuseRevoked(set *pki.RevocationSet) { s.revoked = set }
 
 // AcceptUnmarkedUntil lets node certificates that carry no node marker
 // at all, issued before markers existed, make a node's calls until t
@@ -748,6 +756,11 @@ func (s *Server) authorize(ctx context.Context, req any) error {
 	var c *x509.Certificate
 	if certs := info.State.PeerCertificates; len(certs) > 0 {
 		c = certs[0]
+	}
+	if c != nil {
+		if err := s.revoked.Refuses(c); err != nil {
+			return status.Errorf(codes.PermissionDenied, "peer: %v", err)
+		}
 	}
 	if _, readOnly := req.(*InfoRequest); readOnly {
 		if c != nil {

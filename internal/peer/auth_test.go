@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"crypto/tls"
+	"math/big"
 	"net"
 	"strings"
 	"testing"
@@ -122,6 +123,56 @@ func TestPeerAPIBindsCallsToTheCluster(t *testing.T) {
 	})
 }
 
+// A revoked node's certificate, and any certificate whose serial the
+// list names, is refused on every call, Info included, and the handler
+// never runs; the list is read at each call, so a revocation holds at
+// once, and another node of the cluster is still served.
+func TestPeerAPIRefusesRevokedCertificates(t *testing.T) {
+	a := newAuthServer(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	marked := func(cn string) pki.CertRequest {
+		return pki.CertRequest{CommonName: cn, Role: pki.RoleNode, DNSNames: []string{pki.NodeMarker("main")}, Validity: time.Hour}
+	}
+	listed := pki.CertRequest{CommonName: "ops", Role: pki.RoleClient, Serial: big.NewInt(0xabc123), Validity: time.Hour}
+	set := &pki.RevocationSet{}
+	addr, rec := a.serveWith(t, func(s *Server) { s.RefuseRevoked(set) })
+	n2, n3, ops := a.dial(t, addr, marked("n2")), a.dial(t, addr, marked("n3")), a.dial(t, addr, listed)
+	if _, err := n2.Info(ctx); err != nil {
+		t.Fatalf("Info before the revocation: %v", err)
+	}
+	set.Set(pki.Revocations{Nodes: []pki.RevokedNode{{NodeID: "n2", RevokedAt: a.now}, {NodeID: "gone", RevokedAt: a.now, Serials: []string{"abc123"}}}})
+	rec.calls = nil
+	for _, tt := range []struct {
+		name string
+		c    *Client
+		want string
+	}{
+		{"the revoked node", n2, "node n2 is revoked"},
+		{"a listed serial", ops, "(serial abc123) is revoked with node gone"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.c.Info(ctx)
+			errs := map[string]error{
+				"Info":  err,
+				"Leave": tt.c.Leave(ctx, LeaveRequest{LeaderID: "n2", Token: "tok"}),
+				"Fence": tt.c.Fence(ctx, FenceRequest{LeaderID: "n2", Term: 1}),
+			}
+			for name, err := range errs {
+				if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), tt.want) {
+					t.Errorf("%s: %v, want PermissionDenied saying %q", name, err, tt.want)
+				}
+			}
+		})
+	}
+	if len(rec.calls) != 0 {
+		t.Errorf("the handler saw %q from revoked certificates", rec.calls)
+	}
+	if _, err := n3.Info(ctx); err != nil {
+		t.Errorf("Info from a node not revoked: %v", err)
+	}
+}
+
 // authServer is a peer API server of cluster "main" over TLS, with a node
 // certificate "n1" from a CA of its own, for the authorization tests.
 type authServer struct {
@@ -151,13 +202,20 @@ func newAuthServer(t *testing.T) authServer {
 // handler saw.
 func (a authServer) serve(t *testing.T, unmarkedUntil time.Time) (string, *recorder) {
 	t.Helper()
+	return a.serveWith(t, func(s *Server) { s.AcceptUnmarkedUntil(unmarkedUntil) })
+}
+
+// serveWith starts a server on loopback, set up by setup before it
+// serves, and returns its address and what its handler saw.
+func (a authServer) serveWith(t *testing.T, setup func(*Server)) (string, *recorder) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
 	srv := NewServer(credentials.NewTLS(pki.ServerConfig(a.files, pki.TrustPool(a.ca.Pool()), nil)), "main", rec)
-	srv.AcceptUnmarkedUntil(unmarkedUntil)
+	setup(srv)
 	go srv.Serve(l)
 	t.Cleanup(srv.Stop)
 	return l.Addr().String(), rec
