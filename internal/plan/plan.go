@@ -92,6 +92,9 @@ type Observed struct {
 	// LockRefused is set when this agent may not take the store lock: the
 	// store does not honour create-if-absent, or the clocks disagree.
 	LockRefused error
+	// Revoked are the nodes whose certificates etcd-manager-ctl
+	// revoke-node revoked: the last list read from the store.
+	Revoked map[string]bool
 	// Records are the agents' own records in the store, reachable or not,
 	// read when the plan needs evidence about agents it cannot reach; a
 	// record is fresh while its Age is at most RecordFresh.
@@ -488,6 +491,9 @@ func Plan(o Observed) []Action {
 
 // decide is Plan without the targets attached.
 func decide(o Observed) []Action {
+	if o.Revoked[o.Self.ID] {
+		return planRevokedSelf(o)
+	}
 	actions := planLocal(o)
 
 	switch {
@@ -697,7 +703,7 @@ func planNoCluster(o Observed) []Action {
 	want := int(o.Spec.MemberCount)
 	ids := make([]string, 0, len(o.Peers))
 	for _, p := range o.Peers {
-		if p.Member == nil && ordinalFits(o.Spec, p.ID) {
+		if p.Member == nil && ordinalFits(o.Spec, p.ID) && !o.Revoked[p.ID] {
 			ids = append(ids, p.ID)
 		}
 	}
@@ -835,6 +841,7 @@ func hasBackup(actions []Action) bool {
 func planMembership(o Observed) []Action {
 	p := newMembershipPlan(o)
 	for _, rule := range []func() Action{
+		p.revoked,       // 0. members whose node was revoked
 		p.lostData,      // 1. members whose node lost its data
 		p.strays,        // 2. nodes that think they are members but are not
 		p.stuckLearners, // 3. learners that did not start or catch up in time
@@ -1249,7 +1256,7 @@ func standbyNodes(o Observed) (fit []Node, unfit, unmarked []string) {
 		}
 	}
 	for _, p := range o.Peers {
-		if p.Member != nil || !ordinalFits(o.Spec, p.ID) {
+		if p.Member != nil || !ordinalFits(o.Spec, p.ID) || o.Revoked[p.ID] {
 			continue
 		}
 		taken := false
