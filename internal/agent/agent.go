@@ -51,6 +51,12 @@ type Agent struct {
 	certInfo   atomic.Pointer[peer.CertInfo]
 	renewAt    time.Time
 	certExpiry atomic.Int64
+	// revoked is the store's revocation list in force, as the loop last
+	// read it: the peer API and the agent's clients refuse the revoked
+	// nodes' certificates. crlFor is what the CRL file on disk was
+	// written from (guarded by certMu).
+	revoked pki.RevocationSet
+	crlFor  string
 	// certMarked is set while the node certificate on disk carries the
 	// node marker (read by the loop, set by renewals).
 	certMarked atomic.Bool
@@ -192,6 +198,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Warn("node certificates without a cluster marker may call the peer API until the time given", "until", until)
 	}
 	srv.OnPeerChange(a.pokeFromPeer)
+	srv.RefuseRevoked(&a.revoked)
 	ops := &operatorCalls{a: a, n: n}
 	defer ops.close()
 	operatorapi.Register(srv, a.cfg.ClusterName, ops)
@@ -308,6 +315,7 @@ func (a *Agent) loopEnv() controller.Env {
 		Observers:    a.observers(),
 		Readers:      readers(),
 		ReleasePages: releaseCodePages,
+		Revoked:      a.takeRevocations,
 	}
 }
 

@@ -4,13 +4,16 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/credentials"
@@ -178,10 +181,10 @@ func (a *Agent) setupTLS(ctx context.Context) error {
 	} else {
 		a.refusals = newRefusalLog(refusalLogInterval, refusalLogMaxKeys, a.now)
 		a.serverCreds = credentials.NewTLS(pki.ServerConfig(files, trust, a.logRefusal))
-		a.creds = credentials.NewTLS(pki.NodeClientConfig(files, trust, a.nodeMarker()))
+		a.creds = credentials.NewTLS(pki.WithRevocations(pki.NodeClientConfig(files, trust, a.nodeMarker()), &a.revoked))
 	}
 	if !a.cfg.EtcdInsecure {
-		a.etcdTLS = pki.ClientConfig(files, trust, a.nodeMarker())
+		a.etcdTLS = pki.WithRevocations(pki.ClientConfig(files, trust, a.nodeMarker()), &a.revoked)
 		if !a.cfg.EtcdPeerCertCheck {
 			a.log.Warn("etcd's peer port is to accept any certificate from the CA, an operator's too: --etcd-peer-cert-check=false turns the node certificate check off for the whole cluster",
 				"risk", "whoever holds a client certificate from the CA (issue-client-cert) can send raft traffic to etcd",
@@ -239,15 +242,22 @@ func (a *Agent) renewCert(ctx context.Context) error {
 		}
 		a.ca, a.trust = st.CA, st.Trust
 	}
-	return a.ensureCertLocked()
+	return a.ensureCertLocked(ctx)
 }
 
 // ensureCertLocked issues the node certificate from a.ca as needed, and
-// writes a.trust; callers hold certMu.
-func (a *Agent) ensureCertLocked() error {
-	c, fresh, err := pki.EnsureNodeCert(a.ca, a.trust, a.pkiFiles(), a.certRequest(), a.now())
+// writes a.trust and etcd's CRL file; callers hold certMu. A new
+// certificate's serial is recorded in the store first (see
+// recordSerial).
+func (a *Agent) ensureCertLocked(ctx context.Context) error {
+	req := a.certRequest()
+	req.Record = func(serial *big.Int) error { return a.recordSerial(ctx, serial) }
+	c, fresh, err := pki.EnsureNodeCert(a.ca, a.trust, a.pkiFiles(), req, a.now())
 	if err != nil {
 		return err
+	}
+	if err := a.writeCRLLocked(a.revoked.Get()); err != nil {
+		a.log.Warn("cannot write etcd's revocation list", "error", err)
 	}
 	if fresh {
 		a.met.certRenewals.Inc()
@@ -304,7 +314,7 @@ func (k caKeeper) Sync(ctx context.Context, trust []string, issuer string) error
 		from = pki.ShortName(a.ca.Cert)
 	}
 	a.ca, a.trust = st.CA, st.Trust
-	if err := a.ensureCertLocked(); err != nil {
+	if err := a.ensureCertLocked(ctx); err != nil {
 		return err
 	}
 	a.log.Info("took up the store's CA", "issuer", pki.ShortName(st.CA.Cert), "from", from, "trusted", len(got))
@@ -393,7 +403,7 @@ func (a *Agent) refreshTrust(ctx context.Context) error {
 		return nil
 	}
 	a.ca, a.trust = st.CA, st.Trust
-	if err := a.ensureCertLocked(); err != nil {
+	if err := a.ensureCertLocked(ctx); err != nil {
 		return err
 	}
 	a.log.Warn("took up the store's CA, which changed while this agent missed the leader's steps", "issuer", pki.ShortName(st.CA.Cert), "trusted", want)
@@ -416,5 +426,83 @@ func (a *Agent) etcdTLSFiles() *etcdproc.TLSFiles {
 		return nil
 	}
 	f := a.pkiFiles()
-	return &etcdproc.TLSFiles{CA: f.CA(), Cert: f.Cert(), Key: f.Key()}
+	return &etcdproc.TLSFiles{CA: f.CA(), Cert: f.Cert(), Key: f.Key(), CRL: f.CRL()}
+}
+
+// recordSerial records in the store the serial of a node certificate
+// about to be issued to this node, so that revoke-node can list every
+// certificate the node holds for etcd's CRL. With the store's CA a
+// failure stops the issue (the store was just read; it is tried again);
+// with a --pki-dir CA, which needs no store, the certificate is issued
+// all the same, and only etcd's CRL would miss it: the agents refuse a
+// revoked node by its ID whatever the serial.
+func (a *Agent) recordSerial(ctx context.Context, serial *big.Int) error {
+	err := func() error {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		s, err := store.Open(ctx, a.cfg.BackupStore, store.Options{Create: true})
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		rec, err := json.Marshal(issuedRecord{NodeID: a.nodeID, Serial: pki.SerialHex(serial), IssuedAt: a.now().UTC()})
+		if err != nil {
+			return err
+		}
+		return s.Write(ctx, pki.StoreIssuedPrefix+a.nodeID+"/"+pki.SerialHex(serial), rec)
+	}()
+	if err != nil && a.cfg.PKIDir != "" {
+		a.log.Warn("cannot record the new node certificate's serial in the store; issuing it all the same (its CA is --pki-dir's)",
+			"serial", pki.SerialHex(serial), "error", err, "risk", "revoke-node lists it in etcd's CRL only if this agent reports it")
+		return nil
+	}
+	return err
+}
+
+// issuedRecord is what the store keeps of a node certificate issued.
+type issuedRecord struct {
+	NodeID   string    `json:"nodeId"`
+	Serial   string    `json:"serial"`
+	IssuedAt time.Time `json:"issuedAt"`
+}
+
+// takeRevocations puts the store's revocation list in force: the peer
+// API and this agent's clients refuse the revoked nodes' certificates at
+// once, and etcd's CRL file lists their serials for its new connections.
+func (a *Agent) takeRevocations(r pki.Revocations) {
+	a.revoked.Set(r)
+	a.certMu.Lock()
+	defer a.certMu.Unlock()
+	if err := a.writeCRLLocked(r); err != nil {
+		a.log.Warn("cannot write etcd's revocation list", "error", err)
+	}
+}
+
+// writeCRLLocked writes etcd's CRL file from r, signed by the CA, when
+// either changed since it was last written; without TLS for etcd, or
+// before the CA is read, it writes nothing (etcd then starts without
+// it). Callers hold certMu.
+func (a *Agent) writeCRLLocked(r pki.Revocations) error {
+	if a.cfg.EtcdInsecure || a.ca == nil {
+		return nil
+	}
+	var serials []string
+	for _, n := range r.Nodes {
+		serials = append(serials, n.Serials...)
+	}
+	slices.Sort(serials)
+	key := pki.Fingerprint(a.ca.Cert) + " " + strings.Join(serials, ",")
+	path := a.pkiFiles().CRL()
+	if _, err := os.Stat(path); err == nil && key == a.crlFor {
+		return nil
+	}
+	der, err := r.CRL(a.ca, a.now())
+	if err != nil {
+		return err
+	}
+	if err := pki.WriteFileAtomic(path, der, 0o644); err != nil {
+		return err
+	}
+	a.crlFor = key
+	return nil
 }

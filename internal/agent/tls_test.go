@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -198,5 +199,59 @@ func TestSetupTLSWarnsWhenTLSIsOff(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Each node certificate's serial is in the store before the certificate
+// is used, and etcd's CRL file beside it lists what the store revokes,
+// signed by the CA; a revocation rewrites it and is in force at once.
+func TestSerialsRecordedAndCRLWritten(t *testing.T) {
+	a, _ := testAgent(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := a.setupTLS(ctx); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(a.pkiFiles().Cert())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pki.ParseCertPEM(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(ctx, a.cfg.BackupStore, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	keys, err := s.List(ctx, pki.StoreIssuedPrefix, "")
+	if err != nil || len(keys) != 1 || keys[0] != pki.StoreIssuedPrefix+"node-1/"+pki.SerialHex(c.SerialNumber) {
+		t.Fatalf("issued records %v (%v), want the certificate's serial %s", keys, err, pki.SerialHex(c.SerialNumber))
+	}
+	crl := func() *x509.RevocationList {
+		t.Helper()
+		der, err := os.ReadFile(a.pkiFiles().CRL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := x509.ParseRevocationList(der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.CheckSignatureFrom(a.ca.Cert); err != nil {
+			t.Errorf("the CRL is not the CA's: %v", err)
+		}
+		return l
+	}
+	if n := len(crl().RevokedCertificateEntries); n != 0 {
+		t.Errorf("the CRL lists %d certificates before any revocation", n)
+	}
+	a.takeRevocations(pki.Revocations{Nodes: []pki.RevokedNode{{NodeID: "node-2", RevokedAt: time.Now(), Serials: []string{"abc"}}}})
+	if got := crl().RevokedCertificateEntries; len(got) != 1 || pki.SerialHex(got[0].SerialNumber) != "abc" {
+		t.Errorf("the CRL lists %v, want serial abc", got)
+	}
+	if !a.revoked.NodeRevoked("node-2") {
+		t.Error("the revocation is not in force")
 	}
 }

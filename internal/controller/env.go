@@ -25,6 +25,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/maintenance"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/status"
@@ -69,6 +70,10 @@ type Env struct {
 	Observers []Observer
 	// Readers read snapshots in child processes.
 	Readers backupjob.Readers
+	// Revoked is given the store's revocation list each cycle that reads
+	// it (nil: none): the agent refuses the revoked nodes' certificates
+	// and writes etcd's CRL file from it.
+	Revoked func(pki.Revocations)
 	// ReleasePages gives back the binary's read-only pages after a busy
 	// spell (nil: never).
 	ReleasePages func() (int64, error)

@@ -23,6 +23,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/membership"
 	"github.com/etcd-manager/etcd-manager/internal/node"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/procedure"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
@@ -58,6 +59,10 @@ type loop struct {
 	// lastQueueRead when it last read the command queue.
 	lastRecord    *peer.EtcdReport
 	lastQueueRead time.Time
+	// revoked is the store's revocation list as last read, and
+	// revokedErr the last reason it could not be used, said once.
+	revoked    pki.Revocations
+	revokedErr string
 	// failures are the leader's actions that failed, backing off.
 	failures *failures
 	// storeChecked is set once the store's create-if-absent was checked,
@@ -372,6 +377,8 @@ func (lp *loop) execute(ctx context.Context, obs plan.Observed, act plan.Action)
 	switch act := act.(type) {
 	case plan.StartEtcd:
 		return lp.node.StartEtcd(ctx)
+	case plan.StopRevoked:
+		return lp.node.StopRevoked(ctx)
 	case plan.ResumeMember:
 		return lp.resumeMember(ctx, obs, act)
 	case plan.ResumeUnjudged:

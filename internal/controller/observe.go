@@ -36,6 +36,8 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		LearnerTimeout: lp.cfg.LearnerTimeout,
 		PendingTimeout: pendingTimeoutMul * lp.cfg.LeaderLease,
 	}
+	// The last list read stays in force while the store cannot be read.
+	defer func() { obs.Revoked = revokedIDs(lp.revoked) }()
 	peersRead := false
 	defer func() {
 		leading := obs.Cluster != nil || obs.LockHeld

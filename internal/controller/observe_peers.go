@@ -63,6 +63,9 @@ func (lp *loop) observePeers(ctx context.Context, self plan.Node) []plan.Node {
 			if err != nil || info.NodeID == "" || info.NodeID == self.ID || info.ClusterName != lp.cfg.ClusterName {
 				return
 			}
+			if _, revoked := lp.revoked.Node(info.NodeID); revoked {
+				return // its certificate is refused too; this is its word alone
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			nodes[info.NodeID] = nodeFromInfo(addr, info)

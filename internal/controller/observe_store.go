@@ -11,6 +11,7 @@ import (
 	"github.com/etcd-manager/etcd-manager/internal/etcdproc"
 	"github.com/etcd-manager/etcd-manager/internal/lease"
 	"github.com/etcd-manager/etcd-manager/internal/peer"
+	"github.com/etcd-manager/etcd-manager/internal/pki"
 	"github.com/etcd-manager/etcd-manager/internal/plan"
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 	"github.com/etcd-manager/etcd-manager/internal/store"
@@ -41,6 +42,7 @@ func (lp *loop) observeStore(ctx context.Context, s *store.Store, obs *plan.Obse
 			}
 		}
 	}
+	lp.observeRevocations(ctx, s)
 	created, err := s.ReadCreated(ctx)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -218,4 +220,58 @@ func (lp *loop) noteStoredBackup(ctx context.Context, s *store.Store, token stri
 	lp.backups.Stored(at)
 	lp.capture.BaseStored(at)
 	return true
+}
+
+// observeRevocations reads the store's revocation list, puts it in force
+// (Env.Revoked) and keeps it for the plan. A list that cannot be read,
+// or does not validate, leaves the last one in force: nobody is let back
+// in by a store that does not answer. A list that is gone revokes no
+// one: deleting it is how a revocation is undone.
+func (lp *loop) observeRevocations(ctx context.Context, s *store.Store) {
+	data, err := s.ReadMax(ctx, pki.StoreRevokedKey, pki.MaxRevokedSize)
+	var r pki.Revocations
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+	case err == nil:
+		r, err = pki.ParseRevocations(data)
+	}
+	if err != nil {
+		if msg := err.Error(); msg != lp.revokedErr {
+			lp.log.Warn("cannot use the store's revocation list; the last one read stays in force", "key", pki.StoreRevokedKey, "error", err,
+				"in-force", len(lp.revoked.Nodes))
+			lp.revokedErr = msg
+		}
+		return
+	}
+	lp.revokedErr = ""
+	if added := newlyRevoked(lp.revoked, r); len(added) > 0 {
+		lp.log.Warn("nodes revoked: their certificates are refused from now on", "nodes", added)
+	}
+	lp.revoked = r
+	if lp.env.Revoked != nil {
+		lp.env.Revoked(r)
+	}
+}
+
+// newlyRevoked are the nodes next revokes that prev did not.
+func newlyRevoked(prev, next pki.Revocations) []string {
+	var out []string
+	for _, id := range next.NodeIDs() {
+		if _, ok := prev.Node(id); !ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// revokedIDs are the node IDs r revokes, for the plan; nil for none.
+func revokedIDs(r pki.Revocations) map[string]bool {
+	if len(r.Nodes) == 0 {
+		return nil
+	}
+	ids := make(map[string]bool, len(r.Nodes))
+	for _, id := range r.NodeIDs() {
+		ids[id] = true
+	}
+	return ids
 }

@@ -78,8 +78,12 @@ func HasData(dir string) bool {
 	return err == nil && st.IsDir()
 }
 
-// TLSFiles are PEM files: the CA to trust, and a certificate and key.
-type TLSFiles struct{ CA, Cert, Key string }
+// TLSFiles are PEM files: the CA to trust, and a certificate and key;
+// CRL, when set, is a revocation list in DER that etcd reads at each new
+// connection on its client and peer ports, refusing the serials it
+// lists. etcd refuses every connection while a CRL it is given does not
+// read, so Args passes it only when the file is there.
+type TLSFiles struct{ CA, Cert, Key, CRL string }
 
 // ServedClientURL is the first client URL etcd serves: a quarantine URL
 // while quarantined.
@@ -136,6 +140,11 @@ func (s Spec) Args() []string {
 		if s.PeerCertHostname != "" {
 			// One name: etcd 3.4 takes only one (3.5 and later, a list).
 			args = append(args, "--peer-cert-allowed-hostname="+s.PeerCertHostname)
+		}
+		if t.CRL != "" {
+			if _, err := os.Stat(t.CRL); err == nil {
+				args = append(args, "--client-crl-file="+t.CRL, "--peer-crl-file="+t.CRL)
+			}
 		}
 	}
 	return args

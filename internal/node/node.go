@@ -301,6 +301,18 @@ func (n *Node) Stop(ctx context.Context) error {
 	return n.proc.Stop(ctx)
 }
 
+// StopRevoked stops etcd, keeping its data, because this node is
+// revoked; the loop keeps it stopped from then on (plan.StopRevoked).
+func (n *Node) StopRevoked(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.proc.StopWithin(ctx, replacedStopGrace); err != nil {
+		return fmt.Errorf("node: stop the etcd of a revoked node: %w", err)
+	}
+	n.refreshInfoMember()
+	return nil
+}
+
 // setState persists st durably, then makes it the node's state and shows
 // it to peers at once, so a leader never acts again on the old one.
 // Callers hold n.mu.
