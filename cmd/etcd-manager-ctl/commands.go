@@ -240,6 +240,7 @@ the agents would refuse the change.`,
 		},
 	})
 	root.AddCommand(rotateCACommand(o, stdout))
+	root.AddCommand(revokeNodeCommand(o, stdout))
 	root.AddCommand(fetchBackupCommand(o, stdout))
 	root.AddCommand(doctorCommand(o, stdout))
 	root.AddCommand(children.VerifySnapshot())

@@ -52,4 +52,10 @@ func TestCompletion(t *testing.T) {
 	if got := complete("--backup-store="+e.store, "delete-command", ""); !strings.Contains(got, id) {
 		t.Errorf("delete-command completes %q, want %s", got, id)
 	}
+	if err := s.Write(ctx, "discovery/kYdQ3R5u0x4mVb1p", []byte(`{"nodeId":"kYdQ3R5u0x4mVb1p","address":"127.0.0.1:1","updated":"`+time.Now().UTC().Format(time.RFC3339)+`"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got := complete("--backup-store="+e.store, "revoke-node", "kY"); !strings.Contains(got, "kYdQ3R5u0x4mVb1p") {
+		t.Errorf("revoke-node kY completes %q, want the node ID", got)
+	}
 }

@@ -75,6 +75,7 @@ func TestEveryCommandPrintsJSONAndYAML(t *testing.T) {
 		}, wantField: "commonName"},
 		{name: "doctor", args: fixed("doctor", "--listen-address=127.0.0.1", "--ports=1"), wantCode: exitFailed, wantField: "check"},
 		{name: "configure-cluster --dry-run", args: fixed("configure-cluster", "--member-count=3", "--dry-run"), wantField: "changes"},
+		{name: "revoke-node", args: fixed("revoke-node", "gone", "--force"), wantField: "serials"},
 		{name: "restore-backup --dry-run", args: fixed("restore-backup", "2026-11-22T05:00:00Z-000001", "--dry-run"), wantField: "segments"},
 	}
 	for _, tt := range tests {

@@ -43,6 +43,11 @@ func (o *options) status(ctx context.Context, w io.Writer) error {
 		if r, err := pki.LoadRotation(ctx, s, isNotFound); err == nil && r != nil {
 			st.CARotation = r.Phase
 		}
+		if r, err := readRevocations(ctx, s); err == nil {
+			st.Revoked = r.NodeIDs()
+		} else {
+			fprintf(o.stderr, "warning: the revocation list is unreadable: %v\n", err)
+		}
 		if d, err := s.ReadDrills(ctx); err == nil {
 			st.RestoreDrills = d
 		} else {
@@ -141,6 +146,7 @@ func printStatus(w io.Writer, st cli.ClusterStatus) error {
 	if st.CARotation != "" {
 		fprintf(w, "\nCA rotation at phase %s: %s\n", st.CARotation, rotationNext(st.CARotation))
 	}
+	printRevoked(w, st.Revoked)
 	printMaintenance(w, st.Maintenance)
 	printBackupRecords(w, st.RestoreDrills, st.BackupFailure)
 	printWarnings(w, st.Warnings)
@@ -406,12 +412,20 @@ func printStoreStatus(w io.Writer, st cli.ClusterStatus) {
 	if st.CARotation != "" {
 		fprintf(w, "CA rotation at phase %s\n", st.CARotation)
 	}
+	printRevoked(w, st.Revoked)
 	printBackupRecords(w, st.RestoreDrills, st.BackupFailure)
 	if len(st.Commands) > 0 {
 		fprintf(w, "\nqueued commands:\n")
 		for _, c := range st.Commands {
 			fprintf(w, "  %s  %s  %s\n", c.ID, c.Kind, c.State)
 		}
+	}
+}
+
+// printRevoked names the revoked nodes, if any.
+func printRevoked(w io.Writer, ids []string) {
+	if len(ids) > 0 {
+		fprintf(w, "\nrevoked nodes (their certificates are refused): %s\n", strings.Join(ids, ", "))
 	}
 }
 

@@ -32,17 +32,21 @@ func TestStatusWithNoAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, _, err := e.run(t, "revoke-node", "gone", "--force"); err != nil {
+		t.Fatal(err)
+	}
 	out, _, err := e.run(t, "--insecure", "--discovery=static:127.0.0.1:1", "status")
 	if err == nil || exitCode(err) != exitFailed || !strings.Contains(err.Error(), "no agent answered") {
 		t.Errorf("status with no agent: %v (exit %d), want it to fail saying so", err, exitCode(err))
 	}
-	for _, want := range []string{"no agent answered; the store says", "memberCount=3", "newest backup: " + name, "newest restorable point: 2026-12-04T01:00:00Z", id + "  backup-now"} {
+	for _, want := range []string{"no agent answered; the store says", "memberCount=3", "newest backup: " + name, "newest restorable point: 2026-12-04T01:00:00Z", id + "  backup-now",
+		"revoked nodes (their certificates are refused): gone"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status printed no %q:\n%s", want, out)
 		}
 	}
 	out, _, _ = e.run(t, "--insecure", "--discovery=static:127.0.0.1:1", "-o", "json", "status")
-	if !strings.Contains(out, `"storeOnly": true`) || !strings.Contains(out, `"newestBackup": "`+name+`"`) {
+	if !strings.Contains(out, `"storeOnly": true`) || !strings.Contains(out, `"newestBackup": "`+name+`"`) || !strings.Contains(out, `"revoked": [`) {
 		t.Errorf("status -o json printed %s", out)
 	}
 }

@@ -83,6 +83,9 @@ type ClusterStatus struct {
 	Maintenance *peer.Maintenance `json:"maintenance,omitempty"`
 	// CARotation is the phase of the CA rotation in progress, if any.
 	CARotation string `json:"caRotation,omitempty"`
+	// Revoked are the nodes the store's revocation list names
+	// (revoke-node).
+	Revoked []string `json:"revoked,omitempty"`
 	// RestoreDrills and BackupFailure are the store's records of the
 	// restore drills and of the last failed backup.
 	RestoreDrills *spec.DrillRecord   `json:"restoreDrills,omitempty"`
