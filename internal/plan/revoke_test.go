@@ -36,7 +36,7 @@ func TestPlanRevoked(t *testing.T) {
 			obs:  revoke(leaderObs(3, cluster(member("a", true), member("c", true)), node("a", "member"), node("c", "member"), node("d", "standby")), "d"),
 			want: []string{"report[WARN] the spec asks for more members, but no standby agent is available"}},
 		{name: "another standby joins in its place",
-			obs: revoke(leaderObs(3, cluster(member("a", true), member("c", true)), node("a", "member"), node("c", "member"), node("d", "standby"), node("e", "standby")), "d"),
+			obs:  revoke(leaderObs(3, cluster(member("a", true), member("c", true)), node("a", "member"), node("c", "member"), node("d", "standby"), node("e", "standby")), "d"),
 			want: []string{"add-member e"}},
 		{name: "the revoked node's own agent stops its etcd and leads nothing",
 			obs:  revoke(three(node("a", "member"), node("c", "member"), node("d", "standby")), "a"),
