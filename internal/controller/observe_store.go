@@ -232,6 +232,7 @@ func (lp *loop) observeRevocations(ctx context.Context, s *store.Store) {
 	var r pki.Revocations
 	switch {
 	case errors.Is(err, store.ErrNotFound):
+		err = nil
 	case err == nil:
 		r, err = pki.ParseRevocations(data)
 	}
