@@ -19,11 +19,15 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/fileblob"
+	"gocloud.dev/blob/gcsblob"
 	"gocloud.dev/gcerrors"
+	"gocloud.dev/gcp"
+	"golang.org/x/oauth2/google"
 
 	"github.com/etcd-manager/etcd-manager/internal/spec"
 )
@@ -115,7 +119,27 @@ func httpStatus(err error) int {
 	if errors.As(err, &re) {
 		return re.HTTPStatusCode()
 	}
+	var az *azcore.ResponseError
+	if errors.As(err, &az) {
+		return az.StatusCode
+	}
 	return 0
+}
+
+// brief is a driver's error on one line. Azure's spans a dozen lines,
+// with the response's body: it is told by its request, status and error
+// code instead.
+func brief(err error) string {
+	var az *azcore.ResponseError
+	if errors.As(err, &az) {
+		req := ""
+		if r := az.RawResponse; r != nil && r.Request != nil && r.Request.URL != nil {
+			// Without the query, which may hold a SAS token.
+			req = r.Request.Method + " " + r.Request.URL.Scheme + "://" + r.Request.URL.Host + r.Request.URL.Path + ": "
+		}
+		return fmt.Sprintf("%sHTTP %d %s", req, az.StatusCode, az.ErrorCode)
+	}
+	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
 // credentialsHint says where a scheme's driver finds its credentials.
@@ -184,7 +208,16 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w %q: %v", ErrBadURL, rawURL, err)
 	}
-	b, err := blob.OpenBucket(ctx, bucketURL)
+	var b *blob.Bucket
+	if u.Scheme == "gs" && os.Getenv(gcsEmulatorHostEnv) == "" && os.Getenv(gcsEmulatorHostEnv+"_GRPC") == "" {
+		creds, cerr := gcp.DefaultCredentials(ctx)
+		if cerr != nil {
+			return nil, refused(ErrNoCredentials, "open %s: %v; %s", rawURL, cerr, credentialsHint(u.Scheme))
+		}
+		b, err = openGCS(ctx, bucketURL, creds)
+	} else {
+		b, err = blob.OpenBucket(ctx, bucketURL)
+	}
 	if err != nil {
 		if strings.Contains(err.Error(), "query parameter") {
 			return nil, fmt.Errorf("%w %q: %v", ErrBadURL, rawURL, err)
@@ -194,7 +227,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		if f := setupFault(u.Scheme, rawURL, err); f != nil {
 			return nil, f
 		}
-		return nil, refused(ErrDenied, "open %s: %v; %s", rawURL, err, credentialsHint(u.Scheme))
+		return nil, refused(ErrDenied, "open %s: %s; %s", rawURL, brief(err), credentialsHint(u.Scheme))
 	}
 	// A missing bucket reads as "not found" object by object, which would
 	// look like an empty store; find out now instead.
@@ -207,15 +240,30 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		case err == nil || code == gcerrors.NotFound || httpStatus(err) == 404:
 			return nil, refused(ErrNoBucket, "%s: bucket or container %q does not exist; create it first", rawURL, u.Host)
 		case code == gcerrors.PermissionDenied || httpStatus(err) == 401 || httpStatus(err) == 403:
-			return nil, refused(ErrDenied, "open %s: %v; %s", rawURL, err, credentialsHint(u.Scheme))
+			return nil, refused(ErrDenied, "open %s: %s; %s", rawURL, brief(err), credentialsHint(u.Scheme))
 		case setupFault(u.Scheme, rawURL, err) != nil:
 			return nil, setupFault(u.Scheme, rawURL, err)
 		case code == gcerrors.InvalidArgument:
-			return nil, fmt.Errorf("%w %q: %v; %s", ErrBadURL, rawURL, err, credentialsHint(u.Scheme))
+			return nil, fmt.Errorf("%w %q: %s; %s", ErrBadURL, rawURL, brief(err), credentialsHint(u.Scheme))
 		}
-		return nil, fmt.Errorf("%w: open %s: %v", ErrUnreachable, rawURL, err)
+		return nil, fmt.Errorf("%w: open %s: %s", ErrUnreachable, rawURL, brief(err))
 	}
 	return &Store{url: rawURL, bucket: b}, nil
+}
+
+// openGCS opens a gs:// bucket URL with creds, the credentials Google's
+// libraries find (GOOGLE_APPLICATION_CREDENTIALS, gcloud's file, the
+// machine's service account). gocloud's own opener would, without them,
+// print a warning on stdout and go on with none, asking the GCE metadata
+// server first; Open says instead that there are none, and what to set.
+func openGCS(ctx context.Context, bucketURL string, creds *google.Credentials) (*blob.Bucket, error) {
+	client, err := gcp.NewHTTPClient(gcp.DefaultTransport(), gcp.CredentialsTokenSource(creds))
+	if err != nil {
+		return nil, err
+	}
+	mux := new(blob.URLMux)
+	mux.RegisterBucket(gcsblob.Scheme, &gcsblob.URLOpener{Client: client})
+	return mux.OpenBucket(ctx, bucketURL)
 }
 
 // gcsEmulatorHostEnv names the variable that points gs:// stores at a GCS
@@ -940,7 +988,7 @@ func (s *Store) wrap(op, key string, err error) error {
 	if gcerrors.Code(err) == gcerrors.NotFound || errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %s in %s", ErrNotFound, key, s.url)
 	}
-	return fmt.Errorf("%w: %s %s in %s: %v", ErrUnreachable, op, key, s.url, err)
+	return fmt.Errorf("%w: %s %s in %s: %s", ErrUnreachable, op, key, s.url, brief(err))
 }
 
 func jsonLine(v any) ([]byte, error) {

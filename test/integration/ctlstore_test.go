@@ -24,16 +24,7 @@ func TestCtlStoreErrors(t *testing.T) {
 	home := t.TempDir()
 	creds := []string{"AWS_ACCESS_KEY_ID=" + minio.User, "AWS_SECRET_ACCESS_KEY=" + minio.Password}
 	base := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "AWS_EC2_METADATA_DISABLED=true"}
-	tests := []struct {
-		name     string
-		url      string
-		env      []string
-		wantCode int
-		want     []string
-		unwanted []string
-		// slowest is how long the ctl may take: a refusal is not retried.
-		slowest time.Duration
-	}{
+	tests := []storeErrorCase{
 		{name: "fine", url: minio.StoreURL("bkt", "x"), env: creds, slowest: 10 * time.Second},
 		{name: "no bucket", url: minio.StoreURL("nobucket", "x"), env: creds, wantCode: 1,
 			want: []string{"store: no such bucket or container", `bucket or container "nobucket" does not exist; create it first`}, unwanted: []string{"unreachable", "tried"}, slowest: 5 * time.Second},
@@ -48,10 +39,50 @@ func TestCtlStoreErrors(t *testing.T) {
 		{name: "no region", url: "s3://bkt/x", env: creds, wantCode: 2,
 			want: []string{"invalid backup store URL", "set the bucket's region with ?region= in the URL or AWS_REGION"}, slowest: 5 * time.Second},
 	}
+	checkStoreErrors(t, env.CtlBin, base, tests)
+
+	// doctor against the real MinIO: its clock is the server's.
+	stdout, stderr, code := runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("bkt", "x"), "doctor", "-o", "json", "--etcd-bin-dir="+env.BinDir)
+	for _, want := range []string{`"check": "store",` + "\n" + `    "status": "ok"`, `"check": "store-write",` + "\n" + `    "status": "ok"`, `"check": "store-clock",` + "\n" + `    "status": "ok"`} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("doctor on MinIO (exit %d) lacks %s:\n%s\n%s", code, want, stdout, stderr)
+		}
+	}
+	stdout, _, code = runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("nobucket", "x"), "doctor", "-o", "json", "--etcd-bin-dir="+env.BinDir)
+	if code != 1 || !strings.Contains(stdout, "create the bucket or container") {
+		t.Errorf("doctor on a missing bucket: exit %d:\n%s", code, stdout)
+	}
+
+	// A store that does not answer is tried again, and says so.
+	minio.Stop()
+	_, stderr, code = runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("bkt", "x"), "--store-attempts=2", "list-backups")
+	if code != 1 || !strings.Contains(stderr, "backup store unreachable") || !strings.Contains(stderr, "tried 2 times") {
+		t.Errorf("MinIO down: exit %d:\n%s", code, stderr)
+	}
+}
+
+// storeErrorCase is one run of the ctl against a store, and what it must
+// print.
+type storeErrorCase struct {
+	name     string
+	url      string
+	env      []string
+	wantCode int
+	want     []string
+	unwanted []string
+	// slowest is how long the ctl may take: a refusal is not retried.
+	slowest time.Duration
+}
+
+// checkStoreErrors runs list-backups -o json for each case with base and
+// the case's environment alone: a success prints [] alone on stdout, a
+// failure one line of the ctl's own on stderr and nothing on stdout.
+func checkStoreErrors(t *testing.T, ctlBin string, base []string, tests []storeErrorCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			start := time.Now()
-			stdout, stderr, code := runCtl(t, env.CtlBin, append(base, tt.env...), "--backup-store="+tt.url, "--store-attempts=3", "list-backups", "-o", "json")
+			stdout, stderr, code := runCtl(t, ctlBin, append(base, tt.env...), "--backup-store="+tt.url, "--store-attempts=3", "list-backups", "-o", "json")
 			took := time.Since(start)
 			if code != tt.wantCode {
 				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tt.wantCode, stderr)
@@ -84,24 +115,47 @@ func TestCtlStoreErrors(t *testing.T) {
 		})
 	}
 
-	// doctor against the real MinIO: its clock is the server's.
-	stdout, stderr, code := runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("bkt", "x"), "doctor", "-o", "json", "--etcd-bin-dir="+env.BinDir)
-	for _, want := range []string{`"check": "store",` + "\n" + `    "status": "ok"`, `"check": "store-write",` + "\n" + `    "status": "ok"`, `"check": "store-clock",` + "\n" + `    "status": "ok"`} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("doctor on MinIO (exit %d) lacks %s:\n%s\n%s", code, want, stdout, stderr)
+}
+
+// The ctl against a real Azurite and a real fake-gcs-server: a missing
+// container or bucket, a refused or missing Azure account key and a
+// missing GCS credentials file are each reported at once on one line
+// naming what to set, with nothing on stdout and no word from the SDKs
+// (gocloud's GCS opener printed a warning on stdout, then asked the GCE
+// metadata server).
+func TestCtlStoreErrorsAzureAndGCS(t *testing.T) {
+	env := harness.NewEnv(t)
+	az := harness.StartAzurite(t)
+	az.CreateContainer(t, "ctr")
+	gcs := harness.StartFakeGCS(t)
+	gcs.CreateBucket(t, "bkt")
+	base := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	// The emulator's guard on the GCE metadata server: a client that
+	// asked it would fail the test.
+	var metadataGuard []string
+	for _, kv := range gcs.Env() {
+		if strings.HasPrefix(kv, "GCE_METADATA_HOST=") {
+			metadataGuard = append(metadataGuard, kv)
 		}
 	}
-	stdout, _, code = runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("nobucket", "x"), "doctor", "-o", "json", "--etcd-bin-dir="+env.BinDir)
-	if code != 1 || !strings.Contains(stdout, "create the bucket or container") {
-		t.Errorf("doctor on a missing bucket: exit %d:\n%s", code, stdout)
-	}
-
-	// A store that does not answer is tried again, and says so.
-	minio.Stop()
-	_, stderr, code = runCtl(t, env.CtlBin, append(base, creds...), "--backup-store="+minio.StoreURL("bkt", "x"), "--store-attempts=2", "list-backups")
-	if code != 1 || !strings.Contains(stderr, "backup store unreachable") || !strings.Contains(stderr, "tried 2 times") {
-		t.Errorf("MinIO down: exit %d:\n%s", code, stderr)
-	}
+	azEnv := az.Env()
+	wrongKey := []string{azEnv[0], "AZURE_STORAGE_KEY=" + "d3Jvbmcga2V5IG9mIHRoZSByaWdodCBsZW5ndGggZm9yIGEgdGVzdCBhY2NvdW50IQ=="}
+	checkStoreErrors(t, env.CtlBin, base, []storeErrorCase{
+		{name: "azure fine", url: az.StoreURL("ctr", "x"), env: azEnv, slowest: 10 * time.Second},
+		{name: "azure no container", url: az.StoreURL("noctr", "x"), env: azEnv, wantCode: 1,
+			want: []string{"store: no such bucket or container", `"noctr" does not exist; create it first`}, unwanted: []string{"unreachable", "tried"}, slowest: 5 * time.Second},
+		{name: "azure wrong key", url: az.StoreURL("ctr", "x"), env: wrongKey, wantCode: 1,
+			want: []string{"store: access denied", "AZURE_STORAGE_ACCOUNT"}, unwanted: []string{"unreachable", "tried"}, slowest: 5 * time.Second},
+		{name: "azure no account", url: az.StoreURL("ctr", "x"), wantCode: 1,
+			want: []string{"store: no credentials found", "AZURE_STORAGE_ACCOUNT"}, unwanted: []string{"unreachable", "tried"}, slowest: 5 * time.Second},
+		{name: "gcs fine", url: gcs.StoreURL("bkt", "x"), env: gcs.Env(), slowest: 10 * time.Second},
+		{name: "gcs no bucket", url: gcs.StoreURL("nobkt", "x"), env: gcs.Env(), wantCode: 1,
+			want: []string{"store: no such bucket or container", `"nobkt" does not exist; create it first`}, unwanted: []string{"unreachable", "tried"}, slowest: 5 * time.Second},
+		// No emulator: the client reads its credentials file first, and
+		// stops there, before anything leaves this machine.
+		{name: "gcs credentials file missing", url: gcs.StoreURL("bkt", "x"), env: append([]string{"GOOGLE_APPLICATION_CREDENTIALS=" + t.TempDir() + "/missing.json"}, metadataGuard...), wantCode: 1,
+			want: []string{"store: no credentials found", "GOOGLE_APPLICATION_CREDENTIALS"}, unwanted: []string{"unreachable", "tried"}, slowest: 5 * time.Second},
+	})
 }
 
 // runCtl runs the ctl binary with exactly env and args.
