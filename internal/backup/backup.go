@@ -200,12 +200,26 @@ func verifyCommand(name string, ceilingFor func(size int64) Ceiling, args ...str
 		stderr := &capped{max: 64 << 10}
 		cmd := exec.CommandContext(cctx, name, append(slices.Clone(args), fmt.Sprintf("--%s=%d", MemoryCeilingFlag, ceiling.Memory), path)...)
 		cmd.Stdout, cmd.Stderr = &stdout, stderr
-		err := cmd.Run()
+		// A memory cgroup where one can be made: the kernel's hard bound.
+		cg, _ := newMemCgroup(ceiling.Memory + cgroupMargin)
+		if cg != nil {
+			defer cg.remove()
+		}
+		err := cmd.Start()
+		if err == nil {
+			if cg != nil && cg.add(cmd.Process.Pid) != nil {
+				cg.remove()
+				cg = nil // the child's own bounds hold alone
+			}
+			err = cmd.Wait()
+		}
 		msg := strings.TrimSpace(stderr.String())
 		var exit *exec.ExitError
 		switch {
 		case err != nil && ctx.Err() == nil && cctx.Err() != nil:
 			return snapshot.Status{}, fmt.Errorf("%w: %s: its check ran past its limit of %s (a sound snapshot's takes a small part of it, unless the host is overloaded), and was stopped", ErrCheckLimit, path, ceiling.Timeout)
+		case err != nil && cg != nil && cg.oomKilled():
+			return snapshot.Status{}, fmt.Errorf("%w: %s: its check needed more than its ceiling of %d bytes of memory (a sound snapshot's needs a small part of it), and its memory cgroup stopped it", ErrCorrupt, path, ceiling.Memory)
 		case errors.As(err, &exit) && (exit.ExitCode() == exitCorrupt || exit.ExitCode() == exitCeiling):
 			return snapshot.Status{}, fmt.Errorf("%w: %s", ErrCorrupt, strings.TrimPrefix(msg, ErrCorrupt.Error()+": "))
 		case errors.As(err, &exit) && exit.ExitCode() == 2 && strings.Contains(msg, "out of memory"):

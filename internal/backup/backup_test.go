@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +39,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(verifyChildEnv) == "sleep" {
 		time.Sleep(time.Minute)
 		os.Exit(0)
+	}
+	if os.Getenv(verifyChildEnv) == "hog" {
+		os.Exit(hog())
 	}
 	if os.Getenv(verifyChildEnv) == "walk" {
 		os.Exit(walkInBbolt(os.Args[len(os.Args)-1]))
@@ -175,6 +179,56 @@ func TestVerifyCeilingStopsARunawayCheck(t *testing.T) {
 		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), p) {
 			t.Errorf("VerifyCommand %v: %v, want ErrCorrupt naming %s", args, err, p)
 		}
+	}
+}
+
+// hog is a child that takes memory as fast as it can, past any watch:
+// 16 MiB at a time, every page touched, up to 2 GiB or 30 s. It exits 0
+// if nothing stops it.
+func hog() int {
+	var held [][]byte
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; i < 128 && time.Now().Before(deadline); i++ {
+		b := make([]byte, 16<<20)
+		for j := 0; j < len(b); j += 4096 {
+			b[j] = 1
+		}
+		held = append(held, b)
+	}
+	runtime.KeepAlive(held)
+	return 0
+}
+
+// Where this process may make a memory cgroup (root, cgroup v1's memory
+// controller: this project's machines), each verify child runs in one
+// limited to its ceiling and a margin: a child that takes memory faster
+// than any watch of its own is stopped by the kernel near that limit,
+// reported as failing its check, and its cgroup is removed.
+func TestVerifyMemoryCgroup(t *testing.T) {
+	probe, err := newMemCgroup(64 << 20)
+	if err != nil {
+		t.Fatalf("no memory cgroup can be made here (%v): this test needs root and a memory controller, as the project's machines have", err)
+	}
+	parent := filepath.Dir(probe.dir)
+	probe.remove()
+	p := filepath.Join(t.TempDir(), "snapshot.db")
+	writeSnapshotDB(t, p, 10)
+	t.Setenv(verifyChildEnv, "hog")
+	ceiling := func(int64) Ceiling { return Ceiling{Memory: 64 << 20, Timeout: time.Minute} }
+	start := time.Now()
+	_, err = verifyCommand(os.Args[0], ceiling)(t.Context(), p)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "its memory cgroup stopped it") {
+		t.Fatalf("a child taking 2 GiB under a 64 MiB ceiling: %v after %s, want ErrCorrupt from its memory cgroup", err, time.Since(start))
+	}
+	t.Logf("stopped by its cgroup after %s: %v", time.Since(start).Round(time.Millisecond), err)
+	left, _ := filepath.Glob(filepath.Join(parent, fmt.Sprintf("etcd-manager-verify-%d-*", os.Getpid())))
+	if len(left) > 0 {
+		t.Errorf("cgroups left behind: %v", left)
+	}
+	// A sound check in a cgroup passes.
+	t.Setenv(verifyChildEnv, "1")
+	if _, err := VerifyCommand(os.Args[0], "--status-only")(t.Context(), p); err != nil {
+		t.Errorf("a sound snapshot in a cgroup: %v", err)
 	}
 }
 
