@@ -199,6 +199,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	srv.OnPeerChange(a.pokeFromPeer)
 	srv.RefuseRevoked(&a.revoked)
+	if a.tlsEnabled() {
+		srv.BindToStore(a.storeMarker())
+	}
 	ops := &operatorCalls{a: a, n: n}
 	defer ops.close()
 	operatorapi.Register(srv, a.cfg.ClusterName, ops)

@@ -116,11 +116,26 @@ func (a *Agent) certRequest() pki.CertRequest {
 	// member's carries it; an older certificate without it is reissued at
 	// start, as for any change of names.
 	add(a.nodeMarker())
+	// The store's, which binds the certificate to this cluster rather
+	// than to any of its name on the same CA; an older certificate
+	// without it is reissued at start.
+	add(a.storeMarker())
 	return pki.CertRequest{CommonName: a.nodeID, Role: pki.RoleNode, DNSNames: dns, IPs: ips, Validity: a.cfg.CertValidity}
 }
 
 // nodeMarker is the name only this cluster's node certificates carry.
 func (a *Agent) nodeMarker() string { return pki.NodeMarker(a.cfg.ClusterName) }
+
+// storeMarker is the name the node certificates of the clusters that
+// keep their state in this agent's store carry; "" for a store URL that
+// does not parse (Validate refuses it first).
+func (a *Agent) storeMarker() string {
+	id, err := store.Identity(a.cfg.BackupStore)
+	if err != nil {
+		return ""
+	}
+	return pki.StoreMarker(id)
+}
 
 // certMarker is the node marker for the leader to require of etcd's
 // peers, as this node reports it: empty while etcd runs without TLS, or

@@ -255,3 +255,37 @@ func TestSerialsRecordedAndCRLWritten(t *testing.T) {
 		t.Error("the revocation is not in force")
 	}
 }
+
+// The node certificate carries the cluster's node marker and its store's
+// marker, the same for every agent of the store however its URL is
+// spelled.
+func TestCertCarriesTheStoreMarker(t *testing.T) {
+	a, _ := testAgent(t)
+	b, _ := testAgent(t)
+	b.cfg.BackupStore = a.cfg.BackupStore + "/"
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := a.setupTLS(ctx); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(a.pkiFiles().Cert())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pki.ParseCertPEM(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := store.Identity(a.cfg.BackupStore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{a.nodeMarker(), pki.StoreMarker(id)} {
+		if !pki.CarriesName(c, name) {
+			t.Errorf("the node certificate %v lacks %s", c.DNSNames, name)
+		}
+	}
+	if a.storeMarker() != b.storeMarker() {
+		t.Errorf("store markers %s and %s for one store", a.storeMarker(), b.storeMarker())
+	}
+}

@@ -527,7 +527,19 @@ type Server struct {
 	// revoked refuses the certificates of revoked nodes, every call
 	// theirs (see RefuseRevoked).
 	revoked *pki.RevocationSet
+	// storeMarker, when set, is the store marker this cluster's node
+	// certificates carry (see BindToStore).
+	storeMarker string
 }
+
+// BindToStore makes the server take a node's calls only from a
+// certificate that carries marker, this cluster's pki.StoreMarker, as
+// well as its node marker, and refuse every call, Info included, from
+// one that carries another store's: a node of another cluster of the
+// same name on the same CA. A node certificate without any store marker
+// (from an etcd-manager before them) passes as one without a node
+// marker does (see AcceptUnmarkedUntil). Set it before Serve.
+func (s *Server) BindToStore(marker string) { s.storeMarker = marker }
 
 // RefuseRevoked makes the server refuse every call, Info included, that
 // comes with a certificate set refuses: a revoked node's. Set it before
@@ -777,12 +789,15 @@ func (s *Server) authorize(ctx context.Context, req any) error {
 		}
 		return status.Errorf(codes.PermissionDenied, "peer: %q is not a node certificate; only agents may change a node, other certificates may read its status", name)
 	}
+	nodeMarked := pki.CarriesName(c, pki.NodeMarker(s.clusterName))
 	switch other := s.otherCluster(c); {
-	case pki.CarriesName(c, pki.NodeMarker(s.clusterName)):
 	case other != "":
 		return status.Errorf(codes.PermissionDenied, "peer: %q is a node certificate of another cluster (%s); this agent serves cluster %q", c.Subject.CommonName, other, s.clusterName)
+	case nodeMarked && (s.storeMarker == "" || pki.CarriesName(c, s.storeMarker)):
 	case s.now().Before(s.unmarkedUntil):
 		// Issued before markers, and still accepted for a while.
+	case nodeMarked:
+		return status.Errorf(codes.PermissionDenied, "peer: node certificate %q carries this cluster's marker but not its store's (%s): it was issued before store markers existed; its agent reissues it when it runs this version, or --peer-accept-unmarked-until lets it pass for a while", c.Subject.CommonName, s.storeMarker)
 	default:
 		return status.Errorf(codes.PermissionDenied, "peer: node certificate %q carries no cluster marker (%s): it was issued before markers existed; its agent reissues it when it runs this version, or --peer-accept-unmarked-until lets it pass for a while", c.Subject.CommonName, pki.NodeMarker(s.clusterName))
 	}
@@ -802,6 +817,13 @@ func (s *Server) otherCluster(c *x509.Certificate) string {
 			continue
 		}
 		n := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
+		if pki.IsStoreMarker(n) {
+			// Ours, or another store's when this server is bound to one.
+			if s.storeMarker != "" && n != s.storeMarker {
+				return name + ", a cluster named alike that keeps another backup store"
+			}
+			continue
+		}
 		if n != ours[0] && n != ours[1] {
 			return name
 		}

@@ -123,6 +123,55 @@ func TestPeerAPIBindsCallsToTheCluster(t *testing.T) {
 	})
 }
 
+// Two clusters named alike on one CA keep different stores: a node
+// certificate that carries the other store's marker is refused on every
+// call, Info included; one of this store's is served; one from before
+// store markers makes a node's calls only within the time allowed, and
+// still reads Info.
+func TestPeerAPIBindsCallsToTheStore(t *testing.T) {
+	a := newAuthServer(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ours, theirs := pki.StoreMarker("0123456789abcdef"), pki.StoreMarker("fedcba9876543210")
+	cert := func(names ...string) pki.CertRequest {
+		return pki.CertRequest{CommonName: "n2", Role: pki.RoleNode, DNSNames: append([]string{pki.NodeMarker("main")}, names...), Validity: time.Hour}
+	}
+	for _, tt := range []struct {
+		name  string
+		req   pki.CertRequest
+		until time.Time
+		want  string // "" for served
+		info  bool
+	}{
+		{name: "this store's node", req: cert(ours), info: true},
+		{name: "a node of the cluster named alike", req: cert(theirs), want: "a cluster named alike that keeps another backup store"},
+		{name: "a node certificate from before store markers", req: cert(), want: "carries this cluster's marker but not its store's", info: true},
+		{name: "the same within the time allowed", req: cert(), until: a.now.Add(time.Hour), info: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			addr, rec := a.serveWith(t, func(s *Server) { s.BindToStore(ours); s.AcceptUnmarkedUntil(tt.until) })
+			c := a.dial(t, addr, tt.req)
+			for name, err := range map[string]error{
+				"Leave": c.Leave(ctx, LeaveRequest{LeaderID: "n2", Token: "tok"}),
+				"Fence": c.Fence(ctx, FenceRequest{LeaderID: "n2", Term: 1}),
+			} {
+				switch {
+				case tt.want == "" && err != nil:
+					t.Errorf("%s: %v, want it served", name, err)
+				case tt.want != "" && (status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), tt.want)):
+					t.Errorf("%s: %v, want PermissionDenied saying %q", name, err, tt.want)
+				}
+			}
+			if _, err := c.Info(ctx); tt.info != (err == nil) {
+				t.Errorf("Info: %v, want it read: %v", err, tt.info)
+			}
+			if tt.want != "" && strings.Contains(strings.Join(rec.calls, " "), "Leave") {
+				t.Errorf("the handler saw %q", rec.calls)
+			}
+		})
+	}
+}
+
 // A revoked node's certificate, and any certificate whose serial the
 // list names, is refused on every call, Info included, and the handler
 // never runs; the list is read at each call, so a revocation holds at

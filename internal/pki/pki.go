@@ -331,6 +331,21 @@ const ReservedDomain = "etcd-manager.internal"
 // cluster sharing the CA (--pki-dir) is refused too.
 func NodeMarker(cluster string) string { return "node." + cluster + "." + ReservedDomain }
 
+// StoreMarker is the name every node certificate carries for the
+// backup store its cluster keeps its state in; id is the store's
+// identity (store.Identity of its URL). Two clusters of one name that
+// share a CA keep different stores, so their nodes' certificates differ
+// by it, and neither's agents take the other's calls. Only node
+// certificates may carry it (see Issue).
+func StoreMarker(id string) string { return "store-" + id + ".node." + ReservedDomain }
+
+// IsStoreMarker reports whether name is a StoreMarker, of any store.
+func IsStoreMarker(name string) bool {
+	n := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
+	rest, ok := strings.CutPrefix(n, "store-")
+	return ok && strings.HasSuffix(rest, ".node."+ReservedDomain)
+}
+
 // OperatorMarker is the name an operator certificate for cluster carries
 // as a DNS SAN: the agents of that cluster take the operator's calls only
 // from a certificate that names it, so that an operator certificate for

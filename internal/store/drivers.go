@@ -3,8 +3,11 @@ package store
 // The blob drivers for the cloud schemes register their URL openers here,
 // so every binary that opens a store understands all of them.
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/url"
+	"path"
 	"slices"
 	"strings"
 
@@ -37,6 +40,21 @@ func parseURL(rawURL string) (*url.URL, error) {
 		return nil, fmt.Errorf("%w %q: it has a fragment (#%s); a # in a path must be written %%23", ErrBadURL, rawURL, u.Fragment)
 	}
 	return u, nil
+}
+
+// Identity is a short name of the store at rawURL, the same for every
+// spelling of its URL that names the same bucket (or folder) and prefix:
+// its scheme, bucket and cleaned path, without the query (endpoints,
+// regions, credentials), hashed. Node certificates carry it (see
+// pki.StoreMarker): agents take calls only from nodes of their store.
+func Identity(rawURL string) (string, error) {
+	u, err := parseURL(rawURL)
+	if err != nil {
+		return "", err
+	}
+	key := u.Scheme + "://" + strings.ToLower(u.Host) + path.Clean("/"+strings.Trim(u.Path, "/"))
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:8]), nil
 }
 
 // CheckURL checks a store URL's form without opening the store, for a

@@ -517,3 +517,45 @@ func TestFileStorePermissions(t *testing.T) {
 		}
 	}
 }
+
+// A store's identity is the same for every spelling of its URL that
+// names the same bucket or folder and prefix, and differs otherwise.
+func TestIdentity(t *testing.T) {
+	id := func(u string) string {
+		t.Helper()
+		s, err := Identity(u)
+		if err != nil {
+			t.Fatalf("Identity(%q): %v", u, err)
+		}
+		return s
+	}
+	same := [][]string{
+		{"s3://bkt/main", "s3://bkt/main/", "s3://BKT//main?region=eu-west-1", "s3://bkt/main?endpoint=http://127.0.0.1:9000&use_path_style=true"},
+		{"file:///var/lib/backups/main", "file:///var/lib/backups/main/", "file:///var/lib//backups/./main"},
+		{"gs://bkt", "gs://bkt/"},
+	}
+	seen := map[string]string{}
+	for _, group := range same {
+		want := id(group[0])
+		if len(want) != 16 {
+			t.Errorf("Identity(%q) = %q, want 16 hex digits", group[0], want)
+		}
+		for _, u := range group[1:] {
+			if got := id(u); got != want {
+				t.Errorf("Identity(%q) = %s, Identity(%q) = %s: want them equal", u, got, group[0], want)
+			}
+		}
+		if other, ok := seen[want]; ok {
+			t.Errorf("%s and %s share identity %s", group[0], other, want)
+		}
+		seen[want] = group[0]
+	}
+	for _, u := range []string{"s3://bkt/other", "s3://other/main", "azblob://bkt/main", "gs://bkt/main"} {
+		if got := id(u); seen[got] != "" {
+			t.Errorf("Identity(%q) = %s, the identity of %s", u, got, seen[got])
+		}
+	}
+	if _, err := Identity("ftp://x/y"); !errors.Is(err, ErrBadURL) {
+		t.Errorf("Identity of an ftp URL: %v, want ErrBadURL", err)
+	}
+}
