@@ -100,7 +100,10 @@ func (o *options) revokeNode(ctx context.Context, w io.Writer, node, reason stri
 			serials = append(serials, serial)
 		}
 	}
-	recs, _ := peer.StoreRecords(ctx, s, peer.ReadLimits{Now: time.Now()})
+	recs, err := peer.StoreRecords(ctx, s, peer.ReadLimits{Now: time.Now()})
+	if err != nil && !force {
+		return fmt.Errorf("the agents' records do not all read, so the quorum after the revocation cannot be judged: %w; or --force", err)
+	}
 	known := len(serials) > 0 || slices.ContainsFunc(recs, func(r peer.Record) bool { return r.NodeID == node })
 	if !known && !force {
 		return fmt.Errorf("no agent recorded node %q in this store (no discovery record, no certificate issued): check the ID (etcd-manager-ctl status lists the nodes), or --force", node)
@@ -109,7 +112,11 @@ func (o *options) revokeNode(ctx context.Context, w io.Writer, node, reason stri
 	if err != nil {
 		return err
 	}
-	if err := quorumAfterRevoking(recs, current, node, time.Now()); err != nil && !force {
+	memberCount := 0
+	if cs, err := s.ReadSpec(ctx); err == nil {
+		memberCount = int(cs.MemberCount)
+	}
+	if err := quorumAfterRevoking(recs, current, node, memberCount, time.Now()); err != nil && !force {
 		return fmt.Errorf("%w; heal or replace the others first, or --force", err)
 	}
 	now := time.Now().UTC().Truncate(time.Second)
@@ -160,9 +167,11 @@ func readRevocations(ctx context.Context, s *store.Store) (pki.Revocations, erro
 // quorumAfterRevoking refuses to revoke a member when the members whose
 // agents lately published a healthy etcd, without it and without the
 // nodes revoked already, would be fewer than a quorum of the members:
-// its agent stops its etcd at once. Members are the nodes whose records
-// carry the newest cluster token among them.
-func quorumAfterRevoking(recs []peer.Record, revoked pki.Revocations, node string, now time.Time) error {
+// its agent stops its etcd at once. Members are the nodes whose fresh
+// records carry the most common cluster token among them, and there are
+// at least as many as the spec asks for (memberCount): a member whose
+// agent is silent counts, as unhealthy.
+func quorumAfterRevoking(recs []peer.Record, revoked pki.Revocations, node string, memberCount int, now time.Time) error {
 	var members []peer.Record
 	tokens := map[string]int{}
 	for _, r := range recs {
@@ -190,8 +199,9 @@ func quorumAfterRevoking(recs []peer.Record, revoked pki.Revocations, node strin
 			healthy++
 		}
 	}
-	if need := len(members)/2 + 1; healthy < need {
-		return fmt.Errorf("revoking %s, whose agent then stops its etcd, would leave %d healthy members of %d, short of a quorum of %d", node, healthy, len(members), need)
+	total := max(len(members), memberCount)
+	if need := total/2 + 1; healthy < need {
+		return fmt.Errorf("revoking %s, whose agent then stops its etcd, would leave %d healthy members of %d, short of a quorum of %d", node, healthy, total, need)
 	}
 	return nil
 }

@@ -50,9 +50,12 @@ func TestRevokeNode(t *testing.T) {
 		{name: "the unhealthy member itself",
 			objects: map[string]string{"discovery/a": record("a", true), "discovery/b": record("b", false), "discovery/c": record("c", true)},
 			args:    []string{"revoke-node", "b"}, node: "b", wantSerials: ""},
-		{name: "the only member",
+		{name: "the only agent publishing, of the spec's three members",
 			objects: map[string]string{"discovery/a": record("a", true)},
-			args:    []string{"revoke-node", "a"}, wantCode: exitFailed, wantErr: "would leave 0 healthy members of 1"},
+			args:    []string{"revoke-node", "a"}, wantCode: exitFailed, wantErr: "would leave 0 healthy members of 3"},
+		{name: "a healthy member while two agents are silent",
+			objects: map[string]string{"discovery/a": record("a", true), "discovery/b": record("b", true)},
+			args:    []string{"revoke-node", "a"}, wantCode: exitFailed, wantErr: "would leave 1 healthy members of 3, short of a quorum of 2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

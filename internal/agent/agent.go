@@ -52,10 +52,14 @@ type Agent struct {
 	renewAt    time.Time
 	certExpiry atomic.Int64
 	// revoked is the store's revocation list in force, as the loop last
-	// read it: the peer API and the agent's clients refuse the revoked
-	// nodes' certificates. crlFor is what the CRL file on disk was
-	// written from (guarded by certMu).
+	// read it (or as saved on disk, at start): the peer API and the
+	// agent's clients refuse the revoked nodes' certificates. crlCA is
+	// the CA that signs etcd's CRL file, and crlFor what the file on disk
+	// was written from; crlMu serializes its writes, apart from certMu,
+	// which renewals hold across the store's answers.
 	revoked pki.RevocationSet
+	crlCA   atomic.Pointer[pki.CA]
+	crlMu   sync.Mutex
 	crlFor  string
 	// certMarked is set while the node certificate on disk carries the
 	// node marker (read by the loop, set by renewals).
@@ -133,6 +137,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.events = journal.New(a.nodeID, a.now, a.log, controller.QuietError)
 	a.page = &status.Page{Events: status.StoreEvents(a.cfg.BackupStore), Now: a.now}
 	defer a.events.Start(ctx, a.cfg.BackupStore)()
+	// The revocations last read stay in force from the start, before the
+	// loop reads the store's list.
+	a.loadRevocations()
 	if err := a.setupTLS(ctx); err != nil {
 		return err
 	}
@@ -319,6 +326,7 @@ func (a *Agent) loopEnv() controller.Env {
 		Readers:      readers(),
 		ReleasePages: releaseCodePages,
 		Revoked:      a.takeRevocations,
+		Revocations:  a.revoked.Get(),
 	}
 }
 

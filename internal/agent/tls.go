@@ -7,11 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -271,7 +273,8 @@ func (a *Agent) ensureCertLocked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := a.writeCRLLocked(a.revoked.Get()); err != nil {
+	a.crlCA.Store(a.ca)
+	if err := a.writeCRL(a.revoked.Get()); err != nil {
 		a.log.Warn("cannot write etcd's revocation list", "error", err)
 	}
 	if fresh {
@@ -452,8 +455,12 @@ func (a *Agent) etcdTLSFiles() *etcdproc.TLSFiles {
 // all the same, and only etcd's CRL would miss it: the agents refuse a
 // revoked node by its ID whatever the serial.
 func (a *Agent) recordSerial(ctx context.Context, serial *big.Int) error {
+	wait := 30 * time.Second
+	if a.cfg.PKIDir != "" {
+		wait = 5 * time.Second // the certificate is issued anyway
+	}
 	err := func() error {
-		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, wait)
 		defer cancel()
 		s, err := store.Open(ctx, a.cfg.BackupStore, store.Options{Create: true})
 		if err != nil {
@@ -481,37 +488,81 @@ type issuedRecord struct {
 	IssuedAt time.Time `json:"issuedAt"`
 }
 
+// revokedFile keeps the revocation list last read from the store, so
+// that it is in force from the agent's start.
+func (a *Agent) revokedFile() string { return filepath.Join(a.pkiFiles().Dir, "revoked.json") }
+
+// loadRevocations puts the list saved by the last run in force; one
+// that does not read is reported and left, for the store's to replace.
+func (a *Agent) loadRevocations() {
+	data, err := readFileMax(a.revokedFile(), pki.MaxRevokedSize)
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if err == nil {
+		var r pki.Revocations
+		if r, err = pki.ParseRevocations(data); err == nil {
+			a.revoked.Set(r)
+			return
+		}
+	}
+	a.log.Warn("cannot read the revocation list this agent saved; the store's is in force from the first cycle", "file", a.revokedFile(), "error", err)
+}
+
+// readFileMax reads a file of at most max bytes.
+func readFileMax(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err == nil && int64(len(data)) > max {
+		err = fmt.Errorf("agent: %s is over %d bytes", path, max)
+	}
+	return data, err
+}
+
 // takeRevocations puts the store's revocation list in force: the peer
 // API and this agent's clients refuse the revoked nodes' certificates at
-// once, and etcd's CRL file lists their serials for its new connections.
+// once, etcd's CRL file lists their serials for its new connections, and
+// the list is saved for the agent's next start.
 func (a *Agent) takeRevocations(r pki.Revocations) {
+	changed := !reflect.DeepEqual(a.revoked.Get(), r)
 	a.revoked.Set(r)
-	a.certMu.Lock()
-	defer a.certMu.Unlock()
-	if err := a.writeCRLLocked(r); err != nil {
+	if changed {
+		if data, err := r.Marshal(); err != nil {
+			a.log.Warn("cannot save the revocation list", "error", err)
+		} else if err := errors.Join(os.MkdirAll(filepath.Dir(a.revokedFile()), 0o700), pki.WriteFileAtomic(a.revokedFile(), data, 0o644)); err != nil {
+			a.log.Warn("cannot save the revocation list", "file", a.revokedFile(), "error", err)
+		}
+	}
+	if err := a.writeCRL(r); err != nil {
 		a.log.Warn("cannot write etcd's revocation list", "error", err)
 	}
 }
 
-// writeCRLLocked writes etcd's CRL file from r, signed by the CA, when
-// either changed since it was last written; without TLS for etcd, or
-// before the CA is read, it writes nothing (etcd then starts without
-// it). Callers hold certMu.
-func (a *Agent) writeCRLLocked(r pki.Revocations) error {
-	if a.cfg.EtcdInsecure || a.ca == nil {
+// writeCRL writes etcd's CRL file from r, signed by the CA, when either
+// changed since it was last written; without TLS for etcd, or before the
+// CA is read, it writes nothing (etcd then starts without it).
+func (a *Agent) writeCRL(r pki.Revocations) error {
+	ca := a.crlCA.Load()
+	if a.cfg.EtcdInsecure || ca == nil {
 		return nil
 	}
+	a.crlMu.Lock()
+	defer a.crlMu.Unlock()
 	var serials []string
 	for _, n := range r.Nodes {
 		serials = append(serials, n.Serials...)
 	}
 	slices.Sort(serials)
-	key := pki.Fingerprint(a.ca.Cert) + " " + strings.Join(serials, ",")
+	key := pki.Fingerprint(ca.Cert) + " " + strings.Join(serials, ",")
 	path := a.pkiFiles().CRL()
 	if _, err := os.Stat(path); err == nil && key == a.crlFor {
 		return nil
 	}
-	der, err := r.CRL(a.ca, a.now())
+	der, err := r.CRL(ca, a.now())
 	if err != nil {
 		return err
 	}

@@ -289,3 +289,27 @@ func TestCertCarriesTheStoreMarker(t *testing.T) {
 		t.Errorf("store markers %s and %s for one store", a.storeMarker(), b.storeMarker())
 	}
 }
+
+// The revocation list read last is saved, and in force from the next
+// start, before the store is read; a damaged saved list is reported and
+// refuses no one.
+func TestRevocationsSavedAcrossRestarts(t *testing.T) {
+	a, _ := testAgent(t)
+	a.takeRevocations(pki.Revocations{Nodes: []pki.RevokedNode{{NodeID: "node-2", RevokedAt: time.Now()}}})
+	b, _ := testAgent(t)
+	b.cfg.DataDir = a.cfg.DataDir
+	b.loadRevocations()
+	if !b.revoked.NodeRevoked("node-2") {
+		t.Error("the saved revocation is not in force at the next start")
+	}
+	if err := os.WriteFile(b.revokedFile(), []byte("junk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, rec := testAgent(t)
+	c.cfg.DataDir = a.cfg.DataDir
+	c.loadRevocations()
+	const msg = "cannot read the revocation list this agent saved; the store's is in force from the first cycle"
+	if c.revoked.NodeRevoked("node-2") || len(rec.find(msg)) != 1 {
+		t.Errorf("a damaged saved list: in force %v, logged %q", c.revoked.Get(), rec.find(msg))
+	}
+}

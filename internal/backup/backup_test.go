@@ -211,6 +211,12 @@ func TestVerifyMemoryCgroup(t *testing.T) {
 	}
 	parent := filepath.Dir(probe.dir)
 	probe.remove()
+	// One left by an agent that is gone is removed by the next.
+	stale := filepath.Join(parent, cgroupPrefix+"2147483646-1")
+	if err := os.Mkdir(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(stale) })
 	p := filepath.Join(t.TempDir(), "snapshot.db")
 	writeSnapshotDB(t, p, 10)
 	t.Setenv(verifyChildEnv, "hog")
@@ -224,6 +230,9 @@ func TestVerifyMemoryCgroup(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(parent, fmt.Sprintf("etcd-manager-verify-%d-*", os.Getpid())))
 	if len(left) > 0 {
 		t.Errorf("cgroups left behind: %v", left)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the cgroup of a gone agent stays: %v", err)
 	}
 	// A sound check in a cgroup passes.
 	t.Setenv(verifyChildEnv, "1")

@@ -48,7 +48,8 @@ func newMemCgroup(limit int64) (*memCgroup, error) {
 		// own part: the mount's root is this process's.
 		parent = mount
 	}
-	dir := filepath.Join(parent, fmt.Sprintf("etcd-manager-verify-%d-%d", os.Getpid(), cgroupSeq.Add(1)))
+	removeStale(parent)
+	dir := filepath.Join(parent, fmt.Sprintf("%s%d-%d", cgroupPrefix, os.Getpid(), cgroupSeq.Add(1)))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("backup: memory cgroup: %w", err)
 	}
@@ -72,6 +73,27 @@ func newMemCgroup(limit int64) (*memCgroup, error) {
 		}
 	}
 	return c, nil
+}
+
+// cgroupPrefix starts the names of verify children's cgroups, before the
+// agent's pid.
+const cgroupPrefix = "etcd-manager-verify-"
+
+// removeStale removes the cgroups of verify children whose agent is gone
+// (killed while a check ran): the kernel refuses to remove one that
+// still holds a process.
+func removeStale(parent string) {
+	dirs, _ := filepath.Glob(filepath.Join(parent, cgroupPrefix+"*"))
+	for _, d := range dirs {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(d), cgroupPrefix), "-")
+		n, err := strconv.Atoi(pid)
+		if !ok || err != nil || n == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", n)); errors.Is(err, os.ErrNotExist) {
+			_ = os.Remove(d)
+		}
+	}
 }
 
 // memoryHierarchy finds the mount of the cgroup hierarchy that holds the

@@ -74,6 +74,9 @@ type Env struct {
 	// it (nil: none): the agent refuses the revoked nodes' certificates
 	// and writes etcd's CRL file from it.
 	Revoked func(pki.Revocations)
+	// Revocations is the list in force when the loop starts (the one the
+	// agent saved), until the store's is read.
+	Revocations pki.Revocations
 	// ReleasePages gives back the binary's read-only pages after a busy
 	// spell (nil: never).
 	ReleasePages func() (int64, error)
@@ -149,6 +152,7 @@ func newLoop(cfg Config, env Env, n *node.Node) (*loop, error) {
 		learnerSince:   plan.Since{},
 		failures:       newFailures(),
 		offsets:        map[string]time.Duration{},
+		revoked:        env.Revocations,
 	}
 	lp.figures = status.NewFigures(env.Registry, lp.now)
 	lp.backups = cfg.Backup.NewTaker(n.ID(), lp.log, func() time.Time { return lp.now() }, env.Readers)

@@ -64,6 +64,11 @@ func (lp *loop) observeStore(ctx context.Context, s *store.Store, obs *plan.Obse
 // trust. An error means the store cannot be read.
 func (lp *loop) takeLock(ctx context.Context, s *store.Store, obs *plan.Observed, noCluster bool) error {
 	obs.LockRefused = lp.lockRefused(ctx, s)
+	if obs.Revoked[obs.Self.ID] {
+		// A revoked node leads nothing: it sees no peer (they refuse it),
+		// so it would think the cluster gone and hold the lock for ever.
+		obs.LockRefused = errors.New("controller: this node is revoked")
+	}
 	want := obs.LockRefused == nil && (noCluster || plan.ActiveExclusive(obs.Commands) != nil)
 	if !want {
 		if lp.lease.Term() != 0 {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -776,7 +777,7 @@ func (s *Server) authorize(ctx context.Context, req any) error {
 	}
 	if _, readOnly := req.(*InfoRequest); readOnly {
 		if c != nil {
-			if other := s.otherCluster(c); other != "" {
+			if other := s.foreign(c); other != "" {
 				return status.Errorf(codes.PermissionDenied, "peer: %q is a certificate of another cluster (%s); this agent serves cluster %q", c.Subject.CommonName, other, s.clusterName)
 			}
 		}
@@ -790,7 +791,7 @@ func (s *Server) authorize(ctx context.Context, req any) error {
 		return status.Errorf(codes.PermissionDenied, "peer: %q is not a node certificate; only agents may change a node, other certificates may read its status", name)
 	}
 	nodeMarked := pki.CarriesName(c, pki.NodeMarker(s.clusterName))
-	switch other := s.otherCluster(c); {
+	switch other := s.foreign(c); {
 	case other != "":
 		return status.Errorf(codes.PermissionDenied, "peer: %q is a node certificate of another cluster (%s); this agent serves cluster %q", c.Subject.CommonName, other, s.clusterName)
 	case nodeMarked && (s.storeMarker == "" || pki.CarriesName(c, s.storeMarker)):
@@ -829,6 +830,31 @@ func (s *Server) otherCluster(c *x509.Certificate) string {
 		}
 	}
 	return ""
+}
+
+// foreign is otherCluster, but for a node certificate of this cluster
+// under another store's marker while certificates without this store's
+// pass (AcceptUnmarkedUntil): a cluster moving to another store, its
+// agents restarted one at a time.
+func (s *Server) foreign(c *x509.Certificate) string {
+	other := s.otherCluster(c)
+	if other != "" && pki.CarriesName(c, pki.NodeMarker(s.clusterName)) && s.otherStoreOnly(c) && s.now().Before(s.unmarkedUntil) {
+		return ""
+	}
+	return other
+}
+
+// otherStoreOnly reports whether the only reserved names of c that are
+// not this cluster's are store markers.
+func (s *Server) otherStoreOnly(c *x509.Certificate) bool {
+	ours := []string{pki.NodeMarker(s.clusterName), pki.OperatorMarker(s.clusterName), s.storeMarker}
+	for _, name := range c.DNSNames {
+		n := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
+		if pki.IsReservedName(n) && !pki.IsStoreMarker(n) && !slices.Contains(ours, n) {
+			return false
+		}
+	}
+	return true
 }
 
 // RegisterService adds another service to the server, such as the

@@ -147,6 +147,7 @@ func TestPeerAPIBindsCallsToTheStore(t *testing.T) {
 		{name: "a node of the cluster named alike", req: cert(theirs), want: "a cluster named alike that keeps another backup store"},
 		{name: "a node certificate from before store markers", req: cert(), want: "carries this cluster's marker but not its store's", info: true},
 		{name: "the same within the time allowed", req: cert(), until: a.now.Add(time.Hour), info: true},
+		{name: "a node of the cluster named alike within the time allowed (a move to another store)", req: cert(theirs), until: a.now.Add(time.Hour), info: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			addr, rec := a.serveWith(t, func(s *Server) { s.BindToStore(ours); s.AcceptUnmarkedUntil(tt.until) })

@@ -209,13 +209,16 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("%w %q: %v", ErrBadURL, rawURL, err)
 	}
 	var b *blob.Bucket
-	if u.Scheme == "gs" && os.Getenv(gcsEmulatorHostEnv) == "" && os.Getenv(gcsEmulatorHostEnv+"_GRPC") == "" {
+	switch {
+	case u.Scheme == "gs" && u.Query().Get("anonymous") == "true":
+		b, err = openGCS(ctx, bucketURL, nil)
+	case u.Scheme == "gs" && os.Getenv(gcsEmulatorHostEnv) == "" && os.Getenv(gcsEmulatorHostEnv+"_GRPC") == "":
 		creds, cerr := gcp.DefaultCredentials(ctx)
 		if cerr != nil {
 			return nil, refused(ErrNoCredentials, "open %s: %v; %s", rawURL, cerr, credentialsHint(u.Scheme))
 		}
 		b, err = openGCS(ctx, bucketURL, creds)
-	} else {
+	default:
 		b, err = blob.OpenBucket(ctx, bucketURL)
 	}
 	if err != nil {
@@ -256,13 +259,19 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 // machine's service account). gocloud's own opener would, without them,
 // print a warning on stdout and go on with none, asking the GCE metadata
 // server first; Open says instead that there are none, and what to set.
+// With nil creds (?anonymous=true) it sends no credentials.
 func openGCS(ctx context.Context, bucketURL string, creds *google.Credentials) (*blob.Bucket, error) {
-	client, err := gcp.NewHTTPClient(gcp.DefaultTransport(), gcp.CredentialsTokenSource(creds))
-	if err != nil {
-		return nil, err
+	opener := &gcsblob.URLOpener{Client: gcp.NewAnonymousHTTPClient(gcp.DefaultTransport())}
+	if creds != nil {
+		ts := gcp.CredentialsTokenSource(creds)
+		client, err := gcp.NewHTTPClient(gcp.DefaultTransport(), ts)
+		if err != nil {
+			return nil, err
+		}
+		opener = &gcsblob.URLOpener{Client: client, TokenSource: ts}
 	}
 	mux := new(blob.URLMux)
-	mux.RegisterBucket(gcsblob.Scheme, &gcsblob.URLOpener{Client: client})
+	mux.RegisterBucket(gcsblob.Scheme, opener)
 	return mux.OpenBucket(ctx, bucketURL)
 }
 
