@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/url"
@@ -495,32 +494,15 @@ func (a *Agent) revokedFile() string { return filepath.Join(a.pkiFiles().Dir, "r
 // loadRevocations puts the list saved by the last run in force; one
 // that does not read is reported and left, for the store's to replace.
 func (a *Agent) loadRevocations() {
-	data, err := readFileMax(a.revokedFile(), pki.MaxRevokedSize)
-	if errors.Is(err, os.ErrNotExist) {
+	r, err := pki.ReadRevocationsFile(a.revokedFile())
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return
+	case err == nil:
+		a.revoked.Set(r)
 		return
 	}
-	if err == nil {
-		var r pki.Revocations
-		if r, err = pki.ParseRevocations(data); err == nil {
-			a.revoked.Set(r)
-			return
-		}
-	}
 	a.log.Warn("cannot read the revocation list this agent saved; the store's is in force from the first cycle", "file", a.revokedFile(), "error", err)
-}
-
-// readFileMax reads a file of at most max bytes.
-func readFileMax(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err == nil && int64(len(data)) > max {
-		err = fmt.Errorf("agent: %s is over %d bytes", path, max)
-	}
-	return data, err
 }
 
 // takeRevocations puts the store's revocation list in force: the peer

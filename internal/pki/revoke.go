@@ -134,6 +134,16 @@ func (r Revocations) Validate() error {
 	return nil
 }
 
+// ReadRevocationsFile reads a revocation list an agent saved (see
+// Marshal), at most MaxRevokedSize bytes of it.
+func ReadRevocationsFile(path string) (Revocations, error) {
+	data, err := readFileMax(path, MaxRevokedSize)
+	if err != nil {
+		return Revocations{}, err
+	}
+	return ParseRevocations(data)
+}
+
 // Marshal is the list as the store keeps it.
 func (r Revocations) Marshal() ([]byte, error) {
 	if err := r.Validate(); err != nil {

@@ -129,7 +129,7 @@ func readFileMax(path string, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("pki: %w", err)
 	}
 	if int64(len(data)) > max {
-		return nil, fmt.Errorf("pki: %s is over the %d bytes a set of CA certificates needs", path, max)
+		return nil, fmt.Errorf("pki: %s is over %d bytes, more than it may hold", path, max)
 	}
 	return data, nil
 }
