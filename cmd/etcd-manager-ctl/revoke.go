@@ -44,8 +44,9 @@ for it (pki/issued/NODE/). From their next cycle (seconds):
   - the leader removes the node's member, while the other members keep a
     quorum, and a standby agent, if there is one, joins in its place.
 
-A revoked node ID is never used again. To bring the machine back, start its
-agent on an empty --data-dir: it gets a new node ID and a new certificate.
+A revoked node ID stays refused. To bring the machine back, start its agent
+on an empty --data-dir: it gets a new node ID and a new certificate (an agent
+given --node-name, such as a StatefulSet's pod, needs another name).
 A node that holds the CA key (the store's pki/ prefix, or --pki-dir) can
 issue itself certificates under any name: for a machine that may hold it,
 rotate the CA (rotate-ca) as well.
