@@ -474,7 +474,7 @@ func (a *Agent) recordSerial(ctx context.Context, serial *big.Int) error {
 	}()
 	if err != nil && a.cfg.PKIDir != "" {
 		a.log.Warn("cannot record the new node certificate's serial in the store; issuing it all the same (its CA is --pki-dir's)",
-			"serial", pki.SerialHex(serial), "error", err, "risk", "revoke-node lists it in etcd's CRL only if this agent reports it")
+			"serial", pki.SerialHex(serial), "error", err, "risk", "should this node be revoked, etcd's CRL will not list this certificate; the agents refuse it by node ID all the same")
 		return nil
 	}
 	return err
