@@ -37,7 +37,9 @@ func TestRevokedNodeIsReplaced(t *testing.T) {
 	var victim *harness.Agent
 	harness.WaitFor(t, 30*time.Second, "a leader", func() bool {
 		for _, a := range agents {
-			if a.Leads() {
+			// Leading, not Leads: a status call that times out under
+			// load is a reason to look again, not to fail.
+			if leads, err := a.Leading(); err == nil && leads {
 				victim = a
 				return true
 			}
