@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -97,7 +96,7 @@ func (o *options) revokeNode(ctx context.Context, w io.Writer, node, reason stri
 	var serials []string
 	for _, k := range keys {
 		serial := strings.TrimPrefix(k, pki.StoreIssuedPrefix+node+"/")
-		if len(serials) < pki.MaxRevokedSerials && strings.Trim(serial, "0123456789abcdef") == "" && serial != "" {
+		if len(serials) < pki.MaxRevokedSerials && pki.ValidSerialHex(serial) {
 			serials = append(serials, serial)
 		}
 	}
@@ -151,18 +150,7 @@ func (o *options) revokeNode(ctx context.Context, w io.Writer, node, reason stri
 // readRevocations reads the store's revocation list; a missing one is
 // empty.
 func readRevocations(ctx context.Context, s *store.Store) (pki.Revocations, error) {
-	data, err := s.ReadMax(ctx, pki.StoreRevokedKey, pki.MaxRevokedSize)
-	if errors.Is(err, store.ErrNotFound) {
-		return pki.Revocations{}, nil
-	}
-	if err != nil {
-		return pki.Revocations{}, err
-	}
-	r, err := pki.ParseRevocations(data)
-	if err != nil {
-		return pki.Revocations{}, fmt.Errorf("%w (%s in the store: fix or remove it)", err, pki.StoreRevokedKey)
-	}
-	return r, nil
+	return pki.LoadStoreRevocations(ctx, s, isNotFound)
 }
 
 // quorumAfterRevoking refuses to revoke a member when the members whose

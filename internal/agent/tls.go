@@ -534,12 +534,7 @@ func (a *Agent) writeCRL(r pki.Revocations) error {
 	}
 	a.crlMu.Lock()
 	defer a.crlMu.Unlock()
-	var serials []string
-	for _, n := range r.Nodes {
-		serials = append(serials, n.Serials...)
-	}
-	slices.Sort(serials)
-	key := pki.Fingerprint(ca.Cert) + " " + strings.Join(serials, ",")
+	key := pki.Fingerprint(ca.Cert) + " " + strings.Join(r.Serials(), ",")
 	path := a.pkiFiles().CRL()
 	if _, err := os.Stat(path); err == nil && key == a.crlFor {
 		return nil

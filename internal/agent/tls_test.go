@@ -207,19 +207,8 @@ func TestSetupTLSWarnsWhenTLSIsOff(t *testing.T) {
 // signed by the CA; a revocation rewrites it and is in force at once.
 func TestSerialsRecordedAndCRLWritten(t *testing.T) {
 	a, _ := testAgent(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	if err := a.setupTLS(ctx); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(a.pkiFiles().Cert())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := pki.ParseCertPEM(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx := t.Context()
+	c := setUpCert(t, a)
 	s, err := store.Open(ctx, a.cfg.BackupStore, store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -263,19 +252,7 @@ func TestCertCarriesTheStoreMarker(t *testing.T) {
 	a, _ := testAgent(t)
 	b, _ := testAgent(t)
 	b.cfg.BackupStore = a.cfg.BackupStore + "/"
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	if err := a.setupTLS(ctx); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(a.pkiFiles().Cert())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := pki.ParseCertPEM(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := setUpCert(t, a)
 	id, err := store.Identity(a.cfg.BackupStore)
 	if err != nil {
 		t.Fatal(err)
@@ -312,4 +289,24 @@ func TestRevocationsSavedAcrossRestarts(t *testing.T) {
 	if c.revoked.NodeRevoked("node-2") || len(rec.find(msg)) != 1 {
 		t.Errorf("a damaged saved list: in force %v, logged %q", c.revoked.Get(), rec.find(msg))
 	}
+}
+
+// setUpCert sets the agent's TLS up, and returns the node certificate it
+// issued itself.
+func setUpCert(t *testing.T, a *Agent) *x509.Certificate {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := a.setupTLS(ctx); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(a.pkiFiles().Cert())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pki.ParseCertPEM(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

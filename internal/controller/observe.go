@@ -37,7 +37,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		PendingTimeout: pendingTimeoutMul * lp.cfg.LeaderLease,
 	}
 	// The last list read stays in force while the store cannot be read.
-	obs.Revoked = revokedIDs(lp.revoked)
+	obs.Revoked = lp.revoked.IDSet()
 	peersRead := false
 	defer func() {
 		leading := obs.Cluster != nil || obs.LockHeld
@@ -100,7 +100,7 @@ func (lp *loop) observe(ctx context.Context) plan.Observed {
 		return obs
 	}
 	lp.observeStore(ctx, s, &obs)
-	obs.Revoked = revokedIDs(lp.revoked)
+	obs.Revoked = lp.revoked.IDSet()
 	if obs.StoreErr != nil {
 		leadership()
 		return obs

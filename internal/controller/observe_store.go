@@ -233,14 +233,7 @@ func (lp *loop) noteStoredBackup(ctx context.Context, s *store.Store, token stri
 // in by a store that does not answer. A list that is gone revokes no
 // one: deleting it is how a revocation is undone.
 func (lp *loop) observeRevocations(ctx context.Context, s *store.Store) {
-	data, err := s.ReadMax(ctx, pki.StoreRevokedKey, pki.MaxRevokedSize)
-	var r pki.Revocations
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		err = nil
-	case err == nil:
-		r, err = pki.ParseRevocations(data)
-	}
+	r, err := pki.LoadStoreRevocations(ctx, s, func(err error) bool { return errors.Is(err, store.ErrNotFound) })
 	if err != nil {
 		if msg := err.Error(); msg != lp.revokedErr {
 			lp.log.Warn("cannot use the store's revocation list; the last one read stays in force", "key", pki.StoreRevokedKey, "error", err,
@@ -250,34 +243,11 @@ func (lp *loop) observeRevocations(ctx context.Context, s *store.Store) {
 		return
 	}
 	lp.revokedErr = ""
-	if added := newlyRevoked(lp.revoked, r); len(added) > 0 {
+	if added := r.AddedSince(lp.revoked); len(added) > 0 {
 		lp.log.Warn("nodes revoked: their certificates are refused from now on", "nodes", added)
 	}
 	lp.revoked = r
 	if lp.env.Revoked != nil {
 		lp.env.Revoked(r)
 	}
-}
-
-// newlyRevoked are the nodes next revokes that prev did not.
-func newlyRevoked(prev, next pki.Revocations) []string {
-	var out []string
-	for _, id := range next.NodeIDs() {
-		if _, ok := prev.Node(id); !ok {
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
-// revokedIDs are the node IDs r revokes, for the plan; nil for none.
-func revokedIDs(r pki.Revocations) map[string]bool {
-	if len(r.Nodes) == 0 {
-		return nil
-	}
-	ids := make(map[string]bool, len(r.Nodes))
-	for _, id := range r.NodeIDs() {
-		ids[id] = true
-	}
-	return ids
 }

@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -84,10 +85,33 @@ func CheckNodeID(id string) error {
 }
 
 func checkSerialHex(s string) error {
-	if s == "" || len(s) > maxSerialHexLen || strings.TrimLeft(s, "0123456789abcdef") != "" {
+	if !ValidSerialHex(s) {
 		return fmt.Errorf("serial %q is not 1 to %d lower-case hex digits", s, maxSerialHexLen)
 	}
 	return nil
+}
+
+// ValidSerialHex reports whether s has the form of SerialHex.
+func ValidSerialHex(s string) bool {
+	return s != "" && len(s) <= maxSerialHexLen && strings.TrimLeft(s, "0123456789abcdef") == ""
+}
+
+// LoadStoreRevocations reads the store's revocation list, at most
+// MaxRevokedSize bytes of it; a missing one revokes no one. isNotFound
+// tells the store's missing-object error apart.
+func LoadStoreRevocations(ctx context.Context, s Store, isNotFound func(error) bool) (Revocations, error) {
+	data, err := s.ReadMax(ctx, StoreRevokedKey, MaxRevokedSize)
+	if isNotFound(err) {
+		return Revocations{}, nil
+	}
+	if err != nil {
+		return Revocations{}, err
+	}
+	r, err := ParseRevocations(data)
+	if err != nil {
+		return Revocations{}, fmt.Errorf("%w (%s in the store: fix or remove it)", err, StoreRevokedKey)
+	}
+	return r, nil
 }
 
 // ParseRevocations reads and checks a revocation list.
@@ -181,6 +205,39 @@ func sortedUnique(s []string) []string {
 	c := slices.Clone(s)
 	slices.Sort(c)
 	return slices.Compact(c)
+}
+
+// Serials are every serial the list names, sorted.
+func (r Revocations) Serials() []string {
+	var out []string
+	for _, n := range r.Nodes {
+		out = append(out, n.Serials...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// IDSet is the revoked node IDs as a set; nil for none.
+func (r Revocations) IDSet() map[string]bool {
+	if len(r.Nodes) == 0 {
+		return nil
+	}
+	ids := make(map[string]bool, len(r.Nodes))
+	for _, n := range r.Nodes {
+		ids[n.NodeID] = true
+	}
+	return ids
+}
+
+// AddedSince are the nodes r revokes that prev did not.
+func (r Revocations) AddedSince(prev Revocations) []string {
+	var out []string
+	for _, n := range r.Nodes {
+		if _, ok := prev.Node(n.NodeID); !ok {
+			out = append(out, n.NodeID)
+		}
+	}
+	return out
 }
 
 // NodeIDs are the revoked nodes.
